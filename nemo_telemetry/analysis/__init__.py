@@ -1,0 +1,17 @@
+"""The reading half of nemo-telemetry: OTLP dumps in, Arrow tables and small dataclasses out.
+
+Nothing here prints; the CLI renders what these functions return, and notebooks use them
+directly. The public API is listed once, in ``__all__``.
+"""
+
+from __future__ import annotations
+
+from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA, SPANS_SCHEMA
+from nemo_telemetry.errors import IngestError
+
+__all__ = [
+    "SPANS_SCHEMA",
+    "EVENTS_SCHEMA",
+    "LINKS_SCHEMA",
+    "IngestError",
+]

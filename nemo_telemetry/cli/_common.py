@@ -1,0 +1,42 @@
+"""Helpers every command shares: one console, and library errors turned into exit code 2."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from typing import Any, Iterator
+
+import typer
+from rich.console import Console
+
+from nemo_telemetry.errors import NemoTelemetryError
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_USAGE = 2
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A console for one command; stdout unless told otherwise."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def print_json(payload: Any) -> None:
+    """Stable JSON on stdout (no rich markup, sorted nowhere: the contract's key order)."""
+    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> "typer.Exit":
+    """Print an error on stderr and return the Exit to raise."""
+    console(stderr=True).print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    return typer.Exit(code)
+
+
+@contextlib.contextmanager
+def library_errors() -> Iterator[None]:
+    """Turn a typed library error into its message on stderr and exit code 2."""
+    try:
+        yield
+    except NemoTelemetryError as exc:
+        raise fail(str(exc)) from None

@@ -1,0 +1,29 @@
+"""The Typer application: one module per command family registers its commands on ``app``.
+
+Exit codes (pinned by the CLI contract): 0 ok, 1 findings at error severity, 2 bad usage or
+unreadable input.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="nemo-telemetry",
+    help="Where did the wall clock of my RL run go? Goodput and waterfalls from OTLP traces.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Command modules register themselves on `app` when imported; keep this list sorted.
+from nemo_telemetry.cli import registry_cmds  # noqa: E402,F401
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Typed errors shared by both halves of nemo-telemetry.
+
+Kept free of heavy imports so :mod:`nemo_telemetry.instrument` can raise them cheaply::
+
+    NemoTelemetryError
+     ├── SpecError        a span_groups spec or telemetry config that cannot be resolved
+     ├── RegistryError    a span-group registration that conflicts with an existing one
+     └── IngestError      an input that is not OTLP, or a dataset that cannot be read
+"""
+
+from __future__ import annotations
+
+__all__ = ["NemoTelemetryError", "SpecError", "RegistryError", "IngestError"]
+
+
+class NemoTelemetryError(Exception):
+    """Root of every error nemo-telemetry raises on purpose."""
+
+
+class SpecError(NemoTelemetryError, ValueError):
+    """A ``span_groups`` spec or ``telemetry:`` config value cannot be resolved."""
+
+
+class RegistryError(NemoTelemetryError, ValueError):
+    """A span-group registration conflicts with what is already registered."""
+
+
+class IngestError(NemoTelemetryError):
+    """An input file or dataset cannot be read; the message names it and the fix."""
