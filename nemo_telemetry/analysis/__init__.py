@@ -6,7 +6,9 @@ directly. The public API is listed once, in ``__all__``.
 
 from __future__ import annotations
 
+from nemo_telemetry.analysis.records import spans_table
 from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA, SPANS_SCHEMA
+from nemo_telemetry.analysis.tree import attributed_iterations, parent_indices, with_id_keys
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
@@ -14,4 +16,8 @@ __all__ = [
     "EVENTS_SCHEMA",
     "LINKS_SCHEMA",
     "IngestError",
+    "spans_table",
+    "parent_indices",
+    "attributed_iterations",
+    "with_id_keys",
 ]

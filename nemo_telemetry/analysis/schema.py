@@ -8,6 +8,11 @@ resource attribute in ``resource_attributes``. Attribute values are strings: OTL
 values as they are, ints in decimal, doubles as Python's ``repr``, bools ``true``/``false``,
 bytes as lowercase hex, arrays and key-value lists as compact JSON.
 Strings that repeat are dictionary-encoded.
+
+The optional trailing columns ``trace_key``, ``span_key`` and ``parent_key`` (uint64: the
+first 16 hex digits of each id; 0 for no parent) are what tree walks join on. Ingest writes
+them so that analyses over large datasets never decode hex; a table without them gets them
+from :func:`nemo_telemetry.analysis.tree.with_id_keys`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ __all__ = [
     "SPAN_KINDS",
     "STATUS_CODES",
     "empty_spans",
+    "ID_KEY_FIELDS",
 ]
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
@@ -68,6 +74,12 @@ SPANS_SCHEMA = pa.schema(
         pa.field("attributes", _attr_map),
         pa.field("resource_attributes", _attr_map),
     ]
+)
+
+ID_KEY_FIELDS = (
+    pa.field("trace_key", pa.uint64()),
+    pa.field("span_key", pa.uint64()),
+    pa.field("parent_key", pa.uint64()),
 )
 
 EVENTS_SCHEMA = pa.schema(
