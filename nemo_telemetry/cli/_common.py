@@ -9,6 +9,7 @@ from typing import Any, Iterator
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from nemo_telemetry.errors import NemoTelemetryError
 
@@ -29,7 +30,8 @@ def print_json(payload: Any) -> None:
 
 def fail(message: str, code: int = EXIT_USAGE) -> "typer.Exit":
     """Print an error on stderr and return the Exit to raise."""
-    console(stderr=True).print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    # soft_wrap: an error is one line a user can grep, not a paragraph wrapped at the terminal width
+    console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
 
 

@@ -74,6 +74,8 @@ class SpanRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._namespaces: dict[str, _Namespace] = {}
+        self.version = 0
+        """Bumped on every (un)registration, so callers can cache what they derive from it."""
 
     # -- registration -------------------------------------------------------------------------
 
@@ -111,6 +113,7 @@ class SpanRegistry:
             namespaces = dict(self._namespaces)
             namespaces[namespace] = new
             self._namespaces = namespaces  # readers see the old or the new dict, never a half-built one
+            self.version += 1
 
     def unregister(self, namespace: str) -> None:
         """Forget a namespace (tests, and libraries that are unloaded)."""
@@ -118,6 +121,7 @@ class SpanRegistry:
             namespaces = dict(self._namespaces)
             namespaces.pop(_normalise(namespace), None)
             self._namespaces = namespaces
+            self.version += 1
 
     def _check_presets(
         self, namespace: str, declared: Mapping[str, GroupName], presets: Mapping[str, Iterable[str]]

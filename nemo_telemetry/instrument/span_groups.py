@@ -142,7 +142,8 @@ UNBUCKETED_SPAN_CATEGORIES: Final[frozenset[str]] = COLLECTOR_LOOP_CATEGORIES | 
 
 def register_span_groups(*, allow_override: bool = True) -> None:
     """Declare the nemo_rl groups and presets; idempotent, called at import."""
-    REGISTRY.register(NAMESPACE, sorted(RLSpanGroup.ALL_GROUPS), PRESETS, allow_override=allow_override)
+    declared = _group_values(umbrella=True) | _group_values(umbrella=False)  # read afresh: one constant adds a group
+    REGISTRY.register(NAMESPACE, sorted(declared), PRESETS, allow_override=allow_override)
 
 
 register_span_groups()
