@@ -1,0 +1,137 @@
+"""The dump exporter: OTLP JSON lines, as the OpenTelemetry Collector's file exporter writes them.
+
+One file per process, ``<dir>/traces-<service>-<pid>-<random>.jsonl``; each line is one
+``ExportTraceServiceRequest`` in OTLP/JSON: camelCase keys, trace and span ids as lowercase hex,
+64-bit integers as strings, enums as integers. So a run can be analysed with no collector, and
+the same reader handles a collector's output and ours.
+
+An unwritable directory is warned about once; the run goes on and the spans are dropped.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+from typing import Sequence
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+__all__ = ["DumpSpanExporter", "spans_to_otlp_json", "otlp_json_ids_to_base64"]
+
+_log = logging.getLogger("nemo_telemetry")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._]+")
+
+
+def _b64_to_hex(value: str) -> str:
+    return base64.b64decode(value).hex()
+
+
+def _hex_to_b64(value: str) -> str:
+    return base64.b64encode(bytes.fromhex(value)).decode("ascii")
+
+
+def _convert_ids(request: dict, convert) -> dict:
+    for resource_spans in request.get("resourceSpans", ()):
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            for span in scope_spans.get("spans", ()):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if span.get(key):
+                        span[key] = convert(span[key])
+                for link in span.get("links", ()):
+                    for key in ("traceId", "spanId"):
+                        if link.get(key):
+                            link[key] = convert(link[key])
+    return request
+
+
+def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict:
+    """One ``ExportTraceServiceRequest`` as the Collector's OTLP/JSON (hex ids, int enums)."""
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    request = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+    return _convert_ids(request, _b64_to_hex)
+
+
+def otlp_json_ids_to_base64(request: dict) -> dict:
+    """The inverse id conversion, for ``json_format.ParseDict`` (which expects base64 bytes)."""
+    return _convert_ids(request, _hex_to_b64)
+
+
+class DumpSpanExporter(SpanExporter):
+    """Append each exported batch as one OTLP/JSON line to this process's file under ``directory``.
+
+    The file is created on the first export (a process that emits nothing leaves no file) and
+    flushed after every line, so spans exported before a crash are on disk.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, service_name: str | None = None,
+                 prefix: str = "traces") -> None:
+        self.directory = os.fspath(directory)
+        self._service_name = service_name
+        self._prefix = prefix
+        self._lock = threading.Lock()
+        self._file = None
+        self._failed = False
+        self._shutdown = False
+        self.path: str | None = None
+
+    def _open(self, spans: Sequence[ReadableSpan]) -> None:
+        service = self._service_name
+        if service is None and spans:
+            service = str(spans[0].resource.attributes.get("service.name", "unknown"))
+        safe = _UNSAFE.sub("_", service or "unknown").strip("_") or "unknown"
+        name = f"{self._prefix}-{safe}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, name)
+        self._file = open(path, "a", encoding="utf-8")
+        self.path = path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self._shutdown or self._failed:
+            return SpanExportResult.FAILURE
+        if not spans:
+            return SpanExportResult.SUCCESS
+        try:
+            line = json.dumps(spans_to_otlp_json(spans), separators=(",", ":"))
+            with self._lock:
+                if self._file is None:
+                    self._open(spans)
+                self._file.write(line + "\n")
+                self._file.flush()
+        except OSError as exc:
+            self._failed = True
+            _log.warning("dump exporter: cannot write span dumps under %r (%s); the run goes on without "
+                         "writing spans there. Set NEMO_TELEMETRY_DUMP_DIR (or telemetry.dump_dir) to a "
+                         "writable directory.", self.directory, exc)
+            return SpanExportResult.FAILURE
+        except Exception:
+            _log.warning("dump exporter: could not encode a batch of %d spans; it is dropped", len(spans),
+                         exc_info=True)
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        with self._lock:
+            if self._file is not None:
+                try:
+                    self._file.flush()
+                except OSError:
+                    return False
+        return True
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._shutdown = True
+            if self._file is not None:
+                try:
+                    self._file.close()
+                except OSError:
+                    pass
+                self._file = None

@@ -1,0 +1,299 @@
+"""Starting and stopping telemetry in the driver and in every worker.
+
+The driver resolves its ``telemetry:`` block into environment variables *before* Ray starts,
+so workers inherit them, then starts telemetry for itself; a worker reads those variables in
+``init_telemetry_worker``. Flush and shutdown are bounded: they run on a daemon thread that is
+abandoned at the deadline, so a dead collector cannot hold a finished run hostage.
+
+    cfg = init_telemetry_driver("config.yaml", algorithm="grpo")   # before ray.init()
+    try:
+        train()
+    finally:
+        shutdown_telemetry()
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import threading
+import uuid
+from typing import Any, Callable, Mapping
+from urllib.parse import urlparse
+
+from opentelemetry import trace as trace_api
+
+from nemo_telemetry.errors import SpecError
+from nemo_telemetry.instrument import _gate, _logging
+from nemo_telemetry.instrument import environment_variables as env
+from nemo_telemetry.instrument._config import TelemetryConfig, resolve_telemetry_config
+from nemo_telemetry.instrument._registry import REGISTRY
+
+__all__ = [
+    "init_telemetry_driver",
+    "init_telemetry_worker",
+    "flush_telemetry",
+    "shutdown_telemetry",
+    "current_telemetry_config",
+    "DEFAULT_DUMP_DIR",
+]
+
+_log = logging.getLogger("nemo_telemetry")
+
+DEFAULT_DUMP_DIR = "nemo_telemetry_dump"
+DEFAULT_TIMEOUT_S = 5.0
+
+
+@dataclasses.dataclass
+class _Runtime:
+    provider: Any = None
+    exporter: Any = None
+    config: TelemetryConfig | None = None
+
+
+_runtime = _Runtime()
+_lock = threading.RLock()
+_atexit_registered = False
+
+
+def current_telemetry_config() -> TelemetryConfig | None:
+    """The resolved config this process started telemetry with (None before init / after shutdown)."""
+    return _runtime.config
+
+
+# -- driver -----------------------------------------------------------------------------------
+
+
+def init_telemetry_driver(config: TelemetryConfig | Mapping[str, Any] | str | os.PathLike | None = None, *,
+                          algorithm: str | None = None, service_name: str | None = None) -> TelemetryConfig:
+    """Resolve ``config`` (dict, YAML path or TelemetryConfig) into the environment, then start telemetry.
+
+    Call it before ``ray.init()``: the resolved ``NEMO_TELEMETRY_*`` (and ``OTEL_EXPORTER_OTLP_*``
+    from the config, where the environment has none) variables and a fresh ``nemo.run.id`` are
+    written to ``os.environ``, which Ray copies into every worker. Pending span-group names are
+    reported with a did-you-mean. The driver reports itself as rank 0 of 1. Never raises.
+    """
+    cfg = resolve_telemetry_config(config)
+    if service_name:
+        cfg = dataclasses.replace(cfg, service_name=service_name)
+    if cfg.exporter == "dump":
+        cfg = dataclasses.replace(cfg, dump_dir=os.path.abspath(cfg.dump_dir or DEFAULT_DUMP_DIR))
+    _export_environment(cfg, algorithm)
+    if cfg.enabled:
+        _report_pending(cfg)
+    _start(cfg, rank=0, world_size=1, local_rank=0, default_service=f"{cfg.namespace}-driver")
+    return cfg
+
+
+def _export_environment(cfg: TelemetryConfig, algorithm: str | None) -> None:
+    os.environ[env.NEMO_TELEMETRY_ENABLED] = "1" if cfg.enabled else "0"
+    os.environ[env.NEMO_TELEMETRY_SPAN_GROUPS] = cfg.span_groups
+    os.environ[env.NEMO_TELEMETRY_NAMESPACE] = cfg.namespace
+    os.environ[env.NEMO_TELEMETRY_EXPORTER] = cfg.exporter
+    os.environ[env.NEMO_TELEMETRY_LOGS_ENABLED] = "1" if cfg.logs_enabled else "0"
+    if cfg.dump_dir:
+        os.environ[env.NEMO_TELEMETRY_DUMP_DIR] = cfg.dump_dir
+    os.environ.setdefault(env.NEMO_TELEMETRY_RUN_ID, uuid.uuid4().hex)
+    if algorithm:
+        os.environ[env.NEMO_TELEMETRY_ALGORITHM] = algorithm
+    if cfg.otlp_endpoint and not (os.environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT)
+                                  or os.environ.get(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)):
+        os.environ[env.OTEL_EXPORTER_OTLP_ENDPOINT] = cfg.otlp_endpoint
+    if cfg.otlp_protocol and not (os.environ.get(env.OTEL_EXPORTER_OTLP_PROTOCOL)
+                                  or os.environ.get(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)):
+        os.environ[env.OTEL_EXPORTER_OTLP_PROTOCOL] = cfg.otlp_protocol
+
+
+def _report_pending(cfg: TelemetryConfig) -> None:
+    try:
+        _, pending = REGISTRY.resolve_with_pending(cfg.span_groups, namespace=cfg.namespace)
+    except SpecError:
+        return  # _resolve_groups warns about it
+    if pending:
+        _log.warning("telemetry.span_groups %r: %s", cfg.span_groups,
+                     REGISTRY.describe_pending(pending, namespace=cfg.namespace))
+
+
+# -- worker -----------------------------------------------------------------------------------
+
+
+def init_telemetry_worker(*, rank: int | None = None, world_size: int | None = None,
+                          local_rank: int | None = None, service_name: str | None = None) -> bool:
+    """Start telemetry in a worker from the environment the driver set; True when it is on.
+
+    Rank, world size and local rank default to ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` (else
+    0, 1, 0); pass them explicitly for singleton actors, whose inherited ``RANK`` is the driver's.
+    """
+    cfg = resolve_telemetry_config(None)
+    if service_name:
+        cfg = dataclasses.replace(cfg, service_name=service_name)
+    rank = _int_or(rank, "RANK", 0)
+    return _start(cfg, rank=rank, world_size=_int_or(world_size, "WORLD_SIZE", 1),
+                  local_rank=_int_or(local_rank, "LOCAL_RANK", 0), default_service=f"{cfg.namespace}-worker")
+
+
+def _int_or(value: int | None, variable: str, default: int) -> int:
+    if value is not None:
+        return int(value)
+    try:
+        return int(os.environ[variable])
+    except (KeyError, ValueError):
+        return default
+
+
+# -- starting ---------------------------------------------------------------------------------
+
+
+def _resolve_groups(cfg: TelemetryConfig) -> frozenset[str]:
+    try:
+        return REGISTRY.resolve(cfg.span_groups, namespace=cfg.namespace)
+    except SpecError as exc:
+        _log.warning("telemetry.span_groups: %s. Using the groups without the subtracted names.", exc)
+        tokens = [t.strip().lower() for t in cfg.span_groups.split(",")]
+        removed = {t[1:] for t in tokens if t.startswith("-")}
+        kept = [t for t in tokens if t and not t.startswith("-")]
+        return REGISTRY.resolve(kept, namespace=cfg.namespace) - removed
+
+
+def _start(cfg: TelemetryConfig, *, rank: int, world_size: int, local_rank: int, default_service: str) -> bool:
+    with _lock:
+        shutdown_telemetry()
+        if not cfg.enabled:
+            return False
+        try:
+            _start_provider(cfg, rank=rank, world_size=world_size, local_rank=local_rank,
+                            service=cfg.service_name or default_service)
+        except Exception:
+            _log.warning("could not start telemetry; the run goes on without it", exc_info=True)
+            _gate.set_enabled_span_groups(())
+            _gate.set_tracer_provider(None)
+            return False
+        return True
+
+
+def _start_provider(cfg: TelemetryConfig, *, rank: int, world_size: int, local_rank: int, service: str) -> None:
+    global _atexit_registered
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from nemo_telemetry.instrument._resources import build_resource
+
+    groups = _resolve_groups(cfg)
+    resource = build_resource(
+        service_name=service,
+        run_id=os.environ.get(env.NEMO_TELEMETRY_RUN_ID) or uuid.uuid4().hex,
+        algorithm=os.environ.get(env.NEMO_TELEMETRY_ALGORITHM),
+        rank=rank, world_size=world_size, local_rank=local_rank, span_groups=groups,
+    )
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # our atexit is bounded
+    exporter = make_span_exporter(cfg, service_name=service)
+    if exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    if isinstance(trace_api.get_tracer_provider(), trace_api.ProxyTracerProvider):
+        trace_api.set_tracer_provider(provider)  # once per process: for third-party instrumentation
+    _runtime.provider, _runtime.exporter, _runtime.config = provider, exporter, cfg
+    _gate.set_tracer_provider(provider)
+    _gate.set_enabled_span_groups(groups)
+    if cfg.logs_enabled:
+        _logging.install_log_bridge(service)
+    if not _atexit_registered:
+        atexit.register(shutdown_telemetry)
+        _atexit_registered = True
+
+
+def otlp_protocol(environ: Mapping[str, str] | None = None) -> str:
+    """``grpc`` or ``http/protobuf`` from the standard variables (traces-specific first).
+
+    Unset, the endpoint's port decides: 4317 is the collector's gRPC port, anything else HTTP.
+    """
+    environ = os.environ if environ is None else environ
+    protocol = (environ.get(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
+                or environ.get(env.OTEL_EXPORTER_OTLP_PROTOCOL) or "").strip().lower()
+    if protocol in ("grpc", "http/protobuf"):
+        return protocol
+    if protocol:
+        _log.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%r is not supported (use grpc or http/protobuf); "
+                     "using http/protobuf", protocol)
+        return "http/protobuf"
+    endpoint = environ.get(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) or environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT)
+    try:
+        port = urlparse(endpoint).port if endpoint else None
+    except ValueError:
+        port = None
+    return "grpc" if port == 4317 else "http/protobuf"
+
+
+def make_span_exporter(cfg: TelemetryConfig, *, service_name: str | None = None):
+    """The exporter ``cfg.exporter`` names, or None (``none``, or a missing package: one warning)."""
+    if cfg.exporter == "none":
+        return None
+    if cfg.exporter == "dump":
+        from nemo_telemetry.instrument._dump import DumpSpanExporter
+
+        return DumpSpanExporter(cfg.dump_dir or os.path.abspath(DEFAULT_DUMP_DIR), service_name=service_name)
+    protocol = otlp_protocol()
+    try:
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError as exc:
+        package = "grpc" if protocol == "grpc" else "http"
+        _log.warning("OTLP %s exporter unavailable (%s); spans are not exported. "
+                     "pip install opentelemetry-exporter-otlp-proto-%s", protocol, exc, package)
+        return None
+    return OTLPSpanExporter()
+
+
+# -- flushing and stopping --------------------------------------------------------------------
+
+
+def _bounded(action: Callable[[], Any], timeout_s: float, what: str) -> bool:
+    """Run ``action`` on a daemon thread; True if it finished (truthy or None) within the bound."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(action())
+        except Exception:
+            _log.warning("telemetry %s failed", what, exc_info=True)
+            outcome.append(False)
+
+    thread = threading.Thread(target=run, name=f"nemo-telemetry-{what}", daemon=True)
+    thread.start()
+    thread.join(max(0.0, timeout_s))
+    if thread.is_alive():
+        _log.warning("telemetry %s did not finish within %.1f s (is the OTLP endpoint reachable?); "
+                     "continuing without waiting", what, timeout_s)
+        return False
+    return outcome[0] is not False
+
+
+def flush_telemetry(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    """Export every ended span now; returns within ``timeout_s``. True when all were exported.
+
+    Call it before ``ray.kill`` on an actor: a killed process runs no atexit handler.
+    """
+    provider = _runtime.provider
+    if provider is None:
+        return True
+    return _bounded(lambda: provider.force_flush(int(timeout_s * 1000)), timeout_s, "flush")
+
+
+def shutdown_telemetry(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    """Turn every site off, flush and shut the provider down within ``timeout_s``; idempotent.
+
+    Registered with ``atexit`` by the first init; safe to call from a ``finally`` as well.
+    """
+    with _lock:
+        provider = _runtime.provider
+        _gate.set_enabled_span_groups(())
+        _runtime.provider, _runtime.exporter, _runtime.config = None, None, None
+        if _gate.provider is provider:
+            _gate.set_tracer_provider(None)
+        _logging.uninstall_log_bridge()
+    if provider is None:
+        return True
+    return _bounded(provider.shutdown, timeout_s, "shutdown")

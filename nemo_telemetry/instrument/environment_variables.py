@@ -1,0 +1,80 @@
+"""Every environment variable nemo-telemetry reads, as a named constant with a docstring.
+
+Precedence for each setting: explicit argument > raw environment > ``telemetry:`` config > default.
+``init_telemetry_driver`` writes the resolved values into these variables *before* Ray starts,
+so every worker inherits the driver's decisions and ``init_telemetry_worker`` only reads them.
+The ``OTEL_*`` names are the standard OpenTelemetry ones; the OTLP exporters read them too.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "NEMO_TELEMETRY_ENABLED",
+    "NEMO_TELEMETRY_SPAN_GROUPS",
+    "NEMO_TELEMETRY_NAMESPACE",
+    "NEMO_TELEMETRY_EXPORTER",
+    "NEMO_TELEMETRY_DUMP_DIR",
+    "NEMO_TELEMETRY_RUN_ID",
+    "NEMO_TELEMETRY_ALGORITHM",
+    "NEMO_TELEMETRY_LOGS_ENABLED",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_SERVICE_NAME",
+    "NEMO_TELEMETRY_VARIABLES",
+]
+
+NEMO_TELEMETRY_ENABLED: Final = "NEMO_TELEMETRY_ENABLED"
+"""``1``/``true``/``yes``/``on`` turns telemetry on in this process; anything else (or unset) leaves it off."""
+
+NEMO_TELEMETRY_SPAN_GROUPS: Final = "NEMO_TELEMETRY_SPAN_GROUPS"
+"""The raw ``span_groups`` spec (e.g. ``per_step,per_prompt``); each process resolves it against its own
+registry, so a group registered by a library only a worker imports still turns on there."""
+
+NEMO_TELEMETRY_NAMESPACE: Final = "NEMO_TELEMETRY_NAMESPACE"
+"""Registry namespace whose presets the spec names (default ``nemo_rl``)."""
+
+NEMO_TELEMETRY_EXPORTER: Final = "NEMO_TELEMETRY_EXPORTER"
+"""Where spans go: ``otlp`` (the ``OTEL_EXPORTER_OTLP_*`` endpoint), ``dump`` (JSON-lines files) or ``none``."""
+
+NEMO_TELEMETRY_DUMP_DIR: Final = "NEMO_TELEMETRY_DUMP_DIR"
+"""Directory the dump exporter writes ``traces-<service>-<pid>-<random>.jsonl`` files into."""
+
+NEMO_TELEMETRY_RUN_ID: Final = "NEMO_TELEMETRY_RUN_ID"
+"""``nemo.run.id`` shared by every process of a run; the driver generates it, workers read it."""
+
+NEMO_TELEMETRY_ALGORITHM: Final = "NEMO_TELEMETRY_ALGORITHM"
+"""``rl.algorithm`` resource attribute (``grpo``, ``ppo``, ``sft`` ...)."""
+
+NEMO_TELEMETRY_LOGS_ENABLED: Final = "NEMO_TELEMETRY_LOGS_ENABLED"
+"""``1``/``true``: stamp the active trace and span ids on every Python ``logging`` record (the log bridge)."""
+
+OTEL_EXPORTER_OTLP_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_ENDPOINT"
+"""Standard OTLP endpoint for all signals (``http://collector:4318`` or ``http://collector:4317``)."""
+
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+"""Standard OTLP endpoint for traces only; wins over :data:`OTEL_EXPORTER_OTLP_ENDPOINT`."""
+
+OTEL_EXPORTER_OTLP_PROTOCOL: Final = "OTEL_EXPORTER_OTLP_PROTOCOL"
+"""``grpc`` or ``http/protobuf``. Unset: ``grpc`` when the endpoint's port is 4317, else ``http/protobuf``."""
+
+OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: Final = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+"""Protocol for traces only; wins over :data:`OTEL_EXPORTER_OTLP_PROTOCOL`."""
+
+OTEL_SERVICE_NAME: Final = "OTEL_SERVICE_NAME"
+"""Standard ``service.name``; an explicit ``service_name=`` argument wins over it."""
+
+NEMO_TELEMETRY_VARIABLES: Final[tuple[str, ...]] = (
+    NEMO_TELEMETRY_ENABLED,
+    NEMO_TELEMETRY_SPAN_GROUPS,
+    NEMO_TELEMETRY_NAMESPACE,
+    NEMO_TELEMETRY_EXPORTER,
+    NEMO_TELEMETRY_DUMP_DIR,
+    NEMO_TELEMETRY_RUN_ID,
+    NEMO_TELEMETRY_ALGORITHM,
+    NEMO_TELEMETRY_LOGS_ENABLED,
+)
+"""The variables ``init_telemetry_driver`` writes for its workers."""
