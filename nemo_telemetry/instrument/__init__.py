@@ -18,6 +18,44 @@ from nemo_telemetry.instrument.span_groups import (
     UNBUCKETED_SPAN_CATEGORIES,
     RLSpanGroup,
 )
+from nemo_telemetry.instrument._checkpoint import CheckpointFinalize, begin_checkpoint_finalize, checkpoint_span
+from nemo_telemetry.instrument._config import TelemetryConfig, load_telemetry_config, resolve_telemetry_config
+from nemo_telemetry.instrument._dump import DumpSpanExporter
+from nemo_telemetry.instrument._efficiency import EfficiencyWait, efficiency_span, start_efficiency_span
+from nemo_telemetry.instrument._gate import (
+    enabled_span_groups,
+    get_tracer,
+    get_tracer_provider,
+    is_span_group_enabled,
+    set_enabled_span_groups,
+    set_tracer_provider,
+    telemetry_active,
+)
+from nemo_telemetry.instrument._lifecycle import (
+    current_telemetry_config,
+    flush_telemetry,
+    init_telemetry_driver,
+    init_telemetry_worker,
+    shutdown_telemetry,
+)
+from nemo_telemetry.instrument._primitives import (
+    NOOP_SPAN,
+    managed_span,
+    setup_span,
+    span_cm,
+    startup_span,
+    trace_fn,
+    umbrella_span,
+    umbrella_trace_fn,
+)
+from nemo_telemetry.instrument._scopes import (
+    bucket_scope,
+    current_bucket_scope,
+    current_iteration,
+    in_per_prompt_scope,
+    iteration_scope,
+    per_prompt_scope,
+)
 
 
 def resolve(spec, *, namespace: str | None = None, strict: bool = False) -> frozenset[str]:
@@ -54,4 +92,45 @@ __all__ = [
     "register_span_groups",
     "SpecError",
     "RegistryError",
+    # the gate and the tracer
+    "is_span_group_enabled",
+    "enabled_span_groups",
+    "set_enabled_span_groups",
+    "get_tracer",
+    "get_tracer_provider",
+    "set_tracer_provider",
+    "telemetry_active",
+    # span primitives
+    "NOOP_SPAN",
+    "managed_span",
+    "umbrella_span",
+    "trace_fn",
+    "umbrella_trace_fn",
+    "span_cm",
+    "startup_span",
+    "setup_span",
+    # scopes
+    "bucket_scope",
+    "current_bucket_scope",
+    "iteration_scope",
+    "current_iteration",
+    "per_prompt_scope",
+    "in_per_prompt_scope",
+    # efficiency and checkpoint spans
+    "efficiency_span",
+    "start_efficiency_span",
+    "EfficiencyWait",
+    "checkpoint_span",
+    "begin_checkpoint_finalize",
+    "CheckpointFinalize",
+    # lifecycle, config, exporters
+    "TelemetryConfig",
+    "load_telemetry_config",
+    "resolve_telemetry_config",
+    "init_telemetry_driver",
+    "init_telemetry_worker",
+    "flush_telemetry",
+    "shutdown_telemetry",
+    "current_telemetry_config",
+    "DumpSpanExporter",
 ]
