@@ -56,6 +56,21 @@ from nemo_telemetry.instrument._scopes import (
     iteration_scope,
     per_prompt_scope,
 )
+from nemo_telemetry.instrument.http import instrument_aiohttp_client, instrument_fastapi
+from nemo_telemetry.instrument.propagation import (
+    TRACE_CARRIER_KWARG,
+    TraceCarrierThread,
+    current_trace_carrier,
+    remote_trace_context,
+    run_with_carrier,
+    trace_context_kwargs,
+)
+from nemo_telemetry.instrument.ray_actors import (
+    TelemetryFlushMixin,
+    accepts_trace_context,
+    dispatch_with_trace_context,
+    flush_actors_telemetry,
+)
 
 
 def resolve(spec, *, namespace: str | None = None, strict: bool = False) -> frozenset[str]:
@@ -133,4 +148,17 @@ __all__ = [
     "shutdown_telemetry",
     "current_telemetry_config",
     "DumpSpanExporter",
+    # trace context across threads, Ray actors and HTTP
+    "TRACE_CARRIER_KWARG",
+    "current_trace_carrier",
+    "remote_trace_context",
+    "trace_context_kwargs",
+    "run_with_carrier",
+    "TraceCarrierThread",
+    "dispatch_with_trace_context",
+    "accepts_trace_context",
+    "TelemetryFlushMixin",
+    "flush_actors_telemetry",
+    "instrument_aiohttp_client",
+    "instrument_fastapi",
 ]
