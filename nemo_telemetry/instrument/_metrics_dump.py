@@ -1,0 +1,126 @@
+"""The metrics dump exporter: OTLP JSON lines, as the OpenTelemetry Collector's file exporter writes them.
+
+One file per process, ``<dir>/metrics-<service>-<pid>-<random>.jsonl``; each line is one
+``ExportMetricsServiceRequest`` in OTLP/JSON (``{"resourceMetrics": [...]}``: camelCase keys,
+64-bit integers as strings, enums as integers, exemplar trace and span ids as lowercase hex),
+so the same reader handles a collector's output and ours. The companion of
+:class:`~nemo_telemetry.instrument.DumpSpanExporter`.
+
+An unwritable directory is warned about once; the run goes on and the metrics are dropped.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+
+__all__ = ["DumpMetricExporter", "metrics_to_otlp_json"]
+
+_log = logging.getLogger("nemo_telemetry")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._]+")
+_POINT_LISTS = ("gauge", "sum", "histogram", "exponentialHistogram", "summary")
+
+
+def _exemplar_ids_to_hex(request: dict) -> dict:
+    for resource_metrics in request.get("resourceMetrics", ()):
+        for scope_metrics in resource_metrics.get("scopeMetrics", ()):
+            for metric in scope_metrics.get("metrics", ()):
+                for kind in _POINT_LISTS:
+                    for point in metric.get(kind, {}).get("dataPoints", ()):
+                        for exemplar in point.get("exemplars", ()):
+                            for key in ("traceId", "spanId"):
+                                if exemplar.get(key):
+                                    exemplar[key] = base64.b64decode(exemplar[key]).hex()
+    return request
+
+
+def metrics_to_otlp_json(metrics_data: MetricsData) -> dict:
+    """One ``ExportMetricsServiceRequest`` as the Collector's OTLP/JSON."""
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+
+    request = MessageToDict(encode_metrics(metrics_data), use_integers_for_enums=True)
+    return _exemplar_ids_to_hex(request)
+
+
+def _service_of(metrics_data: MetricsData) -> str:
+    for resource_metrics in metrics_data.resource_metrics:
+        return str(resource_metrics.resource.attributes.get("service.name", "unknown"))
+    return "unknown"
+
+
+class DumpMetricExporter(MetricExporter):
+    """Append each collection as one OTLP/JSON line to this process's file under ``directory``.
+
+    The file is created on the first non-empty export and flushed after every line, so metrics
+    collected before a crash are on disk.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, service_name: str | None = None,
+                 preferred_temporality: dict | None = None) -> None:
+        super().__init__(preferred_temporality=preferred_temporality)
+        self.directory = os.fspath(directory)
+        self._service_name = service_name
+        self._lock = threading.Lock()
+        self._file = None
+        self._failed = False
+        self._shutdown = False
+        self.path: str | None = None
+
+    def _open(self, metrics_data: MetricsData) -> None:
+        service = self._service_name or _service_of(metrics_data)
+        safe = _UNSAFE.sub("_", service).strip("_") or "unknown"
+        name = f"metrics-{safe}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, name)
+        self._file = open(path, "a", encoding="utf-8")
+        self.path = path
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
+        if self._shutdown or self._failed:
+            return MetricExportResult.FAILURE
+        if not metrics_data.resource_metrics:
+            return MetricExportResult.SUCCESS
+        try:
+            line = json.dumps(metrics_to_otlp_json(metrics_data), separators=(",", ":"))
+            with self._lock:
+                if self._file is None:
+                    self._open(metrics_data)
+                self._file.write(line + "\n")
+                self._file.flush()
+        except OSError as exc:
+            self._failed = True
+            _log.warning("metrics dump exporter: cannot write under %r (%s); the run goes on without "
+                         "metrics there. Set NEMO_TELEMETRY_DUMP_DIR to a writable directory.",
+                         self.directory, exc)
+            return MetricExportResult.FAILURE
+        except Exception:
+            _log.warning("metrics dump exporter: could not encode a collection; it is dropped", exc_info=True)
+            return MetricExportResult.FAILURE
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        with self._lock:
+            if self._file is not None:
+                try:
+                    self._file.flush()
+                except OSError:
+                    return False
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        with self._lock:
+            self._shutdown = True
+            if self._file is not None:
+                try:
+                    self._file.close()
+                except OSError:
+                    pass
+                self._file = None
