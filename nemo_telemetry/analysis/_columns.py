@@ -1,0 +1,352 @@
+"""Columns decoded from OTLP requests, turned into the spans, events and links tables.
+
+Both decoders (JSON and protobuf) append plain per-span lists here, request after request;
+:meth:`SpanColumns.to_tables` then builds the Arrow tables in bulk: ids to lowercase hex,
+attribute promotion and the attribute maps are all columnar, so the per-span Python work is
+the decoder's list comprehensions and nothing else.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nemo_telemetry.analysis.schema import (
+    EVENTS_SCHEMA,
+    ID_KEY_FIELDS,
+    ITERATION,
+    LINKS_SCHEMA,
+    PROMOTED_RESOURCE_ATTRIBUTES,
+    PROMOTED_SPAN_ATTRIBUTES,
+    SPAN_KINDS,
+    SPANS_SCHEMA,
+    STATUS_CODES,
+)
+from nemo_telemetry.analysis.tree import hex_to_uint64
+
+__all__ = ["SpanColumns", "SPANS_TABLE_SCHEMA", "OtlpTables", "ids_to_hex"]
+
+# What ingest writes: the spans table plus the uint64 id keys tree walks join on.
+SPANS_TABLE_SCHEMA = pa.schema(list(SPANS_SCHEMA) + list(ID_KEY_FIELDS))
+
+_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+_INT_COLUMNS = {ITERATION, "rank"}
+
+
+@dataclass(frozen=True)
+class OtlpTables:
+    """The three tables of one batch (or one whole input)."""
+
+    spans: pa.Table
+    events: pa.Table
+    links: pa.Table
+
+    @staticmethod
+    def empty() -> "OtlpTables":
+        return OtlpTables(
+            SPANS_TABLE_SCHEMA.empty_table(), EVENTS_SCHEMA.empty_table(), LINKS_SCHEMA.empty_table()
+        )
+
+    @staticmethod
+    def concat(parts: list["OtlpTables"]) -> "OtlpTables":
+        if not parts:
+            return OtlpTables.empty()
+        return OtlpTables(
+            pa.concat_tables([p.spans for p in parts]),
+            pa.concat_tables([p.events for p in parts]),
+            pa.concat_tables([p.links for p in parts]),
+        )
+
+
+@dataclass
+class _Attrs:
+    """Flat key/value lists plus how many belong to each owner (span, event, link, resource)."""
+
+    counts: list[int] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    values: list[Any] = field(default_factory=list)
+
+    def extend(self, counts: list[int], keys: list[str], values: list[Any]) -> None:
+        self.counts.extend(counts)
+        self.keys.extend(keys)
+        self.values.extend(values)
+
+
+@dataclass
+class SpanColumns:
+    """Per-span lists appended by a decoder. Ids are raw ``bytes`` or text (hex or base64)."""
+
+    trace_id: list = field(default_factory=list)
+    span_id: list = field(default_factory=list)
+    parent_span_id: list = field(default_factory=list)
+    trace_state: list = field(default_factory=list)
+    name: list = field(default_factory=list)
+    kind: list = field(default_factory=list)
+    start_ns: list = field(default_factory=list)
+    end_ns: list = field(default_factory=list)
+    status_code: list = field(default_factory=list)
+    status_message: list = field(default_factory=list)
+    scope_index: list = field(default_factory=list)
+    resource_index: list = field(default_factory=list)
+    attrs: _Attrs = field(default_factory=_Attrs)
+    # (name, version) per scope and {key: value string} per resource, indexed by the above.
+    scopes: list = field(default_factory=list)
+    resources: list = field(default_factory=list)
+    # events and links: owning span row, then their own fields
+    event_span: list = field(default_factory=list)
+    event_time: list = field(default_factory=list)
+    event_name: list = field(default_factory=list)
+    event_attrs: _Attrs = field(default_factory=_Attrs)
+    link_span: list = field(default_factory=list)
+    link_trace_id: list = field(default_factory=list)
+    link_span_id: list = field(default_factory=list)
+    link_trace_state: list = field(default_factory=list)
+    link_attrs: _Attrs = field(default_factory=_Attrs)
+
+    def __len__(self) -> int:
+        return len(self.span_id)
+
+    def mark(self) -> dict[str, int]:
+        """The length of every list, to :meth:`rollback` to if a request turns out malformed."""
+        return {name: len(lst) for name, lst in self._lists()}
+
+    def rollback(self, mark: dict[str, int]) -> None:
+        for name, lst in self._lists():
+            del lst[mark[name] :]
+
+    def _lists(self):
+        for name, value in vars(self).items():
+            if isinstance(value, _Attrs):
+                for sub, lst in vars(value).items():
+                    yield f"{name}.{sub}", lst
+            else:
+                yield name, value
+
+    def to_tables(self) -> OtlpTables:
+        """The Arrow tables of everything appended so far."""
+        if not self.span_id:
+            return OtlpTables.empty()
+        trace = ids_to_hex(self.trace_id, 16)
+        span = ids_to_hex(self.span_id, 8)
+        events = self._events_table(trace, span)
+        links = self._links_table(trace, span)
+        return OtlpTables(self._spans_table(trace, span), events, links)
+
+    def _spans_table(self, trace: pa.Array, span: pa.Array) -> pa.Table:
+        n = len(self.span_id)
+        parent = ids_to_hex(self.parent_span_id, 8)
+        parent = pc.if_else(pc.equal(pc.utf8_length(parent), 0), pa.scalar(None, pa.string()), parent)
+        start = _int64(self.start_ns)
+        end = _int64(self.end_ns)
+        attributes, promoted = _promote(self.attrs, n, PROMOTED_SPAN_ATTRIBUTES)
+        scope_idx = pa.array(self.scope_index, pa.int32())
+        res_idx = pa.array(self.resource_index, pa.int32())
+        res = _resource_columns(self.resources, res_idx)
+        columns = {
+            "trace_id": trace,
+            "span_id": span,
+            "parent_span_id": parent,
+            "name": _dict(pa.array(self.name, pa.string())),
+            "kind": _enum(self.kind, SPAN_KINDS),
+            "start_ns": start,
+            "end_ns": end,
+            "duration_ns": pc.subtract(end, start),
+            "status_code": _enum(self.status_code, STATUS_CODES),
+            "status_message": _empty_to_null(pa.array(self.status_message, pa.string())),
+            **res,
+            **promoted,
+            "trace_state": _empty_to_null(pa.array(self.trace_state, pa.string())),
+            "scope_name": _dict(pa.array([s[0] for s in self.scopes], pa.string()).take(scope_idx)),
+            "scope_version": _dict(pa.array([s[1] for s in self.scopes], pa.string()).take(scope_idx)),
+            "attributes": attributes,
+            "trace_key": pa.array(hex_to_uint64(trace), pa.uint64()),
+            "span_key": pa.array(hex_to_uint64(span), pa.uint64()),
+            "parent_key": pa.array(hex_to_uint64(parent), pa.uint64()),
+        }
+        arrays = [columns[f.name].cast(f.type) for f in SPANS_TABLE_SCHEMA]
+        return pa.Table.from_arrays(arrays, schema=SPANS_TABLE_SCHEMA)
+
+    def _events_table(self, trace: pa.Array, span: pa.Array) -> pa.Table:
+        if not self.event_span:
+            return EVENTS_SCHEMA.empty_table()
+        owner = pa.array(self.event_span, pa.int64())
+        attributes, _ = _promote(self.event_attrs, len(self.event_span), ())
+        arrays = [
+            trace.take(owner),
+            span.take(owner),
+            _int64(self.event_time),
+            _dict(pa.array(self.event_name, pa.string())),
+            attributes,
+        ]
+        return pa.Table.from_arrays(
+            [a.cast(f.type) for a, f in zip(arrays, EVENTS_SCHEMA)], schema=EVENTS_SCHEMA
+        )
+
+    def _links_table(self, trace: pa.Array, span: pa.Array) -> pa.Table:
+        if not self.link_span:
+            return LINKS_SCHEMA.empty_table()
+        owner = pa.array(self.link_span, pa.int64())
+        attributes, _ = _promote(self.link_attrs, len(self.link_span), ())
+        arrays = [
+            trace.take(owner),
+            span.take(owner),
+            ids_to_hex(self.link_trace_id, 16),
+            ids_to_hex(self.link_span_id, 8),
+            _empty_to_null(pa.array(self.link_trace_state, pa.string())),
+            attributes,
+        ]
+        return pa.Table.from_arrays(
+            [a.cast(f.type) for a, f in zip(arrays, LINKS_SCHEMA)], schema=LINKS_SCHEMA
+        )
+
+
+def ids_to_hex(ids: list, width: int) -> pa.Array:
+    """Lowercase hex strings from raw bytes, hex text (any case) or base64 text.
+
+    ``width`` is the id's size in bytes (16 for traces, 8 for spans); empty ids stay empty.
+    """
+    if not ids:
+        return pa.array([], pa.string())
+    if isinstance(ids[0], (bytes, bytearray)):
+        return _bytes_to_hex(ids, width)
+    text = pa.array(ids, pa.string())
+    lengths = pc.utf8_length(text)
+    if pc.all(pc.or_(pc.equal(lengths, 2 * width), pc.equal(lengths, 0))).as_py():
+        return pc.utf8_lower(text)
+    # Protobuf's JSON mapping writes bytes as base64 (24 or 12 characters): decode those.
+    return pa.array([_text_id_to_hex(s, width) for s in ids], pa.string())
+
+
+def _text_id_to_hex(text: str | None, width: int) -> str:
+    if not text:
+        return ""
+    if len(text) == 2 * width:
+        return text.lower()
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return text.lower()
+    return raw.hex() if len(raw) == width else text.lower()
+
+
+def _bytes_to_hex(ids: list, width: int) -> pa.Array:
+    """Hex through a lookup table over one contiguous buffer when every id has ``width`` bytes."""
+    blob = b"".join(ids)
+    if len(blob) != width * len(ids):
+        return pa.array([bytes(i).hex() for i in ids], pa.string())
+    raw = np.frombuffer(blob, dtype=np.uint8)
+    out = np.empty(raw.size * 2, dtype=np.uint8)
+    out[0::2] = _HEX[raw >> 4]
+    out[1::2] = _HEX[raw & 15]
+    offsets = np.arange(0, out.size + 1, 2 * width, dtype=np.int32)
+    return pa.Array.from_buffers(pa.string(), len(ids), [None, pa.py_buffer(offsets), pa.py_buffer(out)])
+
+
+def _int64(values: list) -> pa.Array:
+    """int64 from ints or decimal strings (protobuf's JSON mapping writes int64 as strings)."""
+    try:
+        return pa.array(values, pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        pass
+    try:
+        return pa.array(values, pa.string()).cast(pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.array([_to_int(v) for v in values], pa.int64())
+
+
+def _to_int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _enum(values: list, names: tuple[str, ...]) -> pa.Array:
+    """Enum ints (or already-mapped names) to their lowercase names; unknown ints to null."""
+    codes = pa.array(values, pa.int64())
+    in_range = pc.and_(pc.greater_equal(codes, 0), pc.less(codes, len(names)))
+    codes = pc.if_else(in_range, codes, pa.scalar(None, pa.int64()))
+    return pa.DictionaryArray.from_arrays(codes.cast(pa.int32()), pa.array(names, pa.string()))
+
+
+def _dict(arr: pa.Array) -> pa.Array:
+    return arr.dictionary_encode()
+
+
+def _empty_to_null(arr: pa.Array) -> pa.Array:
+    return pc.if_else(pc.equal(pc.utf8_length(arr), 0), pa.scalar(None, pa.string()), arr)
+
+
+def _promote(attrs: _Attrs, owners: int, promoted: tuple[str, ...]) -> tuple[pa.Array, dict]:
+    """The attribute map column without the promoted keys, and one column per promoted key.
+
+    When a key repeats on one owner the last value wins for the promoted column (as the
+    OpenTelemetry SDK does when a span sets an attribute twice).
+    """
+    counts = np.asarray(attrs.counts, dtype=np.int64)
+    keys = pa.array(attrs.keys, pa.string())
+    values = pa.array(attrs.values, pa.string())
+    owner = np.repeat(np.arange(owners, dtype=np.int64), counts)
+    keep = np.ones(len(keys), dtype=bool)
+    columns = {}
+    for key in promoted:
+        hit = pc.equal(keys, key).to_numpy(zero_copy_only=False).copy() if len(keys) else keep[:0]
+        column = _scatter(owners, owner[hit], values.filter(pa.array(hit)))
+        if key in _INT_COLUMNS:
+            column, convertible = _as_int(column)
+            hit[hit] = convertible[owner[hit]]  # keep non-integer values in the map, lose nothing
+        columns[key] = column
+        keep &= ~hit
+    kept_counts = np.bincount(owner[keep], minlength=owners) if owners else counts
+    offsets = np.zeros(owners + 1, dtype=np.int32)
+    np.cumsum(kept_counts, out=offsets[1:])
+    mask = pa.array(keep)
+    attributes = pa.MapArray.from_arrays(pa.array(offsets), keys.filter(mask), values.filter(mask))
+    return attributes, columns
+
+
+def _scatter(owners: int, rows: np.ndarray, values: pa.Array) -> pa.Array:
+    """A column of ``owners`` rows with ``values`` at ``rows`` and null elsewhere."""
+    index = np.full(owners, -1, dtype=np.int64)
+    index[rows] = np.arange(len(rows), dtype=np.int64)
+    take = pa.array(index, mask=index < 0)
+    return values.take(take)
+
+
+def _as_int(column: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """int64 of decimal strings; also which rows converted (null rows count as converted)."""
+    valid = pc.is_valid(column).to_numpy(zero_copy_only=False)
+    numeric = pc.match_substring_regex(column, r"^-?[0-9]{1,18}$")
+    numeric = pc.fill_null(numeric, False).to_numpy(zero_copy_only=False)
+    clean = pc.if_else(pa.array(numeric), column, pa.scalar(None, pa.string()))
+    return clean.cast(pa.int64()), numeric | ~valid
+
+
+def _resource_columns(resources: list[dict], index: pa.Array) -> dict[str, pa.Array]:
+    """Promoted resource columns and the remaining resource attribute map, per span."""
+    promoted: dict[str, list] = {column: [] for column in PROMOTED_RESOURCE_ATTRIBUTES.values()}
+    rest = []
+    for attributes in resources:
+        remaining = dict(attributes)
+        for key, column in PROMOTED_RESOURCE_ATTRIBUTES.items():
+            value = remaining.pop(key, None)
+            if column == "rank" and value is not None:
+                number = _to_int(value)
+                if number is None:
+                    remaining[key] = value  # not an integer: keep it where it was
+                value = number
+            promoted[column].append(value)
+        rest.append(list(remaining.items()))
+    out = {
+        "service_name": pa.array(promoted["service_name"], pa.string()).take(index),
+        "run_id": pa.array(promoted["run_id"], pa.string()).take(index),
+        "rank": pa.array(promoted["rank"], pa.int64()).take(index),
+        "resource_attributes": pa.array(rest, pa.map_(pa.string(), pa.string())).take(index),
+    }
+    return out

@@ -1,0 +1,263 @@
+"""Open a dump file (plain, gzip or zstd), tell its format, and read it record by record.
+
+Formats, auto-detected from the first bytes (the extension is not trusted):
+
+- ``jsonl``: the Collector file exporter's JSON lines, one ``ExportTraceServiceRequest`` per
+  line (``resourceMetrics`` / ``resourceLogs`` lines are skipped and counted);
+- ``proto``: the Collector's length-prefixed protobuf, a 4-byte big-endian length before each
+  serialized request, each optionally zstd-compressed (the Collector's ``compression: zstd``;
+  a compressed payload may hold JSON);
+- ``json``: a single OTLP/JSON document, e.g. a ``/v1/traces`` request body, pretty-printed or
+  not, or a JSON list of such requests.
+
+A record that cannot be read is reported (file and line or record number) and skipped; the
+records around it are kept.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+import orjson
+import zstandard
+
+from nemo_telemetry.errors import IngestError
+
+__all__ = [
+    "FORMATS",
+    "ACCEPTED_FORMATS",
+    "Record",
+    "detect_format",
+    "expand_inputs",
+    "iter_records",
+]
+
+FORMATS = ("jsonl", "proto", "json")
+ACCEPTED_FORMATS = (
+    "Collector file-exporter JSON lines, the Collector's length-prefixed protobuf (optionally "
+    "zstd per message), or a single OTLP/JSON document (e.g. a /v1/traces request body); "
+    "each optionally .gz or .zst compressed"
+)
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_HEAD_BYTES = 1 << 16
+_MAX_PROTO_RECORD = 1 << 30  # a larger length prefix means a corrupt or non-OTLP file
+_OTHER_SIGNALS = ("resourceMetrics", "resourceLogs", "resource_metrics", "resource_logs")
+_TRACES = ("resourceSpans", "resource_spans")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One request read from a file: ``kind`` is ``traces``, ``other-signal`` or ``rejected``.
+
+    ``payload`` is a parsed JSON object or protobuf bytes for ``traces``, the problem for
+    ``rejected``; ``where`` is ``file:line`` or ``file: record N``.
+    """
+
+    kind: str
+    where: str
+    payload: object = None
+
+
+class _CountingReader(io.RawIOBase):
+    """Counts the bytes read from the file on disk (compressed), for progress."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self._raw.readinto(buffer)
+        self.count += n or 0
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def expand_inputs(inputs) -> list[Path]:
+    """Files named, and the files under directories named (sorted, hidden files skipped)."""
+    if isinstance(inputs, (str, Path)):
+        inputs = [inputs]
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p, path))
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise IngestError(f"{path}: no such file or directory")
+    return files
+
+
+def _hidden(path: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
+def open_decompressed(path: Path) -> tuple[io.BufferedReader, _CountingReader]:
+    """The decompressed byte stream of ``path`` and the counter of bytes read from disk."""
+    counter = _CountingReader(open(path, "rb"))
+    raw = io.BufferedReader(counter, buffer_size=_HEAD_BYTES)
+    magic = raw.peek(4)[:4]
+    if magic.startswith(_GZIP_MAGIC):
+        stream: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb")
+    elif magic == _ZSTD_MAGIC:
+        stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+    else:
+        return raw, counter
+    return io.BufferedReader(stream, buffer_size=_HEAD_BYTES), counter
+
+
+def _peek(stream: io.BufferedReader, path: Path) -> bytes:
+    try:
+        return stream.peek(_HEAD_BYTES)[:_HEAD_BYTES]
+    except (OSError, EOFError, zstandard.ZstdError) as exc:
+        raise IngestError(f"{path}: cannot decompress ({exc}); expected {ACCEPTED_FORMATS}") from None
+
+
+def detect_format(path: Path) -> str:
+    """``jsonl``, ``proto``, ``json`` or ``empty``; ``IngestError`` when it is none of them."""
+    stream, _ = open_decompressed(path)
+    with stream:
+        return _format_of(_peek(stream, path), path)
+
+
+def _format_of(head: bytes, path: Path) -> str:
+    stripped = head.lstrip()
+    if not stripped:
+        return "empty"
+    if stripped[:1] in (b"{", b"["):
+        first_line = stripped.split(b"\n", 1)[0].strip()
+        if first_line in (b"{", b"[") or first_line.startswith(b"["):
+            return "json"
+        _check_first_json_line(first_line, path)
+        return "jsonl"
+    if _looks_like_proto_frame(head):
+        return "proto"
+    if any(line.lstrip().startswith(b'{"resource') for line in head.split(b"\n")[1:]):
+        return "jsonl"  # a garbage first line in front of JSON lines: reported when read
+    raise IngestError(f"{path}: not an OTLP dump. Accepted: {ACCEPTED_FORMATS}.")
+
+
+def _check_first_json_line(line: bytes, path: Path) -> None:
+    """A complete first line that is JSON but no OTLP request means the file is not OTLP."""
+    try:
+        doc = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return  # longer than the head, or garbage: judged record by record
+    if not isinstance(doc, dict) or not any(k in doc for k in _TRACES + _OTHER_SIGNALS):
+        keys = ", ".join(list(doc)[:5]) if isinstance(doc, dict) else type(doc).__name__
+        raise IngestError(
+            f"{path}: JSON, but not OTLP (first line has {keys}, no resourceSpans). "
+            f"Accepted: {ACCEPTED_FORMATS}."
+        )
+
+
+def _looks_like_proto_frame(head: bytes) -> bool:
+    if len(head) < 5:
+        return False
+    length = int.from_bytes(head[:4], "big")
+    return 0 < length <= _MAX_PROTO_RECORD and (head[4] == 0x0A or head[4:8] == _ZSTD_MAGIC)
+
+
+def iter_records(
+    path: Path, fmt: str | None = None, *, on_bytes: Callable[[int], None] | None = None
+) -> Iterator[Record]:
+    """Every request of ``path`` in order; ``fmt`` overrides detection."""
+    stream, counter = open_decompressed(path)
+    with stream:
+        fmt = fmt or _format_of(_peek(stream, path), path)
+        if fmt == "empty":
+            return
+        readers = {"jsonl": _json_lines, "proto": _proto_frames, "json": _json_document}
+        if fmt not in readers:
+            raise IngestError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        try:
+            for record in readers[fmt](stream, path):
+                yield record
+                if on_bytes is not None:
+                    on_bytes(counter.count)
+        except (OSError, EOFError, zstandard.ZstdError) as exc:
+            yield Record("rejected", f"{path}", f"the rest of the file cannot be decompressed ({exc})")
+
+
+def _classify(doc: object, where: str) -> Record:
+    if isinstance(doc, dict):
+        if any(k in doc for k in _TRACES):
+            return Record("traces", where, doc)
+        if any(k in doc for k in _OTHER_SIGNALS):
+            return Record("other-signal", where)
+    return Record("rejected", where, "valid JSON but not an OTLP request (no resourceSpans)")
+
+
+def _json_lines(stream: BinaryIO, path: Path) -> Iterator[Record]:
+    for number, line in enumerate(stream, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            doc = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            if not line.endswith(b"\n"):
+                yield Record("rejected", where, "truncated last record (the writer stopped mid-line)")
+            else:
+                yield Record("rejected", where, f"malformed JSON line ({exc})")
+            continue
+        yield _classify(doc, where)
+
+
+def _json_document(stream: BinaryIO, path: Path) -> Iterator[Record]:
+    text = stream.read()
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        line = getattr(exc, "lineno", "?")
+        yield Record("rejected", f"{path}:{line}", f"malformed or truncated JSON document ({exc})")
+        return
+    for i, item in enumerate(doc if isinstance(doc, list) else [doc]):
+        yield _classify(item, f"{path}: request {i + 1}" if isinstance(doc, list) else f"{path}:1")
+
+
+def _proto_frames(stream: BinaryIO, path: Path) -> Iterator[Record]:
+    offset = 0
+    for number in itertools.count():
+        where = f"{path}: record {number + 1} (byte {offset})"
+        prefix = stream.read(4)
+        if not prefix:
+            return
+        length = int.from_bytes(prefix, "big")
+        if len(prefix) < 4 or length > _MAX_PROTO_RECORD:
+            problem = "truncated length prefix" if len(prefix) < 4 else f"implausible length {length}"
+            yield Record("rejected", where, f"{problem}; the rest of the file is skipped")
+            return
+        payload = stream.read(length)
+        offset += 4 + len(payload)
+        if len(payload) < length:
+            yield Record("rejected", where, f"truncated last record ({len(payload)} of {length} bytes)")
+            return
+        yield _proto_payload(payload, where)
+
+
+def _proto_payload(payload: bytes, where: str) -> Record:
+    if payload[:4] == _ZSTD_MAGIC:
+        try:
+            payload = zstandard.ZstdDecompressor().decompressobj().decompress(payload)
+        except zstandard.ZstdError as exc:
+            return Record("rejected", where, f"corrupt zstd record ({exc})")
+    if payload[:1] == b"{":
+        try:
+            return _classify(orjson.loads(payload), where)
+        except orjson.JSONDecodeError as exc:
+            return Record("rejected", where, f"malformed JSON record ({exc})")
+    return Record("traces", where, payload)

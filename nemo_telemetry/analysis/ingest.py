@@ -1,0 +1,242 @@
+"""Ingest: OTLP dump files into the spans, events and links tables, on disk or in memory.
+
+``ingest(inputs, out=...)`` streams files into a Parquet dataset a batch at a time;
+``read_spans(source)`` (and ``read_events`` / ``read_links`` / ``load_traces``) read a dataset
+or ingest raw files on the fly. Malformed records are counted and reported with their file and
+line, never fatal; a file that is not OTLP at all is an :class:`IngestError`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Union
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nemo_telemetry.analysis._columns import OtlpTables, SpanColumns
+from nemo_telemetry.analysis._detect import FORMATS, detect_format, expand_inputs, iter_records
+from nemo_telemetry.analysis._otlp_json import decode_json_request
+from nemo_telemetry.analysis._otlp_proto import decode_proto_request
+from nemo_telemetry.analysis.dataset import (
+    DatasetWriter,
+    SpanDeduplicator,
+    _owned_by,
+    drop_duplicates,
+    is_dataset,
+    read_dataset,
+)
+from nemo_telemetry.errors import IngestError
+
+__all__ = [
+    "IngestSummary",
+    "IngestWarning",
+    "TraceTables",
+    "ingest",
+    "load_traces",
+    "read_spans",
+    "read_events",
+    "read_links",
+    "FORMATS",
+]
+
+Source = Union[str, Path, Iterable[Union[str, Path]]]
+ProgressCallback = Callable[[int, int], None]
+BATCH_SPANS = 1 << 16  # spans decoded before a batch is converted and written
+
+
+class IngestWarning(UserWarning):
+    """Records were rejected while reading raw files on the fly (details in the message)."""
+
+
+@dataclass(frozen=True)
+class IngestSummary:
+    """What one ingest read and wrote. ``warnings`` name the file and line of each problem."""
+
+    files: int = 0
+    spans: int = 0
+    events: int = 0
+    links: int = 0
+    traces: int = 0
+    runs: int = 0
+    duplicates_dropped: int = 0
+    rejected_records: int = 0
+    skipped_records: int = 0  # metrics and logs requests: not traces, not errors
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TraceTables:
+    """The three tables of a source, and the summary of reading it."""
+
+    spans: pa.Table
+    events: pa.Table
+    links: pa.Table
+    summary: IngestSummary
+
+
+@dataclass
+class _Pipeline:
+    """Decodes records into batches and hands each batch to ``sink`` (which deduplicates)."""
+
+    sink: Callable[[OtlpTables], OtlpTables]
+    progress: ProgressCallback | None = None
+    batch_spans: int = BATCH_SPANS
+    cols: SpanColumns = field(default_factory=SpanColumns)
+    counts: dict = field(default_factory=lambda: dict.fromkeys(
+        ("files", "spans", "events", "links", "duplicates_dropped", "rejected_records", "skipped_records"), 0
+    ))
+    traces: set = field(default_factory=set)
+    runs: set = field(default_factory=set)
+    warnings: list = field(default_factory=list)
+    bytes_before: int = 0
+
+    def add_file(self, path: Path, fmt: str | None) -> None:
+        self.counts["files"] += 1
+        done = [0]
+
+        def on_bytes(count: int) -> None:
+            done[0] = count
+            if self.progress is not None:
+                self.progress(self.bytes_before + count, self.counts["spans"] + len(self.cols))
+
+        for record in iter_records(path, fmt, on_bytes=on_bytes):
+            self.add_record(record.kind, record.where, record.payload)
+        self.bytes_before += path.stat().st_size
+
+    def add_record(self, kind: str, where: str, payload: object) -> None:
+        if kind == "other-signal":
+            self.counts["skipped_records"] += 1
+        elif kind == "rejected":
+            self.reject(where, str(payload))
+        else:
+            try:
+                if isinstance(payload, (bytes, bytearray, memoryview)):
+                    decode_proto_request(bytes(payload), self.cols)
+                else:
+                    decode_json_request(payload, self.cols)
+            except ValueError as exc:
+                self.reject(where, str(exc))
+        if len(self.cols) >= self.batch_spans:
+            self.flush(where)
+
+    def reject(self, where: str, problem: str, count: int = 1) -> None:
+        self.counts["rejected_records"] += count
+        self.warnings.append(f"{where}: {problem}")
+
+    def flush(self, where: str = "") -> None:
+        if not len(self.cols):
+            return
+        tables = _drop_malformed_ids(self.cols.to_tables(), lambda n: self.reject(
+            where or "input", f"{n} span(s) with malformed trace/span ids dropped", n))
+        self.cols = SpanColumns()
+        written = self.sink(tables)
+        spans = written.spans
+        self.counts["duplicates_dropped"] += tables.spans.num_rows - spans.num_rows
+        self.counts["spans"] += spans.num_rows
+        self.counts["events"] += written.events.num_rows
+        self.counts["links"] += written.links.num_rows
+        self.traces.update(pc.unique(spans.column("trace_id").combine_chunks()).to_pylist())
+        self.runs.update(v for v in pc.unique(spans.column("run_id").combine_chunks().cast(pa.string())).to_pylist() if v)
+
+    def summary(self) -> IngestSummary:
+        self.flush()
+        return IngestSummary(
+            **self.counts, traces=len(self.traces), runs=len(self.runs), warnings=tuple(self.warnings)
+        )
+
+
+def _drop_malformed_ids(tables: OtlpTables, report: Callable[[int], None]) -> OtlpTables:
+    spans = tables.spans
+    ok = pc.and_(
+        pc.equal(pc.utf8_length(spans.column("trace_id")), 32),
+        pc.equal(pc.utf8_length(spans.column("span_id")), 16),
+    )
+    bad = spans.num_rows - pc.sum(ok.cast(pa.int64())).as_py()
+    if not bad:
+        return tables
+    report(bad)
+    spans = spans.filter(ok)
+    return OtlpTables(spans, _owned_by(tables.events, spans), _owned_by(tables.links, spans))
+
+
+def _raw_files(inputs: Source, fmt: str | None) -> list[tuple[Path, str | None]]:
+    """Every file with its format, checked before anything is written."""
+    if fmt is not None and fmt not in FORMATS:
+        raise IngestError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    files = expand_inputs(inputs)
+    return [(path, fmt or detect_format(path)) for path in files]
+
+
+def ingest(
+    inputs: Source,
+    *,
+    out: str | Path,
+    format: str | None = None,
+    progress: ProgressCallback | None = None,
+) -> IngestSummary:
+    """Stream OTLP dump files (or directories of them) into the Parquet dataset at ``out``.
+
+    Spans already in the dataset (same trace id and span id) are not written again; how many
+    were dropped is in the summary. ``progress(bytes_done, spans_done)`` is called as it goes.
+    """
+    files = _raw_files(inputs, format)
+    writer = DatasetWriter(Path(out))
+    pipeline = _Pipeline(writer.write, progress=progress)
+    for path, fmt in files:
+        pipeline.add_file(path, fmt)
+    return pipeline.summary()
+
+
+def load_traces(source: Source, *, format: str | None = None) -> TraceTables:
+    """The three tables of a dataset directory, raw dump files, directories of them, or a list."""
+    items = [source] if isinstance(source, (str, Path)) else list(source)
+    datasets = [Path(item) for item in items if is_dataset(Path(item))]
+    raw = [item for item in items if not is_dataset(Path(item))]
+    parts = [OtlpTables(*(read_dataset(d, t) for t in ("spans", "events", "links"))) for d in datasets]
+    summary = IngestSummary()
+    if raw:
+        dedup = SpanDeduplicator()
+        pipeline = _Pipeline(lambda tables: _keep(parts, drop_duplicates(tables, dedup)))
+        for path, fmt in _raw_files(raw, format):
+            pipeline.add_file(path, fmt)
+        summary = pipeline.summary()
+    tables = OtlpTables.concat(parts)
+    return TraceTables(tables.spans, tables.events, tables.links, summary)
+
+
+def _keep(parts: list, tables: OtlpTables) -> OtlpTables:
+    parts.append(tables)
+    return tables
+
+
+def _read(source: Source, table: str) -> pa.Table:
+    loaded = load_traces(source)
+    if loaded.summary.rejected_records:
+        shown = "; ".join(loaded.summary.warnings[:3])
+        warnings.warn(
+            f"{loaded.summary.rejected_records} record(s) rejected while reading: {shown}",
+            IngestWarning,
+            stacklevel=3,
+        )
+    return getattr(loaded, table)
+
+
+def read_spans(source: Source) -> pa.Table:
+    """The spans table of a dataset directory or raw dump files (ingested in memory).
+
+    Ids are lowercase hex; the columns are ``SPANS_SCHEMA`` followed by the uint64 id keys.
+    """
+    return _read(source, "spans")
+
+
+def read_events(source: Source) -> pa.Table:
+    """The span events table (``EVENTS_SCHEMA``) of a dataset or raw dump files."""
+    return _read(source, "events")
+
+
+def read_links(source: Source) -> pa.Table:
+    """The span links table (``LINKS_SCHEMA``) of a dataset or raw dump files."""
+    return _read(source, "links")
