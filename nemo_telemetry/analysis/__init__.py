@@ -6,6 +6,16 @@ directly. The public API is listed once, in ``__all__``.
 
 from __future__ import annotations
 
+from nemo_telemetry.analysis.ingest import (
+    IngestSummary,
+    IngestWarning,
+    TraceTables,
+    ingest,
+    load_traces,
+    read_events,
+    read_links,
+    read_spans,
+)
 from nemo_telemetry.analysis.records import spans_table
 from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA, SPANS_SCHEMA
 from nemo_telemetry.analysis.tree import attributed_iterations, parent_indices, with_id_keys
@@ -20,4 +30,12 @@ __all__ = [
     "parent_indices",
     "attributed_iterations",
     "with_id_keys",
+    "ingest",
+    "IngestSummary",
+    "IngestWarning",
+    "TraceTables",
+    "load_traces",
+    "read_spans",
+    "read_events",
+    "read_links",
 ]
