@@ -1,0 +1,515 @@
+"""What would make a goodput breakdown lie, as findings with stable codes.
+
+Each finding names the run, trace, iteration and (up to ``max_span_ids``) spans it concerns and
+says in one sentence what to do. Offending spans are found with vectorized masks over the whole
+table; Python only loops over the groups of offending spans to write their messages, and at
+most ``max_findings_per_code`` findings of one code are written (``counts`` has them all).
+
+Which span names are umbrellas and which are declared unbucketed comes from the span-group
+catalogue (:func:`nemo_telemetry.instrument.REGISTRY.catalogue`), the same declaration the
+instrument side tags spans from, plus ``UNBUCKETED_SPAN_CATEGORIES`` for efficiency spans.
+
+Severity: ``error`` when the breakdown itself is wrong (time counted twice or not at all, a
+value no rollup understands); ``warning`` when spans are missing from, or cannot be placed in,
+the steps; ``info`` for what is worth a look but expected (known coverage gaps, slow steps).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nemo_telemetry.analysis._arrays import BUCKETS, NO_BUCKET, UNKNOWN_BUCKET, codes_matching
+from nemo_telemetry.analysis.goodput import JOB_SPAN_REGEX, STEP_SPAN_REGEX, _Analysis, analyse, runs_of
+from nemo_telemetry.instrument import REGISTRY, span_name_regex
+from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
+
+__all__ = ["FINDING_CODES", "SEVERITIES", "Finding", "CheckReport", "check_run", "SPAN_GROUPS_ATTRIBUTE"]
+
+SEVERITIES = ("error", "warning", "info")
+FINDING_CODES: dict[str, str] = {  # code -> severity (missing-group-spans is info for a known gap)
+    "bucketed-overlap": "error",
+    "nested-bucket": "error",
+    "umbrella-bucket": "error",
+    "bucket-exceeds-wall": "error",
+    "unknown-bucket": "error",
+    "invalid-interval": "error",
+    "unstamped-span": "warning",
+    "orphan-span": "warning",
+    "detached-trace": "warning",
+    "unattributed-step-time": "warning",
+    "missing-group-spans": "warning",
+    "step-time-outlier": "info",
+}
+SPAN_GROUPS_ATTRIBUTE = "nemo.telemetry.span_groups"
+
+# Groups whose root spans are separate traces by design (seed 000: startup closes before the job
+# opens; worker __init__ spans are opened before any call carries context).
+_STANDALONE_GROUPS = ("setup", "model_init")
+
+# Known coverage gaps (seed 000, "Coverage gaps"): an enabled group that is legitimately empty.
+_KNOWN_GAPS = {
+    "generation": "only vLLM's synchronous generate path emits rl.vllm.generate; async runs (generate_async) "
+                  "and SGLang / TRT-LLM / Megatron generation workers have no generation span",
+    "per_prompt": "per-prompt spans exist only on the single-controller path (rl.sc.generate_and_push and its "
+                  "rl.data_plane.put) and the Gym HTTP hop; the token-capture dispatch opens none",
+    "efficiency": "efficiency spans are emitted only by async GRPO and the single controller's rollout pump",
+    "data_plane": "data-plane spans come only from a transfer-queue client (single-controller actor, "
+                  "TQPolicy / TQValue workers)",
+    "model_init": "only vLLM, policy and value workers open rl.*.load_model; other backends are uninstrumented",
+    "rollout": "rollout spans come from the driver's sync rollout or the async collector; SyncRolloutActor and "
+               "grpo_sync.py emit none",
+    "setup": "only some launchers open rl.startup; the others leave rl.setup.ray_init as a lone root, or nothing",
+    "server": "a Gym server adopts traceparent only once its app calls instrument_fastapi",
+    "http_client": "the aiohttp hop is instrumented by the NemoGym actor only, and gated on per_prompt",
+    "checkpoint": "no checkpoint may have been due in the traced range (save_period, or checkpointing off)",
+    "evaluate": "no validation may have been due in the traced range (val_period, val_at_start)",
+}
+# Groups an algorithm's loop never opens (seed 000, "Per-algorithm span names").
+_ALGORITHM_GROUPS = {
+    "sft": {"job", "step", "data_processing", "policy_update", "checkpoint", "evaluate", "setup", "model_init"},
+    "dpo": {"job", "step", "policy_update", "checkpoint", "evaluate", "setup", "model_init"},
+    "rm": {"job", "step", "checkpoint", "evaluate", "setup", "model_init"},
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One reason the breakdown might be wrong, and what to do about it."""
+
+    code: str
+    severity: str
+    message: str
+    trace_id: str | None
+    span_ids: tuple[str, ...]
+    iteration: int | None
+    run_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "severity": self.severity, "message": self.message, "trace_id": self.trace_id,
+                "span_ids": list(self.span_ids), "iteration": self.iteration, "run_id": self.run_id}
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Every finding (at most ``max_findings_per_code`` written per code) and the full counts."""
+
+    findings: tuple[Finding, ...]
+    counts: dict[str, Any]  # {"error": n, "warning": n, "info": n, "by_code": {code: n}}
+
+    def has(self, severity: str) -> bool:
+        """Whether a finding at ``severity`` or worse exists."""
+        worse = SEVERITIES[: SEVERITIES.index(severity) + 1]
+        return any(self.counts[s] for s in worse)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"findings": [f.to_dict() for f in self.findings], "counts": self.counts}
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Context:
+    analysis: _Analysis
+    iteration: np.ndarray  # attributed where walked, else own; -1 where none
+    max_span_ids: int
+    limit: int
+
+    @property
+    def arrays(self):
+        return self.analysis.arrays
+
+    def run_name(self, code: int) -> str | None:
+        return self.arrays.runs[code] if code >= 0 else None
+
+    def name(self, code: int) -> str:
+        return self.arrays.names[code] if code >= 0 else "(no name)"
+
+    def ids(self, rows: np.ndarray) -> tuple[tuple[str, ...], str]:
+        """Span ids of up to max_span_ids rows, and ' (and N more)' when there were more."""
+        shown = rows[: self.max_span_ids]
+        more = f" (and {len(rows) - len(shown)} more)" if len(rows) > len(shown) else ""
+        return tuple(self.arrays.span_id(shown)), more
+
+    def common_iteration(self, rows: np.ndarray) -> int | None:
+        values = np.unique(self.iteration[rows])
+        return int(values[0]) if len(values) == 1 and values[0] >= 0 else None
+
+    def finding(self, code: str, message: str, rows: np.ndarray, run: int, *, iteration: int | None = None,
+                severity: str | None = None, trace_row: int | None = None) -> Finding:
+        span_ids, _ = self.ids(rows) if len(rows) else ((), "")
+        trace_of = trace_row if trace_row is not None else (int(rows[0]) if len(rows) else None)
+        return Finding(code=code, severity=severity or FINDING_CODES[code], message=message,
+                       trace_id=self.arrays.trace_id([trace_of])[0] if trace_of is not None else None,
+                       span_ids=span_ids, iteration=iteration, run_id=self.run_name(run))
+
+
+def _groups(rows: np.ndarray, *keys: np.ndarray) -> tuple[int, Iterator[tuple[tuple, np.ndarray]]]:
+    """(number of groups, iterator over (key, rows)) of ``rows`` grouped by ``keys`` (all over rows)."""
+    if len(rows) == 0:
+        return 0, iter(())
+    frame = pd.DataFrame({f"k{i}": k for i, k in enumerate(keys)})
+    grouped = frame.groupby(list(frame.columns), sort=True).indices
+    return len(grouped), ((k if isinstance(k, tuple) else (k,), rows[idx]) for k, idx in grouped.items())
+
+
+def _take(count: int, items: Iterator, limit: int) -> Iterator:
+    for i, item in enumerate(items):
+        if i >= limit:
+            return
+        yield item
+
+
+def _bucket_name(ctx: _Context, rows: np.ndarray) -> str:
+    values = {ctx.arrays.bucket_values[c] for c in ctx.arrays.bucket_raw[rows[:50]] if c >= 0}
+    return "/".join(sorted(values))
+
+
+# -- span-level findings -----------------------------------------------------------------------
+
+
+def _invalid_interval(ctx: _Context) -> tuple[int, list[Finding]]:
+    a = ctx.arrays
+    rows = np.flatnonzero(~a.valid_interval & ctx.analysis.keep)
+    count, groups = _groups(rows, a.run[rows], a.name[rows])
+    out = []
+    for (run, name), members in _take(count, groups, ctx.limit):
+        _, more = ctx.ids(members)
+        out.append(ctx.finding("invalid-interval", (
+            f"{len(members)} span(s) named {ctx.name(name)!r} end before they start{more}; they are left out of "
+            "every sum: check the clock of the process that emitted them and that start/end are Unix nanoseconds"),
+            members, run, iteration=ctx.common_iteration(members)))
+    return count, out
+
+
+def _unknown_bucket(ctx: _Context) -> tuple[int, list[Finding]]:
+    a = ctx.arrays
+    rows = np.flatnonzero((a.bucket == UNKNOWN_BUCKET) & ctx.analysis.keep)
+    count, groups = _groups(rows, a.run[rows], a.bucket_raw[rows])
+    out = []
+    for (run, raw), members in _take(count, groups, ctx.limit):
+        _, more = ctx.ids(members)
+        out.append(ctx.finding("unknown-bucket", (
+            f"{len(members)} span(s) carry rl.bucket={a.bucket_values[raw]!r}{more}, which no rollup knows; "
+            f"use one of {', '.join(BUCKETS)} (the Bucket enum) so their time is counted"),
+            members, run, iteration=ctx.common_iteration(members)))
+    return count, out
+
+
+def _catalogue_name_sets(names: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Codes of names that only umbrella groups claim, and of names declared unbucketed."""
+    catalogue = REGISTRY.catalogue()
+    umbrella_only, unbucketed = [], []
+    for code, name in enumerate(names):
+        if name is None:
+            continue
+        claims = [info for info in catalogue if any(re.match(span_name_regex(p), name) for p in info.spans)]
+        if claims and all(info.umbrella for info in claims):
+            umbrella_only.append(code)
+        if any(re.match(span_name_regex(p), name) for info in catalogue for p in info.unbucketed_spans):
+            unbucketed.append(code)
+    return np.array(umbrella_only, dtype=np.int32), np.array(unbucketed, dtype=np.int32)
+
+
+def _umbrella_bucket(ctx: _Context) -> tuple[int, list[Finding]]:
+    a = ctx.arrays
+    umbrella_only, unbucketed = _catalogue_name_sets(a.names)
+    unbucketed_categories = np.array([i for i, c in enumerate(a.categories) if c in UNBUCKETED_SPAN_CATEGORIES],
+                                     dtype=np.int32)
+    declared_unbucketed = np.isin(a.name, unbucketed) | np.isin(a.category, unbucketed_categories)
+    rows = np.flatnonzero((a.bucket != NO_BUCKET) & ctx.analysis.keep & (np.isin(a.name, umbrella_only)
+                                                                          | declared_unbucketed))
+    count, groups = _groups(rows, a.run[rows], a.name[rows])
+    out = []
+    for (run, name), members in _take(count, groups, ctx.limit):
+        _, more = ctx.ids(members)
+        why = ("only umbrella groups claim that name" if np.isin(name, umbrella_only)
+               else "the catalogue declares it unbucketed (it runs concurrently with bucketed work)")
+        out.append(ctx.finding("umbrella-bucket", (
+            f"{len(members)} span(s) named {ctx.name(name)!r} carry rl.bucket={_bucket_name(ctx, members)}{more}, "
+            f"but {why}: open it with umbrella_span (or drop the rl.bucket kwarg) so only the leaves inside "
+            "carry time"), members, run, iteration=ctx.common_iteration(members)))
+    return count, out
+
+
+def _nested_bucket(ctx: _Context) -> tuple[int, list[Finding]]:
+    a, an = ctx.arrays, ctx.analysis
+    has = an.walked_ancestor >= 0
+    rows, ancestors = an.walked[has], an.walked_ancestor[has]
+    count, groups = _groups(np.arange(len(rows)), a.run[rows], a.name[rows], a.name[ancestors])
+    out = []
+    for (run, name, above), idx in _take(count, groups, ctx.limit):
+        members = rows[idx]
+        _, more = ctx.ids(members)
+        out.append(ctx.finding("nested-bucket", (
+            f"{len(members)} bucketed span(s) named {ctx.name(name)!r} sit under the bucketed "
+            f"{ctx.name(above)!r}{more}, so their time is counted twice: make the outer span an umbrella "
+            "(umbrella_span) or drop the inner span's bucket"), members, run,
+            iteration=ctx.common_iteration(members)))
+    return count, out
+
+
+def _unstamped(ctx: _Context) -> tuple[int, list[Finding]]:
+    a, an = ctx.arrays, ctx.analysis
+    rows = an.walked[~an.walked_stamped]
+    count, groups = _groups(rows, a.run[rows], a.name[rows])
+    out = []
+    for (run, name), members in _take(count, groups, ctx.limit):
+        _, more = ctx.ids(members)
+        out.append(ctx.finding("unstamped-span", (
+            f"{len(members)} bucketed span(s) named {ctx.name(name)!r} have no rl.iteration, on themselves or "
+            f"any ancestor{more}, so their time is reported outside the steps: open them inside "
+            "iteration_scope(n), or carry the trace context from a stamped span (dispatch_with_trace_context)"),
+            members, run))
+    return count, out
+
+
+def _orphans(ctx: _Context) -> tuple[int, list[Finding]]:
+    a = ctx.arrays
+    rows = np.flatnonzero(a.has_parent & (a.parents < 0) & ctx.analysis.keep)
+    trace_key = a.table.column("trace_key").take(pa.array(rows)).to_numpy() if len(rows) else np.zeros(0)
+    count, groups = _groups(rows, a.run[rows], trace_key)
+    out = []
+    for (run, _), members in _take(count, groups, ctx.limit):
+        _, more = ctx.ids(members)
+        out.append(ctx.finding("orphan-span", (
+            f"{len(members)} span(s) of this trace name a parent that is not in the data{more} (first: "
+            f"{ctx.name(a.name[members[0]])!r}): include every process's dump file, and flush workers "
+            "(flush_telemetry) before they exit"), members, run, iteration=ctx.common_iteration(members)))
+    return count, out
+
+
+def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
+    a, keep = ctx.arrays, ctx.analysis.keep
+    trace_key = a.table.column("trace_key").combine_chunks().to_numpy() if len(a) else np.zeros(0, np.uint64)
+    anchor = np.flatnonzero(a.rows_of_names(f"{JOB_SPAN_REGEX}|{STEP_SPAN_REGEX}") & keep)
+    anchored_traces = np.unique(trace_key[anchor])
+    anchored_runs = np.unique(a.run[anchor])
+    rows = np.flatnonzero(keep & np.isin(a.run, anchored_runs) & ~np.isin(trace_key, anchored_traces))
+    standalone = np.isin(a.name, np.concatenate([_group_name_codes(a.names, g) for g in _STANDALONE_GROUPS]))
+    root = a.parents[rows] < 0
+    frame = pd.DataFrame({"run": a.run[rows], "trace": trace_key[rows], "designed": ~root | standalone[rows]})
+    by_design = frame.groupby(["run", "trace"])["designed"].transform("all").to_numpy()
+    rows = rows[~by_design]
+    count, groups = _groups(rows, a.run[rows], trace_key[rows])
+    collector = np.isin(a.name, np.concatenate([_group_name_codes(a.names, g) for g in ("rollout", "efficiency")]))
+    anchor_trace_of_run = {int(r): int(anchor[a.run[anchor] == r][0]) for r in anchored_runs}
+    out = []
+    for (run, _), members in _take(count, groups, ctx.limit):
+        roots = members[a.parents[members] < 0]
+        shown = sorted({ctx.name(c) for c in a.name[roots[:20]]})
+        other = a.trace_id([anchor_trace_of_run[int(run)]])[0]
+        if collector[members].any():
+            hint = ("the async collector re-rooted: pass current_trace_carrier(), taken inside the job span, as its "
+                    "trace_carrier and reopen it with remote_trace_context() in every thread (with the job group off "
+                    "the carrier is empty)")
+        else:
+            hint = ("a Ray call, thread or HTTP hop started a new trace: dispatch with dispatch_with_trace_context / "
+                    "@accepts_trace_context, or adopt traceparent on the server (known gap: SingleController "
+                    "generation workers and non-presharded worker calls are separate traces by nemo.run.id)")
+        out.append(ctx.finding("detached-trace", (
+            f"{len(members)} span(s) (roots: {', '.join(shown)}) sit in a trace with no job or step span while "
+            f"trace {other} holds the run's steps; {hint}"), roots, run,
+            iteration=ctx.common_iteration(members)))
+    return count, out
+
+
+def _group_name_codes(names: tuple, group_name: str) -> np.ndarray:
+    info = next((i for i in REGISTRY.catalogue() if i.name == group_name), None)
+    if info is None or not info.spans:
+        return np.zeros(0, dtype=np.int32)
+    return codes_matching(names, "|".join(span_name_regex(p) for p in info.spans))
+
+
+# -- step-level findings -----------------------------------------------------------------------
+
+
+def _step_rows(ctx: _Context, mask: np.ndarray) -> list[int]:
+    return [int(i) for i in np.flatnonzero(mask)]
+
+
+def _steps_over_wall(ctx: _Context) -> tuple[int, list[Finding]]:
+    t, steps = ctx.analysis.table, ctx.analysis.steps
+    idx = _step_rows(ctx, (t["bucket_sum_ns"] > t["wall_ns"]).to_numpy())
+    out = []
+    for i in idx[: ctx.limit]:
+        row = t.iloc[i]
+        out.append(ctx.finding("bucket-exceeds-wall", (
+            f"step {int(row['iteration'])}: its buckets sum to {row['bucket_sum_ns'] / 1e9:.3f} s, more than its "
+            f"{row['wall_s']:.3f} s wall ({row['double_counted_s']:.3f} s counted twice): see the bucketed-overlap "
+            "and nested-bucket findings, and keep buckets on leaves that do not run concurrently"),
+            np.array([steps.row[i]]), int(steps.run[i]), iteration=int(row["iteration"])))
+    return len(idx), out
+
+
+def _unattributed(ctx: _Context, threshold: float) -> tuple[int, list[Finding]]:
+    t, steps = ctx.analysis.table, ctx.analysis.steps
+    share = (t["unattributed_s"] / t["wall_s"].where(t["wall_s"] > 0)).fillna(0).to_numpy()
+    idx = _step_rows(ctx, share > threshold)
+    out = []
+    for i in idx[: ctx.limit]:
+        row = t.iloc[i]
+        out.append(ctx.finding("unattributed-step-time", (
+            f"step {int(row['iteration'])}: {share[i]:.0%} of its {row['wall_s']:.3f} s wall "
+            f"({row['unattributed_s']:.3f} s) is under no bucketed span (threshold {threshold:.0%}): enable the "
+            "leaf groups of the phases in between (per_step), or wrap the gap in a managed_span"),
+            np.array([steps.row[i]]), int(steps.run[i]), iteration=int(row["iteration"])))
+    return len(idx), out
+
+
+def _overlaps(ctx: _Context) -> tuple[int, list[Finding]]:
+    an = ctx.analysis
+    merged = an.merged
+    if len(merged) == 0:
+        return 0, []
+    inside = an.bucketed[an.bucketed_step >= 0]
+    crowded = np.flatnonzero(merged.members > 1)
+    rows = inside[np.isin(merged.cluster_of, crowded)]
+    step_of = merged.group[merged.cluster_of[np.isin(merged.cluster_of, crowded)]]
+    count, groups = _groups(np.arange(len(rows)), step_of)
+    out = []
+    t = an.table
+    for (step,), idx in _take(count, groups, ctx.limit):
+        members = rows[idx]
+        names = sorted({ctx.name(c) for c in ctx.arrays.name[members[:50]]})
+        _, more = ctx.ids(members)
+        row = t.iloc[int(step)]
+        out.append(ctx.finding("bucketed-overlap", (
+            f"step {int(row['iteration'])}: {len(members)} bucketed spans ({', '.join(names)}) overlap in time{more}, "
+            f"so {row['double_counted_s']:.3f} s is counted twice (double_counted_s): bucket one enclosing leaf "
+            "instead, or make the concurrent spans umbrellas"), members, int(an.steps.run[int(step)]),
+            iteration=int(row["iteration"])))
+    return count, out
+
+
+def _outliers(ctx: _Context) -> tuple[int, list[Finding]]:
+    out = []
+    steps = ctx.analysis.steps
+    for run in runs_of(ctx.analysis):
+        run_code = ctx.arrays.runs.index(run.run_id) if run.run_id is not None else -1
+        for o in run.outliers:
+            i = int(np.flatnonzero((steps.run == run_code) & (steps.iteration == o.iteration))[0])
+            out.append(ctx.finding("step-time-outlier", (
+                f"step {o.iteration} took {o.wall_s:.3f} s, past the median {o.median_s:.3f} s + 3 MAD "
+                f"({o.threshold_s:.3f} s); {o.bucket} grew most (+{o.grew_by_s:.3f} s): look at its spans in the "
+                "waterfall of this step"), np.array([steps.row[i]]), run_code, iteration=o.iteration))
+    return len(out), out[: ctx.limit]
+
+
+# -- missing groups ----------------------------------------------------------------------------
+
+
+def _enabled_groups(ctx: _Context) -> dict[int, set[str]]:
+    """Per run code: the union of the span groups its processes had enabled (resource attribute)."""
+    a = ctx.arrays
+    if "resource_attributes" not in a.table.column_names or len(a) == 0:
+        return {}
+    column = a.table.column("resource_attributes")
+    values = pc.map_lookup(column, SPAN_GROUPS_ATTRIBUTE, "first").combine_chunks()
+    encoded = pc.dictionary_encode(values)
+    codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
+    keep = ctx.analysis.keep & (codes >= 0)
+    width = len(encoded.dictionary)
+    pairs = np.unique(a.run[keep].astype(np.int64) * width + codes[keep])
+    out: dict[int, set[str]] = {}
+    specs = encoded.dictionary.to_pylist()
+    for pair in pairs:
+        run, spec = divmod(int(pair), width) if width else (int(pair), 0)
+        out.setdefault(run, set()).update(g.strip().lower() for g in specs[spec].split(",") if g.strip())
+    return out
+
+
+def _missing_groups(ctx: _Context) -> tuple[int, list[Finding]]:
+    a = ctx.arrays
+    enabled = _enabled_groups(ctx)
+    if not enabled:
+        return 0, []
+    catalogue = {info.name: info for info in REGISTRY.catalogue()}
+    regexes = {g: re.compile("|".join(span_name_regex(p) for p in info.spans)) for g, info in catalogue.items()
+               if info.spans}
+    width = max(len(a.names), 1)
+    keep = ctx.analysis.keep
+    pairs = np.unique(a.run[keep].astype(np.int64) * width + a.name[keep])
+    out = []
+    count = 0
+    for run, groups_on in sorted(enabled.items()):
+        present_names = [a.names[int(p) % width] for p in pairs if int(p) // width == run and int(p) % width >= 0]
+        present = {g for g, rx in regexes.items() if any(n is not None and rx.match(n) for n in present_names)}
+        algorithms = {n.split(".")[1] for n in present_names if n and re.match(f"{STEP_SPAN_REGEX}|{JOB_SPAN_REGEX}", n)}
+        for group_name in sorted((groups_on & catalogue.keys()) - present):
+            count += 1
+            if len(out) >= ctx.limit:
+                continue
+            never = [alg for alg in algorithms if alg in _ALGORITHM_GROUPS and group_name not in _ALGORITHM_GROUPS[alg]]
+            if never:
+                note, severity = f"rl.{never[0]} runs never open {group_name} spans (per-algorithm span names)", "info"
+            elif group_name in _KNOWN_GAPS:
+                note, severity = f"known coverage gap: {_KNOWN_GAPS[group_name]}", "info"
+            else:
+                note, severity = ("check that the code path that opens them ran and that its process initialised "
+                                  "telemetry and flushed before exit"), "warning"
+            patterns = ", ".join(catalogue[group_name].spans)
+            out.append(Finding(
+                code="missing-group-spans", severity=severity,
+                message=f"group {group_name!r} was enabled but the run has none of its spans ({patterns}); {note}",
+                trace_id=None, span_ids=(), iteration=None, run_id=ctx.run_name(run)))
+    return count, out
+
+
+# -- entry point -------------------------------------------------------------------------------
+
+
+def check_run(
+    spans: pa.Table,
+    *,
+    run_id: str | None = None,
+    unattributed_threshold: float = 0.2,
+    max_span_ids: int = 10,
+    max_findings_per_code: int = 100,
+) -> CheckReport:
+    """Every finding over ``spans`` (one run, or all runs), errors first.
+
+    ``unattributed_threshold`` is the share of a step's wall that may be under no bucketed span
+    before ``unattributed-step-time`` fires.
+    """
+    analysis = analyse(spans, run_id=run_id)
+    iteration = np.where(analysis.arrays.has_iteration, analysis.arrays.iteration, -1)
+    iteration[analysis.walked] = np.where(analysis.walked_stamped, analysis.walked_iteration, -1)
+    ctx = _Context(analysis, iteration, max_span_ids, max_findings_per_code)
+    producers = {
+        "invalid-interval": lambda: _invalid_interval(ctx),
+        "unknown-bucket": lambda: _unknown_bucket(ctx),
+        "umbrella-bucket": lambda: _umbrella_bucket(ctx),
+        "nested-bucket": lambda: _nested_bucket(ctx),
+        "bucketed-overlap": lambda: _overlaps(ctx),
+        "bucket-exceeds-wall": lambda: _steps_over_wall(ctx),
+        "unstamped-span": lambda: _unstamped(ctx),
+        "orphan-span": lambda: _orphans(ctx),
+        "detached-trace": lambda: _detached(ctx),
+        "unattributed-step-time": lambda: _unattributed(ctx, unattributed_threshold),
+        "missing-group-spans": lambda: _missing_groups(ctx),
+        "step-time-outlier": lambda: _outliers(ctx),
+    }
+    findings: list[Finding] = []
+    by_code: dict[str, int] = {}
+    for code, produce in producers.items():
+        count, written = produce()
+        by_code[code] = count
+        findings.extend(written)
+    findings.sort(key=lambda f: SEVERITIES.index(f.severity))
+    counts: dict[str, Any] = {s: 0 for s in SEVERITIES}
+    for f in findings:
+        counts[f.severity] += 1
+    for code, n in by_code.items():  # findings past the per-code cap still count, at the code's severity
+        written = sum(1 for f in findings if f.code == code)
+        if n > written:
+            counts[FINDING_CODES[code]] += n - written
+    counts["by_code"] = by_code
+    return CheckReport(findings=tuple(findings), counts=counts)
