@@ -20,6 +20,7 @@ __all__ = [
     "get_tracer_provider",
     "set_tracer_provider",
     "telemetry_active",
+    "GLOBAL_TRACER_PROVIDER",
 ]
 
 TRACER_NAME = "nemo_telemetry"
@@ -80,6 +81,43 @@ def set_tracer_provider(new_provider: trace_api.TracerProvider | None) -> None:
         return
     provider = new_provider
     tracer = new_provider.get_tracer(TRACER_NAME, _version())
+
+
+class _FollowingTracer(trace_api.Tracer):
+    """A tracer that always emits through nemo-telemetry's *current* provider (no-op when none)."""
+
+    def __init__(self, *args) -> None:
+        self._args = args
+        self._for: trace_api.TracerProvider | None = None
+        self._tracer: trace_api.Tracer = _NOOP_TRACER
+
+    def _current(self) -> trace_api.Tracer:
+        current = provider
+        if current is None:
+            return _NOOP_TRACER
+        if self._for is not current:
+            self._tracer, self._for = current.get_tracer(*self._args), current
+        return self._tracer
+
+    def start_span(self, *args, **kwargs) -> trace_api.Span:
+        return self._current().start_span(*args, **kwargs)
+
+    def start_as_current_span(self, *args, **kwargs):
+        return self._current().start_as_current_span(*args, **kwargs)
+
+
+class _FollowingTracerProvider(trace_api.TracerProvider):
+    """Installed as OpenTelemetry's global provider, so third-party instrumentation (aiohttp,
+    FastAPI, vLLM) emits through whatever provider nemo-telemetry has now, across re-inits and
+    shutdowns, even though the global itself can only be set once per process."""
+
+    def get_tracer(self, instrumenting_module_name, instrumenting_library_version=None, schema_url=None,
+                   attributes=None) -> trace_api.Tracer:
+        return _FollowingTracer(instrumenting_module_name, instrumenting_library_version, schema_url, attributes)
+
+
+GLOBAL_TRACER_PROVIDER = _FollowingTracerProvider()
+"""What ``init_telemetry_*`` installs as the global provider (only if no one else has set one)."""
 
 
 def _version() -> str:

@@ -75,7 +75,7 @@ def init_telemetry_driver(config: TelemetryConfig | Mapping[str, Any] | str | os
     written to ``os.environ``, which Ray copies into every worker. Pending span-group names are
     reported with a did-you-mean. The driver reports itself as rank 0 of 1. Never raises.
     """
-    cfg = resolve_telemetry_config(config)
+    cfg = resolve_telemetry_config(config, environ=_raw_environment())
     if service_name:
         cfg = dataclasses.replace(cfg, service_name=service_name)
     if cfg.exporter == "dump":
@@ -87,14 +87,27 @@ def init_telemetry_driver(config: TelemetryConfig | Mapping[str, Any] | str | os
     return cfg
 
 
+# What this process's driver init wrote, so a second init in the same process (a notebook, a
+# test) does not mistake its own earlier output for the user's raw environment.
+_written_env: dict[str, str] = {}
+
+
+def _raw_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if _written_env.get(k) != v}
+
+
 def _export_environment(cfg: TelemetryConfig, algorithm: str | None) -> None:
-    os.environ[env.NEMO_TELEMETRY_ENABLED] = "1" if cfg.enabled else "0"
-    os.environ[env.NEMO_TELEMETRY_SPAN_GROUPS] = cfg.span_groups
-    os.environ[env.NEMO_TELEMETRY_NAMESPACE] = cfg.namespace
-    os.environ[env.NEMO_TELEMETRY_EXPORTER] = cfg.exporter
-    os.environ[env.NEMO_TELEMETRY_LOGS_ENABLED] = "1" if cfg.logs_enabled else "0"
+    resolved = {
+        env.NEMO_TELEMETRY_ENABLED: "1" if cfg.enabled else "0",
+        env.NEMO_TELEMETRY_SPAN_GROUPS: cfg.span_groups,
+        env.NEMO_TELEMETRY_NAMESPACE: cfg.namespace,
+        env.NEMO_TELEMETRY_EXPORTER: cfg.exporter,
+        env.NEMO_TELEMETRY_LOGS_ENABLED: "1" if cfg.logs_enabled else "0",
+    }
     if cfg.dump_dir:
-        os.environ[env.NEMO_TELEMETRY_DUMP_DIR] = cfg.dump_dir
+        resolved[env.NEMO_TELEMETRY_DUMP_DIR] = cfg.dump_dir
+    os.environ.update(resolved)
+    _written_env.update(resolved)
     os.environ.setdefault(env.NEMO_TELEMETRY_RUN_ID, uuid.uuid4().hex)
     if algorithm:
         os.environ[env.NEMO_TELEMETRY_ALGORITHM] = algorithm
@@ -192,7 +205,7 @@ def _start_provider(cfg: TelemetryConfig, *, rank: int, world_size: int, local_r
     if exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     if isinstance(trace_api.get_tracer_provider(), trace_api.ProxyTracerProvider):
-        trace_api.set_tracer_provider(provider)  # once per process: for third-party instrumentation
+        trace_api.set_tracer_provider(_gate.GLOBAL_TRACER_PROVIDER)  # settable once; it follows ours
     _runtime.provider, _runtime.exporter, _runtime.config = provider, exporter, cfg
     _gate.set_tracer_provider(provider)
     _gate.set_enabled_span_groups(groups)

@@ -1,0 +1,25 @@
+"""The public names other code is written against, importable from ``nemo_telemetry.instrument``."""
+
+from __future__ import annotations
+
+import nemo_telemetry.instrument as instrument
+
+PINNED = {
+    "is_span_group_enabled", "enabled_span_groups", "set_enabled_span_groups", "get_tracer",
+    "managed_span", "umbrella_span", "trace_fn", "umbrella_trace_fn", "span_cm", "startup_span", "setup_span",
+    "Bucket", "bucket_scope", "current_bucket_scope", "iteration_scope", "current_iteration",
+    "per_prompt_scope", "in_per_prompt_scope", "efficiency_span", "start_efficiency_span",
+    "checkpoint_span", "begin_checkpoint_finalize", "TelemetryConfig", "load_telemetry_config",
+    "init_telemetry_driver", "init_telemetry_worker", "flush_telemetry", "shutdown_telemetry",
+    "DumpSpanExporter",
+}
+
+
+def test_pinned_names_are_public():
+    assert PINNED <= set(instrument.__all__)
+
+
+def test_every_public_name_resolves_and_is_listed_once():
+    assert len(instrument.__all__) == len(set(instrument.__all__))
+    for name in instrument.__all__:
+        assert getattr(instrument, name) is not None, name
