@@ -274,3 +274,14 @@ def test_log_bridge_is_off_unless_enabled(tmp_path):
     init_telemetry_driver(_dump_config(tmp_path))
     record = logging.getLogRecordFactory()("n", logging.INFO, "f", 1, "m", (), None)
     assert not hasattr(record, "otelTraceID")
+
+
+def test_config_endpoint_fills_in_only_where_the_environment_has_none(tmp_path, monkeypatch):
+    init_telemetry_driver({"enabled": False, "otlp_endpoint": "http://cfg:4317", "otlp_protocol": "grpc"})
+    assert os.environ[env.OTEL_EXPORTER_OTLP_ENDPOINT] == "http://cfg:4317"
+    assert os.environ[env.OTEL_EXPORTER_OTLP_PROTOCOL] == "grpc"
+    monkeypatch.setenv(env.OTEL_EXPORTER_OTLP_ENDPOINT, "http://env:4318")
+    monkeypatch.setenv(env.NEMO_TELEMETRY_ALGORITHM, "ppo")
+    init_telemetry_driver({"enabled": False, "otlp_endpoint": "http://cfg:4317"}, algorithm="grpo")
+    assert os.environ[env.OTEL_EXPORTER_OTLP_ENDPOINT] == "http://env:4318"
+    assert os.environ[env.NEMO_TELEMETRY_ALGORITHM] == "grpo"  # explicit argument wins

@@ -412,3 +412,25 @@ def test_decorated_generator_and_coroutine_yield_plain_results_when_disabled(exp
     assert next(g) == 1 and g.send(7) == 7
     assert asyncio.run(coro()) == 5
     assert exporter.get_finished_spans() == ()
+
+
+# -- emitted names belong to the groups the catalogue declares ------------------------------------
+
+
+def test_helper_span_names_match_their_groups_in_the_catalogue(exporter):
+    from nemo_telemetry.instrument import begin_checkpoint_finalize, checkpoint_span, efficiency_span
+
+    with startup_span():
+        with setup_span("tokenizer"):
+            pass
+    with checkpoint_span("ppo"):
+        begin_checkpoint_finalize("/c/tmp_step_1").end()
+    for category in ("idle/buffer_starvation", "idle/refit_bubble", "idle/refit_event_wait",
+                     "idle/generation_limit_pause", "init/total"):
+        with efficiency_span(category):
+            pass
+    expected_group = {"rl.startup": G.SETUP, "rl.setup.tokenizer": G.SETUP, "rl.ppo.checkpointing": G.CHECKPOINT,
+                      "rl.checkpoint.finalize": G.CHECKPOINT}
+    for span in exporter.get_finished_spans():
+        group_name = expected_group.get(span.name, G.EFFICIENCY)
+        assert group_name in REGISTRY.groups_for_span_name(span.name), span.name
