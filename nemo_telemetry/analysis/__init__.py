@@ -20,6 +20,9 @@ from nemo_telemetry.analysis.ingest import (
 from nemo_telemetry.analysis.records import spans_table
 from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA, SPANS_SCHEMA
 from nemo_telemetry.analysis.tree import attributed_iterations, parent_indices, with_id_keys
+from nemo_telemetry.analysis.waterfall import Waterfall, WaterfallError, critical_path, waterfall
+from nemo_telemetry.analysis.perfetto import to_chrome_trace
+from nemo_telemetry.analysis.html_view import to_html
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
@@ -39,4 +42,10 @@ __all__ = [
     "read_spans",
     "read_events",
     "read_links",
+    "Waterfall",
+    "WaterfallError",
+    "waterfall",
+    "critical_path",
+    "to_chrome_trace",
+    "to_html",
 ]
