@@ -371,7 +371,8 @@ class _Layout:
         row = np.where(collapsed, nodes[heads][group], nodes)
         longest = np.maximum.reduceat(self.duration[nodes], heads)
         row_longest = np.where(collapsed, longest[group], self.duration[nodes])
-        visible = row_longest >= min_duration_ns
+        # Without a limit everything shows, a span that ends before it starts included.
+        visible = row_longest >= min_duration_ns if min_duration_ns > 0 else np.ones(len(nodes), dtype=bool)
         self.carrier[nodes] = np.where(visible, row, holder)
         self.member_of[nodes[visible]] = row[visible]
         new_rows = np.unique(row[visible])
