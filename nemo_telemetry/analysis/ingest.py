@@ -40,6 +40,7 @@ __all__ = [
     "read_events",
     "read_links",
     "FORMATS",
+    "dump_files",
 ]
 
 Source = Union[str, Path, Iterable[Union[str, Path]]]
@@ -160,6 +161,11 @@ def _drop_malformed_ids(tables: OtlpTables, report: Callable[[int], None]) -> Ot
     report(bad)
     spans = spans.filter(ok)
     return OtlpTables(spans, _owned_by(tables.events, spans), _owned_by(tables.links, spans))
+
+
+def dump_files(inputs: Source) -> list[Path]:
+    """The files ``inputs`` names: files as given, directories expanded (sorted, no hidden files)."""
+    return expand_inputs(inputs)
 
 
 def _raw_files(inputs: Source, fmt: str | None) -> list[tuple[Path, str | None]]:

@@ -1,0 +1,118 @@
+"""``ingest`` and ``collect``: OTLP dumps or live OTLP/HTTP exports into a Parquet dataset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from nemo_telemetry.analysis import CollectorServer, CollectSummary, IngestSummary, ingest as ingest_files
+from nemo_telemetry.analysis import run_collector
+from nemo_telemetry.analysis.ingest import FORMATS, dump_files
+from nemo_telemetry.cli._common import console, fail, library_errors, print_json
+from nemo_telemetry.cli.app import app
+
+_WARNINGS_SHOWN = 20
+
+
+@app.command()
+def ingest(
+    inputs: List[Path] = typer.Argument(..., help="Dump files or directories of them (rotated files)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Dataset directory to create or append to."),
+    format: Optional[str] = typer.Option(  # noqa: A002 - the option's name
+        None, "--format", "-f", help=f"Force the input format ({', '.join(FORMATS)}); default: detect."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Ingest OTLP dumps (JSON lines, length-prefixed protobuf, OTLP/JSON; .gz/.zst) into a Parquet dataset.
+
+    Example: nemo-telemetry ingest otel-dumps/ --out run.dataset
+    """
+    with library_errors():
+        total = sum(path.stat().st_size for path in dump_files(inputs))
+        if quiet or as_json:
+            summary = ingest_files(inputs, out=out, format=format)
+        else:
+            summary = _ingest_with_progress(inputs, out, format, total)
+    if as_json:
+        print_json({name: getattr(summary, name) for name in summary.__dataclass_fields__})
+    elif not quiet:
+        _print_summary(summary, out)
+
+
+def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], total: int) -> IngestSummary:
+    columns = (
+        TextColumn("[bold]ingest"),
+        BarColumn(),
+        DownloadColumn(),
+        TextColumn("{task.fields[spans]:,} spans"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console(stderr=True), transient=True) as progress:
+        task = progress.add_task("ingest", total=total or None, spans=0)
+
+        def update(bytes_done: int, spans_done: int) -> None:
+            progress.update(task, completed=bytes_done, spans=spans_done)
+
+        return ingest_files(inputs, out=out, format=fmt, progress=update)
+
+
+def _print_summary(summary: IngestSummary, out: Path) -> None:
+    table = Table(title=f"ingested into {out}", show_header=False)
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    rows = ("files", "spans", "events", "links", "traces", "runs", "duplicates_dropped", "rejected_records")
+    for name in rows + ("skipped_records",):
+        table.add_row(name.replace("_", " "), f"{getattr(summary, name):,}")
+    output = console()
+    output.print(table)
+    _print_warnings(summary.warnings)
+
+
+def _print_warnings(warnings: tuple[str, ...]) -> None:
+    err = console(stderr=True)
+    for warning in warnings[:_WARNINGS_SHOWN]:
+        err.print(f"[yellow]warning:[/] {warning}", markup=True, highlight=False)
+    if len(warnings) > _WARNINGS_SHOWN:
+        err.print(f"[yellow]... and {len(warnings) - _WARNINGS_SHOWN} more rejected records[/]", markup=True)
+
+
+@app.command()
+def collect(
+    out: Path = typer.Option(..., "--out", "-o", help="Dataset directory to append received spans to."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (default: this machine only)."),
+    port: int = typer.Option(4318, "--port", "-p", help="Port (4318 is OTLP/HTTP's); 0 picks a free one."),
+    max_request_mib: float = typer.Option(64.0, "--max-request-mib", help="Larger requests get 413."),
+) -> None:
+    """Receive OTLP/HTTP traces (POST /v1/traces, protobuf or JSON) into a dataset until Ctrl-C.
+
+    Example: nemo-telemetry collect --out run.dataset --port 4318
+    """
+    if max_request_mib <= 0:
+        raise fail("--max-request-mib must be positive")
+    err = console(stderr=True)
+
+    def ready(server: CollectorServer) -> None:
+        err.print(f"collecting OTLP/HTTP traces at [bold]{server.traces_url}[/] into {out}; Ctrl-C to stop", markup=True)
+
+    with library_errors():
+        try:
+            summary = run_collector(
+                out, host=host, port=port, max_request_bytes=int(max_request_mib * (1 << 20)), on_ready=ready
+            )
+        except OSError as exc:
+            raise fail(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port") from None
+    _print_collect_summary(summary, out)
+
+
+def _print_collect_summary(summary: CollectSummary, out: Path) -> None:
+    table = Table(title=f"collected into {out}", show_header=False)
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for name in summary.__dataclass_fields__:
+        table.add_row(name.replace("_", " "), f"{getattr(summary, name):,}")
+    console().print(table)
