@@ -200,6 +200,7 @@ def test_unreachable_endpoint_flush_and_shutdown_return_within_their_bound(monke
     monkeypatch.setenv(env.OTEL_EXPORTER_OTLP_PROTOCOL, protocol)
     path = "/v1/traces" if protocol == "http/protobuf" else ""
     monkeypatch.setenv(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, f"http://127.0.0.1:{blackhole_endpoint}{path}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "2")  # so the abandoned export thread ends soon
     init_telemetry_driver({"enabled": True, "span_groups": "all", "exporter": "otlp"})
     with managed_span(G.GENERATION, "rl.vllm.generate"):
         pass
