@@ -186,8 +186,22 @@ def instrument_fastapi(app: Any, *, namespace: str = "nemo_gym", group: str | No
     except Exception:
         _log.warning("nemo_telemetry: could not add the trace-context middleware to %r", app, exc_info=True)
         return False
+    _disable_native_tracing(app)
     app._nemo_telemetry_instrumented = True
     return True
+
+
+def _disable_native_tracing(app: Any) -> None:
+    """Switch off FastAPI's own request tracing on an app we instrument.
+
+    Recent FastAPI releases open SERVER (and per-operation) spans natively whenever a global
+    tracer provider is set, which ``init_telemetry_*`` does. Those spans ignore span groups, so
+    next to ours they would be a second, ungated span per request: the volume ``per_prompt``
+    exists to fence off. Metrics and logs are left as the app configured them.
+    """
+    config = getattr(app, "_telemetry", None)
+    if isinstance(config, dict) and "tracing" in config:
+        config["tracing"] = False
 
 
 _CARRIER_HEADERS = (b"traceparent", b"tracestate")

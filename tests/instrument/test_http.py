@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
+from opentelemetry import trace as otel_trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 from nemo_telemetry.instrument import (
@@ -27,6 +28,7 @@ from nemo_telemetry.instrument import (
     managed_span,
     set_enabled_span_groups,
 )
+from nemo_telemetry.instrument import _gate
 from nemo_telemetry.instrument import http as http_module
 
 
@@ -118,6 +120,26 @@ def test_client_span_parents_the_server_span_which_parents_the_handler(exporter,
     assert client.attributes["url.full"].endswith("/items/7")
     assert server.attributes["http.route"] == "/items/{item_id}"
     assert "rl.bucket" not in client.attributes and "rl.bucket" not in server.attributes  # umbrellas
+
+
+def test_fastapi_native_tracing_is_replaced_not_doubled(exporter, rl_server):
+    # init_telemetry_* makes the global OpenTelemetry provider follow ours, and recent FastAPI
+    # releases trace every request through the global provider on their own, ignoring span groups.
+    if isinstance(otel_trace.get_tracer_provider(), otel_trace.ProxyTracerProvider):
+        otel_trace.set_tracer_provider(_gate.GLOBAL_TRACER_PROVIDER)
+    assert otel_trace.get_tracer_provider() is _gate.GLOBAL_TRACER_PROVIDER, "another global provider is set"
+    instrument_aiohttp_client()
+    _call_under("outer", lambda: _post(rl_server))
+    spans = _spans(exporter, wait_for=("POST /items/{item_id}",))
+    time.sleep(0.2)  # a second server span, if any, would end right after ours
+    assert [s.kind for s in exporter.get_finished_spans()].count(SpanKind.SERVER) == 1
+
+    set_enabled_span_groups(())  # gated off: no request span at all, not FastAPI's either
+    exporter.clear()
+    asyncio.run(_post(rl_server))
+    time.sleep(0.2)
+    assert [s.name for s in exporter.get_finished_spans()] == []
+    assert spans
 
 
 def test_nemo_rl_hop_is_gated_on_per_prompt(exporter, rl_server):
