@@ -84,8 +84,8 @@ def format_duration(ns: int) -> str:
     ns = int(ns)
     if abs(ns) < 1_000:
         return f"{ns}ns"
-    for unit, scale in (("µs", 1_000), ("ms", 1_000_000), ("s", 1_000_000_000)):
-        if abs(ns) < scale * 1_000 or unit == "s" and abs(ns) < 60 * scale:
+    for unit, scale, limit in (("µs", 1_000, 1_000), ("ms", 1_000_000, 1_000), ("s", 1_000_000_000, 60)):
+        if abs(ns) < scale * limit:
             value = ns / scale
             return f"{value:.3g}{unit}" if abs(value) < 100 else f"{value:.0f}{unit}"
     seconds = ns // 1_000_000_000
@@ -103,7 +103,7 @@ def render_waterfall(shown: Waterfall, *, width: int = 160) -> Text:
     text.append(_header(shown, n) + "\n", style="bold")
     text.append(_legend() + "\n")
     if n == 0:
-        text.append("no spans to show\n", style="dim")
+        text.append("no spans to show", style="dim")
         return text
     labels = [_label(rows, i) for i in range(n)]
     prefixes = _tree_prefixes(rows["depth"], rows["parent"])
@@ -132,6 +132,7 @@ def render_waterfall(shown: Waterfall, *, width: int = 160) -> Text:
         for note, note_style in notes:
             text.append(" " + note, style=note_style)
         text.append("\n")
+    text.right_crop(1)  # the console ends the last line
     return text
 
 
