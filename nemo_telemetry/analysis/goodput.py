@@ -174,6 +174,17 @@ def _per_step(arrays: SpanArrays, steps: _Steps, bucketed: np.ndarray, step_of: 
     sums = np.bincount(group * len(BUCKETS) + arrays.bucket[rows], weights=duration,
                        minlength=n * len(BUCKETS)).reshape(n, len(BUCKETS))
     merged = merge_intervals(start, end, group)
+    return step_frame(steps, sums, merged), merged
+
+
+def step_frame(steps: _Steps, sums: np.ndarray, merged) -> pd.DataFrame:
+    """The per-step table from each step's bucket sums (ns, shape steps x BUCKETS) and the merged
+    intervals of its bucketed spans (grouped by step index).
+
+    Shared by the in-memory analysis and the partitioned engines (streaming, Ray), which merge
+    partial sums and partial interval unions first: only the union's length matters here.
+    """
+    n = len(steps)
     union = union_length(merged, n)
     covered = clipped_union_length(merged, steps.start, steps.end)
     wall = (steps.end - steps.start).astype(np.float64)
@@ -187,7 +198,7 @@ def _per_step(arrays: SpanArrays, steps: _Steps, bucketed: np.ndarray, step_of: 
     frame["goodput"] = np.where(wall > 0, sums[:, 0] / np.where(wall > 0, wall, 1), np.nan)
     frame["bucket_sum_ns"] = sums.sum(axis=1)
     frame["wall_ns"] = steps.end - steps.start
-    return frame, merged
+    return frame
 
 
 # -- per run -----------------------------------------------------------------------------------
@@ -228,10 +239,15 @@ def _outside(analysis: _Analysis, run_code: int) -> dict[str, Any]:
     duration = (arrays.end[rows] - arrays.start[rows]).astype(np.float64)
     sums = np.bincount(arrays.bucket[rows], weights=duration, minlength=len(BUCKETS))
     stamped = analysis.bucketed_stamped[pick]
+    return outside_summary(sums, len(rows), int((~stamped).sum()), np.unique(analysis.bucketed_iteration[pick][stamped]))
+
+
+def outside_summary(sums: np.ndarray, spans: int, unstamped: int, iterations: np.ndarray) -> dict[str, Any]:
+    """``outside_steps`` from per-bucket sums (ns), span counts and the stamped iterations with no step."""
     out: dict[str, Any] = {f"{b}_s": float(sums[i] / _NS) for i, b in enumerate(BUCKETS)}
-    out["spans"] = int(len(rows))
-    out["unstamped_spans"] = int((~stamped).sum())
-    out["iterations"] = sorted(int(i) for i in np.unique(analysis.bucketed_iteration[pick][stamped]))
+    out["spans"] = int(spans)
+    out["unstamped_spans"] = int(unstamped)
+    out["iterations"] = sorted(int(i) for i in iterations)
     return out
 
 
