@@ -1,0 +1,96 @@
+"""The spans dataset's partition layout: by run (``nemo.run.id``), then by rank (``nv.dl.rank``).
+
+::
+
+    DATASET/spans/run_id=<run id, URI-escaped>/rank=<rank>/part-*.parquet
+
+A value that is missing is written as ``__HIVE_DEFAULT_PARTITION__`` (hive's name for null).
+Every file still holds every column, so the folder names only serve pruning and splitting the
+work: the streaming engine walks the files one at a time, the Ray engine hands them to Ray Data.
+Datasets written before the rank level existed (``run_id=<run>/part-*.parquet``) read the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import quote, unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["NO_VALUE", "Partition", "partition_folder", "split_by_partition", "span_partitions", "span_files"]
+
+NO_VALUE = "__HIVE_DEFAULT_PARTITION__"
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One (run, rank) folder of the spans table and its files (sorted)."""
+
+    run_id: str | None
+    rank: int | None
+    files: tuple[Path, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.files)
+
+
+def partition_folder(run_id: str | None, rank: int | None) -> str:
+    """``run_id=<run>/rank=<rank>``, relative to ``DATASET/spans``."""
+    run = NO_VALUE if run_id is None else quote(run_id, safe="")
+    return f"run_id={run}/rank={NO_VALUE if rank is None else int(rank)}"
+
+
+def split_by_partition(spans: pa.Table) -> Iterator[tuple[str, pa.Table]]:
+    """(folder, rows) for each (run, rank) present in ``spans``; one sort, then slices."""
+    if spans.num_rows == 0:
+        return
+    run = spans.column("run_id").combine_chunks()
+    if pa.types.is_dictionary(run.type):
+        run = run.dictionary_decode()
+    run_codes = pc.fill_null(pc.dictionary_encode(run).indices, -1).to_numpy(zero_copy_only=False)
+    runs = pc.dictionary_encode(run).dictionary.to_pylist()
+    rank_valid = pc.is_valid(spans.column("rank")).to_numpy(zero_copy_only=False)
+    rank = pc.fill_null(spans.column("rank"), 0).to_numpy().astype(np.int64)
+    rank = np.where(rank_valid, rank, np.iinfo(np.int64).min)  # null rank: its own partition
+    order = np.lexsort((rank, run_codes))
+    key_run, key_rank = run_codes[order], rank[order]
+    cuts = np.flatnonzero((key_run[1:] != key_run[:-1]) | (key_rank[1:] != key_rank[:-1])) + 1
+    sorted_spans = spans.take(pa.array(order))
+    for lo, hi in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(order)]))):
+        code, value = int(key_run[lo]), int(key_rank[lo])
+        folder = partition_folder(runs[code] if code >= 0 else None,
+                                  None if value == np.iinfo(np.int64).min else value)
+        yield folder, sorted_spans.slice(int(lo), int(hi - lo))
+
+
+def _value(folder_name: str) -> str | None:
+    value = folder_name.split("=", 1)[1] if "=" in folder_name else folder_name
+    return None if value == NO_VALUE else unquote(value)
+
+
+def span_partitions(root: Path, *, run_id: str | None = None) -> list[Partition]:
+    """The (run, rank) partitions of a dataset's spans table, sorted by folder; ``run_id`` prunes."""
+    spans = Path(root) / "spans"
+    by_folder: dict[Path, list[Path]] = {}
+    for path in sorted(spans.rglob("*.parquet")):
+        by_folder.setdefault(path.parent, []).append(path)
+    out = []
+    for folder, files in sorted(by_folder.items()):
+        parts = dict(p.split("=", 1) for p in folder.relative_to(spans).parts if "=" in p)
+        run = _value(f"run_id={parts['run_id']}") if "run_id" in parts else None
+        if run_id is not None and run != run_id:
+            continue
+        rank = _value(f"rank={parts['rank']}") if "rank" in parts else None
+        out.append(Partition(run, int(rank) if rank is not None else None, tuple(files)))
+    return out
+
+
+def span_files(root: Path, *, run_id: str | None = None) -> list[Path]:
+    """Every spans file of the dataset, in the order ``read_dataset`` reads them."""
+    files = [f for p in span_partitions(root, run_id=run_id) for f in p.files]
+    return sorted(files, key=str)
