@@ -2,9 +2,9 @@
 
 Layout::
 
-    DATASET/spans/run_id=<run id, URI-escaped>/part-*.parquet   (hive style; spans without
-                                                                  a run id under
-                                                                  run_id=__HIVE_DEFAULT_PARTITION__)
+    DATASET/spans/run_id=<run id, URI-escaped>/rank=<rank>/part-*.parquet
+                                        (hive style, see partitions.py; a missing run id or rank
+                                         is written __HIVE_DEFAULT_PARTITION__)
     DATASET/events/part-*.parquet
     DATASET/links/part-*.parquet
 
@@ -19,7 +19,6 @@ import hashlib
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +27,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from nemo_telemetry.analysis._columns import SPANS_TABLE_SCHEMA, OtlpTables
+from nemo_telemetry.analysis.partitions import split_by_partition
 from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA
 from nemo_telemetry.analysis.tree import hex_to_uint64
 from nemo_telemetry.errors import IngestError
@@ -142,13 +142,9 @@ class DatasetWriter:
     def _write_spans(self, spans: pa.Table, name: str) -> None:
         if spans.num_rows == 0:
             return
-        run = spans.column("run_id").combine_chunks()
-        if isinstance(run, pa.DictionaryArray):
-            run = run.dictionary_decode()
-        for value in pc.unique(run).to_pylist():
-            part = spans.filter(pc.is_null(run) if value is None else pc.equal(run, value))
-            folder = self.root / "spans" / f"run_id={NO_RUN_PARTITION if value is None else quote(value, safe='')}"
-            folder.mkdir(exist_ok=True)
+        for relative, part in split_by_partition(spans):  # run_id=<run>/rank=<rank> (partitions.py)
+            folder = self.root / "spans" / relative
+            folder.mkdir(parents=True, exist_ok=True)
             pq.write_table(part, folder / name)
 
 
