@@ -57,6 +57,26 @@ from nemo_telemetry.instrument._scopes import (
     per_prompt_scope,
 )
 from nemo_telemetry.instrument.http import instrument_aiohttp_client, instrument_fastapi
+from nemo_telemetry.instrument.metrics import (
+    METRICS,
+    TeedMetric,
+    VllmCounterDeltas,
+    flush_metrics,
+    record_host_memory,
+    record_metrics,
+    record_setup_durations,
+    register_teed_metrics,
+    set_meter_provider,
+    tee_metrics,
+)
+from nemo_telemetry.instrument.vllm import (
+    instrument_vllm,
+    load_vllm,
+    record_vllm_engine_counters,
+    vllm_trace_headers,
+    vllm_tracing_engine_args,
+    vllm_tracing_env,
+)
 from nemo_telemetry.instrument.propagation import (
     TRACE_CARRIER_KWARG,
     TraceCarrierThread,
@@ -161,4 +181,22 @@ __all__ = [
     "flush_actors_telemetry",
     "instrument_aiohttp_client",
     "instrument_fastapi",
+    # rl.* metrics
+    "TeedMetric",
+    "METRICS",
+    "register_teed_metrics",
+    "tee_metrics",
+    "record_metrics",
+    "record_setup_durations",
+    "record_host_memory",
+    "VllmCounterDeltas",
+    "set_meter_provider",
+    "flush_metrics",
+    # vLLM two-layer tracing
+    "instrument_vllm",
+    "load_vllm",
+    "vllm_trace_headers",
+    "vllm_tracing_engine_args",
+    "vllm_tracing_env",
+    "record_vllm_engine_counters",
 ]
