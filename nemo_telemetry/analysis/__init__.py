@@ -23,6 +23,14 @@ from nemo_telemetry.analysis.tree import attributed_iterations, parent_indices, 
 from nemo_telemetry.analysis.waterfall import Waterfall, WaterfallError, critical_path, waterfall
 from nemo_telemetry.analysis.perfetto import to_chrome_trace
 from nemo_telemetry.analysis.html_view import to_html
+from nemo_telemetry.analysis.metrics import (
+    METRICS_SCHEMA,
+    efficiency_by_step,
+    metrics_by_step,
+    read_metrics,
+    step_windows,
+)
+from nemo_telemetry.analysis.stitch import stitch_vllm_spans
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
@@ -48,4 +56,10 @@ __all__ = [
     "critical_path",
     "to_chrome_trace",
     "to_html",
+    "METRICS_SCHEMA",
+    "read_metrics",
+    "step_windows",
+    "metrics_by_step",
+    "efficiency_by_step",
+    "stitch_vllm_spans",
 ]
