@@ -65,7 +65,18 @@ def split_by_partition(spans: pa.Table) -> Iterator[tuple[str, pa.Table]]:
         code, value = int(key_run[lo]), int(key_rank[lo])
         folder = partition_folder(runs[code] if code >= 0 else None,
                                   None if value == np.iinfo(np.int64).min else value)
-        yield folder, sorted_spans.slice(int(lo), int(hi - lo))
+        yield folder, _own_dictionary(sorted_spans.slice(int(lo), int(hi - lo)), "run_id")
+
+
+def _own_dictionary(part: pa.Table, column: str) -> pa.Table:
+    """``part`` with ``column`` re-encoded to the values it holds: Parquet keeps a dictionary
+    whole, and a reader orders runs by first appearance in the dictionaries it reads."""
+    index = part.schema.get_field_index(column)
+    values = part.column(column)
+    if pa.types.is_dictionary(values.type):
+        values = values.cast(values.type.value_type)
+    encoded = pc.dictionary_encode(values.combine_chunks()).cast(part.schema.field(index).type)
+    return part.set_column(index, part.schema.field(index), encoded)
 
 
 def _value(folder_name: str) -> str | None:
