@@ -39,6 +39,7 @@ __all__ = [
     "step_windows",
     "metrics_by_step",
     "efficiency_by_step",
+    "with_efficiency_columns",
 ]
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
@@ -408,6 +409,29 @@ def efficiency_by_step(metrics: pa.Table, steps: pa.Table) -> pa.Table:
         "measurement": _map_value(by_step["attributes"], "rl.efficiency.measurement"),
         "seconds": by_step["value"],
     })
+
+
+def with_efficiency_columns(steps: pa.Table, metrics: pa.Table) -> pa.Table:
+    """``steps`` (e.g. ``RunGoodput.steps``) plus one ``efficiency/<category>_s`` column per category.
+
+    What ``goodput`` shows beside a step's span buckets. Each added field's metadata names its
+    ``rl.efficiency.measurement``; a step without a value for a category gets null.
+    """
+    eff = efficiency_by_step(metrics, steps).to_pandas()
+    if eff.empty:
+        return steps
+    wide = eff.pivot_table(index=["run_id", "iteration"], columns="category", values="seconds", aggfunc="last")
+    keys = pd.DataFrame({"run_id": pc.cast(steps["run_id"], pa.string()).to_pandas(),
+                         "iteration": steps["iteration"].to_pandas()})
+    joined = keys.merge(wide.reset_index(), on=["run_id", "iteration"], how="left")
+    measurement = eff.groupby("category")["measurement"].last()
+    out = steps
+    for category in wide.columns:
+        field = pa.field(f"efficiency/{category}_s", pa.float64(),
+                         metadata={b"rl.efficiency.measurement": str(measurement[category]).encode()})
+        out = out.append_column(field, pa.array(joined[category].to_numpy(dtype=float, na_value=np.nan),
+                                                pa.float64(), from_pandas=True))
+    return out
 
 
 def _map_value(maps: pa.ChunkedArray, key: str) -> pa.ChunkedArray:

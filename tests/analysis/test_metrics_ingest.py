@@ -23,6 +23,7 @@ from nemo_telemetry.analysis.metrics import (
     metrics_table,
     read_metrics,
     step_windows,
+    with_efficiency_columns,
 )
 from nemo_telemetry.analysis.records import spans_table
 from nemo_telemetry.errors import IngestError
@@ -183,3 +184,21 @@ def test_no_steps_or_no_points_give_an_empty_table():
     metrics = metrics_table([_request("rl.x.y", [(12 * S, 1.0)])])
     assert metrics_by_step(metrics, _steps(("run-1", 1, 20 * S, 30 * S))).num_rows == 0
     assert efficiency_by_step(metrics, _steps(("run-1", 1, 0, 30 * S))).num_rows == 0
+
+
+def test_goodput_steps_get_one_efficiency_column_per_category():
+    def eff(category, measurement, points):
+        return _request("rl.efficiency.seconds", points, attributes={
+            "rl.efficiency.category": category, "rl.efficiency.measurement": measurement})
+
+    metrics = metrics_table([eff("idle/refit_bubble", "driver_wall_clock", [(12 * S, 1.5), (22 * S, 0.5)]),
+                             eff("idle/refit_event_wait", "collector_wall_clock", [(22 * S, 4.0)])])
+    steps = pa.table({"run_id": ["run-1", "run-1"], "iteration": [1, 2], "start_ns": [10 * S, 20 * S],
+                      "end_ns": [19 * S, 29 * S], "goodput": [0.5, 0.6]})
+    out = with_efficiency_columns(steps, metrics)
+    assert out.column_names[:5] == steps.column_names
+    assert out["efficiency/idle/refit_bubble_s"].to_pylist() == [1.5, 0.5]
+    assert out["efficiency/idle/refit_event_wait_s"].to_pylist() == [None, 4.0]
+    field = out.schema.field("efficiency/idle/refit_event_wait_s")
+    assert field.metadata[b"rl.efficiency.measurement"] == b"collector_wall_clock"
+    assert with_efficiency_columns(steps, metrics_table([])) == steps
