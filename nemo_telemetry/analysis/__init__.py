@@ -29,6 +29,7 @@ from nemo_telemetry.analysis.metrics import (
     metrics_by_step,
     read_metrics,
     step_windows,
+    with_efficiency_columns,
 )
 from nemo_telemetry.analysis.stitch import stitch_vllm_spans
 from nemo_telemetry.errors import IngestError
@@ -61,5 +62,6 @@ __all__ = [
     "step_windows",
     "metrics_by_step",
     "efficiency_by_step",
+    "with_efficiency_columns",
     "stitch_vllm_spans",
 ]
