@@ -207,7 +207,7 @@ def step_frame(steps: _Steps, sums: np.ndarray, merged) -> pd.DataFrame:
 def _runs_present(analysis: _Analysis) -> list[int]:
     arrays = analysis.arrays
     codes = np.unique(np.concatenate([analysis.steps.run, arrays.run[analysis.bucketed],
-                                      arrays.run[arrays.rows_of_names(JOB_SPAN_REGEX)]]))
+                                      arrays.run[arrays.rows_of_names(JOB_SPAN_REGEX) & analysis.keep]]))
     return [int(c) for c in codes]
 
 
