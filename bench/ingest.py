@@ -1,0 +1,257 @@
+"""Ingest throughput and peak memory against the loops a user writes by hand, in one run.
+
+    python bench/ingest.py [--spans 1000000] [--data bench/out/ingest]
+
+Generates a synthetic GRPO run (bench/out/, reused when present) as Collector JSON lines and
+as length-prefixed protobuf, then runs every measurement in its own subprocess so each peak RSS
+(``ru_maxrss``, which sees Arrow's allocations where tracemalloc does not) is its own:
+
+- hand-written JSON: ``json.loads`` per line, flatten to dicts, ``pandas.DataFrame``;
+- hand-written protobuf: ``ParseFromString`` per request, Python loop over spans, ids to hex,
+  ``pandas.DataFrame``;
+- bare parsers, no flattening: ``pyarrow.json.read_json`` with an explicit schema, and upb's
+  ``ParseFromString``;
+- nemo-telemetry: ``load_traces`` (decode to Arrow in memory) and ``ingest`` (to Parquet).
+
+Peak memory is reported as the RSS high-water mark above the process's RSS after imports,
+next to the size of the resulting Arrow spans table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ---------------------------------------------------------------- the measurements (in a child)
+
+
+def hand_json(data: Path) -> int:
+    import pandas as pd
+
+    rows = []
+    with open(data / "traces.jsonl", "rb") as f:
+        for line in f:
+            request = json.loads(line)
+            for rs in request["resourceSpans"]:
+                res = {kv["key"]: next(iter(kv["value"].values())) for kv in rs["resource"]["attributes"]}
+                for ss in rs["scopeSpans"]:
+                    for s in ss["spans"]:
+                        row = {
+                            "trace_id": s["traceId"],
+                            "span_id": s["spanId"],
+                            "parent_span_id": s.get("parentSpanId"),
+                            "name": s["name"],
+                            "start_ns": int(s["startTimeUnixNano"]),
+                            "end_ns": int(s["endTimeUnixNano"]),
+                            "service_name": res.get("service.name"),
+                            "run_id": res.get("nemo.run.id"),
+                        }
+                        for kv in s.get("attributes", ()):
+                            row[kv["key"]] = next(iter(kv["value"].values()))
+                        rows.append(row)
+    return len(pd.DataFrame(rows))
+
+
+def _frames(path: Path):
+    with open(path, "rb") as f:
+        while prefix := f.read(4):
+            yield f.read(int.from_bytes(prefix, "big"))
+
+
+def hand_proto(data: Path) -> int:
+    import pandas as pd
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    rows = []
+    for payload in _frames(data / "traces.pb"):
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(payload)
+        for rs in request.resource_spans:
+            res = {kv.key: kv.value.string_value or kv.value.int_value for kv in rs.resource.attributes}
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    row = {
+                        "trace_id": s.trace_id.hex(),
+                        "span_id": s.span_id.hex(),
+                        "parent_span_id": s.parent_span_id.hex() or None,
+                        "name": s.name,
+                        "start_ns": s.start_time_unix_nano,
+                        "end_ns": s.end_time_unix_nano,
+                        "service_name": res.get("service.name"),
+                        "run_id": res.get("nemo.run.id"),
+                    }
+                    for kv in s.attributes:
+                        value = kv.value
+                        row[kv.key] = getattr(value, value.WhichOneof("value"))
+                    rows.append(row)
+    return len(pd.DataFrame(rows))
+
+
+def bare_pyarrow_json(data: Path) -> int:
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    value = pa.struct([("stringValue", pa.string()), ("intValue", pa.string())])
+    attrs = pa.list_(pa.struct([("key", pa.string()), ("value", value)]))
+    span = pa.struct(
+        [
+            ("traceId", pa.string()),
+            ("spanId", pa.string()),
+            ("parentSpanId", pa.string()),
+            ("name", pa.string()),
+            ("kind", pa.int64()),
+            ("startTimeUnixNano", pa.string()),
+            ("endTimeUnixNano", pa.string()),
+            ("attributes", attrs),
+        ]
+    )
+    scope_spans = pa.list_(pa.struct([("scope", pa.struct([("name", pa.string())])), ("spans", pa.list_(span))]))
+    schema = pa.schema([("resourceSpans", pa.list_(pa.struct([("resource", pa.struct([("attributes", attrs)])), ("scopeSpans", scope_spans)])))])
+    options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    table = pj.read_json(data / "traces.jsonl", parse_options=options, read_options=pj.ReadOptions(block_size=64 << 20))
+    spans = table.column("resourceSpans").combine_chunks().flatten().field("scopeSpans").flatten().field("spans").flatten()
+    return len(spans)
+
+
+def bare_upb(data: Path) -> int:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    n = 0
+    for payload in _frames(data / "traces.pb"):
+        request = ExportTraceServiceRequest.FromString(payload)
+        n += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+    return n
+
+
+def _ours_memory(path: Path) -> int:
+    from nemo_telemetry.analysis import load_traces
+
+    spans = load_traces(path).spans
+    _ours_memory.nbytes = spans.nbytes
+    return spans.num_rows
+
+
+def _ours_ingest(path: Path, out: Path) -> int:
+    from nemo_telemetry.analysis import ingest, read_spans
+
+    shutil.rmtree(out, ignore_errors=True)
+    summary = ingest([path], out=out)
+    return summary.spans
+
+
+MEASUREMENTS = {
+    "hand-written JSON loop": hand_json,
+    "hand-written protobuf loop": hand_proto,
+    "pyarrow.json, explicit schema (parse only)": bare_pyarrow_json,
+    "upb ParseFromString (parse only)": bare_upb,
+    "nemo-telemetry JSON lines -> Arrow": lambda d: _ours_memory(d / "traces.jsonl"),
+    "nemo-telemetry protobuf -> Arrow": lambda d: _ours_memory(d / "traces.pb"),
+    "nemo-telemetry JSON lines -> Parquet": lambda d: _ours_ingest(d / "traces.jsonl", d / "ds-json"),
+    "nemo-telemetry protobuf -> Parquet": lambda d: _ours_ingest(d / "traces.pb", d / "ds-pb"),
+}
+
+
+def _child(name: str, data: Path) -> None:
+    import numpy  # noqa: F401 - imports are not what is measured
+    import pandas  # noqa: F401
+    import pyarrow  # noqa: F401
+
+    import nemo_telemetry.analysis  # noqa: F401
+
+    base = _rss_mib()
+    start = time.perf_counter()
+    spans = MEASUREMENTS[name](data)
+    seconds = time.perf_counter() - start
+    nbytes = getattr(_ours_memory, "nbytes", None)
+    print(json.dumps({"spans": spans, "seconds": seconds, "peak_mib": _rss_mib() - base, "table_bytes": nbytes}))
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def _generate(data: Path, spans: int) -> None:
+    from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_json_lines
+    from nemo_telemetry.analysis.synthetic import write_length_prefixed
+
+    marker = data / f"spans-{spans}"
+    if marker.exists():
+        return
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
+    start = time.perf_counter()
+    requests = list(synthetic_requests(spans))
+    write_json_lines(data / "traces.jsonl", requests)
+    write_length_prefixed(data / "traces.pb", (to_protobuf(r) for r in requests))
+    marker.touch()
+    print(f"generated {spans:,} spans in {time.perf_counter() - start:.0f} s into {data}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spans", type=int, default=1_000_000)
+    parser.add_argument("--data", type=Path, default=ROOT / "bench" / "out" / "ingest")
+    parser.add_argument("--only", help="run only measurements whose name contains this")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.child, args.data)
+        return
+    _generate(args.data, args.spans)
+    sizes = {p.name: p.stat().st_size for p in args.data.iterdir() if p.is_file() and p.suffix}
+    print(f"inputs: traces.jsonl {sizes['traces.jsonl'] / 2**20:.0f} MiB, traces.pb {sizes['traces.pb'] / 2**20:.0f} MiB")
+    results = {}
+    for name in MEASUREMENTS:
+        if args.only and args.only not in name:
+            continue
+        command = [sys.executable, __file__, "--child", name, "--data", str(args.data)]
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        results[name] = json.loads(out.strip().splitlines()[-1])
+        r = results[name]
+        extra = f", Arrow spans table {r['table_bytes'] / 2**20:.0f} MiB" if r["table_bytes"] else ""
+        print(
+            f"{name:45s} {r['spans'] / r['seconds']:>12,.0f} spans/s  {r['seconds']:6.2f} s"
+            f"  peak +{r['peak_mib']:.0f} MiB{extra}"
+        )
+    _ratios(results)
+
+
+def _ratios(results: dict) -> None:
+    def rate(name: str) -> float | None:
+        r = results.get(name)
+        return r["spans"] / r["seconds"] if r else None
+
+    pairs = [
+        ("nemo-telemetry JSON lines -> Arrow", "hand-written JSON loop"),
+        ("nemo-telemetry JSON lines -> Arrow", "pyarrow.json, explicit schema (parse only)"),
+        ("nemo-telemetry protobuf -> Arrow", "hand-written protobuf loop"),
+        ("nemo-telemetry protobuf -> Arrow", "upb ParseFromString (parse only)"),
+        ("nemo-telemetry JSON lines -> Parquet", "hand-written JSON loop"),
+        ("nemo-telemetry protobuf -> Parquet", "hand-written protobuf loop"),
+    ]
+    print()
+    for ours, baseline in pairs:
+        if rate(ours) and rate(baseline):
+            print(f"{ours} / {baseline}: {rate(ours) / rate(baseline):.2f}x")
+    for name, r in results.items():
+        if r.get("table_bytes"):
+            print(f"{name}: peak memory / Arrow table = {r['peak_mib'] * 2**20 / r['table_bytes']:.2f}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    main()
