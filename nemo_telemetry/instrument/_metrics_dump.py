@@ -6,6 +6,11 @@ One file per process, ``<dir>/metrics-<service>-<pid>-<random>.jsonl``; each lin
 so the same reader handles a collector's output and ours. The companion of
 :class:`~nemo_telemetry.instrument.DumpSpanExporter`.
 
+Gauges are exported with delta temporality: a line carries a gauge only when it was recorded
+since the previous collection, so a value logged at step 3 is not exported again, stamped with a
+later collection time, as if step 4 had logged it (the analysis attributes points by time).
+Counters stay cumulative, which survives a lost line.
+
 An unwritable directory is warned about once; the run goes on and the metrics are dropped.
 """
 
@@ -21,11 +26,19 @@ import threading
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
-__all__ = ["DumpMetricExporter", "metrics_to_otlp_json"]
+__all__ = ["DumpMetricExporter", "metrics_to_otlp_json", "fresh_gauges_temporality"]
 
 _log = logging.getLogger("nemo_telemetry")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._]+")
 _POINT_LISTS = ("gauge", "sum", "histogram", "exponentialHistogram", "summary")
+
+
+def fresh_gauges_temporality() -> dict:
+    """``preferred_temporality`` exporting each gauge value once (delta), everything else as the SDK does."""
+    from opentelemetry.sdk.metrics import _Gauge as SyncGauge  # the SDK's synchronous gauge class
+    from opentelemetry.sdk.metrics.export import AggregationTemporality
+
+    return {SyncGauge: AggregationTemporality.DELTA}
 
 
 def _exemplar_ids_to_hex(request: dict) -> dict:
@@ -65,7 +78,8 @@ class DumpMetricExporter(MetricExporter):
 
     def __init__(self, directory: str | os.PathLike, *, service_name: str | None = None,
                  preferred_temporality: dict | None = None) -> None:
-        super().__init__(preferred_temporality=preferred_temporality)
+        super().__init__(preferred_temporality=fresh_gauges_temporality() if preferred_temporality is None
+                         else preferred_temporality)
         self.directory = os.fspath(directory)
         self._service_name = service_name
         self._lock = threading.Lock()

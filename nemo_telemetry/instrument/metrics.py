@@ -480,7 +480,9 @@ def build_meter_provider(resource: Any, *, exporter: str, dump_dir: str | None =
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         else:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        metric_exporter = OTLPMetricExporter()
+        from nemo_telemetry.instrument._metrics_dump import fresh_gauges_temporality
+
+        metric_exporter = OTLPMetricExporter(preferred_temporality=fresh_gauges_temporality())
     reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=export_interval_ms)
     return MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
 

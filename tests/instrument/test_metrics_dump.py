@@ -52,6 +52,26 @@ def test_each_collection_is_one_otlp_json_line(tmp_path):
         ParseDict(json.loads(line), ExportMetricsServiceRequest())
 
 
+def test_a_gauge_is_exported_once_and_a_counter_every_time(tmp_path):
+    """A value logged at step 3 must not reappear at step 4's collection (points are placed by time)."""
+    exporter = DumpMetricExporter(tmp_path)
+    provider = _provider(exporter)
+    set_meter_provider(provider)
+    try:
+        tee_metrics("efficiency", {"idle/refit_bubble": 0.5})
+        record_metrics({"rl.vllm.generation_tokens": 7})
+        provider.force_flush()
+        provider.force_flush()  # the next step logged nothing
+    finally:
+        set_meter_provider(None)
+        provider.shutdown()
+    (name,) = os.listdir(tmp_path)
+    per_line = [[m["name"] for m in json.loads(line)["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]]
+                for line in (tmp_path / name).read_text().splitlines()]
+    assert per_line[0] == ["rl.efficiency.seconds", "rl.vllm.generation_tokens"]
+    assert all(names == ["rl.vllm.generation_tokens"] for names in per_line[1:])
+
+
 def test_nothing_recorded_leaves_no_file(tmp_path):
     provider = _provider(DumpMetricExporter(tmp_path))
     provider.force_flush()
