@@ -11,27 +11,54 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
+from nemo_telemetry.analysis.dataset import is_dataset
+from nemo_telemetry.analysis.ingest import read_spans
 from nemo_telemetry.analysis.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
-from nemo_telemetry.analysis.tree import parent_indices, with_id_keys
+from nemo_telemetry.analysis.tree import parent_indices, trace_mix, with_id_keys
+from nemo_telemetry.errors import IngestError
 
-__all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "READ_COLUMNS"]
+__all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "READ_COLUMNS", "read_for_analysis",
+           "resource_values"]
 
 BUCKETS = ("productive", "overhead", "idle", "wasted")
 UNKNOWN_BUCKET = -2
 NO_BUCKET = -1
 _MAX_DEPTH = 1024  # a parent cycle stops here instead of looping forever
 
-# What goodput and check read: project a Parquet dataset onto these and nothing else is decoded.
+# What goodput and check read from a dataset: span and parent ids come from the uint64 keys
+# (hex strings cost more to read than everything else together); trace ids and the resource
+# attribute maps are read as dictionaries, since their values repeat on every span of a process.
 READ_COLUMNS = (
-    "trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns", "service_name", "run_id",
-    "rank", BUCKET, ITERATION, EFFICIENCY_CATEGORY, "resource_attributes",
-    "trace_key", "span_key", "parent_key",
+    "trace_id", "name", "start_ns", "end_ns", "service_name", "run_id", "rank", BUCKET, ITERATION,
+    EFFICIENCY_CATEGORY, "resource_attributes", "trace_key", "span_key", "parent_key",
 )
+_DICTIONARY_READS = ("trace_id", "resource_attributes.key_value.key", "resource_attributes.key_value.value")
+
+
+def read_for_analysis(source) -> pa.Table:
+    """The spans columns goodput and check need, from a dataset directory or raw dump files.
+
+    A dataset is projected onto :data:`READ_COLUMNS`; raw files are ingested whole in memory.
+    """
+    items = [source] if isinstance(source, (str, Path)) else list(source)
+    if len(items) != 1 or not is_dataset(Path(items[0])):
+        return read_spans(source)
+    files = sorted(str(p) for p in (Path(items[0]) / "spans").rglob("*.parquet"))
+    if not files:
+        return read_spans(source)
+    try:
+        fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
+        dataset = ds.dataset(files, format=fmt)
+        return dataset.to_table(columns=[c for c in READ_COLUMNS if c in dataset.schema.names])
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise IngestError(f"{items[0]}: cannot read the spans table ({exc}); re-run nemo-telemetry ingest") from None
 
 
 def _codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:
@@ -41,8 +68,15 @@ def _codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:
     arr = spans.column(column).combine_chunks() if spans.num_rows else pa.array([], pa.string())
     if not pa.types.is_dictionary(arr.type):
         arr = pc.dictionary_encode(arr)
-    codes = pc.fill_null(arr.indices, -1).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    codes = _filled(arr.indices, -1).astype(np.int32, copy=False)
     return codes, tuple(arr.dictionary.to_pylist())
+
+
+def _filled(column: pa.Array | pa.ChunkedArray, fill: int) -> np.ndarray:
+    """A numeric Arrow column as numpy, nulls replaced by ``fill`` (no copy through Arrow when none)."""
+    if column.null_count:
+        column = pc.fill_null(column, fill)
+    return column.to_numpy() if isinstance(column, pa.ChunkedArray) else column.to_numpy(zero_copy_only=False)
 
 
 def _int_column(spans: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
@@ -51,8 +85,8 @@ def _int_column(spans: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
     if column not in spans.column_names or n == 0:
         return np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
     col = spans.column(column)
-    valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
-    values = pc.fill_null(col, 0).to_numpy().astype(np.int64, copy=False)
+    valid = pc.is_valid(col).to_numpy(zero_copy_only=False) if col.null_count else np.ones(n, dtype=bool)
+    values = _filled(col, 0).astype(np.int64, copy=False)
     return values, valid
 
 
@@ -90,13 +124,73 @@ class SpanArrays:
 
     @cached_property
     def parents(self) -> np.ndarray:
+        """Parent row of every span (-1: root or orphan); the full join, for the findings."""
         return parent_indices(self.table)
 
     @cached_property
     def has_parent(self) -> np.ndarray:
         if "parent_span_id" in self.table.column_names:
             return pc.is_valid(self.table.column("parent_span_id")).to_numpy(zero_copy_only=False)
-        return pc.not_equal(self.table.column("parent_key"), 0).to_numpy(zero_copy_only=False)
+        return self._keys[2] != 0
+
+    @cached_property
+    def orphan(self) -> np.ndarray:
+        """Spans that name a parent which is not in the table (same trace), by a sorted membership test."""
+        span_key, trace_key, parent_key = self._keys
+        mix = trace_mix(trace_key)
+        children = np.flatnonzero(self.has_parent)
+        wanted = parent_key[children] ^ mix[children]
+        own = np.sort(span_key ^ mix)
+        del mix
+        ordered = np.sort(wanted)
+        pos = np.minimum(np.searchsorted(own, ordered), len(own) - 1)
+        missing = np.unique(ordered[own[pos] != ordered])
+        del ordered, own, pos
+        out = np.zeros(len(span_key), dtype=bool)
+        if missing.size:
+            at = np.minimum(np.searchsorted(missing, wanted), missing.size - 1)
+            out[children[missing[at] == wanted]] = True
+        return out
+
+    @cached_property
+    def _keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return tuple(_filled(self.table.column(c), 0).astype(np.uint64, copy=False)
+                     for c in ("span_key", "trace_key", "parent_key"))
+
+    @cached_property
+    def _sorted_spans(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """Span keys mixed with their trace, row number packed in the low bits, sorted (for lookups)."""
+        span_key, trace_key, _ = self._keys
+        own = span_key ^ trace_mix(trace_key)
+        bits = max(1, (len(own) - 1).bit_length())
+        high = ~np.uint64((1 << bits) - 1)
+        return own, np.sort((own & high) | np.arange(len(own), dtype=np.uint64)), bits
+
+    def parent_of(self, rows: np.ndarray) -> np.ndarray:
+        """Parent row of each of ``rows`` (-1: root or orphan), without joining the whole table."""
+        if len(rows) == 0:
+            return np.zeros(0, dtype=np.int64)
+        if "parents" in self.__dict__:
+            return self.parents[rows]
+        own, packed, bits = self._sorted_spans
+        _, trace_key, parent_key = self._keys
+        low = np.uint64((1 << bits) - 1)
+        wanted = parent_key[rows] ^ trace_mix(trace_key[rows])
+        pos = np.searchsorted(packed, wanted & ~low)
+        out = np.full(len(rows), -1, dtype=np.int64)
+        pending = np.flatnonzero(self.has_parent[rows])
+        while pending.size:  # a second round only for equal high bits or duplicated ids
+            at = pos[pending]
+            pending, at = pending[at < len(packed)], at[at < len(packed)]
+            found = packed[at]
+            same_high = (found & ~low) == (wanted[pending] & ~low)
+            pending, found = pending[same_high], found[same_high]
+            row = (found & low).astype(np.int64)
+            hit = (own[row] == wanted[pending]) & (row != rows[pending])
+            out[pending[hit]] = row[hit]
+            pending = pending[~hit]
+            pos[pending] += 1
+        return out
 
     @cached_property
     def valid_interval(self) -> np.ndarray:
@@ -106,6 +200,10 @@ class SpanArrays:
         """Boolean mask of the rows whose name matches ``regex``."""
         return np.isin(self.name, codes_matching(self.names, regex))
 
+    def resource_values(self, key: str, rows: np.ndarray) -> tuple[np.ndarray, tuple]:
+        """(codes, values) of resource attribute ``key`` for ``rows`` (code -1: absent)."""
+        return resource_values(self.table, key, rows)
+
     def span_id(self, rows) -> list[str]:
         return self._ids("span_id", "span_key", rows)
 
@@ -113,24 +211,28 @@ class SpanArrays:
         return self._ids("trace_id", "trace_key", rows)
 
     def _ids(self, column: str, key: str, rows) -> list[str]:
+        """Hex ids of ``rows``: the id column when read, else the uint64 key (span ids are exact)."""
         rows = np.asarray(rows, dtype=np.int64)
         if column in self.table.column_names:
             return [str(v) for v in self.table.column(column).take(pa.array(rows)).to_pylist()]
         return [f"{int(v):016x}" for v in self.table.column(key).take(pa.array(rows)).to_pylist()]
 
-    def walk_up(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def walk_up(self, rows: np.ndarray, *, ancestors: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For ``rows``: (attributed iteration, whether one was found, nearest bucketed ancestor or -1).
 
         The iteration is the row's own ``rl.iteration``, else the nearest stamped ancestor's
         (parent links join across processes through carriers); a walk stops at a root or orphan.
+        Only rows still missing something climb, so stamped spans cost nothing unless
+        ``ancestors`` asks for every bucketed ancestor (the nested-bucket finding).
         """
         iteration = self.iteration[rows].copy()
         found = self.has_iteration[rows].copy()
         bucketed_ancestor = np.full(len(rows), -1, dtype=np.int64)
-        parents = self.parents
         bucketed = self.bucket != NO_BUCKET
-        current = parents[rows]
-        active = np.flatnonzero(current >= 0)
+        active = np.arange(len(rows)) if ancestors else np.flatnonzero(~found)
+        current = np.full(len(rows), -1, dtype=np.int64)
+        current[active] = self.parent_of(rows[active])
+        active = active[current[active] >= 0]
         for _ in range(_MAX_DEPTH):
             if active.size == 0:
                 break
@@ -140,9 +242,9 @@ class SpanArrays:
             found[active[take_iter]] = True
             take_bucket = (bucketed_ancestor[active] < 0) & bucketed[at]
             bucketed_ancestor[active[take_bucket]] = at[take_bucket]
-            current[active] = parents[at]
-            keep = (current[active] >= 0) & (~found[active] | (bucketed_ancestor[active] < 0))
-            active = active[keep]
+            current[active] = self.parent_of(at)
+            still = ~found[active] | (ancestors & (bucketed_ancestor[active] < 0))
+            active = active[(current[active] >= 0) & still]
         return iteration, found, bucketed_ancestor
 
 
@@ -166,3 +268,40 @@ def span_arrays(spans: pa.Table) -> SpanArrays:
         category=category, categories=categories, iteration=iteration, has_iteration=has_iteration,
         rank=rank, has_rank=has_rank,
     )
+
+
+def resource_values(spans: pa.Table, key: str, rows: np.ndarray) -> tuple[np.ndarray, tuple]:
+    """(int codes, distinct values) of one resource attribute for each of ``rows`` (-1: absent).
+
+    Works on the map column as read, with plain or dictionary-encoded keys and values, one
+    chunk at a time, without building a Python object per span.
+    """
+    n = spans.num_rows
+    codes = np.full(n, -1, dtype=np.int64)
+    values: dict[str, int] = {}
+    if "resource_attributes" not in spans.column_names or n == 0:
+        return codes[rows], ()
+    start = 0
+    for chunk in spans.column("resource_attributes").chunks:
+        offsets = chunk.offsets.to_numpy()
+        owner = np.repeat(np.arange(start, start + len(chunk)), np.diff(offsets))
+        first, count = int(offsets[0]), int(offsets[-1] - offsets[0])
+        keys, items = chunk.keys.slice(first, count), chunk.items.slice(first, count)
+        match = _equals(keys, key)
+        item_codes, item_values = _dictionary(items)
+        local = np.array([values.setdefault(v, len(values)) if v is not None else -1 for v in item_values] + [-1],
+                         dtype=np.int64)
+        codes[owner[match]] = local[item_codes[match]]
+        start += len(chunk)
+    return codes[rows], tuple(values)
+
+
+def _dictionary(arr: pa.Array) -> tuple[np.ndarray, list]:
+    if not pa.types.is_dictionary(arr.type):
+        arr = pc.dictionary_encode(arr)
+    return _filled(arr.indices, -1), arr.dictionary.to_pylist()
+
+
+def _equals(arr: pa.Array, value: str) -> np.ndarray:
+    codes, values = _dictionary(arr)
+    return np.isin(codes, [i for i, v in enumerate(values) if v == value])

@@ -23,7 +23,6 @@ from typing import Any, Iterator
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from nemo_telemetry.analysis._arrays import BUCKETS, NO_BUCKET, UNKNOWN_BUCKET, codes_matching
 from nemo_telemetry.analysis.goodput import JOB_SPAN_REGEX, STEP_SPAN_REGEX, _Analysis, analyse, runs_of
@@ -273,7 +272,7 @@ def _unstamped(ctx: _Context) -> tuple[int, list[Finding]]:
 
 def _orphans(ctx: _Context) -> tuple[int, list[Finding]]:
     a = ctx.arrays
-    rows = np.flatnonzero(a.has_parent & (a.parents < 0) & ctx.analysis.keep)
+    rows = np.flatnonzero(a.orphan & ctx.analysis.keep)
     trace_key = a.table.column("trace_key").take(pa.array(rows)).to_numpy() if len(rows) else np.zeros(0)
     count, groups = _groups(rows, a.run[rows], trace_key)
     out = []
@@ -294,7 +293,7 @@ def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
     anchored_runs = np.unique(a.run[anchor])
     rows = np.flatnonzero(keep & np.isin(a.run, anchored_runs) & ~np.isin(trace_key, anchored_traces))
     standalone = np.isin(a.name, np.concatenate([_group_name_codes(a.names, g) for g in _STANDALONE_GROUPS]))
-    root = a.parents[rows] < 0
+    root = ~a.has_parent[rows] | a.orphan[rows]
     frame = pd.DataFrame({"run": a.run[rows], "trace": trace_key[rows], "designed": ~root | standalone[rows]})
     by_design = frame.groupby(["run", "trace"])["designed"].transform("all").to_numpy()
     rows = rows[~by_design]
@@ -303,7 +302,7 @@ def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
     anchor_trace_of_run = {int(r): int(anchor[a.run[anchor] == r][0]) for r in anchored_runs}
     out = []
     for (run, _), members in _take(count, groups, ctx.limit):
-        roots = members[a.parents[members] < 0]
+        roots = members[~a.has_parent[members] | a.orphan[members]]
         shown = sorted({ctx.name(c) for c in a.name[roots[:20]]})
         other = a.trace_id([anchor_trace_of_run[int(run)]])[0]
         if collector[members].any():
@@ -409,19 +408,13 @@ def _outliers(ctx: _Context) -> tuple[int, list[Finding]]:
 def _enabled_groups(ctx: _Context) -> dict[int, set[str]]:
     """Per run code: the union of the span groups its processes had enabled (resource attribute)."""
     a = ctx.arrays
-    if "resource_attributes" not in a.table.column_names or len(a) == 0:
-        return {}
-    column = a.table.column("resource_attributes")
-    values = pc.map_lookup(column, SPAN_GROUPS_ATTRIBUTE, "first").combine_chunks()
-    encoded = pc.dictionary_encode(values)
-    codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
-    keep = ctx.analysis.keep & (codes >= 0)
-    width = len(encoded.dictionary)
-    pairs = np.unique(a.run[keep].astype(np.int64) * width + codes[keep])
+    rows = np.flatnonzero(ctx.analysis.keep)
+    codes, specs = a.resource_values(SPAN_GROUPS_ATTRIBUTE, rows)
+    present = codes >= 0
+    width = max(len(specs), 1)
     out: dict[int, set[str]] = {}
-    specs = encoded.dictionary.to_pylist()
-    for pair in pairs:
-        run, spec = divmod(int(pair), width) if width else (int(pair), 0)
+    for pair in np.unique(a.run[rows][present].astype(np.int64) * width + codes[present]):
+        run, spec = divmod(int(pair), width)
         out.setdefault(run, set()).update(g.strip().lower() for g in specs[spec].split(",") if g.strip())
     return out
 
@@ -479,7 +472,7 @@ def check_run(
     ``unattributed_threshold`` is the share of a step's wall that may be under no bucketed span
     before ``unattributed-step-time`` fires.
     """
-    analysis = analyse(spans, run_id=run_id)
+    analysis = analyse(spans, run_id=run_id, ancestors=True)
     iteration = np.where(analysis.arrays.has_iteration, analysis.arrays.iteration, -1)
     iteration[analysis.walked] = np.where(analysis.walked_stamped, analysis.walked_iteration, -1)
     ctx = _Context(analysis, iteration, max_span_ids, max_findings_per_code)

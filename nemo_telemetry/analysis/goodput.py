@@ -127,14 +127,17 @@ class _Analysis:
     merged: Any  # MergedIntervals of the bucketed rows, grouped by step
 
 
-def analyse(spans: pa.Table, *, run_id: str | None = None) -> _Analysis:
-    """Decode, attribute and sum once; goodput and check_run both read the result."""
+def analyse(spans: pa.Table, *, run_id: str | None = None, ancestors: bool = False) -> _Analysis:
+    """Decode, attribute and sum once; goodput and check_run both read the result.
+
+    ``ancestors`` also finds each bucketed span's nearest bucketed ancestor (for the findings).
+    """
     arrays = span_arrays(spans)
     keep_run = _run_filter(arrays, run_id)
     steps = _step_windows(arrays, keep_run)
     candidate = (arrays.bucket >= 0) & arrays.valid_interval & keep_run
     any_bucket = np.flatnonzero((arrays.bucket != -1) & keep_run)
-    iteration, stamped, ancestor = arrays.walk_up(any_bucket)
+    iteration, stamped, ancestor = arrays.walk_up(any_bucket, ancestors=ancestors)
     pick = candidate[any_bucket]
     bucketed = any_bucket[pick]
     step_of = steps.index_of(arrays.run[bucketed], iteration[pick], stamped[pick])

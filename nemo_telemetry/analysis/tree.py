@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.schema import ID_KEY_FIELDS, ITERATION
 
-__all__ = ["hex_to_uint64", "with_id_keys", "parent_indices", "attributed_iterations"]
+__all__ = ["hex_to_uint64", "with_id_keys", "parent_indices", "attributed_iterations", "trace_mix"]
 
 _MAX_DEPTH_DOUBLINGS = 64  # pointer doubling: 2**64 levels; only a parent cycle gets near it
 
@@ -73,24 +73,81 @@ def with_id_keys(spans: pa.Table) -> pa.Table:
 
 
 def parent_indices(spans: pa.Table) -> np.ndarray:
-    """Row index of each span's parent in ``spans``, or -1 for roots and orphans."""
+    """Row index of each span's parent in ``spans``, or -1 for roots and orphans.
+
+    Without a ``parent_span_id`` column (a projection that kept only the id keys), a span has
+    a parent when its ``parent_key`` is not 0.
+    """
     n = spans.num_rows
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     spans = with_id_keys(spans)
-    span_key = _uint64(spans, "span_key")
-    trace_key = _uint64(spans, "trace_key")
-    parent_key = _uint64(spans, "parent_key")
-    has_parent = pc.is_valid(spans.column("parent_span_id")).to_numpy(zero_copy_only=False)
+    if "parent_span_id" in spans.column_names:
+        has_parent = pc.is_valid(spans.column("parent_span_id")).to_numpy(zero_copy_only=False)
+    else:
+        has_parent = _uint64(spans, "parent_key") != 0
+    return _join_parents(_uint64(spans, "span_key"), _uint64(spans, "trace_key"), _uint64(spans, "parent_key"),
+                         has_parent)
 
-    order = np.argsort(span_key, kind="stable")
-    sorted_keys = span_key[order]
-    pos = np.minimum(np.searchsorted(sorted_keys, parent_key), n - 1)
-    found = has_parent & (sorted_keys[pos] == parent_key)
-    idx = np.where(found, order[pos], -1)
-    same_trace = np.zeros(n, dtype=bool)
-    same_trace[found] = trace_key[idx[found]] == trace_key[found]
-    return np.where(same_trace & (idx != np.arange(n)), idx, -1).astype(np.int64)
+
+_TRACE_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplying by it permutes uint64
+
+
+def trace_mix(trace_key: np.ndarray) -> np.ndarray:
+    """A span key XOR this is one number for (span id, trace id): joins match both at once."""
+    with np.errstate(over="ignore"):
+        return trace_key * _TRACE_MIX
+
+
+def _join_parents(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.ndarray,
+                  has_parent: np.ndarray) -> np.ndarray:
+    """Sort-merge join of parent references onto spans of the same trace.
+
+    Each side is keyed on its span id mixed with its trace id, so one comparison checks both.
+    ``np.sort`` of plain uint64 is several times faster than ``argsort``, so every key carries
+    its row number (and whether it is a span or a reference) in its low bits and both sides
+    are sorted together as plain numbers. A reference's candidate is then the span sorted just
+    before it; the full keys confirm it, and on a mismatch the span before that is tried while
+    the high bits still agree (equal high bits, duplicated ids).
+    """
+    n = len(span_key)
+    bits = max(1, (n - 1).bit_length())
+    rows_mask = np.uint64((1 << bits) - 1)
+    ref_bit = np.uint64(1 << bits)
+    high = ~(rows_mask | ref_bit)
+    mixed_trace = trace_mix(trace_key)
+    own = span_key ^ mixed_trace
+    wanted = parent_key ^ mixed_trace
+    del mixed_trace
+    children = np.flatnonzero(has_parent).astype(np.uint64)
+    merged = np.concatenate([(own & high) | np.arange(n, dtype=np.uint64),
+                             (wanted[children] & high) | ref_bit | children])
+    del children
+    merged.sort()
+    is_ref = (merged & ref_bit) != 0
+    refs = np.flatnonzero(is_ref)
+    ref_values = merged[refs]
+    spans_sorted = merged[~is_ref]
+    del merged, is_ref
+    child = (ref_values & rows_mask).astype(np.int64)
+    candidate = refs - np.arange(len(refs)) - 1  # spans sorted before each reference, minus one
+    del refs
+    out = np.full(n, -1, dtype=np.int64)
+    pending = np.arange(len(child))
+    while pending.size:
+        at = candidate[pending]
+        valid = at >= 0
+        pending, at = pending[valid], at[valid]
+        found = spans_sorted[at]
+        same_high = (found & high) == (ref_values[pending] & high)
+        pending, found = pending[same_high], found[same_high]
+        row = (found & rows_mask).astype(np.int64)
+        kid = child[pending]
+        hit = (own[row] == wanted[kid]) & (row != kid)
+        out[kid[hit]] = row[hit]
+        pending = pending[~hit]
+        candidate[pending] -= 1
+    return out
 
 
 def _uint64(spans: pa.Table, column: str) -> np.ndarray:

@@ -1,0 +1,207 @@
+"""Benchmark: ``goodput`` + ``check`` over a 10-million-span Parquet dataset.
+
+    .venv/bin/python bench/goodput.py [--spans 10000000] [--dataset DIR]
+
+Writes a synthetic dataset in ingest's layout (``DIR/spans/run_id=<run>/part-*.parquet``, the
+uint64 id key columns included) unless DIR already holds one, then measures in a fresh child
+process, so that the generator's memory does not count:
+
+- read:     the columns goodput and check use, from Parquet (the baseline);
+- goodput:  ``run_goodput`` (every run, by step);
+- check:    ``check_run`` (every finding code);
+
+and prints wall seconds, each as a ratio to the read, and the child's peak RSS. The target on
+the project's 2-core machines is under 5 s for goodput + check and under 4 GB peak.
+
+The run: two runs (``nemo.run.id``), GRPO-shaped steps of 30 s with 2,500 spans each. Per step
+a stamped step span, four bucketed phases, a rollout umbrella with 16 productive generate
+leaves, an idle refit bubble, 8 worker ranks x 60 unstamped micro-batch spans under training
+(walked up for their iteration), and ~1,000 per-prompt umbrella pairs. Every 200th step a
+collector batch re-roots into its own trace (``detached-trace``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from nemo_telemetry.analysis._columns import SPANS_TABLE_SCHEMA
+
+SPANS_PER_STEP = 2_500
+STEP_NS = 30_000_000_000
+T0 = 1_767_225_600_000_000_000
+S = 1_000_000_000
+NAMES = ["rl.grpo.job", "rl.grpo.step", "rl.grpo.data_processing", "rl.grpo.policy_and_reference_logprobs",
+         "rl.grpo.reward_calculation", "rl.grpo.policy_training", "rl.grpo.generation", "rl.vllm.generate",
+         "rl.idle.refit_bubble", "rl.policy.microbatch", "rl.sc.generate_and_push", "rl.data_plane.put",
+         "rl.idle.generation_limit_pause"]
+BUCKET_VALUES = ["productive", "overhead", "idle"]
+SERVICES = ["driver", "policy_worker", "collector"]
+SPAN_GROUPS = "job,step,checkpoint,evaluate,setup,model_init,rollout,generation,logprob,reward,advantage," \
+              "policy_update,data_processing,data_plane,efficiency,per_prompt"
+
+
+def _step_template() -> dict[str, np.ndarray]:
+    """One step's spans: name, parent (index in the step, -1 = the job), times, bucket, stamped, who."""
+    rows: list[tuple] = []  # (name, parent, start_s, end_s, bucket, stamped, service, rank)
+    rows.append((1, -1, 0.0, 29.0, -1, True, 0, 0))  # 0 step
+    for name, a, b, bucket in ((2, 0.0, 2.0, 1), (3, 10.0, 14.0, 1), (4, 14.0, 15.0, 0), (5, 15.0, 27.0, 0)):
+        rows.append((name, 0, a, b, bucket, True, 0, 0))  # 1..4 phases
+    rows.append((6, 0, 2.0, 10.0, -1, True, 0, 0))  # 5 rollout umbrella
+    for k in range(16):  # 6..21 generate leaves
+        rows.append((7, 5, 2.0 + 0.5 * k, 2.45 + 0.5 * k, 0, True, 0, 0))
+    rows.append((8, 0, 27.0, 28.0, 2, True, 0, 0))  # 22 refit bubble
+    for rank in range(8):  # worker micro-batches under policy_training, unstamped
+        for k in range(60):
+            rows.append((9, 4, 15.0 + 0.2 * k, 15.15 + 0.2 * k, -1, False, 1, rank + 1))
+    while len(rows) + 2 <= SPANS_PER_STEP:  # per-prompt umbrella + its put
+        j = len(rows)
+        rows.append((10, 5, 2.0 + (j % 700) * 0.01, 9.0, -1, False, 0, 0))
+        rows.append((11, j, 8.0, 8.5, -1, False, 0, 0))
+    while len(rows) < SPANS_PER_STEP:
+        rows.append((9, 4, 26.0, 26.5, -1, False, 1, 1))
+    cols = list(zip(*rows))
+    keys = ("name", "parent", "start", "end", "bucket", "stamped", "service", "rank")
+    return {k: np.array(v) for k, v in zip(keys, cols)}
+
+
+def _hex(keys: np.ndarray, width: int = 16) -> pa.Array:
+    """uint64 keys as lowercase hex strings (the first 16 digits), built from buffers."""
+    digits = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+    raw = keys.astype(">u8").view(np.uint8).reshape(-1, 8)
+    chars = np.empty((len(keys), 16), dtype=np.uint8)
+    chars[:, 0::2], chars[:, 1::2] = digits[raw >> 4], digits[raw & 15]
+    if width > 16:
+        chars = np.concatenate([chars, np.full((len(keys), width - 16), ord("0"), np.uint8)], axis=1)
+    offsets = np.arange(len(keys) + 1, dtype=np.int32) * width
+    return pa.Array.from_buffers(pa.string(), len(keys), [None, pa.py_buffer(offsets), pa.py_buffer(chars.tobytes())])
+
+
+def _dict(codes: np.ndarray, values: list[str]) -> pa.Array:
+    indices = pa.array(codes.astype(np.int32), mask=codes < 0)
+    return pa.DictionaryArray.from_arrays(indices, pa.array(values, pa.string()))
+
+
+def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
+    """One run's spans table (SPANS_TABLE_SCHEMA), vectorized over steps."""
+    t = _step_template()
+    p = SPANS_PER_STEP
+    n = steps * p + 1
+    step_of = np.repeat(np.arange(steps), p)
+    offset = np.tile(np.arange(p), steps)
+    span_key = rng.integers(1, 2**63, n, dtype=np.int64).astype(np.uint64)
+    row_parent = np.where(t["parent"][offset] >= 0, step_of * p + t["parent"][offset] + 1, 0)
+    base = T0 + step_of.astype(np.int64) * STEP_NS
+    start = np.concatenate([[T0 - S], base + (t["start"][offset] * S).astype(np.int64)])
+    end = np.concatenate([[T0 + steps * STEP_NS], base + (t["end"][offset] * S).astype(np.int64)])
+    parent_key = np.concatenate([[0], span_key[row_parent]])
+    iteration = np.concatenate([[0], step_of + 1])
+    stamped = np.concatenate([[False], t["stamped"][offset]])
+    name = np.concatenate([[0], t["name"][offset]])
+    bucket = np.concatenate([[-1], t["bucket"][offset]])
+    service = np.concatenate([[0], t["service"][offset]])
+    rank = np.concatenate([[0], t["rank"][offset]])
+    trace_key = np.full(n, rng.integers(1, 2**63, dtype=np.int64), dtype=np.uint64)
+    detached = np.flatnonzero(name == 6)[::200]  # every 200th step's rollout umbrella re-roots
+    trace_key[detached] = rng.integers(1, 2**63, len(detached), dtype=np.int64).astype(np.uint64)
+    parent_key[detached] = 0
+    run_id = f"bench-run-{run_index}"
+    groups = pa.array([SPAN_GROUPS, "policy_update", "rollout,efficiency"])
+    resource = pa.MapArray.from_arrays(
+        pa.array(np.arange(0, 2 * n + 1, 2, dtype=np.int32)),
+        pa.array(np.tile(np.array(["nemo.telemetry.span_groups", "rl.algorithm"], dtype=object), n)),
+        pa.array(np.stack([groups.take(pa.array(service)).to_numpy(zero_copy_only=False),
+                           np.full(n, "grpo", dtype=object)], axis=1).ravel()),
+    )
+    parent_hex = _hex(parent_key)
+    columns = {
+        "trace_id": _hex(trace_key, 32), "span_id": _hex(span_key),
+        "parent_span_id": pa.array(parent_hex.to_numpy(zero_copy_only=False), pa.string(), mask=parent_key == 0),
+        "name": _dict(name, NAMES), "kind": _dict(np.ones(n, np.int32), ["unspecified", "internal"]),
+        "start_ns": start, "end_ns": end, "duration_ns": end - start,
+        "status_code": _dict(np.zeros(n, np.int32), ["unset"]), "status_message": pa.nulls(n, pa.string()),
+        "service_name": _dict(service, SERVICES), "run_id": _dict(np.zeros(n, np.int32), [run_id]),
+        "rank": rank.astype(np.int64), "rl.bucket": _dict(bucket, BUCKET_VALUES),
+        "rl.iteration": pa.array(iteration.astype(np.int64), mask=~stamped),
+        "rl.efficiency.category": _dict(np.where(name == 8, 0, -1), ["idle/refit_bubble"]),
+        "trace_state": pa.nulls(n, pa.string()), "scope_name": _dict(np.zeros(n, np.int32), ["nemo_telemetry"]),
+        "scope_version": _dict(np.full(n, -1), ["0"]),
+        "attributes": pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string()),
+                                              pa.array([], pa.string())),
+        "resource_attributes": resource,
+        "trace_key": trace_key, "span_key": span_key, "parent_key": parent_key,
+    }
+    return pa.table([pa.array(columns[f.name]) if not isinstance(columns[f.name], pa.Array) else columns[f.name]
+                     for f in SPANS_TABLE_SCHEMA], schema=SPANS_TABLE_SCHEMA)
+
+
+def write_dataset(root: Path, spans: int) -> None:
+    rng = np.random.default_rng(7)
+    steps_per_run = max(1, spans // (2 * SPANS_PER_STEP))
+    for r in range(2):
+        table = make_run(r, steps_per_run, rng)
+        folder = root / "spans" / f"run_id=bench-run-{r}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, folder / "part-0.parquet", row_group_size=1 << 20)
+        del table
+
+
+def measure(root: Path) -> None:
+    """In a fresh process: read, goodput, check; print times and peak RSS."""
+    from nemo_telemetry.analysis._arrays import read_for_analysis
+    from nemo_telemetry.analysis.findings import check_run
+    from nemo_telemetry.analysis.goodput import run_goodput
+
+    c0, t0 = time.process_time(), time.perf_counter()
+    spans = read_for_analysis(root)
+    t1 = time.perf_counter()
+    runs = run_goodput(spans)
+    t2 = time.perf_counter()
+    report = check_run(spans)
+    t3, c3 = time.perf_counter(), time.process_time()
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    read, goodput, check = t1 - t0, t2 - t1, t3 - t2
+    print(f"spans:            {spans.num_rows:,} in {len(runs)} runs, "
+          f"{sum(r.total['steps'] for r in runs):,} steps; findings by code: "
+          f"{ {k: v for k, v in report.counts['by_code'].items() if v} }")
+    print(f"read (baseline):  {read:6.2f} s")
+    print(f"goodput:          {goodput:6.2f} s  ({goodput / read:4.1f}x read)")
+    print(f"check:            {check:6.2f} s  ({check / read:4.1f}x read)")
+    print(f"goodput + check:  {goodput + check:6.2f} s  (target < 5 s); with read {read + goodput + check:.2f} s")
+    print(f"CPU time, all:    {c3 - c0:6.2f} s  (over {t3 - t0:.2f} s wall; load average {os.getloadavg()[0]:.1f})")
+    print(f"peak RSS:         {peak_gb:6.2f} GB  (target < 4 GB)")
+    shown = ", ".join(f"{r.run_id}={r.total['goodput']:.3f}" for r in runs)
+    print(f"run goodput:      {shown}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spans", type=int, default=10_000_000)
+    parser.add_argument("--dataset", type=Path, help="where the synthetic dataset is (or is written)")
+    parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        measure(args.measure)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.dataset or Path(tmp) / "dataset"
+        if not (root / "spans").is_dir():
+            t = time.perf_counter()
+            write_dataset(root, args.spans)
+            print(f"wrote {root} in {time.perf_counter() - t:.1f} s")
+        subprocess.run([sys.executable, __file__, "--measure", str(root)], check=True,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+
+if __name__ == "__main__":
+    main()
