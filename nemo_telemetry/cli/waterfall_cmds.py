@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.text import Text
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.segment import Segment
+from rich.style import Style
 
 from nemo_telemetry.analysis import read_spans
 from nemo_telemetry.analysis.waterfall import DEFAULT_COLLAPSE_THRESHOLD, Waterfall, waterfall
@@ -94,18 +95,20 @@ def format_duration(ns: int) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def render_waterfall(shown: Waterfall, *, width: int = 160) -> Text:
+def render_waterfall(shown: Waterfall, *, width: int = 160) -> _Lines:
     """One line per display row: tree, name, time bar against the window, duration, bucket,
     where it ran, and the tags that matter. Rows on the critical path start with ◆."""
     rows = shown.rows.to_pydict()
     n = len(rows["name"])
-    text = Text()
-    text.append(_header(shown, n) + "\n", style="bold")
-    text.append(_legend() + "\n")
+    out = _Lines()
+    out.add(_header(shown, n), "bold")
+    out.newline()
+    out.add(_legend())
     if n == 0:
-        text.append("no spans to show", style="dim")
-        return text
-    labels = [_label(rows, i) for i in range(n)]
+        out.newline()
+        out.add("no spans to show", "dim")
+        return out
+    labels = [_clean(_label(rows, i)) for i in range(n)]
     prefixes = _tree_prefixes(rows["depth"], rows["parent"])
     name_width = min(max(len(p) + len(l) for p, l in zip(prefixes, labels)), 64)
     bar_width = max(10, min(60, width - name_width - 50))
@@ -114,26 +117,64 @@ def render_waterfall(shown: Waterfall, *, width: int = 160) -> Text:
     for i in range(n):
         if rows["depth"][i] == 0 and rows["run_id"][i] != last_run:
             last_run = rows["run_id"][i]
-            text.append(f"run {last_run}\n", style="bold underline")
+            out.newline()
+            out.add(_clean(f"run {last_run}"), "bold underline")
         style = _bucket_style(rows["bucket"][i])
-        marker = CRITICAL_MARK if rows["on_critical_path"][i] else " "
-        text.append(marker + " ", style="bold magenta")
-        head = (prefixes[i] + labels[i])
-        head = head if len(head) <= name_width else head[: name_width - 1] + "…"
-        text.append(prefixes[i], style="dim")
-        text.append(head[len(prefixes[i]):].ljust(name_width - len(prefixes[i])), style="bold" if rows["is_step"][i] else "")
-        text.append(" ")
-        text.append(_bar(bar_width, (rows["start_ns"][i] - t0) / span_ns, (rows["end_ns"][i] - t0) / span_ns), style=style)
-        text.append(f" {format_duration(rows['duration_ns'][i]):>7} ")
-        text.append(f"{rows['bucket'][i] or 'unbucketed':<10}", style=style)
+        out.newline()
+        out.add((CRITICAL_MARK if rows["on_critical_path"][i] else " ") + " ", "bold magenta")
+        out.add(prefixes[i], "dim")
+        label = labels[i]
+        room = name_width - len(prefixes[i])
+        out.add(label if len(label) <= room else label[: room - 1] + "…", "bold" if rows["is_step"][i] else "")
+        out.add(" " * max(room - len(label), 0) + " ")
+        out.add(_bar(bar_width, (rows["start_ns"][i] - t0) / span_ns, (rows["end_ns"][i] - t0) / span_ns), style)
+        out.add(f" {format_duration(rows['duration_ns'][i]):>7} ")
+        out.add(f"{rows['bucket'][i] or 'unbucketed':<10}", style)
         notes = _notes(rows, i)
-        where = f" {_where(rows, i):<12}"
-        text.append(where if notes else where.rstrip())
+        where = f" {_clean(_where(rows, i)):<12}"
+        out.add(where if notes else where.rstrip())
         for note, note_style in notes:
-            text.append(" " + note, style=note_style)
-        text.append("\n")
-    text.right_crop(1)  # the console ends the last line
-    return text
+            out.add(" " + _clean(note), note_style)
+    return out
+
+
+class _Lines:
+    """A renderable of styled pieces and line breaks that yields segments directly: for
+    thousands of rows this is several times cheaper than one big rich Text, which re-divides
+    and re-measures every line."""
+
+    def __init__(self):
+        self.pieces: list[tuple[str, str]] = []
+
+    def add(self, piece: str, style: str = "") -> None:
+        self.pieces.append((piece, style))
+
+    def newline(self) -> None:
+        self.pieces.append(("\n", ""))
+
+    @property
+    def plain(self) -> str:
+        return "".join(piece for piece, _ in self.pieces)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        styles: dict[str, Style] = {}
+        for piece, style in self.pieces:
+            if piece == "\n":
+                yield Segment.line()
+                continue
+            if style not in styles:
+                styles[style] = Style.parse(style) if style else Style.null()
+            yield Segment(piece, styles[style])
+        yield Segment.line()
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _clean(text: str) -> str:
+    """Span names and attributes come from other processes: no control characters (escape
+    sequences, newlines) reach the terminal."""
+    return _CONTROL.sub("\ufffd", text) if _CONTROL.search(text) else text
 
 
 def _header(shown: Waterfall, n: int) -> str:
@@ -189,12 +230,20 @@ def _bar(width: int, begin: float, end: float) -> str:
     """A Gantt row as rich.bar.Bar draws it (━ full cells, ╺ ╸ half cells), never empty."""
     begin = min(max(begin, 0.0), 1.0)
     end = min(max(end, begin), 1.0)
-    first, last = int(begin * width * 2), max(int(end * width * 2), int(begin * width * 2) + 1)
-    cells = []
-    for cell in range(width):
-        left, right = first <= 2 * cell < last, first <= 2 * cell + 1 < last
-        cells.append("━" if left and right else "╸" if left else "╺" if right else " ")
-    return "".join(cells)
+    first = min(int(begin * width * 2), 2 * width - 1)
+    last = max(int(end * width * 2), first + 1)
+    cell = first // 2
+    out = " " * cell
+    if first % 2:
+        out += "╺"
+        cell += 1
+    full = max((last - 2 * cell) // 2, 0)
+    out += "━" * full
+    cell += full
+    if cell < width and 2 * cell < last:
+        out += "╸"
+        cell += 1
+    return out + " " * (width - cell)
 
 
 def _tree_prefixes(depths: list[int], parents: list[int]) -> list[str]:

@@ -308,3 +308,27 @@ def test_collapse_on_a_large_fan_out_keeps_every_span_accounted_for():
     rows = shown.rows
     assert names(shown) == ["rl.grpo.job"] + ["rl.grpo.step", "rl.gym.run_rollouts"] * steps
     assert int(np.sum(rows.column("count").to_numpy()) + np.sum(rows.column("hidden").to_numpy())) == len(records)
+
+
+def test_step_spans_never_collapse_however_many_there_are():
+    records = [span(1, "rl.grpo.job", 0, 1000)]
+    records += [span(10 + k, "rl.grpo.step", k * 10, k * 10 + 9, 1, iteration=k) for k in range(50)]
+
+    shown = waterfall(spans_table(records))
+
+    assert names(shown) == ["rl.grpo.job"] + ["rl.grpo.step"] * 50
+    assert shown.rows.column("iteration").to_pylist()[1:] == list(range(50))
+
+
+def test_collapsed_percentiles_hold_for_huge_and_negative_durations():
+    # One span claims to last ~73 years, one ends before it starts: both are kept and counted.
+    durations = [i * S for i in range(1, 24)] + [2**61, -5 * S]
+    records = [span(1, "rl.grpo.generation", 0, 10)]
+    records += [{**span(100 + i, "rl.gym.run_rollouts", 1, 2, 1), "end_ns": S + d} for i, d in enumerate(durations)]
+
+    rollouts = row(waterfall(spans_table(records)), "rl.gym.run_rollouts")
+
+    ordered = sorted(durations)
+    assert rollouts["count"] == 25
+    assert rollouts["p50_ns"] == ordered[12]  # nearest rank: ceil(0.5 * 25) = 13th
+    assert rollouts["p99_ns"] == ordered[24] == 2**61
