@@ -30,7 +30,7 @@ from nemo_telemetry.analysis.schema import (
 )
 from nemo_telemetry.analysis.tree import hex_to_uint64
 
-__all__ = ["SpanColumns", "SPANS_TABLE_SCHEMA", "OtlpTables", "ids_to_hex"]
+__all__ = ["SpanColumns", "SpanArrays", "build_tables", "SPANS_TABLE_SCHEMA", "OtlpTables", "ids_to_hex"]
 
 # What ingest writes: the spans table plus the uint64 id keys tree walks join on.
 SPANS_TABLE_SCHEMA = pa.schema(list(SPANS_SCHEMA) + list(ID_KEY_FIELDS))
@@ -132,51 +132,30 @@ class SpanColumns:
         """The Arrow tables of everything appended so far."""
         if not self.span_id:
             return OtlpTables.empty()
-        trace = ids_to_hex(self.trace_id, 16)
-        span = ids_to_hex(self.span_id, 8)
-        events = self._events_table(trace, span)
-        links = self._links_table(trace, span)
-        return OtlpTables(self._spans_table(trace, span), events, links)
-
-    def _spans_table(self, trace: pa.Array, span: pa.Array) -> pa.Table:
-        n = len(self.span_id)
-        parent = ids_to_hex(self.parent_span_id, 8)
-        parent = pc.if_else(pc.equal(pc.utf8_length(parent), 0), pa.scalar(None, pa.string()), parent)
-        start = _int64(self.start_ns)
-        end = _int64(self.end_ns)
-        attributes, promoted = _promote(self.attrs, n, PROMOTED_SPAN_ATTRIBUTES)
-        scope_idx = pa.array(self.scope_index, pa.int32())
-        res_idx = pa.array(self.resource_index, pa.int32())
-        res = _resource_columns(self.resources, res_idx)
-        columns = {
-            "trace_id": trace,
-            "span_id": span,
-            "parent_span_id": parent,
-            "name": _dict(pa.array(self.name, pa.string())),
-            "kind": _enum(self.kind, SPAN_KINDS),
-            "start_ns": start,
-            "end_ns": end,
-            "duration_ns": pc.subtract(end, start),
-            "status_code": _enum(self.status_code, STATUS_CODES),
-            "status_message": _empty_to_null(pa.array(self.status_message, pa.string())),
-            **res,
-            **promoted,
-            "trace_state": _empty_to_null(pa.array(self.trace_state, pa.string())),
-            "scope_name": _dict(pa.array([s[0] for s in self.scopes], pa.string()).take(scope_idx)),
-            "scope_version": _dict(pa.array([s[1] for s in self.scopes], pa.string()).take(scope_idx)),
-            "attributes": attributes,
-            "trace_key": pa.array(hex_to_uint64(trace), pa.uint64()),
-            "span_key": pa.array(hex_to_uint64(span), pa.uint64()),
-            "parent_key": pa.array(hex_to_uint64(parent), pa.uint64()),
-        }
-        arrays = [columns[f.name].cast(f.type) for f in SPANS_TABLE_SCHEMA]
-        return pa.Table.from_arrays(arrays, schema=SPANS_TABLE_SCHEMA)
+        arrays = SpanArrays(
+            trace_id=ids_to_hex(self.trace_id, 16),
+            span_id=ids_to_hex(self.span_id, 8),
+            parent_span_id=ids_to_hex(self.parent_span_id, 8),
+            trace_state=pa.array(self.trace_state, pa.string()),
+            name=pa.array(self.name, pa.string()),
+            kind=pa.array(self.kind, pa.int64()),
+            start_ns=_int64(self.start_ns),
+            end_ns=_int64(self.end_ns),
+            status_code=pa.array(self.status_code, pa.int64()),
+            status_message=pa.array(self.status_message, pa.string()),
+            scope_index=pa.array(self.scope_index, pa.int32()),
+            resource_index=pa.array(self.resource_index, pa.int32()),
+            attr_counts=np.asarray(self.attrs.counts, dtype=np.int64),
+            attr_keys=pa.array(self.attrs.keys, pa.string()),
+            attr_values=pa.array(self.attrs.values, pa.string()),
+        )
+        return build_tables(arrays, self)
 
     def _events_table(self, trace: pa.Array, span: pa.Array) -> pa.Table:
         if not self.event_span:
             return EVENTS_SCHEMA.empty_table()
         owner = pa.array(self.event_span, pa.int64())
-        attributes, _ = _promote(self.event_attrs, len(self.event_span), ())
+        attributes, _ = _promote_lists(self.event_attrs, len(self.event_span))
         arrays = [
             trace.take(owner),
             span.take(owner),
@@ -192,7 +171,7 @@ class SpanColumns:
         if not self.link_span:
             return LINKS_SCHEMA.empty_table()
         owner = pa.array(self.link_span, pa.int64())
-        attributes, _ = _promote(self.link_attrs, len(self.link_span), ())
+        attributes, _ = _promote_lists(self.link_attrs, len(self.link_span))
         arrays = [
             trace.take(owner),
             span.take(owner),
@@ -204,6 +183,74 @@ class SpanColumns:
         return pa.Table.from_arrays(
             [a.cast(f.type) for a, f in zip(arrays, LINKS_SCHEMA)], schema=LINKS_SCHEMA
         )
+
+
+@dataclass(frozen=True)
+class SpanArrays:
+    """One Arrow array (or numpy array) per span column, in span order, before assembly.
+
+    Ids are lowercase hex ("" for none); enums are OTLP ints; attributes are flat keys and
+    value strings with ``attr_counts`` per span.
+    """
+
+    trace_id: pa.Array
+    span_id: pa.Array
+    parent_span_id: pa.Array
+    trace_state: pa.Array
+    name: pa.Array
+    kind: pa.Array
+    start_ns: pa.Array
+    end_ns: pa.Array
+    status_code: pa.Array
+    status_message: pa.Array
+    scope_index: pa.Array
+    resource_index: pa.Array
+    attr_counts: np.ndarray
+    attr_keys: pa.Array
+    attr_values: pa.Array
+    id_keys: tuple | None = None  # (trace_key, span_key, parent_key) when the decoder has them
+
+
+def build_tables(arrays: SpanArrays, extras: SpanColumns) -> OtlpTables:
+    """The three tables: spans from ``arrays``; scopes, resources, events, links from ``extras``."""
+    trace, span = arrays.trace_id, arrays.span_id
+    return OtlpTables(
+        _spans_table(arrays, extras.scopes, extras.resources),
+        extras._events_table(trace, span),
+        extras._links_table(trace, span),
+    )
+
+
+def _spans_table(a: SpanArrays, scopes: list, resources: list) -> pa.Table:
+    n = len(a.span_id)
+    parent = _empty_to_null(a.parent_span_id)
+    attributes, promoted = _promote(a.attr_counts, a.attr_keys, a.attr_values, n, PROMOTED_SPAN_ATTRIBUTES)
+    columns = {
+        "trace_id": a.trace_id,
+        "span_id": a.span_id,
+        "parent_span_id": parent,
+        "name": _dict(a.name),
+        "kind": _enum(a.kind, SPAN_KINDS),
+        "start_ns": a.start_ns,
+        "end_ns": a.end_ns,
+        "duration_ns": pc.subtract(a.end_ns, a.start_ns),
+        "status_code": _enum(a.status_code, STATUS_CODES),
+        "status_message": _empty_to_null(a.status_message),
+        **_resource_columns(resources, a.resource_index),
+        **promoted,
+        "trace_state": _empty_to_null(a.trace_state),
+        "scope_name": _dict(pa.array([sc[0] for sc in scopes], pa.string()).take(a.scope_index)),
+        "scope_version": _dict(pa.array([sc[1] for sc in scopes], pa.string()).take(a.scope_index)),
+        "attributes": attributes,
+        **_id_keys(a, parent),
+    }
+    arrays = [columns[f.name].cast(f.type) for f in SPANS_TABLE_SCHEMA]
+    return pa.Table.from_arrays(arrays, schema=SPANS_TABLE_SCHEMA)
+
+
+def _id_keys(a: SpanArrays, parent: pa.Array) -> dict[str, pa.Array]:
+    keys = a.id_keys or (hex_to_uint64(a.trace_id), hex_to_uint64(a.span_id), hex_to_uint64(parent))
+    return {name: pa.array(values, pa.uint64()) for name, values in zip(("trace_key", "span_key", "parent_key"), keys)}
 
 
 def ids_to_hex(ids: list, width: int) -> pa.Array:
@@ -267,9 +314,8 @@ def _to_int(value: Any) -> int | None:
         return None
 
 
-def _enum(values: list, names: tuple[str, ...]) -> pa.Array:
-    """Enum ints (or already-mapped names) to their lowercase names; unknown ints to null."""
-    codes = pa.array(values, pa.int64())
+def _enum(codes: pa.Array, names: tuple[str, ...]) -> pa.Array:
+    """Enum ints to their lowercase names; unknown ints to null."""
     in_range = pc.and_(pc.greater_equal(codes, 0), pc.less(codes, len(names)))
     codes = pc.if_else(in_range, codes, pa.scalar(None, pa.int64()))
     return pa.DictionaryArray.from_arrays(codes.cast(pa.int32()), pa.array(names, pa.string()))
@@ -283,15 +329,19 @@ def _empty_to_null(arr: pa.Array) -> pa.Array:
     return pc.if_else(pc.equal(pc.utf8_length(arr), 0), pa.scalar(None, pa.string()), arr)
 
 
-def _promote(attrs: _Attrs, owners: int, promoted: tuple[str, ...]) -> tuple[pa.Array, dict]:
+def _promote_lists(attrs: _Attrs, owners: int) -> tuple[pa.Array, dict]:
+    counts = np.asarray(attrs.counts, dtype=np.int64)
+    return _promote(counts, pa.array(attrs.keys, pa.string()), pa.array(attrs.values, pa.string()), owners, ())
+
+
+def _promote(
+    counts: np.ndarray, keys: pa.Array, values: pa.Array, owners: int, promoted: tuple[str, ...]
+) -> tuple[pa.Array, dict]:
     """The attribute map column without the promoted keys, and one column per promoted key.
 
     When a key repeats on one owner the last value wins for the promoted column (as the
     OpenTelemetry SDK does when a span sets an attribute twice).
     """
-    counts = np.asarray(attrs.counts, dtype=np.int64)
-    keys = pa.array(attrs.keys, pa.string())
-    values = pa.array(attrs.values, pa.string())
     owner = np.repeat(np.arange(owners, dtype=np.int64), counts)
     keep = np.ones(len(keys), dtype=bool)
     columns = {}

@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from nemo_telemetry.analysis._columns import OtlpTables, SpanColumns
 from nemo_telemetry.analysis._otlp_json import decode_json_request
-from nemo_telemetry.analysis._otlp_proto import decode_proto_request
+from nemo_telemetry.analysis._otlp_wire import decode_batch
 from nemo_telemetry.analysis.dataset import DatasetWriter
 from nemo_telemetry.analysis.ingest import BATCH_SPANS, _drop_malformed_ids
 
@@ -169,12 +169,8 @@ class CollectorServer:
 
     def accept(self, body: bytes, content_type: str) -> int:
         """Decode one request body and queue its spans; return how many spans were rejected."""
-        cols = SpanColumns()
         try:
-            if content_type == _JSON_TYPE:
-                decode_json_request(orjson.loads(body), cols)
-            else:
-                decode_proto_request(body, cols)
+            tables = self._decode(body, content_type)
         except (ValueError, orjson.JSONDecodeError) as exc:
             raise _BadRequest(400, f"bad OTLP {content_type} payload: {exc}") from None
         rejected = [0]
@@ -182,7 +178,7 @@ class CollectorServer:
         def count(n: int) -> None:
             rejected[0] = n
 
-        tables = _drop_malformed_ids(cols.to_tables(), count)
+        tables = _drop_malformed_ids(tables, count)
         with self._lock:
             self._counts["requests"] += 1
             self._counts["rejected_spans"] += rejected[0]
@@ -191,6 +187,18 @@ class CollectorServer:
             if self._pending_spans >= self._batch_spans:
                 self._flush_locked()
         return rejected[0]
+
+
+    @staticmethod
+    def _decode(body: bytes, content_type: str) -> OtlpTables:
+        if content_type == _JSON_TYPE:
+            cols = SpanColumns()
+            decode_json_request(orjson.loads(body), cols)
+            return cols.to_tables()
+        tables, rejected = decode_batch([body])
+        if rejected:
+            raise ValueError(rejected[0][1])
+        return tables
 
 
 def _handler_for(server: CollectorServer) -> type:

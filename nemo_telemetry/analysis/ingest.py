@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis._columns import OtlpTables, SpanColumns
 from nemo_telemetry.analysis._detect import FORMATS, detect_format, expand_inputs, iter_records
 from nemo_telemetry.analysis._otlp_json import decode_json_request
-from nemo_telemetry.analysis._otlp_proto import decode_proto_request
+from nemo_telemetry.analysis._otlp_wire import decode_batch
 from nemo_telemetry.analysis.dataset import (
     DatasetWriter,
     SpanDeduplicator,
@@ -46,6 +46,7 @@ __all__ = [
 Source = Union[str, Path, Iterable[Union[str, Path]]]
 ProgressCallback = Callable[[int, int], None]
 BATCH_SPANS = 1 << 16  # spans decoded before a batch is converted and written
+BATCH_PROTOBUF_BYTES = 16 << 20  # protobuf requests held before they are decoded together
 
 
 class IngestWarning(UserWarning):
@@ -93,6 +94,8 @@ class _Pipeline:
     runs: set = field(default_factory=set)
     warnings: list = field(default_factory=list)
     bytes_before: int = 0
+    protobuf: list = field(default_factory=list)  # (where, payload) waiting for decode_batch
+    protobuf_bytes: int = 0
 
     def add_file(self, path: Path, fmt: str | None) -> None:
         self.counts["files"] += 1
@@ -113,26 +116,36 @@ class _Pipeline:
         elif kind == "rejected":
             self.reject(where, str(payload))
         else:
-            try:
-                if isinstance(payload, (bytes, bytearray, memoryview)):
-                    decode_proto_request(bytes(payload), self.cols)
-                else:
+            if isinstance(payload, (bytes, bytearray, memoryview)):
+                self.protobuf.append((where, bytes(payload)))
+                self.protobuf_bytes += len(payload)
+            else:
+                try:
                     decode_json_request(payload, self.cols)
-            except ValueError as exc:
-                self.reject(where, str(exc))
-        if len(self.cols) >= self.batch_spans:
+                except ValueError as exc:
+                    self.reject(where, str(exc))
+        if len(self.cols) >= self.batch_spans or self.protobuf_bytes >= BATCH_PROTOBUF_BYTES:
             self.flush(where)
 
     def reject(self, where: str, problem: str, count: int = 1) -> None:
         self.counts["rejected_records"] += count
         self.warnings.append(f"{where}: {problem}")
 
+    def _decoded(self) -> OtlpTables:
+        parts = [self.cols.to_tables()] if len(self.cols) else []
+        if self.protobuf:
+            tables, rejected = decode_batch([payload for _, payload in self.protobuf])
+            for index, problem in rejected:
+                self.reject(self.protobuf[index][0], problem)
+            parts.append(tables)
+        self.cols, self.protobuf, self.protobuf_bytes = SpanColumns(), [], 0
+        return OtlpTables.concat(parts)
+
     def flush(self, where: str = "") -> None:
-        if not len(self.cols):
+        if not len(self.cols) and not self.protobuf:
             return
-        tables = _drop_malformed_ids(self.cols.to_tables(), lambda n: self.reject(
+        tables = _drop_malformed_ids(self._decoded(), lambda n: self.reject(
             where or "input", f"{n} span(s) with malformed trace/span ids dropped", n))
-        self.cols = SpanColumns()
         written = self.sink(tables)
         spans = written.spans
         self.counts["duplicates_dropped"] += tables.spans.num_rows - spans.num_rows

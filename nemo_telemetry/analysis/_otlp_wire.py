@@ -1,0 +1,193 @@
+"""Batches of serialized ``ExportTraceServiceRequest`` straight into Arrow columns.
+
+upb parses a request fast, but reading a million spans back out through Python attribute
+access costs ~10 µs a span. Instead a compiled walk (:mod:`._wire_kernel`, numba) records
+where each field's bytes are; here Arrow cuts the strings out of the buffer in bulk, ids become
+hex through a lookup table, and only rare values (doubles, bytes, arrays, key-value lists,
+events, links, resources, scopes) go through upb one by one.
+
+Anything unusual (groups, a length past its message, an id of odd length, invalid UTF-8)
+raises :class:`WireError`; the caller then decodes request by request with upb, which names
+the bad record. Without numba every batch takes that path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, build_tables
+from nemo_telemetry.analysis._otlp_proto import _extend_attributes, _value_string, decode_proto_request
+
+__all__ = ["WireError", "decode_requests", "decode_batch"]
+
+_STRING, _BOOL, _INT, _DOUBLE = 1, 2, 3, 4
+
+
+class WireError(ValueError):
+    """The batch is not plain OTLP protobuf the fast path handles; decode it request by request."""
+
+
+def _kernel():
+    try:
+        from nemo_telemetry.analysis import _wire_kernel
+    except ImportError as exc:  # numba missing or broken: the upb path still works
+        raise WireError(f"fast protobuf path unavailable ({exc})") from None
+    return _wire_kernel
+
+
+def decode_requests(payloads: list[bytes]) -> OtlpTables:
+    """The tables of several serialized requests; ``WireError`` when the fast path cannot."""
+    k = _kernel()
+    buffer = b"".join(payloads)
+    data = np.frombuffer(buffer, dtype=np.uint8)
+    sizes = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    none = np.zeros((0, 0), dtype=np.int64)
+    counts = k.walk(data, starts, ends, none, none, none, none, none, none, False)
+    _check(counts)
+    n, n_attrs, n_res, n_scopes, n_events, n_links = counts[:6]
+    spans = np.zeros((k.SPAN_COLUMNS, n), dtype=np.int64)
+    attrs = np.zeros((k.ATTR_COLUMNS, n_attrs), dtype=np.int64)
+    side = [np.zeros((count, k.SIDE_COLUMNS), dtype=np.int64) for count in (n_res, n_scopes, n_events, n_links)]
+    _check(k.walk(data, starts, ends, spans, attrs, *side, True))
+    if n == 0:
+        return OtlpTables.empty()
+    return _assemble(k, buffer, data, spans, attrs, *side)
+
+
+def _check(result: tuple) -> None:
+    if result[6] < 0:
+        problem = "a field runs past its message" if result[6] == -1 else "an unsupported wire type"
+        raise WireError(f"request {result[7]}: {problem}")
+
+
+def _assemble(k, buffer: bytes, data: np.ndarray, spans, attrs, resources, scopes, events, links) -> OtlpTables:
+    extras = SpanColumns()
+    extras.resources.extend(_resources(buffer, resources))
+    extras.scopes.extend(_scopes(buffer, scopes))
+    _events_and_links(buffer, events, links, extras)
+    trace_id, trace_key = _hex_ids(k, data, spans[k.TRACE_S], spans[k.TRACE_N], 16)
+    span_id, span_key = _hex_ids(k, data, spans[k.SPAN_S], spans[k.SPAN_N], 8)
+    parent_id, parent_key = _hex_ids(k, data, spans[k.PARENT_S], spans[k.PARENT_N], 8)
+    arrays = SpanArrays(
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=parent_id,
+        trace_state=_strings(k, data, spans[k.STATE_S], spans[k.STATE_N]),
+        name=_strings(k, data, spans[k.NAME_S], spans[k.NAME_N]),
+        kind=pa.array(spans[k.KIND]),
+        start_ns=pa.array(spans[k.START]),
+        end_ns=pa.array(spans[k.END]),
+        status_code=pa.array(spans[k.CODE]),
+        status_message=_strings(k, data, spans[k.MSG_S], spans[k.MSG_N]),
+        scope_index=pa.array(spans[k.SCOPE].astype(np.int32)),
+        resource_index=pa.array(spans[k.RESOURCE].astype(np.int32)),
+        attr_counts=spans[k.ATTR_COUNT],
+        attr_keys=_strings(k, data, attrs[k.KEY_S], attrs[k.KEY_N]),
+        attr_values=_values(k, buffer, data, attrs),
+        id_keys=(trace_key, span_key, parent_key),
+    )
+    return build_tables(arrays, extras)
+
+
+def _strings(k, data: np.ndarray, start: np.ndarray, length: np.ndarray) -> pa.Array:
+    """``buffer[start:start + length]`` of each element as a string array (UTF-8 checked)."""
+    offsets, chars = k.gather(data, np.ascontiguousarray(start), np.ascontiguousarray(length))
+    strings = pa.Array.from_buffers(pa.large_string(), start.size, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
+    try:
+        strings.validate(full=True)
+    except pa.ArrowInvalid as exc:
+        raise WireError(f"invalid UTF-8 in a string field ({exc})") from None
+    return strings
+
+
+def _hex_ids(k, data: np.ndarray, start: np.ndarray, length: np.ndarray, width: int) -> tuple[pa.Array, np.ndarray]:
+    """Lowercase hex of each id ("" where absent) and its uint64 key; ``WireError`` for odd lengths."""
+    offsets, text, keys, ok = k.hex_ids(data, np.ascontiguousarray(start), np.ascontiguousarray(length), width)
+    if not ok:
+        raise WireError("an id of unexpected length")
+    return pa.Array.from_buffers(pa.large_string(), start.size, [None, pa.py_buffer(offsets), pa.py_buffer(text)]), keys
+
+
+def _values(k, buffer: bytes, data: np.ndarray, attrs: np.ndarray) -> pa.Array:
+    """The schema's string for each AnyValue: strings cut, ints and bools cast, the rest by upb."""
+    kind = attrs[k.VTYPE]
+    order = np.zeros(kind.size, dtype=np.int64)
+    parts: list[pa.Array] = []
+    done = 0
+
+    def add(mask: np.ndarray, strings: pa.Array) -> None:
+        nonlocal done
+        order[mask] = done + np.arange(len(strings))
+        parts.append(strings)
+        done += len(strings)
+
+    is_str = kind == _STRING
+    add(is_str, _strings(k, data, attrs[k.VAL_S][is_str], attrs[k.VAL_N][is_str]))
+    is_int = kind == _INT
+    add(is_int, pa.array(attrs[k.VAL_INT][is_int]).cast(pa.large_string()))
+    is_bool = kind == _BOOL
+    add(is_bool, pa.array(attrs[k.VAL_INT][is_bool] != 0).cast(pa.large_string()))
+    rare = kind >= _DOUBLE
+    bounds = zip(attrs[k.ANY_S][rare].tolist(), (attrs[k.ANY_S] + attrs[k.ANY_N])[rare].tolist())
+    add(rare, pa.array([_value_string(AnyValue.FromString(buffer[s:e])) for s, e in bounds], pa.large_string()))
+    absent = kind == 0
+    add(absent, pa.nulls(int(absent.sum()), pa.large_string()))
+    return pa.concat_arrays(parts).take(pa.array(order))
+
+
+def _resources(buffer: bytes, records: np.ndarray) -> list[dict]:
+    out = []
+    for start, length, _ in records.tolist():
+        resource = Resource.FromString(buffer[start : start + length])
+        out.append({kv.key: _value_string(kv.value) for kv in resource.attributes})
+    return out
+
+
+def _scopes(buffer: bytes, records: np.ndarray) -> list[tuple]:
+    out = []
+    for start, length, _ in records.tolist():
+        scope = InstrumentationScope.FromString(buffer[start : start + length])
+        out.append((scope.name or None, scope.version or None))
+    return out
+
+
+def _events_and_links(buffer: bytes, events: np.ndarray, links: np.ndarray, extras: SpanColumns) -> None:
+    """Events and links are rare in RL traces: upb parses each one."""
+    for owner, start, length in events.tolist():
+        event = Span.Event.FromString(buffer[start : start + length])
+        extras.event_span.append(owner)
+        extras.event_time.append(event.time_unix_nano)
+        extras.event_name.append(event.name)
+        _extend_attributes(extras.event_attrs, [event.attributes])
+    for owner, start, length in links.tolist():
+        link = Span.Link.FromString(buffer[start : start + length])
+        extras.link_span.append(owner)
+        extras.link_trace_id.append(link.trace_id)
+        extras.link_span_id.append(link.span_id)
+        extras.link_trace_state.append(link.trace_state)
+        _extend_attributes(extras.link_attrs, [link.attributes])
+
+
+def decode_batch(payloads: list[bytes]) -> tuple[OtlpTables, list[tuple[int, str]]]:
+    """Decode serialized requests, fast path first; also (index, problem) of each bad one.
+
+    When the fast path cannot take the batch, upb decodes it request by request, so one bad
+    request is rejected and named while the others are kept.
+    """
+    try:
+        return decode_requests(payloads), []
+    except WireError:
+        pass
+    cols, rejected = SpanColumns(), []
+    for index, payload in enumerate(payloads):
+        try:
+            decode_proto_request(payload, cols)
+        except ValueError as exc:
+            rejected.append((index, str(exc)))
+    return cols.to_tables(), rejected

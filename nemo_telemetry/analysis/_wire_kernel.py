@@ -1,0 +1,300 @@
+"""The protobuf walk of ``ExportTraceServiceRequest`` batches, compiled with numba.
+
+One sequential pass over the bytes records, per span and per attribute, where each field's
+value lies in the buffer (offset and length) or its integer value; nothing else. Python then
+cuts strings and converts columns in bulk (``_otlp_wire``). Run twice: once to count, once
+to fill arrays of exactly the right size.
+
+Field numbers are from ``opentelemetry/proto/{collector/trace,trace,common,resource}/v1``.
+An error returns a negative code and the caller falls back to upb request by request.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# error codes
+OK = 0
+E_TRUNCATED = -1  # a length or varint runs past its message
+E_WIRE_TYPE = -2  # groups (3, 4) or an unknown wire type
+
+# span columns: rows of an int64 (SPAN_COLUMNS, spans) matrix, so each column is contiguous
+(TRACE_S, TRACE_N, SPAN_S, SPAN_N, PARENT_S, PARENT_N, STATE_S, STATE_N, NAME_S, NAME_N, KIND,
+ START, END, CODE, MSG_S, MSG_N, SCOPE, RESOURCE, ATTR_FIRST, ATTR_COUNT) = range(20)
+SPAN_COLUMNS = 20
+# Span fields 1-5 (trace_id, span_id, trace_state, parent_span_id, name): their start columns
+_ID_COLUMNS = np.array([TRACE_S, SPAN_S, STATE_S, PARENT_S, NAME_S], dtype=np.int64)
+# attribute columns: rows of an (ATTR_COLUMNS, attributes) matrix
+KEY_S, KEY_N, VTYPE, VAL_S, VAL_N, VAL_INT, ANY_S, ANY_N = range(8)
+ATTR_COLUMNS = 8
+# side records: resources and scopes (start, length, owner), events and links (span, start, length)
+SIDE_COLUMNS = 3
+
+
+@njit(cache=True, nogil=True)
+def _varint(buf, pos, end):
+    """(value, next position); next position -1 when it runs past ``end``."""
+    result = np.uint64(0)
+    shift = np.uint64(0)
+    pos = np.int64(pos)
+    while pos < end:
+        byte = np.uint64(buf[pos])
+        pos += np.int64(1)
+        result |= (byte & np.uint64(0x7F)) << shift
+        if byte < np.uint64(0x80):
+            return result, pos
+        shift += np.uint64(7)
+        if shift > np.uint64(63):
+            return result, np.int64(-1)
+    return result, np.int64(-1)
+
+
+@njit(cache=True, nogil=True)
+def _field(buf, pos, end):
+    """(number, wire type, value start, value end, varint value, next position or error)."""
+    zero = np.int64(0)
+    tag, pos = _varint(buf, pos, end)
+    if pos < 0:
+        return zero, zero, zero, zero, np.uint64(0), np.int64(E_TRUNCATED)
+    wire = np.int64(tag & np.uint64(7))
+    number = np.int64(tag >> np.uint64(3))
+    if wire == 0:
+        value, nxt = _varint(buf, pos, end)
+        if nxt < 0:
+            return zero, zero, zero, zero, np.uint64(0), np.int64(E_TRUNCATED)
+        return number, wire, pos, nxt, value, nxt
+    if wire == 2:
+        length, start = _varint(buf, pos, end)
+        stop = start + np.int64(length)
+        if start < 0 or length > np.uint64(end) or stop > end:
+            return zero, zero, zero, zero, np.uint64(0), np.int64(E_TRUNCATED)
+        return number, wire, start, stop, length, stop
+    if wire == 1 or wire == 5:
+        stop = pos + (np.int64(8) if wire == 1 else np.int64(4))
+        if stop > end:
+            return zero, zero, zero, zero, np.uint64(0), np.int64(E_TRUNCATED)
+        return number, wire, pos, stop, np.uint64(0), stop
+    return zero, zero, zero, zero, np.uint64(0), np.int64(E_WIRE_TYPE)
+
+
+@njit(cache=True, nogil=True)
+def _fixed64(buf, pos):
+    value = np.uint64(0)
+    for k in range(8):
+        value |= np.uint64(buf[pos + k]) << np.uint64(8 * k)
+    return np.int64(value)
+
+
+@njit(cache=True, nogil=True)
+def _any_value(buf, start, end, attrs, a):
+    """Fill attribute row ``a`` from the AnyValue message ``[start, end)``."""
+    attrs[ANY_S, a] = start
+    attrs[ANY_N, a] = end - start
+    pos = start
+    while pos < end:
+        number, wire, vs, ve, value, pos = _field(buf, pos, end)
+        if pos < 0:
+            return pos
+        attrs[VTYPE, a] = number if 1 <= number <= 7 else 0
+        attrs[VAL_S, a] = vs
+        attrs[VAL_N, a] = ve - vs
+        if wire == 0:
+            attrs[VAL_INT, a] = np.int64(value)
+        elif wire == 1:
+            attrs[VAL_INT, a] = _fixed64(buf, vs)
+    return OK
+
+
+@njit(cache=True, nogil=True)
+def _key_value(buf, start, end, attrs, a):
+    attrs[KEY_S, a] = start
+    attrs[ANY_S, a] = start
+    pos = start
+    while pos < end:
+        number, wire, vs, ve, value, pos = _field(buf, pos, end)
+        if pos < 0:
+            return pos
+        if number == 1 and wire == 2:
+            attrs[KEY_S, a] = vs
+            attrs[KEY_N, a] = ve - vs
+        elif number == 2 and wire == 2:
+            err = _any_value(buf, vs, ve, attrs, a)
+            if err < 0:
+                return err
+    return OK
+
+
+@njit(cache=True, nogil=True)
+def _status(buf, start, end, spans, i):
+    pos = start
+    while pos < end:
+        number, wire, vs, ve, value, pos = _field(buf, pos, end)
+        if pos < 0:
+            return pos
+        if number == 2 and wire == 2:
+            spans[MSG_S, i] = vs
+            spans[MSG_N, i] = ve - vs
+        elif number == 3 and wire == 0:
+            spans[CODE, i] = np.int64(value)
+    return OK
+
+
+@njit(cache=True, nogil=True)
+def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln, fill):
+    """Walk one Span; returns (attributes seen, events seen, links seen, error)."""
+    if fill:
+        for column in _ID_COLUMNS:
+            spans[column, i] = start  # absent: an empty cut at the span's start keeps order
+        spans[MSG_S, i] = start
+        spans[ATTR_FIRST, i] = a
+    n_attrs = 0
+    n_events = 0
+    n_links = 0
+    pos = start
+    while pos < end:
+        number, wire, vs, ve, value, pos = _field(buf, pos, end)
+        if pos < 0:
+            return n_attrs, n_events, n_links, pos
+        if number == 9 and wire == 2:
+            if fill:
+                err = _key_value(buf, vs, ve, attrs, a + n_attrs)
+                if err < 0:
+                    return n_attrs, n_events, n_links, err
+            n_attrs += 1
+        elif number == 11 and wire == 2:
+            if fill:
+                events[e + n_events, 0] = i
+                events[e + n_events, 1] = vs
+                events[e + n_events, 2] = ve - vs
+            n_events += 1
+        elif number == 13 and wire == 2:
+            if fill:
+                links[ln + n_links, 0] = i
+                links[ln + n_links, 1] = vs
+                links[ln + n_links, 2] = ve - vs
+            n_links += 1
+        elif not fill:
+            continue
+        elif wire == 2 and 1 <= number <= 5:
+            column = _ID_COLUMNS[number - 1]
+            spans[column, i] = vs
+            spans[column + 1, i] = ve - vs
+        elif number == 6 and wire == 0:
+            spans[KIND, i] = np.int64(value)
+        elif number == 7 and wire == 1:
+            spans[START, i] = _fixed64(buf, vs)
+        elif number == 8 and wire == 1:
+            spans[END, i] = _fixed64(buf, vs)
+        elif number == 15 and wire == 2:
+            err = _status(buf, vs, ve, spans, i)
+            if err < 0:
+                return n_attrs, n_events, n_links, err
+    if fill:
+        spans[ATTR_COUNT, i] = n_attrs
+    return n_attrs, n_events, n_links, OK
+
+
+@njit(cache=True, nogil=True)
+def walk(buf, starts, ends, spans, attrs, resources, scopes, events, links, fill):
+    """Count (``fill`` False) or record (``fill`` True) every span of every request.
+
+    Returns (spans, attributes, resource spans, scope spans, events, links, error, error
+    request index).
+    """
+    i = a = r = s = e = ln = 0
+    for request in range(starts.size):
+        pos, end = starts[request], ends[request]
+        while pos < end:
+            number, wire, rs_start, rs_end, value, pos = _field(buf, pos, end)
+            if pos < 0:
+                return i, a, r, s, e, ln, pos, request
+            if number != 1 or wire != 2:
+                continue
+            rpos = rs_start
+            if fill:
+                resources[r, 0] = rs_start
+                resources[r, 1] = 0
+                resources[r, 2] = request
+            while rpos < rs_end:
+                number, wire, ss_start, ss_end, value, rpos = _field(buf, rpos, rs_end)
+                if rpos < 0:
+                    return i, a, r, s, e, ln, rpos, request
+                if number == 1 and wire == 2 and fill:
+                    resources[r, 0] = ss_start
+                    resources[r, 1] = ss_end - ss_start
+                if number != 2 or wire != 2:
+                    continue
+                if fill:
+                    scopes[s, 0] = ss_start
+                    scopes[s, 1] = 0
+                    scopes[s, 2] = r
+                spos = ss_start
+                while spos < ss_end:
+                    number, wire, vs, ve, value, spos = _field(buf, spos, ss_end)
+                    if spos < 0:
+                        return i, a, r, s, e, ln, spos, request
+                    if number == 1 and wire == 2 and fill:
+                        scopes[s, 0] = vs
+                        scopes[s, 1] = ve - vs
+                    if number != 2 or wire != 2:
+                        continue
+                    if fill:
+                        spans[SCOPE, i] = s
+                        spans[RESOURCE, i] = r
+                    na, ne, nl, err = _span(buf, vs, ve, spans, i, attrs, a, events, e, links, ln, fill)
+                    if err < 0:
+                        return i, a, r, s, e, ln, err, request
+                    i += 1
+                    a += na
+                    e += ne
+                    ln += nl
+                s += 1
+            r += 1
+    return i, a, r, s, e, ln, OK, -1
+
+
+@njit(cache=True, nogil=True)
+def gather(buf, starts, lengths):
+    """Copy ``buf[start:start + length]`` of each element into one buffer: (offsets, data)."""
+    n = starts.size
+    offsets = np.empty(n + 1, dtype=np.int64)
+    offsets[0] = 0
+    for i in range(n):
+        offsets[i + 1] = offsets[i] + lengths[i]
+    data = np.empty(offsets[n], dtype=np.uint8)
+    for i in range(n):
+        start, out = starts[i], offsets[i]
+        for j in range(lengths[i]):
+            data[out + j] = buf[start + j]
+    return offsets, data
+
+
+@njit(cache=True, nogil=True)
+def hex_ids(buf, starts, lengths, width):
+    """Lowercase hex of each id of ``width`` bytes ("" when absent) and its first 8 bytes as a
+    big-endian uint64 key (0 when absent). Returns (offsets, hex, keys, ok); ``ok`` is False
+    when an id has another length."""
+    digits = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+    n = starts.size
+    offsets = np.empty(n + 1, dtype=np.int64)
+    offsets[0] = 0
+    for i in range(n):
+        offsets[i + 1] = offsets[i] + (2 * width if lengths[i] == width else 0)
+        if lengths[i] != width and lengths[i] != 0:
+            return offsets, np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.uint64), False
+    text = np.empty(offsets[n], dtype=np.uint8)
+    keys = np.zeros(n, dtype=np.uint64)
+    for i in range(n):
+        if lengths[i] == 0:
+            continue
+        start, out = starts[i], offsets[i]
+        key = np.uint64(0)
+        for j in range(width):
+            byte = buf[start + j]
+            text[out + 2 * j] = digits[byte >> 4]
+            text[out + 2 * j + 1] = digits[byte & 15]
+            if j < 8:
+                key = (key << np.uint64(8)) | np.uint64(byte)
+        keys[i] = key
+    return offsets, text, keys, True
