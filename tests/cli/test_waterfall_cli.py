@@ -155,3 +155,13 @@ def test_help_has_an_example():
                                           (7_890_000_000, "7.89s"), (185 * S, "3m05s"), (3720 * S, "1h02m")])
 def test_durations_read_in_the_unit_a_person_uses(ns, text):
     assert format_duration(ns) == text
+
+
+def test_control_characters_in_span_data_never_reach_the_terminal():
+    records = [span(1, "evil\x1b[2J\x1b]0;pwned\x07name", 0, 1, attributes={"rl.weight_version": "1\n2"})]
+
+    text = render(waterfall(spans_table(records)))
+
+    assert "\x1b" not in text and "\x07" not in text
+    assert "evil\ufffd[2J\ufffd]0;pwned\ufffdname" in text
+    assert "rl.weight_version=1\ufffd2" in text
