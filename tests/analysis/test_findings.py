@@ -1,0 +1,267 @@
+"""check_run: one hand-built trace per finding code, and the traces that must raise none."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from nemo_telemetry.analysis import spans_table
+from nemo_telemetry.analysis.findings import FINDING_CODES, SPAN_GROUPS_ATTRIBUTE, check_run
+
+S = 1_000_000_000
+
+
+class Trace:
+    """Spans written down as (name, start s, end s, parent); ids are numbered in order."""
+
+    def __init__(self, trace: str = "a" * 32, run: str = "run-1") -> None:
+        self.trace, self.run, self.records = trace, run, []
+
+    def span(self, name: str, start: float, end: float, parent: str | None = None, **fields) -> str:
+        span_id = f"{len(self.records) + 1:016x}"
+        self.records.append({"trace_id": fields.pop("trace", self.trace), "span_id": span_id,
+                             "parent_span_id": parent, "name": name, "start_ns": round(start * S),
+                             "end_ns": round(end * S), "run_id": fields.pop("run", self.run), **fields})
+        return span_id
+
+    def table(self) -> pa.Table:
+        return spans_table(self.records)
+
+
+def healthy_step(t: Trace, parent: str | None, i: int, at: float) -> str:
+    """A step fully covered by sequential bucketed leaves."""
+    step = t.span("rl.grpo.step", at, at + 10, parent, iteration=i)
+    t.span("rl.grpo.data_processing", at, at + 1, step, iteration=i, bucket="overhead")
+    t.span("rl.vllm.generate", at + 1, at + 6, step, iteration=i, bucket="productive")
+    t.span("rl.grpo.policy_training", at + 6, at + 10, step, iteration=i, bucket="productive")
+    return step
+
+
+def codes(report) -> list[str]:
+    return sorted(f.code for f in report.findings)
+
+
+def only(report, code: str):
+    found = [f for f in report.findings if f.code == code]
+    assert len(found) == 1, report.findings
+    return found[0]
+
+
+def test_a_healthy_run_with_a_late_checkpoint_finalize_has_no_findings():
+    t = Trace()
+    job = t.span("rl.grpo.job", 0, 40)
+    s1 = healthy_step(t, job, 1, 0)
+    stage = t.span("rl.grpo.checkpointing", 9.5, 10, s1, iteration=1, bucket="overhead")
+    t.records[-2]["end_ns"] = int(9.5 * S)  # training ends where staging starts
+    t.span("rl.checkpoint.finalize", 9.6, 27, stage, iteration=1)  # ends two steps later
+    healthy_step(t, job, 2, 10)
+    healthy_step(t, job, 3, 20)
+    report = check_run(t.table())
+    assert report.findings == ()
+    assert report.counts["error"] == report.counts["warning"] == report.counts["info"] == 0
+    assert set(report.counts["by_code"]) == set(FINDING_CODES)
+    assert not report.has("info")
+
+
+def test_concurrent_generate_spans_are_a_bucketed_overlap():
+    t = Trace()
+    step = t.span("rl.grpo.step", 0, 10, iteration=5)
+    first = t.span("rl.vllm.generate", 0, 6, step, iteration=5, bucket="productive")
+    second = t.span("rl.vllm.generate", 4, 10, step, iteration=5, bucket="productive")
+    f = only(check_run(t.table()), "bucketed-overlap")
+    assert f.severity == "error" and f.iteration == 5 and f.run_id == "run-1"
+    assert set(f.span_ids) == {first, second} and f.trace_id == "a" * 32
+    assert "2.000 s is counted twice" in f.message
+    assert "bucket-exceeds-wall" in codes(check_run(t.table()))  # 12 s of buckets in a 10 s step
+
+
+def test_bucketed_span_under_bucketed_ancestor_is_nested():
+    t = Trace()
+    step = t.span("rl.grpo.step", 0, 10, iteration=1)
+    outer = t.span("rl.grpo.policy_training", 0, 10, step, iteration=1, bucket="productive")
+    call = t.span("rl.policy.train", 1, 9, outer, service_name="worker")  # unbucketed in between
+    inner = t.span("rl.data_plane.get", 1, 2, call, service_name="worker", bucket="overhead")
+    f = only(check_run(t.table()), "nested-bucket")
+    assert f.span_ids == (inner,) and f.iteration == 1 and "rl.grpo.policy_training" in f.message
+
+
+def test_bucket_on_an_umbrella_or_declared_unbucketed_name():
+    t = Trace()
+    step = t.span("rl.grpo.step", 0, 10, iteration=1, bucket="productive")  # step: umbrella group only
+    t.span("rl.grpo.policy_training", 0, 10, step, iteration=1)
+    t.span("rl.checkpoint.finalize", 5, 20, step, iteration=1, bucket="overhead")  # declared unbucketed
+    t.span("rl.idle.wait", 1, 2, step, iteration=1, bucket="idle", efficiency_category="idle/refit_event_wait")
+    report = check_run(t.table())
+    found = {f.message.split("'")[1]: f for f in report.findings if f.code == "umbrella-bucket"}
+    assert set(found) == {"rl.grpo.step", "rl.checkpoint.finalize", "rl.idle.wait"}
+    assert "only umbrella groups claim" in found["rl.grpo.step"].message
+    assert "declares it unbucketed" in found["rl.checkpoint.finalize"].message
+    assert all(f.severity == "error" for f in found.values())
+
+
+def test_bucket_sum_past_the_wall():
+    t = Trace()
+    step = t.span("rl.grpo.step", 0, 10, iteration=2)
+    t.span("rl.grpo.checkpointing", 0, 12, step, iteration=2, bucket="overhead")  # runs past the step
+    f = only(check_run(t.table()), "bucket-exceeds-wall")
+    assert f.iteration == 2 and f.span_ids == (step,)
+    assert "bucketed-overlap" not in codes(check_run(t.table()))
+
+
+def test_unknown_bucket_value():
+    t = Trace()
+    step = t.span("rl.grpo.step", 0, 10, iteration=1)
+    t.span("rl.grpo.policy_training", 0, 10, step, iteration=1, bucket="useful")
+    f = only(check_run(t.table()), "unknown-bucket")
+    assert "'useful'" in f.message and "productive" in f.message and f.severity == "error"
+
+
+def test_unstamped_bucketed_span():
+    t = Trace()
+    t.span("rl.grpo.step", 0, 10, iteration=1)
+    lone = t.span("rl.vllm.generate", 2, 3, bucket="productive", trace="b" * 32)
+    report = check_run(t.table())
+    f = only(report, "unstamped-span")
+    assert f.span_ids == (lone,) and f.iteration is None and f.severity == "warning"
+
+
+def test_orphan_span_names_a_parent_not_in_the_data():
+    t = Trace()
+    step = t.span("rl.grpo.step", 0, 10, iteration=1)
+    t.span("rl.grpo.policy_training", 0, 10, step, iteration=1, bucket="productive")
+    lost = t.span("rl.policy.train", 1, 2, "00000000deadbeef")
+    f = only(check_run(t.table()), "orphan-span")
+    assert f.span_ids == (lost,) and f.trace_id == "a" * 32
+
+
+def test_a_parent_in_another_trace_does_not_count():
+    t = Trace()
+    step = t.span("rl.grpo.step", 0, 10, iteration=1)
+    t.span("rl.grpo.policy_training", 0, 10, step, iteration=1, bucket="productive")
+    t.span("rl.policy.train", 1, 2, step, trace="c" * 32)  # right span id, wrong trace
+    assert "orphan-span" in codes(check_run(t.table()))
+
+
+def test_async_collector_batch_in_its_own_trace_is_detached():
+    t = Trace()
+    job = t.span("rl.grpo.job", 0, 30)
+    healthy_step(t, job, 1, 0)
+    batch = t.span("rl.grpo.generation", 2, 8, trace="c" * 32, service_name="collector")
+    t.span("rl.idle.generation_limit_pause", 3, 4, batch, trace="c" * 32, service_name="collector",
+           efficiency_category="idle/generation_limit_pause")
+    # Startup and worker model loads are separate traces by design: not detached.
+    startup = t.span("rl.startup", -10, -1, trace="d" * 32)
+    t.span("rl.setup.ray_init", -10, -8, startup, trace="d" * 32)
+    t.span("rl.vllm.load_model", -8, -2, trace="e" * 32, service_name="vllm_worker")
+    f = only(check_run(t.table()), "detached-trace")
+    assert f.trace_id == "c" * 32 and f.span_ids == (batch,)
+    assert "current_trace_carrier" in f.message and "a" * 32 in f.message
+
+
+def test_no_trace_is_detached_when_the_run_has_no_job_or_step_at_all():
+    t = Trace()
+    t.span("rl.grpo.generation", 2, 8, service_name="collector")
+    t.span("rl.grpo.generation", 2, 8, trace="c" * 32, service_name="collector")
+    assert "detached-trace" not in codes(check_run(t.table()))
+
+
+def test_unattributed_step_time_past_the_threshold():
+    t = Trace()
+    step = t.span("rl.grpo.step", 0, 10, iteration=3)
+    t.span("rl.grpo.policy_training", 0, 7, step, iteration=3, bucket="productive")
+    f = only(check_run(t.table()), "unattributed-step-time")
+    assert f.iteration == 3 and "30%" in f.message
+    assert "unattributed-step-time" not in codes(check_run(t.table(), unattributed_threshold=0.35))
+
+
+def resources(groups: str, **extra) -> dict:
+    return {"resource_attributes": {SPAN_GROUPS_ATTRIBUTE: groups, "rl.algorithm": "grpo", **extra}}
+
+
+def test_missing_group_spans_takes_the_union_over_the_runs_processes():
+    t = Trace()
+    driver = resources("step,generation,reward,policy_update")
+    step = t.span("rl.grpo.step", 0, 10, iteration=1, **driver)
+    t.span("rl.grpo.policy_training", 0, 10, step, iteration=1, bucket="productive", **driver)
+    # A worker that emits only its own leaves is not a gap: its groups are part of the union.
+    t.span("rl.grpo.reward_calculation", 1, 2, step, service_name="reward_worker", **resources("reward"))
+    report = check_run(t.table())
+    missing = {f.message.split("'")[1]: f for f in report.findings if f.code == "missing-group-spans"}
+    assert set(missing) == {"generation"}
+    assert missing["generation"].severity == "info" and "known coverage gap" in missing["generation"].message
+    assert missing["generation"].run_id == "run-1" and missing["generation"].span_ids == ()
+
+
+def test_missing_group_without_a_known_gap_is_a_warning_and_sft_never_opens_logprob():
+    t = Trace()
+    res = resources("step,advantage,logprob")
+    t.span("rl.grpo.step", 0, 10, iteration=1, **res)
+    report = check_run(t.table())
+    missing = {f.message.split("'")[1]: f.severity for f in report.findings if f.code == "missing-group-spans"}
+    assert missing == {"advantage": "warning", "logprob": "warning"}
+    sft = Trace()
+    sft.span("rl.sft.step", 0, 10, iteration=1, **resources("step,logprob"))
+    f = only(check_run(sft.table()), "missing-group-spans")
+    assert f.severity == "info" and "rl.sft runs never open logprob" in f.message
+
+
+def test_invalid_interval():
+    t = Trace()
+    step = t.span("rl.grpo.step", 0, 10, iteration=1)
+    t.span("rl.grpo.policy_training", 0, 10, step, iteration=1, bucket="productive")
+    bad = t.span("rl.grpo.reward_calculation", 5, 4, step, iteration=1)
+    f = only(check_run(t.table()), "invalid-interval")
+    assert f.span_ids == (bad,) and f.severity == "error" and f.iteration == 1
+
+
+def test_step_time_outlier_is_info_and_names_the_bucket():
+    t = Trace()
+    at = 0.0
+    for i, idle in enumerate([0, 0, 0, 0, 12], start=1):
+        step = t.span("rl.grpo.step", at, at + 10 + idle, iteration=i)
+        t.span("rl.grpo.policy_training", at, at + 10, step, iteration=i, bucket="productive")
+        t.span("rl.idle.buffer_starvation", at + 10, at + 10 + idle, step, iteration=i, bucket="idle")
+        at += 10 + idle
+    report = check_run(t.table())
+    f = only(report, "step-time-outlier")
+    assert f.severity == "info" and f.iteration == 5 and "idle grew most" in f.message
+    assert report.has("info") and not report.has("warning")
+
+
+def test_span_ids_are_capped_and_findings_beyond_the_cap_still_count():
+    t = Trace()
+    for i in range(1, 6):
+        step = t.span("rl.grpo.step", 10 * i, 10 * i + 10, iteration=i)
+        for k in range(30):
+            t.span("rl.vllm.generate", 10 * i, 10 * i + 5, step, iteration=i, bucket="productive")
+    report = check_run(t.table(), max_span_ids=4, max_findings_per_code=2)
+    overlaps = [f for f in report.findings if f.code == "bucketed-overlap"]
+    assert len(overlaps) == 2 and all(len(f.span_ids) == 4 for f in overlaps)
+    assert "(and 26 more)" in overlaps[0].message
+    assert report.counts["by_code"]["bucketed-overlap"] == 5
+    assert report.counts["error"] == 10  # 5 overlaps + 5 steps over their wall
+
+
+def test_run_id_limits_the_findings_to_one_run():
+    a, b = Trace(trace="a" * 32, run="good"), Trace(trace="b" * 32, run="bad")
+    healthy_step(a, None, 1, 0)
+    step = b.span("rl.grpo.step", 0, 10, iteration=1)
+    b.span("rl.grpo.policy_training", 0, 10, step, iteration=1, bucket="bogus")
+    both = spans_table(a.records + b.records)
+    assert check_run(both, run_id="good").findings == ()
+    assert {f.run_id for f in check_run(both).findings} == {"bad"}
+
+
+def test_finding_dict_has_the_contract_keys():
+    t = Trace()
+    step = t.span("rl.grpo.step", 0, 10, iteration=1)
+    t.span("rl.grpo.policy_training", 0, 10, step, iteration=1, bucket="bogus")
+    data = check_run(t.table()).to_dict()
+    assert set(data) == {"findings", "counts"}
+    assert {"code", "severity", "message", "trace_id", "span_ids", "iteration"} <= set(data["findings"][0])
+
+
+@pytest.mark.parametrize("code", sorted(FINDING_CODES))
+def test_every_code_has_a_test_above(code):
+    source = open(__file__).read()
+    assert f'"{code}"' in source.split("def test_every_code_has_a_test_above")[0]
