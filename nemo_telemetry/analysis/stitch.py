@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.schema import ID_KEY_FIELDS
-from nemo_telemetry.analysis.tree import with_id_keys
+from nemo_telemetry.analysis.tree import hex_to_uint64, with_id_keys
 
 __all__ = ["stitch_vllm_spans", "REQUEST_SPAN", "GENERATE_SPANS", "STITCHED_KEY", "UNMATCHED_KEY", "AMBIGUOUS_KEY"]
 
@@ -57,7 +57,7 @@ def stitch_vllm_spans(spans: pa.Table, *, tolerance_ns: int = 0) -> pa.Table:
     rows = requests["row"].to_numpy()[matched]
     chosen = generates.iloc[match[matched]]
     ambiguous = chosen["overlaps"].to_numpy()
-    out = _reparent(spans, rows, chosen["trace_id"].to_numpy(), chosen["span_id"].to_numpy(), ambiguous)
+    out = _reparent(spans, rows, chosen["row"].to_numpy(), ambiguous)
     return _with_counts(out, len(rows), total - len(rows), int(ambiguous.sum()))
 
 
@@ -69,8 +69,6 @@ def _frame(spans: pa.Table, mask: pa.ChunkedArray, runs: pa.ChunkedArray) -> pd.
         "run_id": runs.take(take).to_pandas(),
         "start_ns": spans["start_ns"].take(take).to_numpy(),
         "end_ns": spans["end_ns"].take(take).to_numpy(),
-        "trace_id": spans["trace_id"].take(take).to_pandas(),
-        "span_id": spans["span_id"].take(take).to_pandas(),
     }).dropna(subset=["run_id"])
 
 
@@ -121,41 +119,66 @@ def _match_overlapping(requests: pd.DataFrame, g: pd.DataFrame, match: np.ndarra
             match[chunk["pos"].to_numpy()[found]] = gidx[latest[found]]
 
 
-def _reparent(spans: pa.Table, rows: np.ndarray, trace_ids: np.ndarray, span_ids: np.ndarray,
-              ambiguous: np.ndarray) -> pa.Table:
+def _reparent(spans: pa.Table, rows: np.ndarray, generate_rows: np.ndarray, ambiguous: np.ndarray) -> pa.Table:
+    """Move each request row (and the rest of its original trace) under its generate row."""
     n = spans.num_rows
-    old_trace = spans["trace_id"].combine_chunks()
-    moved_from = old_trace.take(pa.array(rows, pa.int64()))
+    trace_id = spans["trace_id"].combine_chunks()
+    trace_key = _trace_keys(trace_id)
     # every span of a stitched request's original trace moves to the generate span's trace
-    position = pc.index_in(old_trace, value_set=moved_from)
-    new_trace = pc.coalesce(pa.array(trace_ids, pa.string()).take(position), old_trace)
-    which = np.full(n, -1, dtype=np.int64)
-    which[rows] = np.arange(len(rows))
-    parent_of = pa.array(span_ids, pa.string()).take(pa.array(which, pa.int64(), mask=which < 0))
-    new_parent = pc.coalesce(parent_of, spans["parent_span_id"].combine_chunks())
+    moved_keys, first = np.unique(trace_key[rows], return_index=True)
+    found = pc.index_in(pa.array(trace_key), value_set=pa.array(moved_keys))  # hash join on the keys
+    moves = np.flatnonzero(pc.is_valid(found).to_numpy(zero_copy_only=False))
+    position = np.zeros(n, dtype=np.int64)
+    position[moves] = found.take(pa.array(moves)).to_numpy()
+    owner = rows[first[position[moves]]]  # the stitched request whose original trace each moving row is in
+    same = pc.equal(trace_id.take(pa.array(moves)), trace_id.take(pa.array(owner)))  # exact, not just the key
+    keep = pc.fill_null(same, False).to_numpy(zero_copy_only=False)
+    source = np.arange(n)
+    source[moves[keep]] = generate_rows[first[position[moves[keep]]]]
+    source[rows] = generate_rows  # each request its own generate's trace, whatever its trace shares
+    new_trace = trace_id.take(pa.array(source))
+    parent_row = np.full(n, -1, dtype=np.int64)
+    parent_row[rows] = generate_rows
+    span_id = spans["span_id"].combine_chunks()
+    new_parent = pc.coalesce(span_id.take(pa.array(parent_row, mask=parent_row < 0)),
+                             spans["parent_span_id"].combine_chunks())
     out = spans.set_column(spans.schema.get_field_index("trace_id"), spans.schema.field("trace_id"), new_trace)
     out = out.set_column(out.schema.get_field_index("parent_span_id"), out.schema.field("parent_span_id"),
                          new_parent)
-    attrs_index = out.schema.get_field_index("attributes")
-    added = _added_attributes(rows, moved_from, ambiguous)
-    out = out.set_column(attrs_index, out.schema.field("attributes"),
-                         _append_to_maps(out["attributes"].combine_chunks(), rows, *added))
+    count, keys, values = _added_attributes(trace_id.take(pa.array(rows)), ambiguous)
+    out = out.set_column(out.schema.get_field_index("attributes"), out.schema.field("attributes"),
+                         _append_to_maps(out["attributes"].combine_chunks(), rows, count, keys, values))
     if any(f.name in out.column_names for f in ID_KEY_FIELDS):
         out = with_id_keys(out.drop_columns([f.name for f in ID_KEY_FIELDS if f.name in out.column_names]))
     return out
 
 
-def _added_attributes(rows: np.ndarray, original: pa.Array, ambiguous: np.ndarray):
+def _trace_keys(trace_id: pa.Array) -> np.ndarray:
+    """One uint64 per 128-bit trace id, mixing both halves (ids padded from 64 bits differ only in the low half).
+
+    Equal ids give equal keys; the rare unequal ids with equal keys are told apart by the exact
+    comparison in ``_reparent``.
+    """
+    high = hex_to_uint64(trace_id)
+    low = hex_to_uint64(pc.utf8_slice_codeunits(trace_id, 16, 32))
+    with np.errstate(over="ignore"):
+        return high ^ (low * np.uint64(0x9E3779B97F4A7C15))
+
+
+_ADDED_KEYS = pa.array(["nemo.stitched", "nemo.stitched.original_trace_id", "nemo.stitch.ambiguous"])
+
+
+def _added_attributes(original: pa.Array, ambiguous: np.ndarray) -> tuple[np.ndarray, pa.Array, pa.Array]:
     """Entry counts per stitched row, and the flat keys and values to append, in row order."""
     count = np.where(ambiguous, 3, 2)
-    keys = np.empty(int(count.sum()), dtype=object)
-    values = np.empty(len(keys), dtype=object)
     first = np.r_[0, np.cumsum(count)][:-1]
-    keys[first], values[first] = "nemo.stitched", "true"
-    keys[first + 1] = "nemo.stitched.original_trace_id"
-    values[first + 1] = original.to_numpy(zero_copy_only=False)
-    keys[first[ambiguous] + 2], values[first[ambiguous] + 2] = "nemo.stitch.ambiguous", "true"
-    return count, pa.array(keys, pa.string()), pa.array(values, pa.string())
+    kind = np.zeros(int(count.sum()), dtype=np.int64)  # 0 stitched, 1 original trace id, 2 ambiguous
+    kind[first + 1] = 1
+    kind[first[ambiguous] + 2] = 2
+    value_index = np.zeros(len(kind), dtype=np.int64)  # 0: "true", 1 + k: original trace id of row k
+    value_index[first + 1] = 1 + np.arange(len(count))
+    values = pa.concat_arrays([pa.array(["true"]), original.cast(pa.string())]).take(pa.array(value_index))
+    return count, _ADDED_KEYS.take(pa.array(kind)), values
 
 
 def _append_to_maps(maps: pa.MapArray, rows: np.ndarray, count: np.ndarray, keys: pa.Array,
