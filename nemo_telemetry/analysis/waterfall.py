@@ -57,7 +57,8 @@ class Waterfall:
     """Display rows of one waterfall, in tree order, and the time window they cover.
 
     ``rows`` columns: ``depth``, ``parent`` (position of the parent row, -1 at top level),
-    ``span_row`` (row of the representative span in the input table), ids, ``name``,
+    ``span_row`` (row in the input table of the span the line stands for; for a collapsed line,
+    one of its members), ids, ``name``,
     ``run_id``, ``service_name``, ``rank``, ``start_ns`` / ``end_ns`` (for a collapsed row the
     earliest start and the latest end of its members), ``duration_ns`` (end - start),
     ``bucket``, ``iteration``, ``tags``, ``is_orphan``, ``is_step``, ``is_error``, ``count``
@@ -110,8 +111,8 @@ def waterfall(
         raise WaterfallError(f"depth must be 0 or more, got {depth}")
     table, input_rows = _select(spans, run_id=run_id, trace_id=trace_id)
     parents, levels = _tree(table)
-    critical = _critical_marks(table, parents)
     is_step = step_span_mask(table)
+    critical = _critical_marks(table, parents, is_step)
     orphan = _valid(table.column("parent_span_id")) & (parents < 0)
     if step is not None:
         keep = _iteration_trees(table, parents, levels, step)
@@ -301,10 +302,10 @@ def _walk_last_children(first: np.ndarray, last_child: np.ndarray) -> np.ndarray
     return np.concatenate(visited)
 
 
-def _critical_marks(table: pa.Table, parents: np.ndarray) -> np.ndarray:
+def _critical_marks(table: pa.Table, parents: np.ndarray, is_step: np.ndarray) -> np.ndarray:
     """Spans on the critical path of any step (per run and iteration, the last-ending step span)."""
     marks = np.zeros(table.num_rows, dtype=bool)
-    steps = np.nonzero(step_span_mask(table))[0]
+    steps = np.nonzero(is_step)[0]
     if steps.size == 0:
         return marks
     run_codes, _ = _codes(table.column("run_id"))

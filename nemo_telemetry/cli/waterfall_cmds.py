@@ -35,7 +35,9 @@ def waterfall_command(
     collapse: int = typer.Option(DEFAULT_COLLAPSE_THRESHOLD, "--collapse", min=1,
                                  help="Collapse more than this many same-name siblings into one line."),
     expand: bool = typer.Option(False, "--expand", help="Unfold every step instead of one line each."),
-    export: Optional[Path] = typer.Option(None, "--export", help="Write FILE.json (Perfetto) or FILE.html instead."),
+    export: Optional[Path] = typer.Option(
+        None, "--export", help="Write FILE.json (Perfetto) or FILE.html instead: every span of the selection "
+                               "(--run, --trace, --step); the other options shape the terminal view only."),
 ) -> None:
     """Show span trees with a time bar per span: by default the job's steps, one line each.
 
