@@ -39,6 +39,27 @@ def _without_telemetry_variables() -> dict[str, str]:
     return removed
 
 
+def _init_ray(ray) -> None:
+    """``ray.init`` for tests, tried twice: on an overloaded 2-core machine the raylet can miss its
+    fixed 30 s registration window once (a start-up timeout, not a behaviour under test)."""
+    options = dict(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=256 * 1024 * 1024,
+        namespace="nemo-telemetry-tests",
+        runtime_env={"env_vars": {"PYTHONPATH": _worker_pythonpath()}},
+        log_to_driver=True,
+        configure_logging=False,
+    )
+    try:
+        ray.init(**options)
+    except Exception as exc:
+        if "timed out during startup" not in str(exc):
+            raise
+        ray.shutdown()
+        ray.init(**options)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[object]:
     """A local Ray cluster (2 CPUs, no dashboard) for the whole session; yields the ``ray`` module."""
@@ -50,15 +71,7 @@ def ray_cluster() -> Iterator[object]:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     removed = _without_telemetry_variables()
     try:
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            object_store_memory=256 * 1024 * 1024,
-            namespace="nemo-telemetry-tests",
-            runtime_env={"env_vars": {"PYTHONPATH": _worker_pythonpath()}},
-            log_to_driver=True,
-            configure_logging=False,
-        )
+        _init_ray(ray)
     finally:
         os.environ.update(removed)
     try:
