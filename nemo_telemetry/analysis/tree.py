@@ -91,6 +91,7 @@ def parent_indices(spans: pa.Table) -> np.ndarray:
 
 
 _TRACE_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplying by it permutes uint64
+_SPAN_SPREAD = np.uint64(0xBF58476D1CE4E5B9)  # odd as well; used inside the parent join only
 
 
 def trace_mix(trace_key: np.ndarray) -> np.ndarray:
@@ -116,8 +117,11 @@ def _join_parents(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.nd
     ref_bit = np.uint64(1 << bits)
     high = ~(rows_mask | ref_bit)
     mixed_trace = trace_mix(trace_key)
-    own = span_key ^ mixed_trace
-    wanted = parent_key ^ mixed_trace
+    # Spread the span ids too: hand-built traces number spans 1, 2, 3..., which would leave
+    # every key of a trace with the same high bits and the walk-back below linear per reference.
+    with np.errstate(over="ignore"):
+        own = (span_key * _SPAN_SPREAD) ^ mixed_trace
+        wanted = (parent_key * _SPAN_SPREAD) ^ mixed_trace
     del mixed_trace
     children = np.flatnonzero(has_parent).astype(np.uint64)
     merged = np.concatenate([(own & high) | np.arange(n, dtype=np.uint64),
