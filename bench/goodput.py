@@ -72,7 +72,13 @@ def _step_template() -> dict[str, np.ndarray]:
         rows.append((9, 4, 26.0, 26.5, -1, False, 1, 1))
     cols = list(zip(*rows))
     keys = ("name", "parent", "start", "end", "bucket", "stamped", "service", "rank")
-    return {k: np.array(v) for k, v in zip(keys, cols)}
+    out = {k: np.array(v) for k, v in zip(keys, cols)}
+    under = np.zeros(len(rows), dtype=bool)  # the rollout umbrella's subtree (rows only point back)
+    under[5] = True
+    for i, parent in enumerate(out["parent"]):
+        under[i] |= parent >= 0 and under[parent]
+    out["rollout_subtree"] = under
+    return out
 
 
 def _hex(keys: np.ndarray, width: int = 16) -> pa.Array:
@@ -104,7 +110,7 @@ def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
     base = T0 + step_of.astype(np.int64) * STEP_NS
     start = np.concatenate([[T0 - S], base + (t["start"][offset] * S).astype(np.int64)])
     end = np.concatenate([[T0 + steps * STEP_NS], base + (t["end"][offset] * S).astype(np.int64)])
-    parent_key = np.concatenate([[0], span_key[row_parent]])
+    parent_key = np.concatenate([np.zeros(1, np.uint64), span_key[row_parent]])
     iteration = np.concatenate([[0], step_of + 1])
     stamped = np.concatenate([[False], t["stamped"][offset]])
     name = np.concatenate([[0], t["name"][offset]])
@@ -112,9 +118,13 @@ def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
     service = np.concatenate([[0], t["service"][offset]])
     rank = np.concatenate([[0], t["rank"][offset]])
     trace_key = np.full(n, rng.integers(1, 2**63, dtype=np.int64), dtype=np.uint64)
-    detached = np.flatnonzero(name == 6)[::200]  # every 200th step's rollout umbrella re-roots
-    trace_key[detached] = rng.integers(1, 2**63, len(detached), dtype=np.int64).astype(np.uint64)
-    parent_key[detached] = 0
+    # Every 200th step's rollout batch re-roots: its whole subtree moves to a trace of its own.
+    detached_steps = np.arange(0, steps, 200)
+    new_trace = np.zeros(steps, dtype=np.uint64)
+    new_trace[detached_steps] = rng.integers(1, 2**63, len(detached_steps), dtype=np.int64).astype(np.uint64)
+    moved = np.concatenate([[False], t["rollout_subtree"][offset] & (new_trace[step_of] != 0)])
+    trace_key[moved] = new_trace[np.concatenate([[0], step_of])[moved]]
+    parent_key[np.concatenate([[False], (offset == 5) & (new_trace[step_of] != 0)])] = 0
     run_id = f"bench-run-{run_index}"
     groups = pa.array([SPAN_GROUPS, "policy_update", "rollout,efficiency"])
     resource = pa.MapArray.from_arrays(

@@ -47,6 +47,8 @@ __all__ = [
     "StepOutlier",
     "goodput_by_step",
     "run_goodput",
+    "compare_runs",
+    "goodput_document",
 ]
 
 STEP_SPAN_REGEX = r"^rl\.[^.]+\.step$"
@@ -359,3 +361,58 @@ def run_goodput(spans: pa.Table, *, run_id: str | None = None, by: str = "step")
     ``by="rank"`` adds ``ranks``: the same sums per (service, rank) over all of the run's steps.
     """
     return runs_of(analyse(spans, run_id=run_id), by=by)
+
+
+# -- comparing and serialising -----------------------------------------------------------------
+
+_STEP_KEYS = ("wall_s", *(f"{b}_s" for b in BUCKETS), "unattributed_s", "double_counted_s", "goodput")
+
+
+def compare_runs(current: RunGoodput, baseline: RunGoodput) -> dict[str, dict[str, float | None]]:
+    """Bucket by bucket, the mean step of ``current`` against the mean step of ``baseline``.
+
+    Means per step, so runs of different lengths compare; ``goodput`` is each run's total ratio.
+    Each key gives ``{"current", "baseline", "delta"}`` (delta = current - baseline).
+    """
+    def per_step(run: RunGoodput) -> dict[str, float | None]:
+        steps = run.total.get("steps") or 0
+        out = {k: (run.total[k] / steps if steps else None) for k in _STEP_KEYS if k != "goodput"}
+        out["goodput"] = run.total.get("goodput")
+        return out
+
+    mine, theirs = per_step(current), per_step(baseline)
+    return {k: {"current": mine[k], "baseline": theirs[k],
+                "delta": None if mine[k] is None or theirs[k] is None else mine[k] - theirs[k]} for k in _STEP_KEYS}
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN becomes None."""
+    return None if isinstance(value, float) and value != value else value
+
+
+def goodput_document(runs: tuple[RunGoodput, ...], *, baseline: tuple[RunGoodput, ...] = ()) -> dict[str, Any]:
+    """The ``goodput --format json`` document (README: "goodput JSON"); extra keys may be added, never renamed.
+
+    ``{"runs": [{"run_id", "steps": [{"iteration", "wall_s", <bucket>_s..., "unattributed_s",
+    "double_counted_s", "goodput", ...}], "total": {...}, "outside_steps": {...}, "job_wall_s"}]}``;
+    with ``baseline``, each run also gets ``"baseline": {"run_id", "per_step": compare_runs(...)}``
+    against the baseline run of the same id, else the baseline's first run.
+    """
+    by_id = {b.run_id: b for b in baseline}
+    out = []
+    for run in runs:
+        item: dict[str, Any] = {
+            "run_id": run.run_id,
+            "steps": [{k: _clean(v) for k, v in row.items() if k != "run_id"} for row in run.steps.to_pylist()],
+            "total": {k: _clean(v) for k, v in run.total.items()},
+            "outside_steps": dict(run.outside_steps),
+            "job_wall_s": run.job_wall_s,
+            "outliers": [vars(o) for o in run.outliers],
+        }
+        if run.ranks is not None:
+            item["ranks"] = [{k: _clean(v) for k, v in row.items() if k != "run_id"} for row in run.ranks.to_pylist()]
+        if baseline:
+            other = by_id.get(run.run_id, baseline[0])
+            item["baseline"] = {"run_id": other.run_id, "per_step": compare_runs(run, other)}
+        out.append(item)
+    return {"runs": out}

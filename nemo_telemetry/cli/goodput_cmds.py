@@ -1,0 +1,231 @@
+"""``goodput`` and ``check``: where each step's wall clock went, and what would make that number lie."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich import box
+from rich.console import Group
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
+
+from nemo_telemetry.analysis._arrays import read_for_analysis
+from nemo_telemetry.analysis.findings import SEVERITIES, CheckReport, check_run
+from nemo_telemetry.analysis.goodput import BUCKETS, STEP_COLUMNS, RunGoodput, goodput_document, run_goodput
+from nemo_telemetry.cli._common import EXIT_FINDINGS, console, fail, library_errors, print_json
+from nemo_telemetry.cli.app import app
+
+BUCKET_STYLES = {"productive": "green", "overhead": "yellow", "idle": "blue", "wasted": "red"}
+UNATTRIBUTED_STYLE = "grey50"
+SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+BAR_WIDTH = 30
+_SOURCE_HELP = "A dataset directory (from `ingest`) or OTLP dump files."
+
+
+# -- goodput -----------------------------------------------------------------------------------
+
+
+@app.command("goodput")
+def goodput_command(
+    source: Path = typer.Argument(..., help=_SOURCE_HELP),
+    output: str = typer.Option("table", "--format", "-f", help="table, json or csv (one row per step)."),
+    run: Optional[str] = typer.Option(None, "--run", help="Only this run (nemo.run.id)."),
+    by: str = typer.Option("step", "--by", help="step: a row per step; rank: a row per (service, rank)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also write a stacked bar chart: FILE.png or FILE.html."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="Compare with another run's SOURCE, "
+                                                                      "bucket by bucket per mean step."),
+) -> None:
+    """Goodput per step: wall clock split into productive / overhead / idle / wasted / unattributed.
+
+    Example: nemo-telemetry goodput ./dataset --format json --baseline ./yesterday
+    """
+    if output not in ("table", "json", "csv"):
+        raise fail(f"--format {output}: choose table, json or csv")
+    if by not in ("step", "rank"):
+        raise fail(f"--by {by}: choose step or rank")
+    if plot is not None and plot.suffix.lower() not in (".png", ".html"):
+        raise fail(f"--plot {plot}: the file name must end in .png or .html")
+    with library_errors():
+        runs = run_goodput(read_for_analysis(source), run_id=run, by=by)
+        base = run_goodput(read_for_analysis(baseline)) if baseline is not None else ()
+        if plot is not None:
+            from nemo_telemetry.analysis.plots import write_goodput_plot  # noqa: PLC0415 (matplotlib is optional)
+
+            write_goodput_plot(runs, plot)
+    if output == "json":
+        print_json(goodput_document(runs, baseline=base))
+    elif output == "csv":
+        _write_csv(runs, by)
+    else:
+        out = console()
+        if not runs:
+            out.print(f"no step spans and no bucketed spans in {source}")
+        for item in runs:
+            out.print(render_run(item, base, bar_width=bar_width_for(out.width)))
+    if plot is not None:
+        console(stderr=output != "table").print(f"wrote {plot}")
+
+
+def _write_csv(runs: tuple[RunGoodput, ...], by: str) -> None:
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    tables = [r.ranks if by == "rank" else r.steps for r in runs]
+    columns = tables[0].column_names if tables else list(STEP_COLUMNS)
+    writer.writerow(columns)
+    for table in tables:
+        for row in table.to_pylist():
+            writer.writerow(["" if row[c] is None else row[c] for c in columns])
+
+
+def step_bar(row: dict, longest_wall_s: float, width: int = BAR_WIDTH) -> Text:
+    """One stacked bar: a cell per bucket's share, unattributed in grey; length follows the wall."""
+    cells = round(width * row["wall_s"] / longest_wall_s) if longest_wall_s > 0 else 0
+    parts = [(b, row[f"{b}_s"]) for b in BUCKETS] + [("unattributed", row["unattributed_s"])]
+    scale = sum(v for _, v in parts) or 1.0
+    bar = Text()
+    used = 0
+    for i, (name, seconds) in enumerate(parts):
+        n = cells - used if i == len(parts) - 1 else round(cells * seconds / scale)
+        n = max(0, min(n, cells - used))
+        glyph = "░" if name == "unattributed" else "█"
+        bar.append(glyph * n, style=BUCKET_STYLES.get(name, UNATTRIBUTED_STYLE))
+        used += n
+    return bar
+
+
+def bar_width_for(console_width: int) -> int:
+    """What is left of the terminal for the bars after the numbers (at least 8 cells)."""
+    return max(8, min(BAR_WIDTH, console_width - 79))
+
+
+def _fmt(value: float | None) -> str:
+    """Seconds in at most 7 characters: 2 decimals, fewer as the number grows."""
+    if value is None:
+        return "-"
+    digits = 2 if abs(value) < 1000 else 1 if abs(value) < 10000 else 0
+    return f"{value:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None or value != value else f"{value:.1%}"
+
+
+_HEADERS = {"productive": "prod", "overhead": "ovhd", "idle": "idle", "wasted": "waste"}
+
+
+def render_run(run: RunGoodput, baseline: tuple[RunGoodput, ...] = (), *, bar_width: int = BAR_WIDTH) -> Group:
+    """The run's table (a row per step or per rank, and the total), then what fell outside the steps."""
+    rows = (run.ranks if run.ranks is not None else run.steps).to_pylist()
+    table = Table(title=f"run {run.run_id}: goodput per {'rank' if run.ranks is not None else 'step'} (seconds)",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+    first = ("process",) if run.ranks is not None else ("step",)
+    # numbers never wrap or shrink; a long service name folds instead
+    for name in (*first, "wall", *BUCKETS, "unattr", "double", "goodput"):  # seconds, then a ratio
+        table.add_column(_HEADERS.get(name, name), justify="right", style=BUCKET_STYLES.get(name),
+                         no_wrap=name != "process", min_width=5 if name == "step" else 8 if name == "process" else 7)
+    if run.ranks is None:
+        table.add_column("", no_wrap=True, overflow="crop")
+    longest = max([r["wall_s"] for r in rows] or [0.0])
+    for r in rows:
+        head = (f"{r['service_name'] or '-'}:{'-' if r['rank'] is None else r['rank']}"
+                if run.ranks is not None else str(r["iteration"]),)
+        table.add_row(*head, _fmt(r["wall_s"]), *(_fmt(r[f"{b}_s"]) for b in BUCKETS), _fmt(r["unattributed_s"]),
+                      _fmt(r["double_counted_s"]), _pct(r["goodput"]),
+                      *([step_bar(r, longest, bar_width)] if run.ranks is None else []))
+    t = run.total
+    table.add_section()
+    table.add_row("total", _fmt(t["wall_s"]), *(_fmt(t[f"{b}_s"]) for b in BUCKETS),
+                  _fmt(t["unattributed_s"]), _fmt(t["double_counted_s"]), _pct(t["goodput"]),
+                  *([""] if run.ranks is None else []), style="bold")
+    return Group(table, *_run_notes(run, baseline))
+
+
+def _run_notes(run: RunGoodput, baseline: tuple[RunGoodput, ...]) -> list:
+    notes: list = []
+    o = run.outside_steps
+    if o["spans"]:
+        its = ", ".join(str(i) for i in o["iterations"][:10]) or "none"
+        buckets = ", ".join(f"{b} {o[f'{b}_s']:.2f} s" for b in BUCKETS if o[f"{b}_s"])
+        notes.append(Text(f"outside any step: {buckets} ({o['spans']} spans; iterations without a step: {its}; "
+                          f"{o['unstamped_spans']} unstamped)"))
+    if run.job_wall_s is not None:
+        share = run.total["wall_s"] / run.job_wall_s if run.job_wall_s > 0 else None
+        notes.append(Text(f"job wall: {run.job_wall_s:.2f} s; steps cover {_pct(share)} of it"))
+    for out in run.outliers:
+        notes.append(Text(f"slow step {out.iteration}: {out.wall_s:.2f} s > {out.threshold_s:.2f} s "
+                          f"(median + 3 MAD); {out.bucket} grew most (+{out.grew_by_s:.2f} s)", style="cyan"))
+    if baseline:
+        from nemo_telemetry.analysis.goodput import compare_runs  # noqa: PLC0415
+
+        other = next((b for b in baseline if b.run_id == run.run_id), baseline[0])
+        notes.append(_baseline_table(run, other, compare_runs(run, other)))
+    return notes
+
+
+def _baseline_table(run: RunGoodput, other: RunGoodput, diff: dict) -> Table:
+    table = Table(title=f"mean step: run {run.run_id} against baseline {other.run_id}", title_justify="left")
+    for name in ("", "current", "baseline", "delta"):
+        table.add_column(name, justify="right")
+    for key, values in diff.items():
+        pct = key == "goodput"
+        show = _pct if pct else _fmt
+        delta = values["delta"]
+        sign = "" if delta is None else ("+" if delta >= 0 else "")
+        table.add_row(key.removesuffix("_s"), show(values["current"]), show(values["baseline"]),
+                      "-" if delta is None else sign + (f"{delta * 100:.1f} pt" if pct else f"{delta:.2f} s"))
+    return table
+
+
+# -- check -------------------------------------------------------------------------------------
+
+
+@app.command("check")
+def check_command(
+    source: Path = typer.Argument(..., help=_SOURCE_HELP),
+    output: str = typer.Option("table", "--format", "-f", help="table or json."),
+    fail_on: str = typer.Option("error", "--fail-on", help="Exit 1 when a finding at this severity or worse "
+                                                            "exists: error, warning or never."),
+    unattributed_threshold: float = typer.Option(0.2, "--unattributed-threshold", min=0.0, max=1.0,
+                                                 help="Share of a step under no bucketed span that is a finding."),
+    run: Optional[str] = typer.Option(None, "--run", help="Only this run (nemo.run.id)."),
+) -> None:
+    """Findings that would make the goodput breakdown lie; exit 1 when one is at error severity.
+
+    Example: nemo-telemetry check ./dataset --format json --fail-on warning
+    """
+    if output not in ("table", "json"):
+        raise fail(f"--format {output}: choose table or json")
+    if fail_on not in ("error", "warning", "never"):
+        raise fail(f"--fail-on {fail_on}: choose error, warning or never")
+    with library_errors():
+        report = check_run(read_for_analysis(source), run_id=run, unattributed_threshold=unattributed_threshold)
+    if output == "json":
+        print_json(report.to_dict())
+    else:
+        console().print(render_report(report))
+    if fail_on != "never" and report.has(fail_on):
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+def render_report(report: CheckReport) -> Group:
+    """A heading line and the message per finding (worst first), then the counts."""
+    counts = report.counts
+    summary = Text(", ".join(f"{counts[s]} {s}" for s in SEVERITIES), style="bold")
+    if not report.findings:
+        return Group(Text("no findings: the breakdown is consistent", style="green"), summary)
+    lines: list = []
+    for f in report.findings:
+        where = [f"run {f.run_id}" if f.run_id is not None else None,
+                 f"step {f.iteration}" if f.iteration is not None else None,
+                 f"trace {f.trace_id}" if f.trace_id else None]
+        head = Text.assemble((f"{f.severity:<8}", SEVERITY_STYLES[f.severity]), (f"{f.code}", "bold"),
+                             "  " + ", ".join(w for w in where if w))
+        lines += [head, Padding(Text(f.message), (0, 0, 1, 4))]
+    hidden = sum(counts["by_code"].values()) - len(report.findings)
+    if hidden > 0:
+        lines.append(Text(f"{hidden} more findings not listed (the first of each code are; see counts)"))
+    return Group(*lines, summary)
