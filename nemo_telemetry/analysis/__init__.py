@@ -32,6 +32,16 @@ from nemo_telemetry.analysis.metrics import (
     with_efficiency_columns,
 )
 from nemo_telemetry.analysis.stitch import stitch_vllm_spans
+from nemo_telemetry.analysis.goodput import (
+    RunGoodput,
+    StepOutlier,
+    compare_runs,
+    goodput_by_step,
+    goodput_document,
+    run_goodput,
+)
+from nemo_telemetry.analysis.findings import FINDING_CODES, CheckReport, Finding, check_run
+from nemo_telemetry.analysis.intervals import merge_intervals
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
@@ -64,4 +74,15 @@ __all__ = [
     "efficiency_by_step",
     "with_efficiency_columns",
     "stitch_vllm_spans",
+    "goodput_by_step",
+    "run_goodput",
+    "RunGoodput",
+    "StepOutlier",
+    "compare_runs",
+    "goodput_document",
+    "check_run",
+    "CheckReport",
+    "Finding",
+    "FINDING_CODES",
+    "merge_intervals",
 ]
