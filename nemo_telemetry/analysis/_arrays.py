@@ -56,7 +56,11 @@ def read_for_analysis(source) -> pa.Table:
     try:
         fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
         dataset = ds.dataset(files, format=fmt)
-        return dataset.to_table(columns=[c for c in READ_COLUMNS if c in dataset.schema.names])
+        names = dataset.schema.names
+        columns = [c for c in READ_COLUMNS if c in names]
+        if not all(key in names for key in ("trace_key", "span_key", "parent_key")):
+            columns += [c for c in ("span_id", "parent_span_id") if c in names]  # keys are computed from them
+        return dataset.to_table(columns=columns)
     except (pa.ArrowInvalid, OSError) as exc:
         raise IngestError(f"{items[0]}: cannot read the spans table ({exc}); re-run nemo-telemetry ingest") from None
 
