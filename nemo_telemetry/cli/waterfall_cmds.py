@@ -111,7 +111,7 @@ def render_waterfall(shown: Waterfall, *, width: int = 160) -> _Lines:
         out.add("no spans to show", "dim")
         return out
     labels = [_clean(_label(rows, i)) for i in range(n)]
-    prefixes = _tree_prefixes(rows["depth"], rows["parent"])
+    prefixes = [_capped(p, d) for p, d in zip(_tree_prefixes(rows["depth"], rows["parent"]), rows["depth"])]
     name_width = min(max(len(p) + len(l) for p, l in zip(prefixes, labels)), 64)
     bar_width = max(10, min(60, width - name_width - 50))
     t0, span_ns = shown.window_start_ns, max(shown.window_ns, 1)
@@ -126,7 +126,7 @@ def render_waterfall(shown: Waterfall, *, width: int = 160) -> _Lines:
         out.add((CRITICAL_MARK if rows["on_critical_path"][i] else " ") + " ", "bold magenta")
         out.add(prefixes[i], "dim")
         label = labels[i]
-        room = name_width - len(prefixes[i])
+        room = max(name_width - len(prefixes[i]), 1)  # a very deep row overflows its column
         out.add(label if len(label) <= room else label[: room - 1] + "…", "bold" if rows["is_step"][i] else "")
         out.add(" " * max(room - len(label), 0) + " ")
         out.add(_bar(bar_width, (rows["start_ns"][i] - t0) / span_ns, (rows["end_ns"][i] - t0) / span_ns), style)
@@ -246,6 +246,17 @@ def _bar(width: int, begin: float, end: float) -> str:
         out += "╸"
         cell += 1
     return out + " " * (width - cell)
+
+
+_MAX_PREFIX = 30
+
+
+def _capped(prefix: str, depth: int) -> str:
+    """Very deep rows keep their last guides, led by their depth, so names stay in view."""
+    if len(prefix) <= _MAX_PREFIX:
+        return prefix
+    lead = f"[{depth}]"
+    return lead + prefix[len(prefix) - (_MAX_PREFIX - len(lead)):]
 
 
 def _tree_prefixes(depths: list[int], parents: list[int]) -> list[str]:

@@ -165,3 +165,13 @@ def test_control_characters_in_span_data_never_reach_the_terminal():
     assert "\x1b" not in text and "\x07" not in text
     assert "evil\ufffd[2J\ufffd]0;pwned\ufffdname" in text
     assert "rl.weight_version=1\ufffd2" in text
+
+
+def test_very_deep_rows_keep_their_names_in_view():
+    records = [span(i + 1, f"level{i}", i / 100, 1 - i / 100, i if i else None) for i in range(40)]
+
+    lines = render(waterfall(spans_table(records))).splitlines()
+
+    deepest = lines[-1]
+    assert deepest.startswith("  [39]") and "└─ level39" in deepest
+    assert max(line.index("level") for line in lines[3:]) <= 2 + 30  # the guides are capped
