@@ -50,7 +50,7 @@ def dataset(tmp_path_factory) -> Path:
     return root
 
 
-def run(*args: str) -> "Result":  # noqa: F821
+def run(*args: object):
     return CliRunner().invoke(app, ["waterfall", *map(str, args)], env={"COLUMNS": "150"})
 
 
