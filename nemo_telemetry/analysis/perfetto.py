@@ -7,7 +7,8 @@ child that outlives its parent, or spans from two threads of one process look li
 are assigned by greedy interval packing: in start order (outer spans first on ties), a span
 goes on its parent's track if it fits inside the innermost open span there, else on the
 lowest-numbered empty track, else on a new one. A span whose end is before its start is drawn
-with zero duration and ``invalid_interval`` in its args. Timestamps are microseconds (floats) from the earliest
+with zero duration and ``invalid_interval`` in its args. Where a child runs in another process
+than its parent, a flow arrow (``s``/``f`` events) joins them. Timestamps are microseconds (floats) from the earliest
 span; the origin in Unix nanoseconds is in ``otherData``.
 """
 
@@ -46,6 +47,7 @@ def to_chrome_trace(
     tracks = assign_tracks(processes, start, end, rows.column("parent").to_numpy())
     events = _metadata(rows, processes, tracks)
     events.extend(_span_events(rows, source, processes, tracks, start - origin, end - start, invalid))
+    events.extend(_flow_events(rows, processes, tracks, start - origin, end - origin))
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
@@ -128,6 +130,22 @@ def _metadata(rows: pa.Table, processes: np.ndarray, tracks: np.ndarray) -> list
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
     for pid, tid in sorted(set(zip(processes.tolist(), tracks.tolist()))):
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": f"spans {tid}"}})
+    return events
+
+
+def _flow_events(rows: pa.Table, processes, tracks, start_rel, end_rel) -> list[dict]:
+    """An arrow from parent to child wherever a child runs in another process (a carrier
+    crossed a thread, actor or HTTP hop): flow start inside the parent, end at the child."""
+    parent = rows.column("parent").to_numpy()
+    crossing = np.nonzero((parent >= 0) & (processes != processes[np.maximum(parent, 0)]))[0]
+    events = []
+    for flow_id, child in enumerate(crossing.tolist(), start=1):
+        up = int(parent[child])
+        at_parent = min(max(int(start_rel[child]), int(start_rel[up])), int(end_rel[up])) / 1000.0
+        common = {"name": "parent → child", "cat": "propagation", "id": flow_id}
+        events.append({**common, "ph": "s", "pid": int(processes[up]), "tid": int(tracks[up]), "ts": at_parent})
+        events.append({**common, "ph": "f", "bp": "e", "pid": int(processes[child]), "tid": int(tracks[child]),
+                       "ts": int(start_rel[child]) / 1000.0})
     return events
 
 

@@ -51,6 +51,8 @@ def concurrent_run():
 REQUIRED = {
     "X": {"name": str, "ph": str, "ts": (int, float), "dur": (int, float), "pid": int, "tid": int},
     "M": {"name": str, "ph": str, "pid": int, "tid": int, "args": dict},
+    "s": {"name": str, "cat": str, "ph": str, "id": int, "ts": (int, float), "pid": int, "tid": int},
+    "f": {"name": str, "cat": str, "ph": str, "id": int, "ts": (int, float), "pid": int, "tid": int, "bp": str},
 }
 
 
@@ -67,6 +69,9 @@ def validate(document: dict) -> list[dict]:
         if event["ph"] == "M":
             assert event["name"] in ("process_name", "process_sort_index", "thread_name"), event
             assert set(event["args"]) == ({"sort_index"} if event["name"] == "process_sort_index" else {"name"})
+        elif event["ph"] in ("s", "f"):
+            assert math.isfinite(event["ts"]) and event["ts"] >= 0, event
+            assert event.get("bp", "e") == "e", event
         else:
             assert math.isfinite(event["ts"]) and event["ts"] >= 0, event
             assert math.isfinite(event["dur"]) and event["dur"] >= 0, event
@@ -158,3 +163,24 @@ def test_track_packing_nests_on_random_intervals():
               for i, (s, e, t) in enumerate(zip(starts, ends, tracks))]
     assert_tracks_nest(events)
     assert tracks.min() == 1
+
+
+def test_a_child_in_another_process_is_joined_to_its_parent_by_a_flow(concurrent_run):
+    document = to_chrome_trace(concurrent_run)
+    complete = validate(document)
+    flows = defaultdict(dict)
+    for e in document["traceEvents"]:
+        if e["ph"] in ("s", "f"):
+            flows[e["id"]][e["ph"]] = e
+
+    def enclosing(event, name):
+        return [x for x in complete if (x["pid"], x["tid"]) == (event["pid"], event["tid"]) and x["name"] == name
+                and x["ts"] - _NS_IN_US <= event["ts"] <= x["ts"] + x["dur"] + _NS_IN_US]
+
+    assert len(flows) == 2  # the two policy-worker ranks' training under the driver's step
+    for flow in flows.values():
+        assert set(flow) == {"s", "f"}
+        assert enclosing(flow["s"], "rl.grpo.step")  # starts inside the parent, on its track
+        (child,) = enclosing(flow["f"], "rl.grpo.policy_training")
+        assert child["ts"] == pytest.approx(flow["f"]["ts"])  # ends where the child starts
+        assert flow["s"]["pid"] != flow["f"]["pid"]
