@@ -1,0 +1,68 @@
+"""``demo``: run a small instrumented GRPO job on this machine, then print its goodput report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from nemo_telemetry.cli._common import EXIT_FINDINGS, console, library_errors
+from nemo_telemetry.cli.app import app
+
+DEFAULT_OUT = Path("nemo-telemetry-demo")
+
+
+@app.command("demo")
+def demo_command(
+    out: Path = typer.Option(DEFAULT_OUT, "--out", help="Directory for dumps/, dataset/ and checkpoints/ "
+                                                        "(the notebook reads <out>/dataset)."),
+    steps: int = typer.Option(6, "--steps", min=1, max=1000, help="Training steps to run."),
+    mode: str = typer.Option("sync", "--mode", help="sync: generate then train; async: a collector actor "
+                                                    "generates while the driver trains."),
+    span_groups: str = typer.Option("per_step,per_prompt", "--span-groups",
+                                    help="span_groups spec for the run (try default, per_step, all)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the toy task."),
+    no_carrier: bool = typer.Option(False, "--no-carrier",
+                                    help="Withhold the job's trace carrier from the collector (async), "
+                                         "to see what a detached trace looks like."),
+) -> None:
+    """Run an instrumented GRPO-shaped job (Ray actors, threads, an HTTP reward server on
+    127.0.0.1), write its spans with the dump exporter, ingest them, and print the goodput table,
+    the findings and one step's waterfall. Exit 1 when a finding is at error severity.
+
+    Example: nemo-telemetry demo --mode async --steps 6 --out ./demo-run
+    """
+    from nemo_telemetry.demo import run_demo  # noqa: PLC0415 (Ray and the analysis load only here)
+
+    out_console = console()
+    with library_errors():
+        with out_console.status(f"running the demo ({mode}, {steps} steps, span_groups={span_groups}) ..."):
+            result = run_demo(out=out, steps=steps, mode=mode, span_groups=span_groups, seed=seed,
+                              no_carrier=no_carrier)
+    print_demo_report(result, out_console)
+    if result.check.has("error"):
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+def print_demo_report(result, out: Console) -> None:
+    """The run's header, then the same renderings ``goodput``, ``check`` and ``waterfall`` print."""
+    from nemo_telemetry.cli.goodput_cmds import bar_width_for, render_report, render_run  # noqa: PLC0415
+    from nemo_telemetry.cli.waterfall_cmds import print_waterfall  # noqa: PLC0415
+
+    carrier = ", collector WITHOUT the job's carrier" if result.no_carrier else ""
+    out.print(f"[bold]nemo-telemetry demo[/]: {result.mode} GRPO, {result.steps} steps, "
+              f"span_groups={result.span_groups}{carrier}")
+    out.print(f"run {result.run_id}: {result.spans} spans in {result.traces} trace(s), "
+              f"{result.wall_s:.1f} s wall; dataset {result.dataset}")
+    out.print()
+    out.print(render_run(result.goodput, bar_width=bar_width_for(out.width)))
+    out.print()
+    out.print(render_report(result.check))
+    out.print()
+    out.print(f"[bold]step {result.waterfall_step}[/] (nemo-telemetry waterfall {result.dataset} "
+              f"--step {result.waterfall_step})")
+    print_waterfall(result.waterfall, out)
+    out.print()
+    out.print(f"Next: nemo-telemetry goodput {result.dataset} --plot goodput.html, or the notebook "
+              f"(NEMO_TELEMETRY_DATASET={result.dataset} jupyter lab notebooks/goodput.ipynb)")
