@@ -35,6 +35,7 @@ __all__ = [
     "detect_format",
     "expand_inputs",
     "iter_records",
+    "classify_json_line",
 ]
 
 FORMATS = ("jsonl", "proto", "json")
@@ -53,10 +54,11 @@ _TRACES = ("resourceSpans", "resource_spans")
 
 @dataclass(frozen=True)
 class Record:
-    """One request read from a file: ``kind`` is ``traces``, ``other-signal`` or ``rejected``.
+    """One request read from a file: ``kind`` is ``traces``, ``json-line``, ``other-signal``
+    or ``rejected``.
 
-    ``payload`` is a parsed JSON object or protobuf bytes for ``traces``, the problem for
-    ``rejected``; ``where`` is ``file:line`` or ``file: record N``.
+    ``payload`` is a parsed JSON object or protobuf bytes for ``traces``, the raw line for
+    ``json-line``, the problem for ``rejected``; ``where`` is ``file:line`` or ``file: record N``.
     """
 
     kind: str
@@ -202,19 +204,21 @@ def _classify(doc: object, where: str) -> Record:
 
 
 def _json_lines(stream: BinaryIO, path: Path) -> Iterator[Record]:
+    """Raw lines (kind ``json-line``): the pipeline scans them in bulk, see ``classify_json_line``."""
     for number, line in enumerate(stream, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            doc = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            if not line.endswith(b"\n"):
-                yield Record("rejected", where, "truncated last record (the writer stopped mid-line)")
-            else:
-                yield Record("rejected", where, f"malformed JSON line ({exc})")
-            continue
-        yield _classify(doc, where)
+        if line.strip():
+            yield Record("json-line", f"{path}:{number}", line)
+
+
+def classify_json_line(line: bytes, where: str) -> Record:
+    """One JSON line parsed by orjson: ``traces`` (a dict), ``other-signal`` or ``rejected``."""
+    try:
+        doc = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        if not line.endswith(b"\n"):
+            return Record("rejected", where, "truncated last record (the writer stopped mid-line)")
+        return Record("rejected", where, f"malformed JSON line ({exc})")
+    return _classify(doc, where)
 
 
 def _json_document(stream: BinaryIO, path: Path) -> Iterator[Record]:

@@ -264,9 +264,7 @@ def gather(buf, starts, lengths):
         offsets[i + 1] = offsets[i] + lengths[i]
     data = np.empty(offsets[n], dtype=np.uint8)
     for i in range(n):
-        start, out = starts[i], offsets[i]
-        for j in range(lengths[i]):
-            data[out + j] = buf[start + j]
+        data[offsets[i] : offsets[i + 1]] = buf[starts[i] : starts[i] + lengths[i]]
     return offsets, data
 
 

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Union
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis._columns import OtlpTables, SpanColumns
-from nemo_telemetry.analysis._detect import FORMATS, detect_format, expand_inputs, iter_records
+from nemo_telemetry.analysis._detect import FORMATS, classify_json_line, detect_format, expand_inputs, iter_records
+from nemo_telemetry.analysis._otlp_json_fast import LINE_FALLBACK, LINE_OTHER_SIGNAL, decode_json_lines
 from nemo_telemetry.analysis._otlp_json import decode_json_request
 from nemo_telemetry.analysis._otlp_wire import decode_batch
 from nemo_telemetry.analysis.dataset import (
@@ -47,6 +49,7 @@ Source = Union[str, Path, Iterable[Union[str, Path]]]
 ProgressCallback = Callable[[int, int], None]
 BATCH_SPANS = 1 << 16  # spans decoded before a batch is converted and written
 BATCH_PROTOBUF_BYTES = 16 << 20  # protobuf requests held before they are decoded together
+BATCH_JSON_BYTES = 32 << 20  # JSON lines held before they are scanned together
 
 
 class IngestWarning(UserWarning):
@@ -96,6 +99,8 @@ class _Pipeline:
     bytes_before: int = 0
     protobuf: list = field(default_factory=list)  # (where, payload) waiting for decode_batch
     protobuf_bytes: int = 0
+    json_lines: list = field(default_factory=list)  # (where, line) waiting for decode_json_lines
+    json_bytes: int = 0
 
     def add_file(self, path: Path, fmt: str | None) -> None:
         self.counts["files"] += 1
@@ -115,6 +120,9 @@ class _Pipeline:
             self.counts["skipped_records"] += 1
         elif kind == "rejected":
             self.reject(where, str(payload))
+        elif kind == "json-line":
+            self.json_lines.append((where, payload))
+            self.json_bytes += len(payload)
         else:
             if isinstance(payload, (bytes, bytearray, memoryview)):
                 self.protobuf.append((where, bytes(payload)))
@@ -124,15 +132,40 @@ class _Pipeline:
                     decode_json_request(payload, self.cols)
                 except ValueError as exc:
                     self.reject(where, str(exc))
-        if len(self.cols) >= self.batch_spans or self.protobuf_bytes >= BATCH_PROTOBUF_BYTES:
+        if (
+            len(self.cols) >= self.batch_spans
+            or self.protobuf_bytes >= BATCH_PROTOBUF_BYTES
+            or self.json_bytes >= BATCH_JSON_BYTES
+        ):
             self.flush(where)
 
     def reject(self, where: str, problem: str, count: int = 1) -> None:
         self.counts["rejected_records"] += count
         self.warnings.append(f"{where}: {problem}")
 
+    def _scan_json_lines(self) -> list[OtlpTables]:
+        """Scan the pending lines in bulk; lines the scan leaves alone go through orjson."""
+        if not self.json_lines:
+            return []
+        tables, status = decode_json_lines([line for _, line in self.json_lines])
+        self.counts["skipped_records"] += int((status == LINE_OTHER_SIGNAL).sum())
+        for index in np.flatnonzero(status == LINE_FALLBACK).tolist():
+            record = classify_json_line(self.json_lines[index][1], self.json_lines[index][0])
+            if record.kind == "traces":
+                try:
+                    decode_json_request(record.payload, self.cols)
+                except ValueError as exc:
+                    self.reject(record.where, str(exc))
+            elif record.kind == "other-signal":
+                self.counts["skipped_records"] += 1
+            else:
+                self.reject(record.where, str(record.payload))
+        self.json_lines, self.json_bytes = [], 0
+        return [tables]
+
     def _decoded(self) -> OtlpTables:
-        parts = [self.cols.to_tables()] if len(self.cols) else []
+        scanned = self._scan_json_lines()
+        parts = scanned + ([self.cols.to_tables()] if len(self.cols) else [])
         if self.protobuf:
             tables, rejected = decode_batch([payload for _, payload in self.protobuf])
             for index, problem in rejected:
@@ -142,7 +175,7 @@ class _Pipeline:
         return OtlpTables.concat(parts)
 
     def flush(self, where: str = "") -> None:
-        if not len(self.cols) and not self.protobuf:
+        if not len(self.cols) and not self.protobuf and not self.json_lines:
             return
         tables = _drop_malformed_ids(self._decoded(), lambda n: self.reject(
             where or "input", f"{n} span(s) with malformed trace/span ids dropped", n))
@@ -168,7 +201,7 @@ def _drop_malformed_ids(tables: OtlpTables, report: Callable[[int], None]) -> Ot
         pc.equal(pc.utf8_length(spans.column("trace_id")), 32),
         pc.equal(pc.utf8_length(spans.column("span_id")), 16),
     )
-    bad = spans.num_rows - pc.sum(ok.cast(pa.int64())).as_py()
+    bad = spans.num_rows - (pc.sum(ok.cast(pa.int64())).as_py() or 0)
     if not bad:
         return tables
     report(bad)

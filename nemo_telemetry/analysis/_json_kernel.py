@@ -1,0 +1,578 @@
+"""A compiled scan of OTLP/JSON lines (the Collector file exporter's, and ours), with numba.
+
+``orjson`` builds a Python dict for every span and attribute, and that alone is slower than
+the target; this scan builds nothing. It walks each line once, knows the OTLP layout
+(camelCase names, as the Collector and protobuf's JSON mapping write them), and records where
+each value lies (offset and length) or its integer value. Python then cuts the strings out in
+bulk (``_otlp_json_fast``). Rare parts are recorded as raw slices for orjson: resources, scopes,
+events, links, and attribute values that are not strings, ints or bools.
+
+A line the scan does not understand (not JSON, another layout, snake_case names, ...) is
+marked and left to the orjson path, which handles and reports it exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+LINE_OK, LINE_OTHER_SIGNAL, LINE_FALLBACK = 0, 1, 2
+
+# span columns: rows of an int64 (SPAN_COLUMNS, spans) matrix
+(TRACE_S, TRACE_N, SPAN_S, SPAN_N, PARENT_S, PARENT_N, STATE_S, STATE_N, NAME_S, NAME_N, KIND,
+ START, END, CODE, MSG_S, MSG_N, SCOPE, RESOURCE, ATTR_COUNT, ESCAPED) = range(20)
+SPAN_COLUMNS = 20
+# attribute columns: rows of an (ATTR_COLUMNS, attributes) matrix
+KEY_S, KEY_N, VTYPE, VAL_S, VAL_N, VAL_INT, ANY_S, ANY_N, ATTR_ESCAPED = range(9)
+ATTR_COLUMNS = 9
+V_ABSENT, V_STRING, V_BOOL, V_INT, V_RARE = 0, 1, 2, 3, 9
+SIDE_COLUMNS = 3  # (start, length, owner) of raw JSON slices: resources, scopes, events, links
+
+
+def _k(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode(), dtype=np.uint8)
+
+
+K_RESOURCE_SPANS, K_RESOURCE_METRICS, K_RESOURCE_LOGS = _k("resourceSpans"), _k("resourceMetrics"), _k("resourceLogs")
+K_RESOURCE, K_SCOPE_SPANS, K_SCOPE, K_SPANS = _k("resource"), _k("scopeSpans"), _k("scope"), _k("spans")
+K_TRACE_ID, K_SPAN_ID, K_PARENT, K_STATE = _k("traceId"), _k("spanId"), _k("parentSpanId"), _k("traceState")
+K_NAME, K_KIND, K_START, K_END = _k("name"), _k("kind"), _k("startTimeUnixNano"), _k("endTimeUnixNano")
+K_ATTRIBUTES, K_EVENTS, K_LINKS, K_STATUS = _k("attributes"), _k("events"), _k("links"), _k("status")
+K_CODE, K_MESSAGE, K_KEY, K_VALUE = _k("code"), _k("message"), _k("key"), _k("value")
+K_STRING_VALUE, K_INT_VALUE, K_BOOL_VALUE = _k("stringValue"), _k("intValue"), _k("boolValue")
+K_TRUE = _k("true")
+# fields the scan may skip; any other unknown field sends the line to the exact path
+K_SKIPPABLE = (_k("schemaUrl"), _k("droppedAttributesCount"), _k("droppedEventsCount"),
+               _k("droppedLinksCount"), _k("flags"))
+# enum names, index = OTLP value
+K_KINDS = (_k("SPAN_KIND_UNSPECIFIED"), _k("SPAN_KIND_INTERNAL"), _k("SPAN_KIND_SERVER"),
+           _k("SPAN_KIND_CLIENT"), _k("SPAN_KIND_PRODUCER"), _k("SPAN_KIND_CONSUMER"))
+K_CODES = (_k("STATUS_CODE_UNSET"), _k("STATUS_CODE_OK"), _k("STATUS_CODE_ERROR"))
+
+FAIL = -1
+
+
+@njit(cache=True, nogil=True)
+def _ws(buf, pos, end):
+    while pos < end and (buf[pos] == 32 or buf[pos] == 10 or buf[pos] == 13 or buf[pos] == 9):
+        pos += 1
+    return pos
+
+
+@njit(cache=True, nogil=True)
+def _eq(buf, start, length, key):
+    if length != key.size:
+        return False
+    for j in range(length):
+        if buf[start + j] != key[j]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _skippable(buf, start, length, pos, end):
+    """Position after the value of a known, unneeded field; FAIL for an unknown field."""
+    for key in K_SKIPPABLE:
+        if _eq(buf, start, length, key):
+            return _skip(buf, pos, end)
+    return FAIL
+
+
+@njit(cache=True, nogil=True)
+def _string(buf, pos, end):
+    """At an opening quote: (content start, content length, escaped, position after) or FAIL."""
+    if pos >= end or buf[pos] != 34:
+        return 0, 0, False, FAIL
+    start = pos + 1
+    pos = start
+    escaped = False
+    while pos < end:
+        c = buf[pos]
+        if c == 34:
+            return start, pos - start, escaped, pos + 1
+        if c == 92:
+            escaped = True
+            pos += 2
+        elif c < 32:
+            return 0, 0, False, FAIL  # raw control character: not JSON
+        else:
+            pos += 1
+    return 0, 0, False, FAIL
+
+
+@njit(cache=True, nogil=True)
+def _skip(buf, pos, end):
+    """Position after the JSON value at ``pos`` (any kind), or FAIL."""
+    pos = _ws(buf, pos, end)
+    if pos >= end:
+        return FAIL
+    c = buf[pos]
+    if c == 34:
+        return _string(buf, pos, end)[3]
+    if c != 123 and c != 91:  # number, true, false, null
+        while pos < end:
+            c = buf[pos]
+            if c == 44 or c == 125 or c == 93 or c == 32 or c == 10 or c == 13 or c == 9:
+                break
+            pos += 1
+        return pos
+    depth = 0
+    while pos < end:
+        c = buf[pos]
+        if c == 34:
+            pos = _string(buf, pos, end)[3]
+            if pos < 0:
+                return FAIL
+            continue
+        if c == 123 or c == 91:
+            depth += 1
+        elif c == 125 or c == 93:
+            depth -= 1
+            if depth == 0:
+                return pos + 1
+        pos += 1
+    return FAIL
+
+
+@njit(cache=True, nogil=True)
+def _integer(buf, pos, end):
+    """An int64 written as a number or a string of digits: (value, position after) or FAIL."""
+    pos = _ws(buf, pos, end)
+    quoted = pos < end and buf[pos] == 34
+    if quoted:
+        pos += 1
+    negative = pos < end and buf[pos] == 45
+    if negative:
+        pos += 1
+    value = np.uint64(0)
+    digits = 0
+    while pos < end and 48 <= buf[pos] <= 57:
+        if digits >= 19:
+            return np.int64(0), FAIL  # past int64: leave it to the exact path
+        value = value * np.uint64(10) + np.uint64(buf[pos] - 48)
+        digits += 1
+        pos += 1
+    if digits == 0 or value > np.uint64(9223372036854775807):
+        return np.int64(0), FAIL
+    if quoted:
+        if pos >= end or buf[pos] != 34:
+            return np.int64(0), FAIL
+        pos += 1
+    return (-np.int64(value) if negative else np.int64(value)), pos
+
+
+@njit(cache=True, nogil=True)
+def _enum(buf, pos, end, names):
+    """An enum as a number or as one of ``names``: (value, position after) or FAIL."""
+    pos = _ws(buf, pos, end)
+    if pos < end and buf[pos] == 34:
+        start, length, escaped, after = _string(buf, pos, end)
+        if after < 0:
+            return np.int64(0), FAIL
+        for value in range(len(names)):
+            if _eq(buf, start, length, names[value]):
+                return np.int64(value), after
+        return np.int64(0), FAIL
+    return _integer(buf, pos, end)
+
+
+@njit(cache=True, nogil=True)
+def _next_key(buf, pos, end, first):
+    """In an object, after '{' or a value: (key start, key length, position of its value).
+
+    Key length -1 means the object closed (the position is after '}'); FAIL otherwise.
+    """
+    pos = _ws(buf, pos, end)
+    if pos >= end:
+        return 0, 0, FAIL
+    if buf[pos] == 125:
+        return 0, -1, pos + 1
+    if not first:
+        if buf[pos] != 44:
+            return 0, 0, FAIL
+        pos = _ws(buf, pos + 1, end)
+    start, length, escaped, pos = _string(buf, pos, end)
+    if pos < 0 or escaped:
+        return 0, 0, FAIL
+    pos = _ws(buf, pos, end)
+    if pos >= end or buf[pos] != 58:
+        return 0, 0, FAIL
+    return start, length, pos + 1
+
+
+@njit(cache=True, nogil=True)
+def _next_item(buf, pos, end, first):
+    """In an array, after '[' or an item: (position of the next item, or -2 when it closed)."""
+    pos = _ws(buf, pos, end)
+    if pos >= end:
+        return FAIL
+    if buf[pos] == 93:
+        return -2 - pos  # encoded: the array closed at pos
+    if not first:
+        if buf[pos] != 44:
+            return FAIL
+        pos += 1
+    return _ws(buf, pos, end)
+
+
+@njit(cache=True, nogil=True)
+def _open(buf, pos, end, char):
+    pos = _ws(buf, pos, end)
+    if pos >= end or buf[pos] != char:
+        return FAIL
+    return pos + 1
+
+
+@njit(cache=True, nogil=True)
+def _any_value(buf, pos, end, attrs, a, fill):
+    """The AnyValue object at ``pos``; returns the position after it or FAIL."""
+    start = _ws(buf, pos, end)
+    pos = _open(buf, start, end, 123)
+    if pos < 0:
+        return FAIL
+    first = True
+    while True:
+        ks, kn, pos = _next_key(buf, pos, end, first)
+        first = False
+        if pos < 0:
+            return FAIL
+        if kn < 0:
+            break
+        if _eq(buf, ks, kn, K_STRING_VALUE):
+            vs, vn, escaped, pos = _string(buf, _ws(buf, pos, end), end)
+            if fill:
+                attrs[VTYPE, a] = V_STRING
+                attrs[VAL_S, a] = vs
+                attrs[VAL_N, a] = vn
+                attrs[ATTR_ESCAPED, a] |= 1 if escaped else 0
+        elif _eq(buf, ks, kn, K_INT_VALUE):
+            value, pos = _integer(buf, pos, end)
+            if fill:
+                attrs[VTYPE, a] = V_INT
+                attrs[VAL_INT, a] = value
+        elif _eq(buf, ks, kn, K_BOOL_VALUE):
+            vpos = _ws(buf, pos, end)
+            pos = _skip(buf, vpos, end)
+            if fill:
+                attrs[VTYPE, a] = V_BOOL
+                attrs[VAL_INT, a] = 1 if _eq(buf, vpos, pos - vpos, K_TRUE) else 0
+        else:
+            pos = _skip(buf, pos, end)
+            if fill:
+                attrs[VTYPE, a] = V_RARE
+        if pos < 0:
+            return FAIL
+    if fill:
+        attrs[ANY_S, a] = start
+        attrs[ANY_N, a] = pos - start
+    return pos
+
+
+@njit(cache=True, nogil=True)
+def _attributes(buf, pos, end, attrs, a, fill, flags):
+    """The attribute array at ``pos``: (count, position after) or (0, FAIL)."""
+    pos = _open(buf, pos, end, 91)
+    if pos < 0:
+        return 0, FAIL
+    count = 0
+    while True:
+        item = _next_item(buf, pos, end, count == 0)
+        if item == FAIL:
+            return 0, FAIL
+        if item <= -2:
+            return count, -2 - item + 1
+        pos = _open(buf, item, end, 123)
+        if pos < 0:
+            return 0, FAIL
+        row = a + count
+        if fill and row >= attrs.shape[1]:
+            flags[0] = 1  # out of room: the caller grows the arrays and rereads the line
+            return 0, FAIL
+        if fill:
+            attrs[KEY_S, row] = pos
+            attrs[KEY_N, row] = 0
+            attrs[VTYPE, row] = V_ABSENT
+            attrs[ANY_S, row] = pos
+            attrs[ATTR_ESCAPED, row] = 0
+        first = True
+        while True:
+            ks, kn, pos = _next_key(buf, pos, end, first)
+            first = False
+            if pos < 0:
+                return 0, FAIL
+            if kn < 0:
+                break
+            if _eq(buf, ks, kn, K_KEY):
+                vs, vn, escaped, pos = _string(buf, _ws(buf, pos, end), end)
+                if fill:
+                    attrs[KEY_S, row] = vs
+                    attrs[KEY_N, row] = vn
+                    attrs[ATTR_ESCAPED, row] |= 2 if escaped else 0
+            elif _eq(buf, ks, kn, K_VALUE):
+                pos = _any_value(buf, pos, end, attrs, row, fill)
+            else:
+                pos = _skippable(buf, ks, kn, pos, end)
+            if pos < 0:
+                return 0, FAIL
+        count += 1
+
+
+@njit(cache=True, nogil=True)
+def _raw_items(buf, pos, end, side, at, owner, fill, flags):
+    """Record each item of the array at ``pos`` as a raw slice: (count, position after)."""
+    pos = _open(buf, pos, end, 91)
+    if pos < 0:
+        return 0, FAIL
+    count = 0
+    while True:
+        item = _next_item(buf, pos, end, count == 0)
+        if item == FAIL:
+            return 0, FAIL
+        if item <= -2:
+            return count, -2 - item + 1
+        pos = _skip(buf, item, end)
+        if pos < 0:
+            return 0, FAIL
+        if fill and at + count >= side.shape[0]:
+            flags[0] = 1
+            return 0, FAIL
+        if fill:
+            side[at + count, 0] = item
+            side[at + count, 1] = pos - item
+            side[at + count, 2] = owner
+        count += 1
+
+
+@njit(cache=True, nogil=True)
+def _text_field(buf, pos, end, spans, column, i, fill):
+    vs, vn, escaped, pos = _string(buf, _ws(buf, pos, end), end)
+    if fill:
+        spans[column, i] = vs
+        spans[column + 1, i] = vn
+        if escaped:
+            spans[ESCAPED, i] |= 1 << column
+    return pos
+
+
+@njit(cache=True, nogil=True)
+def _status(buf, pos, end, spans, i, fill):
+    pos = _open(buf, pos, end, 123)
+    first = True
+    while pos >= 0:
+        ks, kn, pos = _next_key(buf, pos, end, first)
+        first = False
+        if pos < 0 or kn < 0:
+            return pos
+        if _eq(buf, ks, kn, K_CODE):
+            code, pos = _enum(buf, pos, end, K_CODES)
+            if fill:
+                spans[CODE, i] = code
+        elif _eq(buf, ks, kn, K_MESSAGE):
+            pos = _text_field(buf, pos, end, spans, MSG_S, i, fill)
+        else:
+            pos = _skippable(buf, ks, kn, pos, end)
+    return FAIL
+
+
+@njit(cache=True, nogil=True)
+def _span(buf, pos, end, spans, i, attrs, a, events, e, links, ln, fill, flags):
+    """The span object at ``pos``: (attributes, events, links, position after or FAIL)."""
+    pos = _open(buf, pos, end, 123)
+    if pos < 0:
+        return 0, 0, 0, FAIL
+    if fill and i >= spans.shape[1]:
+        flags[0] = 1
+        return 0, 0, 0, FAIL
+    if fill:
+        for column in (TRACE_S, SPAN_S, PARENT_S, STATE_S, NAME_S, MSG_S):
+            spans[column, i] = pos
+        spans[ESCAPED, i] = 0
+    na = ne = nl = 0
+    first = True
+    while True:
+        ks, kn, pos = _next_key(buf, pos, end, first)
+        first = False
+        if pos < 0:
+            return 0, 0, 0, FAIL
+        if kn < 0:
+            break
+        if _eq(buf, ks, kn, K_TRACE_ID):
+            pos = _text_field(buf, pos, end, spans, TRACE_S, i, fill)
+        elif _eq(buf, ks, kn, K_SPAN_ID):
+            pos = _text_field(buf, pos, end, spans, SPAN_S, i, fill)
+        elif _eq(buf, ks, kn, K_PARENT):
+            pos = _text_field(buf, pos, end, spans, PARENT_S, i, fill)
+        elif _eq(buf, ks, kn, K_STATE):
+            pos = _text_field(buf, pos, end, spans, STATE_S, i, fill)
+        elif _eq(buf, ks, kn, K_NAME):
+            pos = _text_field(buf, pos, end, spans, NAME_S, i, fill)
+        elif _eq(buf, ks, kn, K_KIND):
+            kind, pos = _enum(buf, pos, end, K_KINDS)
+            if fill:
+                spans[KIND, i] = kind
+        elif _eq(buf, ks, kn, K_START):
+            value, pos = _integer(buf, pos, end)
+            if fill:
+                spans[START, i] = value
+        elif _eq(buf, ks, kn, K_END):
+            value, pos = _integer(buf, pos, end)
+            if fill:
+                spans[END, i] = value
+        elif _eq(buf, ks, kn, K_ATTRIBUTES):
+            count, pos = _attributes(buf, pos, end, attrs, a + na, fill, flags)
+            na += count
+        elif _eq(buf, ks, kn, K_EVENTS):
+            count, pos = _raw_items(buf, pos, end, events, e + ne, i, fill, flags)
+            ne += count
+        elif _eq(buf, ks, kn, K_LINKS):
+            count, pos = _raw_items(buf, pos, end, links, ln + nl, i, fill, flags)
+            nl += count
+        elif _eq(buf, ks, kn, K_STATUS):
+            pos = _status(buf, pos, end, spans, i, fill)
+        else:
+            pos = _skippable(buf, ks, kn, pos, end)
+        if pos < 0:
+            return 0, 0, 0, FAIL
+    if fill:
+        spans[ATTR_COUNT, i] = na
+    return na, ne, nl, pos
+
+
+@njit(cache=True, nogil=True)
+def _object_slice(buf, pos, end, side, row, owner, fill):
+    start = _ws(buf, pos, end)
+    pos = _skip(buf, start, end)
+    if fill and pos >= 0:
+        side[row, 0] = start
+        side[row, 1] = pos - start
+        side[row, 2] = owner
+    return pos
+
+
+@njit(cache=True, nogil=True)
+def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links, fill, flags):
+    """One request line; ``counts`` (spans, attrs, resources, scopes, events, links) advance
+    only when it succeeds. Returns a LINE_* code."""
+    i, a, r, s, e, ln = counts[0], counts[1], counts[2], counts[3], counts[4], counts[5]
+    found = False
+    pos = _open(buf, pos, end, 123)
+    first = True
+    while pos >= 0:
+        ks, kn, pos = _next_key(buf, pos, end, first)
+        first = False
+        if pos < 0:
+            return LINE_FALLBACK
+        if kn < 0:
+            break
+        if _eq(buf, ks, kn, K_RESOURCE_METRICS) or _eq(buf, ks, kn, K_RESOURCE_LOGS):
+            return LINE_OTHER_SIGNAL
+        if not _eq(buf, ks, kn, K_RESOURCE_SPANS):
+            return LINE_FALLBACK  # not a traces request as the scan knows it
+        found = True
+        pos = _open(buf, pos, end, 91)
+        n_rs = 0
+        while pos >= 0:
+            item = _next_item(buf, pos, end, n_rs == 0)
+            if item == FAIL:
+                return LINE_FALLBACK
+            if item <= -2:
+                pos = -2 - item + 1
+                break
+            pos = _open(buf, item, end, 123)
+            if fill and r >= resources.shape[0]:
+                flags[0] = 1
+                return LINE_FALLBACK
+            if fill:
+                resources[r, 0] = item
+                resources[r, 1] = 0
+            rs_first = True
+            while pos >= 0:
+                ks, kn, pos = _next_key(buf, pos, end, rs_first)
+                rs_first = False
+                if pos < 0:
+                    return LINE_FALLBACK
+                if kn < 0:
+                    break
+                if _eq(buf, ks, kn, K_RESOURCE):
+                    pos = _object_slice(buf, pos, end, resources, r, r, fill)
+                elif _eq(buf, ks, kn, K_SCOPE_SPANS):
+                    pos = _open(buf, pos, end, 91)
+                    n_ss = 0
+                    while pos >= 0:
+                        item = _next_item(buf, pos, end, n_ss == 0)
+                        if item == FAIL:
+                            return LINE_FALLBACK
+                        if item <= -2:
+                            pos = -2 - item + 1
+                            break
+                        pos = _open(buf, item, end, 123)
+                        if fill and s >= scopes.shape[0]:
+                            flags[0] = 1
+                            return LINE_FALLBACK
+                        if fill:
+                            scopes[s, 0] = item
+                            scopes[s, 1] = 0
+                            scopes[s, 2] = r
+                        ss_first = True
+                        while pos >= 0:
+                            ks, kn, pos = _next_key(buf, pos, end, ss_first)
+                            ss_first = False
+                            if pos < 0:
+                                return LINE_FALLBACK
+                            if kn < 0:
+                                break
+                            if _eq(buf, ks, kn, K_SCOPE):
+                                pos = _object_slice(buf, pos, end, scopes, s, r, fill)
+                            elif _eq(buf, ks, kn, K_SPANS):
+                                pos = _open(buf, pos, end, 91)
+                                n_sp = 0
+                                while pos >= 0:
+                                    item = _next_item(buf, pos, end, n_sp == 0)
+                                    if item == FAIL:
+                                        return LINE_FALLBACK
+                                    if item <= -2:
+                                        pos = -2 - item + 1
+                                        break
+                                    if fill and i < spans.shape[1]:
+                                        spans[SCOPE, i] = s
+                                        spans[RESOURCE, i] = r
+                                    na, ne, nl, pos = _span(buf, item, end, spans, i, attrs, a, events, e, links, ln,
+                                                            fill, flags)
+                                    if pos < 0:
+                                        return LINE_FALLBACK
+                                    i += 1
+                                    a += na
+                                    e += ne
+                                    ln += nl
+                                    n_sp += 1
+                            else:
+                                pos = _skippable(buf, ks, kn, pos, end)
+                        s += 1
+                        n_ss += 1
+                else:
+                    pos = _skippable(buf, ks, kn, pos, end)
+            r += 1
+            n_rs += 1
+    if pos < 0 or not found:
+        return LINE_FALLBACK
+    if _ws(buf, pos, end) != end:
+        return LINE_FALLBACK  # trailing garbage after the object
+    counts[0], counts[1], counts[2], counts[3], counts[4], counts[5] = i, a, r, s, e, ln
+    return LINE_OK
+
+
+@njit(cache=True, nogil=True)
+def scan(buf, starts, ends, first, status, counts, spans, attrs, resources, scopes, events, links):
+    """Record the lines from ``first`` on; each line's LINE_* code goes to ``status``.
+
+    ``counts`` (spans, attributes, resources, scopes, events, links written so far) advance
+    with every line read. Returns the index of a line that did not fit (the caller grows
+    the arrays and calls again from there), or the number of lines when all are done.
+    """
+    flags = np.zeros(1, dtype=np.int64)
+    for line in range(first, starts.size):
+        status[line] = _line(buf, starts[line], ends[line], counts, spans, attrs, resources, scopes,
+                             events, links, True, flags)
+        if flags[0]:
+            return line
+    return starts.size

@@ -1,0 +1,179 @@
+"""Batches of OTLP/JSON lines into Arrow columns through the compiled scan (``_json_kernel``).
+
+The scan says where every value lies; here strings are cut out in bulk (``_wire_kernel.gather``),
+ids are lower-cased by Arrow, and the rare parts (resources, scopes, events, links, values
+that are not strings, ints or bools, strings with escapes) are parsed by orjson one by one.
+Lines the scan leaves alone come back to the caller with their status, for the orjson path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, _text_id_to_hex, build_tables
+from nemo_telemetry.analysis._otlp_json import _attribute_dict, _extend_attributes, any_value_to_python, value_to_string
+
+__all__ = ["decode_json_lines", "LINE_OK", "LINE_OTHER_SIGNAL", "LINE_FALLBACK"]
+
+LINE_OK, LINE_OTHER_SIGNAL, LINE_FALLBACK = 0, 1, 2
+
+
+def _kernels():
+    from nemo_telemetry.analysis import _json_kernel, _wire_kernel
+
+    return _json_kernel, _wire_kernel
+
+
+def decode_json_lines(lines: list[bytes]) -> tuple[OtlpTables, np.ndarray]:
+    """The tables of the lines the scan understood, and each line's LINE_* status."""
+    try:
+        k, w = _kernels()
+    except ImportError:  # numba missing: every line takes the orjson path
+        return OtlpTables.empty(), np.full(len(lines), LINE_FALLBACK, dtype=np.int8)
+    buffer = b"".join(lines)
+    data = np.frombuffer(buffer, dtype=np.uint8)
+    sizes = np.fromiter((len(line) for line in lines), dtype=np.int64, count=len(lines))
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    status = np.zeros(len(lines), dtype=np.int8)
+    counts = np.zeros(6, dtype=np.int64)
+    guess = max(64, len(buffer) // 256)  # a span of a few attributes takes ~400 bytes of JSON
+    arrays = [
+        np.zeros((k.SPAN_COLUMNS, guess), dtype=np.int64),
+        np.zeros((k.ATTR_COLUMNS, 4 * guess), dtype=np.int64),
+        *(np.zeros((max(16, 2 * len(lines)), k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)),
+        *(np.zeros((64, k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)),
+    ]
+    line = 0
+    while (line := k.scan(data, starts, ends, line, status, counts, *arrays)) < len(lines):
+        arrays = [_grown(a, int(c), 1 if i < 2 else 0) for i, (a, c) in enumerate(zip(arrays, counts))]
+    n = int(counts[0])
+    if n == 0:
+        return OtlpTables.empty(), status
+    spans, attrs = arrays[0][:, :n], arrays[1][:, : int(counts[1])]
+    side = [a[: int(c)] for a, c in zip(arrays[2:], counts[2:])]
+    try:
+        return _assemble(k, w, buffer, data, spans, attrs, *side), status
+    except (pa.ArrowInvalid, orjson.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError):
+        # e.g. invalid UTF-8 or an odd resource: let the exact path judge every line
+        status[status == LINE_OK] = LINE_FALLBACK
+        return OtlpTables.empty(), status
+
+
+def _grown(array: np.ndarray, used: int, axis: int) -> np.ndarray:
+    """``array`` with twice the room along its record ``axis``, the ``used`` records copied."""
+    shape = list(array.shape)
+    shape[axis] = 2 * shape[axis] + 16
+    bigger = np.zeros(shape, dtype=array.dtype)
+    index = (slice(None), slice(0, used)) if axis == 1 else (slice(0, used),)
+    bigger[index] = array[index]
+    return bigger
+
+
+def _assemble(k, w, buffer, data, spans, attrs, resources, scopes, events, links) -> OtlpTables:
+    extras = SpanColumns()
+    extras.resources.extend(_resource(buffer, start, length) for start, length, _ in resources.tolist())
+    extras.scopes.extend(_scope(buffer, start, length) for start, length, _ in scopes.tolist())
+    _events_and_links(buffer, events, links, extras)
+    escaped = spans[k.ESCAPED]
+
+    def text(column: int) -> pa.Array:
+        return _strings(w, buffer, data, spans[column], spans[column + 1], (escaped >> column) & 1 == 1)
+
+    arrays = SpanArrays(
+        trace_id=_ids(text(k.TRACE_S), 16),
+        span_id=_ids(text(k.SPAN_S), 8),
+        parent_span_id=_ids(text(k.PARENT_S), 8),
+        trace_state=text(k.STATE_S),
+        name=text(k.NAME_S),
+        kind=pa.array(spans[k.KIND]),
+        start_ns=pa.array(spans[k.START]),
+        end_ns=pa.array(spans[k.END]),
+        status_code=pa.array(spans[k.CODE]),
+        status_message=text(k.MSG_S),
+        scope_index=pa.array(spans[k.SCOPE].astype(np.int32)),
+        resource_index=pa.array(spans[k.RESOURCE].astype(np.int32)),
+        attr_counts=spans[k.ATTR_COUNT],
+        attr_keys=_strings(w, buffer, data, attrs[k.KEY_S], attrs[k.KEY_N], attrs[k.ATTR_ESCAPED] & 2 == 2),
+        attr_values=_values(k, w, buffer, data, attrs),
+    )
+    return build_tables(arrays, extras)
+
+
+def _strings(w, buffer: bytes, data: np.ndarray, start, length, escaped: np.ndarray) -> pa.Array:
+    """JSON string contents as strings; the few with escapes are decoded by orjson."""
+    offsets, chars = w.gather(data, np.ascontiguousarray(start), np.ascontiguousarray(length))
+    strings = pa.Array.from_buffers(pa.large_string(), start.size, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
+    strings.validate(full=True)  # UTF-8
+    if not escaped.any():
+        return strings
+    rows = np.flatnonzero(escaped)
+    decoded = [orjson.loads(b'"' + buffer[s : s + n] + b'"') for s, n in zip(start[rows].tolist(), length[rows].tolist())]
+    index = np.arange(start.size)
+    index[rows] = start.size + np.arange(rows.size)
+    return pa.concat_arrays([strings, pa.array(decoded, pa.large_string())]).take(pa.array(index))
+
+
+def _ids(text: pa.Array, width: int) -> pa.Array:
+    """Hex ids lower-cased; base64 ids (protobuf's JSON mapping) decoded one by one."""
+    lengths = pc.utf8_length(text)
+    if pc.all(pc.or_(pc.equal(lengths, 2 * width), pc.equal(lengths, 0))).as_py():
+        return pc.utf8_lower(text)
+    return pa.array([_text_id_to_hex(s, width) for s in text.to_pylist()], pa.string())
+
+
+def _values(k, w, buffer: bytes, data: np.ndarray, attrs: np.ndarray) -> pa.Array:
+    kind = attrs[k.VTYPE]
+    order = np.zeros(kind.size, dtype=np.int64)
+    parts: list[pa.Array] = []
+    done = 0
+
+    def add(mask: np.ndarray, strings: pa.Array) -> None:
+        nonlocal done
+        order[mask] = done + np.arange(len(strings))
+        parts.append(strings.cast(pa.large_string()))
+        done += len(strings)
+
+    is_str = kind == k.V_STRING
+    add(is_str, _strings(w, buffer, data, attrs[k.VAL_S][is_str], attrs[k.VAL_N][is_str], attrs[k.ATTR_ESCAPED][is_str] & 1 == 1))
+    is_int = kind == k.V_INT
+    add(is_int, pa.array(attrs[k.VAL_INT][is_int]).cast(pa.string()))
+    is_bool = kind == k.V_BOOL
+    add(is_bool, pa.array(attrs[k.VAL_INT][is_bool] != 0).cast(pa.string()))
+    rare = kind == k.V_RARE
+    bounds = zip(attrs[k.ANY_S][rare].tolist(), attrs[k.ANY_N][rare].tolist())
+    add(rare, pa.array([value_to_string(any_value_to_python(orjson.loads(buffer[s : s + n]))) for s, n in bounds], pa.string()))
+    absent = kind == k.V_ABSENT
+    add(absent, pa.nulls(int(absent.sum()), pa.string()))
+    return pa.concat_arrays(parts).take(pa.array(order))
+
+
+def _resource(buffer: bytes, start: int, length: int) -> dict:
+    if length == 0:
+        return {}
+    return _attribute_dict((orjson.loads(buffer[start : start + length]) or {}).get("attributes"))
+
+
+def _scope(buffer: bytes, start: int, length: int) -> tuple:
+    scope = orjson.loads(buffer[start : start + length]) if length else {}
+    scope = scope or {}
+    return scope.get("name") or None, scope.get("version") or None
+
+
+def _events_and_links(buffer: bytes, events: np.ndarray, links: np.ndarray, extras: SpanColumns) -> None:
+    for start, length, owner in events.tolist():
+        event = orjson.loads(buffer[start : start + length])
+        extras.event_span.append(owner)
+        extras.event_time.append(event.get("timeUnixNano", 0))
+        extras.event_name.append(event.get("name") or "")
+        _extend_attributes(extras.event_attrs, [event.get("attributes") or ()])
+    for start, length, owner in links.tolist():
+        link = orjson.loads(buffer[start : start + length])
+        extras.link_span.append(owner)
+        extras.link_trace_id.append(link.get("traceId") or "")
+        extras.link_span_id.append(link.get("spanId") or "")
+        extras.link_trace_state.append(link.get("traceState") or "")
+        _extend_attributes(extras.link_attrs, [link.get("attributes") or ()])
