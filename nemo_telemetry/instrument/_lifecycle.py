@@ -51,6 +51,7 @@ class _Runtime:
     provider: Any = None
     exporter: Any = None
     config: TelemetryConfig | None = None
+    meter_provider: Any = None
 
 
 _runtime = _Runtime()
@@ -207,6 +208,7 @@ def _start_provider(cfg: TelemetryConfig, *, rank: int, world_size: int, local_r
     if isinstance(trace_api.get_tracer_provider(), trace_api.ProxyTracerProvider):
         trace_api.set_tracer_provider(_gate.GLOBAL_TRACER_PROVIDER)  # settable once; it follows ours
     _runtime.provider, _runtime.exporter, _runtime.config = provider, exporter, cfg
+    _runtime.meter_provider = _start_meter_provider(cfg, resource, service)
     _gate.set_tracer_provider(provider)
     _gate.set_enabled_span_groups(groups)
     if cfg.logs_enabled:
@@ -214,6 +216,20 @@ def _start_provider(cfg: TelemetryConfig, *, rank: int, world_size: int, local_r
     if not _atexit_registered:
         atexit.register(shutdown_telemetry)
         _atexit_registered = True
+
+
+def _start_meter_provider(cfg: TelemetryConfig, resource: Any, service: str) -> Any:
+    """The ``rl.*`` metrics go where the spans go (dump files or OTLP); a failure only warns."""
+    from nemo_telemetry.instrument import metrics
+
+    try:
+        provider = metrics.build_meter_provider(resource, exporter=cfg.exporter, dump_dir=cfg.dump_dir,
+                                                service_name=service)
+    except Exception:
+        _log.warning("could not start the rl.* metrics; spans are unaffected", exc_info=True)
+        return None
+    metrics.set_meter_provider(provider)
+    return provider
 
 
 def otlp_protocol(environ: Mapping[str, str] | None = None) -> str:
@@ -289,10 +305,16 @@ def flush_telemetry(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
 
     Call it before ``ray.kill`` on an actor: a killed process runs no atexit handler.
     """
-    provider = _runtime.provider
+    provider, meter_provider = _runtime.provider, _runtime.meter_provider
     if provider is None:
         return True
-    return _bounded(lambda: provider.force_flush(int(timeout_s * 1000)), timeout_s, "flush")
+
+    def flush_both() -> bool:
+        spans_ok = provider.force_flush(int(timeout_s * 1000))
+        metrics_ok = meter_provider is None or meter_provider.force_flush(int(timeout_s * 1000))
+        return bool(spans_ok) and bool(metrics_ok)
+
+    return _bounded(flush_both, timeout_s, "flush")
 
 
 def shutdown_telemetry(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
@@ -301,12 +323,23 @@ def shutdown_telemetry(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
     Registered with ``atexit`` by the first init; safe to call from a ``finally`` as well.
     """
     with _lock:
-        provider = _runtime.provider
+        provider, meter_provider = _runtime.provider, _runtime.meter_provider
         _gate.set_enabled_span_groups(())
         _runtime.provider, _runtime.exporter, _runtime.config = None, None, None
+        _runtime.meter_provider = None
+        if meter_provider is not None:
+            from nemo_telemetry.instrument import metrics
+
+            metrics.set_meter_provider(None)
         if _gate.provider is provider:
             _gate.set_tracer_provider(None)
         _logging.uninstall_log_bridge()
     if provider is None:
         return True
-    return _bounded(provider.shutdown, timeout_s, "shutdown")
+
+    def shutdown_both() -> bool:
+        if meter_provider is not None:
+            meter_provider.shutdown(timeout_millis=timeout_s * 1000)
+        return provider.shutdown()
+
+    return _bounded(shutdown_both, timeout_s, "shutdown")
