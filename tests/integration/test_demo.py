@@ -1,0 +1,204 @@
+"""``nemo-telemetry demo``: a real instrumented run (Ray actors, threads, HTTP), read back by the analysis.
+
+Three runs for the whole module (sync, async, async without the collector's carrier), on the
+session's Ray cluster. Every assertion is made on what the dump exporter wrote and ingest read
+back, so it checks the instrumentation and the analysis together, the way a user meets them.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pandas as pd
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from _demo_runs import demo_run, spans_frame
+from nemo_telemetry.cli.app import app
+from nemo_telemetry.demo.actors import SERVICE_NAMES
+
+pytestmark = pytest.mark.slow
+
+STEPS = 4  # validation at 0 and 3, a checkpoint at 3 whose finalize runs into step 4
+
+
+@pytest.fixture(scope="module")
+def sync_run(ray_cluster, tmp_path_factory):
+    return demo_run(tmp_path_factory.getbasetemp(), mode="sync", steps=STEPS)
+
+
+@pytest.fixture(scope="module")
+def async_run(ray_cluster, tmp_path_factory):
+    return demo_run(tmp_path_factory.getbasetemp(), mode="async", steps=STEPS)
+
+
+@pytest.fixture(scope="module")
+def detached_run(ray_cluster, tmp_path_factory):
+    return demo_run(tmp_path_factory.getbasetemp(), mode="async", steps=3, no_carrier=True)
+
+
+def _one(frame, name):
+    rows = frame[frame["name"] == name]
+    assert len(rows) == 1, f"expected one {name!r} span, found {len(rows)}"
+    return rows.iloc[0]
+
+
+def _parent_of(frame, row):
+    return frame[frame["span_id"] == row["parent_span_id"]].iloc[0]
+
+
+# -- one trace per run -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture", ["sync_run", "async_run"])
+def test_every_process_joins_the_jobs_trace(fixture, request):
+    result = request.getfixturevalue(fixture)
+    spans = spans_frame(result)
+    assert spans["trace_id"].nunique() == 1
+    assert spans["run_id"].unique().tolist() == [result.run_id]
+    services = set(spans["service_name"])
+    expected = {SERVICE_NAMES["driver"], SERVICE_NAMES["policy"], SERVICE_NAMES["generation"]}
+    if result.mode == "async":
+        expected.add(SERVICE_NAMES["collector"])
+    assert expected <= services
+    policy_ranks = set(spans.loc[spans["service_name"] == SERVICE_NAMES["policy"], "rank"])
+    assert policy_ranks == {0, 1}
+    job = _one(spans, "rl.grpo.job")
+    assert pd.isna(job["parent_span_id"])
+    # every other span hangs off a parent that is in the dataset: nothing re-rooted or orphaned
+    assert set(spans.loc[spans["span_id"] != job["span_id"], "parent_span_id"]) <= set(spans["span_id"])
+
+
+def test_worker_spans_nest_under_the_driver_phase_that_called_them(sync_run):
+    spans = spans_frame(sync_run)
+    for worker_span, driver_span in [("rl.policy.train", "rl.grpo.policy_training"),
+                                     ("rl.policy.get_logprobs", "rl.grpo.policy_and_reference_logprobs"),
+                                     ("rl.vllm.engine.generate", "rl.vllm.generate"),
+                                     ("rl.policy.load_model", "rl.setup.workers")]:
+        rows = spans[spans["name"] == worker_span]
+        assert len(rows) > 0, worker_span
+        parents = {_parent_of(spans, row)["name"] for _, row in rows.iterrows()}
+        assert parents == {driver_span}, worker_span
+
+
+def test_the_reward_http_hop_is_client_then_server_across_the_header(sync_run):
+    spans = spans_frame(sync_run)
+    servers = spans[(spans["kind"] == "server") & (spans["name"] == "POST /verify")]
+    assert len(servers) == STEPS * 4  # one per prompt group and step
+    for _, server in servers.iterrows():
+        client = _parent_of(spans, server)
+        assert client["kind"] == "client"
+        assert _parent_of(spans, client)["name"] == "rl.gym.run_rollouts"
+        assert server["attributes"]["http.response.status_code"] == "200"
+
+
+# -- goodput and findings ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture", ["sync_run", "async_run"])
+def test_goodput_is_a_share_and_the_default_run_has_no_error_findings(fixture, request):
+    result = request.getfixturevalue(fixture)
+    total = result.goodput.total
+    assert 0 < total["goodput"] < 1
+    assert result.goodput.steps.num_rows == STEPS
+    assert result.goodput.job_wall_s > total["wall_s"]  # startup and teardown are outside the steps
+    errors = [f for f in result.check.findings if f.severity == "error"]
+    assert errors == []
+    assert result.check.counts["by_code"]["detached-trace"] == 0
+
+
+def test_async_goodput_has_no_productive_generation_term(sync_run, async_run):
+    # Seed 000: async generation overlaps training in the collector, whose batch spans are
+    # unbucketed umbrellas, so the driver's productive time is reward + training only.
+    sync_steps = sync_run.goodput.steps.to_pandas()
+    async_steps = async_run.goodput.steps.to_pandas()
+    assert async_run.goodput.total["goodput"] < sync_run.goodput.total["goodput"]
+    assert async_steps["wall_s"].median() < sync_steps["wall_s"].median()
+    assert async_steps["idle_s"].sum() > 0
+    assert sync_steps["idle_s"].sum() == 0
+
+
+def test_validation_and_checkpoint_shapes(sync_run):
+    spans = spans_frame(sync_run)
+    evaluate = spans[spans["name"] == "rl.grpo.evaluate"]
+    assert sorted(evaluate["rl.iteration"]) == [0, 3]
+    generate_in_eval = spans[spans["parent_span_id"].isin(evaluate["span_id"])]
+    assert set(generate_in_eval["name"]) == {"rl.vllm.generate"}
+    assert set(generate_in_eval["rl.bucket"]) == {"overhead"}  # bucket_scope(OVERHEAD)
+    assert set(spans.loc[spans["name"] == "rl.vllm.generate", "rl.bucket"]) == {"overhead", "productive"}
+    assert sync_run.goodput.outside_steps["overhead_s"] > 0  # validation at iteration 0
+
+    finalize = _one(spans, "rl.checkpoint.finalize")
+    staging = _parent_of(spans, finalize)
+    step3 = spans[(spans["name"] == "rl.grpo.step") & (spans["rl.iteration"] == 3)].iloc[0]
+    assert staging["name"] == "rl.grpo.checkpointing" and staging["rl.bucket"] == "overhead"
+    assert finalize["rl.iteration"] == 3 and pd.isna(finalize["rl.bucket"])
+    assert finalize["end_ns"] > step3["end_ns"]  # durable only during step 4
+    assert os.path.isdir(sync_run.out / "checkpoints" / "step_3")
+    assert sync_run.train.checkpoints == (str(sync_run.out / "checkpoints" / "step_3"),)
+
+
+def test_async_collector_batches_and_waits(async_run):
+    spans = spans_frame(async_run)
+    job = _one(spans, "rl.grpo.job")
+    collector = spans[spans["service_name"] == SERVICE_NAMES["collector"]]
+    batches = collector[collector["name"] == "rl.grpo.generation"]
+    assert len(batches) >= STEPS
+    assert set(batches["parent_span_id"]) == {job["span_id"]}  # the carrier taken inside the job
+    assert batches["rl.bucket"].isna().all()
+    assert all("rl.weight_version" in a and "rl.num_prompt_groups" in a for a in batches["attributes"])
+    puts = collector[collector["name"] == "rl.data_plane.put"]  # per_prompt_scope: unbucketed
+    assert len(puts) == 4 * len(batches) and puts["rl.bucket"].isna().all()
+    waits = collector[collector["rl.efficiency.category"].notna()]
+    assert set(waits["rl.efficiency.category"]) <= {"idle/refit_event_wait", "idle/generation_limit_pause"}
+    assert len(waits) > 0 and waits["rl.bucket"].isna().all()
+    bubbles = spans[spans["name"] == "rl.idle.refit_bubble"]
+    assert len(bubbles) == STEPS and set(bubbles["rl.bucket"]) == {"idle"}
+    assert set(bubbles["service_name"]) == {SERVICE_NAMES["driver"]}
+
+
+# -- --no-carrier breaks it, and the findings say so ------------------------------------------
+
+
+def test_without_the_carrier_the_collector_is_a_detached_trace(detached_run):
+    spans = spans_frame(detached_run)
+    job = _one(spans, "rl.grpo.job")
+    batches = spans[(spans["service_name"] == SERVICE_NAMES["collector"]) & (spans["name"] == "rl.grpo.generation")]
+    assert len(batches) > 0
+    assert batches["parent_span_id"].isna().all()
+    assert not (batches["trace_id"] == job["trace_id"]).any()
+    detached = [f for f in detached_run.check.findings if f.code == "detached-trace"]
+    assert detached and all(f.severity == "warning" for f in detached)
+    assert set(batches["span_id"]) <= {s for f in detached for s in f.span_ids}
+    assert "collector" in detached[0].message
+    assert 0 < detached_run.goodput.total["goodput"] < 1  # the driver's steps are intact
+
+
+# -- the CLI -----------------------------------------------------------------------------------
+
+
+def test_report_renders_goodput_findings_and_the_step_waterfall(sync_run):
+    from nemo_telemetry.cli.demo_cmds import print_demo_report
+
+    buffer = io.StringIO()
+    print_demo_report(sync_run, Console(file=buffer, width=160, color_system=None))
+    text = buffer.getvalue()
+    assert sync_run.run_id in text
+    assert "rl.grpo.policy_training" in text and "rl.checkpoint.finalize" in text  # the step-3 waterfall
+    assert "goodput" in text.lower()
+
+
+def test_cli_refuses_a_bad_mode_before_starting_anything(tmp_path):
+    result = CliRunner().invoke(app, ["demo", "--mode", "sometimes", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "sometimes" in result.output and "sync, async" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_an_out_directory_it_did_not_make(tmp_path):
+    (tmp_path / "precious.txt").write_text("keep me")
+    result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "not empty" in result.output
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
