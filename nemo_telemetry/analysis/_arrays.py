@@ -24,8 +24,8 @@ from nemo_telemetry.analysis.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATIO
 from nemo_telemetry.analysis.tree import parent_indices, trace_mix, with_id_keys
 from nemo_telemetry.errors import IngestError
 
-__all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "READ_COLUMNS", "read_for_analysis",
-           "resource_values"]
+__all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS",
+           "GOODPUT_COLUMNS", "read_for_analysis", "resource_values"]
 
 BUCKETS = ("productive", "overhead", "idle", "wasted")
 UNKNOWN_BUCKET = -2
@@ -42,10 +42,15 @@ READ_COLUMNS = (
 _DICTIONARY_READS = ("trace_id", "resource_attributes.key_value.key", "resource_attributes.key_value.value")
 
 
-def read_for_analysis(source) -> pa.Table:
+GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "service_name", "run_id", "rank", BUCKET, ITERATION,
+                   "trace_key", "span_key", "parent_key")
+
+
+def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.Table:
     """The spans columns goodput and check need, from a dataset directory or raw dump files.
 
-    A dataset is projected onto :data:`READ_COLUMNS`; raw files are ingested whole in memory.
+    A dataset is projected onto ``columns`` (:data:`READ_COLUMNS`: what check reads;
+    :data:`GOODPUT_COLUMNS`: what goodput reads); raw files are ingested whole in memory.
     """
     items = [source] if isinstance(source, (str, Path)) else list(source)
     if len(items) != 1 or not is_dataset(Path(items[0])):
@@ -57,23 +62,40 @@ def read_for_analysis(source) -> pa.Table:
         fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
         dataset = ds.dataset(files, format=fmt)
         names = dataset.schema.names
-        columns = [c for c in READ_COLUMNS if c in names]
+        columns = [c for c in columns if c in names]
         if not all(key in names for key in ("trace_key", "span_key", "parent_key")):
-            columns += [c for c in ("span_id", "parent_span_id") if c in names]  # keys are computed from them
+            columns += [c for c in ("trace_id", "span_id", "parent_span_id") if c in names and c not in columns]
         return dataset.to_table(columns=columns)
     except (pa.ArrowInvalid, OSError) as exc:
         raise IngestError(f"{items[0]}: cannot read the spans table ({exc}); re-run nemo-telemetry ingest") from None
 
 
 def _codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:
-    """(int32 codes with -1 for null, the distinct values) of a string or dictionary column."""
-    if column not in spans.column_names:
+    """(int32 codes with -1 for null, the distinct values) of a string or dictionary column.
+
+    Chunk by chunk: each chunk's (small) dictionary is mapped onto the shared values once,
+    then its indices go through that map, so no chunk's data is concatenated or re-encoded.
+    """
+    if column not in spans.column_names or spans.num_rows == 0:
         return np.full(spans.num_rows, -1, dtype=np.int32), ()
-    arr = spans.column(column).combine_chunks() if spans.num_rows else pa.array([], pa.string())
-    if not pa.types.is_dictionary(arr.type):
-        arr = pc.dictionary_encode(arr)
-    codes = _filled(arr.indices, -1).astype(np.int32, copy=False)
-    return codes, tuple(arr.dictionary.to_pylist())
+    values: dict = {}
+    parts = []
+    for chunk in spans.column(column).chunks:
+        if not pa.types.is_dictionary(chunk.type):
+            chunk = pc.dictionary_encode(chunk)
+        local = np.array([values.setdefault(v, len(values)) if v is not None else -1
+                          for v in chunk.dictionary.to_pylist()] + [-1], dtype=np.int32)
+        parts.append(local[_filled(chunk.indices, -1)])
+    return np.concatenate(parts), tuple(values)
+
+
+def _row_value(column: pa.ChunkedArray, row: int):
+    """One value of a chunked column without concatenating or taking over the chunks."""
+    for chunk in column.chunks:
+        if row < len(chunk):
+            return chunk[row].as_py()
+        row -= len(chunk)
+    raise IndexError(row)
 
 
 def _filled(column: pa.Array | pa.ChunkedArray, fill: int) -> np.ndarray:
@@ -94,6 +116,23 @@ def _int_column(spans: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
     return values, valid
 
 
+def code_mask(codes: np.ndarray, chosen, size: int) -> np.ndarray:
+    """``np.isin(codes, chosen)`` for small-integer codes (-1 never chosen), by one table lookup."""
+    table = np.zeros(size + 1, dtype=bool)
+    chosen = np.asarray(chosen, dtype=np.int64)
+    table[chosen[(chosen >= 0) & (chosen < size)]] = True
+    return table[np.where(codes >= 0, codes, size)] if codes.size and codes.min() < 0 else table[codes]
+
+
+def pairs_present(first: np.ndarray, second: np.ndarray, second_size: int) -> list[tuple[int, int]]:
+    """The distinct (first, second) pairs of two non-negative code arrays, by counting."""
+    if first.size == 0:
+        return []
+    width = max(second_size, 1)
+    counts = np.bincount(first.astype(np.int64) * width + second, minlength=(int(first.max()) + 1) * width)
+    return [divmod(int(k), width) for k in np.flatnonzero(counts)]
+
+
 def codes_matching(values: tuple, regex: str) -> np.ndarray:
     """Codes of the distinct values that match ``regex`` (decided once per value)."""
     pattern = re.compile(regex)
@@ -109,19 +148,50 @@ class SpanArrays:
     names: tuple
     run: np.ndarray
     runs: tuple
-    service: np.ndarray
-    services: tuple
     start: np.ndarray
     end: np.ndarray
     bucket: np.ndarray  # index into BUCKETS, NO_BUCKET, or UNKNOWN_BUCKET
     bucket_raw: np.ndarray  # code into bucket_values
     bucket_values: tuple
-    category: np.ndarray
-    categories: tuple
     iteration: np.ndarray
     has_iteration: np.ndarray
-    rank: np.ndarray
-    has_rank: np.ndarray
+
+    # Decoded on first use only: goodput by step never reads them.
+    @cached_property
+    def _service(self) -> tuple[np.ndarray, tuple]:
+        return _codes(self.table, "service_name")
+
+    @property
+    def service(self) -> np.ndarray:
+        return self._service[0]
+
+    @property
+    def services(self) -> tuple:
+        return self._service[1]
+
+    @cached_property
+    def _category(self) -> tuple[np.ndarray, tuple]:
+        return _codes(self.table, EFFICIENCY_CATEGORY)
+
+    @property
+    def category(self) -> np.ndarray:
+        return self._category[0]
+
+    @property
+    def categories(self) -> tuple:
+        return self._category[1]
+
+    @cached_property
+    def _rank(self) -> tuple[np.ndarray, np.ndarray]:
+        return _int_column(self.table, "rank")
+
+    @property
+    def rank(self) -> np.ndarray:
+        return self._rank[0]
+
+    @property
+    def has_rank(self) -> np.ndarray:
+        return self._rank[1]
 
     def __len__(self) -> int:
         return len(self.start)
@@ -140,21 +210,23 @@ class SpanArrays:
     @cached_property
     def orphan(self) -> np.ndarray:
         """Spans that name a parent which is not in the table (same trace), by a sorted membership test."""
-        span_key, trace_key, parent_key = self._keys
-        mix = trace_mix(trace_key)
+        own, wanted_all = self._mixed
         children = np.flatnonzero(self.has_parent)
-        wanted = parent_key[children] ^ mix[children]
-        own = np.sort(span_key ^ mix)
-        del mix
+        wanted = wanted_all[children]
+        own = np.sort(own)
         ordered = np.sort(wanted)
         pos = np.minimum(np.searchsorted(own, ordered), len(own) - 1)
         missing = np.unique(ordered[own[pos] != ordered])
         del ordered, own, pos
-        out = np.zeros(len(span_key), dtype=bool)
+        out = np.zeros(len(self), dtype=bool)
         if missing.size:
             at = np.minimum(np.searchsorted(missing, wanted), missing.size - 1)
             out[children[missing[at] == wanted]] = True
         return out
+
+    @property
+    def trace_keys(self) -> np.ndarray:
+        return self._keys[1]
 
     @cached_property
     def _keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -162,10 +234,16 @@ class SpanArrays:
                      for c in ("span_key", "trace_key", "parent_key"))
 
     @cached_property
+    def _mixed(self) -> tuple[np.ndarray, np.ndarray]:
+        """(span key, parent key) of every row, each mixed with its trace: one number per (id, trace)."""
+        span_key, trace_key, parent_key = self._keys
+        mix = trace_mix(trace_key)
+        return span_key ^ mix, parent_key ^ mix
+
+    @cached_property
     def _sorted_spans(self) -> tuple[np.ndarray, np.ndarray, int]:
         """Span keys mixed with their trace, row number packed in the low bits, sorted (for lookups)."""
-        span_key, trace_key, _ = self._keys
-        own = span_key ^ trace_mix(trace_key)
+        own = self._mixed[0]
         bits = max(1, (len(own) - 1).bit_length())
         high = ~np.uint64((1 << bits) - 1)
         return own, np.sort((own & high) | np.arange(len(own), dtype=np.uint64)), bits
@@ -177,9 +255,8 @@ class SpanArrays:
         if "parents" in self.__dict__:
             return self.parents[rows]
         own, packed, bits = self._sorted_spans
-        _, trace_key, parent_key = self._keys
         low = np.uint64((1 << bits) - 1)
-        wanted = parent_key[rows] ^ trace_mix(trace_key[rows])
+        wanted = self._mixed[1][rows]
         pos = np.searchsorted(packed, wanted & ~low)
         out = np.full(len(rows), -1, dtype=np.int64)
         pending = np.flatnonzero(self.has_parent[rows])
@@ -202,7 +279,7 @@ class SpanArrays:
 
     def rows_of_names(self, regex: str) -> np.ndarray:
         """Boolean mask of the rows whose name matches ``regex``."""
-        return np.isin(self.name, codes_matching(self.names, regex))
+        return code_mask(self.name, codes_matching(self.names, regex), len(self.names))
 
     def resource_values(self, key: str, rows: np.ndarray) -> tuple[np.ndarray, tuple]:
         """(codes, values) of resource attribute ``key`` for ``rows`` (code -1: absent)."""
@@ -218,8 +295,11 @@ class SpanArrays:
         """Hex ids of ``rows``: the id column when read, else the uint64 key (span ids are exact)."""
         rows = np.asarray(rows, dtype=np.int64)
         if column in self.table.column_names:
-            return [str(v) for v in self.table.column(column).take(pa.array(rows)).to_pylist()]
-        return [f"{int(v):016x}" for v in self.table.column(key).take(pa.array(rows)).to_pylist()]
+            return [str(_row_value(self.table.column(column), r)) for r in rows]
+        keys = self._keys[0 if key == "span_key" else 1] if "_keys" in self.__dict__ or len(rows) > 100 else None
+        if keys is not None:
+            return [f"{int(keys[r]):016x}" for r in rows]
+        return [f"{int(_row_value(self.table.column(key), r)):016x}" for r in rows]
 
     def walk_up(self, rows: np.ndarray, *, ancestors: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For ``rows``: (attributed iteration, whether one was found, nearest bucketed ancestor or -1).
@@ -257,20 +337,15 @@ def span_arrays(spans: pa.Table) -> SpanArrays:
     spans = with_id_keys(spans)
     name, names = _codes(spans, "name")
     run, runs = _codes(spans, "run_id")
-    service, services = _codes(spans, "service_name")
     bucket_raw, bucket_values = _codes(spans, BUCKET)
-    category, categories = _codes(spans, EFFICIENCY_CATEGORY)
     lookup = np.array([BUCKETS.index(v) if v in BUCKETS else UNKNOWN_BUCKET for v in bucket_values] + [NO_BUCKET],
                       dtype=np.int8)
     start, _ = _int_column(spans, "start_ns")
     end, _ = _int_column(spans, "end_ns")
     iteration, has_iteration = _int_column(spans, ITERATION)
-    rank, has_rank = _int_column(spans, "rank")
     return SpanArrays(
-        table=spans, name=name, names=names, run=run, runs=runs, service=service, services=services,
-        start=start, end=end, bucket=lookup[bucket_raw], bucket_raw=bucket_raw, bucket_values=bucket_values,
-        category=category, categories=categories, iteration=iteration, has_iteration=has_iteration,
-        rank=rank, has_rank=has_rank,
+        table=spans, name=name, names=names, run=run, runs=runs, start=start, end=end, bucket=lookup[bucket_raw],
+        bucket_raw=bucket_raw, bucket_values=bucket_values, iteration=iteration, has_iteration=has_iteration,
     )
 
 
@@ -288,14 +363,14 @@ def resource_values(spans: pa.Table, key: str, rows: np.ndarray) -> tuple[np.nda
     start = 0
     for chunk in spans.column("resource_attributes").chunks:
         offsets = chunk.offsets.to_numpy()
-        owner = np.repeat(np.arange(start, start + len(chunk)), np.diff(offsets))
         first, count = int(offsets[0]), int(offsets[-1] - offsets[0])
         keys, items = chunk.keys.slice(first, count), chunk.items.slice(first, count)
-        match = _equals(keys, key)
+        match = np.flatnonzero(_equals(keys, key))
+        owner = np.searchsorted(offsets, match + first, side="right") - 1 + start
         item_codes, item_values = _dictionary(items)
         local = np.array([values.setdefault(v, len(values)) if v is not None else -1 for v in item_values] + [-1],
                          dtype=np.int64)
-        codes[owner[match]] = local[item_codes[match]]
+        codes[owner] = local[item_codes[match]]
         start += len(chunk)
     return codes[rows], tuple(values)
 
@@ -308,4 +383,4 @@ def _dictionary(arr: pa.Array) -> tuple[np.ndarray, list]:
 
 def _equals(arr: pa.Array, value: str) -> np.ndarray:
     codes, values = _dictionary(arr)
-    return np.isin(codes, [i for i, v in enumerate(values) if v == value])
+    return code_mask(codes, [i for i, v in enumerate(values) if v == value], len(values))

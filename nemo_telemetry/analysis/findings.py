@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from nemo_telemetry.analysis._arrays import BUCKETS, NO_BUCKET, UNKNOWN_BUCKET, codes_matching
+from nemo_telemetry.analysis._arrays import BUCKETS, NO_BUCKET, UNKNOWN_BUCKET, code_mask, codes_matching, pairs_present
 from nemo_telemetry.analysis.goodput import JOB_SPAN_REGEX, STEP_SPAN_REGEX, _Analysis, analyse, runs_of
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
@@ -222,9 +222,11 @@ def _umbrella_bucket(ctx: _Context) -> tuple[int, list[Finding]]:
     umbrella_only, unbucketed = _catalogue_name_sets(a.names)
     unbucketed_categories = np.array([i for i, c in enumerate(a.categories) if c in UNBUCKETED_SPAN_CATEGORIES],
                                      dtype=np.int32)
-    declared_unbucketed = np.isin(a.name, unbucketed) | np.isin(a.category, unbucketed_categories)
-    rows = np.flatnonzero((a.bucket != NO_BUCKET) & ctx.analysis.keep & (np.isin(a.name, umbrella_only)
-                                                                          | declared_unbucketed))
+    bucketed = np.flatnonzero((a.bucket != NO_BUCKET) & ctx.analysis.keep)
+    names, categories = a.name[bucketed], a.category[bucketed]
+    flagged = (code_mask(names, umbrella_only, len(a.names)) | code_mask(names, unbucketed, len(a.names))
+               | code_mask(categories, unbucketed_categories, len(a.categories)))
+    rows = bucketed[flagged]
     count, groups = _groups(rows, a.run[rows], a.name[rows])
     out = []
     for (run, name), members in _take(count, groups, ctx.limit):
@@ -273,7 +275,7 @@ def _unstamped(ctx: _Context) -> tuple[int, list[Finding]]:
 def _orphans(ctx: _Context) -> tuple[int, list[Finding]]:
     a = ctx.arrays
     rows = np.flatnonzero(a.orphan & ctx.analysis.keep)
-    trace_key = a.table.column("trace_key").take(pa.array(rows)).to_numpy() if len(rows) else np.zeros(0)
+    trace_key = a.trace_keys[rows]
     count, groups = _groups(rows, a.run[rows], trace_key)
     out = []
     for (run, _), members in _take(count, groups, ctx.limit):
@@ -287,18 +289,21 @@ def _orphans(ctx: _Context) -> tuple[int, list[Finding]]:
 
 def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
     a, keep = ctx.arrays, ctx.analysis.keep
-    trace_key = a.table.column("trace_key").combine_chunks().to_numpy() if len(a) else np.zeros(0, np.uint64)
+    trace_key = a.trace_keys
     anchor = np.flatnonzero(a.rows_of_names(f"{JOB_SPAN_REGEX}|{STEP_SPAN_REGEX}") & keep)
     anchored_traces = np.unique(trace_key[anchor])
     anchored_runs = np.unique(a.run[anchor])
-    rows = np.flatnonzero(keep & np.isin(a.run, anchored_runs) & ~np.isin(trace_key, anchored_traces))
-    standalone = np.isin(a.name, np.concatenate([_group_name_codes(a.names, g) for g in _STANDALONE_GROUPS]))
+    rows = np.flatnonzero(keep & code_mask(a.run, anchored_runs, len(a.runs)))
+    rows = rows[~_in_sorted(trace_key[rows], anchored_traces)]
+    standalone = code_mask(a.name, np.concatenate([_group_name_codes(a.names, g) for g in _STANDALONE_GROUPS]),
+                           len(a.names))
     root = ~a.has_parent[rows] | a.orphan[rows]
     frame = pd.DataFrame({"run": a.run[rows], "trace": trace_key[rows], "designed": ~root | standalone[rows]})
     by_design = frame.groupby(["run", "trace"])["designed"].transform("all").to_numpy()
     rows = rows[~by_design]
     count, groups = _groups(rows, a.run[rows], trace_key[rows])
-    collector = np.isin(a.name, np.concatenate([_group_name_codes(a.names, g) for g in ("rollout", "efficiency")]))
+    collector = code_mask(a.name, np.concatenate([_group_name_codes(a.names, g) for g in ("rollout", "efficiency")]),
+                          len(a.names))
     anchor_trace_of_run = {int(r): int(anchor[a.run[anchor] == r][0]) for r in anchored_runs}
     out = []
     for (run, _), members in _take(count, groups, ctx.limit):
@@ -318,6 +323,14 @@ def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
             f"trace {other} holds the run's steps; {hint}"), roots, run,
             iteration=ctx.common_iteration(members)))
     return count, out
+
+
+def _in_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """``np.isin`` against a small sorted set, by binary search (no sort of ``values``)."""
+    if sorted_set.size == 0:
+        return np.zeros(len(values), dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_set, values), sorted_set.size - 1)
+    return sorted_set[at] == values
 
 
 def _group_name_codes(names: tuple, group_name: str) -> np.ndarray:
@@ -410,11 +423,9 @@ def _enabled_groups(ctx: _Context) -> dict[int, set[str]]:
     a = ctx.arrays
     rows = np.flatnonzero(ctx.analysis.keep)
     codes, specs = a.resource_values(SPAN_GROUPS_ATTRIBUTE, rows)
-    present = codes >= 0
-    width = max(len(specs), 1)
+    present = (codes >= 0) & (a.run[rows] >= 0)
     out: dict[int, set[str]] = {}
-    for pair in np.unique(a.run[rows][present].astype(np.int64) * width + codes[present]):
-        run, spec = divmod(int(pair), width)
+    for run, spec in pairs_present(a.run[rows][present], codes[present], len(specs)):
         out.setdefault(run, set()).update(g.strip().lower() for g in specs[spec].split(",") if g.strip())
     return out
 
@@ -427,13 +438,12 @@ def _missing_groups(ctx: _Context) -> tuple[int, list[Finding]]:
     catalogue = {info.name: info for info in REGISTRY.catalogue()}
     regexes = {g: re.compile("|".join(span_name_regex(p) for p in info.spans)) for g, info in catalogue.items()
                if info.spans}
-    width = max(len(a.names), 1)
-    keep = ctx.analysis.keep
-    pairs = np.unique(a.run[keep].astype(np.int64) * width + a.name[keep])
+    keep = ctx.analysis.keep & (a.run >= 0) & (a.name >= 0)
+    pairs = pairs_present(a.run[keep], a.name[keep], len(a.names))
     out = []
     count = 0
     for run, groups_on in sorted(enabled.items()):
-        present_names = [a.names[int(p) % width] for p in pairs if int(p) // width == run and int(p) % width >= 0]
+        present_names = [a.names[name] for r, name in pairs if r == run]
         present = {g for g, rx in regexes.items() if any(n is not None and rx.match(n) for n in present_names)}
         algorithms = {n.split(".")[1] for n in present_names if n and re.match(f"{STEP_SPAN_REGEX}|{JOB_SPAN_REGEX}", n)}
         for group_name in sorted((groups_on & catalogue.keys()) - present):

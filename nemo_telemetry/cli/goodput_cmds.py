@@ -14,7 +14,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from nemo_telemetry.analysis._arrays import read_for_analysis
+from nemo_telemetry.analysis._arrays import GOODPUT_COLUMNS, read_for_analysis
 from nemo_telemetry.analysis.findings import SEVERITIES, CheckReport, check_run
 from nemo_telemetry.analysis.goodput import BUCKETS, STEP_COLUMNS, RunGoodput, goodput_document, run_goodput
 from nemo_telemetry.cli._common import EXIT_FINDINGS, console, fail, library_errors, print_json
@@ -51,8 +51,8 @@ def goodput_command(
     if plot is not None and plot.suffix.lower() not in (".png", ".html"):
         raise fail(f"--plot {plot}: the file name must end in .png or .html")
     with library_errors():
-        runs = run_goodput(read_for_analysis(source), run_id=run, by=by)
-        base = run_goodput(read_for_analysis(baseline)) if baseline is not None else ()
+        runs = run_goodput(read_for_analysis(source, columns=GOODPUT_COLUMNS), run_id=run, by=by)
+        base = run_goodput(read_for_analysis(baseline, columns=GOODPUT_COLUMNS)) if baseline is not None else ()
         if plot is not None:
             from nemo_telemetry.analysis.plots import write_goodput_plot  # noqa: PLC0415 (matplotlib is optional)
 
