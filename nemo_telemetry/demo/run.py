@@ -173,6 +173,5 @@ def _analyse(root: Path, settings: DemoSettings, span_groups: str, run_id: str, 
 
 
 def _waterfall_step(settings: DemoSettings) -> int:
-    """The step worth looking at: the checkpointing one (its finalize outlives it), else the last."""
-    every = settings.checkpoint_every
-    return every if every < settings.steps else settings.steps
+    """The step worth looking at: the first checkpointing one (its finalize outlives it), else the last."""
+    return min(settings.checkpoint_every, settings.steps)

@@ -218,7 +218,7 @@ class _Loop:
             self._refit(i)
             if i % self.s.validate_every == 0:
                 self.validate(i)
-            if i % self.s.checkpoint_every == 0 and i < self.s.steps:
+            if i % self.s.checkpoint_every == 0:
                 self._checkpoint(i)
         return sum(sum(r) for r in rewards) / max(1, sum(len(r) for r in rewards))
 
