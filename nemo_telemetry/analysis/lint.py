@@ -22,12 +22,16 @@ declaration the instrument side and the analysis read. Group expressions are res
 registered group, and string literals; anything else (a variable) is not judged.
 Dispatch is matched by method *name* across the tree, since the receiver's class is not known
 statically; a method name shared by an unrelated class can hide or produce a finding.
+
+A deliberate exception is written where it happens, as a comment on the reported line:
+``# nemo-telemetry-lint: allow raw-otel-span`` (several codes comma-separated, or ``all``).
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -53,6 +57,7 @@ OUR_PRIMITIVES = LEAF_PRIMITIVES | UMBRELLA_PRIMITIVES | frozenset(
 )
 RAW_OTEL_SPAN_CALLS = frozenset({"start_as_current_span", "start_span"})
 GROUP_CLASSES = {"RLSpanGroup": RLSpanGroup, "GymSpanGroup": GymSpanGroup}
+_ALLOW_COMMENT = re.compile(r"#\s*nemo-telemetry-lint:\s*allow\s+([a-z][a-z, -]*)")
 _SKIPPED_DIRS = frozenset({".git", ".venv", "venv", "__pycache__", "node_modules", "build", "dist", ".tox"})
 
 
@@ -138,6 +143,11 @@ class _Module:
     bare_remote: list[tuple[int, str, str]] = field(default_factory=list)  # line, method, call text
     raw_spans: list[tuple[int, str]] = field(default_factory=list)
     uses_primitives: bool = False
+    allowed: dict[int, frozenset[str]] = field(default_factory=dict)  # line -> codes allowed there
+
+    def is_allowed(self, finding: LintFinding) -> bool:
+        codes = self.allowed.get(finding.line, frozenset())
+        return finding.code in codes or "all" in codes
 
 
 def _scan(source: str, filename: str) -> _Module:
@@ -145,9 +155,18 @@ def _scan(source: str, filename: str) -> _Module:
         tree = ast.parse(source, filename=filename)
     except SyntaxError as exc:
         raise LintError(f"{filename}:{exc.lineno}: cannot be parsed ({exc.msg}); fix the syntax error") from None
-    module = _Module(filename)
+    module = _Module(filename, allowed=_allow_comments(source))
     _Visitor(module).visit(tree)
     return module
+
+
+def _allow_comments(source: str) -> dict[int, frozenset[str]]:
+    allowed: dict[int, frozenset[str]] = {}
+    for number, line in enumerate(source.splitlines(), start=1):
+        match = _ALLOW_COMMENT.search(line)
+        if match:
+            allowed[number] = frozenset(c for c in re.split(r"[,\s]+", match.group(1)) if c)
+    return allowed
 
 
 def _callee(node: ast.expr) -> str | None:
@@ -324,7 +343,8 @@ def _findings(modules: list[_Module]) -> list[LintFinding]:
                     f"{qualname} is decorated with @accepts_trace_context but no call in the tree sends it a "
                     f"carrier; dispatch it with dispatch_with_trace_context(<actor>.{method}, ...) or pass "
                     "**trace_context_kwargs()"))
-    return sorted(findings)
+    by_file = {m.file: m for m in modules}
+    return sorted(f for f in findings if not by_file[f.file].is_allowed(f))
 
 
 def _raw_span_findings(module: _Module) -> list[LintFinding]:

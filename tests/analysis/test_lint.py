@@ -112,6 +112,17 @@ def test_raw_otel_span_only_counts_in_modules_that_use_our_primitives():
     assert [f.code for f in lint_source("span_cm('b')\n" + raw)] == ["raw-otel-span"]
 
 
+def test_an_allow_comment_on_the_reported_line_suppresses_only_its_codes():
+    source = (
+        "span_cm('x')\n"
+        "tracer.start_span('a')  # nemo-telemetry-lint: allow raw-otel-span (ends after its parent)\n"
+        "tracer.start_span('b')  # nemo-telemetry-lint: allow umbrella-alias\n"
+        "tracer.start_span('c')  # nemo-telemetry-lint: allow all\n"
+        "tracer.start_span('d')  # nemo-telemetry-lint: allow umbrella-alias, raw-otel-span\n"
+    )
+    assert [(f.line, f.code) for f in lint_source(source)] == [(3, "raw-otel-span")]
+
+
 def test_carrier_forms_that_count_as_dispatch():
     decorated = "class A:\n    @accepts_trace_context\n    def m(self, x):\n        pass\n"
     for call in (
