@@ -10,7 +10,7 @@ from rich.console import Console
 from nemo_telemetry.cli._common import EXIT_FINDINGS, console, library_errors
 from nemo_telemetry.cli.app import app
 
-DEFAULT_OUT = Path("nemo-telemetry-demo")
+DEFAULT_OUT = Path("demo-out")
 
 
 @app.command("demo")

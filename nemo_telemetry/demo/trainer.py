@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -123,9 +124,7 @@ def ray_session() -> Iterator[str]:
     if ray.is_initialized():
         yield "reused_local"
         return
-    # A loaded 2-core machine can take longer than Ray's default to bring its agents up.
-    quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": "WARNING",
-             "_system_config": {"agent_register_timeout_ms": 120_000}}
+    quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
         source = "attached_external"
