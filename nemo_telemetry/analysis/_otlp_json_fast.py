@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, _text_id_to_hex, build_tables
 from nemo_telemetry.analysis._otlp_json import _attribute_dict, _extend_attributes, any_value_to_python, value_to_string
@@ -83,10 +82,14 @@ def _assemble(k, w, buffer, data, spans, attrs, resources, scopes, events, links
     def text(column: int) -> pa.Array:
         return _strings(w, buffer, data, spans[column], spans[column + 1], (escaped >> column) & 1 == 1)
 
+    trace_id, trace_key = _ids(w, data, spans[k.TRACE_S], spans[k.TRACE_N], 16)
+    span_id, span_key = _ids(w, data, spans[k.SPAN_S], spans[k.SPAN_N], 8)
+    parent_id, parent_key = _ids(w, data, spans[k.PARENT_S], spans[k.PARENT_N], 8)
+    keys = (trace_key, span_key, parent_key)
     arrays = SpanArrays(
-        trace_id=_ids(text(k.TRACE_S), 16),
-        span_id=_ids(text(k.SPAN_S), 8),
-        parent_span_id=_ids(text(k.PARENT_S), 8),
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=parent_id,
         trace_state=text(k.STATE_S),
         name=text(k.NAME_S),
         kind=pa.array(spans[k.KIND]),
@@ -99,6 +102,7 @@ def _assemble(k, w, buffer, data, spans, attrs, resources, scopes, events, links
         attr_counts=spans[k.ATTR_COUNT],
         attr_keys=_strings(w, buffer, data, attrs[k.KEY_S], attrs[k.KEY_N], attrs[k.ATTR_ESCAPED] & 2 == 2),
         attr_values=_values(k, w, buffer, data, attrs),
+        id_keys=keys if all(key is not None for key in keys) else None,
     )
     return build_tables(arrays, extras)
 
@@ -117,12 +121,17 @@ def _strings(w, buffer: bytes, data: np.ndarray, start, length, escaped: np.ndar
     return pa.concat_arrays([strings, pa.array(decoded, pa.large_string())]).take(pa.array(index))
 
 
-def _ids(text: pa.Array, width: int) -> pa.Array:
-    """Hex ids lower-cased; base64 ids (protobuf's JSON mapping) decoded one by one."""
-    lengths = pc.utf8_length(text)
-    if pc.all(pc.or_(pc.equal(lengths, 2 * width), pc.equal(lengths, 0))).as_py():
-        return pc.utf8_lower(text)
-    return pa.array([_text_id_to_hex(s, width) for s in text.to_pylist()], pa.string())
+def _ids(w, data: np.ndarray, start, length, width: int) -> tuple[pa.Array, np.ndarray | None]:
+    """Hex ids lower-cased with their uint64 keys; otherwise (base64 ids, as protobuf's JSON
+    mapping writes them) decoded one by one, keys left to the table builder."""
+    start, length = np.ascontiguousarray(start), np.ascontiguousarray(length)
+    offsets, chars, keys, ok = w.text_ids(data, start, length, width)
+    if not ok:
+        offsets, chars = w.gather(data, start, length)
+    ids = pa.Array.from_buffers(pa.large_string(), start.size, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
+    if ok:
+        return ids, keys
+    return pa.array([_text_id_to_hex(s, width) for s in ids.to_pylist()], pa.string()), None
 
 
 def _values(k, w, buffer: bytes, data: np.ndarray, attrs: np.ndarray) -> pa.Array:

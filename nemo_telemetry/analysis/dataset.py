@@ -99,9 +99,12 @@ def _keys(spans: pa.Table) -> np.ndarray:
     if spans.num_rows == 0:
         return np.zeros(0, dtype="S24")
     trace = spans.column("trace_id").combine_chunks()
-    hi = hex_to_uint64(trace)
+    if "trace_key" in spans.column_names:  # ingest's own tables carry the first halves already
+        hi = pc.fill_null(spans.column("trace_key"), 0).to_numpy().astype(np.uint64)
+        span = pc.fill_null(spans.column("span_key"), 0).to_numpy().astype(np.uint64)
+    else:
+        hi, span = hex_to_uint64(trace), hex_to_uint64(spans.column("span_id"))
     lo = hex_to_uint64(pc.utf8_slice_codeunits(trace, 16, 32))
-    span = hex_to_uint64(spans.column("span_id"))
     packed = np.stack([hi, lo, span], axis=1).astype(">u8")
     keys = np.ascontiguousarray(packed).view("S24").ravel()
     exact = pc.and_(pc.equal(pc.utf8_length(trace), 32), pc.equal(pc.utf8_length(spans.column("span_id")), 16))
@@ -126,7 +129,7 @@ class DatasetWriter:
         self._prefix = f"part-{time.time_ns()}-{uuid.uuid4().hex[:8]}"
         self._sequence = 0
         self.dedup = SpanDeduplicator()
-        self.dedup.remember(read_dataset(self.root, "spans", columns=["trace_id", "span_id"]))
+        self.dedup.remember(read_dataset(self.root, "spans", columns=["trace_id", "span_id", "trace_key", "span_key"]))
 
     def write(self, tables: OtlpTables) -> OtlpTables:
         """Write the spans not seen before (and their events and links); return what was written."""
