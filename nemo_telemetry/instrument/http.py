@@ -35,8 +35,8 @@ from nemo_telemetry.instrument.gym_span_groups import GymSpanGroup
 from nemo_telemetry.instrument.propagation import _PROPAGATOR, context_from_carrier
 from nemo_telemetry.instrument.span_groups import RLSpanGroup
 
-__all__ = ["instrument_aiohttp_client", "instrument_fastapi", "TraceContextMiddleware",
-           "CLIENT_GROUPS", "SERVER_GROUPS"]
+__all__ = ["instrument_aiohttp_client", "uninstrument_aiohttp_client", "instrument_fastapi",
+           "TraceContextMiddleware", "CLIENT_GROUPS", "SERVER_GROUPS"]
 
 _log = logging.getLogger("nemo_telemetry")
 
@@ -94,6 +94,22 @@ def instrument_aiohttp_client(*, namespace: str = "nemo_rl", group: str | None =
         if not getattr(aiohttp.ClientSession, "_nemo_telemetry_patched", False):
             _patch_client_session(aiohttp)
     return True
+
+
+def uninstrument_aiohttp_client() -> None:
+    """Undo :func:`instrument_aiohttp_client`: sessions created from now on are left alone."""
+    global _client_group
+    try:
+        import aiohttp
+    except ImportError:
+        return
+    with _lock:
+        _client_group = None
+        patched = aiohttp.ClientSession.__dict__.get("__init__")
+        original = getattr(patched, "__wrapped__", None)
+        if getattr(aiohttp.ClientSession, "_nemo_telemetry_patched", False) and original is not None:
+            aiohttp.ClientSession.__init__ = original
+            aiohttp.ClientSession._nemo_telemetry_patched = False
 
 
 def _patch_client_session(aiohttp: Any) -> None:

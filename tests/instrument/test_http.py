@@ -28,6 +28,7 @@ from nemo_telemetry.instrument import (
     managed_span,
     set_enabled_span_groups,
 )
+from nemo_telemetry.instrument.http import uninstrument_aiohttp_client
 from nemo_telemetry.instrument import _gate
 from nemo_telemetry.instrument import http as http_module
 
@@ -69,6 +70,12 @@ class _Server:
     def __exit__(self, *exc_info) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _uninstrument_after_module():
+    yield
+    uninstrument_aiohttp_client()  # the patch is process-wide: leave other modules' sessions alone
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +218,19 @@ def test_instrumenting_twice_adds_one_trace_config(exporter):
         async with aiohttp.ClientSession() as session:
             return [c for c in session.trace_configs if getattr(c, "_nemo_telemetry", False)]
 
+    assert len(asyncio.run(configs())) == 1
+
+
+def test_uninstrument_restores_plain_sessions(exporter):
+    instrument_aiohttp_client()
+    uninstrument_aiohttp_client()
+
+    async def configs():
+        async with aiohttp.ClientSession() as session:
+            return [c for c in session.trace_configs if getattr(c, "_nemo_telemetry", False)]
+
+    assert asyncio.run(configs()) == []
+    instrument_aiohttp_client()
     assert len(asyncio.run(configs())) == 1
 
 

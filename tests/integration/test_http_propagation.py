@@ -90,13 +90,15 @@ def gym_server(tmp_path, actor_env, telemetry_environment):
 
 
 @pytest.mark.slow
-def test_client_span_and_server_span_are_parent_and_child_across_processes(gym_server, read_dump_spans):
+def test_client_span_and_server_span_are_parent_and_child_across_processes(gym_server, read_dump_spans, request):
     import aiohttp
 
     from nemo_telemetry.instrument import RLSpanGroup, instrument_aiohttp_client, shutdown_telemetry, umbrella_span
+    from nemo_telemetry.instrument.http import uninstrument_aiohttp_client
 
     url, process, dump_dir = gym_server
     assert instrument_aiohttp_client(namespace="nemo_rl")
+    request.addfinalizer(uninstrument_aiohttp_client)  # the patch is process-wide
 
     async def post() -> dict:
         async with aiohttp.ClientSession() as session:
