@@ -56,7 +56,7 @@ from nemo_telemetry.instrument._scopes import (
     iteration_scope,
     per_prompt_scope,
 )
-from nemo_telemetry.instrument.http import instrument_aiohttp_client, instrument_fastapi
+from nemo_telemetry.instrument.http import instrument_aiohttp_client, instrument_fastapi, uninstrument_aiohttp_client
 from nemo_telemetry.instrument.metrics import (
     METRICS,
     TeedMetric,
@@ -180,6 +180,7 @@ __all__ = [
     "TelemetryFlushMixin",
     "flush_actors_telemetry",
     "instrument_aiohttp_client",
+    "uninstrument_aiohttp_client",
     "instrument_fastapi",
     # rl.* metrics
     "TeedMetric",
