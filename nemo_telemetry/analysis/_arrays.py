@@ -25,7 +25,7 @@ from nemo_telemetry.analysis.tree import parent_indices, trace_mix, with_id_keys
 from nemo_telemetry.errors import IngestError
 
 __all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS",
-           "GOODPUT_COLUMNS", "read_for_analysis", "resource_values"]
+           "GOODPUT_COLUMNS", "read_for_analysis", "resource_values", "resource_pairs"]
 
 BUCKETS = ("productive", "overhead", "idle", "wasted")
 UNKNOWN_BUCKET = -2
@@ -74,7 +74,7 @@ def _codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:
     """(int32 codes with -1 for null, the distinct values) of a string or dictionary column.
 
     Chunk by chunk: each chunk's (small) dictionary is mapped onto the shared values once,
-    then its indices go through that map, so no chunk's data is concatenated or re-encoded.
+    then its indices go through that map, so no chunk is concatenated or re-encoded whole.
     """
     if column not in spans.column_names or spans.num_rows == 0:
         return np.full(spans.num_rows, -1, dtype=np.int32), ()
@@ -86,7 +86,7 @@ def _codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:
         local = np.array([values.setdefault(v, len(values)) if v is not None else -1
                           for v in chunk.dictionary.to_pylist()] + [-1], dtype=np.int32)
         parts.append(local[_filled(chunk.indices, -1)])
-    return np.concatenate(parts), tuple(values)
+    return (np.concatenate(parts) if parts else np.zeros(0, np.int32)), tuple(values)
 
 
 def _row_value(column: pa.ChunkedArray, row: int):
@@ -118,10 +118,10 @@ def _int_column(spans: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
 
 def code_mask(codes: np.ndarray, chosen, size: int) -> np.ndarray:
     """``np.isin(codes, chosen)`` for small-integer codes (-1 never chosen), by one table lookup."""
-    table = np.zeros(size + 1, dtype=bool)
+    table = np.zeros(size + 1, dtype=bool)  # the extra last slot is where code -1 lands: never chosen
     chosen = np.asarray(chosen, dtype=np.int64)
     table[chosen[(chosen >= 0) & (chosen < size)]] = True
-    return table[np.where(codes >= 0, codes, size)] if codes.size and codes.min() < 0 else table[codes]
+    return table[codes]
 
 
 def pairs_present(first: np.ndarray, second: np.ndarray, second_size: int) -> list[tuple[int, int]]:
@@ -215,8 +215,10 @@ class SpanArrays:
         wanted = wanted_all[children]
         own = np.sort(own)
         ordered = np.sort(wanted)
+        if ordered.size:  # many children share a parent: look each parent up once
+            ordered = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
         pos = np.minimum(np.searchsorted(own, ordered), len(own) - 1)
-        missing = np.unique(ordered[own[pos] != ordered])
+        missing = ordered[own[pos] != ordered]
         del ordered, own, pos
         out = np.zeros(len(self), dtype=bool)
         if missing.size:
@@ -358,21 +360,52 @@ def resource_values(spans: pa.Table, key: str, rows: np.ndarray) -> tuple[np.nda
     n = spans.num_rows
     codes = np.full(n, -1, dtype=np.int64)
     values: dict[str, int] = {}
-    if "resource_attributes" not in spans.column_names or n == 0:
-        return codes[rows], ()
+    for start, chunk, match, item_codes, local in _resource_chunks(spans, key, values):
+        owner = np.searchsorted(chunk.offsets.to_numpy(), match + int(chunk.offsets[0].as_py()), side="right") - 1
+        codes[owner + start] = local[item_codes[match]]
+    return codes[rows], tuple(values)
+
+
+def resource_pairs(spans: pa.Table, key: str, group: np.ndarray, keep: np.ndarray) -> set[tuple[int, str]]:
+    """The distinct (group code, value) pairs of one resource attribute over the ``keep`` rows.
+
+    A process's resource is the same on every one of its spans, so a chunk whose kept rows all
+    share one group (ingest writes one run per file) only needs the distinct values in it.
+    """
+    pairs: set[tuple[int, str]] = set()
+    values: dict[str, int] = {}
+    for start, chunk, match, item_codes, local in _resource_chunks(spans, key, values):
+        here, kept = group[start:start + len(chunk)], keep[start:start + len(chunk)]
+        found = local[item_codes[match]]
+        if kept.all() and here.size and here.min() == here.max():
+            owners_group, found_values = np.full(found.size, here[0]), found
+        else:
+            owner = np.searchsorted(chunk.offsets.to_numpy(), match + int(chunk.offsets[0].as_py()), side="right") - 1
+            sel = kept[owner] & (found >= 0)
+            owners_group, found_values = here[owner][sel], found[sel]
+        ok = (owners_group >= 0) & (found_values >= 0)
+        for g, v in pairs_present(owners_group[ok], found_values[ok], max(len(values), 1)):
+            pairs.add((g, v))
+    names = {code: value for value, code in values.items()}
+    return {(g, names[v]) for g, v in pairs}
+
+
+def _resource_chunks(spans: pa.Table, key: str, values: dict):
+    """Per chunk of ``resource_attributes``: (first row, chunk, entries whose key is ``key``,
+    value code of every entry, map from those codes to codes shared across chunks in ``values``)."""
+    if "resource_attributes" not in spans.column_names or spans.num_rows == 0:
+        return
     start = 0
     for chunk in spans.column("resource_attributes").chunks:
         offsets = chunk.offsets.to_numpy()
         first, count = int(offsets[0]), int(offsets[-1] - offsets[0])
         keys, items = chunk.keys.slice(first, count), chunk.items.slice(first, count)
         match = np.flatnonzero(_equals(keys, key))
-        owner = np.searchsorted(offsets, match + first, side="right") - 1 + start
         item_codes, item_values = _dictionary(items)
         local = np.array([values.setdefault(v, len(values)) if v is not None else -1 for v in item_values] + [-1],
                          dtype=np.int64)
-        codes[owner] = local[item_codes[match]]
+        yield start, chunk, match, item_codes, local
         start += len(chunk)
-    return codes[rows], tuple(values)
 
 
 def _dictionary(arr: pa.Array) -> tuple[np.ndarray, list]:

@@ -24,7 +24,15 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from nemo_telemetry.analysis._arrays import BUCKETS, NO_BUCKET, UNKNOWN_BUCKET, code_mask, codes_matching, pairs_present
+from nemo_telemetry.analysis._arrays import (
+    BUCKETS,
+    NO_BUCKET,
+    UNKNOWN_BUCKET,
+    code_mask,
+    codes_matching,
+    pairs_present,
+    resource_pairs,
+)
 from nemo_telemetry.analysis.goodput import JOB_SPAN_REGEX, STEP_SPAN_REGEX, _Analysis, analyse, runs_of
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
@@ -421,12 +429,9 @@ def _outliers(ctx: _Context) -> tuple[int, list[Finding]]:
 def _enabled_groups(ctx: _Context) -> dict[int, set[str]]:
     """Per run code: the union of the span groups its processes had enabled (resource attribute)."""
     a = ctx.arrays
-    rows = np.flatnonzero(ctx.analysis.keep)
-    codes, specs = a.resource_values(SPAN_GROUPS_ATTRIBUTE, rows)
-    present = (codes >= 0) & (a.run[rows] >= 0)
     out: dict[int, set[str]] = {}
-    for run, spec in pairs_present(a.run[rows][present], codes[present], len(specs)):
-        out.setdefault(run, set()).update(g.strip().lower() for g in specs[spec].split(",") if g.strip())
+    for run, spec in resource_pairs(a.table, SPAN_GROUPS_ATTRIBUTE, a.run, ctx.analysis.keep):
+        out.setdefault(run, set()).update(g.strip().lower() for g in spec.split(",") if g.strip())
     return out
 
 
