@@ -12,6 +12,19 @@ instrument side tags spans from, plus ``UNBUCKETED_SPAN_CATEGORIES`` for efficie
 Severity: ``error`` when the breakdown itself is wrong (time counted twice or not at all, a
 value no rollup understands); ``warning`` when spans are missing from, or cannot be placed in,
 the steps; ``info`` for what is worth a look but expected (known coverage gaps, slow steps).
+
+Decisions where the design leaves room:
+
+- ``unstamped-span`` concerns bucketed spans only. Startup, model loads and the checkpoint
+  finalize tail are unbucketed by declaration, so they never raise it; a bucketed span that
+  walks up to an iteration with no step window (validation at iteration 0) is stamped, and
+  goes to ``outside_steps`` without a finding.
+- ``detached-trace`` needs a run that has a trace with a job or step span; a trace whose roots
+  are all startup or model-load spans (``setup`` / ``model_init`` groups) is separate by design.
+- ``bucketed-overlap`` and ``bucket-exceeds-wall`` look inside steps only; bucketed time
+  outside steps is summed in ``outside_steps`` and not checked for overlap.
+- ``missing-group-spans`` is ``info`` where seed 000 lists a known coverage gap for the group
+  (or the run's algorithm never opens it), ``warning`` otherwise; never ``error``.
 """
 
 from __future__ import annotations

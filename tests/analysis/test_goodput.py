@@ -253,3 +253,11 @@ def test_goodput_without_hex_id_columns_matches_the_full_table():
     keys_only = full.drop_columns(["span_id", "parent_span_id"])
     assert goodput_by_step(keys_only).equals(goodput_by_step(full))
     assert math.isclose(goodput_by_step(keys_only).column("goodput")[0].as_py(), 0.6)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from nemo_telemetry.analysis import goodput
+
+    assert doctest.testmod(goodput).failed == 0
