@@ -103,10 +103,10 @@ def bar_width_for(console_width: int) -> int:
 
 
 def _fmt(value: float | None) -> str:
-    """Seconds in at most 7 characters: 2 decimals, fewer as the number grows."""
+    """Seconds in at most 7 characters: 3 decimals (a demo's steps are short), fewer as the number grows."""
     if value is None:
         return "-"
-    digits = 2 if abs(value) < 1000 else 1 if abs(value) < 10000 else 0
+    digits = 3 if abs(value) < 10 else 2 if abs(value) < 1000 else 1 if abs(value) < 10000 else 0
     return f"{value:.{digits}f}"
 
 
@@ -149,15 +149,15 @@ def _run_notes(run: RunGoodput, baseline: tuple[RunGoodput, ...]) -> list:
     o = run.outside_steps
     if o["spans"]:
         its = ", ".join(str(i) for i in o["iterations"][:10]) or "none"
-        buckets = ", ".join(f"{b} {o[f'{b}_s']:.2f} s" for b in BUCKETS if o[f"{b}_s"])
+        buckets = ", ".join(f"{b} {_fmt(o[f'{b}_s'])} s" for b in BUCKETS if o[f"{b}_s"])
         notes.append(Text(f"outside any step: {buckets} ({o['spans']} spans; iterations without a step: {its}; "
                           f"{o['unstamped_spans']} unstamped)"))
     if run.job_wall_s is not None:
         share = run.total["wall_s"] / run.job_wall_s if run.job_wall_s > 0 else None
-        notes.append(Text(f"job wall: {run.job_wall_s:.2f} s; steps cover {_pct(share)} of it"))
+        notes.append(Text(f"job wall: {_fmt(run.job_wall_s)} s; steps cover {_pct(share)} of it"))
     for out in run.outliers:
-        notes.append(Text(f"slow step {out.iteration}: {out.wall_s:.2f} s > {out.threshold_s:.2f} s "
-                          f"(median + 3 MAD); {out.bucket} grew most (+{out.grew_by_s:.2f} s)", style="cyan"))
+        notes.append(Text(f"slow step {out.iteration}: {_fmt(out.wall_s)} s > {_fmt(out.threshold_s)} s "
+                          f"(median + 3 MAD); {out.bucket} grew most (+{_fmt(out.grew_by_s)} s)", style="cyan"))
     if baseline:
         from nemo_telemetry.analysis.goodput import compare_runs  # noqa: PLC0415
 
@@ -176,7 +176,7 @@ def _baseline_table(run: RunGoodput, other: RunGoodput, diff: dict) -> Table:
         delta = values["delta"]
         sign = "" if delta is None else ("+" if delta >= 0 else "")
         table.add_row(key.removesuffix("_s"), show(values["current"]), show(values["baseline"]),
-                      "-" if delta is None else sign + (f"{delta * 100:.1f} pt" if pct else f"{delta:.2f} s"))
+                      "-" if delta is None else sign + (f"{delta * 100:.1f} pt" if pct else f"{_fmt(delta)} s"))
     return table
 
 

@@ -80,7 +80,7 @@ def test_goodput_table_shows_each_step_the_total_and_the_time_outside_steps(data
     lines = result.stdout.splitlines()
     assert any(line.split()[:2] == ["1", "10.00"] and "60.0%" in line for line in lines)
     assert any(line.split()[:2] == ["total", "20.00"] for line in lines)
-    assert "outside any step: overhead 3.00 s" in result.stdout
+    assert "outside any step: overhead 3.000 s" in result.stdout
     assert "job wall: 30.00 s; steps cover 66.7% of it" in result.stdout
     assert "█" in result.stdout and "░" in result.stdout
 
@@ -92,7 +92,7 @@ def test_rendering_is_stable_on_a_fixed_width_console(dataset):
     text = out.file.getvalue()
     assert "run run-1: goodput per step (seconds)" in text
     row = next(line for line in text.splitlines() if line.split()[:1] == ["1"])
-    assert row.split()[1:9] == ["10.00", "6.00", "1.00", "0.00", "0.00", "3.00", "0.00", "60.0%"]
+    assert row.split()[1:9] == ["10.00", "6.000", "1.000", "0.000", "0.000", "3.000", "0.000", "60.0%"]
 
 
 def test_step_bar_lengths_follow_the_wall_and_the_buckets():
@@ -219,3 +219,17 @@ def test_goodput_plot_html_renders_escaped_in_a_browser(tmp_path):
         assert evil in page.locator("h2").inner_text()
         assert page.locator("img").count() == 0 and dialogs == []
         browser.close()
+
+
+def test_table_names_a_slow_step_and_the_bucket_that_grew():
+    recs, at = [], 0.0
+    for i, idle in enumerate([0, 0, 0, 0, 9], start=1):
+        recs.append(span(10 * i, "rl.grpo.step", at, at + 10 + idle, iteration=i))
+        recs.append(span(10 * i + 1, "rl.grpo.policy_training", at, at + 10, 10 * i, iteration=i, bucket="productive"))
+        recs.append(span(10 * i + 2, "rl.idle.buffer_starvation", at + 10, at + 10 + idle, 10 * i, iteration=i,
+                         bucket="idle"))
+        at += 10 + idle
+    (run,) = run_goodput(spans_table(recs))
+    out = Console(file=io.StringIO(), width=120, color_system=None)
+    out.print(render_run(run))
+    assert "slow step 5: 19.00 s > 10.00 s (median + 3 MAD); idle grew most (+9.000 s)" in out.file.getvalue()
