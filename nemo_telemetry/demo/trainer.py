@@ -129,7 +129,7 @@ def ray_session() -> Iterator[str]:
         ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
         source = "attached_external"
     else:
-        ray.init(num_cpus=2, **quiet)
+        ray.init(num_cpus=2, object_store_memory=256 * 1024**2, **quiet)  # a demo needs little
         source = "started_local"
     try:
         yield source
