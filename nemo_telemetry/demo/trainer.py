@@ -100,7 +100,7 @@ def train(settings: DemoSettings) -> TrainSummary:
                 reward_url = teardown.enter_context(RewardServer(verify_s=settings.times["verify"]))
                 instrument_aiohttp_client(namespace="nemo_rl")
             with setup_span("workers"):
-                fleet = teardown.enter_context(Fleet.start(settings))
+                fleet = teardown.enter_context(Fleet.start(settings, actor_options(source)))
         loop = _Loop(settings, fleet, reward_url)
         loop.validate(0)
         if settings.mode == "async":
@@ -137,14 +137,18 @@ def ray_session() -> Iterator[str]:
         ray.shutdown()
 
 
-def _runtime_env() -> dict[str, Any]:
-    """The driver's telemetry variables, handed to every actor explicitly.
+def actor_options(cluster_source: str) -> dict[str, Any]:
+    """``.options()`` for every actor: no CPU reservation, and the telemetry environment.
 
-    A cluster started before ``init_telemetry_driver`` (a shared test cluster, ``RAY_ADDRESS``)
-    gives its workers the environment *it* started with, so inheriting is not enough.
+    A cluster this driver started after ``init_telemetry_driver`` hands its workers that
+    environment already (and can reuse its pre-started workers). One that was running before
+    (a shared test cluster, ``RAY_ADDRESS``) gives them the environment *it* started with, so
+    the driver's telemetry variables go along explicitly.
     """
+    if cluster_source == "started_local":
+        return {"num_cpus": 0}
     env = {k: os.environ[k] for k in telemetry_env.NEMO_TELEMETRY_VARIABLES if k in os.environ}
-    return {"env_vars": env}
+    return {"num_cpus": 0, "runtime_env": {"env_vars": env}}
 
 
 @dataclass
@@ -154,14 +158,14 @@ class Fleet:
     policy: list[Any]
     generation: Any
     collector: Any | None
+    options: dict[str, Any]
 
     @classmethod
     @contextlib.contextmanager
-    def start(cls, settings: DemoSettings) -> Iterator["Fleet"]:
+    def start(cls, settings: DemoSettings, options: dict[str, Any]) -> Iterator["Fleet"]:
         import ray
 
         carrier = current_trace_carrier()
-        options = {"num_cpus": 0, "runtime_env": _runtime_env()}
         n = settings.policy_workers
         policy = [ray.remote(PolicyWorker).options(**options).remote(rank, n, times=settings.times,
                                                                     trace_carrier=carrier)
@@ -169,7 +173,7 @@ class Fleet:
         generation = ray.remote(GenerationWorker).options(**options).remote(
             seed=settings.seed, times=settings.times, trace_carrier=carrier)
         actors = [*policy, generation]
-        fleet = cls(policy, generation, None)
+        fleet = cls(policy, generation, None, options)
         try:
             ray.get([a.ready.remote() for a in actors])
             yield fleet
@@ -202,8 +206,7 @@ class _Loop:
         # The carrier is taken inside rl.grpo.job, where the collector is built (seed 000);
         # --no-carrier withholds it, so every batch the collector runs starts its own trace.
         carrier = {} if self.s.no_carrier else current_trace_carrier()
-        self.fleet.collector = ray.remote(TrajectoryCollector).options(
-            num_cpus=0, runtime_env=_runtime_env()).remote(
+        self.fleet.collector = ray.remote(TrajectoryCollector).options(**self.fleet.options).remote(
             self.fleet.generation, prompts_per_batch=self.s.prompts_per_step,
             num_generations=self.s.num_generations, times=self.times, trace_carrier=carrier)
 
