@@ -46,7 +46,8 @@ from nemo_telemetry.analysis._arrays import (
     pairs_present,
     resource_pairs,
 )
-from nemo_telemetry.analysis.goodput import JOB_SPAN_REGEX, STEP_SPAN_REGEX, _Analysis, analyse, runs_of
+from nemo_telemetry.analysis.goodput import JOB_SPAN_REGEX, STEP_SPAN_REGEX, _Analysis, analyse
+from nemo_telemetry.analysis.goodput import _outliers as step_outliers
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 
@@ -424,15 +425,14 @@ def _overlaps(ctx: _Context) -> tuple[int, list[Finding]]:
 
 def _outliers(ctx: _Context) -> tuple[int, list[Finding]]:
     out = []
-    steps = ctx.analysis.steps
-    for run in runs_of(ctx.analysis):
-        run_code = ctx.arrays.runs.index(run.run_id) if run.run_id is not None else -1
-        for o in run.outliers:
+    steps, table = ctx.analysis.steps, ctx.analysis.table
+    for run_code in np.unique(steps.run):
+        for o in step_outliers(table[table["run"] == run_code]):
             i = int(np.flatnonzero((steps.run == run_code) & (steps.iteration == o.iteration))[0])
             out.append(ctx.finding("step-time-outlier", (
                 f"step {o.iteration} took {o.wall_s:.3f} s, past the median {o.median_s:.3f} s + 3 MAD "
                 f"({o.threshold_s:.3f} s); {o.bucket} grew most (+{o.grew_by_s:.3f} s): look at its spans in the "
-                "waterfall of this step"), np.array([steps.row[i]]), run_code, iteration=o.iteration))
+                "waterfall of this step"), np.array([steps.row[i]]), int(run_code), iteration=o.iteration))
     return len(out), out[: ctx.limit]
 
 
