@@ -1,7 +1,9 @@
 """notebooks/goodput.ipynb runs top to bottom against a fresh demo run (nbclient, a real kernel).
 
-The kernel is the ``python3`` kernel of the interpreter running the tests (ipykernel's native
-spec, which jupyter_client starts with ``sys.executable``), so it sees the installed package.
+The ``python3`` kernel is pinned to the interpreter running the tests: the test writes an
+ipykernel kernelspec for ``sys.executable`` into a temporary directory first on ``JUPYTER_PATH``,
+so a ``python3`` kernelspec installed elsewhere on the machine cannot run the notebook in an
+interpreter without this package.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from ipykernel.kernelspec import write_kernel_spec
 from nbclient import NotebookClient
 
 from _demo_runs import demo_run
@@ -33,6 +36,9 @@ def test_goodput_notebook_runs_against_a_demo_dataset(ray_cluster, tmp_path_fact
     result = demo_run(tmp_path_factory.getbasetemp(), mode="sync", steps=4)
     monkeypatch.setenv("NEMO_TELEMETRY_DATASET", str(result.out))  # a demo's --out dir is accepted
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    jupyter_path = tmp_path / "jupyter"
+    write_kernel_spec(jupyter_path / "kernels" / "python3")  # argv[0] = sys.executable
+    monkeypatch.setenv("JUPYTER_PATH", str(jupyter_path))
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(notebook, kernel_name="python3", timeout=180,
                             resources={"metadata": {"path": str(tmp_path)}})
