@@ -209,17 +209,32 @@ class SpanArrays:
 
     @cached_property
     def orphan(self) -> np.ndarray:
-        """Spans that name a parent which is not in the table (same trace), by a sorted membership test."""
-        own, wanted_all = self._mixed
+        """Spans that name a parent which is not in the table (same trace).
+
+        Each distinct parent reference is looked up once, in sorted order, in the sorted span
+        index the walks use; the full mixed key confirms what the high bits propose.
+        """
+        own, packed, bits = self._sorted_spans
+        low = np.uint64((1 << bits) - 1)
         children = np.flatnonzero(self.has_parent)
-        wanted = wanted_all[children]
-        own = np.sort(own)
+        wanted = self._mixed[1][children]
         ordered = np.sort(wanted)
         if ordered.size:  # many children share a parent: look each parent up once
             ordered = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
-        pos = np.minimum(np.searchsorted(own, ordered), len(own) - 1)
-        missing = ordered[own[pos] != ordered]
-        del ordered, own, pos
+        pos = np.searchsorted(packed, ordered & ~low)
+        found = np.zeros(len(ordered), dtype=bool)
+        pending = np.arange(len(ordered))
+        while pending.size:  # a second round only for equal high bits
+            at = pos[pending]
+            pending, at = pending[at < len(packed)], at[at < len(packed)]
+            candidate = packed[at]
+            same_high = (candidate & ~low) == (ordered[pending] & ~low)
+            pending, candidate = pending[same_high], candidate[same_high]
+            hit = own[(candidate & low).astype(np.int64)] == ordered[pending]
+            found[pending[hit]] = True
+            pending = pending[~hit]
+            pos[pending] += 1
+        missing = ordered[~found]
         out = np.zeros(len(self), dtype=bool)
         if missing.size:
             at = np.minimum(np.searchsorted(missing, wanted), missing.size - 1)
