@@ -125,12 +125,13 @@ def code_mask(codes: np.ndarray, chosen, size: int) -> np.ndarray:
 
 
 def pairs_present(first: np.ndarray, second: np.ndarray, second_size: int) -> list[tuple[int, int]]:
-    """The distinct (first, second) pairs of two non-negative code arrays, by counting."""
+    """The distinct (first, second) pairs of two code arrays, by counting; pairs with a -1 are left out."""
     if first.size == 0:
         return []
-    width = max(second_size, 1)
-    counts = np.bincount(first.astype(np.int64) * width + second, minlength=(int(first.max()) + 1) * width)
-    return [divmod(int(k), width) for k in np.flatnonzero(counts)]
+    width = second_size + 1  # codes shifted by one, so -1 (null) has a slot of its own
+    counts = np.bincount((first.astype(np.int64) + 1) * width + (second + 1))
+    pairs = (divmod(int(k), width) for k in np.flatnonzero(counts))
+    return [(a - 1, b - 1) for a, b in pairs if a > 0 and b > 0]
 
 
 def codes_matching(values: tuple, regex: str) -> np.ndarray:
@@ -398,8 +399,7 @@ def resource_pairs(spans: pa.Table, key: str, group: np.ndarray, keep: np.ndarra
             owner = np.searchsorted(chunk.offsets.to_numpy(), match + int(chunk.offsets[0].as_py()), side="right") - 1
             sel = kept[owner] & (found >= 0)
             owners_group, found_values = here[owner][sel], found[sel]
-        ok = (owners_group >= 0) & (found_values >= 0)
-        for g, v in pairs_present(owners_group[ok], found_values[ok], max(len(values), 1)):
+        for g, v in pairs_present(owners_group, found_values, len(values)):
             pairs.add((g, v))
     names = {code: value for value, code in values.items()}
     return {(g, names[v]) for g, v in pairs}

@@ -457,8 +457,9 @@ def _missing_groups(ctx: _Context) -> tuple[int, list[Finding]]:
     catalogue = {info.name: info for info in REGISTRY.catalogue()}
     regexes = {g: re.compile("|".join(span_name_regex(p) for p in info.spans)) for g, info in catalogue.items()
                if info.spans}
-    keep = ctx.analysis.keep & (a.run >= 0) & (a.name >= 0)
-    pairs = pairs_present(a.run[keep], a.name[keep], len(a.names))
+    keep = ctx.analysis.keep
+    pairs = (pairs_present(a.run, a.name, len(a.names)) if keep.all()
+             else pairs_present(a.run[keep], a.name[keep], len(a.names)))
     out = []
     count = 0
     for run, groups_on in sorted(enabled.items()):
