@@ -31,9 +31,9 @@ browser:
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null); \
 	  else echo "chromium is missing and this is not root: install Debian's chromium package"; fi; }
 
-# Until the demo command lands, the main job prints the span-group catalogue.
+# The main job: an instrumented GRPO run on this machine, then its goodput report (kept in demo-out/).
 demo: install
-	$(BIN)/nemo-telemetry groups
+	$(BIN)/nemo-telemetry demo
 
 test: install-test browser
 	$(BIN)/python -m pytest
