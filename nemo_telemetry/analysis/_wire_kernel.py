@@ -298,6 +298,13 @@ def hex_ids(buf, starts, lengths, width):
     return offsets, text, keys, True
 
 
+_HEX_VALUE = np.full(256, -1, dtype=np.int64)
+_HEX_VALUE[np.frombuffer(b"0123456789", dtype=np.uint8)] = np.arange(10)
+_HEX_VALUE[np.frombuffer(b"abcdef", dtype=np.uint8)] = np.arange(10, 16)
+_HEX_VALUE[np.frombuffer(b"ABCDEF", dtype=np.uint8)] = np.arange(10, 16)
+_HEX_LOWER = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+
+
 @njit(cache=True, nogil=True)
 def text_ids(buf, starts, lengths, width):
     """Hex-text ids (any case) to lowercase hex and big-endian uint64 keys of the first 8
@@ -312,21 +319,15 @@ def text_ids(buf, starts, lengths, width):
         offsets[i + 1] = offsets[i] + lengths[i]
     text = np.empty(offsets[n], dtype=np.uint8)
     keys = np.zeros(n, dtype=np.uint64)
+    bad = np.int64(0)
     for i in range(n):
-        start, out = starts[i], offsets[i]
-        key = np.uint64(0)
-        for j in range(lengths[i]):
-            c = buf[start + j]
-            if 65 <= c <= 70:  # A-F
-                c += 32
-            if 48 <= c <= 57:
-                digit = c - 48
-            elif 97 <= c <= 102:
-                digit = c - 87
-            else:
-                return offsets, np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.uint64), False
-            text[out + j] = c
+        start, out, length = starts[i], offsets[i], lengths[i]
+        key = np.int64(0)
+        for j in range(length):
+            value = _HEX_VALUE[buf[start + j]]
+            bad |= value
+            text[out + j] = _HEX_LOWER[value & 15]
             if j < 16:
-                key = (key << np.uint64(4)) | np.uint64(digit)
-        keys[i] = key
-    return offsets, text, keys, True
+                key = (key << 4) | value
+        keys[i] = np.uint64(key)
+    return offsets, text, keys, bad >= 0
