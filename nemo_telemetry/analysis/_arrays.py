@@ -24,7 +24,7 @@ from nemo_telemetry.analysis.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATIO
 from nemo_telemetry.analysis.tree import parent_indices, trace_mix, with_id_keys
 from nemo_telemetry.errors import IngestError
 
-__all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS",
+__all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS", "isin_sorted",
            "GOODPUT_COLUMNS", "read_for_analysis", "resource_values", "resource_pairs"]
 
 BUCKETS = ("productive", "overhead", "idle", "wasted")
@@ -134,6 +134,23 @@ def pairs_present(first: np.ndarray, second: np.ndarray, second_size: int) -> li
     return [(a - 1, b - 1) for a, b in pairs if a > 0 and b > 0]
 
 
+def isin_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """``np.isin(values, sorted_set)`` for uint64 keys and a small sorted set.
+
+    A 65,536-slot table of the set's top 16 bits rules out almost every value with one
+    cache-resident lookup; only the few that pass are binary-searched.
+    """
+    out = np.zeros(len(values), dtype=bool)
+    if sorted_set.size == 0 or len(values) == 0:
+        return out
+    slots = np.zeros(1 << 16, dtype=bool)
+    slots[(sorted_set >> np.uint64(48)).astype(np.int64)] = True
+    maybe = np.flatnonzero(slots[(values >> np.uint64(48)).astype(np.int64)])
+    at = np.minimum(np.searchsorted(sorted_set, values[maybe]), sorted_set.size - 1)
+    out[maybe[sorted_set[at] == values[maybe]]] = True
+    return out
+
+
 def codes_matching(values: tuple, regex: str) -> np.ndarray:
     """Codes of the distinct values that match ``regex`` (decided once per value)."""
     pattern = re.compile(regex)
@@ -235,11 +252,8 @@ class SpanArrays:
             found[pending[hit]] = True
             pending = pending[~hit]
             pos[pending] += 1
-        missing = ordered[~found]
         out = np.zeros(len(self), dtype=bool)
-        if missing.size:
-            at = np.minimum(np.searchsorted(missing, wanted), missing.size - 1)
-            out[children[missing[at] == wanted]] = True
+        out[children[isin_sorted(wanted, ordered[~found])]] = True
         return out
 
     @property

@@ -44,6 +44,7 @@ from nemo_telemetry.analysis._arrays import (
     UNKNOWN_BUCKET,
     code_mask,
     codes_matching,
+    isin_sorted,
     pairs_present,
     resource_pairs,
 )
@@ -317,7 +318,7 @@ def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
     anchored_traces = np.unique(trace_key[anchor])
     anchored_runs = np.unique(a.run[anchor])
     rows = np.flatnonzero(keep & code_mask(a.run, anchored_runs, len(a.runs)))
-    rows = rows[~_in_sorted(trace_key[rows], anchored_traces)]
+    rows = rows[~isin_sorted(trace_key[rows], anchored_traces)]
     standalone = code_mask(a.name, np.concatenate([_group_name_codes(a.names, g) for g in _STANDALONE_GROUPS]),
                            len(a.names))
     root = ~a.has_parent[rows] | a.orphan[rows]
@@ -346,14 +347,6 @@ def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
             f"trace {other} holds the run's steps; {hint}"), roots, run,
             iteration=ctx.common_iteration(members)))
     return count, out
-
-
-def _in_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
-    """``np.isin`` against a small sorted set, by binary search (no sort of ``values``)."""
-    if sorted_set.size == 0:
-        return np.zeros(len(values), dtype=bool)
-    at = np.minimum(np.searchsorted(sorted_set, values), sorted_set.size - 1)
-    return sorted_set[at] == values
 
 
 def _group_name_codes(names: tuple, group_name: str) -> np.ndarray:
