@@ -24,7 +24,7 @@ from nemo_telemetry.analysis.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATIO
 from nemo_telemetry.analysis.tree import parent_indices, trace_mix, with_id_keys
 from nemo_telemetry.errors import IngestError
 
-__all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS", "isin_sorted",
+__all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS", "isin_sorted", "key_index",
            "GOODPUT_COLUMNS", "read_for_analysis", "resource_values", "resource_pairs"]
 
 BUCKETS = ("productive", "overhead", "idle", "wasted")
@@ -262,23 +262,21 @@ class SpanArrays:
 
     @cached_property
     def _keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return tuple(_filled(self.table.column(c), 0).astype(np.uint64, copy=False)
-                     for c in ("span_key", "trace_key", "parent_key"))
+        return _id_keys(self.table)
 
     @cached_property
     def _mixed(self) -> tuple[np.ndarray, np.ndarray]:
         """(span key, parent key) of every row, each mixed with its trace: one number per (id, trace)."""
-        span_key, trace_key, parent_key = self._keys
-        mix = trace_mix(trace_key)
-        return span_key ^ mix, parent_key ^ mix
+        return _mixed_keys(self._keys)
 
     @cached_property
     def _sorted_spans(self) -> tuple[np.ndarray, np.ndarray, int]:
         """Span keys mixed with their trace, row number packed in the low bits, sorted (for lookups)."""
-        own = self._mixed[0]
-        bits = max(1, (len(own) - 1).bit_length())
-        high = ~np.uint64((1 << bits) - 1)
-        return own, np.sort((own & high) | np.arange(len(own), dtype=np.uint64)), bits
+        return _sorted_index(self._mixed[0])
+
+    def adopt_index(self, index: dict) -> None:
+        """Take the key index :func:`key_index` built (in another thread) instead of building it here."""
+        self.__dict__.update(index)
 
     def parent_of(self, rows: np.ndarray) -> np.ndarray:
         """Parent row of each of ``rows`` (-1: root or orphan), without joining the whole table."""
@@ -362,6 +360,35 @@ class SpanArrays:
             still = ~found[active] | (ancestors & (bucketed_ancestor[active] < 0))
             active = active[(current[active] >= 0) & still]
         return iteration, found, bucketed_ancestor
+
+
+def _id_keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return tuple(_filled(table.column(c), 0).astype(np.uint64, copy=False)
+                 for c in ("span_key", "trace_key", "parent_key"))
+
+
+def _mixed_keys(keys: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    span_key, trace_key, parent_key = keys
+    mix = trace_mix(trace_key)
+    return span_key ^ mix, parent_key ^ mix
+
+
+def _sorted_index(own: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    bits = max(1, (len(own) - 1).bit_length())
+    high = ~np.uint64((1 << bits) - 1)
+    return own, np.sort((own & high) | np.arange(len(own), dtype=np.uint64)), bits
+
+
+def key_index(table: pa.Table) -> dict:
+    """The id-key arrays and sorted span index of a table that already has its key columns.
+
+    Independent of the other columns, so a caller can build it in a second thread while
+    :func:`span_arrays` decodes the rest (numpy sorts without the GIL), then hand it over
+    with :meth:`SpanArrays.adopt_index`.
+    """
+    keys = _id_keys(table)
+    mixed = _mixed_keys(keys)
+    return {"_keys": keys, "_mixed": mixed, "_sorted_spans": _sorted_index(mixed[0])}
 
 
 def span_arrays(spans: pa.Table) -> SpanArrays:

@@ -45,9 +45,12 @@ from nemo_telemetry.analysis._arrays import (
     code_mask,
     codes_matching,
     isin_sorted,
+    key_index,
     pairs_present,
+    span_arrays,
     resource_pairs,
 )
+from nemo_telemetry.analysis.tree import with_id_keys
 from nemo_telemetry.analysis.goodput import JOB_SPAN_REGEX, STEP_SPAN_REGEX, _Analysis, analyse
 from nemo_telemetry.analysis.goodput import _outliers as step_outliers
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
@@ -495,7 +498,15 @@ def check_run(
     ``unattributed_threshold`` is the share of a step's wall that may be under no bucketed span
     before ``unattributed-step-time`` fires.
     """
-    analysis = analyse(spans, run_id=run_id, ancestors=True)
+    # Two threads on the two independent halves: the id-key index (sorts, which numpy runs
+    # without the GIL) beside the decoding of everything else; then the orphan test beside
+    # the findings that do not need it.
+    table = with_id_keys(spans)
+    with ThreadPoolExecutor(max_workers=1) as index_pool:
+        index = index_pool.submit(key_index, table)
+        arrays = span_arrays(table)
+        arrays.adopt_index(index.result())
+    analysis = analyse(table, run_id=run_id, ancestors=True, arrays=arrays)
     iteration = np.where(analysis.arrays.has_iteration, analysis.arrays.iteration, -1)
     iteration[analysis.walked] = np.where(analysis.walked_stamped, analysis.walked_iteration, -1)
     ctx = _Context(analysis, iteration, max_span_ids, max_findings_per_code)
@@ -517,7 +528,7 @@ def check_run(
     findings: list[Finding] = []
     by_code: dict[str, int] = {code: 0 for code in FINDING_CODES}
     with ThreadPoolExecutor(max_workers=1) as pool:
-        orphans_done = pool.submit(lambda: analysis.arrays.orphan)
+        orphans_done = pool.submit(lambda: analysis.arrays.orphan)  # queued behind the index build
         for code, produce in producers.items():
             if code == "orphan-span":
                 orphans_done.result()  # never compute it twice (cached_property has no lock on 3.12+)

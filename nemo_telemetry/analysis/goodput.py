@@ -129,12 +129,14 @@ class _Analysis:
     merged: Any  # MergedIntervals of the bucketed rows, grouped by step
 
 
-def analyse(spans: pa.Table, *, run_id: str | None = None, ancestors: bool = False) -> _Analysis:
+def analyse(spans: pa.Table, *, run_id: str | None = None, ancestors: bool = False,
+            arrays: SpanArrays | None = None) -> _Analysis:
     """Decode, attribute and sum once; goodput and check_run both read the result.
 
-    ``ancestors`` also finds each bucketed span's nearest bucketed ancestor (for the findings).
+    ``ancestors`` also finds each bucketed span's nearest bucketed ancestor (for the findings);
+    ``arrays`` are ``spans`` already decoded (check_run decodes them beside a second thread).
     """
-    arrays = span_arrays(spans)
+    arrays = span_arrays(spans) if arrays is None else arrays
     keep_run = _run_filter(arrays, run_id)
     steps = _step_windows(arrays, keep_run)
     candidate = (arrays.bucket >= 0) & arrays.valid_interval & keep_run
