@@ -15,8 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from nemo_telemetry.analysis._arrays import GOODPUT_COLUMNS, read_for_analysis
-from nemo_telemetry.analysis.findings import SEVERITIES, CheckReport, check_run
+from nemo_telemetry.analysis.findings import SEVERITIES, CheckReport
 from nemo_telemetry.analysis.goodput import BUCKETS, STEP_COLUMNS, RunGoodput, goodput_document, run_goodput
+from nemo_telemetry.analysis.streaming import check_with_engine, goodput_with_engine
 from nemo_telemetry.cli._common import EXIT_FINDINGS, console, fail, library_errors, print_json
 from nemo_telemetry.cli.app import app
 
@@ -25,6 +26,8 @@ UNATTRIBUTED_STYLE = "grey50"
 SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 BAR_WIDTH = 30
 _SOURCE_HELP = "A dataset directory (from `ingest`) or OTLP dump files."
+_ENGINE_HELP = ("local: this process (streams a dataset larger than memory); ray: Ray Data on the cluster "
+                "RAY_ADDRESS names, else a local one (needs a dataset directory).")
 
 
 # -- goodput -----------------------------------------------------------------------------------
@@ -39,6 +42,7 @@ def goodput_command(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also write a stacked bar chart: FILE.png or FILE.html."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="Compare with another run's SOURCE, "
                                                                       "bucket by bucket per mean step."),
+    engine: str = typer.Option("local", "--engine", help=_ENGINE_HELP),
 ) -> None:
     """Goodput per step: wall clock split into productive / overhead / idle / wasted / unattributed.
 
@@ -51,7 +55,7 @@ def goodput_command(
     if plot is not None and plot.suffix.lower() not in (".png", ".html"):
         raise fail(f"--plot {plot}: the file name must end in .png or .html")
     with library_errors():
-        runs = run_goodput(read_for_analysis(source, columns=GOODPUT_COLUMNS), run_id=run, by=by)
+        runs = goodput_with_engine(source, engine=engine, run_id=run, by=by)
         base = run_goodput(read_for_analysis(baseline, columns=GOODPUT_COLUMNS)) if baseline is not None else ()
         if plot is not None:
             from nemo_telemetry.analysis.plots import write_goodput_plot  # noqa: PLC0415 (matplotlib is optional)
@@ -192,6 +196,7 @@ def check_command(
     unattributed_threshold: float = typer.Option(0.2, "--unattributed-threshold", min=0.0, max=1.0,
                                                  help="Share of a step under no bucketed span that is a finding."),
     run: Optional[str] = typer.Option(None, "--run", help="Only this run (nemo.run.id)."),
+    engine: str = typer.Option("local", "--engine", help=_ENGINE_HELP),
 ) -> None:
     """Findings that would make the goodput breakdown lie; exit 1 when one is at error severity.
 
@@ -202,7 +207,7 @@ def check_command(
     if fail_on not in ("error", "warning", "never"):
         raise fail(f"--fail-on {fail_on}: choose error, warning or never")
     with library_errors():
-        report = check_run(read_for_analysis(source), run_id=run, unattributed_threshold=unattributed_threshold)
+        report = check_with_engine(source, engine=engine, run_id=run, unattributed_threshold=unattributed_threshold)
     if output == "json":
         print_json(report.to_dict())
     else:
