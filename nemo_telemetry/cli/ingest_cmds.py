@@ -9,9 +9,10 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from nemo_telemetry.analysis import CollectorServer, CollectSummary, IngestSummary, ingest as ingest_files
+from nemo_telemetry.analysis import CollectorServer, CollectSummary, IngestSummary
 from nemo_telemetry.analysis import run_collector
 from nemo_telemetry.analysis.ingest import FORMATS, dump_files
+from nemo_telemetry.analysis.streaming import ingest_with_engine
 from nemo_telemetry.cli._common import console, fail, library_errors, print_json
 from nemo_telemetry.cli.app import app
 
@@ -27,6 +28,9 @@ def ingest(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    engine: str = typer.Option("local", "--engine", help="local: decode in this process; ray: decode the files "
+                                                         "in parallel Ray tasks (RAY_ADDRESS's cluster, else a "
+                                                         "local one)."),
 ) -> None:
     """Ingest OTLP dumps (JSON lines, length-prefixed protobuf, OTLP/JSON; .gz/.zst) into a Parquet dataset.
 
@@ -35,16 +39,17 @@ def ingest(
     with library_errors():
         total = sum(path.stat().st_size for path in dump_files(inputs))
         if quiet or as_json:
-            summary = ingest_files(inputs, out=out, format=format)
+            summary = ingest_with_engine(inputs, out=out, engine=engine, format=format)
         else:
-            summary = _ingest_with_progress(inputs, out, format, total)
+            summary = _ingest_with_progress(inputs, out, format, total, engine)
     if as_json:
         print_json({name: getattr(summary, name) for name in summary.__dataclass_fields__})
     elif not quiet:
         _print_summary(summary, out)
 
 
-def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], total: int) -> IngestSummary:
+def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], total: int,
+                          engine: str = "local") -> IngestSummary:
     columns = (
         TextColumn("[bold]ingest"),
         BarColumn(),
@@ -58,7 +63,7 @@ def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], tot
         def update(bytes_done: int, spans_done: int) -> None:
             progress.update(task, completed=bytes_done, spans=spans_done)
 
-        return ingest_files(inputs, out=out, format=fmt, progress=update)
+        return ingest_with_engine(inputs, out=out, engine=engine, format=fmt, progress=update)
 
 
 def _print_summary(summary: IngestSummary, out: Path) -> None:
