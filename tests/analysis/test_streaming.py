@@ -17,7 +17,8 @@ from nemo_telemetry.analysis.goodput import run_goodput
 from nemo_telemetry.analysis.ingest import read_spans
 from nemo_telemetry.analysis.records import spans_table
 from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA
-from nemo_telemetry.analysis.streaming import stream_goodput
+from nemo_telemetry.analysis import streaming
+from nemo_telemetry.analysis.streaming import goodput_with_engine, stream_goodput
 from nemo_telemetry.analysis.tree import with_id_keys
 from nemo_telemetry.errors import NemoTelemetryError
 
@@ -153,11 +154,29 @@ def test_empty_dataset(tmp_path):
     assert stream_goodput(tmp_path / "empty") == run_goodput(read_spans(tmp_path / "empty")) == ()
 
 
+def test_local_engine_streams_when_the_dataset_is_over_the_memory_budget(scenario, monkeypatch):
+    calls = []
+    monkeypatch.setattr(streaming, "stream_goodput", lambda *a, **k: calls.append(a) or stream_goodput(*a, **k))
+    expected = as_plain(run_goodput(read_spans(scenario)))
+    assert as_plain(goodput_with_engine(scenario, engine="local")) == expected
+    assert calls == []  # a small dataset is read into memory
+    assert as_plain(goodput_with_engine(scenario, engine="local", memory_budget=1)) == expected
+    assert len(calls) == 1
+    by_rank = goodput_with_engine(scenario, engine="local", by="rank", memory_budget=1)
+    assert all(r.ranks is not None for r in by_rank)  # per rank is in memory only, whatever the size
+
+
+def test_unknown_engine_is_a_typed_error(scenario):
+    with pytest.raises(NemoTelemetryError, match="local, ray"):
+        goodput_with_engine(scenario, engine="spark")
+
+
 _MEASURE = """
 import json, sys, pyarrow as pa
 from nemo_telemetry.analysis.ingest import read_spans
 from nemo_telemetry.analysis.goodput import run_goodput
-from nemo_telemetry.analysis.streaming import stream_goodput
+from nemo_telemetry.analysis import streaming
+from nemo_telemetry.analysis.streaming import goodput_with_engine, stream_goodput
 root, how = sys.argv[1], sys.argv[2]
 if how == "stream":
     runs = stream_goodput(root, batch_rows=2000)
