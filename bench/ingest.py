@@ -155,7 +155,7 @@ def _ours_memory(path: Path) -> int:
 
 
 def _ours_ingest(path: Path, out: Path) -> int:
-    from nemo_telemetry.analysis import ingest, read_spans
+    from nemo_telemetry.analysis import ingest
 
     shutil.rmtree(out, ignore_errors=True)
     summary = ingest([path], out=out)
