@@ -128,17 +128,14 @@ def walk_starts(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
     table = arrays.table
     parent = _u64(table, "parent_key")[rows]
     walk = (parent != 0) & (parent != _u64(table, "span_key")[rows])
-    pairs = np.unique(np.stack([_u64(table, "trace_key")[rows][walk], parent[walk]], axis=1), axis=0)
-    return pa.table([pa.array(pairs[:, 0]), pa.array(pairs[:, 1])], schema=_WALK_SCHEMA)
+    pairs = pd.DataFrame({"trace_key": _u64(table, "trace_key")[rows][walk], "parent_key": parent[walk]})
+    return pa.Table.from_pandas(pairs.drop_duplicates(), schema=_WALK_SCHEMA, preserve_index=False)
 
 
-def ancestor_rows(batch: pa.Table, *, targets: tuple[np.ndarray, np.ndarray]) -> pa.Table:
+def ancestor_rows(batch: pa.Table, *, targets: _KeyIndex) -> pa.Table:
     """Rows of ``batch`` whose (trace_key, span_key) is one of ``targets``, as edges."""
-    trace_targets, span_targets = targets
     span = _u64(batch, "span_key")
-    rows = np.flatnonzero(np.isin(span, span_targets))
-    if rows.size:
-        rows = rows[_lookup(_u64(batch, "trace_key")[rows], span[rows], trace_targets, span_targets) >= 0]
+    rows = np.flatnonzero(targets.find(_u64(batch, "trace_key"), span) >= 0)
     iteration = batch.column(ITERATION).take(pa.array(rows)) if ITERATION in batch.column_names else \
         pa.nulls(len(rows), pa.int64())
     return pa.table([pa.array(_u64(batch, "trace_key")[rows]), pa.array(span[rows]),
@@ -161,7 +158,7 @@ def resolve_attribution(scan: Scan, files: Sequence[Path], *, run_id: str | None
         if pending.empty:
             break
         wanted = pending[["trace_key", "at"]].drop_duplicates()
-        targets = (wanted["trace_key"].to_numpy(np.uint64), wanted["at"].to_numpy(np.uint64))
+        targets = _KeyIndex.of(wanted["trace_key"].to_numpy(np.uint64), wanted["at"].to_numpy(np.uint64))
         edges = _concat(scan(lambda b: ancestor_rows(b, targets=targets), EDGE_COLUMNS, files), _EDGE_SCHEMA)
         found = pd.DataFrame({"trace_key": _u64(edges, "trace_key"), "at": _u64(edges, "span_key"),
                               "parent": _u64(edges, "parent_key"),
@@ -183,14 +180,26 @@ def _concat(tables: Iterable[pa.Table], schema: pa.Schema) -> pa.Table:
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
-def _lookup(trace: np.ndarray, span: np.ndarray, key_trace: np.ndarray, key_span: np.ndarray) -> np.ndarray:
-    """Index in (key_trace, key_span) of each (trace, span), or -1 (span keys are 64 random bits)."""
-    if len(key_span) == 0 or len(span) == 0:
-        return np.full(len(span), -1, dtype=np.int64)
-    order = np.argsort(key_span, kind="stable")
-    pos = np.minimum(np.searchsorted(key_span[order], span), len(order) - 1)
-    hit = order[pos]
-    return np.where((key_span[hit] == span) & (key_trace[hit] == trace), hit, -1).astype(np.int64)
+@dataclass(frozen=True, eq=False)
+class _KeyIndex:
+    """(trace_key, key) pairs sorted once by key, for many lookups (keys are 64 random bits)."""
+
+    trace: np.ndarray
+    key: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def of(cls, trace: np.ndarray, key: np.ndarray, values: np.ndarray | None = None) -> "_KeyIndex":
+        order = np.argsort(key, kind="stable")
+        values = np.zeros(len(key), np.int64) if values is None else np.asarray(values)
+        return cls(np.asarray(trace, np.uint64)[order], np.asarray(key, np.uint64)[order], values[order])
+
+    def find(self, trace: np.ndarray, key: np.ndarray) -> np.ndarray:
+        """Position of each (trace, key) in the index, or -1."""
+        if len(self.key) == 0 or len(key) == 0:
+            return np.full(len(key), -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.key, key), len(self.key) - 1)
+        return np.where((self.key[pos] == key) & (self.trace[pos] == trace), pos, -1).astype(np.int64)
 
 
 def _group_starts(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -209,7 +218,7 @@ def _group_starts(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # -- 2. partials per batch ---------------------------------------------------------------------
 
 
-def goodput_partial(batch: pa.Table, *, attributed: pd.DataFrame, run_id: str | None = None) -> pa.Table:
+def goodput_partial(batch: pa.Table, *, attributed: _KeyIndex, run_id: str | None = None) -> pa.Table:
     """The partial aggregates (``PARTIAL_SCHEMA``) of one batch of spans."""
     arrays = span_arrays(batch)
     keep = _keep_run(arrays, run_id)
@@ -234,24 +243,28 @@ def _pair_codes(run: np.ndarray, iteration: np.ndarray) -> tuple[np.ndarray, np.
     run_codes, run_values = pd.factorize(pd.Series(run, dtype=object), use_na_sentinel=False)
     if len(run_codes) == 0:
         return np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0, np.int64)
-    pairs, codes = np.unique(np.stack([run_codes.astype(np.int64), np.asarray(iteration, np.int64)], axis=1),
-                             axis=0, return_inverse=True)
+    run_codes, iteration = run_codes.astype(np.int64), np.asarray(iteration, np.int64)
     values = np.asarray(run_values, dtype=object)
+    low = int(iteration.min())
+    if int(iteration.max()) - low < (1 << 47) and len(values) < (1 << 15):  # one int64 key: hash, no sort
+        codes, keys = pd.factorize((run_codes << 47) | (iteration - low))
+        keys = np.asarray(keys, np.int64)
+        return codes.astype(np.int64), values[keys >> 47], (keys & ((1 << 47) - 1)) + low
+    pairs, codes = np.unique(np.stack([run_codes, iteration], axis=1), axis=0, return_inverse=True)
     return codes.ravel().astype(np.int64), values[pairs[:, 0]], pairs[:, 1]
 
 
-def _attributed(arrays, rows: np.ndarray, attributed: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def _attributed(arrays, rows: np.ndarray, attributed: _KeyIndex) -> tuple[np.ndarray, np.ndarray]:
     iteration = arrays.iteration[rows].copy()
     stamped = arrays.has_iteration[rows].copy()
     walked = np.flatnonzero(~stamped)
-    if walked.size and len(attributed):
+    if walked.size and len(attributed.key):
         table = arrays.table
         parent = _u64(table, "parent_key")[rows[walked]]
         parent = np.where(parent == _u64(table, "span_key")[rows[walked]], 0, parent)  # its own parent: no walk
-        hit = _lookup(_u64(table, "trace_key")[rows[walked]], parent,
-                      attributed["trace_key"].to_numpy(np.uint64), attributed["parent_key"].to_numpy(np.uint64))
+        hit = attributed.find(_u64(table, "trace_key")[rows[walked]], parent)
         found = hit >= 0
-        iteration[walked[found]] = attributed["iteration"].to_numpy()[hit[found]]
+        iteration[walked[found]] = attributed.values[hit[found]]
         stamped[walked[found]] = True
     return iteration, stamped
 
@@ -445,7 +458,9 @@ def partitioned_goodput(root: Path, scan: Scan, *, run_id: str | None = None,
         raise NemoTelemetryError(f"no run {run_id!r} in these spans (runs present: {present}); "
                                  "pass one of them as --run / run_id")
     files = span_files(root)
-    attributed = resolve_attribution(scan, files, run_id=run_id)
+    resolved = resolve_attribution(scan, files, run_id=run_id)
+    attributed = _KeyIndex.of(resolved["trace_key"].to_numpy(np.uint64), resolved["parent_key"].to_numpy(np.uint64),
+                              resolved["iteration"].to_numpy(np.int64))
     accumulator = GoodputAccumulator(compact_rows)
     selected = span_files(root, run_id=run_id) if run_id is not None else files
     for partial in scan(lambda b: goodput_partial(b, attributed=attributed, run_id=run_id), GOODPUT_COLUMNS, selected):
