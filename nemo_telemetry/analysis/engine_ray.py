@@ -64,8 +64,8 @@ def _read(files: Sequence[Path], columns: Sequence[str], *, ordered: bool = Fals
     present = set(pq.read_schema(files[0]).names) if files else set()
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = ordered
-    return ray.data.read_parquet([str(f) for f in files], columns=[c for c in columns if c in present],
-                                 partitioning=None)
+    dataset = ray.data.read_parquet([str(f) for f in files], partitioning=None)
+    return dataset.select_columns([c for c in columns if c in present])
 
 
 def ray_scan() -> streaming.Scan:

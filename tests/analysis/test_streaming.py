@@ -171,6 +171,13 @@ def test_unknown_engine_is_a_typed_error(scenario):
         goodput_with_engine(scenario, engine="spark")
 
 
+def test_ray_engine_needs_a_dataset_directory(tmp_path):
+    dump = tmp_path / "traces.jsonl"
+    dump.write_text("")
+    with pytest.raises(NemoTelemetryError, match="ingest"):  # said before any cluster is started
+        goodput_with_engine(dump, engine="ray")
+
+
 _MEASURE = """
 import json, sys, pyarrow as pa
 from nemo_telemetry.analysis.ingest import read_spans
