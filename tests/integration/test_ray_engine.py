@@ -1,0 +1,95 @@
+"""The Ray engine gives the local engine's results, on a real local Ray cluster (shared fixture)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nemo_telemetry.analysis._arrays import read_for_analysis
+from nemo_telemetry.analysis.findings import check_run
+from nemo_telemetry.analysis.goodput import run_goodput
+from nemo_telemetry.analysis.ingest import ingest, read_spans
+from nemo_telemetry.analysis.synthetic import synthetic_requests, write_json_lines
+from nemo_telemetry.cli.app import app
+
+pytestmark = pytest.mark.slow
+
+
+def _scenario_module():
+    """The scenario generator of tests/analysis/test_streaming.py (one definition for both suites)."""
+    path = Path(__file__).resolve().parent.parent / "analysis" / "test_streaming.py"
+    spec = importlib.util.spec_from_file_location("_streaming_scenario", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+scenario_tools = _scenario_module()
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory) -> Path:
+    # one ingest batch: a file per (run, rank) partition, so that each Ray Data pass starts few tasks
+    return scenario_tools.write_scenario(tmp_path_factory.mktemp("ray-scenario") / "ds", batch=100_000)
+
+
+def test_ray_goodput_equals_local(ray_cluster, scenario):
+    from nemo_telemetry.analysis.engine_ray import ray_goodput
+
+    expected = scenario_tools.as_plain(run_goodput(read_spans(scenario)))
+    assert len(expected) == 3 and expected[1]["outside"]["unstamped_spans"] == 4
+    assert scenario_tools.as_plain(ray_goodput(scenario)) == expected
+
+
+def test_cli_check_on_ray_equals_local(ray_cluster, scenario):
+    runner = CliRunner()
+    outputs = {}
+    for engine in ("local", "ray"):
+        result = runner.invoke(app, ["check", str(scenario), "--format", "json", "--unattributed-threshold", "0.1",
+                                     "--engine", engine])
+        assert result.exit_code == 1, result.output  # the scenario has error findings
+        outputs[engine] = json.loads(result.stdout)  # Ray's worker logs, if any, are on stderr
+    expected = check_run(read_for_analysis(scenario), unattributed_threshold=0.1).to_dict()
+    assert expected["counts"]["by_code"]["orphan-span"] > 0 and expected["counts"]["error"] > 0
+    assert outputs["ray"] == outputs["local"]
+    assert outputs["ray"]["counts"] == expected["counts"]
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory) -> Path:
+    """Four JSON-lines files: three parts of a run, a repeat of the first (duplicates), one bad line."""
+    folder = tmp_path_factory.mktemp("dumps")
+    requests = list(synthetic_requests(3_000, spans_per_request=200, ranks=4))
+    thirds = [requests[i::3] for i in range(3)]
+    for i, part in enumerate(thirds):
+        write_json_lines(folder / f"traces-{i}.jsonl", part)
+    write_json_lines(folder / "traces-3-repeat.jsonl", thirds[0][:4])
+    with open(folder / "traces-1.jsonl", "ab") as out:
+        out.write(b'{"resourceSpans": [ this is not json\n')
+    return folder
+
+
+def _sorted_spans(root: Path) -> list[dict]:
+    spans = read_spans(root)
+    return spans.sort_by([("trace_id", "ascending"), ("span_id", "ascending")]).to_pylist()
+
+
+def test_ray_ingest_writes_the_same_dataset_and_summary(ray_cluster, dumps, tmp_path):
+    from nemo_telemetry.analysis.engine_ray import ray_ingest
+
+    local = ingest(dumps, out=tmp_path / "local")
+    seen = []
+    remote = ray_ingest(dumps, out=tmp_path / "ray", batch_spans=700, progress=lambda b, s: seen.append((b, s)))
+    assert local.duplicates_dropped == 4 * 200 and local.rejected_records == 1
+    assert remote == local
+    assert seen[-1] == (sum(p.stat().st_size for p in dumps.iterdir()), local.spans)
+    left, right = _sorted_spans(tmp_path / "local"), _sorted_spans(tmp_path / "ray")
+    assert len(left) == local.spans and left == right
+    # the Ray-ingested dataset is partitioned by run and rank like the local one
+    folders = {p.parent.relative_to(tmp_path / "ray" / "spans").as_posix()
+               for p in (tmp_path / "ray" / "spans").rglob("*.parquet")}
+    assert folders == {f"run_id=synthetic-run/rank={r}" for r in range(4)}
