@@ -9,10 +9,16 @@ import pytest
 _TELEMETRY_ENV_PREFIXES = ("NEMO_TELEMETRY_", "OTEL_")
 
 
+# The telemetry variables as the session found them. Each test restores these, not what it found
+# at its own start: a module-scoped fixture that starts a driver writes NEMO_TELEMETRY_* into the
+# environment, and a per-test snapshot would carry that into every later test of the session.
+_SESSION_TELEMETRY_ENV = {k: v for k, v in os.environ.items() if k.startswith(_TELEMETRY_ENV_PREFIXES)}
+
+
 @pytest.fixture(autouse=True)
 def _reset_telemetry_state():
-    """Every test starts and ends with telemetry off: no provider, no groups, no telemetry env vars."""
-    saved = {k: v for k, v in os.environ.items() if k.startswith(_TELEMETRY_ENV_PREFIXES)}
+    """Every test ends with telemetry off: no provider, no groups, the session's telemetry env vars."""
+    saved = _SESSION_TELEMETRY_ENV
     yield
     from nemo_telemetry.instrument import set_enabled_span_groups, set_tracer_provider, shutdown_telemetry
 
