@@ -243,7 +243,7 @@ def measure(mode: str, path: Path, expected: Path | None) -> None:
         summary = run(path, out=out)
         result = json.dumps({"spans": summary.spans, "traces": summary.traces, "duplicates": summary.duplicates_dropped})
     wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _own_peak_rss()
     if sampler is not None:
         extra["worker_peak_mb"] = sampler.stop() / 2**20
     if expected is not None and expected.exists():
@@ -251,6 +251,14 @@ def measure(mode: str, path: Path, expected: Path | None) -> None:
     elif expected is not None:
         expected.write_text(result)
     print(json.dumps({"wall_s": wall, "peak_mb": peak / 2**20, **extra}))
+
+
+def _own_peak_rss() -> int:
+    """This process's peak RSS (VmHWM: ru_maxrss would carry the parent's peak across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _stream_with_partition_costs(path: Path) -> tuple[str, dict]:
