@@ -8,6 +8,7 @@ line, never fatal; a file that is not OTLP at all is an :class:`IngestError`.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from nemo_telemetry.analysis._detect import FORMATS, classify_json_line, detect_
 from nemo_telemetry.analysis._otlp_json_fast import LINE_FALLBACK, LINE_OTHER_SIGNAL, decode_json_lines
 from nemo_telemetry.analysis._otlp_json import decode_json_request
 from nemo_telemetry.analysis._otlp_wire import decode_batch
+from nemo_telemetry.analysis.metrics import write_dataset_metrics
 from nemo_telemetry.analysis.dataset import (
     DatasetWriter,
     SpanDeduplicator,
@@ -69,6 +71,7 @@ class IngestSummary:
     duplicates_dropped: int = 0
     rejected_records: int = 0
     skipped_records: int = 0  # metrics and logs requests: not traces, not errors
+    metric_points: int = 0  # data points of metrics-* dump files, written to DATASET/metrics
     warnings: tuple[str, ...] = ()
 
 
@@ -239,7 +242,8 @@ def ingest(
     pipeline = _Pipeline(writer.write, progress=progress)
     for path, fmt in files:
         pipeline.add_file(path, fmt)
-    return pipeline.summary()
+    points = write_dataset_metrics([path for path, _ in files], Path(out))
+    return dataclasses.replace(pipeline.summary(), metric_points=points)
 
 
 def load_traces(source: Source, *, format: str | None = None) -> TraceTables:

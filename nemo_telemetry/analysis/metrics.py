@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from nemo_telemetry.errors import IngestError
 
@@ -40,6 +41,8 @@ __all__ = [
     "metrics_by_step",
     "efficiency_by_step",
     "with_efficiency_columns",
+    "metrics_for_source",
+    "write_dataset_metrics",
 ]
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
@@ -478,3 +481,54 @@ def _empty_by_step() -> pa.Table:
         "name": pa.array([], pa.string()), "attributes": pa.array([], _attr_map),
         "value": pa.array([], pa.float64()),
     })
+
+
+def _metric_dump_files(path: Path) -> list[Path]:
+    """The dump exporter's metrics files in ``path`` (a directory) or ``path`` itself."""
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.name.startswith("metrics-") and p.is_file())
+    return [path] if path.is_file() and path.name.startswith("metrics-") else []
+
+
+def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | None:
+    """The metrics that came with a spans ``source``, or None when it has none.
+
+    A dataset directory keeps them in ``metrics/`` (written by ``ingest``); raw dumps have them
+    in ``metrics-*`` files beside the ``traces-*`` files.
+    """
+    from nemo_telemetry.analysis.dataset import is_dataset
+
+    items = [source] if isinstance(source, (str, Path)) else list(source)
+    tables: list[pa.Table] = []
+    raw: list[Path] = []
+    for item in map(Path, items):
+        if is_dataset(item):
+            if (item / "metrics").is_dir() and any((item / "metrics").glob("*.parquet")):
+                tables.append(pa.concat_tables(
+                    pq.read_table(f, schema=METRICS_SCHEMA) for f in sorted((item / "metrics").glob("*.parquet"))))
+        else:
+            raw += _metric_dump_files(item)
+    if raw:
+        tables.append(read_metrics(raw))
+    tables = [t for t in tables if t.num_rows]
+    return pa.concat_tables(tables) if tables else None
+
+
+def write_dataset_metrics(files: Iterable[Path], out: Path) -> int:
+    """Write the data points of the ``metrics-*`` dump files among ``files`` under ``out/metrics``.
+
+    One Parquet file per input, named by the input's content hash, so re-ingesting a file
+    replaces its points instead of adding them twice. Returns the number of points written.
+    """
+    import hashlib
+
+    written = 0
+    for path in (p for f in files for p in _metric_dump_files(Path(f))):
+        table = read_metrics(path)
+        if not table.num_rows:
+            continue
+        target = Path(out) / "metrics" / f"{hashlib.sha1(path.read_bytes()).hexdigest()[:20]}.parquet"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table.replace_schema_metadata(None), target)
+        written += table.num_rows
+    return written

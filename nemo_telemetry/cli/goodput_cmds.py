@@ -145,7 +145,22 @@ def render_run(run: RunGoodput, baseline: tuple[RunGoodput, ...] = (), *, bar_wi
     table.add_row("total", _fmt(t["wall_s"]), *(_fmt(t[f"{b}_s"]) for b in BUCKETS),
                   _fmt(t["unattributed_s"]), _fmt(t["double_counted_s"]), _pct(t["goodput"]),
                   *([""] if run.ranks is None else []), style="bold")
-    return Group(table, *_run_notes(run, baseline))
+    return Group(table, *_efficiency_table(run), *_run_notes(run, baseline))
+
+
+def _efficiency_table(run: RunGoodput) -> list:
+    """The step's efficiency metrics (rl.efficiency.seconds) beside its span buckets, when recorded."""
+    columns = [c for c in run.steps.column_names if c.startswith("efficiency/")]
+    if not columns or run.ranks is not None:
+        return []
+    table = Table(title="efficiency metrics per step (seconds, rl.efficiency.seconds)", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+    table.add_column("step", justify="right", min_width=5)
+    for column in columns:
+        table.add_column(column.removeprefix("efficiency/").removesuffix("_s"), justify="right", no_wrap=True)
+    for row in run.steps.select(["iteration", *columns]).to_pylist():
+        table.add_row(str(row["iteration"]), *(_fmt(None if v != v else v) for v in (row[c] for c in columns)))
+    return [table]
 
 
 def _run_notes(run: RunGoodput, baseline: tuple[RunGoodput, ...]) -> list:
