@@ -294,7 +294,9 @@ def _child(mode: str, path: Path, expected: Path | None) -> dict:
     command = [sys.executable, __file__, "--measure", mode, "--path", str(path)]
     if expected is not None:
         command += ["--expected", str(expected)]
-    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=3600)
+    out = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if out.returncode != 0:
+        raise SystemExit(f"{mode} on {path} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
