@@ -22,7 +22,7 @@ from typing import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-__all__ = ["DumpSpanExporter", "spans_to_otlp_json", "otlp_json_ids_to_base64"]
+__all__ = ["DumpSpanExporter", "DumpFile", "spans_to_otlp_json", "otlp_json_ids_to_base64"]
 
 _log = logging.getLogger("nemo_telemetry")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._]+")
@@ -64,60 +64,55 @@ def otlp_json_ids_to_base64(request: dict) -> dict:
     return _convert_ids(request, _hex_to_b64)
 
 
-class DumpSpanExporter(SpanExporter):
-    """Append each exported batch as one OTLP/JSON line to this process's file under ``directory``.
+class DumpFile:
+    """This process's ``<prefix>-<service>-<pid>-<random>.jsonl`` under ``directory``, one JSON document a line.
 
-    The file is created on the first export (a process that emits nothing leaves no file) and
-    flushed after every line, so spans exported before a crash are on disk.
+    Shared by the span and metric dump exporters. The file is created on the first write (a
+    process that emits nothing leaves no file) and flushed after every line, so what was
+    exported before a crash is on disk. An unwritable directory is warned about once; after
+    that every write fails fast and the run goes on.
     """
 
-    def __init__(self, directory: str | os.PathLike, *, service_name: str | None = None,
-                 prefix: str = "traces") -> None:
+    def __init__(self, directory: str | os.PathLike, *, prefix: str, service_name: str | None = None,
+                 what: str = "span dumps") -> None:
         self.directory = os.fspath(directory)
-        self._service_name = service_name
-        self._prefix = prefix
+        self.prefix = prefix
+        self.service_name = service_name
+        self.path: str | None = None
+        self._what = what
         self._lock = threading.Lock()
         self._file = None
         self._failed = False
-        self._shutdown = False
-        self.path: str | None = None
+        self._closed = False
 
-    def _open(self, spans: Sequence[ReadableSpan]) -> None:
-        service = self._service_name
-        if service is None and spans:
-            service = str(spans[0].resource.attributes.get("service.name", "unknown"))
+    def write(self, document: dict, *, service: str | None = None) -> bool:
+        """Append ``document`` as one line; False (and one warning) when it cannot be written."""
+        if self._closed or self._failed:
+            return False
+        try:
+            line = json.dumps(document, separators=(",", ":"))
+            with self._lock:
+                if self._file is None:
+                    self._open(self.service_name or service)
+                self._file.write(line + "\n")
+                self._file.flush()
+        except OSError as exc:
+            self._failed = True
+            _log.warning("dump exporter: cannot write %s under %r (%s); the run goes on without writing "
+                         "%s there. Set NEMO_TELEMETRY_DUMP_DIR (or telemetry.dump_dir) to a writable directory.",
+                         self._what, self.directory, exc, self._what)
+            return False
+        return True
+
+    def _open(self, service: str | None) -> None:
         safe = _UNSAFE.sub("_", service or "unknown").strip("_") or "unknown"
-        name = f"{self._prefix}-{safe}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
+        name = f"{self.prefix}-{safe}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, name)
         self._file = open(path, "a", encoding="utf-8")
         self.path = path
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if self._shutdown or self._failed:
-            return SpanExportResult.FAILURE
-        if not spans:
-            return SpanExportResult.SUCCESS
-        try:
-            line = json.dumps(spans_to_otlp_json(spans), separators=(",", ":"))
-            with self._lock:
-                if self._file is None:
-                    self._open(spans)
-                self._file.write(line + "\n")
-                self._file.flush()
-        except OSError as exc:
-            self._failed = True
-            _log.warning("dump exporter: cannot write span dumps under %r (%s); the run goes on without "
-                         "writing spans there. Set NEMO_TELEMETRY_DUMP_DIR (or telemetry.dump_dir) to a "
-                         "writable directory.", self.directory, exc)
-            return SpanExportResult.FAILURE
-        except Exception:
-            _log.warning("dump exporter: could not encode a batch of %d spans; it is dropped", len(spans),
-                         exc_info=True)
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
+    def flush(self) -> bool:
         with self._lock:
             if self._file is not None:
                 try:
@@ -126,12 +121,43 @@ class DumpSpanExporter(SpanExporter):
                     return False
         return True
 
-    def shutdown(self) -> None:
+    def close(self) -> None:
         with self._lock:
-            self._shutdown = True
+            self._closed = True
             if self._file is not None:
                 try:
                     self._file.close()
                 except OSError:
                     pass
                 self._file = None
+
+
+class DumpSpanExporter(SpanExporter):
+    """Append each exported batch as one OTLP/JSON line to this process's ``traces-*.jsonl`` file."""
+
+    def __init__(self, directory: str | os.PathLike, *, service_name: str | None = None,
+                 prefix: str = "traces") -> None:
+        self._dump = DumpFile(directory, prefix=prefix, service_name=service_name, what="span dumps")
+        self.directory = self._dump.directory
+
+    @property
+    def path(self) -> str | None:
+        return self._dump.path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not spans:
+            return SpanExportResult.SUCCESS
+        try:
+            document = spans_to_otlp_json(spans)
+        except Exception:
+            _log.warning("dump exporter: could not encode a batch of %d spans; it is dropped", len(spans),
+                         exc_info=True)
+            return SpanExportResult.FAILURE
+        service = str(spans[0].resource.attributes.get("service.name", "unknown"))
+        return SpanExportResult.SUCCESS if self._dump.write(document, service=service) else SpanExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._dump.flush()
+
+    def shutdown(self) -> None:
+        self._dump.close()

@@ -17,19 +17,16 @@ An unwritable directory is warned about once; the run goes on and the metrics ar
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import os
-import re
-import secrets
-import threading
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+
+from nemo_telemetry.instrument._dump import DumpFile
 
 __all__ = ["DumpMetricExporter", "metrics_to_otlp_json", "fresh_gauges_temporality"]
 
 _log = logging.getLogger("nemo_telemetry")
-_UNSAFE = re.compile(r"[^A-Za-z0-9._]+")
 _POINT_LISTS = ("gauge", "sum", "histogram", "exponentialHistogram", "summary")
 
 
@@ -70,71 +67,32 @@ def _service_of(metrics_data: MetricsData) -> str:
 
 
 class DumpMetricExporter(MetricExporter):
-    """Append each collection as one OTLP/JSON line to this process's file under ``directory``.
-
-    The file is created on the first non-empty export and flushed after every line, so metrics
-    collected before a crash are on disk.
-    """
+    """Append each collection as one OTLP/JSON line to this process's ``metrics-*.jsonl`` file."""
 
     def __init__(self, directory: str | os.PathLike, *, service_name: str | None = None,
                  preferred_temporality: dict | None = None) -> None:
         super().__init__(preferred_temporality=fresh_gauges_temporality() if preferred_temporality is None
                          else preferred_temporality)
-        self.directory = os.fspath(directory)
-        self._service_name = service_name
-        self._lock = threading.Lock()
-        self._file = None
-        self._failed = False
-        self._shutdown = False
-        self.path: str | None = None
+        self._dump = DumpFile(directory, prefix="metrics", service_name=service_name, what="metrics dumps")
+        self.directory = self._dump.directory
 
-    def _open(self, metrics_data: MetricsData) -> None:
-        service = self._service_name or _service_of(metrics_data)
-        safe = _UNSAFE.sub("_", service).strip("_") or "unknown"
-        name = f"metrics-{safe}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
-        os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, name)
-        self._file = open(path, "a", encoding="utf-8")
-        self.path = path
+    @property
+    def path(self) -> str | None:
+        return self._dump.path
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
-        if self._shutdown or self._failed:
-            return MetricExportResult.FAILURE
         if not metrics_data.resource_metrics:
             return MetricExportResult.SUCCESS
         try:
-            line = json.dumps(metrics_to_otlp_json(metrics_data), separators=(",", ":"))
-            with self._lock:
-                if self._file is None:
-                    self._open(metrics_data)
-                self._file.write(line + "\n")
-                self._file.flush()
-        except OSError as exc:
-            self._failed = True
-            _log.warning("metrics dump exporter: cannot write under %r (%s); the run goes on without "
-                         "metrics there. Set NEMO_TELEMETRY_DUMP_DIR to a writable directory.",
-                         self.directory, exc)
-            return MetricExportResult.FAILURE
+            document = metrics_to_otlp_json(metrics_data)
         except Exception:
             _log.warning("metrics dump exporter: could not encode a collection; it is dropped", exc_info=True)
             return MetricExportResult.FAILURE
-        return MetricExportResult.SUCCESS
+        ok = self._dump.write(document, service=_service_of(metrics_data))
+        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        with self._lock:
-            if self._file is not None:
-                try:
-                    self._file.flush()
-                except OSError:
-                    return False
-        return True
+        return self._dump.flush()
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
-        with self._lock:
-            self._shutdown = True
-            if self._file is not None:
-                try:
-                    self._file.close()
-                except OSError:
-                    pass
-                self._file = None
+        self._dump.close()
