@@ -317,7 +317,7 @@ def main() -> None:
         base = args.dir or Path(tmp)
         print(f"machine: {os.cpu_count()} CPUs; data in {base}")
         print(f"{'spans':>12} {'engine':<13} {'wall s':>8} {'peak MB':>9} {'x memory':>9}  notes")
-        for spans in args.spans:
+        for spans in [n for n in args.spans if n > 0]:  # --spans 0: ingest figures only
             root = base / f"dataset-{spans}"
             if not (root / "spans").is_dir():
                 t = time.perf_counter()
