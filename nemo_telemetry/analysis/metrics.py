@@ -42,6 +42,7 @@ __all__ = [
     "efficiency_by_step",
     "with_efficiency_columns",
     "metrics_for_source",
+    "with_step_metrics",
     "write_dataset_metrics",
 ]
 
@@ -532,3 +533,14 @@ def write_dataset_metrics(files: Iterable[Path], out: Path) -> int:
         pq.write_table(table.replace_schema_metadata(None), target)
         written += table.num_rows
     return written
+
+
+def with_step_metrics(runs: tuple, source) -> tuple:
+    """``run_goodput`` results with each step's efficiency metrics (``efficiency/<category>_s``)
+    beside its buckets, when ``source`` has metrics; unchanged otherwise."""
+    import dataclasses
+
+    metrics = metrics_for_source(source)
+    if metrics is None:
+        return runs
+    return tuple(dataclasses.replace(run, steps=with_efficiency_columns(run.steps, metrics)) for run in runs)

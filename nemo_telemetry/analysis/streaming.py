@@ -515,8 +515,10 @@ def goodput_with_engine(source, *, engine: str = "local", run_id: str | None = N
     available); ``ray`` runs on Ray Data over the dataset. ``by="rank"`` is in memory only.
     """
     _check_engine(engine)
-    return _with_step_metrics(_goodput_on_engine(source, engine=engine, run_id=run_id, by=by,
-                                                 memory_budget=memory_budget), source)
+    from nemo_telemetry.analysis.metrics import with_step_metrics
+
+    return with_step_metrics(_goodput_on_engine(source, engine=engine, run_id=run_id, by=by,
+                                                memory_budget=memory_budget), source)
 
 
 def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
@@ -533,16 +535,6 @@ def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
             and _dataset_rows(Path(items[0])) * _IN_MEMORY_BYTES_PER_SPAN > budget):
         return stream_goodput(items[0], run_id=run_id)
     return _goodput.run_goodput(read_for_analysis(source, columns=GOODPUT_READ_COLUMNS), run_id=run_id, by=by)
-
-
-def _with_step_metrics(runs: tuple[_goodput.RunGoodput, ...], source) -> tuple[_goodput.RunGoodput, ...]:
-    """Each step's efficiency metrics (``efficiency/<category>_s``) beside its buckets, when the source has any."""
-    from nemo_telemetry.analysis.metrics import metrics_for_source, with_efficiency_columns
-
-    metrics = metrics_for_source(source)
-    if metrics is None:
-        return runs
-    return tuple(dataclasses.replace(run, steps=with_efficiency_columns(run.steps, metrics)) for run in runs)
 
 
 def check_with_engine(source, *, engine: str = "local", **options):

@@ -153,12 +153,13 @@ def _analyse(root: Path, settings: DemoSettings, span_groups: str, run_id: str, 
     from nemo_telemetry.analysis import ingest, read_spans
     from nemo_telemetry.analysis.findings import check_run
     from nemo_telemetry.analysis.goodput import run_goodput
+    from nemo_telemetry.analysis.metrics import with_step_metrics
     from nemo_telemetry.analysis.waterfall import waterfall
 
     dumps, dataset = root / "dumps", root / "dataset"
     ingested = ingest([dumps], out=dataset)
     spans = read_spans(dataset)
-    runs = run_goodput(spans, run_id=run_id)
+    runs = with_step_metrics(run_goodput(spans, run_id=run_id), dataset)
     if not runs:
         raise DemoError(f"the run wrote no job or bucketed spans to {dumps}; enable the job group "
                         "(every preset has it) to get a report")

@@ -41,12 +41,14 @@ from nemo_telemetry.instrument import (
     dispatch_with_trace_context,
     efficiency_span,
     flush_actors_telemetry,
+    flush_metrics,
     instrument_aiohttp_client,
     iteration_scope,
     managed_span,
     setup_span,
     start_efficiency_span,
     startup_span,
+    tee_metrics,
     umbrella_span,
     umbrella_trace_fn,
 )
@@ -197,6 +199,7 @@ class _Loop:
         self.finalizers: list[threading.Thread] = []
         self.checkpoints: list[str] = []
         self._first: dict[str, Any] | None = None  # async: the batch the initial fill waited for
+        self._waits: dict[str, float] = {"idle/buffer_starvation": 0.0, "idle/refit_bubble": 0.0}
         if settings.mode == "async":
             self._start_collector()
 
@@ -222,7 +225,19 @@ class _Loop:
                 self.validate(i)
             if i % self.s.checkpoint_every == 0:
                 self._checkpoint(i)
+            self._report_efficiency()
         return sum(sum(r) for r in rewards) / max(1, sum(len(r) for r in rewards))
+
+    def _report_efficiency(self) -> None:
+        """Tee the step's efficiency timers as rl.efficiency.seconds, as a trainer's logger dict would.
+
+        Flushed inside the step: data points carry their collection time, which is how the
+        analysis puts them beside this step's buckets.
+        """
+        if self.s.mode == "async":
+            tee_metrics("efficiency", self._waits)
+            flush_metrics()
+        self._waits = {"idle/buffer_starvation": 0.0, "idle/refit_bubble": 0.0}
 
     # -- rollouts
 
@@ -269,9 +284,11 @@ class _Loop:
             if batch is not None:
                 if wait is not None:
                     wait.end()
+                    self._waits[category] += time.monotonic() - started
                 return batch
             if wait is None and category is not None:
                 wait = start_efficiency_span(category)
+                started = time.monotonic()
             if wait is not None:
                 wait.poll()
             time.sleep(0.01)
@@ -318,10 +335,12 @@ class _Loop:
             ray.get(dispatch_with_trace_context(generation.update_weights, i))
             return
         collector = self.fleet.collector
+        started = time.monotonic()
         with efficiency_span("idle/refit_bubble"):
             ray.get(collector.prepare_refit.remote())
             ray.get(dispatch_with_trace_context(generation.update_weights, i))
             ray.get(collector.finish_refit.remote(i))
+        self._waits["idle/refit_bubble"] += time.monotonic() - started
 
     # -- validation and checkpoints
 

@@ -159,6 +159,18 @@ def test_async_collector_batches_and_waits(async_run):
     assert set(bubbles["service_name"]) == {SERVICE_NAMES["driver"]}
 
 
+def test_async_steps_carry_their_efficiency_metrics_beside_the_buckets(async_run, sync_run):
+    """The driver tees its wait timers as rl.efficiency.seconds each step; goodput shows them per step."""
+    steps = async_run.goodput.steps.to_pandas().set_index("iteration")
+    bubble = steps["efficiency/idle/refit_bubble_s"]
+    assert bubble.notna().all() and (bubble > 0).all()
+    # the metric measures the same waits the idle spans cover, on the same driver clock
+    spans = spans_frame(async_run)
+    bubble_spans = spans[spans["name"] == "rl.idle.refit_bubble"].set_index("rl.iteration")["duration_ns"] / 1e9
+    assert (bubble - bubble_spans.reindex(bubble.index)).abs().max() < 0.05
+    assert not [c for c in sync_run.goodput.steps.column_names if c.startswith("efficiency/")]
+
+
 # -- --no-carrier breaks it, and the findings say so ------------------------------------------
 
 
