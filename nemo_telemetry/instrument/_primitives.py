@@ -94,7 +94,7 @@ class LiveSpan:
     def start_detached(self) -> trace_api.Span | None:
         """Start the span without making it current (generator wrappers attach it per step)."""
         try:
-            return self._tracer.start_span(self._name, attributes=self._attributes)
+            return self._tracer.start_span(self._name, attributes=self._attributes)  # nemo-telemetry-lint: allow raw-otel-span
         except Exception:
             _log.warning("could not start span %r; running without it", self._name, exc_info=True)
             return None
