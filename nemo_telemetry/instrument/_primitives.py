@@ -125,25 +125,25 @@ class LiveSpan:
 
 _UNKNOWN_GROUP: tuple[str | None, frozenset[str]] = (Bucket.OVERHEAD.value, frozenset())
 _defaults: dict[str, tuple[str | None, frozenset[str]]] = {}
-_defaults_source: object = None
+_defaults_version = -1  # REGISTRY.version the table was built from
 _defaults_lock = threading.Lock()
 
 
 def _refresh_defaults() -> None:
-    global _defaults, _defaults_source
+    global _defaults, _defaults_version
     with _defaults_lock:
-        source = REGISTRY._namespaces  # replaced, never mutated, on every (un)registration
+        version = REGISTRY.version  # bumped on every (un)registration
         table: dict[str, tuple[str | None, frozenset[str]]] = {}
         for name, bucket in REGISTRY.default_buckets().items():
             decl = REGISTRY.declaration(name)
             unbucketed = frozenset(decl.unbucketed_spans) if decl is not None else frozenset()
             table[name] = (bucket.value if bucket is not None else None, unbucketed)
-        _defaults, _defaults_source = table, source
+        _defaults, _defaults_version = table, version
 
 
 def group_defaults(group: str) -> tuple[str | None, frozenset[str]]:
     """``(default bucket or None for umbrellas, span names declared unbucketed)`` for a group."""
-    if REGISTRY._namespaces is not _defaults_source:
+    if REGISTRY.version != _defaults_version:
         _refresh_defaults()
     return _defaults.get(group, _UNKNOWN_GROUP)
 
