@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from _columns import dictionary, uint64_hex  # bench/_columns.py (this script's folder is on sys.path)
 from nemo_telemetry.analysis._columns import SPANS_TABLE_SCHEMA
 
 SPANS_PER_STEP = 2_500
@@ -81,23 +82,6 @@ def _step_template() -> dict[str, np.ndarray]:
     return out
 
 
-def _hex(keys: np.ndarray, width: int = 16) -> pa.Array:
-    """uint64 keys as lowercase hex strings (the first 16 digits), built from buffers."""
-    digits = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-    raw = keys.astype(">u8").view(np.uint8).reshape(-1, 8)
-    chars = np.empty((len(keys), 16), dtype=np.uint8)
-    chars[:, 0::2], chars[:, 1::2] = digits[raw >> 4], digits[raw & 15]
-    if width > 16:
-        chars = np.concatenate([chars, np.full((len(keys), width - 16), ord("0"), np.uint8)], axis=1)
-    offsets = np.arange(len(keys) + 1, dtype=np.int32) * width
-    return pa.Array.from_buffers(pa.string(), len(keys), [None, pa.py_buffer(offsets), pa.py_buffer(chars.tobytes())])
-
-
-def _dict(codes: np.ndarray, values: list[str]) -> pa.Array:
-    indices = pa.array(codes.astype(np.int32), mask=codes < 0)
-    return pa.DictionaryArray.from_arrays(indices, pa.array(values, pa.string()))
-
-
 def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
     """One run's spans table (SPANS_TABLE_SCHEMA), vectorized over steps."""
     t = _step_template()
@@ -133,19 +117,19 @@ def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
         pa.array(np.stack([groups.take(pa.array(service)).to_numpy(zero_copy_only=False),
                            np.full(n, "grpo", dtype=object)], axis=1).ravel()),
     )
-    parent_hex = _hex(parent_key)
+    parent_hex = uint64_hex(parent_key)
     columns = {
-        "trace_id": _hex(trace_key, 32), "span_id": _hex(span_key),
+        "trace_id": uint64_hex(trace_key, 32), "span_id": uint64_hex(span_key),
         "parent_span_id": pa.array(parent_hex.to_numpy(zero_copy_only=False), pa.string(), mask=parent_key == 0),
-        "name": _dict(name, NAMES), "kind": _dict(np.ones(n, np.int32), ["unspecified", "internal"]),
+        "name": dictionary(name, NAMES), "kind": dictionary(np.ones(n, np.int32), ["unspecified", "internal"]),
         "start_ns": start, "end_ns": end, "duration_ns": end - start,
-        "status_code": _dict(np.zeros(n, np.int32), ["unset"]), "status_message": pa.nulls(n, pa.string()),
-        "service_name": _dict(service, SERVICES), "run_id": _dict(np.zeros(n, np.int32), [run_id]),
-        "rank": rank.astype(np.int64), "rl.bucket": _dict(bucket, BUCKET_VALUES),
+        "status_code": dictionary(np.zeros(n, np.int32), ["unset"]), "status_message": pa.nulls(n, pa.string()),
+        "service_name": dictionary(service, SERVICES), "run_id": dictionary(np.zeros(n, np.int32), [run_id]),
+        "rank": rank.astype(np.int64), "rl.bucket": dictionary(bucket, BUCKET_VALUES),
         "rl.iteration": pa.array(iteration.astype(np.int64), mask=~stamped),
-        "rl.efficiency.category": _dict(np.where(name == 8, 0, -1), ["idle/refit_bubble"]),
-        "trace_state": pa.nulls(n, pa.string()), "scope_name": _dict(np.zeros(n, np.int32), ["nemo_telemetry"]),
-        "scope_version": _dict(np.full(n, -1), ["0"]),
+        "rl.efficiency.category": dictionary(np.where(name == 8, 0, -1), ["idle/refit_bubble"]),
+        "trace_state": pa.nulls(n, pa.string()), "scope_name": dictionary(np.zeros(n, np.int32), ["nemo_telemetry"]),
+        "scope_version": dictionary(np.full(n, -1), ["0"]),
         "attributes": pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string()),
                                               pa.array([], pa.string())),
         "resource_attributes": resource,

@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from _columns import dictionary, uint64_hex  # bench/_columns.py (this script's folder is on sys.path)
 from nemo_telemetry.analysis._columns import SPANS_TABLE_SCHEMA
 from nemo_telemetry.analysis.partitions import split_by_partition
 
@@ -69,21 +70,6 @@ def _template() -> dict[str, np.ndarray]:
 SPANS_PER_STEP = len(_template()["name"])
 
 
-def _hex(keys: np.ndarray, width: int = 16) -> pa.Array:
-    digits = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-    raw = keys.astype(">u8").view(np.uint8).reshape(-1, 8)
-    chars = np.empty((len(keys), 16), dtype=np.uint8)
-    chars[:, 0::2], chars[:, 1::2] = digits[raw >> 4], digits[raw & 15]
-    if width > 16:
-        chars = np.concatenate([chars, np.full((len(keys), width - 16), ord("0"), np.uint8)], axis=1)
-    offsets = np.arange(len(keys) + 1, dtype=np.int32) * width
-    return pa.Array.from_buffers(pa.string(), len(keys), [None, pa.py_buffer(offsets), pa.py_buffer(chars.tobytes())])
-
-
-def _dict(codes: np.ndarray, values: list[str]) -> pa.Array:
-    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32), mask=codes < 0), pa.array(values))
-
-
 def _chunk(run_id: str, trace: np.uint64, job_key: np.uint64, first_step: int, steps: int,
            rng: np.random.Generator) -> pa.Table:
     t = _template()
@@ -108,17 +94,17 @@ def _table(run_id, trace_key, span_key, parent_key, name, start, end, bucket, it
     empty_map = pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string()),
                                         pa.array([], pa.string()))
     columns = {
-        "trace_id": _hex(trace_key, 32), "span_id": _hex(span_key),
-        "parent_span_id": pa.array(_hex(parent_key).to_numpy(zero_copy_only=False), pa.string(), mask=parent_key == 0),
-        "name": _dict(name, NAMES), "kind": _dict(np.ones(n), ["unspecified", "internal"]),
+        "trace_id": uint64_hex(trace_key, 32), "span_id": uint64_hex(span_key),
+        "parent_span_id": pa.array(uint64_hex(parent_key).to_numpy(zero_copy_only=False), pa.string(), mask=parent_key == 0),
+        "name": dictionary(name, NAMES), "kind": dictionary(np.ones(n), ["unspecified", "internal"]),
         "start_ns": pa.array(start), "end_ns": pa.array(end), "duration_ns": pa.array(end - start),
-        "status_code": _dict(np.zeros(n), ["unset"]), "status_message": pa.nulls(n, pa.string()),
-        "service_name": _dict(np.minimum(rank, 1), ["driver", "policy_worker"]),
-        "run_id": _dict(np.zeros(n), [run_id]), "rank": pa.array(rank.astype(np.int64)),
-        "rl.bucket": _dict(bucket, BUCKET_VALUES),
+        "status_code": dictionary(np.zeros(n), ["unset"]), "status_message": pa.nulls(n, pa.string()),
+        "service_name": dictionary(np.minimum(rank, 1), ["driver", "policy_worker"]),
+        "run_id": dictionary(np.zeros(n), [run_id]), "rank": pa.array(rank.astype(np.int64)),
+        "rl.bucket": dictionary(bucket, BUCKET_VALUES),
         "rl.iteration": pa.array(iteration.astype(np.int64), mask=~stamped),
         "rl.efficiency.category": pa.nulls(n, SPANS_TABLE_SCHEMA.field("rl.efficiency.category").type),
-        "trace_state": pa.nulls(n, pa.string()), "scope_name": _dict(np.zeros(n), ["nemo_telemetry"]),
+        "trace_state": pa.nulls(n, pa.string()), "scope_name": dictionary(np.zeros(n), ["nemo_telemetry"]),
         "scope_version": pa.nulls(n, SPANS_TABLE_SCHEMA.field("scope_version").type),
         "attributes": empty_map, "resource_attributes": empty_map,
         "trace_key": pa.array(trace_key), "span_key": pa.array(span_key), "parent_key": pa.array(parent_key),
