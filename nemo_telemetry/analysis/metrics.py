@@ -151,7 +151,7 @@ def _expand(source: str | Path | Iterable[str | Path]) -> list[Path]:
     for item in sources:
         path = Path(item)
         if path.is_dir():
-            paths.extend(sorted(p for p in path.iterdir() if p.name.startswith("metrics-") and p.is_file()))
+            paths.extend(_metric_dump_files(path))
         elif path.is_file():
             paths.append(path)
         else:
