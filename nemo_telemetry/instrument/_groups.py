@@ -67,24 +67,10 @@ class GroupName(str):
         return (str, (str(self),))
 
 
-def group(
-    name: str,
-    *,
-    umbrella: bool = False,
-    bucket: Bucket | str | None = None,
-    spans: tuple[str, ...] = (),
-    unbucketed_spans: tuple[str, ...] = (),
-    description: str = "",
-) -> GroupName:
-    """Declare one span group; assign the result to a constant on a group class."""
-    return GroupName(
-        name,
-        umbrella=umbrella,
-        bucket=bucket,
-        spans=spans,
-        unbucketed_spans=unbucketed_spans,
-        description=description,
-    )
+def group(name: str, **declaration) -> GroupName:
+    """Declare one span group (``umbrella=True`` or ``bucket=``, ``spans=``, ``unbucketed_spans=``,
+    ``description=``); assign the result to a constant on a group class."""
+    return GroupName(name, **declaration)
 
 
 # Placeholders used in span-name patterns such as "rl.<algo>.step" or "rl.data_plane.<op>".
