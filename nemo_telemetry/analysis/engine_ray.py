@@ -4,10 +4,10 @@
   yields one batch of tables at a time, so a task never holds a whole file) and this process
   deduplicates and writes the batches in file order, exactly as :func:`ingest.ingest` does.
 - :func:`ray_goodput` runs :mod:`streaming`'s steps (attribution over the compact edge table,
-  per-batch partials, merge) with Ray Data mapping them over the Parquet dataset's files; the
-  merged result is a few rows per step.
-- :func:`ray_check` reads the columns the findings use with Ray Data (in parallel, projected,
-  in file order) and computes the findings here with :func:`findings.check_run`.
+  per-batch partials, merge) with plain Ray tasks mapping them over groups of the Parquet
+  dataset's files (:func:`map_groups`); the merged result is a few rows per step.
+- :func:`ray_check` reads the columns the findings use and computes them with
+  :func:`findings.check_run`.
 
 Every result equals the local engine's on the same data. ``ray`` is imported only when an
 engine function is called; :func:`connect` joins the cluster ``RAY_ADDRESS`` names, or starts
@@ -26,12 +26,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from nemo_telemetry.analysis import streaming
-from nemo_telemetry.analysis.dataset import DatasetWriter, read_dataset
+from nemo_telemetry.analysis.dataset import DatasetWriter
 from nemo_telemetry.analysis.ingest import BATCH_SPANS, IngestSummary, Source, _Pipeline, _raw_files
-from nemo_telemetry.analysis.partitions import span_files
 from nemo_telemetry.errors import NemoTelemetryError
 
-__all__ = ["connect", "ray_scan", "ray_ingest", "ray_goodput", "ray_check", "read_columns"]
+__all__ = ["connect", "map_groups", "ray_scan", "ray_ingest", "ray_goodput", "ray_check"]
 
 _FILES_IN_FLIGHT_PER_CPU = 2
 _BATCHES_AHEAD = 2  # decoded batches a file task may hold before this process takes them
@@ -55,27 +54,54 @@ def connect():
     return ray
 
 
-# -- Ray Data over the dataset -----------------------------------------------------------------
+# -- plain Ray tasks over the dataset's files -------------------------------------------------
+
+_TASKS_PER_CPU = 2  # file groups per cluster CPU: enough to balance, few enough to keep the fixed cost low
 
 
-def _read(files: Sequence[Path], columns: Sequence[str], *, ordered: bool = False):
-    import ray.data
+def _file_groups(files: Sequence[Path], groups: int) -> list[list[str]]:
+    """``files`` cut into at most ``groups`` contiguous runs of about equal bytes (file order kept)."""
+    sizes = [max(1, f.stat().st_size) for f in files]
+    total, target = sum(sizes), max(1, sum(sizes) // max(1, groups))
+    out: list[list[str]] = [[]]
+    filled = 0
+    for path, size in zip(files, sizes):
+        if out[-1] and filled + size > target * len(out) and len(out) < groups:
+            out.append([])
+        out[-1].append(str(path))
+        filled += size
+    return [g for g in out if g] if total else []
 
-    present = set(pq.read_schema(files[0]).names) if files else set()
-    context = ray.data.DataContext.get_current()
-    context.execution_options.preserve_order = ordered
-    dataset = ray.data.read_parquet([str(f) for f in files], partitioning=None)
-    return dataset.select_columns([c for c in columns if c in present])
+
+def _scan_group(paths: list[str], fn: Callable[[pa.Table], pa.Table], columns: Sequence[str]) -> list[pa.Table]:
+    """Task body: ``fn`` over every batch of the group's files, read here with pyarrow."""
+    scan = streaming.local_scan(streaming.BATCH_ROWS)
+    return [t for t in scan(fn, columns, [Path(p) for p in paths]) if t.num_rows]
+
+
+def map_groups(function: Callable, files: Sequence[Path], *args) -> list:
+    """``function(paths, *args)`` as one Ray task per group of files; the results in file order.
+
+    The arguments are put in the object store once for all the tasks (a lookup index can be
+    large). Plain tasks, not Ray Data: a pass over a small dataset then costs tens of
+    milliseconds per task instead of Ray Data's seconds of planning per pass.
+    """
+    ray = connect()
+    if not files:
+        return []
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    remote = ray.remote(function).options(num_cpus=1)
+    shared = [ray.put(a) for a in args]
+    refs = [remote.remote(group, *shared) for group in _file_groups(files, cpus * _TASKS_PER_CPU)]
+    return ray.get(refs)
 
 
 def ray_scan() -> streaming.Scan:
-    """A :data:`streaming.Scan` that maps the function over the files' blocks with Ray Data."""
+    """A :data:`streaming.Scan` whose batches are mapped by plain Ray tasks, a group of files each."""
 
     def scan(fn: Callable[[pa.Table], pa.Table], columns: Sequence[str], files: Sequence[Path]) -> Iterator[pa.Table]:
-        if not files:
-            return
-        mapped = _read(files, columns).map_batches(fn, batch_format="pyarrow", batch_size=None, zero_copy_batch=True)
-        yield from mapped.iter_batches(batch_format="pyarrow", batch_size=None)
+        for tables in map_groups(_scan_group, files, fn, tuple(columns)):
+            yield from tables
 
     return scan
 
@@ -86,24 +112,12 @@ def ray_goodput(root: str | Path, *, run_id: str | None = None):
     return streaming.partitioned_goodput(Path(root), ray_scan(), run_id=run_id)
 
 
-def read_columns(root: str | Path, columns: Sequence[str]) -> pa.Table:
-    """The ``columns`` of the spans table, read by Ray Data in parallel, rows in file order."""
-    connect()
-    files = span_files(Path(root))
-    if not files:
-        return read_dataset(Path(root), "spans", columns=[c for c in columns])
-    import ray
-
-    refs = _read(files, columns, ordered=True).to_arrow_refs()
-    return pa.concat_tables(ray.get(refs), promote_options="permissive")
-
-
 def ray_check(root: str | Path, **options):
-    """``check_run`` over the dataset at ``root``: the columns it reads come through Ray Data."""
-    from nemo_telemetry.analysis._arrays import READ_COLUMNS
+    """``check_run`` over the dataset at ``root``, with the findings computed on the Ray cluster."""
+    from nemo_telemetry.analysis._arrays import READ_COLUMNS, read_for_analysis
     from nemo_telemetry.analysis.findings import check_run
 
-    return check_run(read_columns(root, READ_COLUMNS), **options)
+    return check_run(read_for_analysis(root, columns=READ_COLUMNS), **options)
 
 
 # -- ingest ------------------------------------------------------------------------------------
