@@ -24,7 +24,7 @@ from nemo_telemetry.analysis.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATIO
 from nemo_telemetry.analysis.tree import parent_indices, trace_mix, with_id_keys
 from nemo_telemetry.errors import IngestError
 
-__all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS", "isin_sorted", "key_index",
+__all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS", "isin_sorted", "key_index", "index_orphans", "orphan_mask",
            "GOODPUT_COLUMNS", "read_for_analysis", "resource_values", "resource_pairs"]
 
 BUCKETS = ("productive", "overhead", "idle", "wasted")
@@ -137,17 +137,26 @@ def pairs_present(first: np.ndarray, second: np.ndarray, second_size: int) -> li
 def isin_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     """``np.isin(values, sorted_set)`` for uint64 keys and a small sorted set.
 
-    A 65,536-slot table of the set's top 16 bits rules out almost every value with one
-    cache-resident lookup; only the few that pass are binary-searched.
+    A 65,536-slot table indexed by the top 16 bits holds the set's only member with those
+    bits, so one cache-resident lookup and a comparison decide almost every value, whether
+    it is in the set or not; only values whose slot holds several members are binary-searched.
     """
-    out = np.zeros(len(values), dtype=bool)
     if sorted_set.size == 0 or len(values) == 0:
-        return out
-    slots = np.zeros(1 << 16, dtype=bool)
-    slots[(sorted_set >> np.uint64(48)).astype(np.int64)] = True
-    maybe = np.flatnonzero(slots[(values >> np.uint64(48)).astype(np.int64)])
-    at = np.minimum(np.searchsorted(sorted_set, values[maybe]), sorted_set.size - 1)
-    out[maybe[sorted_set[at] == values[maybe]]] = True
+        return np.zeros(len(values), dtype=bool)
+    slot_bits = np.uint64(48)
+    prefix = (sorted_set >> slot_bits).astype(np.intp)
+    members = np.bincount(prefix, minlength=1 << 16)
+    # An empty (or crowded) slot holds a number from the neighbouring slot: no value of its own slot equals it.
+    only = (np.arange(1 << 16, dtype=np.uint64) ^ np.uint64(1)) << slot_bits
+    single = members[prefix] == 1
+    only[prefix[single]] = sorted_set[single]
+    top = (values >> slot_bits).astype(np.intp)
+    out = only[top] == values
+    crowded = members > 1
+    if crowded.any():
+        maybe = np.flatnonzero(crowded[top])
+        at = np.minimum(np.searchsorted(sorted_set, values[maybe]), sorted_set.size - 1)
+        out[maybe] = sorted_set[at] == values[maybe]
     return out
 
 
@@ -221,40 +230,12 @@ class SpanArrays:
 
     @cached_property
     def has_parent(self) -> np.ndarray:
-        if "parent_span_id" in self.table.column_names:
-            return pc.is_valid(self.table.column("parent_span_id")).to_numpy(zero_copy_only=False)
-        return self._keys[2] != 0
+        return _has_parent(self.table, lambda: self._keys)
 
     @cached_property
     def orphan(self) -> np.ndarray:
-        """Spans that name a parent which is not in the table (same trace).
-
-        Each distinct parent reference is looked up once, in sorted order, in the sorted span
-        index the walks use; the full mixed key confirms what the high bits propose.
-        """
-        own, packed, bits = self._sorted_spans
-        low = np.uint64((1 << bits) - 1)
-        children = np.flatnonzero(self.has_parent)
-        wanted = self._mixed[1][children]
-        ordered = np.sort(wanted)
-        if ordered.size:  # many children share a parent: look each parent up once
-            ordered = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
-        pos = np.searchsorted(packed, ordered & ~low)
-        found = np.zeros(len(ordered), dtype=bool)
-        pending = np.arange(len(ordered))
-        while pending.size:  # a second round only for equal high bits
-            at = pos[pending]
-            pending, at = pending[at < len(packed)], at[at < len(packed)]
-            candidate = packed[at]
-            same_high = (candidate & ~low) == (ordered[pending] & ~low)
-            pending, candidate = pending[same_high], candidate[same_high]
-            hit = own[(candidate & low).astype(np.int64)] == ordered[pending]
-            found[pending[hit]] = True
-            pending = pending[~hit]
-            pos[pending] += 1
-        out = np.zeros(len(self), dtype=bool)
-        out[children[isin_sorted(wanted, ordered[~found])]] = True
-        return out
+        """Spans that name a parent which is not in the table (same trace)."""
+        return orphan_mask(self.has_parent, self._mixed, self._sorted_spans)
 
     @property
     def trace_keys(self) -> np.ndarray:
@@ -373,17 +354,78 @@ _SPAN_SPREAD = np.uint64(0xBF58476D1CE4E5B9)  # odd, so multiplying by it permut
 def _mixed_keys(keys: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """One uint64 per (span id, trace id). Span ids are spread by an odd multiplier first:
     hand-built traces number spans 1, 2, 3..., which would otherwise share their high bits
-    and turn every lookup in the sorted index into a linear walk."""
+    and turn every lookup in the sorted index into a linear walk. In place where it can:
+    each pass over 10 million keys costs as much as the arithmetic."""
     span_key, trace_key, parent_key = keys
     mix = trace_mix(trace_key)
     with np.errstate(over="ignore"):
-        return (span_key * _SPAN_SPREAD) ^ mix, (parent_key * _SPAN_SPREAD) ^ mix
+        own = np.multiply(span_key, _SPAN_SPREAD)
+        own ^= mix
+        wanted = np.multiply(parent_key, _SPAN_SPREAD)
+        wanted ^= mix
+    return own, wanted
+
+
+def _has_parent(table: pa.Table, keys) -> np.ndarray:
+    """Whether each span names a parent: ``parent_span_id`` is set, else (a key-only read) ``parent_key`` != 0."""
+    if "parent_span_id" in table.column_names:
+        return pc.is_valid(table.column("parent_span_id")).to_numpy(zero_copy_only=False)
+    return keys()[2] != 0
+
+
+def orphan_mask(has_parent: np.ndarray, mixed: tuple[np.ndarray, np.ndarray],
+                sorted_spans: tuple[np.ndarray, np.ndarray, int]) -> np.ndarray:
+    """Spans that name a parent which is not in the table (same trace), from the key index.
+
+    Each distinct parent reference is looked up once, in sorted order, in the sorted span
+    index the walks use; the full mixed key confirms what the high bits propose. Only
+    references whose first candidate shares its high bits without being it (duplicated ids,
+    equal high bits) take further rounds.
+    """
+    own, packed, bits = sorted_spans
+    out = np.zeros(len(has_parent), dtype=bool)
+    if len(packed) == 0:
+        return out
+    high = ~np.uint64((1 << bits) - 1)
+    children = np.flatnonzero(has_parent)
+    wanted = mixed[1][children]
+    ordered = np.sort(wanted)
+    if ordered.size:  # many children share a parent: look each parent up once
+        distinct = np.empty(len(ordered), dtype=bool)
+        distinct[0] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=distinct[1:])
+        ordered = ordered[distinct]
+        del distinct
+    ordered_high = ordered & high
+    pos = np.searchsorted(packed, ordered_high)
+    np.minimum(pos, len(packed) - 1, out=pos)
+    candidate = packed[pos]
+    same_high = (candidate & high) == ordered_high
+    del ordered_high
+    found = same_high & (own[(candidate & ~high).astype(np.intp)] == ordered)
+    pending = np.flatnonzero(same_high & ~found)
+    del candidate, same_high
+    while pending.size:  # further rounds only for equal high bits or duplicated ids
+        pos[pending] += 1
+        pending = pending[pos[pending] < len(packed)]
+        candidate = packed[pos[pending]]
+        same_high = (candidate & high) == (ordered[pending] & high)
+        pending, candidate = pending[same_high], candidate[same_high]
+        hit = own[(candidate & ~high).astype(np.intp)] == ordered[pending]
+        found[pending[hit]] = True
+        pending = pending[~hit]
+    missing = ordered[~found]
+    if missing.size:
+        out[children[isin_sorted(wanted, missing)]] = True
+    return out
 
 
 def _sorted_index(own: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     bits = max(1, (len(own) - 1).bit_length())
-    high = ~np.uint64((1 << bits) - 1)
-    return own, np.sort((own & high) | np.arange(len(own), dtype=np.uint64)), bits
+    packed = own & ~np.uint64((1 << bits) - 1)
+    packed |= np.arange(len(own), dtype=np.uint64)
+    packed.sort()
+    return own, packed, bits
 
 
 def key_index(table: pa.Table) -> dict:
@@ -395,7 +437,17 @@ def key_index(table: pa.Table) -> dict:
     """
     keys = _id_keys(table)
     mixed = _mixed_keys(keys)
-    return {"_keys": keys, "_mixed": mixed, "_sorted_spans": _sorted_index(mixed[0])}
+    return {"_keys": keys, "_mixed": mixed, "_sorted_spans": _sorted_index(mixed[0]),
+            "has_parent": _has_parent(table, lambda: keys)}
+
+
+def index_orphans(index: dict) -> dict:
+    """The orphan test over a :func:`key_index` (for :meth:`SpanArrays.adopt_index`, like the index).
+
+    The costliest step of ``check``, and it needs nothing but the index: a caller runs it in
+    the index's thread while the rest is decoded and analysed.
+    """
+    return {"orphan": orphan_mask(index["has_parent"], index["_mixed"], index["_sorted_spans"])}
 
 
 def span_arrays(spans: pa.Table) -> SpanArrays:

@@ -30,7 +30,7 @@ Decisions where the design leaves room:
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -42,8 +42,10 @@ from nemo_telemetry.analysis._arrays import (
     BUCKETS,
     NO_BUCKET,
     UNKNOWN_BUCKET,
+    SpanArrays,
     code_mask,
     codes_matching,
+    index_orphans,
     isin_sorted,
     key_index,
     pairs_present,
@@ -498,14 +500,23 @@ def check_run(
     ``unattributed_threshold`` is the share of a step's wall that may be under no bucketed span
     before ``unattributed-step-time`` fires.
     """
-    # Two threads on the two independent halves: the id-key index (sorts, which numpy runs
-    # without the GIL) beside the decoding of everything else; then the orphan test beside
-    # the findings that do not need it.
+    # Two threads: the id-key index and then the orphan test (sorts and gathers, which numpy
+    # runs without the GIL) in one, the decoding, the analysis and the other findings in this one.
     table = with_id_keys(spans)
     with ThreadPoolExecutor(max_workers=1) as index_pool:
         index = index_pool.submit(key_index, table)
-        arrays = span_arrays(table)
-        arrays.adopt_index(index.result())
+        orphans = index_pool.submit(lambda: index_orphans(index.result()))
+        try:
+            arrays = span_arrays(table)
+            arrays.adopt_index(index.result())
+            return _check(table, arrays, orphans, run_id=run_id, unattributed_threshold=unattributed_threshold,
+                          max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
+        finally:
+            orphans.cancel()  # a bad run_id: do not wait for a test no one reads
+
+
+def _check(table: pa.Table, arrays: SpanArrays, orphans: Future, *, run_id: str | None, unattributed_threshold: float,
+           max_span_ids: int, max_findings_per_code: int) -> CheckReport:
     analysis = analyse(table, run_id=run_id, ancestors=True, arrays=arrays)
     iteration = np.where(analysis.arrays.has_iteration, analysis.arrays.iteration, -1)
     iteration[analysis.walked] = np.where(analysis.walked_stamped, analysis.walked_iteration, -1)
@@ -521,20 +532,18 @@ def check_run(
         "unattributed-step-time": lambda: _unattributed(ctx, unattributed_threshold),
         "missing-group-spans": lambda: _missing_groups(ctx),
         "step-time-outlier": lambda: _outliers(ctx),
-        # these two read the orphan test, which a second thread runs meanwhile (numpy lets go of the GIL)
+        # these two read the orphan test, which the index thread runs meanwhile (numpy lets go of the GIL)
         "orphan-span": lambda: _orphans(ctx),
         "detached-trace": lambda: _detached(ctx),
     }
     findings: list[Finding] = []
     by_code: dict[str, int] = {code: 0 for code in FINDING_CODES}
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        orphans_done = pool.submit(lambda: analysis.arrays.orphan)  # queued behind the index build
-        for code, produce in producers.items():
-            if code == "orphan-span":
-                orphans_done.result()  # never compute it twice (cached_property has no lock on 3.12+)
-            count, written = produce()
-            by_code[code] = count
-            findings.extend(written)
+    for code, produce in producers.items():
+        if code == "orphan-span":  # the first of the two that read the orphan test, which the other thread runs
+            arrays.adopt_index(orphans.result())
+        count, written = produce()
+        by_code[code] = count
+        findings.extend(written)
     findings.sort(key=lambda f: SEVERITIES.index(f.severity))
     counts: dict[str, Any] = {s: 0 for s in SEVERITIES}
     for f in findings:
