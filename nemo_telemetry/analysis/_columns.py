@@ -239,8 +239,8 @@ def _spans_table(a: SpanArrays, scopes: list, resources: list) -> pa.Table:
         **_resource_columns(resources, a.resource_index),
         **promoted,
         "trace_state": _empty_to_null(a.trace_state),
-        "scope_name": _dict(pa.array([sc[0] for sc in scopes], pa.string()).take(a.scope_index)),
-        "scope_version": _dict(pa.array([sc[1] for sc in scopes], pa.string()).take(a.scope_index)),
+        "scope_name": _per_owner_dict([sc[0] for sc in scopes], a.scope_index),
+        "scope_version": _per_owner_dict([sc[1] for sc in scopes], a.scope_index),
         "attributes": attributes,
         **_id_keys(a, parent),
     }
@@ -378,6 +378,43 @@ def _as_int(column: pa.Array) -> tuple[pa.Array, np.ndarray]:
     return clean.cast(pa.int64()), numeric | ~valid
 
 
+def _indices(index) -> np.ndarray:
+    """An owner-index column (resource or scope of each span) as an int64 numpy array."""
+    if isinstance(index, pa.ChunkedArray):
+        index = index.combine_chunks()
+    if isinstance(index, pa.Array):
+        index = index.to_numpy(zero_copy_only=False)
+    return np.asarray(index, dtype=np.int64)
+
+
+def _per_owner_dict(values: list, index) -> pa.DictionaryArray:
+    """A dictionary column of each span's owner value (resource or scope; few owners, many
+    spans): the owners' values are encoded once and only the int32 indices are per span."""
+    encoded = pa.array(values, pa.string()).dictionary_encode()
+    owner_codes = encoded.indices.to_numpy(zero_copy_only=False)
+    if encoded.null_count:
+        owner_codes = np.where(encoded.is_valid().to_numpy(zero_copy_only=False), owner_codes, -1)
+    codes = owner_codes[_indices(index)].astype(np.int32)
+    return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), encoded.dictionary)
+
+
+def _per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
+    """The owners' attribute maps repeated for each span: flat keys and values taken in one
+    step, not a nested take of the map array."""
+    sizes = np.fromiter((len(e) for e in entries), dtype=np.int64, count=len(entries))
+    first = np.zeros(len(entries) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=first[1:])
+    keys = pa.array([k for e in entries for k, _ in e], pa.string())
+    values = pa.array([v for e in entries for _, v in e], pa.string())
+    counts = sizes[index]
+    offsets = np.zeros(len(index) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    # entry j of span i comes from first[index[i]] + j
+    flat = np.repeat(first[:-1][index] - offsets[:-1], counts) + np.arange(offsets[-1], dtype=np.int64)
+    take = pa.array(flat)
+    return pa.MapArray.from_arrays(pa.array(offsets.astype(np.int32)), keys.take(take), values.take(take))
+
+
 def _resource_columns(resources: list[dict], index: pa.Array) -> dict[str, pa.Array]:
     """Promoted resource columns and the remaining resource attribute map, per span."""
     promoted: dict[str, list] = {column: [] for column in PROMOTED_RESOURCE_ATTRIBUTES.values()}
@@ -393,10 +430,11 @@ def _resource_columns(resources: list[dict], index: pa.Array) -> dict[str, pa.Ar
                 value = number
             promoted[column].append(value)
         rest.append(list(remaining.items()))
+    index = _indices(index)
     out = {
-        "service_name": pa.array(promoted["service_name"], pa.string()).take(index),
-        "run_id": pa.array(promoted["run_id"], pa.string()).take(index),
-        "rank": pa.array(promoted["rank"], pa.int64()).take(index),
-        "resource_attributes": pa.array(rest, pa.map_(pa.string(), pa.string())).take(index),
+        "service_name": _per_owner_dict(promoted["service_name"], index),
+        "run_id": _per_owner_dict(promoted["run_id"], index),
+        "rank": pa.array(promoted["rank"], pa.int64()).take(pa.array(index)),
+        "resource_attributes": _per_owner_map(rest, index),
     }
     return out

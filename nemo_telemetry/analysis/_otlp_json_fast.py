@@ -93,8 +93,8 @@ def _assemble(k, w, buffer, data, spans, attrs, resources, scopes, events, links
         trace_state=text(k.STATE_S),
         name=text(k.NAME_S),
         kind=pa.array(spans[k.KIND]),
-        start_ns=pa.array(spans[k.START]),
-        end_ns=pa.array(spans[k.END]),
+        start_ns=pa.array(spans[k.START].copy()),  # a copy: a view would keep the whole matrix alive
+        end_ns=pa.array(spans[k.END].copy()),
         status_code=pa.array(spans[k.CODE]),
         status_message=text(k.MSG_S),
         scope_index=pa.array(spans[k.SCOPE].astype(np.int32)),

@@ -47,23 +47,38 @@ def decode_requests(payloads: list[bytes]) -> OtlpTables:
     sizes = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
     ends = np.cumsum(sizes)
     starts = ends - sizes
-    none = np.zeros((0, 0), dtype=np.int64)
-    counts = k.walk(data, starts, ends, none, none, none, none, none, none, False)
-    _check(counts)
-    n, n_attrs, n_res, n_scopes, n_events, n_links = counts[:6]
-    spans = np.zeros((k.SPAN_COLUMNS, n), dtype=np.int64)
-    attrs = np.zeros((k.ATTR_COLUMNS, n_attrs), dtype=np.int64)
-    side = [np.zeros((count, k.SIDE_COLUMNS), dtype=np.int64) for count in (n_res, n_scopes, n_events, n_links)]
-    _check(k.walk(data, starts, ends, spans, attrs, *side, True))
+    counts = np.zeros(6, dtype=np.int64)
+    guess = max(64, len(buffer) // 128)  # an RL span with a few attributes takes ~150 bytes
+    spans = np.zeros((k.SPAN_COLUMNS, guess), dtype=np.int64)
+    attrs = np.zeros((k.ATTR_COLUMNS, 4 * guess), dtype=np.int64)
+    side = [np.zeros((max(16, 2 * len(payloads)), k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)]
+    side += [np.zeros((64, k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)]
+    request = 0
+    while True:
+        request, err = k.walk(data, starts, ends, request, counts, spans, attrs, *side)
+        if err != k.E_ROOM:
+            break
+        spans, attrs = _grown(spans, int(counts[0]), 1), _grown(attrs, int(counts[1]), 1)
+        side = [_grown(a, int(c), 0) for a, c in zip(side, counts[2:])]
+    if err < 0:
+        problem = "a field runs past its message" if err == k.E_TRUNCATED else "an unsupported wire type"
+        raise WireError(f"request {request}: {problem}")
+    n = int(counts[0])
+    spans, attrs = spans[:, :n], attrs[:, : int(counts[1])]
+    side = [a[: int(c)] for a, c in zip(side, counts[2:])]
     if n == 0:
         return OtlpTables.empty()
     return _assemble(k, buffer, data, spans, attrs, *side)
 
 
-def _check(result: tuple) -> None:
-    if result[6] < 0:
-        problem = "a field runs past its message" if result[6] == -1 else "an unsupported wire type"
-        raise WireError(f"request {result[7]}: {problem}")
+def _grown(array: np.ndarray, used: int, axis: int) -> np.ndarray:
+    """``array`` with twice the room along its record ``axis``, the ``used`` records copied."""
+    shape = list(array.shape)
+    shape[axis] = 2 * shape[axis] + 16
+    bigger = np.zeros(shape, dtype=array.dtype)
+    index = (slice(None), slice(0, used)) if axis == 1 else (slice(0, used),)
+    bigger[index] = array[index]
+    return bigger
 
 
 def _assemble(k, buffer: bytes, data: np.ndarray, spans, attrs, resources, scopes, events, links) -> OtlpTables:
@@ -81,8 +96,8 @@ def _assemble(k, buffer: bytes, data: np.ndarray, spans, attrs, resources, scope
         trace_state=_strings(k, data, spans[k.STATE_S], spans[k.STATE_N]),
         name=_strings(k, data, spans[k.NAME_S], spans[k.NAME_N]),
         kind=pa.array(spans[k.KIND]),
-        start_ns=pa.array(spans[k.START]),
-        end_ns=pa.array(spans[k.END]),
+        start_ns=pa.array(spans[k.START].copy()),  # a copy: a view would keep the whole matrix alive
+        end_ns=pa.array(spans[k.END].copy()),
         status_code=pa.array(spans[k.CODE]),
         status_message=_strings(k, data, spans[k.MSG_S], spans[k.MSG_N]),
         scope_index=pa.array(spans[k.SCOPE].astype(np.int32)),

@@ -2,8 +2,8 @@
 
 One sequential pass over the bytes records, per span and per attribute, where each field's
 value lies in the buffer (offset and length) or its integer value; nothing else. Python then
-cuts strings and converts columns in bulk (``_otlp_wire``). Run twice: once to count, once
-to fill arrays of exactly the right size.
+cuts strings and converts columns in bulk (``_otlp_wire``). One pass: the arrays are sized
+from a guess, and a request that does not fit is walked again after the caller grows them.
 
 Field numbers are from ``opentelemetry/proto/{collector/trace,trace,common,resource}/v1``.
 An error returns a negative code and the caller falls back to upb request by request.
@@ -18,6 +18,7 @@ from numba import njit
 OK = 0
 E_TRUNCATED = -1  # a length or varint runs past its message
 E_WIRE_TYPE = -2  # groups (3, 4) or an unknown wire type
+E_ROOM = -3  # an output array is full: grow it and walk the request again
 
 # span columns: rows of an int64 (SPAN_COLUMNS, spans) matrix, so each column is contiguous
 (TRACE_S, TRACE_N, SPAN_S, SPAN_N, PARENT_S, PARENT_N, STATE_S, STATE_N, NAME_S, NAME_N, KIND,
@@ -32,15 +33,16 @@ ATTR_COLUMNS = 8
 SIDE_COLUMNS = 3
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _varint(buf, pos, end):
     """(value, next position); next position -1 when it runs past ``end``."""
+    if pos < end and buf[pos] < 0x80:
+        return np.uint64(buf[pos]), pos + 1
     result = np.uint64(0)
     shift = np.uint64(0)
-    pos = np.int64(pos)
     while pos < end:
         byte = np.uint64(buf[pos])
-        pos += np.int64(1)
+        pos += 1
         result |= (byte & np.uint64(0x7F)) << shift
         if byte < np.uint64(0x80):
             return result, pos
@@ -50,32 +52,31 @@ def _varint(buf, pos, end):
     return result, np.int64(-1)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _field(buf, pos, end):
     """(number, wire type, value start, value end, varint value, next position or error)."""
-    zero = np.int64(0)
     tag, pos = _varint(buf, pos, end)
     if pos < 0:
-        return zero, zero, zero, zero, np.uint64(0), np.int64(E_TRUNCATED)
+        return 0, 0, 0, 0, np.uint64(0), E_TRUNCATED
     wire = np.int64(tag & np.uint64(7))
     number = np.int64(tag >> np.uint64(3))
+    if wire == 2:
+        length, start = _varint(buf, pos, end)
+        if start < 0 or length > np.uint64(end - start):
+            return 0, 0, 0, 0, np.uint64(0), E_TRUNCATED
+        stop = start + np.int64(length)
+        return number, wire, start, stop, length, stop
     if wire == 0:
         value, nxt = _varint(buf, pos, end)
         if nxt < 0:
-            return zero, zero, zero, zero, np.uint64(0), np.int64(E_TRUNCATED)
+            return 0, 0, 0, 0, np.uint64(0), E_TRUNCATED
         return number, wire, pos, nxt, value, nxt
-    if wire == 2:
-        length, start = _varint(buf, pos, end)
-        stop = start + np.int64(length)
-        if start < 0 or length > np.uint64(end) or stop > end:
-            return zero, zero, zero, zero, np.uint64(0), np.int64(E_TRUNCATED)
-        return number, wire, start, stop, length, stop
     if wire == 1 or wire == 5:
-        stop = pos + (np.int64(8) if wire == 1 else np.int64(4))
+        stop = pos + (8 if wire == 1 else 4)
         if stop > end:
-            return zero, zero, zero, zero, np.uint64(0), np.int64(E_TRUNCATED)
+            return 0, 0, 0, 0, np.uint64(0), E_TRUNCATED
         return number, wire, pos, stop, np.uint64(0), stop
-    return zero, zero, zero, zero, np.uint64(0), np.int64(E_WIRE_TYPE)
+    return 0, 0, 0, 0, np.uint64(0), E_WIRE_TYPE
 
 
 @njit(cache=True, nogil=True)
@@ -141,13 +142,13 @@ def _status(buf, start, end, spans, i):
 
 
 @njit(cache=True, nogil=True)
-def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln, fill):
-    """Walk one Span; returns (attributes seen, events seen, links seen, error)."""
-    if fill:
-        for column in _ID_COLUMNS:
-            spans[column, i] = start  # absent: an empty cut at the span's start keeps order
-        spans[MSG_S, i] = start
-        spans[ATTR_FIRST, i] = a
+def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln):
+    """Walk one Span into row ``i``; returns (attributes, events, links, error). The error
+    E_ROOM means an array is full: the caller grows them and walks the request again."""
+    for column in _ID_COLUMNS:
+        spans[column, i] = start  # absent: an empty cut at the span's start keeps order
+    spans[MSG_S, i] = start
+    spans[ATTR_FIRST, i] = a
     n_attrs = 0
     n_events = 0
     n_links = 0
@@ -157,101 +158,116 @@ def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln, fill):
         if pos < 0:
             return n_attrs, n_events, n_links, pos
         if number == 9 and wire == 2:
-            if fill:
-                err = _key_value(buf, vs, ve, attrs, a + n_attrs)
-                if err < 0:
-                    return n_attrs, n_events, n_links, err
+            if a + n_attrs >= attrs.shape[1]:
+                return n_attrs, n_events, n_links, E_ROOM
+            err = _key_value(buf, vs, ve, attrs, a + n_attrs)
+            if err < 0:
+                return n_attrs, n_events, n_links, err
             n_attrs += 1
-        elif number == 11 and wire == 2:
-            if fill:
-                events[e + n_events, 0] = i
-                events[e + n_events, 1] = vs
-                events[e + n_events, 2] = ve - vs
-            n_events += 1
-        elif number == 13 and wire == 2:
-            if fill:
-                links[ln + n_links, 0] = i
-                links[ln + n_links, 1] = vs
-                links[ln + n_links, 2] = ve - vs
-            n_links += 1
-        elif not fill:
-            continue
         elif wire == 2 and 1 <= number <= 5:
             column = _ID_COLUMNS[number - 1]
             spans[column, i] = vs
             spans[column + 1, i] = ve - vs
-        elif number == 6 and wire == 0:
-            spans[KIND, i] = np.int64(value)
         elif number == 7 and wire == 1:
             spans[START, i] = _fixed64(buf, vs)
         elif number == 8 and wire == 1:
             spans[END, i] = _fixed64(buf, vs)
+        elif number == 6 and wire == 0:
+            spans[KIND, i] = np.int64(value)
         elif number == 15 and wire == 2:
             err = _status(buf, vs, ve, spans, i)
             if err < 0:
                 return n_attrs, n_events, n_links, err
-    if fill:
-        spans[ATTR_COUNT, i] = n_attrs
+        elif number == 11 and wire == 2:
+            if e + n_events >= events.shape[0]:
+                return n_attrs, n_events, n_links, E_ROOM
+            events[e + n_events, 0] = i
+            events[e + n_events, 1] = vs
+            events[e + n_events, 2] = ve - vs
+            n_events += 1
+        elif number == 13 and wire == 2:
+            if ln + n_links >= links.shape[0]:
+                return n_attrs, n_events, n_links, E_ROOM
+            links[ln + n_links, 0] = i
+            links[ln + n_links, 1] = vs
+            links[ln + n_links, 2] = ve - vs
+            n_links += 1
+    spans[ATTR_COUNT, i] = n_attrs
     return n_attrs, n_events, n_links, OK
 
 
 @njit(cache=True, nogil=True)
-def walk(buf, starts, ends, spans, attrs, resources, scopes, events, links, fill):
-    """Count (``fill`` False) or record (``fill`` True) every span of every request.
-
-    Returns (spans, attributes, resource spans, scope spans, events, links, error, error
-    request index).
-    """
-    i = a = r = s = e = ln = 0
-    for request in range(starts.size):
-        pos, end = starts[request], ends[request]
-        while pos < end:
-            number, wire, rs_start, rs_end, value, pos = _field(buf, pos, end)
-            if pos < 0:
-                return i, a, r, s, e, ln, pos, request
-            if number != 1 or wire != 2:
+def _request(buf, pos, end, request, counts, spans, attrs, resources, scopes, events, links):
+    """Walk one request; ``counts`` (spans, attributes, resource spans, scope spans, events,
+    links) advance only when all of it fit. Returns OK or an error code."""
+    i, a, r, s, e, ln = counts[0], counts[1], counts[2], counts[3], counts[4], counts[5]
+    while pos < end:
+        number, wire, rs_start, rs_end, value, pos = _field(buf, pos, end)
+        if pos < 0:
+            return pos
+        if number != 1 or wire != 2:
+            continue
+        if r >= resources.shape[0]:
+            return E_ROOM
+        resources[r, 0] = rs_start
+        resources[r, 1] = 0
+        resources[r, 2] = request
+        rpos = rs_start
+        while rpos < rs_end:
+            number, wire, ss_start, ss_end, value, rpos = _field(buf, rpos, rs_end)
+            if rpos < 0:
+                return rpos
+            if number == 1 and wire == 2:
+                resources[r, 0] = ss_start
+                resources[r, 1] = ss_end - ss_start
+            if number != 2 or wire != 2:
                 continue
-            rpos = rs_start
-            if fill:
-                resources[r, 0] = rs_start
-                resources[r, 1] = 0
-                resources[r, 2] = request
-            while rpos < rs_end:
-                number, wire, ss_start, ss_end, value, rpos = _field(buf, rpos, rs_end)
-                if rpos < 0:
-                    return i, a, r, s, e, ln, rpos, request
-                if number == 1 and wire == 2 and fill:
-                    resources[r, 0] = ss_start
-                    resources[r, 1] = ss_end - ss_start
+            if s >= scopes.shape[0]:
+                return E_ROOM
+            scopes[s, 0] = ss_start
+            scopes[s, 1] = 0
+            scopes[s, 2] = r
+            spos = ss_start
+            while spos < ss_end:
+                number, wire, vs, ve, value, spos = _field(buf, spos, ss_end)
+                if spos < 0:
+                    return spos
+                if number == 1 and wire == 2:
+                    scopes[s, 0] = vs
+                    scopes[s, 1] = ve - vs
                 if number != 2 or wire != 2:
                     continue
-                if fill:
-                    scopes[s, 0] = ss_start
-                    scopes[s, 1] = 0
-                    scopes[s, 2] = r
-                spos = ss_start
-                while spos < ss_end:
-                    number, wire, vs, ve, value, spos = _field(buf, spos, ss_end)
-                    if spos < 0:
-                        return i, a, r, s, e, ln, spos, request
-                    if number == 1 and wire == 2 and fill:
-                        scopes[s, 0] = vs
-                        scopes[s, 1] = ve - vs
-                    if number != 2 or wire != 2:
-                        continue
-                    if fill:
-                        spans[SCOPE, i] = s
-                        spans[RESOURCE, i] = r
-                    na, ne, nl, err = _span(buf, vs, ve, spans, i, attrs, a, events, e, links, ln, fill)
-                    if err < 0:
-                        return i, a, r, s, e, ln, err, request
-                    i += 1
-                    a += na
-                    e += ne
-                    ln += nl
-                s += 1
-            r += 1
-    return i, a, r, s, e, ln, OK, -1
+                if i >= spans.shape[1]:
+                    return E_ROOM
+                spans[SCOPE, i] = s
+                spans[RESOURCE, i] = r
+                na, ne, nl, err = _span(buf, vs, ve, spans, i, attrs, a, events, e, links, ln)
+                if err < 0:
+                    return err
+                i += 1
+                a += na
+                e += ne
+                ln += nl
+            s += 1
+        r += 1
+    counts[0], counts[1], counts[2], counts[3], counts[4], counts[5] = i, a, r, s, e, ln
+    return OK
+
+
+@njit(cache=True, nogil=True)
+def walk(buf, starts, ends, first, counts, spans, attrs, resources, scopes, events, links):
+    """Record every span of the requests from ``first`` on, ``counts`` advancing with each.
+
+    Returns (next request, error): next request is ``starts.size`` when all are done; with
+    E_ROOM it is the request that did not fit (grow the arrays and call again from there);
+    with another error it is the malformed request.
+    """
+    for request in range(first, starts.size):
+        err = _request(buf, starts[request], ends[request], request, counts, spans, attrs, resources, scopes,
+                       events, links)
+        if err < 0:
+            return request, err
+    return starts.size, OK
 
 
 @njit(cache=True, nogil=True)

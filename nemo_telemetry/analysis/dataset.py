@@ -29,7 +29,6 @@ import pyarrow.parquet as pq
 from nemo_telemetry.analysis._columns import SPANS_TABLE_SCHEMA, OtlpTables
 from nemo_telemetry.analysis.partitions import split_by_partition
 from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA
-from nemo_telemetry.analysis.tree import hex_to_uint64
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
@@ -66,54 +65,76 @@ def read_dataset(root: Path, table: str = "spans", *, columns: list[str] | None 
 class SpanDeduplicator:
     """Remembers every (trace id, span id) admitted and drops repeats, across batches.
 
-    Keys are the 24 raw id bytes, kept sorted in one numpy array, so a batch costs a sort of
-    the batch and a binary search; ids that are not 32/16 hex digits are keyed on their hex.
+    Keys are the 24 raw id bytes as three uint64 words in a compiled open-addressing hash set
+    (``_dedup_kernel``), so a batch costs one probe per span however much was seen before;
+    ids that are not 32/16 hex digits are keyed on a digest of their text.
     """
 
     def __init__(self) -> None:
-        self._seen = np.zeros(0, dtype="S24")
+        self._table = np.zeros((1024, 3), dtype=np.uint64)
+        self._used = np.zeros(1024, dtype=np.bool_)
+        self._count = 0
 
     def remember(self, spans: pa.Table) -> None:
         """Add the keys of spans already stored (an existing dataset) without filtering."""
-        keys = np.unique(_keys(spans))
-        self._seen = np.unique(np.concatenate([self._seen, keys]))
+        self.admit(spans)
 
     def admit(self, spans: pa.Table) -> np.ndarray:
         """Boolean mask of the rows of ``spans`` not seen before (first of repeats in a batch)."""
         keys = _keys(spans)
-        if keys.size == 0:
-            return np.zeros(0, dtype=bool)
-        unique, first = np.unique(keys, return_index=True)
-        pos = np.searchsorted(self._seen, unique)
-        known = np.zeros(unique.size, dtype=bool)
-        inside = pos < self._seen.size
-        known[inside] = self._seen[pos[inside]] == unique[inside]
-        fresh = unique[~known]
-        self._seen = np.insert(self._seen, pos[~known], fresh)
-        mask = np.zeros(keys.size, dtype=bool)
-        mask[first[~known]] = True
-        return mask
+        fresh = np.zeros(len(keys), dtype=bool)
+        if len(keys) == 0:
+            return fresh
+        self._reserve(len(keys))
+        self._count += _dedup_kernel().admit(self._table, self._used, keys, fresh)
+        return fresh
+
+    def _reserve(self, more: int) -> None:
+        """Keep the set at most half full after ``more`` insertions."""
+        capacity = self._table.shape[0]
+        if 2 * (self._count + more) <= capacity:
+            return
+        while 2 * (self._count + more) > capacity:
+            capacity *= 2
+        table, used = np.zeros((capacity, 3), dtype=np.uint64), np.zeros(capacity, dtype=np.bool_)
+        _dedup_kernel().rehash(self._table, self._used, table, used)
+        self._table, self._used = table, used
+
+
+def _dedup_kernel():
+    from nemo_telemetry.analysis import _dedup_kernel
+
+    return _dedup_kernel
+
+
+def _string_buffers(column) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, data) of a string column, nulls as empty strings, ready for a kernel."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if arr.null_count:
+        arr = pc.fill_null(arr, "")
+    arr = arr.cast(pa.large_string())
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    data = arr.buffers()[2]
+    return offsets, (np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8))
 
 
 def _keys(spans: pa.Table) -> np.ndarray:
+    """(trace high, trace low, span) uint64 words per span: the 24 id bytes, or for odd ids
+    two all-ones words and a digest of the text, so distinct odd ids stay distinct."""
+    keys = np.zeros((spans.num_rows, 3), dtype=np.uint64)
     if spans.num_rows == 0:
-        return np.zeros(0, dtype="S24")
-    trace = spans.column("trace_id").combine_chunks()
-    if "trace_key" in spans.column_names:  # ingest's own tables carry the first halves already
-        hi = pc.fill_null(spans.column("trace_key"), 0).to_numpy().astype(np.uint64)
-        span = pc.fill_null(spans.column("span_key"), 0).to_numpy().astype(np.uint64)
-    else:
-        hi, span = hex_to_uint64(trace), hex_to_uint64(spans.column("span_id"))
-    lo = hex_to_uint64(pc.utf8_slice_codeunits(trace, 16, 32))
-    packed = np.stack([hi, lo, span], axis=1).astype(">u8")
-    keys = np.ascontiguousarray(packed).view("S24").ravel()
-    exact = pc.and_(pc.equal(pc.utf8_length(trace), 32), pc.equal(pc.utf8_length(spans.column("span_id")), 16))
-    if not pc.all(exact).as_py():  # odd ids: key on their text so distinct ones stay distinct
-        text = pc.binary_join_element_wise(trace, spans.column("span_id").combine_chunks(), "/")
-        odd = np.asarray(pc.invert(exact).to_numpy(zero_copy_only=False))
-        digest = [hashlib.blake2b(s.encode(), digest_size=8).digest() for s in text.filter(pa.array(odd)).to_pylist()]
-        keys = keys.astype("S24")
-        keys[odd] = [b"\xff" * 16 + d for d in digest]
+        return keys
+    trace, span = spans.column("trace_id"), spans.column("span_id")
+    odd = _dedup_kernel().id_words(*_string_buffers(trace), *_string_buffers(span), keys)
+    if odd.any():
+        rows = np.flatnonzero(odd)
+        parts = [pc.fill_null(column.take(rows).cast(pa.string()), "") for column in (trace, span)]
+        text = pc.binary_join_element_wise(*parts, "/")
+        digest = [hashlib.blake2b(s.encode(), digest_size=8).digest() for s in text.to_pylist()]
+        keys[rows, 0] = keys[rows, 1] = np.uint64(0xFFFFFFFFFFFFFFFF)
+        keys[rows, 2] = np.frombuffer(b"".join(digest), dtype=">u8")
     return keys
 
 
@@ -129,7 +150,7 @@ class DatasetWriter:
         self._prefix = f"part-{time.time_ns()}-{uuid.uuid4().hex[:8]}"
         self._sequence = 0
         self.dedup = SpanDeduplicator()
-        self.dedup.remember(read_dataset(self.root, "spans", columns=["trace_id", "span_id", "trace_key", "span_key"]))
+        self.dedup.remember(read_dataset(self.root, "spans", columns=["trace_id", "span_id"]))
 
     def write(self, tables: OtlpTables) -> OtlpTables:
         """Write the spans not seen before (and their events and links); return what was written."""

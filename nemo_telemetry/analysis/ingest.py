@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Union
@@ -52,6 +54,7 @@ ProgressCallback = Callable[[int, int], None]
 BATCH_SPANS = 1 << 16  # spans decoded before a batch is converted and written
 BATCH_PROTOBUF_BYTES = 16 << 20  # protobuf requests held before they are decoded together
 BATCH_JSON_BYTES = 32 << 20  # JSON lines held before they are scanned together
+DECODE_AHEAD = 2  # batches decoding on worker threads while the next one is read
 
 
 class IngestWarning(UserWarning):
@@ -104,6 +107,8 @@ class _Pipeline:
     protobuf_bytes: int = 0
     json_lines: list = field(default_factory=list)  # (where, line) waiting for decode_json_lines
     json_bytes: int = 0
+    executor: ThreadPoolExecutor | None = None
+    in_flight: deque = field(default_factory=deque)  # futures of _Decoded, oldest first
 
     def add_file(self, path: Path, fmt: str | None) -> None:
         self.counts["files"] += 1
@@ -146,42 +151,38 @@ class _Pipeline:
         self.counts["rejected_records"] += count
         self.warnings.append(f"{where}: {problem}")
 
-    def _scan_json_lines(self) -> list[OtlpTables]:
-        """Scan the pending lines in bulk; lines the scan leaves alone go through orjson."""
-        if not self.json_lines:
-            return []
-        tables, status = decode_json_lines([line for _, line in self.json_lines])
-        self.counts["skipped_records"] += int((status == LINE_OTHER_SIGNAL).sum())
-        for index in np.flatnonzero(status == LINE_FALLBACK).tolist():
-            record = classify_json_line(self.json_lines[index][1], self.json_lines[index][0])
-            if record.kind == "traces":
-                try:
-                    decode_json_request(record.payload, self.cols)
-                except ValueError as exc:
-                    self.reject(record.where, str(exc))
-            elif record.kind == "other-signal":
-                self.counts["skipped_records"] += 1
-            else:
-                self.reject(record.where, str(record.payload))
-        self.json_lines, self.json_bytes = [], 0
-        return [tables]
-
-    def _decoded(self) -> OtlpTables:
-        scanned = self._scan_json_lines()
-        parts = scanned + ([self.cols.to_tables()] if len(self.cols) else [])
-        if self.protobuf:
-            tables, rejected = decode_batch([payload for _, payload in self.protobuf])
-            for index, problem in rejected:
-                self.reject(self.protobuf[index][0], problem)
-            parts.append(tables)
-        self.cols, self.protobuf, self.protobuf_bytes = SpanColumns(), [], 0
-        return OtlpTables.concat(parts)
-
     def flush(self, where: str = "") -> None:
+        """Hand the pending records to a decoding thread; write finished batches in order.
+
+        The compiled scans and Arrow release the GIL, so one batch decodes while the next is
+        read and the one before is deduplicated and written. At most ``DECODE_AHEAD`` batches
+        are in flight, which bounds the memory held beyond the tables themselves.
+        """
         if not len(self.cols) and not self.protobuf and not self.json_lines:
             return
-        tables = _drop_malformed_ids(self._decoded(), lambda n: self.reject(
-            where or "input", f"{n} span(s) with malformed trace/span ids dropped", n))
+        batch = _Batch(self.json_lines, self.cols, self.protobuf, where)
+        self.json_lines, self.json_bytes = [], 0
+        self.cols, self.protobuf, self.protobuf_bytes = SpanColumns(), [], 0
+        if self.executor is None:
+            self.executor = ThreadPoolExecutor(max_workers=DECODE_AHEAD, thread_name_prefix="nemo-ingest")
+        self.in_flight.append(self.executor.submit(batch.decode))
+        while len(self.in_flight) > DECODE_AHEAD:
+            self._write(self.in_flight.popleft().result())
+
+    def _drain(self) -> None:
+        try:
+            while self.in_flight:
+                self._write(self.in_flight.popleft().result())
+        finally:
+            if self.executor is not None:
+                self.executor.shutdown(wait=True, cancel_futures=True)
+                self.executor = None
+
+    def _write(self, decoded: "_Decoded") -> None:
+        self.counts["skipped_records"] += decoded.skipped
+        for where, problem, count in decoded.rejected:
+            self.reject(where, problem, count)
+        tables = decoded.tables
         written = self.sink(tables)
         spans = written.spans
         self.counts["duplicates_dropped"] += tables.spans.num_rows - spans.num_rows
@@ -193,9 +194,60 @@ class _Pipeline:
 
     def summary(self) -> IngestSummary:
         self.flush()
+        self._drain()
         return IngestSummary(
             **self.counts, traces=len(self.traces), runs=len(self.runs), warnings=tuple(self.warnings)
         )
+
+
+@dataclass
+class _Decoded:
+    """A batch's tables and what decoding it found wrong, applied to the counts in order."""
+
+    tables: OtlpTables
+    rejected: list  # (where, problem, count)
+    skipped: int
+
+
+@dataclass
+class _Batch:
+    """Records taken off the pipeline, decoded on a worker thread (no shared state touched)."""
+
+    json_lines: list  # (where, line) for the compiled scan
+    cols: SpanColumns  # requests already decoded by the orjson path
+    protobuf: list  # (where, payload) for the compiled walk
+    where: str  # the last record's place, named when malformed ids are dropped
+
+    def decode(self) -> _Decoded:
+        rejected: list = []
+        skipped = 0
+        parts = []
+        if self.json_lines:
+            tables, status = decode_json_lines([line for _, line in self.json_lines])
+            skipped += int((status == LINE_OTHER_SIGNAL).sum())
+            parts.append(tables)
+            for index in np.flatnonzero(status == LINE_FALLBACK).tolist():
+                record = classify_json_line(self.json_lines[index][1], self.json_lines[index][0])
+                if record.kind == "traces":
+                    try:
+                        decode_json_request(record.payload, self.cols)
+                    except ValueError as exc:
+                        rejected.append((record.where, str(exc), 1))
+                elif record.kind == "other-signal":
+                    skipped += 1
+                else:
+                    rejected.append((record.where, str(record.payload), 1))
+        if len(self.cols):
+            parts.append(self.cols.to_tables())
+        if self.protobuf:
+            tables, bad = decode_batch([payload for _, payload in self.protobuf])
+            rejected.extend((self.protobuf[index][0], problem, 1) for index, problem in bad)
+            parts.append(tables)
+
+        def report(n: int) -> None:
+            rejected.append((self.where or "input", f"{n} span(s) with malformed trace/span ids dropped", n))
+
+        return _Decoded(_drop_malformed_ids(OtlpTables.concat(parts), report), rejected, skipped)
 
 
 def _drop_malformed_ids(tables: OtlpTables, report: Callable[[int], None]) -> OtlpTables:
