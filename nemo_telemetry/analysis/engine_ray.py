@@ -6,8 +6,9 @@
 - :func:`ray_goodput` runs :mod:`streaming`'s steps (attribution over the compact edge table,
   per-batch partials, merge) with plain Ray tasks mapping them over groups of the Parquet
   dataset's files (:func:`map_groups`); the merged result is a few rows per step.
-- :func:`ray_check` reads the columns the findings use and computes them with
-  :func:`findings.check_run`.
+- :func:`ray_check` runs :mod:`streaming_check`'s stages (per-file facts, ancestor walks, per-file
+  offenders, partials and overlap clusters, then the few rows the messages name) as Ray tasks
+  over the same file groups; this process merges them and writes findings.py's messages.
 
 Every result equals the local engine's on the same data. ``ray`` is imported only when an
 engine function is called; :func:`connect` joins the cluster ``RAY_ADDRESS`` names, or starts
@@ -113,11 +114,13 @@ def ray_goodput(root: str | Path, *, run_id: str | None = None):
 
 
 def ray_check(root: str | Path, **options):
-    """``check_run`` over the dataset at ``root``, with the findings computed on the Ray cluster."""
-    from nemo_telemetry.analysis._arrays import READ_COLUMNS, read_for_analysis
-    from nemo_telemetry.analysis.findings import check_run
+    """``check_run`` of the dataset at ``root``, its work done by Ray tasks over groups of files
+    (:mod:`streaming_check`: per-file facts, ancestor walks, per-file findings and partials);
+    this process merges what they return and writes the findings' messages."""
+    from nemo_telemetry.analysis.streaming_check import partitioned_check
 
-    return check_run(read_for_analysis(root, columns=READ_COLUMNS), **options)
+    connect()
+    return partitioned_check(root, map_groups, **options)
 
 
 # -- ingest ------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from nemo_telemetry.analysis.dataset import is_dataset
 from nemo_telemetry.analysis.intervals import merge_intervals
 from nemo_telemetry.analysis.partitions import span_files, span_partitions
 from nemo_telemetry.analysis.schema import BUCKET, ITERATION
+from nemo_telemetry.analysis.tree import trace_mix
 from nemo_telemetry.errors import NemoTelemetryError
 
 __all__ = [
@@ -57,6 +58,8 @@ __all__ = [
     "ancestor_rows",
     "resolve_attribution",
     "GoodputAccumulator",
+    "MergedSteps",
+    "merged_steps",
     "partitioned_goodput",
     "stream_goodput",
     "ENGINES",
@@ -182,26 +185,37 @@ def _concat(tables: Iterable[pa.Table], schema: pa.Schema) -> pa.Table:
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
+_SPREAD = np.uint64(0xBF58476D1CE4E5B9)  # as _arrays: hand-built sequential ids must not share high bits
+
+
+def _mixed(trace: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """One uint64 per (trace, key), as the in-memory index mixes them: a key repeated in
+    another trace (a hand-built id, a made-up parent) is another entry."""
+    with np.errstate(over="ignore"):
+        return (np.asarray(key, np.uint64) * _SPREAD) ^ trace_mix(np.asarray(trace, np.uint64))
+
+
 @dataclass(frozen=True, eq=False)
 class _KeyIndex:
-    """(trace_key, key) pairs sorted once by key, for many lookups (keys are 64 random bits)."""
+    """(trace_key, key) pairs, mixed into one number and sorted once, for many lookups."""
 
-    trace: np.ndarray
-    key: np.ndarray
+    key: np.ndarray  # mixed, sorted
     values: np.ndarray
 
     @classmethod
     def of(cls, trace: np.ndarray, key: np.ndarray, values: np.ndarray | None = None) -> "_KeyIndex":
-        order = np.argsort(key, kind="stable")
-        values = np.zeros(len(key), np.int64) if values is None else np.asarray(values)
-        return cls(np.asarray(trace, np.uint64)[order], np.asarray(key, np.uint64)[order], values[order])
+        mixed = _mixed(trace, key)
+        order = np.argsort(mixed, kind="stable")
+        values = np.zeros(len(mixed), np.int64) if values is None else np.asarray(values)
+        return cls(mixed[order], values[order])
 
     def find(self, trace: np.ndarray, key: np.ndarray) -> np.ndarray:
-        """Position of each (trace, key) in the index, or -1."""
+        """Position of each (trace, key) in the index (the first, if repeated), or -1."""
         if len(self.key) == 0 or len(key) == 0:
             return np.full(len(key), -1, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self.key, key), len(self.key) - 1)
-        return np.where((self.key[pos] == key) & (self.trace[pos] == trace), pos, -1).astype(np.int64)
+        mixed = _mixed(trace, key)
+        pos = np.minimum(np.searchsorted(self.key, mixed), len(self.key) - 1)
+        return np.where(self.key[pos] == mixed, pos, -1).astype(np.int64)
 
 
 def _group_starts(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -350,6 +364,10 @@ class GoodputAccumulator:
         self._pending_rows = self._state_rows = len(frame)
         return frame
 
+    def merged(self) -> pd.DataFrame:
+        """Every partial added so far, merged: one STEP / SUM / JOB row per key, disjoint UNIONs."""
+        return self._compact()
+
     def result(self, run_order: Sequence[str | None]) -> tuple[_goodput.RunGoodput, ...]:
         """The runs' goodput; ``run_order`` is the order the in-memory path reports runs in."""
         return _finish(self._compact(), run_order)
@@ -390,7 +408,20 @@ def _merge(table: pa.Table) -> pd.DataFrame:
                                                   "count": np.int64})
 
 
-def _finish(merged: pd.DataFrame, run_order: Sequence[str | None]) -> tuple[_goodput.RunGoodput, ...]:
+@dataclass(frozen=True, eq=False)
+class MergedSteps:
+    """The merged partials as goodput's per-step analysis: step windows (runs coded by the
+    caller's run order), the per-step table, and the SUM rows with the step each belongs to."""
+
+    merged: pd.DataFrame
+    steps: _goodput._Steps
+    table: pd.DataFrame
+    sums: pd.DataFrame
+    inside: np.ndarray
+
+
+def merged_steps(merged: pd.DataFrame, run_order: Sequence[str | None]) -> MergedSteps:
+    """Steps and ``step_frame`` from merged partials (``run_order[i]`` gets code i, no run -1)."""
     merged = merged.copy()
     merged["stamped"] = merged["iteration"].notna()
     merged["iteration"] = merged["iteration"].fillna(0).astype(np.int64)
@@ -413,6 +444,13 @@ def _finish(merged: pd.DataFrame, run_order: Sequence[str | None]) -> tuple[_goo
     intervals = merge_intervals(unions["a"].to_numpy(np.int64)[keep], unions["b"].to_numpy(np.int64)[keep],
                                 step_of_union[keep])
     table = _goodput.step_frame(steps, sums.astype(np.float64), intervals)
+    return MergedSteps(merged, steps, table, sums_part, inside)
+
+
+def _finish(merged: pd.DataFrame, run_order: Sequence[str | None]) -> tuple[_goodput.RunGoodput, ...]:
+    analysis = merged_steps(merged, run_order)
+    merged, steps, table, sums_part, inside = (analysis.merged, analysis.steps, analysis.table, analysis.sums,
+                                               analysis.inside)
     jobs = merged[merged["kind"] == JOB]
     present = set(steps.run.tolist()) | set(sums_part["code"].tolist()) | set(jobs["code"].tolist())
     out = []

@@ -1,0 +1,120 @@
+"""The partitioned check (file by file, as the Ray engine runs it) gives check_run's report exactly."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from nemo_telemetry.analysis._arrays import read_for_analysis
+from nemo_telemetry.analysis._columns import OtlpTables
+from nemo_telemetry.analysis.dataset import DatasetWriter
+from nemo_telemetry.analysis.findings import check_run
+from nemo_telemetry.analysis.records import spans_table
+from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA
+from nemo_telemetry.analysis.streaming_check import stream_check
+from nemo_telemetry.analysis.tree import with_id_keys
+from nemo_telemetry.errors import NemoTelemetryError
+
+from test_streaming import S, T0, scenario_records
+
+SPAN_GROUPS = "nemo.telemetry.span_groups"
+
+
+def check_records(seed: int = 1) -> list[dict]:
+    """The goodput scenario plus what the remaining finding codes need, spread over partitions:
+
+    - in run-a, a stamped bucketed phase with a bucketed child on rank 2 and a bucketed grandchild
+      on rank 3 (nested-bucket twice, the ancestor found across partitions);
+    - a startup trace (separate by design: no detached-trace finding);
+    - enabled span groups (resource attribute) with no spans (missing-group-spans), on two runs.
+    """
+    rng = random.Random(seed)
+    records = scenario_records()
+    run_a = next(r for r in records if r["run_id"] == "run-a" and r["name"] == "rl.grpo.step")
+    trace = run_a["trace_id"]
+    groups_a = {SPAN_GROUPS: "step,generation,reward,checkpoint"}
+
+    def add(name, start, end, *, parent=None, rank=0, bucket=None, iteration=None, run="run-a", trace_id=trace,
+            resource=None):
+        span_id = f"{rng.getrandbits(64) | 1:016x}"
+        records.append({"trace_id": trace_id, "span_id": span_id, "parent_span_id": parent, "name": name,
+                        "start_ns": int(start), "end_ns": int(end), "run_id": run, "rank": rank, "bucket": bucket,
+                        "iteration": iteration, "resource_attributes": resource or {}})
+        return span_id
+
+    t = run_a["start_ns"]
+    phase = add("rl.grpo.advantage_calculation", t + 11 * S, t + 12 * S, parent=run_a["span_id"], bucket="overhead",
+                iteration=run_a["iteration"], resource=groups_a)
+    child = add("rl.vllm.generate", t + 11 * S, t + 11 * S + S // 2, parent=phase, rank=2, bucket="productive",
+                resource=groups_a)
+    add("rl.vllm.generate_text", t + 11 * S, t + 11 * S + S // 4, parent=child, rank=3, bucket="productive",
+        resource=groups_a)
+    startup = f"{rng.getrandbits(128) | 1:032x}"
+    root = add("rl.startup", T0 - 5 * S, T0 - S, trace_id=startup, resource=groups_a)
+    add("rl.setup.ray_init", T0 - 5 * S, T0 - 4 * S, parent=root, trace_id=startup)
+    add("rl.grpo.validate", T0, T0 + S, run="run-b", rank=1, trace_id=f"{rng.getrandbits(128) | 1:032x}",
+        resource={SPAN_GROUPS: "step,evaluate,data_plane"})
+    rng.shuffle(records)
+    return records
+
+
+def write_check_scenario(root: Path, *, batch: int = 150) -> Path:
+    spans = with_id_keys(spans_table(check_records()))
+    writer = DatasetWriter(root)
+    for offset in range(0, spans.num_rows, batch):
+        writer.write(OtlpTables(spans.slice(offset, batch), EVENTS_SCHEMA.empty_table(), LINKS_SCHEMA.empty_table()))
+    return root
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory) -> Path:
+    """One file per (run, rank) partition."""
+    return write_check_scenario(tmp_path_factory.mktemp("check-scenario") / "ds", batch=100_000)
+
+
+@pytest.fixture(scope="module")
+def many_files(tmp_path_factory) -> Path:
+    """Every partition cut into several files: steps, traces and clusters of overlaps cross files."""
+    return write_check_scenario(tmp_path_factory.mktemp("check-many") / "ds", batch=150)
+
+
+def test_the_scenario_raises_findings_of_every_code_across_partitions(scenario):
+    by_code = check_run(read_for_analysis(scenario)).counts["by_code"]
+    assert all(by_code.values()), by_code
+    assert by_code["nested-bucket"] == 2 and by_code["orphan-span"] == 2  # same made-up parent id in two traces
+    ranks = {p.parent.name for p in (scenario / "spans").rglob("*.parquet")}
+    assert {"rank=0", "rank=1", "rank=2", "rank=3"} <= ranks
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"unattributed_threshold": 0.1},
+    {"run_id": "run-a"},
+    {"max_findings_per_code": 2, "max_span_ids": 3},  # only the first overlaps / detached traces are collected
+    {"run_id": "run-b", "max_findings_per_code": 1, "max_span_ids": 1},
+], ids=["defaults", "threshold", "one-run", "capped", "one-run-capped"])
+def test_partitioned_check_equals_check_run(scenario, options):
+    expected = check_run(read_for_analysis(scenario), **options).to_dict()
+    assert stream_check(scenario, **options).to_dict() == expected
+
+
+@pytest.mark.parametrize("options", [{}, {"max_findings_per_code": 2, "max_span_ids": 3}], ids=["defaults", "capped"])
+def test_partitioned_check_equals_check_run_over_many_files(many_files, options):
+    assert len(list((many_files / "spans").rglob("*.parquet"))) > 20
+    expected = check_run(read_for_analysis(many_files), **options).to_dict()
+    assert stream_check(many_files, **options).to_dict() == expected
+
+
+def test_unknown_run_is_the_same_typed_error(scenario):
+    with pytest.raises(NemoTelemetryError, match="run-a") as local:
+        check_run(read_for_analysis(scenario), run_id="nope")
+    with pytest.raises(NemoTelemetryError, match="run-a") as partitioned:
+        stream_check(scenario, run_id="nope")
+    assert str(partitioned.value) == str(local.value)
+
+
+def test_empty_dataset(tmp_path):
+    DatasetWriter(tmp_path / "empty")
+    assert stream_check(tmp_path / "empty").to_dict() == check_run(read_for_analysis(tmp_path / "empty")).to_dict()
