@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-LINE_OK, LINE_OTHER_SIGNAL, LINE_FALLBACK = 0, 1, 2
+LINE_OK, LINE_OTHER_SIGNAL, LINE_FALLBACK, LINE_BLANK = 0, 1, 2, 3
 
 # span columns: rows of an int64 (SPAN_COLUMNS, spans) matrix
 (TRACE_S, TRACE_N, SPAN_S, SPAN_N, PARENT_S, PARENT_N, STATE_S, STATE_N, NAME_S, NAME_N, KIND,
@@ -563,7 +563,8 @@ def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links,
 
 @njit(cache=True, nogil=True)
 def scan(buf, starts, ends, first, status, counts, spans, attrs, resources, scopes, events, links):
-    """Record the lines from ``first`` on; each line's LINE_* code goes to ``status``.
+    """Record the lines from ``first`` on; each line's LINE_* code goes to ``status`` (blank
+    lines are LINE_BLANK and skipped).
 
     ``counts`` (spans, attributes, resources, scopes, events, links written so far) advance
     with every line read. Returns the index of a line that did not fit (the caller grows
@@ -571,8 +572,12 @@ def scan(buf, starts, ends, first, status, counts, spans, attrs, resources, scop
     """
     flags = np.zeros(1, dtype=np.int64)
     for line in range(first, starts.size):
+        if _ws(buf, starts[line], ends[line]) == ends[line]:
+            status[line] = LINE_BLANK
+            continue
         status[line] = _line(buf, starts[line], ends[line], counts, spans, attrs, resources, scopes,
                              events, links, True, flags)
         if flags[0]:
             return line
     return starts.size
+

@@ -15,9 +15,9 @@ import pyarrow as pa
 from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, _text_id_to_hex, build_tables
 from nemo_telemetry.analysis._otlp_json import _attribute_dict, _extend_attributes, any_value_to_python, value_to_string
 
-__all__ = ["decode_json_lines", "LINE_OK", "LINE_OTHER_SIGNAL", "LINE_FALLBACK"]
+__all__ = ["decode_json_lines", "decode_json_block", "LINE_OK", "LINE_OTHER_SIGNAL", "LINE_FALLBACK", "LINE_BLANK"]
 
-LINE_OK, LINE_OTHER_SIGNAL, LINE_FALLBACK = 0, 1, 2
+LINE_OK, LINE_OTHER_SIGNAL, LINE_FALLBACK, LINE_BLANK = 0, 1, 2, 3
 
 
 def _kernels():
@@ -28,26 +28,29 @@ def _kernels():
 
 def decode_json_lines(lines: list[bytes]) -> tuple[OtlpTables, np.ndarray]:
     """The tables of the lines the scan understood, and each line's LINE_* status."""
+    sizes = np.fromiter((len(line) for line in lines), dtype=np.int64, count=len(lines))
+    ends = np.cumsum(sizes)
+    return decode_json_block(b"".join(lines), ends - sizes, ends)
+
+
+def decode_json_block(buffer: bytes, starts: np.ndarray, ends: np.ndarray) -> tuple[OtlpTables, np.ndarray]:
+    """Like :func:`decode_json_lines` for the lines ``buffer[starts[i]:ends[i]]`` of one block."""
     try:
         k, w = _kernels()
     except ImportError:  # numba missing: every line takes the orjson path
-        return OtlpTables.empty(), np.full(len(lines), LINE_FALLBACK, dtype=np.int8)
-    buffer = b"".join(lines)
+        return OtlpTables.empty(), np.full(starts.size, LINE_FALLBACK, dtype=np.int8)
     data = np.frombuffer(buffer, dtype=np.uint8)
-    sizes = np.fromiter((len(line) for line in lines), dtype=np.int64, count=len(lines))
-    ends = np.cumsum(sizes)
-    starts = ends - sizes
-    status = np.zeros(len(lines), dtype=np.int8)
+    status = np.zeros(starts.size, dtype=np.int8)
     counts = np.zeros(6, dtype=np.int64)
     guess = max(64, len(buffer) // 256)  # a span of a few attributes takes ~400 bytes of JSON
     arrays = [
         np.zeros((k.SPAN_COLUMNS, guess), dtype=np.int64),
         np.zeros((k.ATTR_COLUMNS, 4 * guess), dtype=np.int64),
-        *(np.zeros((max(16, 2 * len(lines)), k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)),
+        *(np.zeros((max(16, 2 * starts.size), k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)),
         *(np.zeros((64, k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)),
     ]
     line = 0
-    while (line := k.scan(data, starts, ends, line, status, counts, *arrays)) < len(lines):
+    while (line := k.scan(data, starts, ends, line, status, counts, *arrays)) < starts.size:
         arrays = [_grown(a, int(c), 1 if i < 2 else 0) for i, (a, c) in enumerate(zip(arrays, counts))]
     n = int(counts[0])
     if n == 0:

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis._columns import OtlpTables, SpanColumns
 from nemo_telemetry.analysis._detect import FORMATS, classify_json_line, detect_format, expand_inputs, iter_records
-from nemo_telemetry.analysis._otlp_json_fast import LINE_FALLBACK, LINE_OTHER_SIGNAL, decode_json_lines
+from nemo_telemetry.analysis._otlp_json_fast import LINE_FALLBACK, LINE_OTHER_SIGNAL, decode_json_block
 from nemo_telemetry.analysis._otlp_json import decode_json_request
 from nemo_telemetry.analysis._otlp_wire import decode_batch
 from nemo_telemetry.analysis.metrics import write_dataset_metrics
@@ -105,7 +105,7 @@ class _Pipeline:
     bytes_before: int = 0
     protobuf: list = field(default_factory=list)  # (where, payload) waiting for decode_batch
     protobuf_bytes: int = 0
-    json_lines: list = field(default_factory=list)  # (where, line) waiting for decode_json_lines
+    json_blocks: list = field(default_factory=list)  # JsonLines blocks waiting for the scan
     json_bytes: int = 0
     executor: ThreadPoolExecutor | None = None
     in_flight: deque = field(default_factory=deque)  # futures of _Decoded, oldest first
@@ -128,8 +128,8 @@ class _Pipeline:
             self.counts["skipped_records"] += 1
         elif kind == "rejected":
             self.reject(where, str(payload))
-        elif kind == "json-line":
-            self.json_lines.append((where, payload))
+        elif kind == "json-lines":
+            self.json_blocks.append(payload)
             self.json_bytes += len(payload)
         else:
             if isinstance(payload, (bytes, bytearray, memoryview)):
@@ -158,10 +158,10 @@ class _Pipeline:
         read and the one before is deduplicated and written. At most ``DECODE_AHEAD`` batches
         are in flight, which bounds the memory held beyond the tables themselves.
         """
-        if not len(self.cols) and not self.protobuf and not self.json_lines:
+        if not len(self.cols) and not self.protobuf and not self.json_blocks:
             return
-        batch = _Batch(self.json_lines, self.cols, self.protobuf, where)
-        self.json_lines, self.json_bytes = [], 0
+        batch = _Batch(self.json_blocks, self.cols, self.protobuf, where)
+        self.json_blocks, self.json_bytes = [], 0
         self.cols, self.protobuf, self.protobuf_bytes = SpanColumns(), [], 0
         if self.executor is None:
             self.executor = ThreadPoolExecutor(max_workers=DECODE_AHEAD, thread_name_prefix="nemo-ingest")
@@ -213,7 +213,7 @@ class _Decoded:
 class _Batch:
     """Records taken off the pipeline, decoded on a worker thread (no shared state touched)."""
 
-    json_lines: list  # (where, line) for the compiled scan
+    json_blocks: list  # JsonLines blocks for the compiled scan
     cols: SpanColumns  # requests already decoded by the orjson path
     protobuf: list  # (where, payload) for the compiled walk
     where: str  # the last record's place, named when malformed ids are dropped
@@ -222,12 +222,15 @@ class _Batch:
         rejected: list = []
         skipped = 0
         parts = []
-        if self.json_lines:
-            tables, status = decode_json_lines([line for _, line in self.json_lines])
+        for block in self.json_blocks:
+            tables, status = decode_json_block(block.buffer, block.starts, block.ends)
             skipped += int((status == LINE_OTHER_SIGNAL).sum())
             parts.append(tables)
             for index in np.flatnonzero(status == LINE_FALLBACK).tolist():
-                record = classify_json_line(self.json_lines[index][1], self.json_lines[index][0])
+                where, line = block.line(index)
+                if not line.strip():  # blank: only without the compiled scan, which skips them
+                    continue
+                record = classify_json_line(line, where)
                 if record.kind == "traces":
                     try:
                         decode_json_request(record.payload, self.cols)

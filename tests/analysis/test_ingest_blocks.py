@@ -1,0 +1,48 @@
+"""JSON lines are read in blocks: line numbers, blank lines and lines longer than a block
+come out as they would line by line; the protobuf walk grows its arrays as it goes."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from nemo_telemetry.analysis import _detect, ingest, load_traces
+from nemo_telemetry.analysis._otlp_wire import decode_requests
+from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
+
+from test_ingest_wire import _upb
+
+
+@pytest.fixture(scope="module")
+def requests():
+    return list(synthetic_requests(44, spans_per_request=11, ranks=1))
+
+
+@pytest.mark.parametrize("block_bytes", [64, 1000, 1 << 20])
+def test_blocks_keep_line_numbers_blank_lines_and_long_lines(requests, tmp_path, monkeypatch, block_bytes):
+    monkeypatch.setattr(_detect, "JSON_BLOCK_BYTES", block_bytes)  # every line spans several blocks
+    lines = [orjson.dumps(r) for r in requests]
+    body = b"\n".join([lines[0], b"", b"  \t ", lines[1], b"garbage {", lines[2], b"\r"]) + b"\n" + lines[3][:-30]
+    path = tmp_path / "blocks.jsonl"
+    path.write_bytes(body)
+    summary = ingest([path], out=tmp_path / "ds")
+    assert (summary.spans, summary.rejected_records) == (33, 2)
+    assert summary.warnings[0].startswith(f"{path}:5: malformed JSON line")
+    assert summary.warnings[1].startswith(f"{path}:8: truncated last record")
+    whole = tmp_path / "whole.jsonl"
+    whole.write_bytes(b"\n".join(lines[:3]) + b"\n")
+    assert load_traces(path).spans.to_pylist() == load_traces(whole).spans.to_pylist()
+
+
+def test_protobuf_walk_grows_past_its_first_guess():
+    """Many attributes per span and many requests: the first arrays are too small."""
+    requests = list(synthetic_requests(600, spans_per_request=3, ranks=2))
+    for request in requests:
+        for span in request["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+            span["attributes"] += [{"key": f"k{i}", "value": {"intValue": str(i)}} for i in range(40)]
+    payloads = [to_protobuf(r) for r in requests]
+    fast = decode_requests(payloads)
+    slow = _upb(payloads)
+    assert fast.spans.num_rows >= 600
+    for name in ("spans", "events", "links"):
+        assert getattr(fast, name).to_pylist() == getattr(slow, name).to_pylist(), name
