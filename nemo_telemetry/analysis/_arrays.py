@@ -129,7 +129,12 @@ def pairs_present(first: np.ndarray, second: np.ndarray, second_size: int) -> li
     if first.size == 0:
         return []
     width = second_size + 1  # codes shifted by one, so -1 (null) has a slot of its own
-    counts = np.bincount((first.astype(np.int64) + 1) * width + (second + 1))
+    key = first.astype(np.int64)  # one array, updated in place: these run over every span
+    key += 1
+    key *= width
+    key += second
+    key += 1
+    counts = np.bincount(key)
     pairs = (divmod(int(k), width) for k in np.flatnonzero(counts))
     return [(a - 1, b - 1) for a, b in pairs if a > 0 and b > 0]
 
@@ -237,23 +242,31 @@ class SpanArrays:
         """Spans that name a parent which is not in the table (same trace)."""
         return orphan_mask(self.has_parent, self._mixed, self._sorted_spans)
 
-    @property
+    @cached_property
     def trace_keys(self) -> np.ndarray:
-        return self._keys[1]
+        if "_keys" in self.__dict__:
+            return self._keys[1]
+        return _filled(self.table.column("trace_key"), 0).astype(np.uint64, copy=False)
 
     @cached_property
     def _keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return _id_keys(self.table)
 
     @cached_property
+    def _index(self) -> dict:
+        if "_keys" in self.__dict__:  # ids handed over as arrays (the partitioned check): one block
+            return _build_index([self._keys], len(self), self.has_parent)
+        return key_index(self.table)
+
+    @cached_property
     def _mixed(self) -> tuple[np.ndarray, np.ndarray]:
         """(span key, parent key) of every row, each mixed with its trace: one number per (id, trace)."""
-        return _mixed_keys(self._keys)
+        return self._index["_mixed"]
 
     @cached_property
     def _sorted_spans(self) -> tuple[np.ndarray, np.ndarray, int]:
         """Span keys mixed with their trace, row number packed in the low bits, sorted (for lookups)."""
-        return _sorted_index(self._mixed[0])
+        return self._index["_sorted_spans"]
 
     def adopt_index(self, index: dict) -> None:
         """Take the key index :func:`key_index` built (in another thread) instead of building it here."""
@@ -349,21 +362,23 @@ def _id_keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 _SPAN_SPREAD = np.uint64(0xBF58476D1CE4E5B9)  # odd, so multiplying by it permutes uint64 (as in tree.py)
+_BLOCK_ROWS = 1 << 16  # the index is built this many rows at a time, so its temporaries stay in cache
 
 
-def _mixed_keys(keys: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """One uint64 per (span id, trace id). Span ids are spread by an odd multiplier first:
-    hand-built traces number spans 1, 2, 3..., which would otherwise share their high bits
-    and turn every lookup in the sorted index into a linear walk. In place where it can:
-    each pass over 10 million keys costs as much as the arithmetic."""
-    span_key, trace_key, parent_key = keys
+def _mix_into(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.ndarray,
+              own: np.ndarray, wanted: np.ndarray) -> None:
+    """One uint64 per (span id, trace id), into ``own`` (the span) and ``wanted`` (its parent).
+
+    Span ids are spread by an odd multiplier first: hand-built traces number spans 1, 2, 3...,
+    which would otherwise share their high bits and turn every lookup in the sorted index
+    into a linear walk.
+    """
     mix = trace_mix(trace_key)
     with np.errstate(over="ignore"):
-        own = np.multiply(span_key, _SPAN_SPREAD)
-        own ^= mix
-        wanted = np.multiply(parent_key, _SPAN_SPREAD)
-        wanted ^= mix
-    return own, wanted
+        np.multiply(span_key, _SPAN_SPREAD, out=own)
+        np.multiply(parent_key, _SPAN_SPREAD, out=wanted)
+    own ^= mix
+    wanted ^= mix
 
 
 def _has_parent(table: pa.Table, keys) -> np.ndarray:
@@ -387,9 +402,8 @@ def orphan_mask(has_parent: np.ndarray, mixed: tuple[np.ndarray, np.ndarray],
     if len(packed) == 0:
         return out
     high = ~np.uint64((1 << bits) - 1)
-    children = np.flatnonzero(has_parent)
-    wanted = mixed[1][children]
-    ordered = np.sort(wanted)
+    ordered = mixed[1][has_parent]
+    ordered.sort()
     if ordered.size:  # many children share a parent: look each parent up once
         distinct = np.empty(len(ordered), dtype=bool)
         distinct[0] = True
@@ -415,30 +429,51 @@ def orphan_mask(has_parent: np.ndarray, mixed: tuple[np.ndarray, np.ndarray],
         found[pending[hit]] = True
         pending = pending[~hit]
     missing = ordered[~found]
-    if missing.size:
-        out[children[isin_sorted(wanted, missing)]] = True
+    if missing.size:  # rare: back from the distinct parents to the spans that name them
+        out = has_parent & isin_sorted(mixed[1], missing)
     return out
 
 
-def _sorted_index(own: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    bits = max(1, (len(own) - 1).bit_length())
-    packed = own & ~np.uint64((1 << bits) - 1)
-    packed |= np.arange(len(own), dtype=np.uint64)
-    packed.sort()
-    return own, packed, bits
-
-
 def key_index(table: pa.Table) -> dict:
-    """The id-key arrays and sorted span index of a table that already has its key columns.
+    """The mixed id keys, the sorted span index, the trace keys and which spans name a parent,
+    of a table that already has its key columns (for :meth:`SpanArrays.adopt_index`).
 
     Independent of the other columns, so a caller can build it in a second thread while
-    :func:`span_arrays` decodes the rest (numpy sorts without the GIL), then hand it over
-    with :meth:`SpanArrays.adopt_index`.
+    :func:`span_arrays` decodes the rest (numpy sorts without the GIL). Built a block of rows
+    at a time straight from the Arrow key columns: the three key columns are never copied
+    whole, and no temporary is larger than a block.
     """
-    keys = _id_keys(table)
-    mixed = _mixed_keys(keys)
-    return {"_keys": keys, "_mixed": mixed, "_sorted_spans": _sorted_index(mixed[0]),
-            "has_parent": _has_parent(table, lambda: keys)}
+    keys = table.select(["span_key", "trace_key", "parent_key"])
+    blocks = ([_filled(column, 0).astype(np.uint64, copy=False) for column in batch.columns]
+              for batch in keys.to_batches(max_chunksize=_BLOCK_ROWS))
+    has_parent = (pc.is_valid(table.column("parent_span_id")).to_numpy(zero_copy_only=False)
+                  if "parent_span_id" in table.column_names else None)
+    return _build_index(blocks, table.num_rows, has_parent)
+
+
+def _build_index(blocks, n: int, has_parent: np.ndarray | None) -> dict:
+    """:func:`key_index` from (span, trace, parent) key blocks in row order; ``has_parent``
+    None: a span has a parent when its parent key is not 0."""
+    own, wanted, trace = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.uint64)
+    packed = np.empty(n, np.uint64)
+    named = np.empty(n, dtype=bool) if has_parent is None else has_parent
+    bits = max(1, (n - 1).bit_length())
+    high = ~np.uint64((1 << bits) - 1)
+    start = 0
+    for span_key, trace_key, parent_key in blocks:
+        for lo in range(0, len(span_key), _BLOCK_ROWS):
+            at = slice(start + lo, start + min(lo + _BLOCK_ROWS, len(span_key)))
+            block = slice(lo, lo + _BLOCK_ROWS)
+            _mix_into(span_key[block], trace_key[block], parent_key[block], own[at], wanted[at])
+            trace[at] = trace_key[block]
+            if has_parent is None:
+                np.not_equal(parent_key[block], 0, out=named[at])
+            np.bitwise_and(own[at], high, out=packed[at])  # row number in the low bits
+            packed[at] |= np.arange(at.start, at.stop, dtype=np.uint64)
+        start += len(span_key)
+    packed.sort()
+    return {"_mixed": (own, wanted), "_sorted_spans": (own, packed, bits), "trace_keys": trace,
+            "has_parent": named}
 
 
 def index_orphans(index: dict) -> dict:
@@ -476,7 +511,8 @@ def resource_values(spans: pa.Table, key: str, rows: np.ndarray) -> tuple[np.nda
     n = spans.num_rows
     codes = np.full(n, -1, dtype=np.int64)
     values: dict[str, int] = {}
-    for start, chunk, match, item_codes, local in _resource_chunks(spans, key, values):
+    for start, chunk, is_key, item_codes, local in _resource_chunks(spans, key, values):
+        match = np.flatnonzero(is_key)
         owner = np.searchsorted(chunk.offsets.to_numpy(), match + int(chunk.offsets[0].as_py()), side="right") - 1
         codes[owner + start] = local[item_codes[match]]
     return codes[rows], tuple(values)
@@ -490,23 +526,25 @@ def resource_pairs(spans: pa.Table, key: str, group: np.ndarray, keep: np.ndarra
     """
     pairs: set[tuple[int, str]] = set()
     values: dict[str, int] = {}
-    for start, chunk, match, item_codes, local in _resource_chunks(spans, key, values):
+    for start, chunk, is_key, item_codes, local in _resource_chunks(spans, key, values):
         here, kept = group[start:start + len(chunk)], keep[start:start + len(chunk)]
-        found = local[item_codes[match]]
         if kept.all() and here.size and here.min() == here.max():
-            owners_group, found_values = np.full(found.size, here[0]), found
-        else:
-            owner = np.searchsorted(chunk.offsets.to_numpy(), match + int(chunk.offsets[0].as_py()), side="right") - 1
-            sel = kept[owner] & (found >= 0)
-            owners_group, found_values = here[owner][sel], found[sel]
-        for g, v in pairs_present(owners_group, found_values, len(values)):
+            present = np.zeros(len(local), dtype=bool)  # the last slot is where null values (-1) land
+            present[item_codes[is_key]] = True
+            pairs.update((int(here[0]), int(v)) for v in local[np.flatnonzero(present)] if v >= 0 and here[0] >= 0)
+            continue
+        match = np.flatnonzero(is_key)
+        found = local[item_codes[match]]
+        owner = np.searchsorted(chunk.offsets.to_numpy(), match + int(chunk.offsets[0].as_py()), side="right") - 1
+        sel = kept[owner] & (found >= 0)
+        for g, v in pairs_present(here[owner][sel], found[sel], len(values)):
             pairs.add((g, v))
     names = {code: value for value, code in values.items()}
     return {(g, names[v]) for g, v in pairs}
 
 
 def _resource_chunks(spans: pa.Table, key: str, values: dict):
-    """Per chunk of ``resource_attributes``: (first row, chunk, entries whose key is ``key``,
+    """Per chunk of ``resource_attributes``: (first row, chunk, which entries have key ``key``,
     value code of every entry, map from those codes to codes shared across chunks in ``values``)."""
     if "resource_attributes" not in spans.column_names or spans.num_rows == 0:
         return
@@ -515,11 +553,11 @@ def _resource_chunks(spans: pa.Table, key: str, values: dict):
         offsets = chunk.offsets.to_numpy()
         first, count = int(offsets[0]), int(offsets[-1] - offsets[0])
         keys, items = chunk.keys.slice(first, count), chunk.items.slice(first, count)
-        match = np.flatnonzero(_equals(keys, key))
+        is_key = _equals(keys, key)
         item_codes, item_values = _dictionary(items)
         local = np.array([values.setdefault(v, len(values)) if v is not None else -1 for v in item_values] + [-1],
                          dtype=np.int64)
-        yield start, chunk, match, item_codes, local
+        yield start, chunk, is_key, item_codes, local
         start += len(chunk)
 
 

@@ -322,24 +322,24 @@ def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
     anchor = np.flatnonzero(a.rows_of_names(f"{JOB_SPAN_REGEX}|{STEP_SPAN_REGEX}") & keep)
     anchored_traces = np.unique(trace_key[anchor])
     anchored_runs = np.unique(a.run[anchor])
-    rows = np.flatnonzero(keep & code_mask(a.run, anchored_runs, len(a.runs)))
-    rows = rows[~isin_sorted(trace_key[rows], anchored_traces)]
-    standalone = code_mask(a.name, np.concatenate([_group_name_codes(a.names, g) for g in _STANDALONE_GROUPS]),
+    loose = keep & code_mask(a.run, anchored_runs, len(a.runs))
+    loose &= ~isin_sorted(trace_key, anchored_traces)  # over every row: cheaper than gathering the run's rows
+    rows = np.flatnonzero(loose)
+    standalone = code_mask(a.name[rows], np.concatenate([_group_name_codes(a.names, g) for g in _STANDALONE_GROUPS]),
                            len(a.names))
     root = ~a.has_parent[rows] | a.orphan[rows]
-    frame = pd.DataFrame({"run": a.run[rows], "trace": trace_key[rows], "designed": ~root | standalone[rows]})
+    frame = pd.DataFrame({"run": a.run[rows], "trace": trace_key[rows], "designed": ~root | standalone})
     by_design = frame.groupby(["run", "trace"])["designed"].transform("all").to_numpy()
     rows = rows[~by_design]
     count, groups = _groups(rows, a.run[rows], trace_key[rows])
-    collector = code_mask(a.name, np.concatenate([_group_name_codes(a.names, g) for g in ("rollout", "efficiency")]),
-                          len(a.names))
+    collector = np.concatenate([_group_name_codes(a.names, g) for g in ("rollout", "efficiency")])
     anchor_trace_of_run = {int(r): int(anchor[a.run[anchor] == r][0]) for r in anchored_runs}
     out = []
     for (run, _), members in _take(count, groups, ctx.limit):
         roots = members[~a.has_parent[members] | a.orphan[members]]
         shown = sorted({ctx.name(c) for c in a.name[roots[:20]]})
         other = a.trace_id([anchor_trace_of_run[int(run)]])[0]
-        if collector[members].any():
+        if code_mask(a.name[members], collector, len(a.names)).any():
             hint = ("the async collector re-rooted: pass current_trace_carrier(), taken inside the job span, as its "
                     "trace_carrier and reopen it with remote_trace_context() in every thread (with the job group off "
                     "the carrier is empty)")
