@@ -15,6 +15,8 @@ Each measurement runs in a fresh child process and prints wall seconds and peak 
   per-partition cost is the map step (the per-batch partials) timed partition by partition;
 - ``ray``: ``ray_goodput`` on a local Ray cluster started by the child (start-up not counted;
   the RSS is the driver's plus the largest Ray worker's);
+- ``check-memory`` / ``check-ray``: ``check_run`` on the whole table, and ``ray_check`` (the
+  findings computed by Ray tasks file by file, merged on the driver), reports checked equal;
 - ``ingest-local`` / ``ingest-ray``: the dumps into a fresh dataset.
 
 Every engine's result is checked equal to the baseline's before its figures are printed.
@@ -177,6 +179,10 @@ def _plain(runs) -> str:
                         "job": r.job_wall_s} for r in runs], sort_keys=True, default=str)
 
 
+def _plain_check(report) -> str:
+    return json.dumps(report.to_dict(), sort_keys=True, default=str)
+
+
 def _start_ray():
     import ray
 
@@ -205,7 +211,7 @@ def _start_ray():
 def measure(mode: str, path: Path, expected: Path | None) -> None:
     extra: dict = {}
     sampler = None
-    if mode in ("ray", "ingest-ray"):
+    if mode in ("ray", "ingest-ray", "check-ray"):
         ray, workers = _start_ray()
         sampler = _PeakSampler(workers)
     t0 = time.perf_counter()
@@ -220,6 +226,15 @@ def measure(mode: str, path: Path, expected: Path | None) -> None:
         from nemo_telemetry.analysis.engine_ray import ray_goodput
 
         result = _plain(ray_goodput(path))
+    elif mode == "check-memory":
+        from nemo_telemetry.analysis._arrays import read_for_analysis
+        from nemo_telemetry.analysis.findings import check_run
+
+        result = _plain_check(check_run(read_for_analysis(path)))
+    elif mode == "check-ray":
+        from nemo_telemetry.analysis.engine_ray import ray_check
+
+        result = _plain_check(ray_check(path))
     elif mode in ("ingest-local", "ingest-ray"):
         out = Path(tempfile.mkdtemp(dir=path.parent)) / "ds"
         if mode == "ingest-local":
@@ -292,6 +307,7 @@ def main() -> None:
     parser.add_argument("--ingest-spans", type=int, default=1_000_000)
     parser.add_argument("--dir", type=Path, help="where the data is generated (kept); a temp dir by default")
     parser.add_argument("--no-ray", action="store_true", help="local engines only")
+    parser.add_argument("--no-check", action="store_true", help="goodput and ingest figures only")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--path", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--expected", type=Path, help=argparse.SUPPRESS)
@@ -324,6 +340,15 @@ def main() -> None:
                 ray = _child("ray", root, expected)
                 _row(spans, "ray", ray, baseline,
                      f"equal={ray['equal']}; largest worker peak RSS {ray['worker_peak_mb']:.0f} MB")
+            if not args.no_check:
+                expected = base / f"expected-check-{spans}.json"
+                expected.unlink(missing_ok=True)
+                check = _child("check-memory", root, expected)
+                _row(spans, "check-memory", check, check, "")
+                if not args.no_ray:
+                    ray = _child("check-ray", root, expected)
+                    _row(spans, "check-ray", ray, check,
+                         f"equal={ray['equal']}; largest worker peak RSS {ray['worker_peak_mb']:.0f} MB")
         if args.ingest_spans:
             dumps = base / f"dumps-{args.ingest_spans}"
             if not dumps.is_dir():
