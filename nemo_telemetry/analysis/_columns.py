@@ -30,7 +30,7 @@ from nemo_telemetry.analysis.schema import (
 )
 from nemo_telemetry.analysis.tree import hex_to_uint64
 
-__all__ = ["SpanColumns", "SpanArrays", "build_tables", "SPANS_TABLE_SCHEMA", "OtlpTables", "ids_to_hex"]
+__all__ = ["SpanColumns", "SpanArrays", "build_tables", "SPANS_TABLE_SCHEMA", "OtlpTables", "ids_to_hex", "string_array", "special_rows"]
 
 # What ingest writes: the spans table plus the uint64 id keys tree walks join on.
 SPANS_TABLE_SCHEMA = pa.schema(list(SPANS_SCHEMA) + list(ID_KEY_FIELDS))
@@ -293,6 +293,31 @@ def _bytes_to_hex(ids: list, width: int) -> pa.Array:
     out[1::2] = _HEX[raw & 15]
     offsets = np.arange(0, out.size + 1, 2 * width, dtype=np.int32)
     return pa.Array.from_buffers(pa.string(), len(ids), [None, pa.py_buffer(offsets), pa.py_buffer(out)])
+
+
+def string_array(offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    """A large_string array over a kernel's (int64 offsets, bytes) output, UTF-8 checked
+    (``pa.ArrowInvalid`` otherwise); ``valid`` False rows are null."""
+    n = offsets.size - 1
+    bitmap = None
+    if valid is not None and not valid.all():
+        bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    strings = pa.Array.from_buffers(pa.large_string(), n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)])
+    strings.validate(full=True)
+    return strings
+
+
+def special_rows(kind: np.ndarray, rows: np.ndarray, strings: list) -> tuple[list[bytes], np.ndarray]:
+    """The encoded strings of ``rows`` and each row's index among them (-1: not special);
+    a None string makes its row null (its ``kind`` is cleared)."""
+    special = np.full(kind.size, -1, dtype=np.int64)
+    null = [text is None for text in strings]
+    if any(null):
+        kind[rows[null]] = -1
+        rows = rows[[not n for n in null]]
+        strings = [text for text in strings if text is not None]
+    special[rows] = np.arange(rows.size)
+    return [text.encode() for text in strings], special
 
 
 def _int64(values: list) -> pa.Array:

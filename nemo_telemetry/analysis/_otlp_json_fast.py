@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, _text_id_to_hex, build_tables
+from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, _text_id_to_hex, build_tables, special_rows, string_array
 from nemo_telemetry.analysis._otlp_json import _attribute_dict, _extend_attributes, any_value_to_python, value_to_string
 
 __all__ = ["decode_json_lines", "decode_json_block", "LINE_OK", "LINE_OTHER_SIGNAL", "LINE_FALLBACK", "LINE_BLANK"]
@@ -138,29 +138,29 @@ def _ids(w, data: np.ndarray, start, length, width: int) -> tuple[pa.Array, np.n
 
 
 def _values(k, w, buffer: bytes, data: np.ndarray, attrs: np.ndarray) -> pa.Array:
-    kind = attrs[k.VTYPE]
-    order = np.zeros(kind.size, dtype=np.int64)
-    parts: list[pa.Array] = []
-    done = 0
-
-    def add(mask: np.ndarray, strings: pa.Array) -> None:
-        nonlocal done
-        order[mask] = done + np.arange(len(strings))
-        parts.append(strings.cast(pa.large_string()))
-        done += len(strings)
-
-    is_str = kind == k.V_STRING
-    add(is_str, _strings(w, buffer, data, attrs[k.VAL_S][is_str], attrs[k.VAL_N][is_str], attrs[k.ATTR_ESCAPED][is_str] & 1 == 1))
-    is_int = kind == k.V_INT
-    add(is_int, pa.array(attrs[k.VAL_INT][is_int]).cast(pa.string()))
-    is_bool = kind == k.V_BOOL
-    add(is_bool, pa.array(attrs[k.VAL_INT][is_bool] != 0).cast(pa.string()))
-    rare = kind == k.V_RARE
-    bounds = zip(attrs[k.ANY_S][rare].tolist(), attrs[k.ANY_N][rare].tolist())
-    add(rare, pa.array([value_to_string(any_value_to_python(orjson.loads(buffer[s : s + n]))) for s, n in bounds], pa.string()))
-    absent = kind == k.V_ABSENT
-    add(absent, pa.nulls(int(absent.sum()), pa.string()))
-    return pa.concat_arrays(parts).take(pa.array(order))
+    """The schema's string for each AnyValue in one compiled pass; rare kinds and strings with
+    escapes are decoded by orjson first and copied in."""
+    kind = attrs[k.VTYPE].copy()
+    escaped = (kind == k.V_STRING) & (attrs[k.ATTR_ESCAPED] & 1 == 1)
+    rows = np.flatnonzero((kind == k.V_RARE) | escaped)
+    special_strings = []
+    for row in rows.tolist():
+        if kind[row] == k.V_RARE:
+            s, n = int(attrs[k.ANY_S, row]), int(attrs[k.ANY_N, row])
+            text = value_to_string(any_value_to_python(orjson.loads(buffer[s : s + n])))
+        else:
+            s, n = int(attrs[k.VAL_S, row]), int(attrs[k.VAL_N, row])
+            text = orjson.loads(b'"' + buffer[s : s + n] + b'"')
+        special_strings.append(text)
+    special_strings, special = special_rows(kind, rows, special_strings)
+    special_offsets = np.zeros(len(special_strings) + 1, dtype=np.int64)
+    np.cumsum([len(t) for t in special_strings], out=special_offsets[1:])
+    offsets, chars, valid = w.value_strings(
+        data, kind, np.ascontiguousarray(attrs[k.VAL_S]), np.ascontiguousarray(attrs[k.VAL_N]),
+        np.ascontiguousarray(attrs[k.VAL_INT]), special, special_offsets,
+        np.frombuffer(b"".join(special_strings), dtype=np.uint8), k.V_STRING, k.V_BOOL, k.V_INT,
+    )
+    return string_array(offsets, chars, valid)
 
 
 def _resource(buffer: bytes, start: int, length: int) -> dict:

@@ -19,7 +19,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, build_tables
+from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, special_rows, string_array
 from nemo_telemetry.analysis._otlp_proto import _extend_attributes, _value_string, decode_proto_request
 
 __all__ = ["WireError", "decode_requests", "decode_batch"]
@@ -130,30 +130,23 @@ def _hex_ids(k, data: np.ndarray, start: np.ndarray, length: np.ndarray, width: 
 
 
 def _values(k, buffer: bytes, data: np.ndarray, attrs: np.ndarray) -> pa.Array:
-    """The schema's string for each AnyValue: strings cut, ints and bools cast, the rest by upb."""
-    kind = attrs[k.VTYPE]
-    order = np.zeros(kind.size, dtype=np.int64)
-    parts: list[pa.Array] = []
-    done = 0
-
-    def add(mask: np.ndarray, strings: pa.Array) -> None:
-        nonlocal done
-        order[mask] = done + np.arange(len(strings))
-        parts.append(strings)
-        done += len(strings)
-
-    is_str = kind == _STRING
-    add(is_str, _strings(k, data, attrs[k.VAL_S][is_str], attrs[k.VAL_N][is_str]))
-    is_int = kind == _INT
-    add(is_int, pa.array(attrs[k.VAL_INT][is_int]).cast(pa.large_string()))
-    is_bool = kind == _BOOL
-    add(is_bool, pa.array(attrs[k.VAL_INT][is_bool] != 0).cast(pa.large_string()))
-    rare = kind >= _DOUBLE
-    bounds = zip(attrs[k.ANY_S][rare].tolist(), (attrs[k.ANY_S] + attrs[k.ANY_N])[rare].tolist())
-    add(rare, pa.array([_value_string(AnyValue.FromString(buffer[s:e])) for s, e in bounds], pa.large_string()))
-    absent = kind == 0
-    add(absent, pa.nulls(int(absent.sum()), pa.large_string()))
-    return pa.concat_arrays(parts).take(pa.array(order))
+    """The schema's string for each AnyValue, in one compiled pass; doubles, bytes, arrays and
+    key-value lists (rare in RL traces) are written by upb first and copied in."""
+    kind = attrs[k.VTYPE].copy()
+    rows = np.flatnonzero(kind >= _DOUBLE)
+    bounds = zip(attrs[k.ANY_S][rows].tolist(), (attrs[k.ANY_S] + attrs[k.ANY_N])[rows].tolist())
+    rare, special = special_rows(kind, rows, [_value_string(AnyValue.FromString(buffer[s:e])) for s, e in bounds])
+    rare_offsets = np.zeros(len(rare) + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in rare], out=rare_offsets[1:])
+    rare_data = np.frombuffer(b"".join(rare), dtype=np.uint8)
+    offsets, chars, valid = k.value_strings(
+        data, kind, np.ascontiguousarray(attrs[k.VAL_S]), np.ascontiguousarray(attrs[k.VAL_N]),
+        np.ascontiguousarray(attrs[k.VAL_INT]), special, rare_offsets, rare_data, _STRING, _BOOL, _INT,
+    )
+    try:
+        return string_array(offsets, chars, valid)
+    except pa.ArrowInvalid as exc:
+        raise WireError(f"invalid UTF-8 in a string value ({exc})") from None
 
 
 def _resources(buffer: bytes, records: np.ndarray) -> list[dict]:

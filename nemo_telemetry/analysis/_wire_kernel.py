@@ -347,3 +347,71 @@ def text_ids(buf, starts, lengths, width):
                 key = (key << 4) | value
         keys[i] = np.uint64(key)
     return offsets, text, keys, bad >= 0
+
+
+_TRUE = np.frombuffer(b"true", dtype=np.uint8)
+_FALSE = np.frombuffer(b"false", dtype=np.uint8)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _magnitude(value):
+    """|value| as uint64, right for the most negative int64 too."""
+    if value < 0:
+        return np.uint64(-(value + 1)) + np.uint64(1)
+    return np.uint64(value)
+
+
+@njit(cache=True, nogil=True)
+def value_strings(buf, kind, start, length, number, special, special_offsets, special_data,
+                  string_kind, bool_kind, int_kind):
+    """Each attribute value as the schema's string, in row order, in one buffer: strings cut
+    from ``buf``, ints in decimal, bools ``true``/``false``, and where ``special[i] >= 0``
+    the caller's own string number ``special[i]`` (rare kinds, escaped strings). Any other
+    kind is null. Returns (offsets, data, valid)."""
+    n = kind.size
+    offsets = np.empty(n + 1, dtype=np.int64)
+    valid = np.ones(n, dtype=np.bool_)
+    offsets[0] = 0
+    for i in range(n):
+        size = 0
+        j = special[i]
+        if j >= 0:
+            size = special_offsets[j + 1] - special_offsets[j]
+        elif kind[i] == string_kind:
+            size = length[i]
+        elif kind[i] == int_kind:
+            value = number[i]
+            magnitude = _magnitude(value)
+            size = 1 if value >= 0 else 2
+            while magnitude >= np.uint64(10):
+                magnitude //= np.uint64(10)
+                size += 1
+        elif kind[i] == bool_kind:
+            size = 4 if number[i] != 0 else 5
+        else:
+            valid[i] = False
+        offsets[i + 1] = offsets[i] + size
+    data = np.empty(offsets[n], dtype=np.uint8)
+    true, false = _TRUE, _FALSE
+    for i in range(n):
+        out, end = offsets[i], offsets[i + 1]
+        j = special[i]
+        if j >= 0:
+            data[out:end] = special_data[special_offsets[j] : special_offsets[j + 1]]
+        elif kind[i] == string_kind:
+            data[out:end] = buf[start[i] : start[i] + length[i]]
+        elif kind[i] == int_kind:
+            value = number[i]
+            magnitude = _magnitude(value)
+            pos = end - 1
+            while True:
+                data[pos] = 48 + np.uint8(magnitude % np.uint64(10))
+                magnitude //= np.uint64(10)
+                pos -= 1
+                if magnitude == np.uint64(0):
+                    break
+            if value < 0:
+                data[out] = 45
+        elif kind[i] == bool_kind:
+            data[out:end] = true if number[i] != 0 else false
+    return offsets, data, valid
