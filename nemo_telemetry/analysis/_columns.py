@@ -365,8 +365,59 @@ def _promote(
     """The attribute map column without the promoted keys, and one column per promoted key.
 
     When a key repeats on one owner the last value wins for the promoted column (as the
-    OpenTelemetry SDK does when a span sets an attribute twice).
+    OpenTelemetry SDK does when a span sets an attribute twice). An integer column's value
+    that is not a decimal integer stays in the map.
     """
+    try:
+        from nemo_telemetry.analysis import _flatten_kernel
+    except ImportError:  # numba missing
+        return _promote_arrow(counts, keys, values, owners, promoted)
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    names = [key.encode() for key in promoted]
+    name_offsets = np.zeros(len(names) + 1, dtype=np.int64)
+    np.cumsum([len(name) for name in names], out=name_offsets[1:])
+    is_int = np.array([key in _INT_COLUMNS for key in promoted], dtype=np.bool_)
+    keep = np.ones(len(keys), dtype=np.bool_)
+    chosen = np.full((len(names), owners), -1, dtype=np.int64)
+    numbers = np.zeros((len(names), owners), dtype=np.int64)
+    number_valid = np.zeros((len(names), owners), dtype=np.bool_)
+    kept_counts = np.zeros(owners, dtype=np.int64)
+    key_offsets, key_data, _ = _buffers(keys)
+    value_offsets, value_data, value_valid = _buffers(values)
+    _flatten_kernel.promote(counts, key_offsets, key_data, value_offsets, value_data, value_valid, name_offsets,
+                            np.frombuffer(b"".join(names), dtype=np.uint8), is_int, keep, chosen, numbers,
+                            number_valid, kept_counts)
+    columns = {}
+    for p, key in enumerate(promoted):
+        if is_int[p]:
+            columns[key] = pa.array(numbers[p], mask=~number_valid[p])
+        else:
+            columns[key] = values.take(pa.array(chosen[p], mask=chosen[p] < 0))
+    offsets = np.zeros(owners + 1, dtype=np.int32)
+    np.cumsum(kept_counts, out=offsets[1:])
+    if keep.all():
+        kept_keys, kept_values = keys, values
+    else:
+        mask = pa.array(keep)
+        kept_keys, kept_values = keys.filter(mask), values.filter(mask)
+    return pa.MapArray.from_arrays(pa.array(offsets), kept_keys, kept_values), columns
+
+
+def _buffers(strings: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(int64 offsets, bytes, validity) of a string array, for a kernel."""
+    strings = strings.cast(pa.large_string())
+    n = len(strings)
+    offsets = np.frombuffer(strings.buffers()[1], dtype=np.int64)[strings.offset : strings.offset + n + 1]
+    data = strings.buffers()[2]
+    data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+    valid = strings.is_valid().to_numpy(zero_copy_only=False) if strings.null_count else np.ones(n, dtype=np.bool_)
+    return offsets, data, valid
+
+
+def _promote_arrow(
+    counts: np.ndarray, keys: pa.Array, values: pa.Array, owners: int, promoted: tuple[str, ...]
+) -> tuple[pa.Array, dict]:
+    """:func:`_promote` with Arrow compute only (without numba): the same result."""
     owner = np.repeat(np.arange(owners, dtype=np.int64), counts)
     keep = np.ones(len(keys), dtype=bool)
     columns = {}
