@@ -1,4 +1,4 @@
-"""The Ray engine: ingest, goodput and check past one machine, on Ray and Ray Data.
+"""The Ray engine: ingest, goodput and check past one machine, as plain Ray tasks.
 
 - :func:`ray_ingest` decodes each dump file in its own Ray task (a streaming generator that
   yields one batch of tables at a time, so a task never holds a whole file) and this process
@@ -24,7 +24,6 @@ from typing import Callable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from nemo_telemetry.analysis import streaming
 from nemo_telemetry.analysis.dataset import DatasetWriter
@@ -42,16 +41,11 @@ def connect():
     try:
         import ray
     except ImportError:  # pragma: no cover - ray is a dependency of the analysis extra
-        raise NemoTelemetryError("--engine ray needs Ray: pip install 'ray[data]'") from None
+        raise NemoTelemetryError("--engine ray needs Ray: pip install ray") from None
     if not ray.is_initialized():
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
                  configure_logging=False, log_to_driver=False)
-    import ray.data
-
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    context.print_on_execution_start = False
     return ray
 
 

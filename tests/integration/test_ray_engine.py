@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,16 +20,19 @@ from nemo_telemetry.cli.app import app
 pytestmark = pytest.mark.slow
 
 
-def _scenario_module():
-    """The scenario generator of tests/analysis/test_streaming.py (one definition for both suites)."""
-    path = Path(__file__).resolve().parent.parent / "analysis" / "test_streaming.py"
-    spec = importlib.util.spec_from_file_location("_streaming_scenario", path)
+def _scenario_module(name: str):
+    """A scenario generator of tests/analysis (one definition for both suites)."""
+    folder = Path(__file__).resolve().parent.parent / "analysis"
+    if str(folder) not in sys.path:  # test_streaming_check imports test_streaming by name
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(f"_{name}_scenario", folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-scenario_tools = _scenario_module()
+scenario_tools = _scenario_module("test_streaming")
+check_tools = _scenario_module("test_streaming_check")
 
 
 @pytest.fixture(scope="module")
@@ -45,16 +49,34 @@ def test_ray_goodput_equals_local(ray_cluster, scenario):
     assert scenario_tools.as_plain(ray_goodput(scenario)) == expected
 
 
-def test_cli_check_on_ray_equals_local(ray_cluster, scenario):
+@pytest.fixture(scope="module")
+def check_scenario(tmp_path_factory) -> Path:
+    """Findings of every code, each partition cut into several files (steps and traces cross files)."""
+    return check_tools.write_check_scenario(tmp_path_factory.mktemp("ray-check") / "ds", batch=150)
+
+
+@pytest.mark.parametrize("options", [
+    {"max_findings_per_code": 2, "max_span_ids": 3},  # the first overlaps / detached traces collected by tasks
+    {"run_id": "run-a"},
+], ids=["capped", "one-run"])
+def test_ray_check_equals_check_run(ray_cluster, check_scenario, options):
+    from nemo_telemetry.analysis.engine_ray import ray_check
+
+    expected = check_run(read_for_analysis(check_scenario), **options).to_dict()
+    assert sum(1 for n in expected["counts"]["by_code"].values() if n) >= 10
+    assert ray_check(check_scenario, **options).to_dict() == expected
+
+
+def test_cli_check_on_ray_equals_local(ray_cluster, check_scenario):
     runner = CliRunner()
     outputs = {}
     for engine in ("local", "ray"):
-        result = runner.invoke(app, ["check", str(scenario), "--format", "json", "--unattributed-threshold", "0.1",
-                                     "--engine", engine])
+        result = runner.invoke(app, ["check", str(check_scenario), "--format", "json", "--unattributed-threshold",
+                                     "0.1", "--engine", engine])
         assert result.exit_code == 1, result.output  # the scenario has error findings
         outputs[engine] = json.loads(result.stdout)  # Ray's worker logs, if any, are on stderr
-    expected = check_run(read_for_analysis(scenario), unattributed_threshold=0.1).to_dict()
-    assert expected["counts"]["by_code"]["orphan-span"] > 0 and expected["counts"]["error"] > 0
+    expected = check_run(read_for_analysis(check_scenario), unattributed_threshold=0.1).to_dict()
+    assert all(expected["counts"]["by_code"].values()) and expected["counts"]["error"] > 0
     assert outputs["ray"] == outputs["local"]
     assert outputs["ray"]["counts"] == expected["counts"]
 
