@@ -214,50 +214,63 @@ class JsonLines:
     its line number in the file."""
 
     path: Path
-    buffer: bytes
-    starts: object  # numpy int64 arrays
-    ends: object
-    numbers: object
+    buffer: memoryview  # of the bytearray the block was read into, not copied
+    starts: np.ndarray
+    ends: np.ndarray
+    numbers: np.ndarray
 
     def __len__(self) -> int:
         return len(self.buffer)
 
     def line(self, index: int) -> tuple[str, bytes]:
         """(``file:line``, the line's bytes) of line ``index`` of the block."""
-        return f"{self.path}:{self.numbers[index]}", self.buffer[self.starts[index] : self.ends[index]]
+        return f"{self.path}:{self.numbers[index]}", bytes(self.buffer[self.starts[index] : self.ends[index]])
 
 
 def _json_lines(stream: BinaryIO, path: Path) -> Iterator[Record]:
-    """Blocks of whole lines (kind ``json-lines``): the pipeline scans each block in bulk, and
-    hands the lines the scan leaves alone to ``classify_json_line``. No per-line objects."""
+    """Blocks of whole lines (kind ``json-lines``), read straight into one buffer each: the
+    pipeline scans a block in bulk and hands the lines the scan leaves alone to
+    ``classify_json_line``. No per-line objects, no copy beyond the read."""
     number = 1
-    pieces: list = []  # the start of a line longer than a block
+    tail = b""  # the start of a line that continues in the next block
     while True:
-        chunk = stream.read(JSON_BLOCK_BYTES)
-        if not chunk:
-            break
-        cut = chunk.rfind(b"\n") + 1
+        room = max(JSON_BLOCK_BYTES, len(tail))  # a line longer than a block: double the room
+        buffer = bytearray(len(tail) + room)
+        buffer[: len(tail)] = tail
+        got = stream.readinto(memoryview(buffer)[len(tail) :]) or 0
+        size = len(tail) + got
+        if got == 0:
+            if tail:
+                yield _block(path, buffer, size, number)
+            return
+        cut = buffer.rfind(b"\n", 0, size) + 1
         if cut == 0:
-            pieces.append(chunk)
+            tail = bytes(memoryview(buffer)[:size])
             continue
-        block = b"".join([*pieces, memoryview(chunk)[:cut]]) if pieces or cut < len(chunk) else chunk
-        pieces = [chunk[cut:]] if cut < len(chunk) else []
-        record = _block(path, block, number)
+        tail = bytes(memoryview(buffer)[cut:size])
+        record = _block(path, buffer, cut, number)
         number += len(record.payload.starts)
         yield record
-    if pieces:
-        yield _block(path, b"".join(pieces), number)
 
 
-def _block(path: Path, block: bytes, number: int) -> Record:
-    """The lines of ``block``, which ends with a newline unless it is the file's last line."""
-    newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
-    ends = newlines + 1
-    if not block.endswith(b"\n"):
-        ends = np.append(ends, len(block))
-    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+def _block(path: Path, buffer: bytearray, size: int, number: int) -> Record:
+    """The lines of ``buffer[:size]``, which ends with a newline unless it is the file's end."""
+    newlines = buffer.count(b"\n", 0, size)
+    if newlines * 256 < size:  # long lines (the usual case): find them with memchr
+        ends_list = []
+        pos = buffer.find(b"\n", 0, size)
+        while pos >= 0:
+            ends_list.append(pos + 1)
+            pos = buffer.find(b"\n", pos + 1, size)
+        ends = np.array(ends_list, dtype=np.int64)
+    else:
+        ends = np.flatnonzero(np.frombuffer(buffer, dtype=np.uint8, count=size) == 10).astype(np.int64) + 1
+    if size and buffer[size - 1] != 10:
+        ends = np.append(ends, size)
+    starts = np.concatenate([np.zeros(1, dtype=np.int64), ends[:-1]])
     numbers = number + np.arange(len(starts), dtype=np.int64)
-    return Record("json-lines", f"{path}:{number}", JsonLines(path, block, starts, ends.astype(np.int64), numbers))
+    block = JsonLines(path, memoryview(buffer)[:size], starts, ends, numbers)
+    return Record("json-lines", f"{path}:{number}", block)
 
 
 def classify_json_line(line: bytes, where: str) -> Record:

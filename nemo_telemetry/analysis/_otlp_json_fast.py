@@ -33,13 +33,14 @@ def decode_json_lines(lines: list[bytes]) -> tuple[OtlpTables, np.ndarray]:
     return decode_json_block(b"".join(lines), ends - sizes, ends)
 
 
-def decode_json_block(buffer: bytes, starts: np.ndarray, ends: np.ndarray) -> tuple[OtlpTables, np.ndarray]:
+def decode_json_block(buffer: bytes | memoryview, starts: np.ndarray, ends: np.ndarray) -> tuple[OtlpTables, np.ndarray]:
     """Like :func:`decode_json_lines` for the lines ``buffer[starts[i]:ends[i]]`` of one block."""
     try:
         k, w = _kernels()
     except ImportError:  # numba missing: every line takes the orjson path
         return OtlpTables.empty(), np.full(starts.size, LINE_FALLBACK, dtype=np.int8)
     data = np.frombuffer(buffer, dtype=np.uint8)
+    data.flags.writeable = False  # one compiled signature for bytes and bytearray blocks
     status = np.zeros(starts.size, dtype=np.int8)
     counts = np.zeros(6, dtype=np.int64)
     guess = max(64, len(buffer) // 256)  # a span of a few attributes takes ~400 bytes of JSON
