@@ -8,6 +8,7 @@ import pytest
 
 from nemo_telemetry.analysis import _detect, ingest, load_traces
 from nemo_telemetry.analysis._otlp_wire import decode_requests
+from nemo_telemetry.analysis.dataset import SpanDeduplicator, drop_duplicates
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 
 from test_ingest_wire import _upb
@@ -46,3 +47,19 @@ def test_protobuf_walk_grows_past_its_first_guess():
     assert fast.spans.num_rows >= 600
     for name in ("spans", "events", "links"):
         assert getattr(fast, name).to_pylist() == getattr(slow, name).to_pylist(), name
+
+
+def test_escaped_strings_and_rare_values_read_from_a_file_block(tmp_path):
+    """The block path (a buffer read in place) decodes what the line path decodes."""
+    from test_ingest_json_scan import _orjson_path, _sdk_lines
+
+    lines = [line if line.endswith(b"\n") else line + b"\n" for line in _sdk_lines()]
+    path = tmp_path / "escaped.jsonl"
+    path.write_bytes(b"".join(lines))
+    loaded = load_traces(path)
+    every = _orjson_path(lines)
+    expected = drop_duplicates(every, SpanDeduplicator())  # three of the lines carry the same ids
+    dropped = every.spans.num_rows - expected.spans.num_rows
+    assert dropped > 0 and (loaded.summary.rejected_records, loaded.summary.duplicates_dropped) == (0, dropped)
+    for name in ("spans", "events", "links"):
+        assert getattr(loaded, name).to_pylist() == getattr(expected, name).to_pylist(), name
