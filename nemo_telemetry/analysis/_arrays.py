@@ -73,20 +73,30 @@ def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.
 def _codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:
     """(int32 codes with -1 for null, the distinct values) of a string or dictionary column.
 
-    Chunk by chunk: each chunk's (small) dictionary is mapped onto the shared values once,
-    then its indices go through that map, so no chunk is concatenated or re-encoded whole.
+    Chunk by chunk, into one preallocated array: each chunk's (small) dictionary is mapped
+    onto the shared values once, then its indices go through that map; a chunk whose
+    dictionary lists the shared values in their order (every chunk of a file after the
+    first, usually) is copied as it is.
     """
-    if column not in spans.column_names or spans.num_rows == 0:
-        return np.full(spans.num_rows, -1, dtype=np.int32), ()
+    n = spans.num_rows
+    if column not in spans.column_names or n == 0:
+        return np.full(n, -1, dtype=np.int32), ()
     values: dict = {}
-    parts = []
+    out = np.empty(n, dtype=np.int32)
+    start = 0
     for chunk in spans.column(column).chunks:
         if not pa.types.is_dictionary(chunk.type):
             chunk = pc.dictionary_encode(chunk)
         local = np.array([values.setdefault(v, len(values)) if v is not None else -1
                           for v in chunk.dictionary.to_pylist()] + [-1], dtype=np.int32)
-        parts.append(local[_filled(chunk.indices, -1)])
-    return (np.concatenate(parts) if parts else np.zeros(0, np.int32)), tuple(values)
+        into = out[start:start + len(chunk)]
+        indices = _filled(chunk.indices, -1)
+        if np.array_equal(local[:-1], np.arange(len(local) - 1)):
+            into[:] = indices
+        else:
+            np.take(local, indices, out=into, mode="wrap")  # wrap: a null's -1 lands on the last slot, -1
+        start += len(chunk)
+    return out, tuple(values)
 
 
 def _row_value(column: pa.ChunkedArray, row: int):
@@ -106,13 +116,23 @@ def _filled(column: pa.Array | pa.ChunkedArray, fill: int) -> np.ndarray:
 
 
 def _int_column(spans: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
-    """(int64 values with nulls as 0, validity) of an integer column (absent: all null)."""
+    """(int64 values with nulls as 0, validity) of an integer column (absent: all null).
+
+    Chunk by chunk into preallocated arrays, so a column with nulls is not copied whole twice.
+    """
     n = spans.num_rows
     if column not in spans.column_names or n == 0:
         return np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
     col = spans.column(column)
-    valid = pc.is_valid(col).to_numpy(zero_copy_only=False) if col.null_count else np.ones(n, dtype=bool)
-    values = _filled(col, 0).astype(np.int64, copy=False)
+    values = np.empty(n, dtype=np.int64)
+    valid = np.ones(n, dtype=bool)
+    start = 0
+    for chunk in col.chunks:
+        stop = start + len(chunk)
+        if chunk.null_count:
+            valid[start:stop] = pc.is_valid(chunk).to_numpy(zero_copy_only=False)
+        values[start:stop] = _filled(chunk, 0)
+        start = stop
     return values, valid
 
 

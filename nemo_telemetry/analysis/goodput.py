@@ -211,10 +211,10 @@ def step_frame(steps: _Steps, sums: np.ndarray, merged) -> pd.DataFrame:
 # -- per run -----------------------------------------------------------------------------------
 
 
-def _runs_present(analysis: _Analysis) -> list[int]:
+def _runs_present(analysis: _Analysis, jobs: np.ndarray) -> list[int]:
     arrays = analysis.arrays
     codes = np.unique(np.concatenate([analysis.steps.run, arrays.run[analysis.bucketed],
-                                      arrays.run[arrays.rows_of_names(JOB_SPAN_REGEX) & analysis.keep]]))
+                                      arrays.run[jobs[analysis.keep[jobs]]]]))
     return [int(c) for c in codes]
 
 
@@ -258,8 +258,9 @@ def outside_summary(sums: np.ndarray, spans: int, unstamped: int, iterations: np
     return out
 
 
-def _job_wall(arrays: SpanArrays, run_code: int) -> float | None:
-    rows = np.flatnonzero(arrays.rows_of_names(JOB_SPAN_REGEX) & (arrays.run == run_code) & arrays.valid_interval)
+def _job_wall(arrays: SpanArrays, run_code: int, jobs: np.ndarray) -> float | None:
+    """The run's job spans' wall; ``jobs`` are the rows of every job span (found once for all runs)."""
+    rows = jobs[(arrays.run[jobs] == run_code) & arrays.valid_interval[jobs]]
     if rows.size == 0:
         return None
     return float((arrays.end[rows].max() - arrays.start[rows].min()) / _NS)
@@ -319,13 +320,14 @@ def runs_of(analysis: _Analysis, *, by: str = "step") -> tuple[RunGoodput, ...]:
     if by not in ("step", "rank"):
         raise NemoTelemetryError(f"by={by!r}: choose 'step' or 'rank'")
     out = []
-    for code in _runs_present(analysis):
+    jobs = np.flatnonzero(analysis.arrays.rows_of_names(JOB_SPAN_REGEX))
+    for code in _runs_present(analysis, jobs):
         frame = analysis.table[analysis.table["run"] == code]
         name = _run_name(analysis.arrays, code)
         outside = _outside(analysis, code)
         out.append(RunGoodput(
             run_id=name, steps=_steps_table(frame, name), total=_total(frame), outside_steps=outside,
-            job_wall_s=_job_wall(analysis.arrays, code), outliers=_outliers(frame),
+            job_wall_s=_job_wall(analysis.arrays, code, jobs), outliers=_outliers(frame),
             ranks=_ranks_table(analysis, code, name) if by == "rank" else None,
         ))
     return tuple(out)
