@@ -8,8 +8,9 @@ same numbers as :func:`goodput.run_goodput` on the whole table:
 1. *Attribution.* A bucketed span without its own ``rl.iteration`` takes its nearest stamped
    ancestor's, and its parent may be in another partition (another rank's process). The walk
    is done over a compact edge table: the walk starts (unstamped bucketed spans) are collected
-   first, then each round looks up the current ancestors of the pending walks in every batch
-   (a semi-join on ``trace_key``/``span_key``), one tree level per round.
+   first, each climbed as far as its own batch holds the tree; then each round looks up the
+   pending ancestors in every batch (a semi-join on ``trace_key``/``span_key``) and climbs
+   again, so the rounds count the walks' hops between batches, not the tree's levels.
 2. *Partials.* Each batch gives, per (run, iteration): the step window (min start, max end of
    its step spans), per-bucket duration sums in integer nanoseconds, and the union of its
    bucketed intervals (touching intervals coalesced; only the union's length is ever used);
@@ -84,7 +85,8 @@ PARTIAL_SCHEMA = pa.schema([
     pa.field("b", pa.int64()),
     pa.field("count", pa.int64()),
 ])
-_WALK_SCHEMA = pa.schema([pa.field("trace_key", pa.uint64()), pa.field("parent_key", pa.uint64())])
+_WALK_SCHEMA = pa.schema([pa.field("trace_key", pa.uint64()), pa.field("parent_key", pa.uint64()),
+                          pa.field("at", pa.uint64()), pa.field(ITERATION, pa.int64())])
 _EDGE_SCHEMA = pa.schema([pa.field("trace_key", pa.uint64()), pa.field("span_key", pa.uint64()),
                           pa.field("parent_key", pa.uint64()), pa.field(ITERATION, pa.int64())])
 
@@ -125,40 +127,90 @@ def _candidates(arrays, run_id: str | None) -> np.ndarray:
     return (arrays.bucket >= 0) & arrays.valid_interval & _keep_run(arrays, run_id)
 
 
+def _climb(batch: pa.Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """From each of ``rows``, up the tree as far as ``batch`` holds it: (stamped, iteration, the next
+    ancestor's key when the walk leaves the batch, else 0). A walk stops at a stamped span or a root."""
+    trace, span, parent = _u64(batch, "trace_key"), _u64(batch, "span_key"), _u64(batch, "parent_key")
+    if ITERATION in batch.column_names:
+        has = pc.is_valid(batch.column(ITERATION)).to_numpy(zero_copy_only=False)
+        values = pc.fill_null(batch.column(ITERATION), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    else:
+        has, values = np.zeros(len(span), bool), np.zeros(len(span), np.int64)
+    stamped = has[rows].copy()
+    iteration = np.where(stamped, values[rows], 0)
+    after = np.where(stamped | (parent[rows] == span[rows]), np.uint64(0), parent[rows])  # its own parent: a root
+    at = rows.copy()
+    active = np.flatnonzero(after != 0)
+    index = _KeyIndex.of(trace, span, np.arange(len(span))) if active.size else None
+    for _ in range(_MAX_DEPTH):
+        if active.size == 0:
+            break
+        hit = index.find(trace[at[active]], after[active])
+        moved, row = active[hit >= 0], index.values[hit[hit >= 0]]
+        at[moved] = row
+        done = has[row]
+        stamped[moved[done]] = True
+        iteration[moved[done]] = values[row[done]]
+        up = np.where(done | (parent[row] == span[row]), np.uint64(0), parent[row])
+        after[moved] = up
+        active = moved[up != 0]
+    return stamped, iteration, after
+
+
 def walk_starts(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
-    """Where the walks of ``batch`` start: the distinct (trace_key, parent_key) of its bucketed spans
-    that have no ``rl.iteration`` but a parent. Siblings share one walk (their parent's)."""
+    """Where the walks of ``batch`` start, already climbed as far as the batch goes: per distinct
+    (trace_key, parent_key) of its unstamped bucketed spans (siblings share one walk), whether a
+    stamped ancestor was met (``iteration``) or the key of the ancestor to look up elsewhere (``at``,
+    0 when the walk ended at a root)."""
     arrays = span_arrays(batch)
     rows = np.flatnonzero(_candidates(arrays, run_id) & ~arrays.has_iteration)
     table = arrays.table
+    trace, span = _u64(table, "trace_key"), _u64(table, "span_key")
     parent = _u64(table, "parent_key")[rows]
-    walk = (parent != 0) & (parent != _u64(table, "span_key")[rows])
-    pairs = pd.DataFrame({"trace_key": _u64(table, "trace_key")[rows][walk], "parent_key": parent[walk]})
-    return pa.Table.from_pandas(pairs.drop_duplicates(), schema=_WALK_SCHEMA, preserve_index=False)
+    walk = (parent != 0) & (parent != span[rows])
+    pairs = pd.DataFrame({"trace_key": trace[rows][walk], "parent_key": parent[walk]}).drop_duplicates()
+    starts_trace, starts = pairs["trace_key"].to_numpy(np.uint64), pairs["parent_key"].to_numpy(np.uint64)
+    hit = _KeyIndex.of(trace, span, np.arange(len(span))).find(starts_trace, starts) if len(pairs) else \
+        np.zeros(0, np.int64)
+    inside = np.flatnonzero(hit >= 0)
+    stamped, iteration, at = np.zeros(len(pairs), bool), np.zeros(len(pairs), np.int64), starts.copy()
+    if inside.size:
+        positions = _KeyIndex.of(trace, span, np.arange(len(span))).values[hit[inside]]
+        stamped[inside], iteration[inside], at[inside] = _climb(table, positions)
+    return pa.table([pa.array(starts_trace), pa.array(starts), pa.array(at),
+                     pa.array(iteration, mask=~stamped)], schema=_WALK_SCHEMA)
 
 
 def ancestor_rows(batch: pa.Table, *, targets: _KeyIndex) -> pa.Table:
-    """Rows of ``batch`` whose (trace_key, span_key) is one of ``targets``, as edges."""
+    """Rows of ``batch`` whose (trace_key, span_key) is one of ``targets``, climbed as far as the
+    batch goes: the iteration met (null: none), and in ``parent_key`` the ancestor to look up next
+    elsewhere (0: the walk ended)."""
     span = _u64(batch, "span_key")
     rows = np.flatnonzero(targets.find(_u64(batch, "trace_key"), span) >= 0)
-    iteration = batch.column(ITERATION).take(pa.array(rows)) if ITERATION in batch.column_names else \
-        pa.nulls(len(rows), pa.int64())
-    return pa.table([pa.array(_u64(batch, "trace_key")[rows]), pa.array(span[rows]),
-                     pa.array(_u64(batch, "parent_key")[rows]), iteration.cast(pa.int64())], schema=_EDGE_SCHEMA)
+    stamped, iteration, after = _climb(batch, rows)
+    return pa.table([pa.array(_u64(batch, "trace_key")[rows]), pa.array(span[rows]), pa.array(after),
+                     pa.array(iteration, mask=~stamped)], schema=_EDGE_SCHEMA)
 
 
 def resolve_attribution(scan: Scan, files: Sequence[Path], *, run_id: str | None = None) -> pd.DataFrame:
     """The iteration an unstamped span takes from its parent: columns trace_key, parent_key, iteration
     (only the walks that met a stamped ancestor).
 
-    One scan finds the walks (one per distinct parent), then one scan per tree level moves every
-    pending walk up a level, until each has met a stamped span (the parent itself, or an
-    ancestor), a root, or a parent that is not in the data.
+    One scan finds the walks (one per distinct parent) and climbs each as far as its batch holds
+    the tree; then each scan looks the pending ancestors up in every batch and climbs again, until
+    each walk has met a stamped span, a root, or a parent that is not in the data. The passes
+    are the walks' hops between batches (between partitions, mostly), not the tree's depth.
     """
     starts = _concat(scan(lambda b: walk_starts(b, run_id=run_id), GOODPUT_COLUMNS, files), _WALK_SCHEMA)
-    pending = pd.DataFrame({"trace_key": _u64(starts, "trace_key"), "parent_key": _u64(starts, "parent_key"),
-                            "at": _u64(starts, "parent_key")}).drop_duplicates(["trace_key", "parent_key"])
-    resolved = []
+    first = pd.DataFrame({"trace_key": _u64(starts, "trace_key"), "parent_key": _u64(starts, "parent_key"),
+                          "at": _u64(starts, "at"),
+                          "stamped": pc.is_valid(starts.column(ITERATION)).to_numpy(zero_copy_only=False),
+                          "iteration": pc.fill_null(starts.column(ITERATION), 0).to_numpy()})
+    # a walk seen from several batches: a stamped end wins, then a root, then any pending copy (they converge)
+    first["rank"] = np.where(first["stamped"], 0, np.where(first["at"] == 0, 1, 2))
+    first = first.sort_values("rank", kind="stable").drop_duplicates(["trace_key", "parent_key"])
+    resolved = [first.loc[first["stamped"], ["trace_key", "parent_key", "iteration"]]]
+    pending = first.loc[~first["stamped"] & (first["at"] != 0), ["trace_key", "parent_key", "at"]]
     for _ in range(_MAX_DEPTH):
         if pending.empty:
             break
@@ -169,14 +221,14 @@ def resolve_attribution(scan: Scan, files: Sequence[Path], *, run_id: str | None
                               "parent": _u64(edges, "parent_key"),
                               "stamped": pc.is_valid(edges.column(ITERATION)).to_numpy(zero_copy_only=False),
                               "iteration": pc.fill_null(edges.column(ITERATION), 0).to_numpy()})
-        found = found.drop_duplicates(["trace_key", "at"])
+        found["rank"] = np.where(found["stamped"], 0, np.where(found["parent"] == 0, 1, 2))
+        found = found.sort_values("rank", kind="stable").drop_duplicates(["trace_key", "at"])
         step = pending.merge(found, on=["trace_key", "at"], how="inner")
         resolved.append(step.loc[step["stamped"], ["trace_key", "parent_key", "iteration"]])
         up = step[~step["stamped"] & (step["parent"] != 0) & (step["parent"] != step["at"])
                   & (step["parent"] != step["parent_key"])]  # back at the start: a cycle
         pending = pd.DataFrame({"trace_key": up["trace_key"], "parent_key": up["parent_key"], "at": up["parent"]})
-    out = pd.concat(resolved, ignore_index=True) if resolved else pd.DataFrame(
-        {"trace_key": np.zeros(0, np.uint64), "parent_key": np.zeros(0, np.uint64), "iteration": np.zeros(0, np.int64)})
+    out = pd.concat(resolved, ignore_index=True)
     return out.astype({"trace_key": np.uint64, "parent_key": np.uint64, "iteration": np.int64})
 
 

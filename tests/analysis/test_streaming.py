@@ -206,3 +206,18 @@ def test_streaming_memory_is_bounded_by_the_batch_not_the_dataset(tmp_path):
     assert streamed["steps"] == in_memory["steps"] == 803
     assert in_memory["peak"] > size  # the whole table was in Arrow memory at once
     assert streamed["peak"] < size / 8, (streamed, size)
+
+
+def test_walks_climb_inside_a_batch_so_passes_count_partition_hops(tmp_path):
+    # micro-batch -> train (same rank) -> umbrella -> step (rank 0): one hop between partitions
+    root = write_scenario(tmp_path / "ds", batch=100_000)  # one file per (run, rank) partition
+    passes = []
+    inner = streaming.local_scan(1 << 18)
+
+    def counting_scan(fn, columns, files):
+        passes.append(len(files))
+        return inner(fn, columns, files)
+
+    expected = as_plain(run_goodput(read_spans(root)))
+    assert as_plain(streaming.partitioned_goodput(root, counting_scan)) == expected
+    assert len(passes) == 3  # walk starts (climbed in their batch), one lookup round, partials
