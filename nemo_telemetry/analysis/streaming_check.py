@@ -8,10 +8,10 @@ tasks in :mod:`engine_ray`) gets :func:`findings.check_run`'s report on the whol
    findings), its step windows, the parents its bucketed spans walk from, the parents it names
    but does not hold (orphan candidates), its anchor traces and the (run, name) and
    (run, span-groups) pairs present.
-2. *Walks* (one pass per tree level, like goodput's attribution): the pending ancestors of the
-   distinct walk starts are looked up in every file, until each walk has met its iteration and
-   its nearest bucketed ancestor, a root, or a parent missing from the data. The first pass
-   also looks up the orphan candidates.
+2. *Walks* (like goodput's attribution): the pending ancestors of the distinct walk starts are
+   looked up in every file and climbed as far as that file holds the tree, until each walk has
+   met its iteration and its nearest bucketed ancestor, a root, or a parent missing from the
+   data; a pass per hop between files. The first pass also looks up the orphan candidates.
 3. *Findings* (one task per group): with the walks and the missing parents, each file gives the
    rows that are offenders of a span-level code, goodput's partials (the per-step table), its
    local clusters of overlapping bucketed spans, and per detached-trace candidate a row count.
@@ -142,21 +142,44 @@ def _pairs(trace: np.ndarray, key: np.ndarray) -> pd.DataFrame:
 
 
 def _lookup(paths: list[str], targets: streaming._KeyIndex) -> list[pd.DataFrame]:
-    """Per file: the rows whose (trace, span) is a target, with what a walk reads from them."""
+    """Per file: the rows whose (trace, span) is a target, climbed as far as the file holds the tree
+    (until both an iteration and a bucketed ancestor were met): what the walk met, and in
+    ``parent`` the key of the ancestor to look up elsewhere (0: the walk ended at a root)."""
     out = []
     for path in paths:
         table = _read(path, _LOOKUP_COLUMNS)
-        trace, span = _u64(table, "trace_key"), _u64(table, "span_key")
+        trace, span, parent = _u64(table, "trace_key"), _u64(table, "span_key"), _u64(table, "parent_key")
+        iteration = table.column(ITERATION) if ITERATION in table.column_names else pa.nulls(len(span), pa.int64())
+        has = pc.is_valid(iteration).to_numpy(zero_copy_only=False)
+        values = pc.fill_null(iteration, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        bucketed = (pc.is_valid(table.column(BUCKET)).to_numpy(zero_copy_only=False) if BUCKET in table.column_names
+                    else np.zeros(len(span), bool))
+        names = np.asarray(table.column("name").to_pylist(), dtype=object)
         rows = np.flatnonzero(targets.find(trace, span) >= 0)
-        taken = table.take(pa.array(rows))
-        iteration = taken.column(ITERATION) if ITERATION in taken.column_names else pa.nulls(len(rows), pa.int64())
-        bucket = taken.column(BUCKET) if BUCKET in taken.column_names else pa.nulls(len(rows), pa.string())
-        out.append(pd.DataFrame({
-            "trace": trace[rows], "at": span[rows], "parent": _u64(taken, "parent_key"),
-            "has_iteration": pc.is_valid(iteration).to_numpy(zero_copy_only=False),
-            "found_iteration": pc.fill_null(iteration, 0).to_numpy(zero_copy_only=False).astype(np.int64),
-            "bucketed": pc.is_valid(bucket).to_numpy(zero_copy_only=False),
-            "name": np.asarray(taken.column("name").to_pylist(), dtype=object)}))
+        found, found_iteration = has[rows].copy(), np.where(has[rows], values[rows], 0)
+        ancestor = np.where(bucketed[rows], names[rows], None)
+        after = np.where(parent[rows] == span[rows], np.uint64(0), parent[rows])
+        after[found & (ancestor != None)] = 0  # noqa: E711 - elementwise on an object array
+        active = np.flatnonzero(after != 0)
+        index = streaming._KeyIndex.of(trace, span, np.arange(len(span))) if active.size else None
+        at = rows.copy()
+        for _ in range(_MAX_DEPTH):
+            if active.size == 0:
+                break
+            hit = index.find(trace[at[active]], after[active])
+            moved, row = active[hit >= 0], index.values[hit[hit >= 0]]
+            at[moved] = row
+            take = ~found[moved] & has[row]
+            found[moved[take]], found_iteration[moved[take]] = True, values[row[take]]
+            take = (ancestor[moved] == None) & bucketed[row]  # noqa: E711
+            ancestor[moved[take]] = names[row[take]]
+            up = np.where(parent[row] == span[row], np.uint64(0), parent[row])
+            up[found[moved] & (ancestor[moved] != None)] = 0  # noqa: E711
+            after[moved] = up
+            active = moved[up != 0]
+        out.append(pd.DataFrame({"trace": trace[rows], "at": span[rows], "parent": after, "has_iteration": found,
+                                 "found_iteration": found_iteration, "bucketed": ancestor != None,  # noqa: E711
+                                 "name": ancestor}))
     return out
 
 
