@@ -41,6 +41,14 @@ __all__ = [
 
 NO_RUN_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _SCHEMAS = {"spans": SPANS_TABLE_SCHEMA, "events": EVENTS_SCHEMA, "links": LINKS_SCHEMA}
+# Min/max statistics where they can prune (times, iterations, names, id keys); not for random
+# hex ids, free text or the attribute maps, whose statistics cost a third of the write.
+_SPAN_STATISTICS = [
+    f.name
+    for f in SPANS_TABLE_SCHEMA
+    if f.name not in ("trace_id", "span_id", "parent_span_id", "status_message", "trace_state", "attributes",
+                      "resource_attributes")
+]
 
 
 def is_dataset(path: Path) -> bool:
@@ -169,7 +177,7 @@ class DatasetWriter:
         for relative, part in split_by_partition(spans):  # run_id=<run>/rank=<rank> (partitions.py)
             folder = self.root / "spans" / relative
             folder.mkdir(parents=True, exist_ok=True)
-            pq.write_table(part, folder / name)
+            pq.write_table(part, folder / name, write_statistics=_SPAN_STATISTICS)
 
 
 def drop_duplicates(tables: OtlpTables, dedup: SpanDeduplicator) -> OtlpTables:
