@@ -24,7 +24,8 @@ from nemo_telemetry.analysis.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATIO
 from nemo_telemetry.analysis.tree import parent_indices, trace_mix, with_id_keys
 from nemo_telemetry.errors import IngestError
 
-__all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS", "isin_sorted", "key_index", "index_orphans", "orphan_mask",
+__all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS",
+           "isin_sorted", "key_index", "sort_index", "index_parents", "index_orphans", "distinct_parents", "orphan_mask",
            "GOODPUT_COLUMNS", "read_for_analysis", "resource_values", "resource_pairs"]
 
 BUCKETS = ("productive", "overhead", "idle", "wasted")
@@ -275,7 +276,7 @@ class SpanArrays:
     @cached_property
     def _index(self) -> dict:
         if "_keys" in self.__dict__:  # ids handed over as arrays (the partitioned check): one block
-            return _build_index([self._keys], len(self), self.has_parent)
+            return sort_index(_build_index([self._keys], len(self), self.has_parent))
         return key_index(self.table)
 
     @cached_property
@@ -408,12 +409,25 @@ def _has_parent(table: pa.Table, keys) -> np.ndarray:
     return keys()[2] != 0
 
 
+def distinct_parents(has_parent: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The distinct parent references (mixed keys), sorted: many children share a parent."""
+    ordered = wanted[has_parent]
+    ordered.sort()
+    if ordered.size:
+        distinct = np.empty(len(ordered), dtype=bool)
+        distinct[0] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=distinct[1:])
+        ordered = ordered[distinct]
+    return ordered
+
+
 def orphan_mask(has_parent: np.ndarray, mixed: tuple[np.ndarray, np.ndarray],
-                sorted_spans: tuple[np.ndarray, np.ndarray, int]) -> np.ndarray:
+                sorted_spans: tuple[np.ndarray, np.ndarray, int], ordered: np.ndarray | None = None) -> np.ndarray:
     """Spans that name a parent which is not in the table (same trace), from the key index.
 
-    Each distinct parent reference is looked up once, in sorted order, in the sorted span
-    index the walks use; the full mixed key confirms what the high bits propose. Only
+    Each distinct parent reference (``ordered``: :func:`distinct_parents`, which a caller may
+    have sorted in another thread meanwhile) is looked up once, in sorted order, in the sorted
+    span index the walks use; the full mixed key confirms what the high bits propose. Only
     references whose first candidate shares its high bits without being it (duplicated ids,
     equal high bits) take further rounds.
     """
@@ -422,14 +436,7 @@ def orphan_mask(has_parent: np.ndarray, mixed: tuple[np.ndarray, np.ndarray],
     if len(packed) == 0:
         return out
     high = ~np.uint64((1 << bits) - 1)
-    ordered = mixed[1][has_parent]
-    ordered.sort()
-    if ordered.size:  # many children share a parent: look each parent up once
-        distinct = np.empty(len(ordered), dtype=bool)
-        distinct[0] = True
-        np.not_equal(ordered[1:], ordered[:-1], out=distinct[1:])
-        ordered = ordered[distinct]
-        del distinct
+    ordered = distinct_parents(has_parent, mixed[1]) if ordered is None else ordered
     ordered_high = ordered & high
     pos = np.searchsorted(packed, ordered_high)
     np.minimum(pos, len(packed) - 1, out=pos)
@@ -454,21 +461,29 @@ def orphan_mask(has_parent: np.ndarray, mixed: tuple[np.ndarray, np.ndarray],
     return out
 
 
-def key_index(table: pa.Table) -> dict:
+def key_index(table: pa.Table, *, sort: bool = True) -> dict:
     """The mixed id keys, the sorted span index, the trace keys and which spans name a parent,
     of a table that already has its key columns (for :meth:`SpanArrays.adopt_index`).
 
     Independent of the other columns, so a caller can build it in a second thread while
     :func:`span_arrays` decodes the rest (numpy sorts without the GIL). Built a block of rows
     at a time straight from the Arrow key columns: the three key columns are never copied
-    whole, and no temporary is larger than a block.
+    whole, and no temporary is larger than a block. ``sort=False`` leaves the span index
+    unsorted, for :func:`sort_index` to finish while another thread uses the mixed keys.
     """
     keys = table.select(["span_key", "trace_key", "parent_key"])
     blocks = ([_filled(column, 0).astype(np.uint64, copy=False) for column in batch.columns]
               for batch in keys.to_batches(max_chunksize=_BLOCK_ROWS))
     has_parent = (pc.is_valid(table.column("parent_span_id")).to_numpy(zero_copy_only=False)
                   if "parent_span_id" in table.column_names else None)
-    return _build_index(blocks, table.num_rows, has_parent)
+    index = _build_index(blocks, table.num_rows, has_parent)
+    return sort_index(index) if sort else index
+
+
+def sort_index(index: dict) -> dict:
+    """Sort the span index of a ``key_index(..., sort=False)`` in place; the index, for chaining."""
+    index["_sorted_spans"][1].sort()
+    return index
 
 
 def _build_index(blocks, n: int, has_parent: np.ndarray | None) -> dict:
@@ -491,18 +506,23 @@ def _build_index(blocks, n: int, has_parent: np.ndarray | None) -> dict:
             np.bitwise_and(own[at], high, out=packed[at])  # row number in the low bits
             packed[at] |= np.arange(at.start, at.stop, dtype=np.uint64)
         start += len(span_key)
-    packed.sort()
     return {"_mixed": (own, wanted), "_sorted_spans": (own, packed, bits), "trace_keys": trace,
             "has_parent": named}
 
 
-def index_orphans(index: dict) -> dict:
-    """The orphan test over a :func:`key_index` (for :meth:`SpanArrays.adopt_index`, like the index).
+def index_parents(index: dict) -> np.ndarray:
+    """:func:`distinct_parents` of a :func:`key_index` (sorted or not)."""
+    return distinct_parents(index["has_parent"], index["_mixed"][1])
+
+
+def index_orphans(index: dict, parents: np.ndarray | None = None) -> dict:
+    """The orphan test over a sorted :func:`key_index` (for :meth:`SpanArrays.adopt_index`, like the
+    index); ``parents`` from :func:`index_parents`, when another thread has sorted them already.
 
     The costliest step of ``check``, and it needs nothing but the index: a caller runs it in
-    the index's thread while the rest is decoded and analysed.
+    other threads while the rest is decoded and analysed.
     """
-    return {"orphan": orphan_mask(index["has_parent"], index["_mixed"], index["_sorted_spans"])}
+    return {"orphan": orphan_mask(index["has_parent"], index["_mixed"], index["_sorted_spans"], parents)}
 
 
 def span_arrays(spans: pa.Table) -> SpanArrays:

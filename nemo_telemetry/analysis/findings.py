@@ -46,11 +46,13 @@ from nemo_telemetry.analysis._arrays import (
     code_mask,
     codes_matching,
     index_orphans,
+    index_parents,
     isin_sorted,
     key_index,
     pairs_present,
     span_arrays,
     resource_pairs,
+    sort_index,
 )
 from nemo_telemetry.analysis.tree import with_id_keys
 from nemo_telemetry.analysis.goodput import JOB_SPAN_REGEX, STEP_SPAN_REGEX, _Analysis, analyse
@@ -316,15 +318,26 @@ def _orphans(ctx: _Context) -> tuple[int, list[Finding]]:
     return count, out
 
 
-def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
+def _outside_anchored_traces(ctx: _Context) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(job and step span rows, runs that have one, rows of those runs in a trace with none).
+
+    The part of ``detached-trace`` that does not read the orphan test: check_run runs it
+    while the orphan test is still running in other threads.
+    """
     a, keep = ctx.arrays, ctx.analysis.keep
-    trace_key = a.trace_keys
     anchor = np.flatnonzero(a.rows_of_names(f"{JOB_SPAN_REGEX}|{STEP_SPAN_REGEX}") & keep)
-    anchored_traces = np.unique(trace_key[anchor])
+    anchored_traces = np.unique(a.trace_keys[anchor])
     anchored_runs = np.unique(a.run[anchor])
     loose = keep & code_mask(a.run, anchored_runs, len(a.runs))
-    loose &= ~isin_sorted(trace_key, anchored_traces)  # over every row: cheaper than gathering the run's rows
-    rows = np.flatnonzero(loose)
+    loose &= ~isin_sorted(a.trace_keys, anchored_traces)  # over every row: cheaper than gathering the run's rows
+    return anchor, anchored_runs, np.flatnonzero(loose)
+
+
+def _detached(ctx: _Context, outside: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+              ) -> tuple[int, list[Finding]]:
+    a = ctx.arrays
+    trace_key = a.trace_keys
+    anchor, anchored_runs, rows = _outside_anchored_traces(ctx) if outside is None else outside
     standalone = code_mask(a.name[rows], np.concatenate([_group_name_codes(a.names, g) for g in _STANDALONE_GROUPS]),
                            len(a.names))
     root = ~a.has_parent[rows] | a.orphan[rows]
@@ -500,27 +513,33 @@ def check_run(
     ``unattributed_threshold`` is the share of a step's wall that may be under no bucketed span
     before ``unattributed-step-time`` fires.
     """
-    # Two threads: the id-key index and then the orphan test (sorts and gathers, which numpy
-    # runs without the GIL) in one, the decoding, the analysis and the other findings in this one.
+    # The id-key index and the orphan test are sorts and gathers, which numpy runs without the
+    # GIL: two workers build the mixed keys, then sort the span index and the parent references
+    # side by side, then run the orphan test; this thread decodes, analyses and writes the
+    # other findings meanwhile.
     table = with_id_keys(spans)
-    with ThreadPoolExecutor(max_workers=1) as index_pool:
-        index = index_pool.submit(key_index, table)
-        orphans = index_pool.submit(lambda: index_orphans(index.result()))
+    with ThreadPoolExecutor(max_workers=2) as index_pool:
+        keys = index_pool.submit(key_index, table, sort=False)
+        index = index_pool.submit(lambda: sort_index(keys.result()))
+        parents = index_pool.submit(lambda: index_parents(keys.result()))
+        orphans = index_pool.submit(lambda: index_orphans(index.result(), parents.result()))
         try:
             arrays = span_arrays(table)
             arrays.adopt_index(index.result())
             return _check(table, arrays, orphans, run_id=run_id, unattributed_threshold=unattributed_threshold,
                           max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
         finally:
-            orphans.cancel()  # a bad run_id: do not wait for a test no one reads
+            for pending in (parents, orphans):  # a bad run_id: do not wait for a test no one reads
+                pending.cancel()
 
 
-def _check(table: pa.Table, arrays: SpanArrays, orphans: Future, *, run_id: str | None, unattributed_threshold: float,
-           max_span_ids: int, max_findings_per_code: int) -> CheckReport:
+def _check(table: pa.Table, arrays: SpanArrays, orphans: Future, *, run_id: str | None,
+           unattributed_threshold: float, max_span_ids: int, max_findings_per_code: int) -> CheckReport:
     analysis = analyse(table, run_id=run_id, ancestors=True, arrays=arrays)
     iteration = np.where(analysis.arrays.has_iteration, analysis.arrays.iteration, -1)
     iteration[analysis.walked] = np.where(analysis.walked_stamped, analysis.walked_iteration, -1)
     ctx = _Context(analysis, iteration, max_span_ids, max_findings_per_code)
+    outside = None  # detached-trace's first half, computed before waiting for the orphan test
     producers = {
         "invalid-interval": lambda: _invalid_interval(ctx),
         "unknown-bucket": lambda: _unknown_bucket(ctx),
@@ -534,12 +553,13 @@ def _check(table: pa.Table, arrays: SpanArrays, orphans: Future, *, run_id: str 
         "step-time-outlier": lambda: _outliers(ctx),
         # these two read the orphan test, which the index thread runs meanwhile (numpy lets go of the GIL)
         "orphan-span": lambda: _orphans(ctx),
-        "detached-trace": lambda: _detached(ctx),
+        "detached-trace": lambda: _detached(ctx, outside),
     }
     findings: list[Finding] = []
     by_code: dict[str, int] = {code: 0 for code in FINDING_CODES}
     for code, produce in producers.items():
-        if code == "orphan-span":  # the first of the two that read the orphan test, which the other thread runs
+        if code == "orphan-span":  # the first of the two that read the orphan test, which other threads run
+            outside = _outside_anchored_traces(ctx)
             arrays.adopt_index(orphans.result())
         count, written = produce()
         by_code[code] = count
