@@ -3,6 +3,7 @@
 Run on a machine with a GPU and vLLM installed (it cannot run on the CPU-only CI machines)::
 
     python bench/gpu_vllm_check.py --model facebook/opt-125m      # or a local model directory
+    python bench/gpu_vllm_check.py --model tiny-random            # no network: a 2-layer random Llama made here
 
 What it does, all on 127.0.0.1 and under a temporary directory:
 
@@ -34,11 +35,40 @@ from pathlib import Path
 
 PROMPTS_PER_CALL = 4
 MAX_TOKENS = 8
+TINY_RANDOM = "tiny-random"
+
+
+def build_tiny_random_model(directory: Path) -> Path:
+    """A 2-layer Llama with random weights and a small byte-level BPE tokenizer, written to ``directory``.
+
+    GPU machines without network access cannot download a model; the check needs real engine work
+    (prefill, decode, scheduling, tracing), not meaningful text, so random weights are enough.
+    Uses only transformers and tokenizers, which every vLLM install brings.
+    """
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator((f"The number {i} is {i * i}." for i in range(2000)), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(directory)
+    config = LlamaConfig(vocab_size=len(fast), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
+    return directory
 
 
 def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="facebook/opt-125m", help="HF model id or local directory")
+    parser.add_argument("--model", default="facebook/opt-125m",
+                        help=f"HF model id, local directory, or {TINY_RANDOM!r} (built here, for machines with no network)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--wait-s", type=float, default=20.0, help="how long to wait for vLLM's spans")
@@ -57,6 +87,9 @@ def main() -> int:
     from nemo_telemetry.analysis.collect import CollectorServer
 
     work = Path(tempfile.mkdtemp(prefix="nemo-vllm-check-"))
+    if args.model == TINY_RANDOM:
+        args.model = str(build_tiny_random_model(work / "tiny-random-llama"))
+        print(f"model: tiny random Llama in {args.model}")
     collector = CollectorServer(work / "vllm-dataset", port=0, flush_interval_s=0.5).start()
     os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = collector.traces_url
     os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "200"  # vLLM's BatchSpanProcessor: export within 0.2 s

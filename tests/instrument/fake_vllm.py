@@ -33,6 +33,9 @@ from opentelemetry import context as context_api
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+STAND_IN_VERSION = "0.33.0"
+"""The vLLM release whose signatures the double copies exactly."""
+
 VLLM_TRACER_PROVIDER: Any = None
 """Where the double's ``llm_request`` spans go (vLLM's own OTLP pipeline, in the real thing)."""
 
@@ -299,3 +302,14 @@ class _Registry:
 
 
 SURFACES = _Registry().surfaces
+
+PARAMETERS_WE_USE: dict[str, tuple[str, ...]] = {
+    # instrument_vllm's generate wrapper forwards (prompts, sampling_params, *args, **kwargs) positionally
+    "LLM.generate": ("prompts", "sampling_params"),
+    "LLM.get_metrics": (),
+    # route_trace_headers injects trace_headers as a keyword when the caller did not pass it
+    "LLMEngine.add_request": ("request_id", "prompt", "params", "trace_headers"),
+    # online callers pass trace_headers=vllm_trace_headers()
+    "AsyncLLM.generate": ("prompt", "sampling_params", "request_id", "trace_headers"),
+}
+"""Per surface, the parameters our instrumentation calls by name or position, in vLLM's order."""

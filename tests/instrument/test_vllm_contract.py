@@ -43,21 +43,35 @@ def _shape(fn) -> list[tuple[str, str, str]]:
 
 @pytest.mark.parametrize("surface", sorted(fake.SURFACES))
 def test_the_stand_in_has_the_exact_signature(surface):
+    """Exact for the release the double copies; other releases differ in parameters we never touch."""
+    if vllm.__version__ != fake.STAND_IN_VERSION:
+        pytest.skip(f"the stand-in copies vLLM {fake.STAND_IN_VERSION}, this is {vllm.__version__}: "
+                    "test_the_parameters_we_use_exist checks what our instrumentation needs from it")
     ours, dotted = fake.SURFACES[surface]
     assert _shape(ours) == _shape(_resolve(dotted)), f"{surface}: update tests/instrument/fake_vllm.py"
+
+
+@pytest.mark.parametrize("surface", sorted(fake.PARAMETERS_WE_USE))
+def test_the_parameters_we_use_exist(surface):
+    """Any installed release: each parameter instrument_vllm passes exists, in the order we pass it."""
+    _, dotted = fake.SURFACES[surface]
+    installed = [name for name, _, _ in _shape(_resolve(dotted))]
+    used = fake.PARAMETERS_WE_USE[surface]
+    missing = [name for name in used if name not in installed]
+    assert not missing, f"vLLM {vllm.__version__} {surface} lacks {missing}"
+    positions = [installed.index(name) for name in used]
+    assert positions == sorted(positions), f"{surface}: parameter order changed in vLLM {vllm.__version__}"
+    if surface == "LLM.generate":
+        assert installed[1:3] == ["prompts", "sampling_params"], "the generate wrapper passes these positionally"
 
 
 def test_offline_generate_still_drops_trace_headers():
     """vLLM issue 32177: if LLM.generate ever passes trace_headers, routing becomes unnecessary."""
     from vllm.entrypoints.llm import LLM
 
-    source = inspect.getsource(LLM)
-    try:
-        from vllm.entrypoints.common.offline import OfflineInferenceMixin
-
-        source += inspect.getsource(OfflineInferenceMixin)
-    except ImportError:  # before the offline mixin (vLLM < 0.2x): everything is in llm.py
-        pass
+    # Where the request loop lives moved between releases (llm.py; entrypoints/offline_utils.py in
+    # 0.2x; entrypoints/common/offline.py in 0.33): read every vLLM class LLM is made of.
+    source = "".join(inspect.getsource(klass) for klass in LLM.__mro__ if klass.__module__.startswith("vllm."))
     assert "self.llm_engine.add_request(" in source, "instrument_vllm routes headers through llm_engine.add_request"
     assert "trace_headers" not in inspect.getsource(LLM.generate)
 
