@@ -33,11 +33,12 @@ UNKNOWN_BUCKET = -2
 NO_BUCKET = -1
 _MAX_DEPTH = 1024  # a parent cycle stops here instead of looping forever
 
-# What goodput and check read from a dataset: span and parent ids come from the uint64 keys
-# (hex strings cost more to read than everything else together); trace ids and the resource
-# attribute maps are read as dictionaries, since their values repeat on every span of a process.
+# What check reads from a dataset: span and parent ids come from the uint64 keys (hex strings
+# cost more to read than everything else together); trace ids and the resource attribute maps
+# are read as dictionaries, since their values repeat on every span of a process. No finding
+# reads service_name or rank (goodput's by="rank" does: GOODPUT_COLUMNS has them).
 READ_COLUMNS = (
-    "trace_id", "name", "start_ns", "end_ns", "service_name", "run_id", "rank", BUCKET, ITERATION,
+    "trace_id", "name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION,
     EFFICIENCY_CATEGORY, "resource_attributes", "trace_key", "span_key", "parent_key",
 )
 _DICTIONARY_READS = ("trace_id", "resource_attributes.key_value.key", "resource_attributes.key_value.value")
