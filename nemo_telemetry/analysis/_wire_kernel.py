@@ -280,8 +280,17 @@ def gather(buf, starts, lengths):
         offsets[i + 1] = offsets[i] + lengths[i]
     data = np.empty(offsets[n], dtype=np.uint8)
     for i in range(n):
-        data[offsets[i] : offsets[i + 1]] = buf[starts[i] : starts[i] + lengths[i]]
+        _copy(data, offsets[i], buf, starts[i], lengths[i])
     return offsets, data
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _copy(dst, at, src, start, length):
+    """``dst[at:at + length] = src[start:start + length]`` as a byte loop with unsigned
+    indices: a third faster than a slice assignment for short strings."""
+    at, start = np.uint64(at), np.uint64(start)
+    for j in range(np.uint64(length)):
+        dst[at + j] = src[start + j]
 
 
 @njit(cache=True, nogil=True)
@@ -397,9 +406,9 @@ def value_strings(buf, kind, start, length, number, special, special_offsets, sp
         out, end = offsets[i], offsets[i + 1]
         j = special[i]
         if j >= 0:
-            data[out:end] = special_data[special_offsets[j] : special_offsets[j + 1]]
+            _copy(data, out, special_data, special_offsets[j], end - out)
         elif kind[i] == string_kind:
-            data[out:end] = buf[start[i] : start[i] + length[i]]
+            _copy(data, out, buf, start[i], length[i])
         elif kind[i] == int_kind:
             value = number[i]
             magnitude = _magnitude(value)
@@ -413,5 +422,5 @@ def value_strings(buf, kind, start, length, number, special, special_offsets, sp
             if value < 0:
                 data[out] = 45
         elif kind[i] == bool_kind:
-            data[out:end] = true if number[i] != 0 else false
+            _copy(data, out, true if number[i] != 0 else false, 0, end - out)
     return offsets, data, valid
