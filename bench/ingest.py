@@ -14,7 +14,11 @@ as length-prefixed protobuf, then runs every measurement in its own subprocess s
 - nemo-telemetry: ``load_traces`` (decode to Arrow in memory) and ``ingest`` (to Parquet).
 
 Peak memory is reported as the RSS high-water mark above the process's RSS after imports,
-next to the size of the resulting Arrow spans table.
+next to the size of the resulting Arrow spans table. The compiled kernels (numba,
+``cache=True``) are loaded before the clock starts, as any run after the first on a machine
+loads them; the one-time compile (an empty cache) is measured and printed on its own. The load
+average is printed before and after: on a shared 2-core machine, wall figures taken under load
+are low, the spans/cpu-s figures less so.
 """
 
 from __future__ import annotations
@@ -195,14 +199,30 @@ def _child(name: str, data: Path) -> None:
                       "table_bytes": nbytes}))
 
 
-def _warm_up() -> None:
-    from nemo_telemetry.analysis._otlp_json_fast import decode_json_lines
-    from nemo_telemetry.analysis._otlp_wire import decode_requests
-    from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
+def _compile_seconds() -> float:
+    """Seconds to compile every kernel from an empty numba cache (a fresh machine's first run)."""
+    import tempfile
 
-    request = next(synthetic_requests(11, ranks=1))
-    decode_json_lines([json.dumps(request).encode()])
-    decode_requests([to_protobuf(request)])
+    with tempfile.TemporaryDirectory() as cache:
+        code = "import time, sys; sys.path.insert(0, %r); t = time.perf_counter(); import bench.ingest as b; " \
+               "b._warm_up(); print(time.perf_counter() - t)" % str(ROOT)
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def _warm_up() -> None:
+    """Load (or, with an empty cache, compile) every kernel: a tiny file of each format read."""
+    import tempfile
+
+    from nemo_telemetry.analysis import load_traces
+    from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_json_lines
+    from nemo_telemetry.analysis.synthetic import write_length_prefixed
+
+    requests = list(synthetic_requests(22, ranks=1))
+    with tempfile.TemporaryDirectory() as tmp:
+        load_traces(write_json_lines(Path(tmp) / "w.jsonl", requests + requests))
+        load_traces(write_length_prefixed(Path(tmp) / "w.pb", [to_protobuf(r) for r in requests + requests]))
 
 
 # ---------------------------------------------------------------- the driver
@@ -238,6 +258,7 @@ def main() -> None:
     _generate(args.data, args.spans)
     sizes = {p.name: p.stat().st_size for p in args.data.iterdir() if p.is_file() and p.suffix}
     print(f"inputs: traces.jsonl {sizes['traces.jsonl'] / 2**20:.0f} MiB, traces.pb {sizes['traces.pb'] / 2**20:.0f} MiB")
+    print("load average before: %.2f %.2f %.2f" % os.getloadavg())
     results = {}
     for name in MEASUREMENTS:
         if args.only and args.only not in name:
@@ -252,6 +273,10 @@ def main() -> None:
             f" {r['spans'] / r['cpu_s']:>10,.0f} spans/cpu-s  peak +{r['peak_mib']:.0f} MiB{extra}"
         )
     _ratios(results)
+    print("load average after: %.2f %.2f %.2f" % os.getloadavg())
+    if not args.only or "compile" in args.only:
+        print(f"one-time numba compile of the ingest kernels (empty cache, not in the figures above): "
+              f"{_compile_seconds():.1f} s")
 
 
 def _ratios(results: dict) -> None:
