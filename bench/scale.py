@@ -183,10 +183,34 @@ def _plain_check(report) -> str:
     return json.dumps(report.to_dict(), sort_keys=True, default=str)
 
 
+def _fixed_agent_ports() -> None:
+    """Give the node's agents fixed free ports before ``ray.init``: with port 0 the raylet waits a
+    fixed 15 s for each agent to write its port file, which a loaded 2-core machine misses."""
+    import socket
+
+    from ray._private import parameter
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    original = parameter.RayParams.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        for name in ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port",
+                     "runtime_env_agent_port"):
+            setattr(self, name, free_port())  # also the fixed default 52365, which another cluster may hold
+
+    parameter.RayParams.__init__ = init
+
+
 def _start_ray():
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    _fixed_agent_ports()
     for attempt in range(5):  # a loaded machine can miss Ray's start-up deadlines (ray-project/ray#65983)
         try:
             ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False, log_to_driver=False)

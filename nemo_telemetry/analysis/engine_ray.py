@@ -4,8 +4,9 @@
   yields one batch of tables at a time, so a task never holds a whole file) and this process
   deduplicates and writes the batches in file order, exactly as :func:`ingest.ingest` does.
 - :func:`ray_goodput` runs :mod:`streaming`'s steps (attribution over the compact edge table,
-  per-batch partials, merge) with plain Ray tasks mapping them over groups of the Parquet
-  dataset's files (:func:`map_groups`); the merged result is a few rows per step.
+  per-batch partials, merge) with plain Ray tasks over groups of the Parquet dataset's files
+  (:func:`map_groups`); the merge is shuffled by (run, iteration) to one reducer per CPU, so
+  this process receives a few rows per step.
 - :func:`ray_check` runs :mod:`streaming_check`'s stages (per-file facts, ancestor walks, per-file
   offenders, partials and overlap clusters, then the few rows the messages name) as Ray tasks
   over the same file groups; this process merges them and writes findings.py's messages.
@@ -22,6 +23,8 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -102,9 +105,52 @@ def ray_scan() -> streaming.Scan:
 
 
 def ray_goodput(root: str | Path, *, run_id: str | None = None):
-    """``run_goodput`` (by step) of the dataset at ``root``, computed on the Ray cluster."""
-    connect()
-    return streaming.partitioned_goodput(Path(root), ray_scan(), run_id=run_id)
+    """``run_goodput`` (by step) of the dataset at ``root``, computed on the Ray cluster.
+
+    The attribution walks as :func:`streaming.partitioned_goodput` does; then the merge is
+    distributed too: each map task merges its files' partials and splits them by a hash of
+    (run, iteration), one reducer per cluster CPU merges the pieces of its steps and condenses
+    their interval unions (:func:`streaming.condense_unions`), and this process only merges a
+    few rows per step.
+    """
+    ray = connect()
+    plan = streaming.attribution(Path(root), ray_scan(), run_id=run_id)
+    if not plan.files:
+        return streaming.GoodputAccumulator().result(plan.order)
+    reducers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    groups = _file_groups(plan.files, reducers * _TASKS_PER_CPU)
+    split = ray.remote(_partials_by_step).options(num_cpus=1, num_returns=reducers)
+    attributed = ray.put(plan.attributed)
+    pieces = [split.remote(group, attributed, run_id, reducers) for group in groups]
+    pieces = [p if isinstance(p, list) else [p] for p in pieces]
+    reduce = ray.remote(_reduce_steps).options(num_cpus=1)
+    accumulator = streaming.GoodputAccumulator()
+    for table in ray.get([reduce.remote(*[p[r] for p in pieces]) for r in range(reducers)]):
+        accumulator.add(table)
+    return accumulator.result(plan.order)
+
+
+def _partials_by_step(paths: list[str], attributed, run_id: str | None, reducers: int):
+    """Map task: the group's partials, merged, in ``reducers`` pieces by a hash of (run, iteration)."""
+    accumulator = streaming.GoodputAccumulator()
+    for partial in _scan_group(paths, lambda b: streaming.goodput_partial(b, attributed=attributed, run_id=run_id),
+                               streaming.GOODPUT_COLUMNS):
+        accumulator.add(partial)
+    frame = accumulator.merged()
+    runs = pd.util.hash_array(frame["run"].fillna("\x00").to_numpy(object))
+    iterations = frame["iteration"].fillna(-1).to_numpy(np.int64).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        owner = ((runs ^ (iterations * np.uint64(0x9E3779B97F4A7C15))) % np.uint64(reducers)).astype(np.int64)
+    pieces = [streaming.partial_table(frame[owner == r]) for r in range(reducers)]
+    return pieces if reducers > 1 else pieces[0]
+
+
+def _reduce_steps(*pieces: pa.Table) -> pa.Table:
+    """Reduce task: every partial of its steps merged, the unions condensed to two rows per step."""
+    accumulator = streaming.GoodputAccumulator()
+    for piece in pieces:
+        accumulator.add(piece)
+    return streaming.partial_table(streaming.condense_unions(accumulator.merged()))
 
 
 def ray_check(root: str | Path, **options):

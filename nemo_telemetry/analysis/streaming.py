@@ -59,6 +59,10 @@ __all__ = [
     "ancestor_rows",
     "resolve_attribution",
     "GoodputAccumulator",
+    "Attribution",
+    "attribution",
+    "condense_unions",
+    "partial_table",
     "MergedSteps",
     "merged_steps",
     "partitioned_goodput",
@@ -540,10 +544,17 @@ def run_order(root: Path) -> list[str | None]:
     return order
 
 
-def partitioned_goodput(root: Path, scan: Scan, *, run_id: str | None = None,
-                        compact_rows: int = 1 << 20) -> tuple[_goodput.RunGoodput, ...]:
-    """``run_goodput`` (by step) of the dataset at ``root``, computed batch by batch through ``scan``."""
-    root = Path(root)
+@dataclass(frozen=True, eq=False)
+class Attribution:
+    """What the partials pass needs: the runs' order, the files to map, the walks' iterations."""
+
+    order: list
+    files: list
+    attributed: _KeyIndex
+
+
+def attribution(root: Path, scan: Scan, *, run_id: str | None = None) -> Attribution:
+    """Check ``run_id``, then resolve the walks of every unstamped bucketed span through ``scan``."""
     order = run_order(root)
     if run_id is not None and run_id not in order:
         present = ", ".join(repr(r) for r in order) or "none"
@@ -553,11 +564,46 @@ def partitioned_goodput(root: Path, scan: Scan, *, run_id: str | None = None,
     resolved = resolve_attribution(scan, files, run_id=run_id)
     attributed = _KeyIndex.of(resolved["trace_key"].to_numpy(np.uint64), resolved["parent_key"].to_numpy(np.uint64),
                               resolved["iteration"].to_numpy(np.int64))
+    return Attribution(order, span_files(root, run_id=run_id) if run_id is not None else files, attributed)
+
+
+def partitioned_goodput(root: Path, scan: Scan, *, run_id: str | None = None,
+                        compact_rows: int = 1 << 20) -> tuple[_goodput.RunGoodput, ...]:
+    """``run_goodput`` (by step) of the dataset at ``root``, computed batch by batch through ``scan``."""
+    plan = attribution(Path(root), scan, run_id=run_id)
     accumulator = GoodputAccumulator(compact_rows)
-    selected = span_files(root, run_id=run_id) if run_id is not None else files
-    for partial in scan(lambda b: goodput_partial(b, attributed=attributed, run_id=run_id), GOODPUT_COLUMNS, selected):
+    for partial in scan(lambda b: goodput_partial(b, attributed=plan.attributed, run_id=run_id), GOODPUT_COLUMNS,
+                        plan.files):
         accumulator.add(partial)
-    return accumulator.result(order)
+    return accumulator.result(plan.order)
+
+
+def condense_unions(merged: pd.DataFrame) -> pd.DataFrame:
+    """Merged partials with each step's UNION rows replaced by at most two that give the same
+    union length and the same length inside the step window (all the finish reads of them):
+    ``[start, start + covered)`` and ``[end, end + outside)``. Only valid once every partial of
+    the step is in ``merged`` (a reducer that owns the step); UNION rows of no step are dropped."""
+    steps = merged[merged["kind"] == STEP][["run", "iteration", "a", "b"]]
+    unions = merged[merged["kind"] == UNION]
+    joined = unions.merge(steps, on=["run", "iteration"], suffixes=("", "_step"))
+    length = joined["b"] - joined["a"]
+    covered = (np.minimum(joined["b"], joined["b_step"]) - np.maximum(joined["a"], joined["a_step"])).clip(lower=0)
+    per_step = joined.assign(length=length, covered=covered).groupby(
+        ["run", "iteration"], sort=False, dropna=False).agg(
+        length=("length", "sum"), covered=("covered", "sum"), a=("a_step", "first"), b=("b_step", "first")).reset_index()
+    inside = pd.DataFrame({"kind": UNION, "run": per_step["run"], "iteration": per_step["iteration"], "bucket": 0,
+                           "a": per_step["a"], "b": per_step["a"] + per_step["covered"], "count": 0})
+    outside = pd.DataFrame({"kind": UNION, "run": per_step["run"], "iteration": per_step["iteration"], "bucket": 0,
+                            "a": per_step["b"], "b": per_step["b"] + per_step["length"] - per_step["covered"],
+                            "count": 0})
+    parts = [merged[merged["kind"] != UNION], inside[inside["b"] > inside["a"]], outside[outside["b"] > outside["a"]]]
+    return pd.concat(parts, ignore_index=True).astype(
+        {"kind": np.int8, "bucket": np.int8, "a": np.int64, "b": np.int64, "count": np.int64})
+
+
+def partial_table(frame: pd.DataFrame) -> pa.Table:
+    """A merged-partials frame back as a ``PARTIAL_SCHEMA`` table."""
+    return pa.Table.from_pandas(frame[PARTIAL_SCHEMA.names], schema=PARTIAL_SCHEMA, preserve_index=False)
 
 
 def stream_goodput(root: str | Path, *, run_id: str | None = None, batch_rows: int = BATCH_ROWS):

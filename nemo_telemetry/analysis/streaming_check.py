@@ -120,18 +120,25 @@ def _facts_of(table: pa.Table, run_id: str | None) -> dict:
         "rows": len(a), "names": a.names, "runs": a.runs, "buckets": a.bucket_values, "categories": a.categories,
         "steps": pd.DataFrame({"run": _values(steps.run, a.runs, _NO_RUN), "iteration": steps.iteration, "start": steps.start,
                                "end": steps.end, "row": heads, "span_key": span[heads],
-                               "trace_id": a.trace_id(heads)}),
+                               "trace_id": _trace_ids(a, heads)}),
         "walks": _pairs(trace[walks], parent[walks]),
         "missing": _pairs(trace[outside], parent[outside]),
         "anchor_traces": np.unique(trace[anchors]),
         "first_anchor": pd.DataFrame({"run": _values(first_anchor["run"].to_numpy(), a.runs, _NO_RUN),
                                       "row": first_rows, "name": _values(a.name[first_rows], a.names),
-                                      "trace_id": a.trace_id(first_rows)}),
+                                      "trace_id": _trace_ids(a, first_rows)}),
         "names_present": [(a.runs[r], a.names[n])
                           for r, n in pairs_present(a.run[keep], a.name[keep], len(a.names))],
         "span_groups": {(a.runs[r] if r >= 0 else None, spec) for r, spec in
                         resource_pairs(a.table, _findings.SPAN_GROUPS_ATTRIBUTE, a.run, keep)},
     }
+
+
+def _trace_ids(a: SpanArrays, rows: np.ndarray) -> list[str]:
+    """``a.trace_id(rows)``, in one take when the id column was read (messages quote these ids)."""
+    if "trace_id" in a.table.column_names:
+        return [str(v) for v in a.table.column("trace_id").take(pa.array(rows, pa.int64())).to_pylist()]
+    return a.trace_id(rows)
 
 
 def _pairs(trace: np.ndarray, key: np.ndarray) -> pd.DataFrame:
@@ -154,12 +161,11 @@ def _lookup(paths: list[str], targets: streaming._KeyIndex) -> list[pd.DataFrame
         values = pc.fill_null(iteration, 0).to_numpy(zero_copy_only=False).astype(np.int64)
         bucketed = (pc.is_valid(table.column(BUCKET)).to_numpy(zero_copy_only=False) if BUCKET in table.column_names
                     else np.zeros(len(span), bool))
-        names = np.asarray(table.column("name").to_pylist(), dtype=object)
         rows = np.flatnonzero(targets.find(trace, span) >= 0)
         found, found_iteration = has[rows].copy(), np.where(has[rows], values[rows], 0)
-        ancestor = np.where(bucketed[rows], names[rows], None)
+        ancestor = np.where(bucketed[rows], rows, -1)  # the row of the nearest bucketed span met
         after = np.where(parent[rows] == span[rows], np.uint64(0), parent[rows])
-        after[found & (ancestor != None)] = 0  # noqa: E711 - elementwise on an object array
+        after[found & (ancestor >= 0)] = 0
         active = np.flatnonzero(after != 0)
         index = streaming._KeyIndex.of(trace, span, np.arange(len(span))) if active.size else None
         at = rows.copy()
@@ -171,15 +177,17 @@ def _lookup(paths: list[str], targets: streaming._KeyIndex) -> list[pd.DataFrame
             at[moved] = row
             take = ~found[moved] & has[row]
             found[moved[take]], found_iteration[moved[take]] = True, values[row[take]]
-            take = (ancestor[moved] == None) & bucketed[row]  # noqa: E711
-            ancestor[moved[take]] = names[row[take]]
+            take = (ancestor[moved] < 0) & bucketed[row]
+            ancestor[moved[take]] = row[take]
             up = np.where(parent[row] == span[row], np.uint64(0), parent[row])
-            up[found[moved] & (ancestor[moved] != None)] = 0  # noqa: E711
+            up[found[moved] & (ancestor[moved] >= 0)] = 0
             after[moved] = up
             active = moved[up != 0]
+        met = np.flatnonzero(ancestor >= 0)
+        names = np.full(len(rows), None, dtype=object)
+        names[met] = table.column("name").take(pa.array(ancestor[met])).to_pylist()  # only the names met
         out.append(pd.DataFrame({"trace": trace[rows], "at": span[rows], "parent": after, "has_iteration": found,
-                                 "found_iteration": found_iteration, "bucketed": ancestor != None,  # noqa: E711
-                                 "name": ancestor}))
+                                 "found_iteration": found_iteration, "bucketed": ancestor >= 0, "name": names}))
     return out
 
 
@@ -344,7 +352,7 @@ def _rows(view: _View, rows: np.ndarray, **extra) -> pd.DataFrame:
         "start": a.start[rows], "end": a.end[rows], "bucket": _values(a.bucket_raw[rows], a.bucket_values),
         "category": _values(a.category[rows], a.categories), "own_iteration": a.iteration[rows],
         "has_iteration": a.has_iteration[rows], "iteration": view.iteration[rows], "stamped": view.stamped[rows],
-        "ancestor": view.ancestor[rows], "orphan": view.orphan[rows], "trace_id": a.trace_id(rows),
+        "ancestor": view.ancestor[rows], "orphan": view.orphan[rows], "trace_id": _trace_ids(a, rows),
         "span_key": view.span[rows], "trace_key": view.trace[rows], "parent_key": view.parent[rows],
         "step": view.step[rows]})
     for key, value in extra.items():

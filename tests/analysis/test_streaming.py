@@ -221,3 +221,19 @@ def test_walks_climb_inside_a_batch_so_passes_count_partition_hops(tmp_path):
     expected = as_plain(run_goodput(read_spans(root)))
     assert as_plain(streaming.partitioned_goodput(root, counting_scan)) == expected
     assert len(passes) == 3  # walk starts (climbed in their batch), one lookup round, partials
+
+
+def test_merge_shuffled_by_step_to_reducers_equals_one_merge(scenario):
+    # the Ray engine's map and reduce task bodies, run here: partials split by (run, iteration)
+    # to three reducers, each condensing its steps' interval unions to two rows per step
+    from nemo_telemetry.analysis.engine_ray import _partials_by_step, _reduce_steps
+
+    plan = streaming.attribution(scenario, streaming.local_scan())
+    files = [str(f) for f in plan.files]
+    pieces = [_partials_by_step(files[i:i + 60], plan.attributed, None, 3) for i in range(0, len(files), 60)]
+    reduced = [_reduce_steps(*[p[r] for p in pieces]) for r in range(3)]
+    assert all(t.num_rows for t in reduced)  # every reducer owns some steps
+    accumulator = streaming.GoodputAccumulator()
+    for table in reduced:
+        accumulator.add(table)
+    assert as_plain(accumulator.result(plan.order)) == as_plain(run_goodput(read_spans(scenario)))

@@ -47,6 +47,8 @@ def test_ray_goodput_equals_local(ray_cluster, scenario):
     expected = scenario_tools.as_plain(run_goodput(read_spans(scenario)))
     assert len(expected) == 3 and expected[1]["outside"]["unstamped_spans"] == 4
     assert scenario_tools.as_plain(ray_goodput(scenario)) == expected
+    one_run = scenario_tools.as_plain(run_goodput(read_spans(scenario), run_id="run-b"))
+    assert scenario_tools.as_plain(ray_goodput(scenario, run_id="run-b")) == one_run
 
 
 @pytest.fixture(scope="module")
