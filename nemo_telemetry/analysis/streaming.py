@@ -2,7 +2,7 @@
 
 The per-step semantics are goodput.py's; this module only splits them into steps that each
 see one batch of rows at a time, so that any engine that can map a function over the batches
-of the Parquet dataset (this module's local loop, or Ray Data in :mod:`engine_ray`) gets the
+of the Parquet dataset (this module's local loop, or Ray tasks in :mod:`engine_ray`) gets the
 same numbers as :func:`goodput.run_goodput` on the whole table:
 
 1. *Attribution.* A bucketed span without its own ``rl.iteration`` takes its nearest stamped
@@ -648,7 +648,7 @@ def goodput_with_engine(source, *, engine: str = "local", run_id: str | None = N
 
     ``local`` works in memory, or streams the dataset a batch at a time when its goodput
     columns would take more than ``memory_budget`` bytes (default: a quarter of the memory
-    available); ``ray`` runs on Ray Data over the dataset. ``by="rank"`` is in memory only.
+    available); ``ray`` runs Ray tasks over the dataset's files. ``by="rank"`` is in memory only.
     """
     _check_engine(engine)
     from nemo_telemetry.analysis.metrics import with_step_metrics
@@ -674,7 +674,8 @@ def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
 
 
 def check_with_engine(source, *, engine: str = "local", **options):
-    """``check_run`` over a dataset or dump files; on ``ray`` the columns are read by Ray Data."""
+    """``check_run`` over a dataset or dump files; on ``ray`` the findings are computed by Ray tasks
+    (:mod:`streaming_check`), the report being the same."""
     _check_engine(engine)
     if engine == "ray":
         from nemo_telemetry.analysis.engine_ray import ray_check

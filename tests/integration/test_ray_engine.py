@@ -37,7 +37,7 @@ check_tools = _scenario_module("test_streaming_check")
 
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory) -> Path:
-    # one ingest batch: a file per (run, rank) partition, so that each Ray Data pass starts few tasks
+    # one ingest batch: a file per (run, rank) partition
     return scenario_tools.write_scenario(tmp_path_factory.mktemp("ray-scenario") / "ds", batch=100_000)
 
 
