@@ -55,7 +55,7 @@ from nemo_telemetry.analysis._arrays import (
     sort_index,
 )
 from nemo_telemetry.analysis.tree import with_id_keys
-from nemo_telemetry.analysis.goodput import JOB_SPAN_REGEX, STEP_SPAN_REGEX, _Analysis, analyse
+from nemo_telemetry.analysis.goodput import JOB_SPAN_REGEX, STEP_SPAN_REGEX, _Analysis, analyse, run_filter
 from nemo_telemetry.analysis.goodput import _outliers as step_outliers
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
@@ -453,24 +453,34 @@ def _outliers(ctx: _Context) -> tuple[int, list[Finding]]:
 
 def _enabled_groups(ctx: _Context) -> dict[int, set[str]]:
     """Per run code: the union of the span groups its processes had enabled (resource attribute)."""
-    a = ctx.arrays
-    out: dict[int, set[str]] = {}
-    for run, spec in resource_pairs(a.table, SPAN_GROUPS_ATTRIBUTE, a.run, ctx.analysis.keep):
-        out.setdefault(run, set()).update(g.strip().lower() for g in spec.split(",") if g.strip())
-    return out
+    return _group_presence(ctx.arrays, ctx.analysis.keep)[0]
 
 
-def _missing_groups(ctx: _Context) -> tuple[int, list[Finding]]:
+def _group_presence(a: SpanArrays, keep: np.ndarray) -> tuple[dict[int, set[str]], list[tuple[int, int]]]:
+    """What ``missing-group-spans`` compares: per run code, the union of the span groups its
+    processes had enabled (resource attribute), and the (run, name) code pairs present.
+
+    Reads nothing the analysis computes, so check_run runs it in a worker from the start.
+    """
+    enabled: dict[int, set[str]] = {}
+    for run, spec in resource_pairs(a.table, SPAN_GROUPS_ATTRIBUTE, a.run, keep):
+        enabled.setdefault(run, set()).update(g.strip().lower() for g in spec.split(",") if g.strip())
+    if not enabled:
+        return enabled, []
+    pairs = (pairs_present(a.run, a.name, len(a.names)) if keep.all()
+             else pairs_present(a.run[keep], a.name[keep], len(a.names)))
+    return enabled, pairs
+
+
+def _missing_groups(ctx: _Context, presence: tuple[dict[int, set[str]], list[tuple[int, int]]] | None = None
+                    ) -> tuple[int, list[Finding]]:
     a = ctx.arrays
-    enabled = _enabled_groups(ctx)
+    enabled, pairs = _group_presence(a, ctx.analysis.keep) if presence is None else presence
     if not enabled:
         return 0, []
     catalogue = {info.name: info for info in REGISTRY.catalogue()}
     regexes = {g: re.compile("|".join(span_name_regex(p) for p in info.spans)) for g, info in catalogue.items()
                if info.spans}
-    keep = ctx.analysis.keep
-    pairs = (pairs_present(a.run, a.name, len(a.names)) if keep.all()
-             else pairs_present(a.run[keep], a.name[keep], len(a.names)))
     out = []
     count = 0
     for run, groups_on in sorted(enabled.items()):
@@ -517,23 +527,27 @@ def check_run(
     # GIL: two workers build the mixed keys, then sort the span index and the parent references
     # side by side, then run the orphan test; this thread decodes, analyses and writes the
     # other findings meanwhile.
+    # A third worker reads the span groups the processes enabled (missing-group-spans), which
+    # needs only the decoded names and runs.
     table = with_id_keys(spans)
-    with ThreadPoolExecutor(max_workers=2) as index_pool:
-        keys = index_pool.submit(key_index, table, sort=False)
-        index = index_pool.submit(lambda: sort_index(keys.result()))
-        parents = index_pool.submit(lambda: index_parents(keys.result()))
-        orphans = index_pool.submit(lambda: index_orphans(index.result(), parents.result()))
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        keys = pool.submit(key_index, table, sort=False)
+        index = pool.submit(lambda: sort_index(keys.result()))
+        parents = pool.submit(lambda: index_parents(keys.result()))
+        orphans = pool.submit(lambda: index_orphans(index.result(), parents.result()))
         try:
             arrays = span_arrays(table)
+            presence = pool.submit(_group_presence, arrays, run_filter(arrays, run_id))
             arrays.adopt_index(index.result())
-            return _check(table, arrays, orphans, run_id=run_id, unattributed_threshold=unattributed_threshold,
-                          max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
+            return _check(table, arrays, orphans, presence, run_id=run_id,
+                          unattributed_threshold=unattributed_threshold, max_span_ids=max_span_ids,
+                          max_findings_per_code=max_findings_per_code)
         finally:
             for pending in (parents, orphans):  # a bad run_id: do not wait for a test no one reads
                 pending.cancel()
 
 
-def _check(table: pa.Table, arrays: SpanArrays, orphans: Future, *, run_id: str | None,
+def _check(table: pa.Table, arrays: SpanArrays, orphans: Future, presence: Future, *, run_id: str | None,
            unattributed_threshold: float, max_span_ids: int, max_findings_per_code: int) -> CheckReport:
     analysis = analyse(table, run_id=run_id, ancestors=True, arrays=arrays)
     iteration = np.where(analysis.arrays.has_iteration, analysis.arrays.iteration, -1)
@@ -549,7 +563,7 @@ def _check(table: pa.Table, arrays: SpanArrays, orphans: Future, *, run_id: str 
         "bucket-exceeds-wall": lambda: _steps_over_wall(ctx),
         "unstamped-span": lambda: _unstamped(ctx),
         "unattributed-step-time": lambda: _unattributed(ctx, unattributed_threshold),
-        "missing-group-spans": lambda: _missing_groups(ctx),
+        "missing-group-spans": lambda: _missing_groups(ctx, presence.result()),
         "step-time-outlier": lambda: _outliers(ctx),
         # these two read the orphan test, which the index thread runs meanwhile (numpy lets go of the GIL)
         "orphan-span": lambda: _orphans(ctx),

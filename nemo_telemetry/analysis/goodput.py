@@ -137,12 +137,11 @@ def analyse(spans: pa.Table, *, run_id: str | None = None, ancestors: bool = Fal
     ``arrays`` are ``spans`` already decoded (check_run decodes them beside a second thread).
     """
     arrays = span_arrays(spans) if arrays is None else arrays
-    keep_run = _run_filter(arrays, run_id)
+    keep_run = run_filter(arrays, run_id)
     steps = _step_windows(arrays, keep_run)
-    candidate = (arrays.bucket >= 0) & arrays.valid_interval & keep_run
-    any_bucket = np.flatnonzero((arrays.bucket != -1) & keep_run)
+    any_bucket = np.flatnonzero((arrays.bucket != -1) & keep_run)  # few rows: the rest is decided on them
     iteration, stamped, ancestor = arrays.walk_up(any_bucket, ancestors=ancestors)
-    pick = candidate[any_bucket]
+    pick = (arrays.bucket[any_bucket] >= 0) & arrays.valid_interval[any_bucket]
     bucketed = any_bucket[pick]
     step_of = steps.index_of(arrays.run[bucketed], iteration[pick], stamped[pick])
     table, merged = _per_step(arrays, steps, bucketed, step_of)
@@ -150,7 +149,8 @@ def analyse(spans: pa.Table, *, run_id: str | None = None, ancestors: bool = Fal
                      ancestor, step_of, table, merged)
 
 
-def _run_filter(arrays: SpanArrays, run_id: str | None) -> np.ndarray:
+def run_filter(arrays: SpanArrays, run_id: str | None) -> np.ndarray:
+    """Rows of run ``run_id`` (every row when None); a run that is not there is a clear error."""
     if run_id is None:
         return np.ones(len(arrays), dtype=bool)
     if run_id not in arrays.runs:
@@ -161,8 +161,8 @@ def _run_filter(arrays: SpanArrays, run_id: str | None) -> np.ndarray:
 
 
 def _step_windows(arrays: SpanArrays, keep: np.ndarray) -> _Steps:
-    rows = np.flatnonzero(arrays.rows_of_names(STEP_SPAN_REGEX) & arrays.has_iteration
-                          & arrays.valid_interval & keep)
+    rows = np.flatnonzero(arrays.rows_of_names(STEP_SPAN_REGEX))
+    rows = rows[arrays.has_iteration[rows] & arrays.valid_interval[rows] & keep[rows]]
     frame = pd.DataFrame({"run": arrays.run[rows], "iteration": arrays.iteration[rows],
                           "start": arrays.start[rows], "end": arrays.end[rows], "row": rows})
     frame = frame.sort_values(["run", "iteration", "start"], kind="stable")
