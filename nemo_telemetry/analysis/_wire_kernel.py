@@ -348,14 +348,15 @@ def text_ids(buf, starts, lengths, width):
     text = np.empty(offsets[n], dtype=np.uint8)
     keys = np.zeros(n, dtype=np.uint64)
     bad = np.int64(0)
-    for i in range(n):
-        start, out, length = starts[i], offsets[i], lengths[i]
+    sixteen = np.uint64(16)
+    for i in range(n):  # unsigned indices: no wraparound test per byte
+        start, out, length = np.uint64(starts[i]), np.uint64(offsets[i]), np.uint64(lengths[i])
         key = np.int64(0)
         for j in range(length):
-            value = _HEX_VALUE[buf[start + j]]
+            value = _HEX_VALUE[np.uint64(buf[start + j])]
             bad |= value
-            text[out + j] = _HEX_LOWER[value & 15]
-            if j < 16:
+            text[out + j] = _HEX_LOWER[np.uint64(value & 15)]
+            if j < sixteen:
                 key = (key << 4) | value
         keys[i] = np.uint64(key)
     return offsets, text, keys, bad >= 0
