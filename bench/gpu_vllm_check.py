@@ -20,6 +20,11 @@ What it does, all on 127.0.0.1 and under a temporary directory:
    add up to the tokens generated. Exit 0 when all checks pass, 1 when one fails, 2 when vLLM
    is not importable.
 
+Environment notes from the run on an NVIDIA H200 (vLLM 0.24.0, torch 2.11.0, under gVisor): the
+engine-core process crashed in OpenMP's thread start until ``OMP_NUM_THREADS=1``; and a vLLM
+installed without flashinfer needs ``VLLM_USE_FLASHINFER_SAMPLER=0`` (vLLM's V2 model runner
+imports flashinfer for its sampler otherwise). Neither is about our instrumentation.
+
 It also prints which path the installed vLLM took (``rl.vllm.trace_path``): ``headers`` or
 ``stitch`` (see ``nemo_telemetry/instrument/vllm.py``).
 """

@@ -29,6 +29,9 @@ vLLM                       what happens                                         
 engine without the param   ``add_request`` has no ``trace_headers``                    stitch
 =========================  ==========================================================  =========
 
+Verified on a GPU (NVIDIA H200, torch 2.11): vLLM 0.24.0 takes the headers path, every
+``llm_request`` a child of its ``rl.vllm.generate`` (``bench/gpu_vllm_check.py``).
+
 In every version above, offline ``LLM.generate`` itself takes no trace context and its
 ``_add_request`` calls ``self.llm_engine.add_request`` without ``trace_headers`` (vLLM issue
 32177). :func:`instrument_vllm` therefore *routes* them: where the engine's ``add_request``
