@@ -50,3 +50,53 @@ def test_orphans_parents_and_lookups_match_a_hand_built_index(narrow_ids):
             for row, parent in enumerate(got):
                 options = candidates(row)
                 assert (parent in options) if options else parent == -1, (row, parent, options)
+
+
+def test_key_index_across_chunks_and_blocks_finds_every_parent_and_orphan():
+    """The index is built a block of rows at a time from the Arrow chunks as read: a table of
+    several uneven chunks, longer than a few blocks, with parents anywhere in it."""
+    import pyarrow as pa
+
+    from nemo_telemetry.analysis._arrays import _BLOCK_ROWS, key_index, sort_index
+
+    rng = np.random.default_rng(5)
+    n = 2 * _BLOCK_ROWS + 12_345
+    traces = rng.integers(1, 2**63, 3, dtype=np.int64).astype(np.uint64)
+    trace = traces[rng.integers(0, 3, n)]
+    span = rng.integers(1, 2**63, n, dtype=np.int64).astype(np.uint64)
+    parent_row = rng.integers(0, n, n)
+    parent = span[parent_row]
+    trace[rng.random(n) < 0.001] = traces[0]  # some children move to another trace: their parent may be missing
+    parent[rng.random(n) < 0.001] = rng.integers(1, 2**63, dtype=np.int64)  # parents that exist nowhere
+    parent[rng.random(n) < 0.05] = 0  # roots
+    cuts = [0, 1_000, 70_000, 70_001, n]
+    table = pa.Table.from_batches([pa.record_batch({"trace_key": pa.array(trace[a:b]), "span_key": pa.array(span[a:b]),
+                                                    "parent_key": pa.array(parent[a:b])}) for a, b in zip(cuts, cuts[1:])])
+    present = set(zip(trace.tolist(), span.tolist()))
+    expected = np.array([p != 0 and (t, p) not in present for t, p in zip(trace.tolist(), parent.tolist())])
+    assert 0 < expected.sum() < n
+
+    arrays = span_arrays(table)
+    assert arrays.orphan.tolist() == expected.tolist()
+    rows = rng.integers(0, n, 2_000)
+    found = arrays.parent_of(rows)
+    named = parent[rows] != 0
+    assert (found[~named | expected[rows]] == -1).all()
+    hit = found[named & ~expected[rows]]
+    assert (span[hit] == parent[rows][named & ~expected[rows]]).all()
+    assert (trace[hit] == trace[rows][named & ~expected[rows]]).all()
+    assert np.array_equal(sort_index(key_index(table, sort=False))["_sorted_spans"][1], arrays._sorted_spans[1])
+
+
+def test_isin_sorted_matches_numpy_on_keys_that_share_their_top_bits():
+    from nemo_telemetry.analysis._arrays import isin_sorted
+
+    rng = np.random.default_rng(9)
+    crowded = (np.arange(6, dtype=np.uint64) << np.uint64(48)) | np.uint64(7)  # one slot each
+    same_slot = np.uint64(3 << 48) | np.arange(1, 5, dtype=np.uint64)  # four keys in one slot
+    edges = np.array([0, 1, 1 << 48, (1 << 48) ^ 1, 2**64 - 1, 2**63], dtype=np.uint64)  # next to empty slots
+    pool = np.concatenate([crowded, same_slot, edges, rng.integers(0, 2**63, 40, dtype=np.int64).astype(np.uint64)])
+    for _ in range(200):
+        values = rng.choice(pool, int(rng.integers(0, 300)))
+        chosen = np.unique(rng.choice(pool, int(rng.integers(0, 12))))
+        assert isin_sorted(values, chosen).tolist() == np.isin(values, chosen).tolist()
