@@ -181,7 +181,7 @@ def isin_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     only = (np.arange(1 << 16, dtype=np.uint64) ^ np.uint64(1)) << slot_bits
     single = members[prefix] == 1
     only[prefix[single]] = sorted_set[single]
-    top = (values >> slot_bits).astype(np.intp)
+    top = (values >> slot_bits).view(np.int64)  # below 2**16: a valid index as it is, without a copy
     out = only[top] == values
     crowded = members > 1
     if crowded.any():
