@@ -553,7 +553,7 @@ def _check(table: pa.Table, arrays: SpanArrays, orphans: Future, presence: Futur
     iteration = np.where(analysis.arrays.has_iteration, analysis.arrays.iteration, -1)
     iteration[analysis.walked] = np.where(analysis.walked_stamped, analysis.walked_iteration, -1)
     ctx = _Context(analysis, iteration, max_span_ids, max_findings_per_code)
-    outside = None  # detached-trace's first half, computed before waiting for the orphan test
+    outside = _outside_anchored_traces(ctx)  # detached-trace's first half: before any wait on the workers
     producers = {
         "invalid-interval": lambda: _invalid_interval(ctx),
         "unknown-bucket": lambda: _unknown_bucket(ctx),
@@ -573,7 +573,6 @@ def _check(table: pa.Table, arrays: SpanArrays, orphans: Future, presence: Futur
     by_code: dict[str, int] = {code: 0 for code in FINDING_CODES}
     for code, produce in producers.items():
         if code == "orphan-span":  # the first of the two that read the orphan test, which other threads run
-            outside = _outside_anchored_traces(ctx)
             arrays.adopt_index(orphans.result())
         count, written = produce()
         by_code[code] = count
