@@ -451,11 +451,6 @@ def _outliers(ctx: _Context) -> tuple[int, list[Finding]]:
 # -- missing groups ----------------------------------------------------------------------------
 
 
-def _enabled_groups(ctx: _Context) -> dict[int, set[str]]:
-    """Per run code: the union of the span groups its processes had enabled (resource attribute)."""
-    return _group_presence(ctx.arrays, ctx.analysis.keep)[0]
-
-
 def _group_presence(a: SpanArrays, keep: np.ndarray) -> tuple[dict[int, set[str]], list[tuple[int, int]]]:
     """What ``missing-group-spans`` compares: per run code, the union of the span groups its
     processes had enabled (resource attribute), and the (run, name) code pairs present.
