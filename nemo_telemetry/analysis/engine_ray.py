@@ -23,8 +23,6 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -33,7 +31,7 @@ from nemo_telemetry.analysis.dataset import DatasetWriter
 from nemo_telemetry.analysis.ingest import BATCH_SPANS, IngestSummary, Source, _Pipeline, _raw_files
 from nemo_telemetry.errors import NemoTelemetryError
 
-__all__ = ["connect", "map_groups", "ray_scan", "ray_ingest", "ray_goodput", "ray_check"]
+__all__ = ["connect", "map_groups", "map_reduce", "reducer_count", "ray_scan", "ray_ingest", "ray_goodput", "ray_check"]
 
 _FILES_IN_FLIGHT_PER_CPU = 2
 _BATCHES_AHEAD = 2  # decoded batches a file task may hold before this process takes them
@@ -94,6 +92,28 @@ def map_groups(function: Callable, files: Sequence[Path], *args) -> list:
     return ray.get(refs)
 
 
+def map_reduce(map_function: Callable, reduce_function: Callable, files: Sequence[Path], reducers: int,
+               *args) -> tuple[list, list]:
+    """``map_function(paths, reducers, *args)`` per group of files returns (its result for this
+    process, piece 0 .. piece reducers-1); reducer r gets every group's piece r. Returns the
+    groups' results (file order) and the reducers' results; the pieces never reach this process."""
+    ray = connect()
+    if not files:
+        return [], []
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    shared = [ray.put(a) for a in args]
+    mapper = ray.remote(map_function).options(num_cpus=1, num_returns=1 + reducers)
+    outputs = [mapper.remote(group, reducers, *shared) for group in _file_groups(files, cpus * _TASKS_PER_CPU)]
+    reducer = ray.remote(reduce_function).options(num_cpus=1)
+    reduced = [reducer.remote(*[out[1 + r] for out in outputs]) for r in range(reducers)]
+    return ray.get([out[0] for out in outputs]), ray.get(reduced)
+
+
+def reducer_count() -> int:
+    """One reducer per cluster CPU."""
+    return max(1, int(connect().cluster_resources().get("CPU", 1)))
+
+
 def ray_scan() -> streaming.Scan:
     """A :data:`streaming.Scan` whose batches are mapped by plain Ray tasks, a group of files each."""
 
@@ -117,31 +137,24 @@ def ray_goodput(root: str | Path, *, run_id: str | None = None):
     plan = streaming.attribution(Path(root), ray_scan(), run_id=run_id)
     if not plan.files:
         return streaming.GoodputAccumulator().result(plan.order)
-    reducers = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    groups = _file_groups(plan.files, reducers * _TASKS_PER_CPU)
-    split = ray.remote(_partials_by_step).options(num_cpus=1, num_returns=reducers)
+    count = reducer_count()
+    groups = _file_groups(plan.files, count * _TASKS_PER_CPU)
+    split = ray.remote(_partials_by_step).options(num_cpus=1, num_returns=count)
     attributed = ray.put(plan.attributed)
-    pieces = [split.remote(group, attributed, run_id, reducers) for group in groups]
+    pieces = [split.remote(group, attributed, run_id, count) for group in groups]
     pieces = [p if isinstance(p, list) else [p] for p in pieces]
     reduce = ray.remote(_reduce_steps).options(num_cpus=1)
     accumulator = streaming.GoodputAccumulator()
-    for table in ray.get([reduce.remote(*[p[r] for p in pieces]) for r in range(reducers)]):
+    for table in ray.get([reduce.remote(*[p[r] for p in pieces]) for r in range(count)]):
         accumulator.add(table)
     return accumulator.result(plan.order)
 
 
 def _partials_by_step(paths: list[str], attributed, run_id: str | None, reducers: int):
-    """Map task: the group's partials, merged, in ``reducers`` pieces by a hash of (run, iteration)."""
-    accumulator = streaming.GoodputAccumulator()
-    for partial in _scan_group(paths, lambda b: streaming.goodput_partial(b, attributed=attributed, run_id=run_id),
-                               streaming.GOODPUT_COLUMNS):
-        accumulator.add(partial)
-    frame = accumulator.merged()
-    runs = pd.util.hash_array(frame["run"].fillna("\x00").to_numpy(object))
-    iterations = frame["iteration"].fillna(-1).to_numpy(np.int64).astype(np.uint64)
-    with np.errstate(over="ignore"):
-        owner = ((runs ^ (iterations * np.uint64(0x9E3779B97F4A7C15))) % np.uint64(reducers)).astype(np.int64)
-    pieces = [streaming.partial_table(frame[owner == r]) for r in range(reducers)]
+    """Map task: the group's partials in ``reducers`` pieces by their step's owner."""
+    pieces = streaming.split_by_step(_scan_group(
+        paths, lambda b: streaming.goodput_partial(b, attributed=attributed, run_id=run_id),
+        streaming.GOODPUT_COLUMNS), reducers)
     return pieces if reducers > 1 else pieces[0]
 
 
@@ -159,8 +172,7 @@ def ray_check(root: str | Path, **options):
     this process merges what they return and writes the findings' messages."""
     from nemo_telemetry.analysis.streaming_check import partitioned_check
 
-    connect()
-    return partitioned_check(root, map_groups, **options)
+    return partitioned_check(root, map_groups, map_reduce=map_reduce, reducers=reducer_count(), **options)
 
 
 # -- ingest ------------------------------------------------------------------------------------

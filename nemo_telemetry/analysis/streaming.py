@@ -63,6 +63,8 @@ __all__ = [
     "attribution",
     "condense_unions",
     "partial_table",
+    "step_owner",
+    "split_by_step",
     "MergedSteps",
     "merged_steps",
     "partitioned_goodput",
@@ -77,6 +79,7 @@ BATCH_ROWS = 1 << 18
 GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION, "trace_key", "span_key", "parent_key")
 EDGE_COLUMNS = ("trace_key", "span_key", "parent_key", ITERATION)
 _MAX_DEPTH = 1024  # as _arrays.SpanArrays.walk_up: a parent cycle stops here
+_NO_RUN = "\x00"  # stands for "no run" where a value must hash or index
 
 # One table shape for every partial row; ``kind`` says which fields mean what.
 STEP, SUM, UNION, JOB = 0, 1, 2, 3
@@ -599,6 +602,24 @@ def condense_unions(merged: pd.DataFrame) -> pd.DataFrame:
     parts = [merged[merged["kind"] != UNION], inside[inside["b"] > inside["a"]], outside[outside["b"] > outside["a"]]]
     return pd.concat(parts, ignore_index=True).astype(
         {"kind": np.int8, "bucket": np.int8, "a": np.int64, "b": np.int64, "count": np.int64})
+
+
+def step_owner(run: np.ndarray, iteration: np.ndarray, reducers: int) -> np.ndarray:
+    """Which of ``reducers`` owns each (run, iteration) (run None, iteration -1 allowed): a hash that
+    every process computes alike, so each reducer receives every partial of the steps it owns."""
+    runs = pd.util.hash_array(np.array([_NO_RUN if r is None else r for r in run], dtype=object))
+    with np.errstate(over="ignore"):
+        mixed = runs ^ (np.asarray(iteration, np.int64).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    return (mixed % np.uint64(max(1, reducers))).astype(np.int64)
+
+
+def split_by_step(partials: Iterable[pa.Table], reducers: int) -> list[pa.Table]:
+    """Partial tables in ``reducers`` tables, by :func:`step_owner` of their (run, iteration)
+    (unmerged: a reducer merges every partial of its steps once)."""
+    table = _concat(partials, PARTIAL_SCHEMA)
+    iteration = pc.fill_null(table.column("iteration"), -1).to_numpy().astype(np.int64)
+    owner = step_owner(table.column("run").to_numpy(zero_copy_only=False), iteration, reducers)
+    return [table.filter(pa.array(owner == r)) for r in range(reducers)]
 
 
 def partial_table(frame: pd.DataFrame) -> pa.Table:

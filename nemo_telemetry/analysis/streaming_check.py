@@ -48,11 +48,14 @@ from nemo_telemetry.analysis.tree import with_id_keys
 from nemo_telemetry.errors import NemoTelemetryError
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 
-__all__ = ["FileMap", "local_map", "partitioned_check", "stream_check"]
+__all__ = ["FileMap", "MapReduce", "local_map", "local_map_reduce", "partitioned_check", "stream_check"]
 
 # file_map(function, files, *args) -> [function(paths of a group, *args) for each group], groups in file order;
 # each function below returns one result per path, so the flattened results line up with ``files``.
 FileMap = Callable[..., list]
+# map_reduce(map_function, reduce_function, files, reducers, *args) -> (map results in file order, reducer results):
+# map_function(paths, reducers, *args) returns (its result, piece 0 .. piece reducers-1); reducer r gets every piece r.
+MapReduce = Callable[..., tuple]
 
 _MAX_DEPTH = 1024  # as _arrays.SpanArrays.walk_up
 _DICTIONARY_READS = ("trace_id", "resource_attributes.key_value.key", "resource_attributes.key_value.value")
@@ -70,11 +73,22 @@ def local_map(function: Callable, files: Sequence[Path], *args) -> list:
     return [function([str(f)], *args) for f in files]
 
 
+def local_map_reduce(map_function: Callable, reduce_function: Callable, files: Sequence[Path], reducers: int,
+                     *args) -> tuple[list, list]:
+    """The :data:`MapReduce` of this process: one file per map call, then each reducer in turn."""
+    outputs = [map_function([str(f)], reducers, *args) for f in files]
+    return [o[0] for o in outputs], [reduce_function(*[o[1 + r] for o in outputs]) for r in range(reducers)]
+
+
 def _read(path: str, columns: Sequence[str] = READ_COLUMNS) -> pa.Table:
     """One file as ``read_for_analysis`` reads the dataset (same projection, same dictionaries)."""
     fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
     dataset = ds.dataset([path], format=fmt)
-    return with_id_keys(dataset.to_table(columns=[c for c in columns if c in dataset.schema.names]))
+    names = dataset.schema.names
+    columns = [c for c in columns if c in names]
+    if not all(key in names for key in ("trace_key", "span_key", "parent_key")):  # written before the keys
+        columns += [c for c in ("trace_id", "span_id", "parent_span_id") if c in names and c not in columns]
+    return with_id_keys(dataset.to_table(columns=columns))
 
 
 def _u64(table: pa.Table, column: str) -> np.ndarray:
@@ -294,6 +308,7 @@ class _Shared:
     names: tuple  # the dataset's names (global codes), for the nested-bucket ancestors
     standalone: frozenset  # names in the groups whose traces are separate by design
     umbrella: frozenset  # names the umbrella-bucket finding flags (umbrella only, or declared unbucketed)
+    file_index: dict  # path -> position in dataset order (orders the clusters' heads across files)
 
 
 @dataclass(frozen=True, eq=False)
@@ -360,8 +375,25 @@ def _rows(view: _View, rows: np.ndarray, **extra) -> pd.DataFrame:
     return frame
 
 
-def _file_findings(paths: list[str], shared: _Shared) -> list[dict]:
-    return [_findings_of(_read(p), shared) for p in paths]
+def _file_findings(paths: list[str], reducers: int, shared: _Shared) -> tuple:
+    """Map task: per file, what this process needs; and for each reducer, the goodput partials of
+    the steps it owns (merged over the group) and the overlap clusters of those steps."""
+    results = [_findings_of(_read(p), shared) for p in paths]
+    partials = streaming.split_by_step([r.pop("partial") for r in results], reducers)
+    clusters = pd.concat([r.pop("clusters").assign(file=shared.file_index[p]) for r, p in zip(results, paths)],
+                         ignore_index=True)
+    owner = clusters["step"].to_numpy(np.int64) % reducers
+    return (results, *[(partials[i], clusters[owner == i]) for i in range(reducers)])
+
+
+def _reduce_findings(*pieces: tuple) -> tuple[pa.Table, np.ndarray]:
+    """Reduce task: its steps' partials merged and condensed (a few rows per step), and which of
+    its steps hold a cluster of overlapping bucketed spans (merging every file's local clusters)."""
+    accumulator = streaming.GoodputAccumulator()
+    for partial, _ in pieces:
+        accumulator.add(partial)
+    condensed = streaming.partial_table(streaming.condense_unions(accumulator.merged()))
+    return condensed, _crowded([clusters for _, clusters in pieces])
 
 
 def _findings_of(table: pa.Table, shared: _Shared) -> dict:
@@ -507,10 +539,12 @@ def _context(rows: pd.DataFrame, codes: _Codes, steps, table: pd.DataFrame, opti
     return _findings._Context(analysis, iteration, options["max_span_ids"], options["max_findings_per_code"])
 
 
-def partitioned_check(root: str | Path, file_map: FileMap, *, run_id: str | None = None,
-                      unattributed_threshold: float = 0.2, max_span_ids: int = 10,
-                      max_findings_per_code: int = 100) -> _findings.CheckReport:
-    """:func:`findings.check_run` of the dataset at ``root``, its work mapped over the files by ``file_map``."""
+def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapReduce = local_map_reduce,
+                      reducers: int = 2, run_id: str | None = None, unattributed_threshold: float = 0.2,
+                      max_span_ids: int = 10, max_findings_per_code: int = 100) -> _findings.CheckReport:
+    """:func:`findings.check_run` of the dataset at ``root``, its work mapped over the files by
+    ``file_map``; the per-step merges (goodput's partials, overlap clusters) by ``map_reduce``
+    over ``reducers`` reducers, so this process receives a few rows per step."""
     root = Path(root)
     files = span_files(root)
     options = {"max_span_ids": max_span_ids, "max_findings_per_code": max_findings_per_code}
@@ -528,16 +562,18 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, run_id: str | None
         raise NemoTelemetryError(f"no run {run_id!r} in these spans (runs present: {present}); "
                                  "pass one of them as --run / run_id")
     walked, missing = _walk(file_map, files, _concat(f["walks"] for f in facts), _concat(f["missing"] for f in facts))
-    shared = _shared(facts, codes, walked, missing, run_id)
-    results = [r for group in file_map(_file_findings, files, shared) for r in group]
+    shared = _shared(facts, codes, walked, missing, run_id, files)
+    groups, reduced = map_reduce(_file_findings, _reduce_findings, files, reducers, shared)
+    results = [r for group in groups for r in group]
     accumulator = streaming.GoodputAccumulator()
-    for r in results:
-        accumulator.add(r["partial"])
+    for condensed, _ in reduced:
+        accumulator.add(condensed)
     analysis = streaming.merged_steps(accumulator.merged(), codes.tuple("runs"))
     heads = _step_heads(facts, analysis.steps, codes)
     steps = _goodput._Steps(analysis.steps.run, analysis.steps.iteration, analysis.steps.start, analysis.steps.end,
                             np.arange(len(analysis.steps)))
-    overlap_steps, overlap_count = _crowded_steps(results, max_findings_per_code)
+    crowded = np.unique(np.concatenate([np.zeros(0, np.int64)] + [c for _, c in reduced]))
+    overlap_steps, overlap_count = crowded[:max_findings_per_code], len(crowded)
     detached, detached_count = _detached_traces(results, codes, max_findings_per_code)
     collected = _ordered([(i, c) for i, c in enumerate(
         c for group in file_map(_collect, files, shared, overlap_steps, detached) for c in group)]) \
@@ -572,7 +608,7 @@ def _concat(frames) -> pd.DataFrame:
 
 
 def _shared(facts: list[dict], codes: _Codes, walked: pd.DataFrame, missing: pd.DataFrame,
-            run_id: str | None) -> _Shared:
+            run_id: str | None, files: Sequence[Path]) -> _Shared:
     steps = pd.concat([f["steps"] for f in facts], ignore_index=True).drop_duplicates(["run", "iteration"])
     steps = steps.assign(code=codes.code("runs", steps["run"])).sort_values(["code", "iteration"])  # goodput's order
     names = codes.tuple("names")
@@ -589,7 +625,8 @@ def _shared(facts: list[dict], codes: _Codes, walked: pd.DataFrame, missing: pd.
         anchored_traces=np.unique(np.concatenate([f["anchor_traces"] for f in facts])).astype(np.uint64),
         anchored_runs=frozenset(anchored["run"].tolist()), names=names,
         standalone=frozenset(names[c] for c in standalone),
-        umbrella=frozenset(names[c] for c in np.concatenate([umbrella_only, unbucketed])))
+        umbrella=frozenset(names[c] for c in np.concatenate([umbrella_only, unbucketed])),
+        file_index={str(f): i for i, f in enumerate(files)})
 
 
 def _step_heads(facts: list[dict], steps, codes: _Codes) -> pd.DataFrame:
@@ -612,18 +649,18 @@ def _step_heads(facts: list[dict], steps, codes: _Codes) -> pd.DataFrame:
                          "parent_key": np.zeros(n, np.uint64), "step": np.arange(n)})
 
 
-def _crowded_steps(results: list[dict], limit: int) -> tuple[np.ndarray, int]:
-    """Steps with a cluster of overlapping bucketed spans (merging every file's local clusters),
-    the first ``limit`` of them, and how many there are."""
-    parts = [r["clusters"].assign(file=i) for i, r in enumerate(results) if len(r["clusters"])]
+def _crowded(parts: list[pd.DataFrame]) -> np.ndarray:
+    """Steps with a cluster of overlapping bucketed spans, from every file's local clusters of them
+    (a local cluster lies inside one cluster of the whole step: merging their hulls in dataset
+    order gives the step's clusters, and their member counts add up)."""
+    parts = [p for p in parts if len(p)]
     if not parts:
-        return np.zeros(0, np.int64), 0
+        return np.zeros(0, np.int64)
     hulls = pd.concat(parts, ignore_index=True).sort_values(["file", "head"], kind="stable")
     merged = merge_intervals(hulls["start"].to_numpy(np.int64), hulls["end"].to_numpy(np.int64),
                              hulls["step"].to_numpy(np.int64))
     members = np.bincount(merged.cluster_of, weights=hulls["members"].to_numpy(np.float64), minlength=len(merged))
-    crowded = np.unique(merged.group[members > 1])
-    return crowded[:limit], len(crowded)
+    return np.unique(merged.group[members > 1])
 
 
 def _detached_traces(results: list[dict], codes: _Codes, limit: int) -> tuple[pd.DataFrame, int]:
@@ -730,5 +767,5 @@ def _report(producers: dict[str, Callable[[], tuple[int, list]]]) -> _findings.C
 
 
 def stream_check(root: str | Path, **options) -> _findings.CheckReport:
-    """:func:`partitioned_check` in this process, one file at a time."""
-    return partitioned_check(root, local_map, **options)
+    """:func:`partitioned_check` in this process, one file at a time (three reducers, run in turn)."""
+    return partitioned_check(root, local_map, map_reduce=local_map_reduce, reducers=3, **options)
