@@ -292,11 +292,11 @@ def _attributes(buf, pos, end, attrs, a, fill, flags):
             flags[0] = 1  # out of room: the caller grows the arrays and rereads the line
             return 0, FAIL
         if fill:
+            for column in range(ATTR_COLUMNS):  # the arrays are reused: every field starts afresh
+                attrs[column, row] = 0
             attrs[KEY_S, row] = pos
-            attrs[KEY_N, row] = 0
             attrs[VTYPE, row] = V_ABSENT
             attrs[ANY_S, row] = pos
-            attrs[ATTR_ESCAPED, row] = 0
         first = True
         while True:
             ks, kn, pos = _next_key(buf, pos, end, first)
@@ -387,9 +387,10 @@ def _span(buf, pos, end, spans, i, attrs, a, events, e, links, ln, fill, flags):
         flags[0] = 1
         return 0, 0, 0, FAIL
     if fill:
+        for column in range(SPAN_COLUMNS):  # the arrays are reused: every field starts afresh
+            spans[column, i] = 0
         for column in (TRACE_S, SPAN_S, PARENT_S, STATE_S, NAME_S, MSG_S):
             spans[column, i] = pos
-        spans[ESCAPED, i] = 0
     na = ne = nl = 0
     first = True
     while True:
@@ -536,13 +537,13 @@ def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links,
                                     if item <= -2:
                                         pos = -2 - item + 1
                                         break
-                                    if fill and i < spans.shape[1]:
-                                        spans[SCOPE, i] = s
-                                        spans[RESOURCE, i] = r
                                     na, ne, nl, pos = _span(buf, item, end, spans, i, attrs, a, events, e, links, ln,
                                                             fill, flags)
                                     if pos < 0:
                                         return LINE_FALLBACK
+                                    if fill:
+                                        spans[SCOPE, i] = s
+                                        spans[RESOURCE, i] = r
                                     i += 1
                                     a += na
                                     e += ne

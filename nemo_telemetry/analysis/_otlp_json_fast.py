@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, _text_id_to_hex, build_tables, special_rows, string_array
+from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, _text_id_to_hex, build_tables, scratch_matrix, special_rows, string_array
 from nemo_telemetry.analysis._otlp_json import _attribute_dict, _extend_attributes, any_value_to_python, value_to_string
 
 __all__ = ["decode_json_lines", "decode_json_block", "LINE_OK", "LINE_OTHER_SIGNAL", "LINE_FALLBACK", "LINE_BLANK"]
@@ -45,8 +45,8 @@ def decode_json_block(buffer: bytes | memoryview, starts: np.ndarray, ends: np.n
     counts = np.zeros(6, dtype=np.int64)
     guess = max(64, len(buffer) // 256)  # a span of a few attributes takes ~400 bytes of JSON
     arrays = [
-        np.zeros((k.SPAN_COLUMNS, guess), dtype=np.int64),
-        np.zeros((k.ATTR_COLUMNS, 4 * guess), dtype=np.int64),
+        scratch_matrix("json-spans", k.SPAN_COLUMNS, guess),
+        scratch_matrix("json-attributes", k.ATTR_COLUMNS, 4 * guess),
         *(np.zeros((max(16, 2 * starts.size), k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)),
         *(np.zeros((64, k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)),
     ]
@@ -96,10 +96,10 @@ def _assemble(k, w, buffer, data, spans, attrs, resources, scopes, events, links
         parent_span_id=parent_id,
         trace_state=text(k.STATE_S),
         name=text(k.NAME_S),
-        kind=pa.array(spans[k.KIND]),
-        start_ns=pa.array(spans[k.START].copy()),  # a copy: a view would keep the whole matrix alive
+        kind=pa.array(spans[k.KIND].copy()),  # copies: the matrices are reused
+        start_ns=pa.array(spans[k.START].copy()),
         end_ns=pa.array(spans[k.END].copy()),
-        status_code=pa.array(spans[k.CODE]),
+        status_code=pa.array(spans[k.CODE].copy()),
         status_message=text(k.MSG_S),
         scope_index=pa.array(spans[k.SCOPE].astype(np.int32)),
         resource_index=pa.array(spans[k.RESOURCE].astype(np.int32)),

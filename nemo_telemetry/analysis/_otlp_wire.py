@@ -19,7 +19,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, special_rows, string_array
+from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, scratch_matrix, special_rows, string_array
 from nemo_telemetry.analysis._otlp_proto import _extend_attributes, _value_string, decode_proto_request
 
 __all__ = ["WireError", "decode_requests", "decode_batch"]
@@ -49,8 +49,8 @@ def decode_requests(payloads: list[bytes]) -> OtlpTables:
     starts = ends - sizes
     counts = np.zeros(6, dtype=np.int64)
     guess = max(64, len(buffer) // 128)  # an RL span with a few attributes takes ~150 bytes
-    spans = np.zeros((k.SPAN_COLUMNS, guess), dtype=np.int64)
-    attrs = np.zeros((k.ATTR_COLUMNS, 4 * guess), dtype=np.int64)
+    spans = scratch_matrix("wire-spans", k.SPAN_COLUMNS, guess)
+    attrs = scratch_matrix("wire-attributes", k.ATTR_COLUMNS, 4 * guess)
     side = [np.zeros((max(16, 2 * len(payloads)), k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)]
     side += [np.zeros((64, k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)]
     request = 0
@@ -95,10 +95,10 @@ def _assemble(k, buffer: bytes, data: np.ndarray, spans, attrs, resources, scope
         parent_span_id=parent_id,
         trace_state=_strings(k, data, spans[k.STATE_S], spans[k.STATE_N]),
         name=_strings(k, data, spans[k.NAME_S], spans[k.NAME_N]),
-        kind=pa.array(spans[k.KIND]),
-        start_ns=pa.array(spans[k.START].copy()),  # a copy: a view would keep the whole matrix alive
+        kind=pa.array(spans[k.KIND].copy()),  # copies: the matrices are reused
+        start_ns=pa.array(spans[k.START].copy()),
         end_ns=pa.array(spans[k.END].copy()),
-        status_code=pa.array(spans[k.CODE]),
+        status_code=pa.array(spans[k.CODE].copy()),
         status_message=_strings(k, data, spans[k.MSG_S], spans[k.MSG_N]),
         scope_index=pa.array(spans[k.SCOPE].astype(np.int32)),
         resource_index=pa.array(spans[k.RESOURCE].astype(np.int32)),

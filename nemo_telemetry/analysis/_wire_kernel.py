@@ -109,6 +109,8 @@ def _any_value(buf, start, end, attrs, a):
 
 @njit(cache=True, nogil=True)
 def _key_value(buf, start, end, attrs, a):
+    for column in range(ATTR_COLUMNS):  # the arrays are reused: every field starts afresh
+        attrs[column, a] = 0
     attrs[KEY_S, a] = start
     attrs[ANY_S, a] = start
     pos = start
@@ -145,6 +147,8 @@ def _status(buf, start, end, spans, i):
 def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln):
     """Walk one Span into row ``i``; returns (attributes, events, links, error). The error
     E_ROOM means an array is full: the caller grows them and walks the request again."""
+    for column in range(SPAN_COLUMNS):  # the arrays are reused: every field starts afresh
+        spans[column, i] = 0
     for column in _ID_COLUMNS:
         spans[column, i] = start  # absent: an empty cut at the span's start keeps order
     spans[MSG_S, i] = start
@@ -239,11 +243,11 @@ def _request(buf, pos, end, request, counts, spans, attrs, resources, scopes, ev
                     continue
                 if i >= spans.shape[1]:
                     return E_ROOM
-                spans[SCOPE, i] = s
-                spans[RESOURCE, i] = r
                 na, ne, nl, err = _span(buf, vs, ve, spans, i, attrs, a, events, e, links, ln)
                 if err < 0:
                     return err
+                spans[SCOPE, i] = s
+                spans[RESOURCE, i] = r
                 i += 1
                 a += na
                 e += ne

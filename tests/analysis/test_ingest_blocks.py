@@ -63,3 +63,22 @@ def test_escaped_strings_and_rare_values_read_from_a_file_block(tmp_path):
     assert dropped > 0 and (loaded.summary.rejected_records, loaded.summary.duplicates_dropped) == (0, dropped)
     for name in ("spans", "events", "links"):
         assert getattr(loaded, name).to_pylist() == getattr(expected, name).to_pylist(), name
+
+
+def test_reused_scan_matrices_carry_nothing_from_the_batch_before():
+    """The kernels' matrices are reused per thread: a plain batch decoded right after a rich
+    one (every value kind, statuses, escapes) equals its exact decode."""
+    from test_ingest_json_scan import _orjson_path, _sdk_lines
+    from test_ingest_wire import _with_every_value_type
+
+    from nemo_telemetry.analysis._otlp_json_fast import decode_json_lines
+
+    plain = list(synthetic_requests(22, spans_per_request=11, ranks=1))
+    decode_requests([_with_every_value_type()] * 50)
+    wire = decode_requests([to_protobuf(r) for r in plain])
+    decode_json_lines(_sdk_lines() * 50)
+    lines = [orjson.dumps(r) for r in plain]
+    scanned, _ = decode_json_lines(lines)
+    for fast, exact in ((wire, _upb([to_protobuf(r) for r in plain])), (scanned, _orjson_path(lines))):
+        for name in ("spans", "events", "links"):
+            assert getattr(fast, name).to_pylist() == getattr(exact, name).to_pylist(), name
