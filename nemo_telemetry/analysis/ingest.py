@@ -107,6 +107,7 @@ class _Pipeline:
     protobuf_bytes: int = 0
     json_blocks: list = field(default_factory=list)  # JsonLines blocks waiting for the scan
     json_bytes: int = 0
+    decode_ahead: int = DECODE_AHEAD  # 0: decode in the calling thread (e.g. inside a Ray task)
     executor: ThreadPoolExecutor | None = None
     in_flight: deque = field(default_factory=deque)  # futures of _Decoded, oldest first
 
@@ -163,10 +164,13 @@ class _Pipeline:
         batch = _Batch(self.json_blocks, self.cols, self.protobuf, where)
         self.json_blocks, self.json_bytes = [], 0
         self.cols, self.protobuf, self.protobuf_bytes = SpanColumns(), [], 0
+        if self.decode_ahead <= 0:
+            self._write(batch.decode())
+            return
         if self.executor is None:
-            self.executor = ThreadPoolExecutor(max_workers=DECODE_AHEAD, thread_name_prefix="nemo-ingest")
+            self.executor = ThreadPoolExecutor(max_workers=self.decode_ahead, thread_name_prefix="nemo-ingest")
         self.in_flight.append(self.executor.submit(batch.decode))
-        while len(self.in_flight) > DECODE_AHEAD:
+        while len(self.in_flight) > self.decode_ahead:
             self._write(self.in_flight.popleft().result())
 
     def _drain(self) -> None:

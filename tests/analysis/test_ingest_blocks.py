@@ -3,6 +3,8 @@ come out as they would line by line; the protobuf walk grows its arrays as it go
 
 from __future__ import annotations
 
+import importlib
+
 import orjson
 import pytest
 
@@ -82,3 +84,21 @@ def test_reused_scan_matrices_carry_nothing_from_the_batch_before():
     for fast, exact in ((wire, _upb([to_protobuf(r) for r in plain])), (scanned, _orjson_path(lines))):
         for name in ("spans", "events", "links"):
             assert getattr(fast, name).to_pylist() == getattr(exact, name).to_pylist(), name
+
+
+def test_decoding_in_the_calling_thread_gives_what_the_workers_give(requests, tmp_path, monkeypatch):
+    """``decode_ahead=0`` (no worker threads, as a Ray task may want) changes nothing."""
+    ingest_module = importlib.import_module("nemo_telemetry.analysis.ingest")  # the package exports ingest()
+    monkeypatch.setattr(_detect, "JSON_BLOCK_BYTES", 2000)  # several batches
+    monkeypatch.setattr(ingest_module, "BATCH_JSON_BYTES", 4000)
+    lines = [orjson.dumps(r) for r in requests]
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"\n".join(lines + [b"garbage"] + lines[:2]) + b"\n")
+    results = []
+    for ahead in (0, 2):
+        tables = []
+        pipeline = ingest_module._Pipeline(lambda t: tables.append(t) or t, decode_ahead=ahead)
+        pipeline.add_file(path, None)
+        results.append((pipeline.summary(), [t.spans.to_pylist() for t in tables]))
+    assert results[0] == results[1]
+    assert results[0][0].rejected_records == 1 and len(results[0][1]) > 1
