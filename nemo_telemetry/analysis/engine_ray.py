@@ -128,34 +128,25 @@ def ray_goodput(root: str | Path, *, run_id: str | None = None):
     """``run_goodput`` (by step) of the dataset at ``root``, computed on the Ray cluster.
 
     The attribution walks as :func:`streaming.partitioned_goodput` does; then the merge is
-    distributed too: each map task merges its files' partials and splits them by a hash of
+    distributed too (:func:`map_reduce`): each map task splits its files' partials by a hash of
     (run, iteration), one reducer per cluster CPU merges the pieces of its steps and condenses
     their interval unions (:func:`streaming.condense_unions`), and this process only merges a
     few rows per step.
     """
-    ray = connect()
+    connect()
     plan = streaming.attribution(Path(root), ray_scan(), run_id=run_id)
-    if not plan.files:
-        return streaming.GoodputAccumulator().result(plan.order)
-    count = reducer_count()
-    groups = _file_groups(plan.files, count * _TASKS_PER_CPU)
-    split = ray.remote(_partials_by_step).options(num_cpus=1, num_returns=count)
-    attributed = ray.put(plan.attributed)
-    pieces = [split.remote(group, attributed, run_id, count) for group in groups]
-    pieces = [p if isinstance(p, list) else [p] for p in pieces]
-    reduce = ray.remote(_reduce_steps).options(num_cpus=1)
+    _, reduced = map_reduce(_partials_by_step, _reduce_steps, plan.files, reducer_count(), plan.attributed, run_id)
     accumulator = streaming.GoodputAccumulator()
-    for table in ray.get([reduce.remote(*[p[r] for p in pieces]) for r in range(count)]):
+    for table in reduced:
         accumulator.add(table)
     return accumulator.result(plan.order)
 
 
-def _partials_by_step(paths: list[str], attributed, run_id: str | None, reducers: int):
-    """Map task: the group's partials in ``reducers`` pieces by their step's owner."""
-    pieces = streaming.split_by_step(_scan_group(
+def _partials_by_step(paths: list[str], reducers: int, attributed, run_id: str | None) -> tuple:
+    """Map task: nothing for the driver, and the group's partials in ``reducers`` pieces by their step's owner."""
+    return (None, *streaming.split_by_step(_scan_group(
         paths, lambda b: streaming.goodput_partial(b, attributed=attributed, run_id=run_id),
-        streaming.GOODPUT_COLUMNS), reducers)
-    return pieces if reducers > 1 else pieces[0]
+        streaming.GOODPUT_COLUMNS), reducers))
 
 
 def _reduce_steps(*pieces: pa.Table) -> pa.Table:

@@ -230,8 +230,8 @@ def test_merge_shuffled_by_step_to_reducers_equals_one_merge(scenario):
 
     plan = streaming.attribution(scenario, streaming.local_scan())
     files = [str(f) for f in plan.files]
-    pieces = [_partials_by_step(files[i:i + 60], plan.attributed, None, 3) for i in range(0, len(files), 60)]
-    reduced = [_reduce_steps(*[p[r] for p in pieces]) for r in range(3)]
+    pieces = [_partials_by_step(files[i:i + 60], 3, plan.attributed, None) for i in range(0, len(files), 60)]
+    reduced = [_reduce_steps(*[p[1 + r] for p in pieces]) for r in range(3)]
     assert all(t.num_rows for t in reduced)  # every reducer owns some steps
     accumulator = streaming.GoodputAccumulator()
     for table in reduced:
