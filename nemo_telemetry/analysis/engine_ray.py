@@ -172,7 +172,8 @@ def ray_check(root: str | Path, **options):
 def _decode_file(path: str, fmt: str | None, batch_spans: int) -> Iterator[tuple]:
     """Ray task body: ("tables", OtlpTables) per batch of ``path``, then ("counts", dict)."""
     batches: list = []
-    pipeline = _Pipeline(lambda tables: batches.append(tables) or tables, batch_spans=batch_spans)
+    # One Ray task per file is already the parallelism: decode in this task's thread, not two more.
+    pipeline = _Pipeline(lambda tables: batches.append(tables) or tables, batch_spans=batch_spans, decode_ahead=0)
     pipeline.counts["files"] += 1
     from nemo_telemetry.analysis._detect import iter_records
 

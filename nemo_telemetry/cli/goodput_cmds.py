@@ -26,7 +26,7 @@ UNATTRIBUTED_STYLE = "grey50"
 SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 BAR_WIDTH = 30
 _SOURCE_HELP = "A dataset directory (from `ingest`) or OTLP dump files."
-_ENGINE_HELP = ("local: this process (streams a dataset larger than memory); ray: Ray Data on the cluster "
+_ENGINE_HELP = ("local: this process (streams a dataset larger than memory); ray: Ray tasks on the cluster "
                 "RAY_ADDRESS names, else a local one (needs a dataset directory).")
 
 
