@@ -7,6 +7,7 @@ separate provider, as vLLM's go to its own OTLP pipeline: the layers meet only i
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import subprocess
 import sys
@@ -274,3 +275,13 @@ def test_importing_the_integration_does_not_import_vllm():
             "import nemo_telemetry.instrument.vllm as v; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("surface", sorted(fake.PARAMETERS_WE_USE))
+def test_the_parameters_the_contract_checks_are_the_stand_in_s(surface):
+    """The contract test checks these names against any installed vLLM; they must be the double's, in order."""
+    ours, _ = fake.SURFACES[surface]
+    names = list(inspect.signature(ours).parameters)
+    used = fake.PARAMETERS_WE_USE[surface]
+    assert all(name in names for name in used), f"{surface}: {used} vs the stand-in's {names}"
+    assert [names.index(name) for name in used] == sorted(names.index(name) for name in used)
