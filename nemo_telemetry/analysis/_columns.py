@@ -312,6 +312,17 @@ def scratch_matrix(name: str, rows: int, columns: int) -> np.ndarray:
     return flat[:size].reshape(rows, columns)
 
 
+def grown_records(array: np.ndarray, used: int, axis: int) -> np.ndarray:
+    """``array`` with twice the room along its record ``axis``, the ``used`` records copied (a
+    kernel that ran out of room is run again on the bigger arrays)."""
+    shape = list(array.shape)
+    shape[axis] = 2 * shape[axis] + 16
+    bigger = np.zeros(shape, dtype=array.dtype)
+    index = (slice(None), slice(0, used)) if axis == 1 else (slice(0, used),)
+    bigger[index] = array[index]
+    return bigger
+
+
 def string_array(offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
     """A large_string array over a kernel's (int64 offsets, bytes) output, UTF-8 checked
     (``pa.ArrowInvalid`` otherwise); ``valid`` False rows are null."""

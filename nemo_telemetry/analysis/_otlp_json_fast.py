@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, _text_id_to_hex, build_tables, scratch_matrix, special_rows, string_array
+from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, _text_id_to_hex, build_tables, grown_records, scratch_matrix, special_rows, string_array
 from nemo_telemetry.analysis._otlp_json import _attribute_dict, _extend_attributes, any_value_to_python, value_to_string
 
 __all__ = ["decode_json_lines", "decode_json_block", "LINE_OK", "LINE_OTHER_SIGNAL", "LINE_FALLBACK", "LINE_BLANK"]
@@ -52,7 +52,7 @@ def decode_json_block(buffer: bytes | memoryview, starts: np.ndarray, ends: np.n
     ]
     line = 0
     while (line := k.scan(data, starts, ends, line, status, counts, *arrays)) < starts.size:
-        arrays = [_grown(a, int(c), 1 if i < 2 else 0) for i, (a, c) in enumerate(zip(arrays, counts))]
+        arrays = [grown_records(a, int(c), 1 if i < 2 else 0) for i, (a, c) in enumerate(zip(arrays, counts))]
     n = int(counts[0])
     if n == 0:
         return OtlpTables.empty(), status
@@ -64,16 +64,6 @@ def decode_json_block(buffer: bytes | memoryview, starts: np.ndarray, ends: np.n
         # e.g. invalid UTF-8 or an odd resource: let the exact path judge every line
         status[status == LINE_OK] = LINE_FALLBACK
         return OtlpTables.empty(), status
-
-
-def _grown(array: np.ndarray, used: int, axis: int) -> np.ndarray:
-    """``array`` with twice the room along its record ``axis``, the ``used`` records copied."""
-    shape = list(array.shape)
-    shape[axis] = 2 * shape[axis] + 16
-    bigger = np.zeros(shape, dtype=array.dtype)
-    index = (slice(None), slice(0, used)) if axis == 1 else (slice(0, used),)
-    bigger[index] = array[index]
-    return bigger
 
 
 def _assemble(k, w, buffer, data, spans, attrs, resources, scopes, events, links) -> OtlpTables:

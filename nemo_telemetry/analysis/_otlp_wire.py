@@ -19,7 +19,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, scratch_matrix, special_rows, string_array
+from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, grown_records, scratch_matrix, special_rows, string_array
 from nemo_telemetry.analysis._otlp_proto import _extend_attributes, _value_string, decode_proto_request
 
 __all__ = ["WireError", "decode_requests", "decode_batch"]
@@ -58,8 +58,8 @@ def decode_requests(payloads: list[bytes]) -> OtlpTables:
         request, err = k.walk(data, starts, ends, request, counts, spans, attrs, *side)
         if err != k.E_ROOM:
             break
-        spans, attrs = _grown(spans, int(counts[0]), 1), _grown(attrs, int(counts[1]), 1)
-        side = [_grown(a, int(c), 0) for a, c in zip(side, counts[2:])]
+        spans, attrs = grown_records(spans, int(counts[0]), 1), grown_records(attrs, int(counts[1]), 1)
+        side = [grown_records(a, int(c), 0) for a, c in zip(side, counts[2:])]
     if err < 0:
         problem = "a field runs past its message" if err == k.E_TRUNCATED else "an unsupported wire type"
         raise WireError(f"request {request}: {problem}")
@@ -69,16 +69,6 @@ def decode_requests(payloads: list[bytes]) -> OtlpTables:
     if n == 0:
         return OtlpTables.empty()
     return _assemble(k, buffer, data, spans, attrs, *side)
-
-
-def _grown(array: np.ndarray, used: int, axis: int) -> np.ndarray:
-    """``array`` with twice the room along its record ``axis``, the ``used`` records copied."""
-    shape = list(array.shape)
-    shape[axis] = 2 * shape[axis] + 16
-    bigger = np.zeros(shape, dtype=array.dtype)
-    index = (slice(None), slice(0, used)) if axis == 1 else (slice(0, used),)
-    bigger[index] = array[index]
-    return bigger
 
 
 def _assemble(k, buffer: bytes, data: np.ndarray, spans, attrs, resources, scopes, events, links) -> OtlpTables:
