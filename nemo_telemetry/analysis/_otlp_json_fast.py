@@ -1,6 +1,6 @@
 """Batches of OTLP/JSON lines into Arrow columns through the compiled scan (``_json_kernel``).
 
-The scan says where every value lies; here strings are cut out in bulk (``_wire_kernel.gather``),
+The scan says where every value lies; here strings are cut out in bulk (``_strings_kernel.gather``),
 ids are lower-cased by Arrow, and the rare parts (resources, scopes, events, links, values
 that are not strings, ints or bools, strings with escapes) are parsed by orjson one by one.
 Lines the scan leaves alone come back to the caller with their status, for the orjson path.
@@ -21,9 +21,9 @@ LINE_OK, LINE_OTHER_SIGNAL, LINE_FALLBACK, LINE_BLANK = 0, 1, 2, 3
 
 
 def _kernels():
-    from nemo_telemetry.analysis import _json_kernel, _wire_kernel
+    from nemo_telemetry.analysis import _json_kernel, _strings_kernel
 
-    return _json_kernel, _wire_kernel
+    return _json_kernel, _strings_kernel
 
 
 def decode_json_lines(lines: list[bytes]) -> tuple[OtlpTables, np.ndarray]:

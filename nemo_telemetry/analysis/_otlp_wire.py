@@ -33,15 +33,15 @@ class WireError(ValueError):
 
 def _kernel():
     try:
-        from nemo_telemetry.analysis import _wire_kernel
+        from nemo_telemetry.analysis import _strings_kernel, _wire_kernel
     except ImportError as exc:  # numba missing or broken: the upb path still works
         raise WireError(f"fast protobuf path unavailable ({exc})") from None
-    return _wire_kernel
+    return _wire_kernel, _strings_kernel
 
 
 def decode_requests(payloads: list[bytes]) -> OtlpTables:
     """The tables of several serialized requests; ``WireError`` when the fast path cannot."""
-    k = _kernel()
+    k, s = _kernel()
     buffer = b"".join(payloads)
     data = np.frombuffer(buffer, dtype=np.uint8)
     sizes = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
@@ -68,10 +68,10 @@ def decode_requests(payloads: list[bytes]) -> OtlpTables:
     side = [a[: int(c)] for a, c in zip(side, counts[2:])]
     if n == 0:
         return OtlpTables.empty()
-    return _assemble(k, buffer, data, spans, attrs, *side)
+    return _assemble(k, s, buffer, data, spans, attrs, *side)
 
 
-def _assemble(k, buffer: bytes, data: np.ndarray, spans, attrs, resources, scopes, events, links) -> OtlpTables:
+def _assemble(k, s, buffer: bytes, data: np.ndarray, spans, attrs, resources, scopes, events, links) -> OtlpTables:
     extras = SpanColumns()
     extras.resources.extend(_resources(buffer, resources))
     extras.scopes.extend(_scopes(buffer, scopes))
@@ -83,26 +83,26 @@ def _assemble(k, buffer: bytes, data: np.ndarray, spans, attrs, resources, scope
         trace_id=trace_id,
         span_id=span_id,
         parent_span_id=parent_id,
-        trace_state=_strings(k, data, spans[k.STATE_S], spans[k.STATE_N]),
-        name=_strings(k, data, spans[k.NAME_S], spans[k.NAME_N]),
+        trace_state=_strings(s, data, spans[k.STATE_S], spans[k.STATE_N]),
+        name=_strings(s, data, spans[k.NAME_S], spans[k.NAME_N]),
         kind=pa.array(spans[k.KIND].copy()),  # copies: the matrices are reused
         start_ns=pa.array(spans[k.START].copy()),
         end_ns=pa.array(spans[k.END].copy()),
         status_code=pa.array(spans[k.CODE].copy()),
-        status_message=_strings(k, data, spans[k.MSG_S], spans[k.MSG_N]),
+        status_message=_strings(s, data, spans[k.MSG_S], spans[k.MSG_N]),
         scope_index=pa.array(spans[k.SCOPE].astype(np.int32)),
         resource_index=pa.array(spans[k.RESOURCE].astype(np.int32)),
         attr_counts=spans[k.ATTR_COUNT],
-        attr_keys=_strings(k, data, attrs[k.KEY_S], attrs[k.KEY_N]),
-        attr_values=_values(k, buffer, data, attrs),
+        attr_keys=_strings(s, data, attrs[k.KEY_S], attrs[k.KEY_N]),
+        attr_values=_values(k, s, buffer, data, attrs),
         id_keys=(trace_key, span_key, parent_key),
     )
     return build_tables(arrays, extras)
 
 
-def _strings(k, data: np.ndarray, start: np.ndarray, length: np.ndarray) -> pa.Array:
+def _strings(s, data: np.ndarray, start: np.ndarray, length: np.ndarray) -> pa.Array:
     """``buffer[start:start + length]`` of each element as a string array (UTF-8 checked)."""
-    offsets, chars = k.gather(data, np.ascontiguousarray(start), np.ascontiguousarray(length))
+    offsets, chars = s.gather(data, np.ascontiguousarray(start), np.ascontiguousarray(length))
     strings = pa.Array.from_buffers(pa.large_string(), start.size, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
     try:
         strings.validate(full=True)
@@ -119,7 +119,7 @@ def _hex_ids(k, data: np.ndarray, start: np.ndarray, length: np.ndarray, width: 
     return pa.Array.from_buffers(pa.large_string(), start.size, [None, pa.py_buffer(offsets), pa.py_buffer(text)]), keys
 
 
-def _values(k, buffer: bytes, data: np.ndarray, attrs: np.ndarray) -> pa.Array:
+def _values(k, s, buffer: bytes, data: np.ndarray, attrs: np.ndarray) -> pa.Array:
     """The schema's string for each AnyValue, in one compiled pass; doubles, bytes, arrays and
     key-value lists (rare in RL traces) are written by upb first and copied in."""
     kind = attrs[k.VTYPE].copy()
@@ -129,7 +129,7 @@ def _values(k, buffer: bytes, data: np.ndarray, attrs: np.ndarray) -> pa.Array:
     rare_offsets = np.zeros(len(rare) + 1, dtype=np.int64)
     np.cumsum([len(r) for r in rare], out=rare_offsets[1:])
     rare_data = np.frombuffer(b"".join(rare), dtype=np.uint8)
-    offsets, chars, valid = k.value_strings(
+    offsets, chars, valid = s.value_strings(
         data, kind, np.ascontiguousarray(attrs[k.VAL_S]), np.ascontiguousarray(attrs[k.VAL_N]),
         np.ascontiguousarray(attrs[k.VAL_INT]), special, rare_offsets, rare_data, _STRING, _BOOL, _INT,
     )

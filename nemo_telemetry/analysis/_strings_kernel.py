@@ -1,0 +1,137 @@
+"""Compiled string builders shared by the protobuf and JSON decoders (numba).
+
+Each turns (start, length) records of a buffer into one Arrow-ready (offsets, bytes) pair:
+plain cuts (:func:`gather`), hex-text ids lower-cased with their uint64 keys
+(:func:`text_ids`), and attribute values as the schema's strings (:func:`value_strings`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+@njit(cache=True, nogil=True)
+def gather(buf, starts, lengths):
+    """Copy ``buf[start:start + length]`` of each element into one buffer: (offsets, data)."""
+    n = starts.size
+    offsets = np.empty(n + 1, dtype=np.int64)
+    offsets[0] = 0
+    for i in range(n):
+        offsets[i + 1] = offsets[i] + lengths[i]
+    data = np.empty(offsets[n], dtype=np.uint8)
+    for i in range(n):
+        _copy(data, offsets[i], buf, starts[i], lengths[i])
+    return offsets, data
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _copy(dst, at, src, start, length):
+    """``dst[at:at + length] = src[start:start + length]`` as a byte loop with unsigned
+    indices: a third faster than a slice assignment for short strings."""
+    at, start = np.uint64(at), np.uint64(start)
+    for j in range(np.uint64(length)):
+        dst[at + j] = src[start + j]
+
+
+_HEX_VALUE = np.full(256, -1, dtype=np.int64)
+_HEX_VALUE[np.frombuffer(b"0123456789", dtype=np.uint8)] = np.arange(10)
+_HEX_VALUE[np.frombuffer(b"abcdef", dtype=np.uint8)] = np.arange(10, 16)
+_HEX_VALUE[np.frombuffer(b"ABCDEF", dtype=np.uint8)] = np.arange(10, 16)
+_HEX_LOWER = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+
+
+@njit(cache=True, nogil=True)
+def text_ids(buf, starts, lengths, width):
+    """Hex-text ids (any case) to lowercase hex and big-endian uint64 keys of the first 8
+    bytes, like :func:`hex_ids`. ``ok`` is False when an id is not ``2 * width`` hex digits
+    (base64 ids, say); the caller then converts the column another way."""
+    n = starts.size
+    offsets = np.empty(n + 1, dtype=np.int64)
+    offsets[0] = 0
+    for i in range(n):
+        if lengths[i] != 2 * width and lengths[i] != 0:
+            return offsets, np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.uint64), False
+        offsets[i + 1] = offsets[i] + lengths[i]
+    text = np.empty(offsets[n], dtype=np.uint8)
+    keys = np.zeros(n, dtype=np.uint64)
+    bad = np.int64(0)
+    sixteen = np.uint64(16)
+    for i in range(n):  # unsigned indices: no wraparound test per byte
+        start, out, length = np.uint64(starts[i]), np.uint64(offsets[i]), np.uint64(lengths[i])
+        key = np.int64(0)
+        for j in range(length):
+            value = _HEX_VALUE[np.uint64(buf[start + j])]
+            bad |= value
+            text[out + j] = _HEX_LOWER[np.uint64(value & 15)]
+            if j < sixteen:
+                key = (key << 4) | value
+        keys[i] = np.uint64(key)
+    return offsets, text, keys, bad >= 0
+
+
+_TRUE = np.frombuffer(b"true", dtype=np.uint8)
+_FALSE = np.frombuffer(b"false", dtype=np.uint8)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _magnitude(value):
+    """|value| as uint64, right for the most negative int64 too."""
+    if value < 0:
+        return np.uint64(-(value + 1)) + np.uint64(1)
+    return np.uint64(value)
+
+
+@njit(cache=True, nogil=True)
+def value_strings(buf, kind, start, length, number, special, special_offsets, special_data,
+                  string_kind, bool_kind, int_kind):
+    """Each attribute value as the schema's string, in row order, in one buffer: strings cut
+    from ``buf``, ints in decimal, bools ``true``/``false``, and where ``special[i] >= 0``
+    the caller's own string number ``special[i]`` (rare kinds, escaped strings). Any other
+    kind is null. Returns (offsets, data, valid)."""
+    n = kind.size
+    offsets = np.empty(n + 1, dtype=np.int64)
+    valid = np.ones(n, dtype=np.bool_)
+    offsets[0] = 0
+    for i in range(n):
+        size = 0
+        j = special[i]
+        if j >= 0:
+            size = special_offsets[j + 1] - special_offsets[j]
+        elif kind[i] == string_kind:
+            size = length[i]
+        elif kind[i] == int_kind:
+            value = number[i]
+            magnitude = _magnitude(value)
+            size = 1 if value >= 0 else 2
+            while magnitude >= np.uint64(10):
+                magnitude //= np.uint64(10)
+                size += 1
+        elif kind[i] == bool_kind:
+            size = 4 if number[i] != 0 else 5
+        else:
+            valid[i] = False
+        offsets[i + 1] = offsets[i] + size
+    data = np.empty(offsets[n], dtype=np.uint8)
+    true, false = _TRUE, _FALSE
+    for i in range(n):
+        out, end = offsets[i], offsets[i + 1]
+        j = special[i]
+        if j >= 0:
+            _copy(data, out, special_data, special_offsets[j], end - out)
+        elif kind[i] == string_kind:
+            _copy(data, out, buf, start[i], length[i])
+        elif kind[i] == int_kind:
+            value = number[i]
+            magnitude = _magnitude(value)
+            pos = end - 1
+            while True:
+                data[pos] = 48 + np.uint8(magnitude % np.uint64(10))
+                magnitude //= np.uint64(10)
+                pos -= 1
+                if magnitude == np.uint64(0):
+                    break
+            if value < 0:
+                data[out] = 45
+        elif kind[i] == bool_kind:
+            _copy(data, out, true if number[i] != 0 else false, 0, end - out)
+    return offsets, data, valid
