@@ -255,22 +255,28 @@ def _json_lines(stream: BinaryIO, path: Path) -> Iterator[Record]:
 
 def _block(path: Path, buffer: bytearray, size: int, number: int) -> Record:
     """The lines of ``buffer[:size]``, which ends with a newline unless it is the file's end."""
-    newlines = buffer.count(b"\n", 0, size)
-    if newlines * 256 < size:  # long lines (the usual case): find them with memchr
-        ends_list = []
-        pos = buffer.find(b"\n", 0, size)
-        while pos >= 0:
-            ends_list.append(pos + 1)
-            pos = buffer.find(b"\n", pos + 1, size)
-        ends = np.array(ends_list, dtype=np.int64)
-    else:
-        ends = np.flatnonzero(np.frombuffer(buffer, dtype=np.uint8, count=size) == 10).astype(np.int64) + 1
+    ends = _line_ends(buffer, size)
     if size and buffer[size - 1] != 10:
         ends = np.append(ends, size)
     starts = np.concatenate([np.zeros(1, dtype=np.int64), ends[:-1]])
     numbers = number + np.arange(len(starts), dtype=np.int64)
     block = JsonLines(path, memoryview(buffer)[:size], starts, ends, numbers)
     return Record("json-lines", f"{path}:{number}", block)
+
+
+def _line_ends(buffer: bytearray, size: int) -> np.ndarray:
+    """Where each line of ``buffer[:size]`` ends (after its newline). Long lines (the usual
+    case: a request per line) are found with memchr, one ``find`` each; once lines turn out
+    short (more than one per 256 bytes so far), numpy finds the rest in one pass."""
+    ends_list = []
+    pos = buffer.find(b"\n", 0, size)
+    while pos >= 0:
+        ends_list.append(pos + 1)
+        if len(ends_list) > 64 and len(ends_list) * 256 > pos:
+            rest = np.frombuffer(buffer, dtype=np.uint8, count=size)[pos + 1 :]
+            return np.concatenate([np.array(ends_list, dtype=np.int64), np.flatnonzero(rest == 10) + (pos + 2)])
+        pos = buffer.find(b"\n", pos + 1, size)
+    return np.array(ends_list, dtype=np.int64)
 
 
 def classify_json_line(line: bytes, where: str) -> Record:

@@ -33,18 +33,21 @@ def _copy(dst, at, src, start, length):
         dst[at + j] = src[start + j]
 
 
-_HEX_VALUE = np.full(256, -1, dtype=np.int64)
+# a hex digit's value (0-15), 16 for any other byte: OR-ed over an id, >= 16 means not hex
+_HEX_VALUE = np.full(256, 16, dtype=np.uint8)
 _HEX_VALUE[np.frombuffer(b"0123456789", dtype=np.uint8)] = np.arange(10)
 _HEX_VALUE[np.frombuffer(b"abcdef", dtype=np.uint8)] = np.arange(10, 16)
 _HEX_VALUE[np.frombuffer(b"ABCDEF", dtype=np.uint8)] = np.arange(10, 16)
-_HEX_LOWER = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 
 @njit(cache=True, nogil=True)
 def text_ids(buf, starts, lengths, width):
     """Hex-text ids (any case) to lowercase hex and big-endian uint64 keys of the first 8
     bytes, like :func:`hex_ids`. ``ok`` is False when an id is not ``2 * width`` hex digits
-    (base64 ids, say); the caller then converts the column another way."""
+    (base64 ids, say); the caller then converts the column another way.
+
+    A hex digit lower-cases as ``c | 0x20`` (digits already have that bit), so the copy needs
+    no table; the key is built from the first 16 digits, two per step."""
     n = starts.size
     offsets = np.empty(n + 1, dtype=np.int64)
     offsets[0] = 0
@@ -54,19 +57,26 @@ def text_ids(buf, starts, lengths, width):
         offsets[i + 1] = offsets[i] + lengths[i]
     text = np.empty(offsets[n], dtype=np.uint8)
     keys = np.zeros(n, dtype=np.uint64)
-    bad = np.int64(0)
-    sixteen = np.uint64(16)
+    table = _HEX_VALUE
+    bad = np.uint8(0)
     for i in range(n):  # unsigned indices: no wraparound test per byte
+        if lengths[i] == 0:
+            continue
         start, out, length = np.uint64(starts[i]), np.uint64(offsets[i]), np.uint64(lengths[i])
-        key = np.int64(0)
-        for j in range(length):
-            value = _HEX_VALUE[np.uint64(buf[start + j])]
-            bad |= value
-            text[out + j] = _HEX_LOWER[np.uint64(value & 15)]
-            if j < sixteen:
-                key = (key << 4) | value
-        keys[i] = np.uint64(key)
-    return offsets, text, keys, bad >= 0
+        key = np.uint64(0)
+        for j in range(np.uint64(0), np.uint64(16), np.uint64(2)):
+            c0, c1 = buf[start + j], buf[start + j + np.uint64(1)]
+            v0, v1 = table[np.uint64(c0)], table[np.uint64(c1)]
+            bad |= v0 | v1
+            text[out + j] = c0 | np.uint8(32)
+            text[out + j + np.uint64(1)] = c1 | np.uint8(32)
+            key = (key << np.uint64(8)) | (np.uint64(v0) << np.uint64(4)) | np.uint64(v1)
+        for j in range(np.uint64(16), length):
+            c0 = buf[start + j]
+            bad |= table[np.uint64(c0)]
+            text[out + j] = c0 | np.uint8(32)
+        keys[i] = key
+    return offsets, text, keys, bad < 16
 
 
 _TRUE = np.frombuffer(b"true", dtype=np.uint8)

@@ -102,3 +102,20 @@ def test_decoding_in_the_calling_thread_gives_what_the_workers_give(requests, tm
         results.append((pipeline.summary(), [t.spans.to_pylist() for t in tables]))
     assert results[0] == results[1]
     assert results[0][0].rejected_records == 1 and len(results[0][1]) > 1
+
+
+@pytest.mark.parametrize("lines", [
+    [b"x" * 300] * 3 + [b""] * 200 + [b"y" * 1000, b"z"],  # long lines, then short ones
+    [b"a", b"", b"bb"] * 100 + [b"c" * 5000],  # short from the start, then a long one
+    [b"q" * 70_000] * 5,  # long lines only
+])
+@pytest.mark.parametrize("newline_at_end", [True, False])
+def test_block_line_bounds_match_a_split_on_newlines(lines, newline_at_end):
+    """Line bounds come from memchr for long lines and numpy for short ones; either way each
+    line (its newline included) and its number are the ones a plain split gives."""
+    body = b"\n".join(lines) + (b"\n" if newline_at_end else b"")
+    record = _detect._block(_detect.Path("f.jsonl"), bytearray(body), len(body), 7)
+    block = record.payload
+    expected = body.splitlines(keepends=True)
+    assert [block.line(i)[1] for i in range(len(block.starts))] == expected
+    assert [block.line(i)[0] for i in range(len(block.starts))] == [f"f.jsonl:{7 + i}" for i in range(len(expected))]
