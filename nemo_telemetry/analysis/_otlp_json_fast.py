@@ -8,6 +8,8 @@ Lines the scan leaves alone come back to the caller with their status, for the o
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import orjson
 import pyarrow as pa
@@ -42,7 +44,10 @@ def decode_json_block(buffer: bytes | memoryview, starts: np.ndarray, ends: np.n
     data = np.frombuffer(buffer, dtype=np.uint8)
     data.flags.writeable = False  # one compiled signature for bytes and bytearray blocks
     status = np.zeros(starts.size, dtype=np.int8)
-    counts = np.zeros(6, dtype=np.int64)
+    region = data.size + 16
+    arena = _scratch_arena(k.ARENAS * region)
+    counts = np.zeros(k.COUNT_COLUMNS, dtype=np.int64)
+    counts[6:] = np.arange(k.ARENAS) * region
     guess = max(64, len(buffer) // 256)  # a span of a few attributes takes ~400 bytes of JSON
     arrays = [
         scratch_matrix("json-spans", k.SPAN_COLUMNS, guess),
@@ -51,22 +56,26 @@ def decode_json_block(buffer: bytes | memoryview, starts: np.ndarray, ends: np.n
         *(np.zeros((64, k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)),
     ]
     line = 0
-    while (line := k.scan(data, starts, ends, line, status, counts, *arrays)) < starts.size:
+    while (line := k.scan(data, starts, ends, line, status, counts, *arrays, arena)) < starts.size:
         arrays = [grown_records(a, int(c), 1 if i < 2 else 0) for i, (a, c) in enumerate(zip(arrays, counts))]
     n = int(counts[0])
     if n == 0:
         return OtlpTables.empty(), status
     spans, attrs = arrays[0][:, :n], arrays[1][:, : int(counts[1])]
-    side = [a[: int(c)] for a, c in zip(arrays[2:], counts[2:])]
+    side = [a[: int(c)] for a, c in zip(arrays[2:], counts[2:6])]
+    arena = arena.view()
+    arena.flags.writeable = False  # the string builders' one signature, as for protobuf blocks
     try:
-        return _assemble(k, w, buffer, data, spans, attrs, *side), status
+        return _assemble(k, w, buffer, arena, spans, attrs, *side), status
     except (pa.ArrowInvalid, orjson.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError):
         # e.g. invalid UTF-8 or an odd resource: let the exact path judge every line
         status[status == LINE_OK] = LINE_FALLBACK
         return OtlpTables.empty(), status
 
 
-def _assemble(k, w, buffer, data, spans, attrs, resources, scopes, events, links) -> OtlpTables:
+def _assemble(k, w, buffer, arena, spans, attrs, resources, scopes, events, links) -> OtlpTables:
+    """The tables; string starts in ``spans`` and ``attrs`` are positions in ``arena``, raw
+    slices (resources, scopes, events, links, rare values) positions in ``buffer``."""
     extras = SpanColumns()
     extras.resources.extend(_resource(buffer, start, length) for start, length, _ in resources.tolist())
     extras.scopes.extend(_scope(buffer, start, length) for start, length, _ in scopes.tolist())
@@ -74,11 +83,11 @@ def _assemble(k, w, buffer, data, spans, attrs, resources, scopes, events, links
     escaped = spans[k.ESCAPED]
 
     def text(column: int) -> pa.Array:
-        return _strings(w, buffer, data, spans[column], spans[column + 1], (escaped >> column) & 1 == 1)
+        return _strings(w, arena, spans[column], spans[column + 1], (escaped >> column) & 1 == 1)
 
-    trace_id, trace_key = _ids(w, data, spans[k.TRACE_S], spans[k.TRACE_N], 16)
-    span_id, span_key = _ids(w, data, spans[k.SPAN_S], spans[k.SPAN_N], 8)
-    parent_id, parent_key = _ids(w, data, spans[k.PARENT_S], spans[k.PARENT_N], 8)
+    trace_id, trace_key = _ids(w, arena, spans[k.TRACE_S], spans[k.TRACE_N], 16)
+    span_id, span_key = _ids(w, arena, spans[k.SPAN_S], spans[k.SPAN_N], 8)
+    parent_id, parent_key = _ids(w, arena, spans[k.PARENT_S], spans[k.PARENT_N], 8)
     keys = (trace_key, span_key, parent_key)
     arrays = SpanArrays(
         trace_id=trace_id,
@@ -94,22 +103,22 @@ def _assemble(k, w, buffer, data, spans, attrs, resources, scopes, events, links
         scope_index=pa.array(spans[k.SCOPE].astype(np.int32)),
         resource_index=pa.array(spans[k.RESOURCE].astype(np.int32)),
         attr_counts=spans[k.ATTR_COUNT],
-        attr_keys=_strings(w, buffer, data, attrs[k.KEY_S], attrs[k.KEY_N], attrs[k.ATTR_ESCAPED] & 2 == 2),
-        attr_values=_values(k, w, buffer, data, attrs),
+        attr_keys=_strings(w, arena, attrs[k.KEY_S], attrs[k.KEY_N], attrs[k.ATTR_ESCAPED] & 2 == 2),
+        attr_values=_values(k, w, buffer, arena, attrs),
         id_keys=keys if all(key is not None for key in keys) else None,
     )
     return build_tables(arrays, extras)
 
 
-def _strings(w, buffer: bytes, data: np.ndarray, start, length, escaped: np.ndarray) -> pa.Array:
-    """JSON string contents as strings; the few with escapes are decoded by orjson."""
-    offsets, chars = w.gather(data, np.ascontiguousarray(start), np.ascontiguousarray(length))
+def _strings(w, arena: np.ndarray, start, length, escaped: np.ndarray) -> pa.Array:
+    """JSON string contents (in ``arena``) as strings; the few with escapes are decoded by orjson."""
+    offsets, chars = w.gather(arena, np.ascontiguousarray(start), np.ascontiguousarray(length))
     strings = pa.Array.from_buffers(pa.large_string(), start.size, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
     strings.validate(full=True)  # UTF-8
     if not escaped.any():
         return strings
     rows = np.flatnonzero(escaped)
-    decoded = [orjson.loads(b'"' + buffer[s : s + n] + b'"') for s, n in zip(start[rows].tolist(), length[rows].tolist())]
+    decoded = [orjson.loads(b'"' + arena[s : s + n].tobytes() + b'"') for s, n in zip(start[rows].tolist(), length[rows].tolist())]
     index = np.arange(start.size)
     index[rows] = start.size + np.arange(rows.size)
     return pa.concat_arrays([strings, pa.array(decoded, pa.large_string())]).take(pa.array(index))
@@ -128,7 +137,7 @@ def _ids(w, data: np.ndarray, start, length, width: int) -> tuple[pa.Array, np.n
     return pa.array([_text_id_to_hex(s, width) for s in ids.to_pylist()], pa.string()), None
 
 
-def _values(k, w, buffer: bytes, data: np.ndarray, attrs: np.ndarray) -> pa.Array:
+def _values(k, w, buffer: bytes, arena: np.ndarray, attrs: np.ndarray) -> pa.Array:
     """The schema's string for each AnyValue in one compiled pass; rare kinds and strings with
     escapes are decoded by orjson first and copied in."""
     kind = attrs[k.VTYPE].copy()
@@ -141,17 +150,30 @@ def _values(k, w, buffer: bytes, data: np.ndarray, attrs: np.ndarray) -> pa.Arra
             text = value_to_string(any_value_to_python(orjson.loads(buffer[s : s + n])))
         else:
             s, n = int(attrs[k.VAL_S, row]), int(attrs[k.VAL_N, row])
-            text = orjson.loads(b'"' + buffer[s : s + n] + b'"')
+            text = orjson.loads(b'"' + arena[s : s + n].tobytes() + b'"')
         special_strings.append(text)
     special_strings, special = special_rows(kind, rows, special_strings)
     special_offsets = np.zeros(len(special_strings) + 1, dtype=np.int64)
     np.cumsum([len(t) for t in special_strings], out=special_offsets[1:])
     offsets, chars, valid = w.value_strings(
-        data, kind, np.ascontiguousarray(attrs[k.VAL_S]), np.ascontiguousarray(attrs[k.VAL_N]),
+        arena, kind, np.ascontiguousarray(attrs[k.VAL_S]), np.ascontiguousarray(attrs[k.VAL_N]),
         np.ascontiguousarray(attrs[k.VAL_INT]), special, special_offsets,
         np.frombuffer(b"".join(special_strings), dtype=np.uint8), k.V_STRING, k.V_BOOL, k.V_INT,
     )
     return string_array(offsets, chars, valid)
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch_arena(size: int) -> np.ndarray:
+    """The scan's string arena, reused by this thread from block to block (fresh pages cost a
+    page fault each); only what the scan writes is read, and every output is copied out."""
+    arena = getattr(_SCRATCH, "arena", None)
+    if arena is None or arena.size < size:
+        arena = np.empty(size, dtype=np.uint8)
+        _SCRATCH.arena = arena
+    return arena
 
 
 def _resource(buffer: bytes, start: int, length: int) -> dict:

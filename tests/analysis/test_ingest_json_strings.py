@@ -1,0 +1,109 @@
+"""The compiled JSON-lines scan passes over strings eight bytes at a time and copies them out
+as it goes: escapes, multi-byte characters and odd ids anywhere in a string (at every offset
+of a word) read as orjson reads them, and what is not JSON is still left to orjson."""
+
+from __future__ import annotations
+
+import copy
+
+import orjson
+import pytest
+
+from nemo_telemetry.analysis._otlp_json_fast import LINE_FALLBACK, LINE_OK, decode_json_lines
+from nemo_telemetry.analysis.synthetic import synthetic_requests
+
+from test_ingest_json_scan import _orjson_path
+
+
+@pytest.fixture(scope="module")
+def request_dict():
+    return next(synthetic_requests(3, spans_per_request=3, ranks=1))
+
+
+def _spans(request):
+    return request["resourceSpans"][0]["scopeSpans"][0]["spans"]
+
+
+def _assert_scan_equals_orjson(lines):
+    fast, status = decode_json_lines(lines)
+    assert status.tolist() == [LINE_OK] * len(lines)
+    slow = _orjson_path(lines)
+    for name in ("spans", "events", "links"):
+        assert getattr(fast, name).to_pylist() == getattr(slow, name).to_pylist(), name
+    return fast
+
+
+@pytest.mark.parametrize("piece", ['"', "\\", "\n", "é", "\u2603", "\\u", "\U0001f600"])
+def test_escapes_and_wide_characters_at_every_offset(request_dict, piece):
+    """``piece`` at each position of strings 0-24 characters long, in every string field the
+    scan copies (name, trace state, status message, attribute key and value)."""
+    lines = []
+    for length in range(25):
+        for at in range(0, length + 1, 3 if length > 12 else 1):
+            text = ("abcdefghijklmnopqrstuvwxy"[:at] + piece + "ABCDEFGHIJKLMNOPQRSTUVWXY"[at:length])
+            request = copy.deepcopy(request_dict)
+            span = _spans(request)[1]
+            span["name"] = span["traceState"] = text
+            span["status"] = {"code": 2, "message": text}
+            span["attributes"].append({"key": text, "value": {"stringValue": text}})
+            lines.append(orjson.dumps(request))
+    fast = _assert_scan_equals_orjson(lines)
+    assert any(piece + "ABC" in name for name in fast.spans.column("name").to_pylist())
+
+
+def test_strings_at_the_very_end_of_a_line(request_dict):
+    """A string value that ends within the last 8 bytes of its line (no room for a whole
+    word after it), with and without a trailing CRLF."""
+    request = copy.deepcopy(request_dict)
+    request["resourceSpans"][0]["schemaUrl"] = "https://x"
+    line = orjson.dumps(request)
+    _assert_scan_equals_orjson([line, line + b"\r\n", b" " + line + b"\n"])
+
+
+@pytest.mark.parametrize("broken", [
+    b"raw\x01control character in a long string value",
+    b"raw tab\tin a long string value",
+    b"short\x1f",
+])
+def test_control_characters_in_strings_are_left_to_orjson(request_dict, broken):
+    request = copy.deepcopy(request_dict)
+    _spans(request)[0]["name"] = "PLACEHOLDER"
+    line = orjson.dumps(request).replace(b"PLACEHOLDER", broken)
+    good = orjson.dumps(request_dict)
+    tables, status = decode_json_lines([good, line, good])
+    assert status.tolist() == [LINE_OK, LINE_FALLBACK, LINE_OK]
+    assert tables.spans.num_rows == 2 * len(_spans(request_dict))
+
+
+@pytest.mark.parametrize("cut", range(1, 30))
+def test_a_line_cut_inside_a_string_is_left_to_orjson(request_dict, cut):
+    line = orjson.dumps(request_dict)
+    at = line.index(b'"name":"') + 8 + cut  # inside (or just past) the first span's name
+    _, status = decode_json_lines([line[:at]])
+    assert status.tolist() == [LINE_FALLBACK]
+
+
+def test_ids_in_any_case_of_the_right_length_or_not(request_dict):
+    """Upper- and mixed-case hex ids, and ids of the wrong length or with a non-hex digit
+    (which the exact path keeps or drops as it decides), read as orjson reads them."""
+    lines = []
+    for change in (str.upper, lambda s: s[:5].upper() + s[5:], lambda s: s[:-1], lambda s: s + "0",
+                   lambda s: s[:-1] + "g", lambda s: ""):
+        request = copy.deepcopy(request_dict)
+        for span in _spans(request):
+            for field in ("traceId", "spanId", "parentSpanId"):
+                if field in span:
+                    span[field] = change(span[field])
+        lines.append(orjson.dumps(request))
+    for line in lines:
+        fast = _assert_scan_equals_orjson([line])
+        assert all(i == i.lower() for i in fast.spans.column("span_id").to_pylist())
+    _assert_scan_equals_orjson(lines)
+
+
+def test_invalid_utf8_in_a_string_sends_the_block_to_the_exact_path(request_dict):
+    request = copy.deepcopy(request_dict)
+    _spans(request)[0]["name"] = "PLACEHOLDER"
+    bad = orjson.dumps(request).replace(b"PLACEHOLDER", b"bad \xff\xfe byte in a name")
+    _, status = decode_json_lines([orjson.dumps(request_dict), bad])
+    assert status.tolist() == [LINE_FALLBACK, LINE_FALLBACK]
