@@ -61,8 +61,7 @@ def decode_requests(payloads: list[bytes]) -> OtlpTables:
         spans, attrs = grown_records(spans, int(counts[0]), 1), grown_records(attrs, int(counts[1]), 1)
         side = [grown_records(a, int(c), 0) for a, c in zip(side, counts[2:])]
     if err < 0:
-        problem = "a field runs past its message" if err == k.E_TRUNCATED else "an unsupported wire type"
-        raise WireError(f"request {request}: {problem}")
+        raise WireError(f"request {request}: {_problem(k, err)}")
     n = int(counts[0])
     spans, attrs = spans[:, :n], attrs[:, : int(counts[1])]
     side = [a[: int(c)] for a, c in zip(side, counts[2:])]
@@ -71,14 +70,20 @@ def decode_requests(payloads: list[bytes]) -> OtlpTables:
     return _assemble(k, s, buffer, data, spans, attrs, *side)
 
 
+def _problem(k, err: int) -> str:
+    problems = {k.E_TRUNCATED: "a field runs past its message", k.E_ID: "an id of unexpected length",
+                k.E_REPEATED: "a message field given twice (upb merges them)"}
+    return problems.get(err, "an unsupported wire type")
+
+
 def _assemble(k, s, buffer: bytes, data: np.ndarray, spans, attrs, resources, scopes, events, links) -> OtlpTables:
     extras = SpanColumns()
     extras.resources.extend(_resources(buffer, resources))
     extras.scopes.extend(_scopes(buffer, scopes))
     _events_and_links(buffer, events, links, extras)
-    trace_id, trace_key = _hex_ids(k, data, spans[k.TRACE_S], spans[k.TRACE_N], 16)
-    span_id, span_key = _hex_ids(k, data, spans[k.SPAN_S], spans[k.SPAN_N], 8)
-    parent_id, parent_key = _hex_ids(k, data, spans[k.PARENT_S], spans[k.PARENT_N], 8)
+    trace_id, trace_key = _hex_ids(k, spans[k.TRACE_HI], spans[k.TRACE_LO], spans[k.TRACE_N], 16)
+    span_id, span_key = _hex_ids(k, spans[k.SPAN_K], spans[k.SPAN_K], spans[k.SPAN_N], 8)
+    parent_id, parent_key = _hex_ids(k, spans[k.PARENT_K], spans[k.PARENT_K], spans[k.PARENT_N], 8)
     arrays = SpanArrays(
         trace_id=trace_id,
         span_id=span_id,
@@ -102,7 +107,7 @@ def _assemble(k, s, buffer: bytes, data: np.ndarray, spans, attrs, resources, sc
 
 def _strings(s, data: np.ndarray, start: np.ndarray, length: np.ndarray) -> pa.Array:
     """``buffer[start:start + length]`` of each element as a string array (UTF-8 checked)."""
-    offsets, chars = s.gather(data, np.ascontiguousarray(start), np.ascontiguousarray(length))
+    offsets, chars = s.gather(data, start, length)  # rows of C matrices: contiguous already
     strings = pa.Array.from_buffers(pa.large_string(), start.size, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
     try:
         strings.validate(full=True)
@@ -111,12 +116,12 @@ def _strings(s, data: np.ndarray, start: np.ndarray, length: np.ndarray) -> pa.A
     return strings
 
 
-def _hex_ids(k, data: np.ndarray, start: np.ndarray, length: np.ndarray, width: int) -> tuple[pa.Array, np.ndarray]:
-    """Lowercase hex of each id ("" where absent) and its uint64 key; ``WireError`` for odd lengths."""
-    offsets, text, keys, ok = k.hex_ids(data, np.ascontiguousarray(start), np.ascontiguousarray(length), width)
-    if not ok:
-        raise WireError("an id of unexpected length")
-    return pa.Array.from_buffers(pa.large_string(), start.size, [None, pa.py_buffer(offsets), pa.py_buffer(text)]), keys
+def _hex_ids(k, high: np.ndarray, low: np.ndarray, length: np.ndarray, width: int) -> tuple[pa.Array, np.ndarray]:
+    """Lowercase hex of each id ("" where absent) from the walk's keys, and its uint64 key (a copy:
+    the walk's matrix is reused)."""
+    offsets, text = k.hex_ids(high, low, length, width)
+    strings = pa.Array.from_buffers(pa.large_string(), length.size, [None, pa.py_buffer(offsets), pa.py_buffer(text)])
+    return strings, high.view(np.uint64).copy()
 
 
 def _values(k, s, buffer: bytes, data: np.ndarray, attrs: np.ndarray) -> pa.Array:
@@ -129,9 +134,9 @@ def _values(k, s, buffer: bytes, data: np.ndarray, attrs: np.ndarray) -> pa.Arra
     rare_offsets = np.zeros(len(rare) + 1, dtype=np.int64)
     np.cumsum([len(r) for r in rare], out=rare_offsets[1:])
     rare_data = np.frombuffer(b"".join(rare), dtype=np.uint8)
+    value = attrs[k.VAL]  # a string's start, or an int's or bool's value
     offsets, chars, valid = s.value_strings(
-        data, kind, np.ascontiguousarray(attrs[k.VAL_S]), np.ascontiguousarray(attrs[k.VAL_N]),
-        np.ascontiguousarray(attrs[k.VAL_INT]), special, rare_offsets, rare_data, _STRING, _BOOL, _INT,
+        data, kind, value, attrs[k.VAL_N], value, special, rare_offsets, rare_data, _STRING, _BOOL, _INT,
     )
     try:
         return string_array(offsets, chars, valid)

@@ -1,43 +1,88 @@
 """The protobuf walk of ``ExportTraceServiceRequest`` batches, compiled with numba.
 
-One sequential pass over the bytes records, per span and per attribute, where each field's
-value lies in the buffer (offset and length) or its integer value; nothing else. Python then
-cuts strings and converts columns in bulk (``_otlp_wire``). One pass: the arrays are sized
-from a guess, and a request that does not fit is walked again after the caller grows them.
+One sequential pass over the bytes records, per span and per attribute, where each string
+lies in the buffer (offset and length), each number's value, and each id as big-endian uint64
+keys; nothing else. Python then cuts strings and converts columns in bulk (``_otlp_wire``).
+One pass: the arrays are sized from a guess, and a request that does not fit is walked again
+after the caller grows them.
 
-Field numbers are from ``opentelemetry/proto/{collector/trace,trace,common,resource}/v1``.
+Each message is read field by field on its tag: every field we read has a number below 16, so
+its tag and (mostly) its length are one byte each, read inline; longer varints and fields we do
+not read go through the generic path, so any valid encoding, in any field order, reads as upb
+reads it. Field numbers are from ``opentelemetry/proto/{collector/trace,trace,common,resource}/v1``.
 An error returns a negative code and the caller falls back to upb request by request.
+
+The walk's functions are compiled without reference counting (``_nrt=False``, as numba's own
+string kernels are): every array is borrowed from the caller for the whole call, and counting
+each pass of an array to a helper cost a third of the walk.
 """
 
 from __future__ import annotations
 
-import numpy as np
-from numba import njit
+import sys
 
-# error codes
+import numpy as np
+from llvmlite import ir
+from numba import njit
+from numba.core import types
+from numba.extending import intrinsic
+
+if sys.byteorder != "little":  # the word loads below read little-endian
+    raise ImportError("the compiled protobuf walk needs a little-endian machine")
+
+# error codes; a read that runs past its message returns position -1, which is E_TRUNCATED
 OK = 0
 E_TRUNCATED = -1  # a length or varint runs past its message
-E_WIRE_TYPE = -2  # groups (3, 4) or an unknown wire type
+E_WIRE_TYPE = -2  # groups (3, 4), an unknown wire type or field number 0
 E_ROOM = -3  # an output array is full: grow it and walk the request again
+E_ID = -4  # a trace or span id of another length than 16 or 8 bytes
+E_REPEATED = -5  # a resource, scope or attribute value given twice: protobuf merges them, upb does
 
-# span columns: rows of an int64 (SPAN_COLUMNS, spans) matrix, so each column is contiguous
-(TRACE_S, TRACE_N, SPAN_S, SPAN_N, PARENT_S, PARENT_N, STATE_S, STATE_N, NAME_S, NAME_N, KIND,
- START, END, CODE, MSG_S, MSG_N, SCOPE, RESOURCE, ATTR_FIRST, ATTR_COUNT) = range(20)
+# span columns: rows of an int64 (SPAN_COLUMNS, spans) matrix, so each column is contiguous.
+# Ids are big-endian uint64 keys (a trace id's two halves) with their length (0: absent).
+(TRACE_HI, TRACE_LO, TRACE_N, SPAN_K, SPAN_N, PARENT_K, PARENT_N, STATE_S, STATE_N, NAME_S, NAME_N,
+ KIND, START, END, CODE, MSG_S, MSG_N, SCOPE, RESOURCE, ATTR_COUNT) = range(20)
 SPAN_COLUMNS = 20
-# Span fields 1-5 (trace_id, span_id, trace_state, parent_span_id, name): their start columns
-_ID_COLUMNS = np.array([TRACE_S, SPAN_S, STATE_S, PARENT_S, NAME_S], dtype=np.int64)
-# attribute columns: rows of an (ATTR_COLUMNS, attributes) matrix
-KEY_S, KEY_N, VTYPE, VAL_S, VAL_N, VAL_INT, ANY_S, ANY_N = range(8)
-ATTR_COLUMNS = 8
+# attribute columns: rows of an (ATTR_COLUMNS, attributes) matrix. VTYPE is the AnyValue field
+# number (0: none); VAL is a string's start or an int's or bool's value; ANY_S/ANY_N bound the
+# AnyValue message (for the kinds upb reads).
+KEY_S, KEY_N, VTYPE, VAL, VAL_N, ANY_S, ANY_N = range(7)
+ATTR_COLUMNS = 7
 # side records: resources and scopes (start, length, owner), events and links (span, start, length)
 SIDE_COLUMNS = 3
 
+# one-byte tags, (field number << 3) | wire type, named by field number and wire type
+_T1_LEN, _T2_LEN, _T3_LEN, _T4_LEN, _T5_LEN, _T6_LEN, _T7_LEN = 0x0A, 0x12, 0x1A, 0x22, 0x2A, 0x32, 0x3A
+_T9_LEN, _T11_LEN, _T13_LEN, _T15_LEN = 0x4A, 0x5A, 0x6A, 0x7A
+_T2_VARINT, _T3_VARINT, _T6_VARINT = 0x10, 0x18, 0x30
+_T4_FIXED64, _T7_FIXED64, _T8_FIXED64 = 0x21, 0x39, 0x41
 
-@njit(cache=True, nogil=True, inline="always")
-def _varint(buf, pos, end):
-    """(value, next position); next position -1 when it runs past ``end``."""
-    if pos < end and buf[pos] < 0x80:
-        return np.uint64(buf[pos]), pos + 1
+
+@intrinsic
+def _load64(typingctx, array, index):
+    """The 8 bytes of a uint8 ``array`` at ``index`` as one little-endian uint64 (any alignment)."""
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        pointer = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(64).as_pointer())
+        return builder.load(pointer, align=1)
+
+    return types.uint64(array, index), codegen
+
+
+@intrinsic
+def _byteswap(typingctx, value):
+    """A uint64 with its bytes reversed: big-endian ids read as numbers."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bswap(args[0])
+
+    return types.uint64(value), codegen
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _long_varint(buf, pos, end):
+    """(value, next position) of a varint of any length; next position -1 past ``end``."""
     result = np.uint64(0)
     shift = np.uint64(0)
     while pos < end:
@@ -52,213 +97,305 @@ def _varint(buf, pos, end):
     return result, np.int64(-1)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _field(buf, pos, end):
-    """(number, wire type, value start, value end, varint value, next position or error)."""
-    tag, pos = _varint(buf, pos, end)
-    if pos < 0:
-        return 0, 0, 0, 0, np.uint64(0), E_TRUNCATED
-    wire = np.int64(tag & np.uint64(7))
-    number = np.int64(tag >> np.uint64(3))
-    if wire == 2:
-        length, start = _varint(buf, pos, end)
-        if start < 0 or length > np.uint64(end - start):
-            return 0, 0, 0, 0, np.uint64(0), E_TRUNCATED
-        stop = start + np.int64(length)
-        return number, wire, start, stop, length, stop
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _varint(buf, pos, end):
+    """(value, next position), a one-byte varint read inline; next position -1 past ``end``."""
+    if pos < end and buf[pos] < 0x80:
+        return np.uint64(buf[pos]), pos + 1
+    return _long_varint(buf, pos, end)
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _tag(buf, pos, end):
+    """(tag, next position) of the field at ``pos < end``; (-1, -1) when it runs past ``end``."""
+    byte = buf[pos]
+    if byte < 0x80:
+        return np.int64(byte), pos + 1
+    tag, pos = _long_varint(buf, pos, end)
+    return (np.int64(tag), pos) if pos >= 0 else (np.int64(-1), pos)
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _length(buf, pos, end):
+    """(value start, value end) of the length-delimited value at ``pos``; (-1, -1) past ``end``."""
+    if pos < end and buf[pos] < 0x80:
+        stop = pos + 1 + np.int64(buf[pos])
+        if stop > end:
+            return np.int64(-1), np.int64(-1)
+        return pos + 1, stop
+    length, start = _long_varint(buf, pos, end)
+    if start < 0 or length > np.uint64(end - start):
+        return np.int64(-1), np.int64(-1)
+    return start, start + np.int64(length)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _skip(buf, pos, end, tag):
+    """The position after the value of a field not read, its ``tag`` ending at ``pos``; < 0 on error."""
+    if tag < 8:  # a failed tag read (-1) or field number 0, which protobuf forbids
+        return E_TRUNCATED if tag < 0 else E_WIRE_TYPE
+    wire = tag & 7
     if wire == 0:
-        value, nxt = _varint(buf, pos, end)
-        if nxt < 0:
-            return 0, 0, 0, 0, np.uint64(0), E_TRUNCATED
-        return number, wire, pos, nxt, value, nxt
+        value, pos = _varint(buf, pos, end)
+        return pos
+    if wire == 2:
+        start, stop = _length(buf, pos, end)
+        return stop
     if wire == 1 or wire == 5:
         stop = pos + (8 if wire == 1 else 4)
-        if stop > end:
-            return 0, 0, 0, 0, np.uint64(0), E_TRUNCATED
-        return number, wire, pos, stop, np.uint64(0), stop
-    return 0, 0, 0, 0, np.uint64(0), E_WIRE_TYPE
+        return stop if stop <= end else E_TRUNCATED
+    return E_WIRE_TYPE
 
 
-@njit(cache=True, nogil=True)
-def _fixed64(buf, pos):
-    value = np.uint64(0)
-    for k in range(8):
-        value |= np.uint64(buf[pos + k]) << np.uint64(8 * k)
-    return np.int64(value)
-
-
-@njit(cache=True, nogil=True)
-def _any_value(buf, start, end, attrs, a):
-    """Fill attribute row ``a`` from the AnyValue message ``[start, end)``."""
-    attrs[ANY_S, a] = start
-    attrs[ANY_N, a] = end - start
-    pos = start
-    while pos < end:
-        number, wire, vs, ve, value, pos = _field(buf, pos, end)
-        if pos < 0:
-            return pos
-        attrs[VTYPE, a] = number if 1 <= number <= 7 else 0
-        attrs[VAL_S, a] = vs
-        attrs[VAL_N, a] = ve - vs
-        if wire == 0:
-            attrs[VAL_INT, a] = np.int64(value)
-        elif wire == 1:
-            attrs[VAL_INT, a] = _fixed64(buf, vs)
-    return OK
-
-
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def _key_value(buf, start, end, attrs, a):
-    for column in range(ATTR_COLUMNS):  # the arrays are reused: every field starts afresh
-        attrs[column, a] = 0
-    attrs[KEY_S, a] = start
-    attrs[ANY_S, a] = start
+    """Fill attribute row ``a`` from the KeyValue message ``[start, end)``; OK or an error."""
+    key_s, key_n, vtype, val, val_n, any_s, any_n = start, 0, 0, 0, 0, start, 0
+    has_value = False
     pos = start
     while pos < end:
-        number, wire, vs, ve, value, pos = _field(buf, pos, end)
+        tag, pos = _tag(buf, pos, end)
+        if tag == _T1_LEN:
+            key_s, pos = _length(buf, pos, end)
+            key_n = pos - key_s
+        elif tag == _T2_LEN:
+            if has_value:
+                return E_REPEATED
+            has_value = True
+            any_s, stop = _length(buf, pos, end)
+            if any_s < 0:
+                return E_TRUNCATED
+            any_n = stop - any_s
+            pos = any_s
+            while pos < stop:  # the AnyValue: the last of its oneof fields wins
+                tag, pos = _tag(buf, pos, stop)
+                if tag == _T1_LEN:
+                    val, pos = _length(buf, pos, stop)
+                    vtype, val_n = 1, pos - val
+                elif tag == _T2_VARINT or tag == _T3_VARINT:
+                    value, pos = _varint(buf, pos, stop)
+                    vtype, val, val_n = tag >> 3, np.int64(value), 0
+                elif tag == _T4_FIXED64 or tag == _T5_LEN or tag == _T6_LEN or tag == _T7_LEN:
+                    pos = _skip(buf, pos, stop, tag)  # doubles, arrays, lists, bytes: upb reads them
+                    vtype = tag >> 3
+                else:
+                    pos = _skip(buf, pos, stop, tag)
+                if pos < 0:
+                    return pos
+        else:
+            pos = _skip(buf, pos, end, tag)
         if pos < 0:
             return pos
-        if number == 1 and wire == 2:
-            attrs[KEY_S, a] = vs
-            attrs[KEY_N, a] = ve - vs
-        elif number == 2 and wire == 2:
-            err = _any_value(buf, vs, ve, attrs, a)
-            if err < 0:
-                return err
+    attrs[KEY_S, a] = key_s
+    attrs[KEY_N, a] = key_n
+    attrs[VTYPE, a] = vtype
+    attrs[VAL, a] = val
+    attrs[VAL_N, a] = val_n
+    attrs[ANY_S, a] = any_s
+    attrs[ANY_N, a] = any_n
     return OK
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _status(buf, start, end, spans, i):
+    """Status fields into row ``i`` (set to their defaults first); OK or an error."""
     pos = start
     while pos < end:
-        number, wire, vs, ve, value, pos = _field(buf, pos, end)
+        tag, pos = _tag(buf, pos, end)
+        if tag == _T2_LEN:
+            vs, pos = _length(buf, pos, end)
+            spans[MSG_S, i] = vs
+            spans[MSG_N, i] = pos - vs
+        elif tag == _T3_VARINT:
+            value, pos = _varint(buf, pos, end)
+            spans[CODE, i] = np.int64(value)
+        else:
+            pos = _skip(buf, pos, end, tag)
         if pos < 0:
             return pos
-        if number == 2 and wire == 2:
-            spans[MSG_S, i] = vs
-            spans[MSG_N, i] = ve - vs
-        elif number == 3 and wire == 0:
-            spans[CODE, i] = np.int64(value)
     return OK
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln):
     """Walk one Span into row ``i``; returns (attributes, events, links, error). The error
     E_ROOM means an array is full: the caller grows them and walks the request again."""
-    for column in range(SPAN_COLUMNS):  # the arrays are reused: every field starts afresh
-        spans[column, i] = 0
-    for column in _ID_COLUMNS:
-        spans[column, i] = start  # absent: an empty cut at the span's start keeps order
+    zero = np.uint64(0)
+    trace_hi, trace_lo, trace_n, span_k, span_n, parent_k, parent_n = zero, zero, 0, zero, 0, zero, 0
+    state_s, state_n, name_s, name_n = start, 0, start, 0  # absent: an empty cut keeps order
+    kind, begin, finish = 0, zero, zero
+    spans[CODE, i] = 0
     spans[MSG_S, i] = start
-    spans[ATTR_FIRST, i] = a
+    spans[MSG_N, i] = 0
     n_attrs = 0
     n_events = 0
     n_links = 0
     pos = start
     while pos < end:
-        number, wire, vs, ve, value, pos = _field(buf, pos, end)
-        if pos < 0:
-            return n_attrs, n_events, n_links, pos
-        if number == 9 and wire == 2:
+        tag, pos = _tag(buf, pos, end)
+        if tag == _T9_LEN:
+            vs, pos = _length(buf, pos, end)
+            if vs < 0:
+                return n_attrs, n_events, n_links, E_TRUNCATED
             if a + n_attrs >= attrs.shape[1]:
                 return n_attrs, n_events, n_links, E_ROOM
-            err = _key_value(buf, vs, ve, attrs, a + n_attrs)
+            err = _key_value(buf, vs, pos, attrs, a + n_attrs)
             if err < 0:
                 return n_attrs, n_events, n_links, err
             n_attrs += 1
-        elif wire == 2 and 1 <= number <= 5:
-            column = _ID_COLUMNS[number - 1]
-            spans[column, i] = vs
-            spans[column + 1, i] = ve - vs
-        elif number == 7 and wire == 1:
-            spans[START, i] = _fixed64(buf, vs)
-        elif number == 8 and wire == 1:
-            spans[END, i] = _fixed64(buf, vs)
-        elif number == 6 and wire == 0:
-            spans[KIND, i] = np.int64(value)
-        elif number == 15 and wire == 2:
-            err = _status(buf, vs, ve, spans, i)
-            if err < 0:
-                return n_attrs, n_events, n_links, err
-        elif number == 11 and wire == 2:
-            if e + n_events >= events.shape[0]:
-                return n_attrs, n_events, n_links, E_ROOM
-            events[e + n_events, 0] = i
-            events[e + n_events, 1] = vs
-            events[e + n_events, 2] = ve - vs
-            n_events += 1
-        elif number == 13 and wire == 2:
-            if ln + n_links >= links.shape[0]:
-                return n_attrs, n_events, n_links, E_ROOM
-            links[ln + n_links, 0] = i
-            links[ln + n_links, 1] = vs
-            links[ln + n_links, 2] = ve - vs
-            n_links += 1
+        elif tag == _T1_LEN:
+            vs, pos = _length(buf, pos, end)
+            trace_n = pos - vs
+            if trace_n == 16:
+                trace_hi, trace_lo = _byteswap(_load64(buf, vs)), _byteswap(_load64(buf, vs + 8))
+            elif trace_n == 0:
+                trace_hi, trace_lo = zero, zero
+            elif vs >= 0:
+                return n_attrs, n_events, n_links, E_ID
+        elif tag == _T2_LEN or tag == _T4_LEN:
+            vs, pos = _length(buf, pos, end)
+            n = pos - vs
+            if n != 8 and n != 0 and vs >= 0:
+                return n_attrs, n_events, n_links, E_ID
+            key = _byteswap(_load64(buf, vs)) if n == 8 else zero
+            if tag == _T2_LEN:
+                span_k, span_n = key, n
+            else:
+                parent_k, parent_n = key, n
+        elif tag == _T5_LEN:
+            name_s, pos = _length(buf, pos, end)
+            name_n = pos - name_s
+        elif tag == _T7_FIXED64 or tag == _T8_FIXED64:
+            if pos + 8 > end:
+                return n_attrs, n_events, n_links, E_TRUNCATED
+            if tag == _T7_FIXED64:
+                begin = _load64(buf, pos)
+            else:
+                finish = _load64(buf, pos)
+            pos += 8
+        elif tag == _T6_VARINT:
+            value, pos = _varint(buf, pos, end)
+            kind = np.int64(value)
+        elif tag == _T3_LEN:
+            state_s, pos = _length(buf, pos, end)
+            state_n = pos - state_s
+        elif tag == _T15_LEN:
+            vs, pos = _length(buf, pos, end)
+            if vs >= 0:
+                err = _status(buf, vs, pos, spans, i)
+                if err < 0:
+                    return n_attrs, n_events, n_links, err
+        elif tag == _T11_LEN or tag == _T13_LEN:
+            vs, pos = _length(buf, pos, end)
+            if vs >= 0 and tag == _T11_LEN:
+                if e + n_events >= events.shape[0]:
+                    return n_attrs, n_events, n_links, E_ROOM
+                events[e + n_events, 0] = i
+                events[e + n_events, 1] = vs
+                events[e + n_events, 2] = pos - vs
+                n_events += 1
+            elif vs >= 0:
+                if ln + n_links >= links.shape[0]:
+                    return n_attrs, n_events, n_links, E_ROOM
+                links[ln + n_links, 0] = i
+                links[ln + n_links, 1] = vs
+                links[ln + n_links, 2] = pos - vs
+                n_links += 1
+        else:
+            pos = _skip(buf, pos, end, tag)
+        if pos < 0:
+            return n_attrs, n_events, n_links, pos
+    spans[TRACE_HI, i] = trace_hi
+    spans[TRACE_LO, i] = trace_lo
+    spans[TRACE_N, i] = trace_n
+    spans[SPAN_K, i] = span_k
+    spans[SPAN_N, i] = span_n
+    spans[PARENT_K, i] = parent_k
+    spans[PARENT_N, i] = parent_n
+    spans[STATE_S, i] = state_s
+    spans[STATE_N, i] = state_n
+    spans[NAME_S, i] = name_s
+    spans[NAME_N, i] = name_n
+    spans[KIND, i] = kind
+    spans[START, i] = begin
+    spans[END, i] = finish
     spans[ATTR_COUNT, i] = n_attrs
     return n_attrs, n_events, n_links, OK
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _request(buf, pos, end, request, counts, spans, attrs, resources, scopes, events, links):
     """Walk one request; ``counts`` (spans, attributes, resource spans, scope spans, events,
     links) advance only when all of it fit. Returns OK or an error code."""
     i, a, r, s, e, ln = counts[0], counts[1], counts[2], counts[3], counts[4], counts[5]
     while pos < end:
-        number, wire, rs_start, rs_end, value, pos = _field(buf, pos, end)
-        if pos < 0:
-            return pos
-        if number != 1 or wire != 2:
+        tag, pos = _tag(buf, pos, end)
+        if tag != _T1_LEN:  # resource_spans
+            pos = _skip(buf, pos, end, tag)
+            if pos < 0:
+                return pos
             continue
+        rpos, pos = _length(buf, pos, end)
+        if rpos < 0:
+            return E_TRUNCATED
         if r >= resources.shape[0]:
             return E_ROOM
-        resources[r, 0] = rs_start
-        resources[r, 1] = 0
-        resources[r, 2] = request
-        rpos = rs_start
+        resources[r, 0], resources[r, 1], resources[r, 2] = rpos, -1, request
+        rs_end = pos
         while rpos < rs_end:
-            number, wire, ss_start, ss_end, value, rpos = _field(buf, rpos, rs_end)
+            tag, rpos = _tag(buf, rpos, rs_end)
+            if tag == _T1_LEN:  # resource
+                if resources[r, 1] >= 0:
+                    return E_REPEATED
+                vs, rpos = _length(buf, rpos, rs_end)
+                resources[r, 0], resources[r, 1] = vs, rpos - vs
+            elif tag == _T2_LEN:  # scope_spans
+                spos, rpos = _length(buf, rpos, rs_end)
+                if spos < 0:
+                    return E_TRUNCATED
+                if s >= scopes.shape[0]:
+                    return E_ROOM
+                scopes[s, 0], scopes[s, 1], scopes[s, 2] = spos, -1, r
+                ss_end = rpos
+                while spos < ss_end:
+                    tag, spos = _tag(buf, spos, ss_end)
+                    if tag == _T1_LEN:  # scope
+                        if scopes[s, 1] >= 0:
+                            return E_REPEATED
+                        vs, spos = _length(buf, spos, ss_end)
+                        scopes[s, 0], scopes[s, 1] = vs, spos - vs
+                    elif tag == _T2_LEN:  # span
+                        vs, spos = _length(buf, spos, ss_end)
+                        if vs < 0:
+                            return E_TRUNCATED
+                        if i >= spans.shape[1]:
+                            return E_ROOM
+                        na, ne, nl, err = _span(buf, vs, spos, spans, i, attrs, a, events, e, links, ln)
+                        if err < 0:
+                            return err
+                        spans[SCOPE, i] = s
+                        spans[RESOURCE, i] = r
+                        i += 1
+                        a += na
+                        e += ne
+                        ln += nl
+                    else:
+                        spos = _skip(buf, spos, ss_end, tag)
+                    if spos < 0:
+                        return spos
+                scopes[s, 1] = max(scopes[s, 1], 0)
+                s += 1
+            else:
+                rpos = _skip(buf, rpos, rs_end, tag)
             if rpos < 0:
                 return rpos
-            if number == 1 and wire == 2:
-                resources[r, 0] = ss_start
-                resources[r, 1] = ss_end - ss_start
-            if number != 2 or wire != 2:
-                continue
-            if s >= scopes.shape[0]:
-                return E_ROOM
-            scopes[s, 0] = ss_start
-            scopes[s, 1] = 0
-            scopes[s, 2] = r
-            spos = ss_start
-            while spos < ss_end:
-                number, wire, vs, ve, value, spos = _field(buf, spos, ss_end)
-                if spos < 0:
-                    return spos
-                if number == 1 and wire == 2:
-                    scopes[s, 0] = vs
-                    scopes[s, 1] = ve - vs
-                if number != 2 or wire != 2:
-                    continue
-                if i >= spans.shape[1]:
-                    return E_ROOM
-                na, ne, nl, err = _span(buf, vs, ve, spans, i, attrs, a, events, e, links, ln)
-                if err < 0:
-                    return err
-                spans[SCOPE, i] = s
-                spans[RESOURCE, i] = r
-                i += 1
-                a += na
-                e += ne
-                ln += nl
-            s += 1
+        resources[r, 1] = max(resources[r, 1], 0)
         r += 1
     counts[0], counts[1], counts[2], counts[3], counts[4], counts[5] = i, a, r, s, e, ln
     return OK
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def walk(buf, starts, ends, first, counts, spans, attrs, resources, scopes, events, links):
     """Record every span of the requests from ``first`` on, ``counts`` advancing with each.
 
@@ -274,34 +411,32 @@ def walk(buf, starts, ends, first, counts, spans, attrs, resources, scopes, even
     return starts.size, OK
 
 
-_HEX_PAIRS = np.frombuffer("".join(f"{byte:02x}" for byte in range(256)).encode(), dtype=np.uint8)
+# the two lowercase hex characters of each byte as one little-endian 16-bit word
+_HEX_PAIRS = np.frombuffer("".join(f"{byte:02x}" for byte in range(256)).encode(), dtype="<u2").astype(np.uint64)
 
 
 @njit(cache=True, nogil=True)
-def hex_ids(buf, starts, lengths, width):
-    """Lowercase hex of each id of ``width`` bytes ("" when absent) and its first 8 bytes as a
-    big-endian uint64 key (0 when absent). Returns (offsets, hex, keys, ok); ``ok`` is False
-    when an id has another length."""
-    n = starts.size
+def hex_ids(high, low, lengths, width):
+    """Lowercase hex of ids given as big-endian uint64 keys ("" where ``lengths`` is 0); the
+    second key ``low`` is read for 16-byte ids only. Returns (int64 offsets, uint8 text)."""
+    n = lengths.size
     offsets = np.empty(n + 1, dtype=np.int64)
     offsets[0] = 0
     for i in range(n):
-        offsets[i + 1] = offsets[i] + (2 * width if lengths[i] == width else 0)
-        if lengths[i] != width and lengths[i] != 0:
-            return offsets, np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.uint64), False
-    text = np.empty(offsets[n], dtype=np.uint8)
-    keys = np.zeros(n, dtype=np.uint64)
-    pairs, two, eight = _HEX_PAIRS, np.uint64(2), np.uint64(8)
+        offsets[i + 1] = offsets[i] + (2 * width if lengths[i] != 0 else 0)
+    words = np.empty(offsets[n] // 8, dtype=np.uint64)  # 8 characters a word: 4 bytes of key
+    pairs = _HEX_PAIRS
     for i in range(n):
         if lengths[i] == 0:
             continue
-        start, out = np.uint64(starts[i]), np.uint64(offsets[i])
-        key = np.uint64(0)
-        for j in range(np.uint64(width)):  # unsigned indices and a pair table: 2.5x a nibble loop
-            byte = np.uint64(buf[start + j])
-            text[out + two * j] = pairs[two * byte]
-            text[out + two * j + np.uint64(1)] = pairs[two * byte + np.uint64(1)]
-            if j < eight:
-                key = (key << eight) | byte
-        keys[i] = key
-    return offsets, text, keys, True
+        out = np.uint64(offsets[i] // 8)
+        for half in range(np.uint64(width // 8)):
+            key = np.uint64(high[i] if half == 0 else low[i])
+            for w in range(np.uint64(2)):
+                word = np.uint64(0)
+                for j in range(np.uint64(4)):  # the key's bytes from the top
+                    shift = np.uint64(56) - np.uint64(8) * j - np.uint64(32) * w
+                    word |= pairs[(key >> shift) & np.uint64(0xFF)] << (np.uint64(16) * j)
+                words[out] = word
+                out += np.uint64(1)
+    return offsets, words.view(np.uint8)
