@@ -1,0 +1,188 @@
+"""The compiled walk's one-byte fast paths read any valid encoding as upb reads it.
+
+Requests are written byte by byte here (field order, lengths, tags the SDK never writes) and
+each is decoded both ways: the fast path (``decode_requests``) and upb (``decode_proto_request``).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from nemo_telemetry.analysis._columns import SpanColumns
+from nemo_telemetry.analysis._otlp_proto import decode_proto_request
+from nemo_telemetry.analysis._otlp_wire import WireError, decode_batch, decode_requests
+
+TRACE = bytes(range(1, 17))
+SPAN = bytes(range(0xA0, 0xA8))
+PARENT = bytes(range(0xF0, 0xF8))
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def tag(number: int, wire: int) -> bytes:
+    return varint(number << 3 | wire)
+
+
+def text(number: int, payload: bytes | str) -> bytes:
+    payload = payload.encode() if isinstance(payload, str) else payload
+    return tag(number, 2) + varint(len(payload)) + payload
+
+
+def number(field: int, value: int) -> bytes:
+    return tag(field, 0) + varint(value & (2**64 - 1))
+
+
+def fixed64(field: int, value: int) -> bytes:
+    return tag(field, 1) + struct.pack("<Q", value)
+
+
+def key_value(key: str, any_value: bytes) -> bytes:
+    return text(1, key) + text(2, any_value)
+
+
+def span(*fields: bytes) -> bytes:
+    return b"".join(fields)
+
+
+def request(*spans: bytes, scope: bytes = text(1, "scope") + text(2, "1.0"),
+            resource: bytes = text(1, key_value("service.name", text(1, "trainer")))) -> bytes:
+    scope_spans = text(1, scope) + b"".join(text(2, s) for s in spans)
+    return text(1, text(1, resource) + text(2, scope_spans))
+
+
+def plain_fields() -> list[bytes]:
+    return [
+        text(1, TRACE), text(2, SPAN), text(4, PARENT), text(5, "rl.grpo.step"), number(6, 1),
+        fixed64(7, 1_000), fixed64(8, 2_500), text(9, key_value("rl.iteration", number(3, 7))),
+        text(9, key_value("rl.bucket", text(1, "productive"))), text(15, text(2, "fine") + number(3, 1)),
+    ]
+
+
+def upb(payloads: list[bytes]):
+    cols = SpanColumns()
+    for payload in payloads:
+        decode_proto_request(payload, cols)
+    return cols.to_tables()
+
+
+def assert_same_as_upb(payloads: list[bytes]) -> list[dict]:
+    fast, slow = decode_requests(payloads), upb(payloads)
+    for name in ("spans", "events", "links"):
+        assert getattr(fast, name).to_pylist() == getattr(slow, name).to_pylist(), name
+    return fast.spans.to_pylist()
+
+
+def test_fields_in_reverse_order_read_the_same():
+    rows = assert_same_as_upb([request(span(*plain_fields()), span(*reversed(plain_fields())))])
+    assert rows[0] == rows[1]
+    assert rows[0]["trace_id"] == TRACE.hex() and rows[0]["parent_span_id"] == PARENT.hex()
+    assert rows[0]["duration_ns"] == 1_500 and rows[0]["status_message"] == "fine"
+
+
+def test_multi_byte_lengths_and_padded_tags():
+    long_name = "rl." + "x" * 300  # a two-byte length
+    fields = [
+        text(1, TRACE), text(2, SPAN), text(5, long_name),
+        text(9, key_value("k" * 200, text(1, "v" * 1000))),  # long key, long value, long attribute
+        b"\xb9\x80\x00" + struct.pack("<Q", 42),  # start_time (7, fixed64) with a padded two-byte tag
+        tag(8, 1) + struct.pack("<Q", 43),
+    ]
+    rows = assert_same_as_upb([request(span(*fields))])
+    assert rows[0]["name"] == long_name and rows[0]["start_ns"] == 42
+    assert dict(rows[0]["attributes"])["k" * 200] == "v" * 1000
+
+
+def test_unknown_fields_are_skipped_at_every_level():
+    unknown = number(16, 5) + fixed64(17, 9) + text(100, b"\x01\x02") + tag(2000, 5) + b"\0\0\0\0"
+    span_fields = plain_fields()
+    span_fields.insert(3, unknown)
+    span_fields.insert(1, tag(16, 5) + struct.pack("<I", 1))  # Span.flags (fixed32), newer protos
+    span_fields.append(text(9, key_value("rl.rank", unknown + number(3, 3) + unknown) + unknown))
+    span_fields.append(text(15, unknown + number(3, 2)))
+    body = span(*span_fields)
+    payload = unknown + text(1, unknown + text(1, unknown) + unknown + text(2, unknown + text(2, body) + unknown))
+    rows = assert_same_as_upb([payload, request(span(*plain_fields()))])
+    assert dict(rows[0]["attributes"])["rl.rank"] == "3" and rows[0]["status_code"] == "error"
+
+
+def test_known_field_numbers_with_another_wire_type_are_unknown_fields():
+    fields = plain_fields() + [number(5, 3), fixed64(6, 1), number(9, 1), number(1, 0)]
+    rows = assert_same_as_upb([request(span(*fields))])
+    assert rows[0]["name"] == "rl.grpo.step" and rows[0]["trace_id"] == TRACE.hex()
+
+
+def test_repeated_fields_last_one_wins():
+    fields = plain_fields() + [
+        text(5, "rl.second.name"), text(2, PARENT), text(4, b""), fixed64(7, 500), number(6, 3),
+        text(9, key_value("mixed", text(1, "text") + number(3, -2))),  # an AnyValue oneof given twice
+        text(15, number(3, 2)),  # a second status message merges into the first
+    ]
+    rows = assert_same_as_upb([request(span(*fields))])
+    assert rows[0]["name"] == "rl.second.name" and rows[0]["span_id"] == PARENT.hex()
+    assert rows[0]["parent_span_id"] is None and rows[0]["start_ns"] == 500
+    assert dict(rows[0]["attributes"])["mixed"] == "-2" and rows[0]["status_message"] == "fine"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(tag(7, 1) + b"\x01\x02\x03\x04", id="truncated fixed64"),
+        pytest.param(text(5, "name")[:-2], id="truncated string"),
+        pytest.param(tag(6, 0) + b"\xff\xff", id="truncated varint"),
+        pytest.param(b"\xb9", id="truncated tag"),
+    ],
+)
+def test_a_truncated_span_goes_to_upb_which_rejects_its_request(bad):
+    good = request(span(*plain_fields()))
+    broken = request(span(*plain_fields(), bad))
+    with pytest.raises(WireError):
+        decode_requests([good, broken])
+    tables, rejected = decode_batch([good, broken, good])
+    assert [index for index, _ in rejected] == [1]
+    assert tables.spans.num_rows == 2
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        pytest.param(text(9, key_value("k", text(1, "a")) + text(2, number(3, 1))), id="attribute value twice"),
+        pytest.param(text(3, "vendor=1") + tag(1, 3) + number(1, 1) + tag(1, 4), id="a group"),
+        pytest.param(text(1, TRACE[:5]), id="short trace id"),
+    ],
+)
+def test_encodings_the_fast_path_leaves_to_upb_decode_as_upb_does(odd):
+    payloads = [request(span(*plain_fields(), odd)), request(span(*plain_fields()))]
+    with pytest.raises(WireError):
+        decode_requests(payloads)
+    tables, rejected = decode_batch(payloads)
+    expected_rejects = []
+    try:
+        expected = upb(payloads)
+    except ValueError:
+        expected, expected_rejects = upb(payloads[1:]), [0]
+    assert [index for index, _ in rejected] == expected_rejects
+    assert tables.spans.to_pylist() == expected.spans.to_pylist()
+
+
+def test_resource_and_scope_given_twice_merge_as_upb_merges():
+    scope_spans = text(1, text(1, "a")) + text(1, text(2, "2.0")) + text(2, span(*plain_fields()))
+    resource = text(1, key_value("service.name", text(1, "x")))
+    payload = text(1, text(1, resource) + text(1, text(1, key_value("host.name", text(1, "h")))) + text(2, scope_spans))
+    with pytest.raises(WireError):
+        decode_requests([payload])
+    tables, rejected = decode_batch([payload])
+    assert rejected == [] and tables.spans.to_pylist() == upb([payload]).spans.to_pylist()
+    row = tables.spans.to_pylist()[0]
+    assert (row["scope_name"], row["scope_version"]) == ("a", "2.0")
