@@ -323,15 +323,18 @@ def grown_records(array: np.ndarray, used: int, axis: int) -> np.ndarray:
     return bigger
 
 
-def string_array(offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+def string_array(
+    offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None = None, *, utf8_checked: bool = False
+) -> pa.Array:
     """A large_string array over a kernel's (int64 offsets, bytes) output, UTF-8 checked
-    (``pa.ArrowInvalid`` otherwise); ``valid`` False rows are null."""
+    (``pa.ArrowInvalid`` otherwise) unless the bytes were cut from already checked strings
+    (``utf8_checked``); ``valid`` False rows are null."""
     n = offsets.size - 1
     bitmap = None
     if valid is not None and not valid.all():
         bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
     strings = pa.Array.from_buffers(pa.large_string(), n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)])
-    strings.validate(full=True)
+    strings.validate(full=not utf8_checked)
     return strings
 
 
@@ -379,7 +382,18 @@ def _dict(arr: pa.Array) -> pa.Array:
 
 
 def _empty_to_null(arr: pa.Array) -> pa.Array:
-    return pc.if_else(pc.equal(pc.utf8_length(arr), 0), pa.scalar(None, pa.string()), arr)
+    """Empty strings as nulls. Without nulls already, only a validity bitmap is added: the
+    offsets and characters are shared, not copied (a copy costs page faults per span)."""
+    string_types = {pa.string(): np.int32, pa.large_string(): np.int64}
+    if arr.null_count or arr.type not in string_types or len(arr) == 0:
+        return pc.if_else(pc.equal(pc.utf8_length(arr), 0), pa.scalar(None, arr.type), arr)
+    buffers = arr.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=string_types[arr.type])[arr.offset : arr.offset + len(arr) + 1]
+    present = offsets[1:] != offsets[:-1]
+    if present.all():
+        return arr
+    bitmap = pa.py_buffer(np.packbits(present, bitorder="little"))
+    return pa.Array.from_buffers(arr.type, len(arr), [bitmap, pa.py_buffer(offsets), buffers[2]])
 
 
 def _promote_lists(attrs: _Attrs, owners: int) -> tuple[pa.Array, dict]:
@@ -405,30 +419,38 @@ def _promote(
     name_offsets = np.zeros(len(names) + 1, dtype=np.int64)
     np.cumsum([len(name) for name in names], out=name_offsets[1:])
     is_int = np.array([key in _INT_COLUMNS for key in promoted], dtype=np.bool_)
-    keep = np.ones(len(keys), dtype=np.bool_)
-    chosen = np.full((len(names), owners), -1, dtype=np.int64)
-    numbers = np.zeros((len(names), owners), dtype=np.int64)
-    number_valid = np.zeros((len(names), owners), dtype=np.bool_)
-    kept_counts = np.zeros(owners, dtype=np.int64)
     key_offsets, key_data, _ = _buffers(keys)
     value_offsets, value_data, value_valid = _buffers(values)
-    _flatten_kernel.promote(counts, key_offsets, key_data, value_offsets, value_data, value_valid, name_offsets,
-                            np.frombuffer(b"".join(names), dtype=np.uint8), is_int, keep, chosen, numbers,
-                            number_valid, kept_counts)
+    codes = np.empty((len(names), owners), dtype=np.int32)
+    numbers = np.zeros((len(names), owners), dtype=np.int64)
+    number_valid = np.zeros((len(names), owners), dtype=np.bool_)
+    slots = np.zeros((len(names), _flatten_kernel.DICTIONARY_SLOTS), dtype=np.int64)
+    entries = np.zeros((len(names), _flatten_kernel.DICTIONARY_SLOTS // 2 + 1), dtype=np.int64)
+    kept_keys = (np.empty(len(keys) + 1, dtype=np.int64), np.empty(key_data.size, dtype=np.uint8))
+    kept_values = (np.empty(len(keys) + 1, dtype=np.int64), np.empty(value_data.size, dtype=np.uint8))
+    kept_valid = np.empty(len(keys), dtype=np.bool_)
+    kept_counts = np.empty(owners, dtype=np.int64)
+    kept = _flatten_kernel.promote(
+        counts, key_offsets, key_data, value_offsets, value_data, value_valid, name_offsets,
+        np.frombuffer(b"".join(names), dtype=np.uint8), is_int, codes, numbers, number_valid, slots, entries,
+        *kept_keys, *kept_values, kept_valid, kept_counts,
+    )
+    if kept < 0:  # thousands of distinct values in a promoted string column: rare, not compiled
+        return _promote_arrow(counts, keys, values, owners, promoted)
     columns = {}
     for p, key in enumerate(promoted):
         if is_int[p]:
             columns[key] = pa.array(numbers[p], mask=~number_valid[p])
         else:
-            columns[key] = values.take(pa.array(chosen[p], mask=chosen[p] < 0))
+            dictionary = values.take(pa.array(entries[p, : entries[p, -1]])).cast(pa.string())
+            columns[key] = pa.DictionaryArray.from_arrays(pa.array(codes[p], mask=codes[p] < 0), dictionary)
     offsets = np.zeros(owners + 1, dtype=np.int32)
     np.cumsum(kept_counts, out=offsets[1:])
-    if keep.all():
-        kept_keys, kept_values = keys, values
-    else:
-        mask = pa.array(keep)
-        kept_keys, kept_values = keys.filter(mask), values.filter(mask)
-    return pa.MapArray.from_arrays(pa.array(offsets), kept_keys, kept_values), columns
+    map_keys = string_array(kept_keys[0][: kept + 1], kept_keys[1][: kept_keys[0][kept]], utf8_checked=True)
+    map_values = string_array(
+        kept_values[0][: kept + 1], kept_values[1][: kept_values[0][kept]], kept_valid[:kept], utf8_checked=True
+    )
+    return pa.MapArray.from_arrays(pa.array(offsets), map_keys, map_values), columns
 
 
 def _buffers(strings: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -503,20 +525,29 @@ def _per_owner_dict(values: list, index) -> pa.DictionaryArray:
 
 
 def _per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
-    """The owners' attribute maps repeated for each span: flat keys and values taken in one
-    step, not a nested take of the map array."""
+    """The owners' attribute maps repeated for each span. An owner's keys (and values) are
+    contiguous, so each span's part is one byte copy (compiled) rather than a take per entry."""
     sizes = np.fromiter((len(e) for e in entries), dtype=np.int64, count=len(entries))
     first = np.zeros(len(entries) + 1, dtype=np.int64)
     np.cumsum(sizes, out=first[1:])
-    keys = pa.array([k for e in entries for k, _ in e], pa.string())
-    values = pa.array([v for e in entries for _, v in e], pa.string())
+    keys = pa.array([k for e in entries for k, _ in e], pa.large_string())
+    values = pa.array([v for e in entries for _, v in e], pa.large_string())
     counts = sizes[index]
     offsets = np.zeros(len(index) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    # entry j of span i comes from first[index[i]] + j
-    flat = np.repeat(first[:-1][index] - offsets[:-1], counts) + np.arange(offsets[-1], dtype=np.int64)
-    take = pa.array(flat)
-    return pa.MapArray.from_arrays(pa.array(offsets.astype(np.int32)), keys.take(take), values.take(take))
+    try:
+        from nemo_telemetry.analysis._flatten_kernel import repeat_owner_strings
+    except ImportError:  # numba missing
+        repeat_owner_strings = None
+    if repeat_owner_strings is None or values.null_count:
+        # entry j of span i comes from first[index[i]] + j
+        flat = np.repeat(first[:-1][index] - offsets[:-1], counts) + np.arange(offsets[-1], dtype=np.int64)
+        take = pa.array(flat)
+        return pa.MapArray.from_arrays(pa.array(offsets.astype(np.int32)), keys.take(take), values.take(take))
+    index = np.ascontiguousarray(index, dtype=np.int64)
+    span_keys = string_array(*repeat_owner_strings(*_buffers(keys)[:2], first, index), utf8_checked=True)
+    span_values = string_array(*repeat_owner_strings(*_buffers(values)[:2], first, index), utf8_checked=True)
+    return pa.MapArray.from_arrays(pa.array(offsets.astype(np.int32)), span_keys, span_values)
 
 
 def _resource_columns(resources: list[dict], index: pa.Array) -> dict[str, pa.Array]:

@@ -31,3 +31,4 @@ def test_compiled_promotion_equals_the_arrow_version():
     assert {k: v.to_pylist() for k, v in fast.items()} == {k: v.to_pylist() for k, v in slow.items()}
     assert fast["rl.iteration"].to_pylist() == [None, 3, 2, None, None, -12, None, None]
     assert fast_map.to_pylist()[3] == [("rl.iteration", "2"), ("rl.iteration", "two")]
+
