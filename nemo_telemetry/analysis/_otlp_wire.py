@@ -88,32 +88,39 @@ def _assemble(k, s, buffer: bytes, data: np.ndarray, spans, attrs, resources, sc
         trace_id=trace_id,
         span_id=span_id,
         parent_span_id=parent_id,
-        trace_state=_strings(s, data, spans[k.STATE_S], spans[k.STATE_N]),
-        name=_strings(s, data, spans[k.NAME_S], spans[k.NAME_N]),
+        trace_state=_strings(k, s, data, spans[k.STATE_S], spans[k.STATE_N]),
+        name=_strings(k, s, data, spans[k.NAME_S], spans[k.NAME_N]),
         kind=pa.array(spans[k.KIND].copy()),  # copies: the matrices are reused
         start_ns=pa.array(spans[k.START].copy()),
         end_ns=pa.array(spans[k.END].copy()),
         status_code=pa.array(spans[k.CODE].copy()),
-        status_message=_strings(s, data, spans[k.MSG_S], spans[k.MSG_N]),
+        status_message=_strings(k, s, data, spans[k.MSG_S], spans[k.MSG_N]),
         scope_index=pa.array(spans[k.SCOPE].astype(np.int32)),
         resource_index=pa.array(spans[k.RESOURCE].astype(np.int32)),
         attr_counts=spans[k.ATTR_COUNT],
-        attr_keys=_strings(s, data, attrs[k.KEY_S], attrs[k.KEY_N]),
+        attr_keys=_strings(k, s, data, attrs[k.KEY_S], attrs[k.KEY_N]),
         attr_values=_values(k, s, buffer, data, attrs),
         id_keys=(trace_key, span_key, parent_key),
     )
     return build_tables(arrays, extras)
 
 
-def _strings(s, data: np.ndarray, start: np.ndarray, length: np.ndarray) -> pa.Array:
+def _strings(k, s, data: np.ndarray, start: np.ndarray, length: np.ndarray) -> pa.Array:
     """``buffer[start:start + length]`` of each element as a string array (UTF-8 checked)."""
     offsets, chars = s.gather(data, start, length)  # rows of C matrices: contiguous already
-    strings = pa.Array.from_buffers(pa.large_string(), start.size, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
-    try:
-        strings.validate(full=True)
-    except pa.ArrowInvalid as exc:
-        raise WireError(f"invalid UTF-8 in a string field ({exc})") from None
-    return strings
+    return _checked(k, offsets, chars, "a string field")
+
+
+def _checked(k, offsets: np.ndarray, chars: np.ndarray, what: str, valid: np.ndarray | None = None) -> pa.Array:
+    """A string array over a kernel's output. Plain ASCII needs no UTF-8 check (the offsets are
+    right by construction); anything else gets Arrow's full one, ``WireError`` when it fails."""
+    if not k.is_ascii(chars):
+        try:
+            return string_array(offsets, chars, valid)
+        except pa.ArrowInvalid as exc:
+            raise WireError(f"invalid UTF-8 in {what} ({exc})") from None
+    bitmap = None if valid is None or valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(pa.large_string(), offsets.size - 1, [bitmap, pa.py_buffer(offsets), pa.py_buffer(chars)])
 
 
 def _hex_ids(k, high: np.ndarray, low: np.ndarray, length: np.ndarray, width: int) -> tuple[pa.Array, np.ndarray]:
@@ -138,17 +145,20 @@ def _values(k, s, buffer: bytes, data: np.ndarray, attrs: np.ndarray) -> pa.Arra
     offsets, chars, valid = s.value_strings(
         data, kind, value, attrs[k.VAL_N], value, special, rare_offsets, rare_data, _STRING, _BOOL, _INT,
     )
-    try:
-        return string_array(offsets, chars, valid)
-    except pa.ArrowInvalid as exc:
-        raise WireError(f"invalid UTF-8 in a string value ({exc})") from None
+    return _checked(k, offsets, chars, "a string value", valid)
 
 
 def _resources(buffer: bytes, records: np.ndarray) -> list[dict]:
-    out = []
+    """Each resource's attributes; requests from one process repeat the same resource, so equal
+    bytes are parsed once (their dict is shared: read-only)."""
+    out, parsed = [], {}
     for start, length, _ in records.tolist():
-        resource = Resource.FromString(buffer[start : start + length])
-        out.append({kv.key: _value_string(kv.value) for kv in resource.attributes})
+        raw = buffer[start : start + length]
+        attributes = parsed.get(raw)
+        if attributes is None:
+            resource = Resource.FromString(raw)
+            attributes = parsed[raw] = {kv.key: _value_string(kv.value) for kv in resource.attributes}
+        out.append(attributes)
     return out
 
 

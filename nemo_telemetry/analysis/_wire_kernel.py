@@ -216,7 +216,7 @@ def _status(buf, start, end, spans, i):
     return OK
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")  # a call passing 5 arrays costs 70 ns
 def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln):
     """Walk one Span into row ``i``; returns (attributes, events, links, error). The error
     E_ROOM means an array is full: the caller grows them and walks the request again."""
@@ -440,3 +440,12 @@ def hex_ids(high, low, lengths, width):
                 words[out] = word
                 out += np.uint64(1)
     return offsets, words.view(np.uint8)
+
+
+@njit(cache=True, nogil=True)
+def is_ascii(chars):
+    """Whether every byte is below 0x80: such text is valid UTF-8 without a closer look."""
+    seen = np.uint8(0)
+    for i in range(chars.size):
+        seen |= chars[i]
+    return seen < 0x80

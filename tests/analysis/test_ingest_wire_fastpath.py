@@ -186,3 +186,22 @@ def test_resource_and_scope_given_twice_merge_as_upb_merges():
     assert rejected == [] and tables.spans.to_pylist() == upb([payload]).spans.to_pylist()
     row = tables.spans.to_pylist()[0]
     assert (row["scope_name"], row["scope_version"]) == ("a", "2.0")
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        pytest.param(lambda raw: text(5, raw), id="name"),
+        pytest.param(lambda raw: text(9, key_value("k", text(1, raw))), id="attribute value"),
+        pytest.param(lambda raw: text(9, text(1, raw) + text(2, number(3, 1))), id="attribute key"),
+        pytest.param(lambda raw: text(15, text(2, raw)), id="status message"),
+    ],
+)
+def test_non_ascii_text_is_checked_as_utf8(field):
+    valid = request(span(*plain_fields(), field("größe ✓".encode())))
+    assert "größe ✓" in str(assert_same_as_upb([valid]))
+    invalid = request(span(*plain_fields(), field(b"ok\xff\xfe")))
+    with pytest.raises(WireError, match="UTF-8"):
+        decode_requests([valid, invalid])
+    tables, rejected = decode_batch([valid, invalid])
+    assert [index for index, _ in rejected] == [1] and tables.spans.num_rows == 1
