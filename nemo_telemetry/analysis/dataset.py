@@ -87,9 +87,11 @@ class SpanDeduplicator:
         """Add the keys of spans already stored (an existing dataset) without filtering."""
         self.admit(spans)
 
-    def admit(self, spans: pa.Table) -> np.ndarray:
-        """Boolean mask of the rows of ``spans`` not seen before (first of repeats in a batch)."""
-        keys = _keys(spans)
+    def admit(self, spans: pa.Table, keys: np.ndarray | None = None) -> np.ndarray:
+        """Boolean mask of the rows of ``spans`` not seen before (first of repeats in a batch).
+        ``keys`` are ``span_keys(spans)`` when the caller computed them already (on another
+        thread: only the admission itself has to run in order)."""
+        keys = span_keys(spans) if keys is None else keys
         fresh = np.zeros(len(keys), dtype=bool)
         if len(keys) == 0:
             return fresh
@@ -128,7 +130,7 @@ def _string_buffers(column) -> tuple[np.ndarray, np.ndarray]:
     return offsets, (np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8))
 
 
-def _keys(spans: pa.Table) -> np.ndarray:
+def span_keys(spans: pa.Table) -> np.ndarray:
     """(trace high, trace low, span) uint64 words per span: the 24 id bytes, or for odd ids
     two all-ones words and a digest of the text, so distinct odd ids stay distinct."""
     keys = np.zeros((spans.num_rows, 3), dtype=np.uint64)
@@ -162,7 +164,10 @@ class DatasetWriter:
 
     def write(self, tables: OtlpTables) -> OtlpTables:
         """Write the spans not seen before (and their events and links); return what was written."""
-        fresh = drop_duplicates(tables, self.dedup)
+        return self.write_fresh(drop_duplicates(tables, self.dedup))
+
+    def write_fresh(self, fresh: OtlpTables) -> OtlpTables:
+        """Write tables already filtered by ``self.dedup`` (the ingest pipeline filters them)."""
         self._sequence += 1
         name = f"{self._prefix}-{self._sequence:05d}.parquet"
         self._write_spans(fresh.spans, name)
@@ -180,9 +185,9 @@ class DatasetWriter:
             pq.write_table(part, folder / name, write_statistics=_SPAN_STATISTICS)
 
 
-def drop_duplicates(tables: OtlpTables, dedup: SpanDeduplicator) -> OtlpTables:
+def drop_duplicates(tables: OtlpTables, dedup: SpanDeduplicator, keys: np.ndarray | None = None) -> OtlpTables:
     """``tables`` without spans ``dedup`` has seen (and without those spans' events and links)."""
-    mask = dedup.admit(tables.spans)
+    mask = dedup.admit(tables.spans, keys)
     if mask.all():
         return tables
     spans = tables.spans.filter(pa.array(mask))

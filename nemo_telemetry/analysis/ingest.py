@@ -33,6 +33,7 @@ from nemo_telemetry.analysis.dataset import (
     drop_duplicates,
     is_dataset,
     read_dataset,
+    span_keys,
 )
 from nemo_telemetry.errors import IngestError
 
@@ -90,9 +91,11 @@ class TraceTables:
 
 @dataclass
 class _Pipeline:
-    """Decodes records into batches and hands each batch to ``sink`` (which deduplicates)."""
+    """Decodes records into batches, drops spans ``dedup`` has seen (when given one) and hands
+    each batch to ``sink``, which returns what it kept."""
 
     sink: Callable[[OtlpTables], OtlpTables]
+    dedup: SpanDeduplicator | None = None
     progress: ProgressCallback | None = None
     batch_spans: int = BATCH_SPANS
     cols: SpanColumns = field(default_factory=SpanColumns)
@@ -187,14 +190,17 @@ class _Pipeline:
         for where, problem, count in decoded.rejected:
             self.reject(where, problem, count)
         tables = decoded.tables
+        if self.dedup is not None:
+            tables = drop_duplicates(tables, self.dedup, decoded.keys)
         written = self.sink(tables)
         spans = written.spans
-        self.counts["duplicates_dropped"] += tables.spans.num_rows - spans.num_rows
+        self.counts["duplicates_dropped"] += decoded.tables.spans.num_rows - spans.num_rows
         self.counts["spans"] += spans.num_rows
         self.counts["events"] += written.events.num_rows
         self.counts["links"] += written.links.num_rows
-        self.traces.update(pc.unique(spans.column("trace_id").combine_chunks()).to_pylist())
-        self.runs.update(v for v in pc.unique(spans.column("run_id").combine_chunks().cast(pa.string())).to_pylist() if v)
+        # A dropped duplicate's trace and run came with its first copy: the batch's are right.
+        self.traces.update(decoded.traces)
+        self.runs.update(decoded.runs)
 
     def summary(self) -> IngestSummary:
         self.flush()
@@ -206,11 +212,22 @@ class _Pipeline:
 
 @dataclass
 class _Decoded:
-    """A batch's tables and what decoding it found wrong, applied to the counts in order."""
+    """A batch's tables and what decoding it found wrong, applied to the counts in order; also
+    what the writing thread needs and can be computed beforehand on the decoding thread."""
 
     tables: OtlpTables
     rejected: list  # (where, problem, count)
     skipped: int
+    keys: np.ndarray = field(init=False)  # span_keys(tables.spans), for the deduplicator
+    traces: list = field(init=False)  # distinct trace ids of the batch
+    runs: list = field(init=False)  # distinct run ids
+
+    def __post_init__(self) -> None:
+        spans = self.tables.spans
+        self.keys = span_keys(spans)
+        self.traces = pc.unique(spans.column("trace_id").combine_chunks()).to_pylist()
+        runs = pc.unique(spans.column("run_id").combine_chunks().cast(pa.string())).to_pylist()
+        self.runs = [run for run in runs if run]
 
 
 @dataclass
@@ -302,7 +319,7 @@ def ingest(
     """
     files = _raw_files(inputs, format)
     writer = DatasetWriter(Path(out))
-    pipeline = _Pipeline(writer.write, progress=progress)
+    pipeline = _Pipeline(writer.write_fresh, dedup=writer.dedup, progress=progress)
     for path, fmt in files:
         pipeline.add_file(path, fmt)
     points = write_dataset_metrics([path for path, _ in files], Path(out))
@@ -317,8 +334,7 @@ def load_traces(source: Source, *, format: str | None = None) -> TraceTables:
     parts = [OtlpTables(*(read_dataset(d, t) for t in ("spans", "events", "links"))) for d in datasets]
     summary = IngestSummary()
     if raw:
-        dedup = SpanDeduplicator()
-        pipeline = _Pipeline(lambda tables: _keep(parts, drop_duplicates(tables, dedup)))
+        pipeline = _Pipeline(lambda tables: _keep(parts, tables), dedup=SpanDeduplicator())
         for path, fmt in _raw_files(raw, format):
             pipeline.add_file(path, fmt)
         summary = pipeline.summary()
