@@ -10,7 +10,9 @@ cache on nearly every string. Rare parts are recorded as raw slices of the block
 resources, scopes, events, links, and attribute values that are not strings, ints or bools.
 
 Strings are passed over eight bytes at a time (a word with no quote, backslash or control
-character needs one test), read and stored as unaligned words.
+character needs one test), read and stored as unaligned words; a span's keys, written
+``"key":``, are matched as three words against a table (the key that usually comes next
+first), and runs of eight digits are converted in one step.
 
 Bytes are read as ``buf[np.uint64(pos)]``: an unsigned index spares numba's negative-index
 wraparound test on every byte (about a fifth of the scan).
@@ -46,15 +48,7 @@ def _k(text: str) -> np.ndarray:
 
 K_RESOURCE_SPANS, K_RESOURCE_METRICS, K_RESOURCE_LOGS = _k("resourceSpans"), _k("resourceMetrics"), _k("resourceLogs")
 K_RESOURCE, K_SCOPE_SPANS, K_SCOPE, K_SPANS = _k("resource"), _k("scopeSpans"), _k("scope"), _k("spans")
-K_TRACE_ID, K_SPAN_ID, K_PARENT, K_STATE = _k("traceId"), _k("spanId"), _k("parentSpanId"), _k("traceState")
-K_NAME, K_KIND, K_START, K_END = _k("name"), _k("kind"), _k("startTimeUnixNano"), _k("endTimeUnixNano")
-K_ATTRIBUTES, K_EVENTS, K_LINKS, K_STATUS = _k("attributes"), _k("events"), _k("links"), _k("status")
-K_CODE, K_MESSAGE, K_KEY, K_VALUE = _k("code"), _k("message"), _k("key"), _k("value")
-K_STRING_VALUE, K_INT_VALUE, K_BOOL_VALUE = _k("stringValue"), _k("intValue"), _k("boolValue")
 K_TRUE = _k("true")
-# fields the scan may skip; any other unknown field sends the line to the exact path
-K_SKIPPABLE = (_k("schemaUrl"), _k("droppedAttributesCount"), _k("droppedEventsCount"),
-               _k("droppedLinksCount"), _k("flags"))
 # enum names, index = OTLP value
 K_KINDS = (_k("SPAN_KIND_UNSPECIFIED"), _k("SPAN_KIND_INTERNAL"), _k("SPAN_KIND_SERVER"),
            _k("SPAN_KIND_CLIENT"), _k("SPAN_KIND_PRODUCER"), _k("SPAN_KIND_CONSUMER"))
@@ -68,6 +62,45 @@ ARENAS = 5
 COUNT_COLUMNS = 6 + ARENAS  # spans, attrs, resources, scopes, events, links, arena cursors
 
 FAIL = -1
+
+# The keys the scan knows inside a span, in one table: a key's id is its index. Ranges are the
+# keys of one kind of object, in the order writers put them; the fields the scan may skip end
+# the table (any other unknown field sends the line to the exact path).
+KEY_NAMES = (
+    "traceId", "spanId", "parentSpanId", "name", "kind", "startTimeUnixNano", "endTimeUnixNano",
+    "attributes", "status", "traceState", "events", "links",  # a span's
+    "key", "value",  # an attribute's
+    "stringValue", "intValue", "boolValue",  # an AnyValue's (others are rare: raw slices)
+    "code", "message",  # a status's
+    "schemaUrl", "droppedAttributesCount", "droppedEventsCount", "droppedLinksCount", "flags",
+)
+(KEY_TRACE_ID, KEY_SPAN_ID, KEY_PARENT, KEY_NAME, KEY_KIND, KEY_START, KEY_END, KEY_ATTRIBUTES,
+ KEY_STATUS, KEY_STATE, KEY_EVENTS, KEY_LINKS, KEY_KEY, KEY_VALUE, KEY_STRING_VALUE, KEY_INT_VALUE,
+ KEY_BOOL_VALUE, KEY_CODE, KEY_MESSAGE, KEY_FIRST_SKIPPABLE) = range(20)
+SPAN_KEYS, ATTRIBUTE_KEYS, VALUE_KEYS, STATUS_KEYS = (0, 12), (12, 14), (14, 17), (17, 19)
+KEY_UNKNOWN = -1
+
+
+def _key_table():
+    """Each key as ``"key":`` in three little-endian words with their masks (keys too long for
+    three words get an all-ones mask on a zero word: never matched that way), and as bytes."""
+    words = np.zeros((len(KEY_NAMES), 3), dtype=np.uint64)
+    masks = np.zeros((len(KEY_NAMES), 3), dtype=np.uint64)
+    text = np.zeros((len(KEY_NAMES), 32), dtype=np.uint8)
+    lengths = np.zeros(len(KEY_NAMES), dtype=np.int64)
+    for key, name in enumerate(KEY_NAMES):
+        pattern = b'"' + name.encode() + b'":'
+        lengths[key] = len(name)
+        text[key, : len(name)] = np.frombuffer(name.encode(), dtype=np.uint8)
+        if len(pattern) <= 24:
+            words[key] = np.frombuffer(pattern.ljust(24, b"\0"), dtype="<u8")
+            masks[key] = np.frombuffer((b"\xff" * len(pattern)).ljust(24, b"\0"), dtype="<u8")
+        else:
+            masks[key] = np.uint64(0xFFFFFFFFFFFFFFFF)
+    return words, masks, text, lengths
+
+
+KEY_WORDS, KEY_MASKS, KEY_TEXT, KEY_LENGTHS = _key_table()
 
 _ONES = np.uint64(0x0101010101010101)
 _HIGH = np.uint64(0x8080808080808080)
@@ -129,8 +162,8 @@ def _eq(buf, start, length, key):
 @njit(cache=True, nogil=True)
 def _skippable(buf, start, length, pos, end):
     """Position after the value of a known, unneeded field; FAIL for an unknown field."""
-    for key in K_SKIPPABLE:
-        if _eq(buf, start, length, key):
+    for key in range(KEY_FIRST_SKIPPABLE, len(KEY_NAMES)):
+        if _eq(buf, start, length, KEY_TEXT[key, : KEY_LENGTHS[key]]):
             return _skip(buf, pos, end)
     return FAIL
 
@@ -173,7 +206,7 @@ def _string(buf, pos, end):
     return 0, 0, False, FAIL
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _string_copy(buf, pos, end, arena, cursors, region):
     """Like :func:`_string`, copying the content to ``arena`` at ``cursors[region]`` (which
     advances past it) as it goes: (arena start, length, escaped, position after) or FAIL.
@@ -261,6 +294,20 @@ def _skip(buf, pos, end):
     return FAIL
 
 
+_NIBBLE_HIGH = np.uint64(0xF0F0F0F0F0F0F0F0)
+_ZEROS = np.uint64(0x3030303030303030)
+_SIXES = np.uint64(0x0606060606060606)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _eight_digits(word):
+    """The value of the eight ASCII digits of ``word`` (the first, lowest byte most significant)."""
+    word = word - _ZEROS
+    word = (word * np.uint64(10) + (word >> np.uint64(8))) & np.uint64(0x00FF00FF00FF00FF)
+    word = (word * np.uint64(100) + (word >> np.uint64(16))) & np.uint64(0x0000FFFF0000FFFF)
+    return (word * np.uint64(10000) + (word >> np.uint64(32))) & np.uint64(0xFFFFFFFF)
+
+
 @njit(cache=True, nogil=True)
 def _integer(buf, pos, end):
     """An int64 written as a number or a string of digits: (value, position after) or FAIL."""
@@ -273,6 +320,13 @@ def _integer(buf, pos, end):
         pos += 1
     value = np.uint64(0)
     digits = 0
+    while pos + 8 <= end and digits <= 8:  # eight digits a step while eight are there
+        word = _load8(buf, np.uint64(pos))
+        if (word & _NIBBLE_HIGH) != _ZEROS or ((word + _SIXES) & _NIBBLE_HIGH) != _ZEROS:
+            break
+        value = value * np.uint64(100000000) + _eight_digits(word)
+        digits += 8
+        pos += 8
     while pos < end and 48 <= buf[np.uint64(pos)] <= 57:
         if digits >= 19:
             return np.int64(0), FAIL  # past int64: leave it to the exact path
@@ -328,6 +382,48 @@ def _next_key(buf, pos, end, first):
 
 
 @njit(cache=True, nogil=True)
+def _key(buf, pos, end, first, lo, hi, hint):
+    """Like :func:`_next_key`, naming the key: (id, key start, key length, position of its
+    value). The id is one of ``lo..hi`` or a skippable key's, KEY_UNKNOWN for another key.
+
+    A key written as ``"key":`` is matched as three words against the table, trying ``hint``
+    (the key that usually comes next) first; anything else is read as a string."""
+    pos = _ws(buf, pos, end)
+    if pos >= end:
+        return KEY_UNKNOWN, 0, 0, FAIL
+    c = buf[np.uint64(pos)]
+    if c == 125:
+        return KEY_UNKNOWN, 0, -1, pos + 1
+    if not first:
+        if c != 44:
+            return KEY_UNKNOWN, 0, 0, FAIL
+        pos = _ws(buf, pos + 1, end)
+    if pos + 24 <= end:
+        w0 = _load8(buf, np.uint64(pos))
+        w1 = _load8(buf, np.uint64(pos + 8))
+        w2 = _load8(buf, np.uint64(pos + 16))
+        key = hint if lo <= hint < hi else lo
+        for _ in range(hi - lo):
+            if ((w0 & KEY_MASKS[key, 0]) == KEY_WORDS[key, 0] and (w1 & KEY_MASKS[key, 1]) == KEY_WORDS[key, 1]
+                    and (w2 & KEY_MASKS[key, 2]) == KEY_WORDS[key, 2]):
+                return key, pos + 1, KEY_LENGTHS[key], pos + KEY_LENGTHS[key] + 3
+            key = key + 1 if key + 1 < hi else lo
+    start, length, escaped, pos = _string(buf, pos, end)
+    if pos < 0 or escaped:
+        return KEY_UNKNOWN, 0, 0, FAIL
+    pos = _ws(buf, pos, end)
+    if pos >= end or buf[np.uint64(pos)] != 58:
+        return KEY_UNKNOWN, 0, 0, FAIL
+    for key in range(lo, hi):
+        if _eq(buf, start, length, KEY_TEXT[key, : KEY_LENGTHS[key]]):
+            return key, start, length, pos + 1
+    for key in range(KEY_FIRST_SKIPPABLE, len(KEY_NAMES)):
+        if _eq(buf, start, length, KEY_TEXT[key, : KEY_LENGTHS[key]]):
+            return key, start, length, pos + 1
+    return KEY_UNKNOWN, start, length, pos + 1
+
+
+@njit(cache=True, nogil=True)
 def _next_item(buf, pos, end, first):
     """In an array, after '[' or an item: (position of the next item, or -2 when it closed)."""
     pos = _ws(buf, pos, end)
@@ -359,25 +455,25 @@ def _any_value(buf, pos, end, attrs, a, fill, arena, cursors):
         return FAIL
     first = True
     while True:
-        ks, kn, pos = _next_key(buf, pos, end, first)
+        key, ks, kn, pos = _key(buf, pos, end, first, VALUE_KEYS[0], VALUE_KEYS[1], VALUE_KEYS[0])
         first = False
         if pos < 0:
             return FAIL
         if kn < 0:
             break
-        if _eq(buf, ks, kn, K_STRING_VALUE):
+        if key == KEY_STRING_VALUE:
             vs, vn, escaped, pos = _string_copy(buf, _ws(buf, pos, end), end, arena, cursors, A_VALUE)
             if fill:
                 attrs[VTYPE, a] = V_STRING
                 attrs[VAL_S, a] = vs
                 attrs[VAL_N, a] = vn
                 attrs[ATTR_ESCAPED, a] |= 1 if escaped else 0
-        elif _eq(buf, ks, kn, K_INT_VALUE):
+        elif key == KEY_INT_VALUE:
             value, pos = _integer(buf, pos, end)
             if fill:
                 attrs[VTYPE, a] = V_INT
                 attrs[VAL_INT, a] = value
-        elif _eq(buf, ks, kn, K_BOOL_VALUE):
+        elif key == KEY_BOOL_VALUE:
             vpos = _ws(buf, pos, end)
             pos = _skip(buf, vpos, end)
             if fill:
@@ -422,23 +518,24 @@ def _attributes(buf, pos, end, attrs, a, fill, flags, arena, cursors):
             attrs[VTYPE, row] = V_ABSENT
             attrs[ANY_S, row] = pos
         first = True
+        key = KEY_KEY
         while True:
-            ks, kn, pos = _next_key(buf, pos, end, first)
+            key, ks, kn, pos = _key(buf, pos, end, first, ATTRIBUTE_KEYS[0], ATTRIBUTE_KEYS[1], key + 1 if not first else KEY_KEY)
             first = False
             if pos < 0:
                 return 0, FAIL
             if kn < 0:
                 break
-            if _eq(buf, ks, kn, K_KEY):
+            if key == KEY_KEY:
                 vs, vn, escaped, pos = _string_copy(buf, _ws(buf, pos, end), end, arena, cursors, A_KEY)
                 if fill:
                     attrs[KEY_S, row] = vs
                     attrs[KEY_N, row] = vn
                     attrs[ATTR_ESCAPED, row] |= 2 if escaped else 0
-            elif _eq(buf, ks, kn, K_VALUE):
+            elif key == KEY_VALUE:
                 pos = _any_value(buf, pos, end, attrs, row, fill, arena, cursors)
             else:
-                pos = _skippable(buf, ks, kn, pos, end)
+                pos = _skip(buf, pos, end) if key >= KEY_FIRST_SKIPPABLE else FAIL
             if pos < 0:
                 return 0, FAIL
         count += 1
@@ -470,7 +567,7 @@ def _raw_items(buf, pos, end, side, at, owner, fill, flags):
         count += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _text_field(buf, pos, end, spans, column, i, fill, arena, cursors, region):
     vs, vn, escaped, pos = _string_copy(buf, _ws(buf, pos, end), end, arena, cursors, region)
     if fill:
@@ -486,18 +583,18 @@ def _status(buf, pos, end, spans, i, fill, arena, cursors):
     pos = _open(buf, pos, end, 123)
     first = True
     while pos >= 0:
-        ks, kn, pos = _next_key(buf, pos, end, first)
+        key, ks, kn, pos = _key(buf, pos, end, first, STATUS_KEYS[0], STATUS_KEYS[1], STATUS_KEYS[0])
         first = False
         if pos < 0 or kn < 0:
             return pos
-        if _eq(buf, ks, kn, K_CODE):
+        if key == KEY_CODE:
             code, pos = _enum(buf, pos, end, K_CODES)
             if fill:
                 spans[CODE, i] = code
-        elif _eq(buf, ks, kn, K_MESSAGE):
+        elif key == KEY_MESSAGE:
             pos = _text_field(buf, pos, end, spans, MSG_S, i, fill, arena, cursors, A_OTHER)
         else:
-            pos = _skippable(buf, ks, kn, pos, end)
+            pos = _skip(buf, pos, end) if key >= KEY_FIRST_SKIPPABLE else FAIL
     return FAIL
 
 
@@ -517,48 +614,49 @@ def _span(buf, pos, end, spans, i, attrs, a, events, e, links, ln, fill, flags, 
             spans[column, i] = pos
     na = ne = nl = 0
     first = True
+    key = KEY_UNKNOWN
     while True:
-        ks, kn, pos = _next_key(buf, pos, end, first)
+        key, ks, kn, pos = _key(buf, pos, end, first, SPAN_KEYS[0], SPAN_KEYS[1], key + 1)
         first = False
         if pos < 0:
             return 0, 0, 0, FAIL
         if kn < 0:
             break
-        if _eq(buf, ks, kn, K_TRACE_ID):
+        if key == KEY_TRACE_ID:
             pos = _text_field(buf, pos, end, spans, TRACE_S, i, fill, arena, cursors, A_ID)
-        elif _eq(buf, ks, kn, K_SPAN_ID):
+        elif key == KEY_SPAN_ID:
             pos = _text_field(buf, pos, end, spans, SPAN_S, i, fill, arena, cursors, A_ID)
-        elif _eq(buf, ks, kn, K_PARENT):
+        elif key == KEY_PARENT:
             pos = _text_field(buf, pos, end, spans, PARENT_S, i, fill, arena, cursors, A_ID)
-        elif _eq(buf, ks, kn, K_STATE):
+        elif key == KEY_STATE:
             pos = _text_field(buf, pos, end, spans, STATE_S, i, fill, arena, cursors, A_OTHER)
-        elif _eq(buf, ks, kn, K_NAME):
+        elif key == KEY_NAME:
             pos = _text_field(buf, pos, end, spans, NAME_S, i, fill, arena, cursors, A_NAME)
-        elif _eq(buf, ks, kn, K_KIND):
+        elif key == KEY_KIND:
             kind, pos = _enum(buf, pos, end, K_KINDS)
             if fill:
                 spans[KIND, i] = kind
-        elif _eq(buf, ks, kn, K_START):
+        elif key == KEY_START:
             value, pos = _integer(buf, pos, end)
             if fill:
                 spans[START, i] = value
-        elif _eq(buf, ks, kn, K_END):
+        elif key == KEY_END:
             value, pos = _integer(buf, pos, end)
             if fill:
                 spans[END, i] = value
-        elif _eq(buf, ks, kn, K_ATTRIBUTES):
+        elif key == KEY_ATTRIBUTES:
             count, pos = _attributes(buf, pos, end, attrs, a + na, fill, flags, arena, cursors)
             na += count
-        elif _eq(buf, ks, kn, K_EVENTS):
+        elif key == KEY_EVENTS:
             count, pos = _raw_items(buf, pos, end, events, e + ne, i, fill, flags)
             ne += count
-        elif _eq(buf, ks, kn, K_LINKS):
+        elif key == KEY_LINKS:
             count, pos = _raw_items(buf, pos, end, links, ln + nl, i, fill, flags)
             nl += count
-        elif _eq(buf, ks, kn, K_STATUS):
+        elif key == KEY_STATUS:
             pos = _status(buf, pos, end, spans, i, fill, arena, cursors)
         else:
-            pos = _skippable(buf, ks, kn, pos, end)
+            pos = _skip(buf, pos, end) if key >= KEY_FIRST_SKIPPABLE else FAIL
         if pos < 0:
             return 0, 0, 0, FAIL
     if fill:

@@ -107,3 +107,54 @@ def test_invalid_utf8_in_a_string_sends_the_block_to_the_exact_path(request_dict
     bad = orjson.dumps(request).replace(b"PLACEHOLDER", b"bad \xff\xfe byte in a name")
     _, status = decode_json_lines([orjson.dumps(request_dict), bad])
     assert status.tolist() == [LINE_FALLBACK, LINE_FALLBACK]
+
+
+@pytest.mark.parametrize("quoted", [True, False])
+def test_integers_of_every_length(request_dict, quoted):
+    """Timestamps and int values of 1 to 19 digits (read eight digits a step where eight are
+    there), negative ones, and int64's largest, as strings (protobuf's JSON mapping) or numbers."""
+    values = [int("9" * n) for n in range(1, 19)] + [int("1" + "0" * (n - 1)) for n in range(1, 20)]
+    values += [0, -1, -12345678, -123456789012345678, 2**63 - 1, -(2**63 - 1), 1767225610221400200]
+    lines = []
+    for value in values:
+        request = copy.deepcopy(request_dict)
+        span = _spans(request)[0]
+        written = str(value) if quoted else value
+        span["startTimeUnixNano"] = str(abs(value)) if quoted else abs(value)
+        span["endTimeUnixNano"] = str(abs(value) // 3) if quoted else abs(value) // 3
+        span["attributes"].append({"key": "n", "value": {"intValue": written}})
+        lines.append(orjson.dumps(request))
+    fast = _assert_scan_equals_orjson(lines)
+    assert str(-(2**63 - 1)) in [v for row in fast.spans.column("attributes").to_pylist() for k, v in row if k == "n"]
+
+
+@pytest.mark.parametrize("value", [str(2**63), str(-(2**63)), "1" * 25])
+def test_integers_past_the_scan_are_left_to_orjson(request_dict, value):
+    """Past int64, and int64's smallest (rare enough to leave to the exact path)."""
+    request = copy.deepcopy(request_dict)
+    _spans(request)[0]["attributes"].append({"key": "n", "value": {"intValue": value}})
+    _, status = decode_json_lines([orjson.dumps(request), orjson.dumps(request_dict)])
+    assert status.tolist() == [LINE_FALLBACK, LINE_OK]
+
+
+def test_keys_in_any_order_with_spaces_and_skippable_fields(request_dict):
+    """Keys are matched as whole words when written ``"key":`` in the usual order; reordered,
+    spaced (``json.dumps``' default separators) or skippable ones take the string path."""
+    import json
+
+    reordered = copy.deepcopy(request_dict)
+    for span in _spans(reordered):
+        span.update({"flags": 257, "droppedAttributesCount": 0})
+        for attribute in span["attributes"]:
+            attribute["droppedAttributesCount"] = 0
+        items = list(span.items())[::-1]
+        span.clear()
+        span.update(items)
+        span["attributes"] = [dict(list(a.items())[::-1]) for a in span["attributes"]]
+    spaced = json.dumps(request_dict, indent=None).encode()
+    assert b'"traceId": "' in spaced
+    _assert_scan_equals_orjson([orjson.dumps(reordered), spaced, orjson.dumps(request_dict)])
+    unknown = copy.deepcopy(request_dict)
+    _spans(unknown)[0]["someNewField"] = 1
+    _, status = decode_json_lines([orjson.dumps(unknown)])
+    assert status.tolist() == [LINE_FALLBACK]
