@@ -28,7 +28,7 @@ def _equal(data_a, a0, a1, data_b, b0, b1):
     return True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _decimal(data, start, end):
     """(value, ok): ``data[start:end]`` as ``-?[0-9]{1,18}``."""
     pos = start
@@ -47,9 +47,9 @@ def _decimal(data, start, end):
     return (-value if negative else value), True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _code(value_offsets, value_data, j, slots, entries, p):
-    """The dictionary code of value ``j`` in column ``p`` (added when new); -1 when full.
+    """(Inlined: a call passing arrays costs reference counting per span.) The dictionary code of value ``j`` in column ``p`` (added when new); -1 when full.
     ``slots[p]`` is an open-addressing table of entry numbers + 1; ``entries[p, d]`` is the
     value row of entry ``d`` and ``entries[p, -1]`` the number of entries."""
     v0, v1 = value_offsets[j], value_offsets[j + 1]
