@@ -148,8 +148,41 @@ def _skip(buf, pos, end, tag):
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _usual_key_value(buf, start, end):
+    """The KeyValue ``[start, end)`` read straight when it has the usual shape: a key, then a
+    value holding one string, int or bool, one-byte tags and lengths. Returns (usual, key
+    start, key length, value type, value, value length, AnyValue start); ``usual`` False for
+    any other shape, which the generic loop reads."""
+    if end - start < 4 or buf[start] != _T1_LEN or buf[start + 1] >= 0x80:
+        return False, 0, 0, 0, 0, 0, 0
+    key_n = np.int64(buf[start + 1])
+    at = start + 2 + key_n  # the value's tag
+    if at + 4 > end or buf[at] != _T2_LEN or buf[at + 1] >= 0x80 or at + 2 + np.int64(buf[at + 1]) != end:
+        return False, 0, 0, 0, 0, 0, 0
+    any_s = at + 2
+    tag = buf[any_s]
+    if tag == _T1_LEN and buf[any_s + 1] < 0x80 and any_s + 2 + np.int64(buf[any_s + 1]) == end:
+        return True, start + 2, key_n, 1, any_s + 2, end - any_s - 2, any_s
+    if tag == _T3_VARINT or tag == _T2_VARINT:
+        value, pos = _varint(buf, any_s + 1, end)
+        if pos == end:
+            return True, start + 2, key_n, np.int64(tag >> 3), np.int64(value), 0, any_s
+    return False, 0, 0, 0, 0, 0, 0
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def _key_value(buf, start, end, attrs, a):
     """Fill attribute row ``a`` from the KeyValue message ``[start, end)``; OK or an error."""
+    usual, key_s, key_n, vtype, val, val_n, any_s = _usual_key_value(buf, start, end)
+    if usual:
+        attrs[KEY_S, a] = key_s
+        attrs[KEY_N, a] = key_n
+        attrs[VTYPE, a] = vtype
+        attrs[VAL, a] = val
+        attrs[VAL_N, a] = val_n
+        attrs[ANY_S, a] = any_s
+        attrs[ANY_N, a] = end - any_s
+        return OK
     key_s, key_n, vtype, val, val_n, any_s, any_n = start, 0, 0, 0, 0, start, 0
     has_value = False
     pos = start

@@ -205,3 +205,23 @@ def test_non_ascii_text_is_checked_as_utf8(field):
         decode_requests([valid, invalid])
     tables, rejected = decode_batch([valid, invalid])
     assert [index for index, _ in rejected] == [1] and tables.spans.num_rows == 1
+
+
+def test_attribute_shapes_near_the_usual_one_read_as_upb_reads_them():
+    attributes = {
+        "bool": key_value("bool", number(2, 1)),
+        "false": key_value("false", number(2, 0)),
+        "big": key_value("big", number(3, 300)),  # a two-byte varint
+        "negative": key_value("negative", number(3, -7)),  # ten bytes
+        "empty value": key_value("empty value", b""),
+        "no value": text(1, "no value"),
+        "value first": text(2, text(1, "x")) + text(1, "value first"),
+        "int then more": key_value("int then more", number(3, 1) + number(3, 2)),
+        "key twice": text(1, "first") + text(1, "key twice") + text(2, number(3, 5)),
+        "": text(2, text(1, "no key")),
+    }
+    rows = assert_same_as_upb([request(span(*plain_fields(), *(text(9, a) for a in attributes.values())))])
+    got = dict(rows[0]["attributes"])
+    assert (got["bool"], got["false"], got["big"], got["negative"]) == ("true", "false", "300", "-7")
+    assert got["empty value"] is None and got["no value"] is None
+    assert (got["value first"], got["int then more"], got["key twice"], got[""]) == ("x", "2", "5", "no key")
