@@ -46,26 +46,34 @@ def partition_folder(run_id: str | None, rank: int | None) -> str:
 
 
 def split_by_partition(spans: pa.Table) -> Iterator[tuple[str, pa.Table]]:
-    """(folder, rows) for each (run, rank) present in ``spans``; one sort, then slices."""
+    """(folder, rows) for each (run, rank) present in ``spans``, rows in their order.
+
+    Spans arrive in runs of one resource (a request), so each partition is a few slices of
+    ``spans`` put together without copying, rather than a gather of every column.
+    """
     if spans.num_rows == 0:
         return
     run = spans.column("run_id").combine_chunks()
     if pa.types.is_dictionary(run.type):
         run = run.dictionary_decode()
-    run_codes = pc.fill_null(pc.dictionary_encode(run).indices, -1).to_numpy(zero_copy_only=False)
-    runs = pc.dictionary_encode(run).dictionary.to_pylist()
+    encoded = pc.dictionary_encode(run)
+    run_codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
+    runs = encoded.dictionary.to_pylist()
     rank_valid = pc.is_valid(spans.column("rank")).to_numpy(zero_copy_only=False)
     rank = pc.fill_null(spans.column("rank"), 0).to_numpy().astype(np.int64)
     rank = np.where(rank_valid, rank, np.iinfo(np.int64).min)  # null rank: its own partition
-    order = np.lexsort((rank, run_codes))
-    key_run, key_rank = run_codes[order], rank[order]
+    starts = np.concatenate(([0], np.flatnonzero((run_codes[1:] != run_codes[:-1]) | (rank[1:] != rank[:-1])) + 1))
+    stops = np.append(starts[1:], len(rank))
+    segment_run, segment_rank = run_codes[starts], rank[starts]
+    order = np.lexsort((segment_rank, segment_run))  # stable: a partition's slices stay in order
+    key_run, key_rank = segment_run[order], segment_rank[order]
     cuts = np.flatnonzero((key_run[1:] != key_run[:-1]) | (key_rank[1:] != key_rank[:-1])) + 1
-    sorted_spans = spans.take(pa.array(order))
-    for lo, hi in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(order)]))):
-        code, value = int(key_run[lo]), int(key_rank[lo])
+    for group in np.split(order, cuts):
+        code, value = int(segment_run[group[0]]), int(segment_rank[group[0]])
         folder = partition_folder(runs[code] if code >= 0 else None,
                                   None if value == np.iinfo(np.int64).min else value)
-        yield folder, _own_dictionary(sorted_spans.slice(int(lo), int(hi - lo)), "run_id")
+        part = pa.concat_tables([spans.slice(int(starts[g]), int(stops[g] - starts[g])) for g in group])
+        yield folder, _own_dictionary(part, "run_id")
 
 
 def _own_dictionary(part: pa.Table, column: str) -> pa.Table:

@@ -54,3 +54,36 @@ def test_datasets_without_the_rank_level_still_read(tmp_path):
     pq.write_table(spans, folder / "part-0.parquet")
     assert [(p.run_id, p.rank) for p in span_partitions(tmp_path)] == [("a", None)]
     assert read_dataset(tmp_path).num_rows == 2
+
+
+def test_split_keeps_each_partitions_rows_in_order_whatever_the_interleaving():
+    """Partitions are slices put together (no gather): rows of one (run, rank) keep their
+    order, partitions come sorted by run (first appearance) then rank (null first), and each
+    part's run_id dictionary holds only its own run."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    for trial in range(100):
+        n = int(rng.integers(1, 60))
+        runs, ranks = rng.choice(["a", "b", None], n), rng.choice([0, 1, 2, -1], n)
+        if trial % 2:  # runs of equal keys, as spans of one request arrive
+            runs, ranks = np.repeat(runs[: n // 5 + 1], 5)[:n], np.repeat(ranks[: n // 5 + 1], 5)[:n]
+        table = pa.table({
+            "run_id": pa.array(list(runs), pa.string()).dictionary_encode(),
+            "rank": pa.array([None if r == -1 else int(r) for r in ranks], pa.int64()),
+            "row": pa.array(range(n)),
+        })
+        rows = table.to_pylist()
+        codes: dict = {}
+        for r in rows:
+            if r["run_id"] is not None:
+                codes.setdefault(r["run_id"], len(codes))
+
+        def key(r):
+            return (codes.get(r["run_id"], -1), -(2**63) if r["rank"] is None else r["rank"])
+
+        expected = [[r["row"] for r in rows if key(r) == k] for k in sorted({key(r) for r in rows})]
+        parts = [part for _, part in split_by_partition(table)]
+        assert [part.column("row").to_pylist() for part in parts] == expected
+        for part in parts:
+            assert len(part.column("run_id").combine_chunks().dictionary) <= 1
