@@ -449,11 +449,11 @@ _HEX_PAIRS = np.frombuffer("".join(f"{byte:02x}" for byte in range(256)).encode(
 
 
 @njit(cache=True, nogil=True)
-def hex_ids(high, low, lengths, width):
+def hex_ids(high, low, lengths, width, offsets):
     """Lowercase hex of ids given as big-endian uint64 keys ("" where ``lengths`` is 0); the
-    second key ``low`` is read for 16-byte ids only. Returns (int64 offsets, uint8 text)."""
+    second key ``low`` is read for 16-byte ids only. Fills ``offsets`` (n + 1, int32 or int64,
+    the caller's choice) and returns the uint8 text."""
     n = lengths.size
-    offsets = np.empty(n + 1, dtype=np.int64)
     offsets[0] = 0
     for i in range(n):
         offsets[i + 1] = offsets[i] + (2 * width if lengths[i] != 0 else 0)
@@ -472,7 +472,7 @@ def hex_ids(high, low, lengths, width):
                     word |= pairs[(key >> shift) & np.uint64(0xFF)] << (np.uint64(16) * j)
                 words[out] = word
                 out += np.uint64(1)
-    return offsets, words.view(np.uint8)
+    return words.view(np.uint8)
 
 
 @njit(cache=True, nogil=True)

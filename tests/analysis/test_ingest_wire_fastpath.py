@@ -225,3 +225,18 @@ def test_attribute_shapes_near_the_usual_one_read_as_upb_reads_them():
     assert (got["bool"], got["false"], got["big"], got["negative"]) == ("true", "false", "300", "-7")
     assert got["empty value"] is None and got["no value"] is None
     assert (got["value first"], got["int then more"], got["key twice"], got[""]) == ("x", "2", "5", "no key")
+
+
+def test_tables_keep_nothing_of_the_reused_buffer():
+    """The joined bytes and the walk's matrices are per thread, overwritten by the next batch
+    (of the same size here, so each record lands where the first batch's did)."""
+    double = text(9, key_value("d", tag(4, 1) + struct.pack("<d", 0.5)))
+    first = [request(span(*plain_fields(), double))] * 3
+    swapped = [f.replace(TRACE, TRACE[::-1]).replace(SPAN, PARENT).replace(b"grpo", b"sfts") for f in plain_fields()]
+    second = [request(span(*swapped, double.replace(b"\x00\xe0?", b"\x00\xe0@")), resource=text(1, key_value("service.name", text(1, "other!!"))))] * 3
+    assert len(second[0]) == len(first[0])
+    tables = decode_requests(first)
+    decode_requests(second)
+    expected = upb(first)
+    for name in ("spans", "events", "links"):
+        assert getattr(tables, name).to_pylist() == getattr(expected, name).to_pylist(), name
