@@ -371,10 +371,15 @@ def _to_int(value: Any) -> int | None:
 
 
 def _enum(codes: pa.Array, names: tuple[str, ...]) -> pa.Array:
-    """Enum ints to their lowercase names; unknown ints to null."""
-    in_range = pc.and_(pc.greater_equal(codes, 0), pc.less(codes, len(names)))
-    codes = pc.if_else(in_range, codes, pa.scalar(None, pa.int64()))
-    return pa.DictionaryArray.from_arrays(codes.cast(pa.int32()), pa.array(names, pa.string()))
+    """Enum ints to their lowercase names; unknown ints (and nulls) to null."""
+    values = codes.to_numpy(zero_copy_only=False)
+    if codes.null_count:
+        values = np.where(codes.is_valid().to_numpy(zero_copy_only=False), values, -1)
+    values = values.astype(np.int64, copy=False)
+    known = (values >= 0) & (values < len(names))
+    indices = values.astype(np.int32)
+    indices = pa.array(indices) if known.all() else pa.array(indices, mask=~known)
+    return pa.DictionaryArray.from_arrays(indices, pa.array(names, pa.string()))
 
 
 def _dict(arr: pa.Array) -> pa.Array:

@@ -225,7 +225,7 @@ class _Decoded:
     def __post_init__(self) -> None:
         spans = self.tables.spans
         self.keys = span_keys(spans)
-        self.traces = pc.unique(spans.column("trace_id").combine_chunks()).to_pylist()
+        self.traces = _distinct_strings(spans.column("trace_id"))
         runs = pc.unique(spans.column("run_id").combine_chunks().cast(pa.string())).to_pylist()
         self.runs = [run for run in runs if run]
 
@@ -280,16 +280,36 @@ class _Batch:
 
 def _drop_malformed_ids(tables: OtlpTables, report: Callable[[int], None]) -> OtlpTables:
     spans = tables.spans
-    ok = pc.and_(
-        pc.equal(pc.utf8_length(spans.column("trace_id")), 32),
-        pc.equal(pc.utf8_length(spans.column("span_id")), 16),
-    )
-    bad = spans.num_rows - (pc.sum(ok.cast(pa.int64())).as_py() or 0)
+    ok = (_string_lengths(spans.column("trace_id")) == 32) & (_string_lengths(spans.column("span_id")) == 16)
+    bad = spans.num_rows - int(ok.sum())
     if not bad:
         return tables
     report(bad)
-    spans = spans.filter(ok)
+    spans = spans.filter(pa.array(ok))
     return OtlpTables(spans, _owned_by(tables.events, spans), _owned_by(tables.links, spans))
+
+
+def _string_lengths(column: pa.ChunkedArray) -> np.ndarray:
+    """Byte length of each string (ids are ASCII hex: bytes are characters); null is -1."""
+    parts = []
+    for chunk in column.chunks:
+        width = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+        offsets = np.frombuffer(chunk.buffers()[1], dtype=width)[chunk.offset : chunk.offset + len(chunk) + 1]
+        lengths = np.diff(offsets).astype(np.int64)
+        if chunk.null_count:
+            lengths[~chunk.is_valid().to_numpy(zero_copy_only=False)] = -1
+        parts.append(lengths)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _distinct_strings(column: pa.ChunkedArray) -> list:
+    """The distinct values of a string column. Spans come in runs of one trace (one request),
+    so repeats of the value before are dropped first, cheaply, and few values are hashed."""
+    values = column.combine_chunks()
+    if len(values) > 1:
+        changed = pc.fill_null(pc.not_equal(values.slice(1), values.slice(0, len(values) - 1)), True)
+        values = pc.filter(values, pa.concat_arrays([pa.array([True]), changed]))
+    return pc.unique(values).to_pylist()
 
 
 def dump_files(inputs: Source) -> list[Path]:
