@@ -12,7 +12,8 @@ resources, scopes, events, links, and attribute values that are not strings, int
 Strings are passed over eight bytes at a time (a word with no quote, backslash or control
 character needs one test), read and stored as unaligned words; a span's keys, written
 ``"key":``, are matched as three words against a table (the key that usually comes next
-first), and runs of eight digits are converted in one step.
+first), an attribute written as writers write it (``{"key":"...","value":{"stringValue":...}}``)
+is read in one go by word compares, and runs of eight digits are converted in one step.
 
 Bytes are read as ``buf[np.uint64(pos)]``: an unsigned index spares numba's negative-index
 wraparound test on every byte (about a fifth of the scan).
@@ -48,7 +49,7 @@ def _k(text: str) -> np.ndarray:
 
 K_RESOURCE_SPANS, K_RESOURCE_METRICS, K_RESOURCE_LOGS = _k("resourceSpans"), _k("resourceMetrics"), _k("resourceLogs")
 K_RESOURCE, K_SCOPE_SPANS, K_SCOPE, K_SPANS = _k("resource"), _k("scopeSpans"), _k("scope"), _k("spans")
-K_TRUE = _k("true")
+K_TRUE, K_FALSE = _k("true"), _k("false")
 # enum names, index = OTLP value
 K_KINDS = (_k("SPAN_KIND_UNSPECIFIED"), _k("SPAN_KIND_INTERNAL"), _k("SPAN_KIND_SERVER"),
            _k("SPAN_KIND_CLIENT"), _k("SPAN_KIND_PRODUCER"), _k("SPAN_KIND_CONSUMER"))
@@ -454,6 +455,7 @@ def _any_value(buf, pos, end, attrs, a, fill, arena, cursors):
     if pos < 0:
         return FAIL
     first = True
+    fields = 0
     while True:
         key, ks, kn, pos = _key(buf, pos, end, first, VALUE_KEYS[0], VALUE_KEYS[1], VALUE_KEYS[0])
         first = False
@@ -461,6 +463,7 @@ def _any_value(buf, pos, end, attrs, a, fill, arena, cursors):
             return FAIL
         if kn < 0:
             break
+        fields += 1
         if key == KEY_STRING_VALUE:
             vs, vn, escaped, pos = _string_copy(buf, _ws(buf, pos, end), end, arena, cursors, A_VALUE)
             if fill:
@@ -476,9 +479,10 @@ def _any_value(buf, pos, end, attrs, a, fill, arena, cursors):
         elif key == KEY_BOOL_VALUE:
             vpos = _ws(buf, pos, end)
             pos = _skip(buf, vpos, end)
-            if fill:
-                attrs[VTYPE, a] = V_BOOL
-                attrs[VAL_INT, a] = 1 if _eq(buf, vpos, pos - vpos, K_TRUE) else 0
+            if fill:  # JSON's true or false; anything else (a string, say) is left to orjson
+                true = _eq(buf, vpos, pos - vpos, K_TRUE)
+                attrs[VTYPE, a] = V_BOOL if true or _eq(buf, vpos, pos - vpos, K_FALSE) else V_RARE
+                attrs[VAL_INT, a] = 1 if true else 0
         else:
             pos = _skip(buf, pos, end)
             if fill:
@@ -486,9 +490,79 @@ def _any_value(buf, pos, end, attrs, a, fill, arena, cursors):
         if pos < 0:
             return FAIL
     if fill:
+        if fields > 1:  # more than one kind (not OTLP): the exact path decides
+            attrs[VTYPE, a] = V_RARE
         attrs[ANY_S, a] = start
         attrs[ANY_N, a] = pos - start
     return pos
+
+
+def _word(text: bytes, at: int = 0) -> np.uint64:
+    return np.uint64(int.from_bytes(text[at : at + 8].ljust(8, b"\0"), "little"))
+
+
+# an attribute as the Collector and the SDKs write it: {"key":"...","value":{"stringValue":"..."}}
+W_KEY = _word(b'{"key":"')
+W_VALUE = _word(b',"value":{"stringValue":')  # the 8 bytes every kind of value starts with
+W_STRING_1, W_STRING_2 = _word(b',"value":{"stringValue":', 8), _word(b',"value":{"stringValue":', 16)
+W_INT_1, W_INT_2 = _word(b',"value":{"intValue":', 8), _word(b',"value":{"intValue":', 16)
+W_BOOL_1, W_BOOL_2 = _word(b',"value":{"boolValue":', 8), _word(b',"value":{"boolValue":', 16)
+M_INT_2, M_BOOL_2 = np.uint64(0xFF_FFFF_FFFF), np.uint64(0xFFFF_FFFF_FFFF)  # 5 and 6 bytes
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _closes_twice(buf, pos, end):
+    """Position after ``}}`` at ``pos``, or FAIL."""
+    if pos + 2 <= end and buf[np.uint64(pos)] == 125 and buf[np.uint64(pos + 1)] == 125:
+        return pos + 2
+    return FAIL
+
+
+@njit(cache=True, nogil=True)
+def _compact_attribute(buf, pos, end, attrs, row, arena, cursors):
+    """The attribute object at ``pos`` when it is written exactly as writers write it (no
+    spaces, ``key`` first, a string, int or bool value): its row filled and the position after
+    it. FAIL, with the arenas as they were, for anything else (the caller reads it the long way)."""
+    if pos + 8 > end or _load8(buf, np.uint64(pos)) != W_KEY:
+        return FAIL
+    key_cursor, value_cursor = cursors[A_KEY], cursors[A_VALUE]
+    ks, kn, key_escaped, pos = _string_copy(buf, pos + 7, end, arena, cursors, A_KEY)
+    if pos < 0 or pos + 24 > end or _load8(buf, np.uint64(pos)) != W_VALUE:
+        cursors[A_KEY] = key_cursor
+        return FAIL
+    w1, w2 = _load8(buf, np.uint64(pos + 8)), _load8(buf, np.uint64(pos + 16))
+    any_start = pos + 9
+    vtype, vs, vn, number, value_escaped, after = V_ABSENT, 0, 0, np.int64(0), False, FAIL
+    if w1 == W_STRING_1 and w2 == W_STRING_2:
+        vtype = V_STRING
+        vs, vn, value_escaped, after = _string_copy(buf, pos + 24, end, arena, cursors, A_VALUE)
+    elif w1 == W_INT_1 and (w2 & M_INT_2) == W_INT_2:
+        vtype = V_INT
+        number, after = _integer(buf, pos + 21, end)
+    elif w1 == W_BOOL_1 and (w2 & M_BOOL_2) == W_BOOL_2:
+        vtype = V_BOOL
+        after = pos + 22
+        if _eq(buf, after, min(4, end - after), K_TRUE):
+            number, after = np.int64(1), after + 4
+        elif _eq(buf, after, min(5, end - after), K_FALSE):
+            after += 5
+        else:
+            after = FAIL
+    if after >= 0:
+        after = _closes_twice(buf, after, end)
+    if after < 0:
+        cursors[A_KEY], cursors[A_VALUE] = key_cursor, value_cursor
+        return FAIL
+    attrs[KEY_S, row] = ks
+    attrs[KEY_N, row] = kn
+    attrs[VTYPE, row] = vtype
+    attrs[VAL_S, row] = vs
+    attrs[VAL_N, row] = vn
+    attrs[VAL_INT, row] = number
+    attrs[ANY_S, row] = any_start
+    attrs[ANY_N, row] = after - 1 - any_start
+    attrs[ATTR_ESCAPED, row] = (2 if key_escaped else 0) | (1 if value_escaped else 0)
+    return after
 
 
 @njit(cache=True, nogil=True)
@@ -504,12 +578,16 @@ def _attributes(buf, pos, end, attrs, a, fill, flags, arena, cursors):
             return 0, FAIL
         if item <= -2:
             return count, -2 - item + 1
-        pos = _open(buf, item, end, 123)
-        if pos < 0:
-            return 0, FAIL
         row = a + count
         if fill and row >= attrs.shape[1]:
             flags[0] = 1  # out of room: the caller grows the arrays and rereads the line
+            return 0, FAIL
+        pos = _compact_attribute(buf, item, end, attrs, row, arena, cursors)
+        if pos >= 0:
+            count += 1
+            continue
+        pos = _open(buf, item, end, 123)
+        if pos < 0:
             return 0, FAIL
         if fill:
             for column in range(ATTR_COLUMNS):  # the arrays are reused: every field starts afresh

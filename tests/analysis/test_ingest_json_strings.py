@@ -158,3 +158,31 @@ def test_keys_in_any_order_with_spaces_and_skippable_fields(request_dict):
     _spans(unknown)[0]["someNewField"] = 1
     _, status = decode_json_lines([orjson.dumps(unknown)])
     assert status.tolist() == [LINE_FALLBACK]
+
+
+@pytest.mark.parametrize("attribute", [
+    b'{"key":"b","value":{"boolValue":true}}',
+    b'{"key":"b","value":{"boolValue":false}}',
+    b'{"key":"b","value":{"boolValue":"true"}}',  # not JSON's bool: the long way, as before
+    b'{"key":"i","value":{"intValue":-42}}',
+    b'{"key":"i","value":{"intValue":"42"}}',
+    b'{"key":"d","value":{"doubleValue":0.5}}',
+    b'{"key":"s","value":{"stringValue":"a\\"b"}}',
+    b'{"key":"k\\u00e9","value":{"stringValue":""}}',
+    b'{"value":{"stringValue":"v"},"key":"reversed"}',
+    b'{"key":"no value"}',
+    b'{"key":"s","value":{}}',
+    b'{"key":"s", "value": {"stringValue": "spaced"}}',
+    b'{"key":"s","value":{"stringValue":"x","intValue":"1"}}',  # two kinds (not OTLP): the exact path decides
+    b'{"key":"s","value":{"stringValue":"x"},"droppedAttributesCount":0}',
+])
+def test_attributes_written_compactly_or_not(request_dict, attribute):
+    """Attributes as writers write them are read in one go; any other shape the long way;
+    both as orjson reads them, the odd attribute first in one span and last in another."""
+    line = orjson.dumps(request_dict)
+    marker = b'"attributes":['
+    first = line.index(marker) + len(marker)
+    line = line[:first] + attribute + b"," + line[first:]  # the first of the first span's
+    last = line.rindex(b'],"status"')
+    line = line[:last] + b"," + attribute + line[last:]  # the last of the last span's
+    _assert_scan_equals_orjson([line])
