@@ -1,0 +1,43 @@
+"""The ingest summary counts what a user checks first: spans, distinct traces and runs,
+duplicates dropped, in both formats and across batches."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from nemo_telemetry.analysis import ingest, load_traces
+from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_json_lines, write_length_prefixed
+
+
+def _expected(requests: list[dict]) -> tuple[int, int, int]:
+    spans = [
+        (s["traceId"], s["spanId"], next(
+            (kv["value"]["stringValue"] for kv in rs["resource"]["attributes"] if kv["key"] == "nemo.run.id"), None))
+        for request in requests for rs in request["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]
+    ]
+    return len({(t, s) for t, s, _ in spans}), len({t for t, _, _ in spans}), len({r for _, _, r in spans})
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "proto"])
+def test_summary_counts_distinct_traces_and_runs_over_batches_and_duplicates(fmt, tmp_path, monkeypatch):
+    ingest_module = importlib.import_module("nemo_telemetry.analysis.ingest")
+    detect_module = importlib.import_module("nemo_telemetry.analysis._detect")
+    # many small batches, so that a trace and a run span several
+    monkeypatch.setattr(ingest_module, "BATCH_PROTOBUF_BYTES", 20_000)
+    monkeypatch.setattr(ingest_module, "BATCH_JSON_BYTES", 20_000)
+    monkeypatch.setattr(detect_module, "JSON_BLOCK_BYTES", 20_000)
+    requests = list(synthetic_requests(1500, spans_per_request=100, run_id="run-a"))
+    requests += list(synthetic_requests(700, spans_per_request=100, run_id="run-b", seed=1))
+    spans, traces, runs = _expected(requests)
+    assert traces > 2 and runs == 2
+    doubled = requests + requests[:5]  # a re-sent tail: duplicates of spans already read
+    if fmt == "jsonl":
+        path = write_json_lines(tmp_path / "t.jsonl", doubled)
+    else:
+        path = write_length_prefixed(tmp_path / "t.pb", [to_protobuf(r) for r in doubled])
+    for summary in (load_traces(path).summary, ingest([path], out=tmp_path / f"ds-{fmt}")):
+        assert (summary.spans, summary.traces, summary.runs) == (spans, traces, runs)
+        assert summary.duplicates_dropped == sum(len(s["spans"]) for r in requests[:5]
+                                                 for rs in r["resourceSpans"] for s in rs["scopeSpans"])
