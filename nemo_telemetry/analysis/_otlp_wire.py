@@ -25,6 +25,7 @@ from nemo_telemetry.analysis._otlp_proto import _extend_attributes, _value_strin
 __all__ = ["WireError", "decode_requests", "decode_batch"]
 
 _STRING, _BOOL, _INT, _DOUBLE = 1, 2, 3, 4
+_MOST_NAMES = 4096  # distinct span names a batch dictionary-encodes in the kernel
 
 
 class WireError(ValueError):
@@ -101,7 +102,7 @@ def _assemble(k, s, data: np.ndarray, spans, attrs, resources, scopes, events, l
         span_id=span_id,
         parent_span_id=parent_id,
         trace_state=_strings(k, s, data, spans[k.STATE_S], spans[k.STATE_N]),
-        name=_strings(k, s, data, spans[k.NAME_S], spans[k.NAME_N]),
+        name=_names(k, s, data, spans[k.NAME_S], spans[k.NAME_N]),
         kind=pa.array(spans[k.KIND].copy()),  # copies: the matrices are reused
         start_ns=pa.array(spans[k.START].copy()),
         end_ns=pa.array(spans[k.END].copy()),
@@ -121,6 +122,17 @@ def _strings(k, s, data: np.ndarray, start: np.ndarray, length: np.ndarray) -> p
     """``buffer[start:start + length]`` of each element as a string array (UTF-8 checked)."""
     offsets, chars = s.gather(data, start, length)  # rows of C matrices: contiguous already
     return _checked(k, offsets, chars, "a string field")
+
+
+def _names(k, s, data: np.ndarray, start: np.ndarray, length: np.ndarray) -> pa.Array:
+    """Span names dictionary-encoded, as the spans table keeps them (an RL run has a few dozen
+    distinct names): only the distinct ones are copied and UTF-8 checked. Past ``_MOST_NAMES``
+    distinct names in a batch, plain strings."""
+    codes, firsts, ok = k.dictionary_codes(data, start, length, _MOST_NAMES)
+    if not ok:
+        return _strings(k, s, data, start, length)
+    words = _strings(k, s, data, start[firsts], length[firsts]).cast(pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(codes), words, safe=False)
 
 
 def _checked(k, offsets: np.ndarray, chars: np.ndarray, what: str, valid: np.ndarray | None = None) -> pa.Array:

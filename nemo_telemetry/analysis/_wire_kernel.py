@@ -482,3 +482,68 @@ def is_ascii(chars):
     for i in range(chars.size):
         seen |= chars[i]
     return seen < 0x80
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _hash(buf, start, length):
+    """A hash of ``buf[start:start + length]`` from its length and its first and last eight
+    bytes (the probe compares whole strings, so strings alike there only probe further)."""
+    h = np.uint64(length) * np.uint64(0x9E3779B97F4A7C15)
+    if length >= 8:
+        h ^= _load64(buf, start) * np.uint64(0xC2B2AE3D27D4EB4F)
+        h ^= _load64(buf, start + length - 8) * np.uint64(0x165667B19E3779F9)
+    else:
+        for pos in range(start, start + length):
+            h = (h ^ np.uint64(buf[pos])) * np.uint64(0x100000001B3)
+    return h ^ (h >> np.uint64(29))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _same(buf, a, b, length):
+    """Whether ``buf[a:a + length] == buf[b:b + length]``."""
+    k = 0
+    while k + 8 <= length:
+        if _load64(buf, a + k) != _load64(buf, b + k):
+            return False
+        k += 8
+    while k < length:
+        if buf[a + k] != buf[b + k]:
+            return False
+        k += 1
+    return True
+
+
+@njit(cache=True, nogil=True)
+def dictionary_codes(buf, starts, lengths, most):
+    """Dictionary encoding of the strings ``buf[start:start + length]``, as Arrow's
+    ``dictionary_encode`` gives it: each one's index among the distinct strings in order of first
+    appearance (int32), and the row where each distinct one first appears. Returns (codes,
+    first rows, ok); ``ok`` is False when there are more than ``most`` distinct strings."""
+    n = starts.size
+    size = 16
+    while size < 2 * most:
+        size *= 2
+    mask = np.uint64(size - 1)
+    slot_code = np.full(size, -1, dtype=np.int32)
+    firsts = np.empty(most, dtype=np.int64)
+    codes = np.empty(n, dtype=np.int32)
+    distinct = 0
+    for i in range(n):
+        start, length = starts[i], lengths[i]
+        slot = _hash(buf, start, length) & mask
+        while True:
+            code = slot_code[slot]
+            if code < 0:
+                if distinct == most:
+                    return codes, firsts[:0], False
+                slot_code[slot] = distinct
+                firsts[distinct] = i
+                code = distinct
+                distinct += 1
+                break
+            first = firsts[code]
+            if lengths[first] == length and _same(buf, starts[first], start, length):
+                break
+            slot = (slot + np.uint64(1)) & mask
+        codes[i] = code
+    return codes, firsts[:distinct], True

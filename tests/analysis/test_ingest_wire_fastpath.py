@@ -240,3 +240,17 @@ def test_tables_keep_nothing_of_the_reused_buffer():
     expected = upb(first)
     for name in ("spans", "events", "links"):
         assert getattr(tables, name).to_pylist() == getattr(expected, name).to_pylist(), name
+
+
+@pytest.mark.parametrize("most", [4096, 3])
+def test_span_names_dictionary_encoded_as_arrow_encodes_them(monkeypatch, most):
+    """Names of every length around the kernel's 8-byte steps, repeated and interleaved; past
+    ``most`` distinct names a batch keeps plain strings. Either way the column equals upb's,
+    dictionary order included."""
+    monkeypatch.setattr("nemo_telemetry.analysis._otlp_wire._MOST_NAMES", most)
+    names = ["", "a", "rl.step", "rl.steps", "rl.steps!", "rl.steps?", "x" * 16, "x" * 17, "y" * 16, "größe"]
+    spans = [span(*plain_fields()[:4], text(5, name), *plain_fields()[5:]) for name in names * 2 + names[::-1]]
+    payloads = [request(*spans[:15]), request(*spans[15:])]
+    fast, slow = decode_requests(payloads), upb(payloads)
+    assert fast.spans.column("name").equals(slow.spans.column("name"))
+    assert fast.spans.column("name").to_pylist() == names * 2 + names[::-1]
