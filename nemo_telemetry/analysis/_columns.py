@@ -326,16 +326,23 @@ def grown_records(array: np.ndarray, used: int, axis: int) -> np.ndarray:
 def string_array(
     offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None = None, *, utf8_checked: bool = False
 ) -> pa.Array:
-    """A large_string array over a kernel's (int64 offsets, bytes) output, UTF-8 checked
-    (``pa.ArrowInvalid`` otherwise) unless the bytes were cut from already checked strings
-    (``utf8_checked``); ``valid`` False rows are null."""
+    """A string array over a kernel's (offsets, bytes) output: ``string`` for int32 offsets,
+    ``large_string`` for int64. UTF-8 is checked (``pa.ArrowInvalid`` otherwise) unless the
+    bytes were cut from already checked strings (``utf8_checked``); ``valid`` False rows are null."""
     n = offsets.size - 1
     bitmap = None
     if valid is not None and not valid.all():
         bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
-    strings = pa.Array.from_buffers(pa.large_string(), n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)])
+    kind = pa.string() if offsets.dtype == np.int32 else pa.large_string()
+    strings = pa.Array.from_buffers(kind, n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)])
     strings.validate(full=not utf8_checked)
     return strings
+
+
+def string_offsets(count: int, total_bytes: int) -> np.ndarray:
+    """Room for the offsets of ``count`` strings: int32 (Arrow ``string``, the table's type, so
+    no cast copies them later) unless the bytes need int64."""
+    return np.empty(count + 1, dtype=np.int32 if total_bytes < 2**31 - 1 else np.int64)
 
 
 def special_rows(kind: np.ndarray, rows: np.ndarray, strings: list) -> tuple[list[bytes], np.ndarray]:
@@ -431,8 +438,8 @@ def _promote(
     number_valid = np.zeros((len(names), owners), dtype=np.bool_)
     slots = np.zeros((len(names), _flatten_kernel.DICTIONARY_SLOTS), dtype=np.int64)
     entries = np.zeros((len(names), _flatten_kernel.DICTIONARY_SLOTS // 2 + 1), dtype=np.int64)
-    kept_keys = (np.empty(len(keys) + 1, dtype=np.int64), np.empty(key_data.size, dtype=np.uint8))
-    kept_values = (np.empty(len(keys) + 1, dtype=np.int64), np.empty(value_data.size, dtype=np.uint8))
+    kept_keys = (string_offsets(len(keys), key_data.size), np.empty(key_data.size, dtype=np.uint8))
+    kept_values = (string_offsets(len(keys), value_data.size), np.empty(value_data.size, dtype=np.uint8))
     kept_valid = np.empty(len(keys), dtype=np.bool_)
     kept_counts = np.empty(owners, dtype=np.int64)
     kept = _flatten_kernel.promote(
@@ -538,7 +545,7 @@ def _per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
     keys = pa.array([k for e in entries for k, _ in e], pa.large_string())
     values = pa.array([v for e in entries for _, v in e], pa.large_string())
     counts = sizes[index]
-    offsets = np.zeros(len(index) + 1, dtype=np.int64)
+    offsets = np.zeros(len(index) + 1, dtype=np.int32)
     np.cumsum(counts, out=offsets[1:])
     try:
         from nemo_telemetry.analysis._flatten_kernel import repeat_owner_strings
@@ -548,11 +555,17 @@ def _per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
         # entry j of span i comes from first[index[i]] + j
         flat = np.repeat(first[:-1][index] - offsets[:-1], counts) + np.arange(offsets[-1], dtype=np.int64)
         take = pa.array(flat)
-        return pa.MapArray.from_arrays(pa.array(offsets.astype(np.int32)), keys.take(take), values.take(take))
+        return pa.MapArray.from_arrays(pa.array(offsets), keys.take(take), values.take(take))
     index = np.ascontiguousarray(index, dtype=np.int64)
-    span_keys = string_array(*repeat_owner_strings(*_buffers(keys)[:2], first, index), utf8_checked=True)
-    span_values = string_array(*repeat_owner_strings(*_buffers(values)[:2], first, index), utf8_checked=True)
-    return pa.MapArray.from_arrays(pa.array(offsets.astype(np.int32)), span_keys, span_values)
+
+    def repeated(strings: pa.Array) -> pa.Array:
+        owner_offsets, owner_data, _ = _buffers(strings)
+        total = int((owner_offsets[first[1:]] - owner_offsets[first[:-1]])[index].sum())
+        out_offsets, out_data = string_offsets(int(offsets[-1]), total), np.empty(total, dtype=np.uint8)
+        repeat_owner_strings(owner_offsets, owner_data, first, index, out_offsets, out_data)
+        return string_array(out_offsets, out_data, utf8_checked=True)
+
+    return pa.MapArray.from_arrays(pa.array(offsets), repeated(keys), repeated(values))
 
 
 def _resource_columns(resources: list[dict], index: pa.Array) -> dict[str, pa.Array]:

@@ -150,23 +150,15 @@ def _append(offsets, data, i, source, start, stop):
 
 
 @njit(cache=True, nogil=True)
-def repeat_owner_strings(owner_offsets, owner_data, first, index):
-    """Each span's owner's strings, in one (offsets, data) buffer: span ``i`` gets the strings
-    ``first[index[i]]`` to ``first[index[i] + 1]`` of the owner arrays.
+def repeat_owner_strings(owner_offsets, owner_data, first, index, offsets, data):
+    """Each span's owner's strings into (``offsets``, ``data``), sized by the caller: span
+    ``i`` gets the strings ``first[index[i]]`` to ``first[index[i] + 1]`` of the owner arrays.
 
     Spans of one owner (resource) come in runs, and an owner's strings are contiguous, so a
     run is its owner's bytes copied once and then doubled in place: long copies, no per-span
     byte loop.
     """
     n = index.size
-    total_strings = 0
-    total_bytes = 0
-    for i in range(n):
-        r = index[i]
-        total_strings += first[r + 1] - first[r]
-        total_bytes += owner_offsets[first[r + 1]] - owner_offsets[first[r]]
-    offsets = np.empty(total_strings + 1, dtype=np.int64)
-    data = np.empty(total_bytes, dtype=np.uint8)
     offsets[0] = 0
     s = 0
     at = 0
@@ -194,4 +186,3 @@ def repeat_owner_strings(owner_offsets, owner_data, first, index):
             done += step
         at += total
         i = run_end
-    return offsets, data
