@@ -130,6 +130,24 @@ def _length(buf, pos, end):
 
 
 @njit(cache=True, nogil=True, _nrt=False)
+def _tag_at(buf, pos, end):
+    """:func:`_tag` as a call, for paths rarely taken (inlining everywhere costs compile time)."""
+    return _tag(buf, pos, end)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _length_at(buf, pos, end):
+    """:func:`_length` as a call, for paths rarely taken."""
+    return _length(buf, pos, end)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _varint_at(buf, pos, end):
+    """:func:`_varint` as a call, for paths rarely taken."""
+    return _varint(buf, pos, end)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
 def _skip(buf, pos, end, tag):
     """The position after the value of a field not read, its ``tag`` ending at ``pos``; < 0 on error."""
     if tag < 8:  # a failed tag read (-1) or field number 0, which protobuf forbids
@@ -187,26 +205,26 @@ def _key_value(buf, start, end, attrs, a):
     has_value = False
     pos = start
     while pos < end:
-        tag, pos = _tag(buf, pos, end)
+        tag, pos = _tag_at(buf, pos, end)
         if tag == _T1_LEN:
-            key_s, pos = _length(buf, pos, end)
+            key_s, pos = _length_at(buf, pos, end)
             key_n = pos - key_s
         elif tag == _T2_LEN:
             if has_value:
                 return E_REPEATED
             has_value = True
-            any_s, stop = _length(buf, pos, end)
+            any_s, stop = _length_at(buf, pos, end)
             if any_s < 0:
                 return E_TRUNCATED
             any_n = stop - any_s
             pos = any_s
             while pos < stop:  # the AnyValue: the last of its oneof fields wins
-                tag, pos = _tag(buf, pos, stop)
+                tag, pos = _tag_at(buf, pos, stop)
                 if tag == _T1_LEN:
-                    val, pos = _length(buf, pos, stop)
+                    val, pos = _length_at(buf, pos, stop)
                     vtype, val_n = 1, pos - val
                 elif tag == _T2_VARINT or tag == _T3_VARINT:
-                    value, pos = _varint(buf, pos, stop)
+                    value, pos = _varint_at(buf, pos, stop)
                     vtype, val, val_n = tag >> 3, np.int64(value), 0
                 elif tag == _T4_FIXED64 or tag == _T5_LEN or tag == _T6_LEN or tag == _T7_LEN:
                     pos = _skip(buf, pos, stop, tag)  # doubles, arrays, lists, bytes: upb reads them
@@ -234,13 +252,13 @@ def _status(buf, start, end, spans, i):
     """Status fields into row ``i`` (set to their defaults first); OK or an error."""
     pos = start
     while pos < end:
-        tag, pos = _tag(buf, pos, end)
+        tag, pos = _tag_at(buf, pos, end)
         if tag == _T2_LEN:
-            vs, pos = _length(buf, pos, end)
+            vs, pos = _length_at(buf, pos, end)
             spans[MSG_S, i] = vs
             spans[MSG_N, i] = pos - vs
         elif tag == _T3_VARINT:
-            value, pos = _varint(buf, pos, end)
+            value, pos = _varint_at(buf, pos, end)
             spans[CODE, i] = np.int64(value)
         else:
             pos = _skip(buf, pos, end, tag)
@@ -362,13 +380,13 @@ def _request(buf, pos, end, request, counts, spans, attrs, resources, scopes, ev
     links) advance only when all of it fit. Returns OK or an error code."""
     i, a, r, s, e, ln = counts[0], counts[1], counts[2], counts[3], counts[4], counts[5]
     while pos < end:
-        tag, pos = _tag(buf, pos, end)
+        tag, pos = _tag_at(buf, pos, end)
         if tag != _T1_LEN:  # resource_spans
             pos = _skip(buf, pos, end, tag)
             if pos < 0:
                 return pos
             continue
-        rpos, pos = _length(buf, pos, end)
+        rpos, pos = _length_at(buf, pos, end)
         if rpos < 0:
             return E_TRUNCATED
         if r >= resources.shape[0]:
@@ -376,14 +394,14 @@ def _request(buf, pos, end, request, counts, spans, attrs, resources, scopes, ev
         resources[r, 0], resources[r, 1], resources[r, 2] = rpos, -1, request
         rs_end = pos
         while rpos < rs_end:
-            tag, rpos = _tag(buf, rpos, rs_end)
+            tag, rpos = _tag_at(buf, rpos, rs_end)
             if tag == _T1_LEN:  # resource
                 if resources[r, 1] >= 0:
                     return E_REPEATED
-                vs, rpos = _length(buf, rpos, rs_end)
+                vs, rpos = _length_at(buf, rpos, rs_end)
                 resources[r, 0], resources[r, 1] = vs, rpos - vs
             elif tag == _T2_LEN:  # scope_spans
-                spos, rpos = _length(buf, rpos, rs_end)
+                spos, rpos = _length_at(buf, rpos, rs_end)
                 if spos < 0:
                     return E_TRUNCATED
                 if s >= scopes.shape[0]:
@@ -395,7 +413,7 @@ def _request(buf, pos, end, request, counts, spans, attrs, resources, scopes, ev
                     if tag == _T1_LEN:  # scope
                         if scopes[s, 1] >= 0:
                             return E_REPEATED
-                        vs, spos = _length(buf, spos, ss_end)
+                        vs, spos = _length_at(buf, spos, ss_end)
                         scopes[s, 0], scopes[s, 1] = vs, spos - vs
                     elif tag == _T2_LEN:  # span
                         vs, spos = _length(buf, spos, ss_end)
