@@ -2,13 +2,15 @@
 
 upb parses a request fast, but reading a million spans back out through Python attribute
 access costs ~10 µs a span. Instead a compiled walk (:mod:`._wire_kernel`, numba) records
-where each field's bytes are; here Arrow cuts the strings out of the buffer in bulk, ids become
-hex through a lookup table, and only rare values (doubles, bytes, arrays, key-value lists,
+where each string's bytes are, each number, and each id as uint64 keys; here the strings are
+cut out of the buffer in bulk (span names dictionary-encoded, only the distinct ones copied),
+ids become hex from their keys, and only rare values (doubles, bytes, arrays, key-value lists,
 events, links, resources, scopes) go through upb one by one.
 
-Anything unusual (groups, a length past its message, an id of odd length, invalid UTF-8)
-raises :class:`WireError`; the caller then decodes request by request with upb, which names
-the bad record. Without numba every batch takes that path.
+Anything unusual (groups, a length past its message, an id of odd length, invalid UTF-8, a
+resource, scope or attribute value given twice) raises :class:`WireError`; the caller then
+decodes request by request with upb, which names the bad record. Without numba every batch
+takes that path.
 """
 
 from __future__ import annotations
