@@ -42,11 +42,16 @@ _INT_COLUMNS = {ITERATION, "rank"}
 
 @dataclass(frozen=True)
 class OtlpTables:
-    """The three tables of one batch (or one whole input)."""
+    """The three tables of one batch (or one whole input).
+
+    ``span_words``: each span's (trace id high, trace id low, span id) as uint64 words, when
+    the decoder read the ids as bytes; the deduplicator then need not parse the hex again.
+    """
 
     spans: pa.Table
     events: pa.Table
     links: pa.Table
+    span_words: np.ndarray | None = field(default=None, compare=False)
 
     @staticmethod
     def empty() -> "OtlpTables":
@@ -58,10 +63,12 @@ class OtlpTables:
     def concat(parts: list["OtlpTables"]) -> "OtlpTables":
         if not parts:
             return OtlpTables.empty()
+        words = [p.span_words for p in parts if p.spans.num_rows]
         return OtlpTables(
             pa.concat_tables([p.spans for p in parts]),
             pa.concat_tables([p.events for p in parts]),
             pa.concat_tables([p.links for p in parts]),
+            np.concatenate(words) if words and all(w is not None for w in words) else None,
         )
 
 
@@ -210,6 +217,7 @@ class SpanArrays:
     attr_keys: pa.Array
     attr_values: pa.Array
     id_keys: tuple | None = None  # (trace_key, span_key, parent_key) when the decoder has them
+    span_words: np.ndarray | None = None  # (n, 3) uint64, see OtlpTables.span_words
 
 
 def build_tables(arrays: SpanArrays, extras: SpanColumns) -> OtlpTables:
@@ -219,6 +227,7 @@ def build_tables(arrays: SpanArrays, extras: SpanColumns) -> OtlpTables:
         _spans_table(arrays, extras.scopes, extras.resources),
         extras._events_table(trace, span),
         extras._links_table(trace, span),
+        arrays.span_words,
     )
 
 

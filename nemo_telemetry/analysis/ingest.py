@@ -224,7 +224,8 @@ class _Decoded:
 
     def __post_init__(self) -> None:
         spans = self.tables.spans
-        self.keys = span_keys(spans)
+        words = self.tables.span_words
+        self.keys = span_keys(spans) if words is None else words
         self.traces = _distinct_strings(spans.column("trace_id"))
         runs = pc.unique(spans.column("run_id").combine_chunks().cast(pa.string())).to_pylist()
         self.runs = [run for run in runs if run]
@@ -286,7 +287,8 @@ def _drop_malformed_ids(tables: OtlpTables, report: Callable[[int], None]) -> Ot
         return tables
     report(bad)
     spans = spans.filter(pa.array(ok))
-    return OtlpTables(spans, _owned_by(tables.events, spans), _owned_by(tables.links, spans))
+    words = tables.span_words[ok] if tables.span_words is not None else None
+    return OtlpTables(spans, _owned_by(tables.events, spans), _owned_by(tables.links, spans), words)
 
 
 def _string_lengths(column: pa.ChunkedArray) -> np.ndarray:
