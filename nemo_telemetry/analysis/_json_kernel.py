@@ -102,6 +102,12 @@ def _key_table():
 
 
 KEY_WORDS, KEY_MASKS, KEY_TEXT, KEY_LENGTHS = _key_table()
+# a span's text fields: their column (-1 for other keys) and arena, by key id
+SPAN_TEXT_COLUMN = np.full(len(KEY_NAMES), -1, dtype=np.int64)
+SPAN_TEXT_ARENA = np.zeros(len(KEY_NAMES), dtype=np.int64)
+for _key_id, _column, _arena in ((KEY_TRACE_ID, TRACE_S, A_ID), (KEY_SPAN_ID, SPAN_S, A_ID), (KEY_PARENT, PARENT_S, A_ID),
+                                 (KEY_NAME, NAME_S, A_NAME), (KEY_STATE, STATE_S, A_OTHER)):
+    SPAN_TEXT_COLUMN[_key_id], SPAN_TEXT_ARENA[_key_id] = _column, _arena
 
 _ONES = np.uint64(0x0101010101010101)
 _HIGH = np.uint64(0x8080808080808080)
@@ -208,7 +214,7 @@ def _string(buf, pos, end):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _string_copy(buf, pos, end, arena, cursors, region):
+def _string_copy_inline(buf, pos, end, arena, cursors, region):
     """Like :func:`_string`, copying the content to ``arena`` at ``cursors[region]`` (which
     advances past it) as it goes: (arena start, length, escaped, position after) or FAIL.
 
@@ -259,6 +265,12 @@ def _string_copy(buf, pos, end, arena, cursors, region):
             pos += 1
             out += 1
     return 0, 0, False, FAIL
+
+
+@njit(cache=True, nogil=True)
+def _string_copy(buf, pos, end, arena, cursors, region):
+    """:func:`_string_copy_inline` as a call, for the rarer places (one copy of its code to compile)."""
+    return _string_copy_inline(buf, pos, end, arena, cursors, region)
 
 
 @njit(cache=True, nogil=True)
@@ -526,7 +538,7 @@ def _compact_attribute(buf, pos, end, attrs, row, arena, cursors):
     if pos + 8 > end or _load8(buf, np.uint64(pos)) != W_KEY:
         return FAIL
     key_cursor, value_cursor = cursors[A_KEY], cursors[A_VALUE]
-    ks, kn, key_escaped, pos = _string_copy(buf, pos + 7, end, arena, cursors, A_KEY)
+    ks, kn, key_escaped, pos = _string_copy_inline(buf, pos + 7, end, arena, cursors, A_KEY)
     if pos < 0 or pos + 24 > end or _load8(buf, np.uint64(pos)) != W_VALUE:
         cursors[A_KEY] = key_cursor
         return FAIL
@@ -535,7 +547,7 @@ def _compact_attribute(buf, pos, end, attrs, row, arena, cursors):
     vtype, vs, vn, number, value_escaped, after = V_ABSENT, 0, 0, np.int64(0), False, FAIL
     if w1 == W_STRING_1 and w2 == W_STRING_2:
         vtype = V_STRING
-        vs, vn, value_escaped, after = _string_copy(buf, pos + 24, end, arena, cursors, A_VALUE)
+        vs, vn, value_escaped, after = _string_copy_inline(buf, pos + 24, end, arena, cursors, A_VALUE)
     elif w1 == W_INT_1 and (w2 & M_INT_2) == W_INT_2:
         vtype = V_INT
         number, after = _integer(buf, pos + 21, end)
@@ -645,7 +657,7 @@ def _raw_items(buf, pos, end, side, at, owner, fill, flags):
         count += 1
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _text_field(buf, pos, end, spans, column, i, fill, arena, cursors, region):
     vs, vn, escaped, pos = _string_copy(buf, _ws(buf, pos, end), end, arena, cursors, region)
     if fill:
@@ -700,28 +712,21 @@ def _span(buf, pos, end, spans, i, attrs, a, events, e, links, ln, fill, flags, 
             return 0, 0, 0, FAIL
         if kn < 0:
             break
-        if key == KEY_TRACE_ID:
-            pos = _text_field(buf, pos, end, spans, TRACE_S, i, fill, arena, cursors, A_ID)
-        elif key == KEY_SPAN_ID:
-            pos = _text_field(buf, pos, end, spans, SPAN_S, i, fill, arena, cursors, A_ID)
-        elif key == KEY_PARENT:
-            pos = _text_field(buf, pos, end, spans, PARENT_S, i, fill, arena, cursors, A_ID)
-        elif key == KEY_STATE:
-            pos = _text_field(buf, pos, end, spans, STATE_S, i, fill, arena, cursors, A_OTHER)
-        elif key == KEY_NAME:
-            pos = _text_field(buf, pos, end, spans, NAME_S, i, fill, arena, cursors, A_NAME)
+        if key >= 0 and SPAN_TEXT_COLUMN[key] >= 0:  # one call site for all: less code to compile
+            column = SPAN_TEXT_COLUMN[key]
+            vs, vn, escaped, pos = _string_copy_inline(buf, _ws(buf, pos, end), end, arena, cursors, SPAN_TEXT_ARENA[key])
+            spans[column, i] = vs
+            spans[column + 1, i] = vn
+            if escaped:
+                spans[ESCAPED, i] |= 1 << column
+        elif key == KEY_START or key == KEY_END:
+            value, pos = _integer(buf, pos, end)
+            if fill:
+                spans[START if key == KEY_START else END, i] = value
         elif key == KEY_KIND:
             kind, pos = _enum(buf, pos, end, K_KINDS)
             if fill:
                 spans[KIND, i] = kind
-        elif key == KEY_START:
-            value, pos = _integer(buf, pos, end)
-            if fill:
-                spans[START, i] = value
-        elif key == KEY_END:
-            value, pos = _integer(buf, pos, end)
-            if fill:
-                spans[END, i] = value
         elif key == KEY_ATTRIBUTES:
             count, pos = _attributes(buf, pos, end, attrs, a + na, fill, flags, arena, cursors)
             na += count
