@@ -46,7 +46,9 @@ def decode_requests(payloads: list[bytes]) -> OtlpTables:
     """The tables of several serialized requests; ``WireError`` when the fast path cannot."""
     k, s = _kernel()
     data, starts, ends = _joined(payloads)
-    counts = np.zeros(6, dtype=np.int64)
+    counts = np.zeros(k.COUNTS, dtype=np.int64)
+    slots = np.full(1 << (2 * _MOST_NAMES - 1).bit_length(), -1, dtype=np.int32)  # a power of two
+    names = (slots, np.empty((_MOST_NAMES, 2), dtype=np.int64))
     guess = max(64, data.size // 128)  # an RL span with a few attributes takes ~150 bytes
     spans = scratch_matrix("wire-spans", k.SPAN_COLUMNS, guess)
     attrs = scratch_matrix("wire-attributes", k.ATTR_COLUMNS, 4 * guess)
@@ -54,19 +56,20 @@ def decode_requests(payloads: list[bytes]) -> OtlpTables:
     side += [np.zeros((64, k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)]
     request = 0
     while True:
-        request, err = k.walk(data, starts, ends, request, counts, spans, attrs, *side)
+        request, err = k.walk(data, starts, ends, request, counts, spans, attrs, *side, *names)
         if err != k.E_ROOM:
             break
         spans, attrs = grown_records(spans, int(counts[0]), 1), grown_records(attrs, int(counts[1]), 1)
-        side = [grown_records(a, int(c), 0) for a, c in zip(side, counts[2:])]
+        side = [grown_records(a, int(c), 0) for a, c in zip(side, counts[2:6])]
     if err < 0:
         raise WireError(f"request {request}: {_problem(k, err)}")
     n = int(counts[0])
     spans, attrs = spans[:, :n], attrs[:, : int(counts[1])]
-    side = [a[: int(c)] for a, c in zip(side, counts[2:])]
+    side = [a[: int(c)] for a, c in zip(side, counts[2:6])]
     if n == 0:
         return OtlpTables.empty()
-    return _assemble(k, s, data, spans, attrs, *side)
+    distinct = int(counts[6])
+    return _assemble(k, s, data, spans, attrs, *side, names[1][:distinct] if distinct >= 0 else None)
 
 
 def _joined(payloads: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -91,7 +94,7 @@ def _problem(k, err: int) -> str:
     return problems.get(err, "an unsupported wire type")
 
 
-def _assemble(k, s, data: np.ndarray, spans, attrs, resources, scopes, events, links) -> OtlpTables:
+def _assemble(k, s, data: np.ndarray, spans, attrs, resources, scopes, events, links, names) -> OtlpTables:
     extras = SpanColumns()
     extras.resources.extend(_resources(data, resources))
     extras.scopes.extend(_scopes(data, scopes))
@@ -104,7 +107,7 @@ def _assemble(k, s, data: np.ndarray, spans, attrs, resources, scopes, events, l
         span_id=span_id,
         parent_span_id=parent_id,
         trace_state=_strings(k, s, data, spans[k.STATE_S], spans[k.STATE_N]),
-        name=_names(k, s, data, spans[k.NAME_S], spans[k.NAME_N]),
+        name=_names(k, s, data, spans, names),
         kind=pa.array(spans[k.KIND].copy()),  # copies: the matrices are reused
         start_ns=pa.array(spans[k.START].copy()),
         end_ns=pa.array(spans[k.END].copy()),
@@ -126,15 +129,15 @@ def _strings(k, s, data: np.ndarray, start: np.ndarray, length: np.ndarray) -> p
     return _checked(k, offsets, chars, "a string field")
 
 
-def _names(k, s, data: np.ndarray, start: np.ndarray, length: np.ndarray) -> pa.Array:
-    """Span names dictionary-encoded, as the spans table keeps them (an RL run has a few dozen
-    distinct names): only the distinct ones are copied and UTF-8 checked. Past ``_MOST_NAMES``
-    distinct names in a batch, plain strings."""
-    codes, firsts, ok = k.dictionary_codes(data, start, length, _MOST_NAMES)
-    if not ok:
-        return _strings(k, s, data, start, length)
-    words = _strings(k, s, data, start[firsts], length[firsts]).cast(pa.string())
-    return pa.DictionaryArray.from_arrays(pa.array(codes), words, safe=False)
+def _names(k, s, data: np.ndarray, spans: np.ndarray, names: np.ndarray | None) -> pa.Array:
+    """Span names dictionary-encoded as the walk numbered them, as the spans table keeps them
+    (an RL run has a few dozen distinct names): only the distinct ones (``names``: start and
+    length of each) are copied and UTF-8 checked. Past ``_MOST_NAMES`` distinct names in a
+    batch (``names`` None), plain strings."""
+    if names is None:
+        return _strings(k, s, data, spans[k.NAME_S], spans[k.NAME_N])
+    words = _strings(k, s, data, names[:, 0].copy(), names[:, 1].copy()).cast(pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(spans[k.NAME_CODE].astype(np.int32)), words, safe=False)
 
 
 def _checked(k, offsets: np.ndarray, chars: np.ndarray, what: str, valid: np.ndarray | None = None) -> pa.Array:

@@ -39,10 +39,13 @@ E_ID = -4  # a trace or span id of another length than 16 or 8 bytes
 E_REPEATED = -5  # a resource, scope or attribute value given twice: protobuf merges them, upb does
 
 # span columns: rows of an int64 (SPAN_COLUMNS, spans) matrix, so each column is contiguous.
-# Ids are big-endian uint64 keys (a trace id's two halves) with their length (0: absent).
+# Ids are big-endian uint64 keys (a trace id's two halves) with their length (0: absent);
+# NAME_CODE is the name's index among the batch's distinct names (see _name_code).
 (TRACE_HI, TRACE_LO, TRACE_N, SPAN_K, SPAN_N, PARENT_K, PARENT_N, STATE_S, STATE_N, NAME_S, NAME_N,
- KIND, START, END, CODE, MSG_S, MSG_N, SCOPE, RESOURCE, ATTR_COUNT) = range(20)
-SPAN_COLUMNS = 20
+ NAME_CODE, KIND, START, END, CODE, MSG_S, MSG_N, SCOPE, RESOURCE, ATTR_COUNT) = range(21)
+SPAN_COLUMNS = 21
+# counts: spans, attributes, resource spans, scope spans, events, links, distinct names
+COUNTS = 7
 # attribute columns: rows of an (ATTR_COLUMNS, attributes) matrix. VTYPE is the AnyValue field
 # number (0: none); VAL is a string's start or an int's or bool's value; ANY_S/ANY_N bound the
 # AnyValue message (for the kinds upb reads).
@@ -267,8 +270,67 @@ def _status(buf, start, end, spans, i):
     return OK
 
 
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _hash(buf, start, length):
+    """A hash of ``buf[start:start + length]`` from its length and its first and last eight
+    bytes (the probe compares whole strings, so strings alike there only probe further)."""
+    h = np.uint64(length) * np.uint64(0x9E3779B97F4A7C15)
+    if length >= 8:
+        h ^= _load64(buf, start) * np.uint64(0xC2B2AE3D27D4EB4F)
+        h ^= _load64(buf, start + length - 8) * np.uint64(0x165667B19E3779F9)
+    else:
+        for pos in range(start, start + length):
+            h = (h ^ np.uint64(buf[pos])) * np.uint64(0x100000001B3)
+    return h ^ (h >> np.uint64(29))
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _same(buf, a, b, length):
+    """Whether ``buf[a:a + length] == buf[b:b + length]``."""
+    k = 0
+    while k + 8 <= length:
+        if _load64(buf, a + k) != _load64(buf, b + k):
+            return False
+        k += 8
+    while k < length:
+        if buf[a + k] != buf[b + k]:
+            return False
+        k += 1
+    return True
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _name_code(buf, start, length, slots, names, counts):
+    """The index of the name ``buf[start:start + length]`` among the batch's distinct names in
+    order of first appearance, as Arrow's ``dictionary_encode`` numbers them; a new name is added
+    to ``names`` (start, length), ``slots`` being its hash table (a power of two in size, more
+    than ``names`` holds, so a probe always ends). -1 once there are more distinct
+    names than ``names`` holds (``counts[6]`` is then -1). A request walked again after E_ROOM
+    finds its names already there, in the order it added them: the codes come out the same."""
+    distinct = counts[6]
+    if distinct < 0:
+        return -1
+    mask = np.uint64(slots.size - 1)
+    slot = _hash(buf, start, length) & mask
+    while True:
+        code = slots[slot]
+        if code < 0:
+            break
+        if names[code, 1] == length and _same(buf, names[code, 0], start, length):
+            return np.int64(code)
+        slot = (slot + np.uint64(1)) & mask
+    if distinct == names.shape[0]:
+        counts[6] = -1
+        return -1
+    slots[slot] = distinct
+    names[distinct, 0] = start
+    names[distinct, 1] = length
+    counts[6] = distinct + 1
+    return distinct
+
+
 @njit(cache=True, nogil=True, _nrt=False, inline="always")  # a call passing 5 arrays costs 70 ns
-def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln):
+def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln, slots, names, counts):
     """Walk one Span into row ``i``; returns (attributes, events, links, error). The error
     E_ROOM means an array is full: the caller grows them and walks the request again."""
     zero = np.uint64(0)
@@ -367,6 +429,7 @@ def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln):
     spans[STATE_N, i] = state_n
     spans[NAME_S, i] = name_s
     spans[NAME_N, i] = name_n
+    spans[NAME_CODE, i] = _name_code(buf, name_s, name_n, slots, names, counts)
     spans[KIND, i] = kind
     spans[START, i] = begin
     spans[END, i] = finish
@@ -375,7 +438,7 @@ def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln):
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _request(buf, pos, end, request, counts, spans, attrs, resources, scopes, events, links):
+def _request(buf, pos, end, request, counts, spans, attrs, resources, scopes, events, links, slots, names):
     """Walk one request; ``counts`` (spans, attributes, resource spans, scope spans, events,
     links) advance only when all of it fit. Returns OK or an error code."""
     i, a, r, s, e, ln = counts[0], counts[1], counts[2], counts[3], counts[4], counts[5]
@@ -421,7 +484,7 @@ def _request(buf, pos, end, request, counts, spans, attrs, resources, scopes, ev
                             return E_TRUNCATED
                         if i >= spans.shape[1]:
                             return E_ROOM
-                        na, ne, nl, err = _span(buf, vs, spos, spans, i, attrs, a, events, e, links, ln)
+                        na, ne, nl, err = _span(buf, vs, spos, spans, i, attrs, a, events, e, links, ln, slots, names, counts)
                         if err < 0:
                             return err
                         spans[SCOPE, i] = s
@@ -447,8 +510,9 @@ def _request(buf, pos, end, request, counts, spans, attrs, resources, scopes, ev
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def walk(buf, starts, ends, first, counts, spans, attrs, resources, scopes, events, links):
-    """Record every span of the requests from ``first`` on, ``counts`` advancing with each.
+def walk(buf, starts, ends, first, counts, spans, attrs, resources, scopes, events, links, slots, names):
+    """Record every span of the requests from ``first`` on, ``counts`` advancing with each;
+    span names are numbered as they come (``slots``, ``names``: see :func:`_name_code`).
 
     Returns (next request, error): next request is ``starts.size`` when all are done; with
     E_ROOM it is the request that did not fit (grow the arrays and call again from there);
@@ -456,7 +520,7 @@ def walk(buf, starts, ends, first, counts, spans, attrs, resources, scopes, even
     """
     for request in range(first, starts.size):
         err = _request(buf, starts[request], ends[request], request, counts, spans, attrs, resources, scopes,
-                       events, links)
+                       events, links, slots, names)
         if err < 0:
             return request, err
     return starts.size, OK
@@ -500,68 +564,3 @@ def is_ascii(chars):
     for i in range(chars.size):
         seen |= chars[i]
     return seen < 0x80
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _hash(buf, start, length):
-    """A hash of ``buf[start:start + length]`` from its length and its first and last eight
-    bytes (the probe compares whole strings, so strings alike there only probe further)."""
-    h = np.uint64(length) * np.uint64(0x9E3779B97F4A7C15)
-    if length >= 8:
-        h ^= _load64(buf, start) * np.uint64(0xC2B2AE3D27D4EB4F)
-        h ^= _load64(buf, start + length - 8) * np.uint64(0x165667B19E3779F9)
-    else:
-        for pos in range(start, start + length):
-            h = (h ^ np.uint64(buf[pos])) * np.uint64(0x100000001B3)
-    return h ^ (h >> np.uint64(29))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _same(buf, a, b, length):
-    """Whether ``buf[a:a + length] == buf[b:b + length]``."""
-    k = 0
-    while k + 8 <= length:
-        if _load64(buf, a + k) != _load64(buf, b + k):
-            return False
-        k += 8
-    while k < length:
-        if buf[a + k] != buf[b + k]:
-            return False
-        k += 1
-    return True
-
-
-@njit(cache=True, nogil=True)
-def dictionary_codes(buf, starts, lengths, most):
-    """Dictionary encoding of the strings ``buf[start:start + length]``, as Arrow's
-    ``dictionary_encode`` gives it: each one's index among the distinct strings in order of first
-    appearance (int32), and the row where each distinct one first appears. Returns (codes,
-    first rows, ok); ``ok`` is False when there are more than ``most`` distinct strings."""
-    n = starts.size
-    size = 16
-    while size < 2 * most:
-        size *= 2
-    mask = np.uint64(size - 1)
-    slot_code = np.full(size, -1, dtype=np.int32)
-    firsts = np.empty(most, dtype=np.int64)
-    codes = np.empty(n, dtype=np.int32)
-    distinct = 0
-    for i in range(n):
-        start, length = starts[i], lengths[i]
-        slot = _hash(buf, start, length) & mask
-        while True:
-            code = slot_code[slot]
-            if code < 0:
-                if distinct == most:
-                    return codes, firsts[:0], False
-                slot_code[slot] = distinct
-                firsts[distinct] = i
-                code = distinct
-                distinct += 1
-                break
-            first = firsts[code]
-            if lengths[first] == length and _same(buf, starts[first], start, length):
-                break
-            slot = (slot + np.uint64(1)) & mask
-        codes[i] = code
-    return codes, firsts[:distinct], True

@@ -254,3 +254,16 @@ def test_span_names_dictionary_encoded_as_arrow_encodes_them(monkeypatch, most):
     fast, slow = decode_requests(payloads), upb(payloads)
     assert fast.spans.column("name").equals(slow.spans.column("name"))
     assert fast.spans.column("name").to_pylist() == names * 2 + names[::-1]
+
+
+def test_span_names_numbered_alike_when_the_walk_grows_its_arrays():
+    """Tiny spans, many to a request: the first arrays are too small, and the request that
+    did not fit is walked again after its new names were numbered."""
+    payloads = [
+        request(*(span(text(2, SPAN), text(5, f"n{r % 37}.{j % 4}")) for j in range(10)))
+        for r in range(300)
+    ]
+    fast, slow = decode_requests(payloads), upb(payloads)
+    assert fast.spans.num_rows == 3000
+    assert fast.spans.column("name").equals(slow.spans.column("name"))
+    assert fast.spans.column("name").to_pylist() == slow.spans.column("name").to_pylist()
