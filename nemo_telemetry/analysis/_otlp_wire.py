@@ -167,9 +167,10 @@ def _hex_ids(k, high: np.ndarray, low: np.ndarray, length: np.ndarray, width: in
 def _values(k, s, data: np.ndarray, attrs: np.ndarray) -> pa.Array:
     """The schema's string for each AnyValue, in one compiled pass; doubles, bytes, arrays and
     key-value lists (rare in RL traces) are written by upb first and copied in."""
-    kind = attrs[k.VTYPE].copy()
+    kind = attrs[k.VTYPE]  # special_rows may clear some: the matrix is scratch, not read again
     rows = np.flatnonzero(kind >= _DOUBLE)
-    bounds = zip(attrs[k.ANY_S][rows].tolist(), (attrs[k.ANY_S] + attrs[k.ANY_N])[rows].tolist())
+    first = attrs[k.ANY_S][rows]
+    bounds = zip(first.tolist(), (first + attrs[k.ANY_N][rows]).tolist())
     rare, special = special_rows(kind, rows, [_value_string(AnyValue.FromString(data[s:e].tobytes())) for s, e in bounds])
     rare_offsets = np.zeros(len(rare) + 1, dtype=np.int64)
     np.cumsum([len(r) for r in rare], out=rare_offsets[1:])
