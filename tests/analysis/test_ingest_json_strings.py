@@ -101,10 +101,21 @@ def test_ids_in_any_case_of_the_right_length_or_not(request_dict):
     _assert_scan_equals_orjson(lines)
 
 
-def test_invalid_utf8_in_a_string_sends_the_block_to_the_exact_path(request_dict):
+@pytest.mark.parametrize("field", ["name", "traceState", "status message", "attribute key", "attribute value"])
+@pytest.mark.parametrize("bad_bytes", [b"bad \xff\xfe byte in a long string", b"\xc3", b"\xe2\x98"])
+def test_invalid_utf8_in_a_string_sends_the_block_to_the_exact_path(request_dict, field, bad_bytes):
+    """Strings are UTF-8 checked unless every byte copied was ASCII; a bad byte anywhere, in a
+    long string or a short one (a cut multi-byte character), is still caught."""
     request = copy.deepcopy(request_dict)
-    _spans(request)[0]["name"] = "PLACEHOLDER"
-    bad = orjson.dumps(request).replace(b"PLACEHOLDER", b"bad \xff\xfe byte in a name")
+    span = _spans(request)[1]
+    if field == "status message":
+        span["status"] = {"message": "PLACEHOLDER"}
+    elif field.startswith("attribute"):
+        span["attributes"].append({"key": "PLACEHOLDER" if field == "attribute key" else "k",
+                                   "value": {"stringValue": "PLACEHOLDER" if field == "attribute value" else "v"}})
+    else:
+        span[field] = "PLACEHOLDER"
+    bad = orjson.dumps(request).replace(b"PLACEHOLDER", bad_bytes)
     _, status = decode_json_lines([orjson.dumps(request_dict), bad])
     assert status.tolist() == [LINE_FALLBACK, LINE_FALLBACK]
 
