@@ -1,9 +1,11 @@
 """Batches of OTLP/JSON lines into Arrow columns through the compiled scan (``_json_kernel``).
 
-The scan says where every value lies; here strings are cut out in bulk (``_strings_kernel.gather``),
-ids are lower-cased by Arrow, and the rare parts (resources, scopes, events, links, values
-that are not strings, ints or bools, strings with escapes) are parsed by orjson one by one.
-Lines the scan leaves alone come back to the caller with their status, for the orjson path.
+The scan copies the strings it needs into a per-thread arena (one region per column kind) and
+says where each lies; here the columns are built from the arena in bulk (``_strings_kernel``:
+``gather``, ``text_ids`` for lowercase ids and their keys, ``value_strings``), and the rare parts
+(resources, scopes, events, links, values that are not strings, ints or bools, strings with
+escapes) are parsed by orjson one by one, from the block or the arena. Lines the scan leaves
+alone come back to the caller with their status, for the orjson path.
 """
 
 from __future__ import annotations
