@@ -1,8 +1,9 @@
 """The protobuf walk of ``ExportTraceServiceRequest`` batches, compiled with numba.
 
 One sequential pass over the bytes records, per span and per attribute, where each string
-lies in the buffer (offset and length), each number's value, and each id as big-endian uint64
-keys; nothing else. Python then cuts strings and converts columns in bulk (``_otlp_wire``).
+lies in the buffer (offset and length), each number's value, each id as big-endian uint64
+keys, and each span name's index among the batch's distinct names; nothing else. Python then
+cuts strings and converts columns in bulk (``_otlp_wire``).
 One pass: the arrays are sized from a guess, and a request that does not fit is walked again
 after the caller grows them.
 
