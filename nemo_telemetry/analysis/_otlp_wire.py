@@ -119,6 +119,8 @@ def _assemble(k, s, data: np.ndarray, spans, attrs, resources, scopes, events, l
         attr_keys=_strings(k, s, data, attrs[k.KEY_S], attrs[k.KEY_N]),
         attr_values=_values(k, s, data, attrs),
         id_keys=(trace_key, span_key, parent_key),
+        # the deduplicator's words: copied (the matrix is reused), no hex parsed back
+        span_words=np.stack((spans[k.TRACE_HI], spans[k.TRACE_LO], spans[k.SPAN_K]), axis=1).view(np.uint64),
     )
     return build_tables(arrays, extras)
 

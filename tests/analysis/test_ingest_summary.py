@@ -41,3 +41,26 @@ def test_summary_counts_distinct_traces_and_runs_over_batches_and_duplicates(fmt
         assert (summary.spans, summary.traces, summary.runs) == (spans, traces, runs)
         assert summary.duplicates_dropped == sum(len(s["spans"]) for r in requests[:5]
                                                  for rs in r["resourceSpans"] for s in rs["scopeSpans"])
+
+
+def test_protobuf_decoder_id_words_equal_the_parsed_hex_ids():
+    """The protobuf walk hands the deduplicator each span's id words read from the bytes; they
+    must be what parsing the table's hex ids gives, or duplicates would slip through."""
+    from nemo_telemetry.analysis._otlp_wire import decode_requests
+    from nemo_telemetry.analysis.dataset import span_keys
+
+    tables = decode_requests([to_protobuf(r) for r in synthetic_requests(2000, spans_per_request=300)])
+    assert tables.span_words is not None
+    assert (tables.span_words == span_keys(tables.spans)).all()
+
+
+def test_the_same_spans_in_another_format_are_duplicates(tmp_path):
+    """Dedup keys agree between the JSON scan (hex text) and the protobuf walk (bytes)."""
+    requests = list(synthetic_requests(1200, spans_per_request=200))
+    jsonl = write_json_lines(tmp_path / "t.jsonl", requests)
+    proto = write_length_prefixed(tmp_path / "t.pb", [to_protobuf(r) for r in requests])
+    first = ingest([jsonl], out=tmp_path / "ds")
+    again = ingest([proto], out=tmp_path / "ds")
+    assert first.spans >= 1200 and (again.spans, again.duplicates_dropped) == (0, first.spans)
+    both = load_traces([proto, jsonl]).summary
+    assert (both.spans, both.duplicates_dropped) == (first.spans, first.spans)
