@@ -90,10 +90,11 @@ def _assemble(k, w, buffer, arena, ascii_only, spans, attrs, resources, scopes, 
         escapes = (escaped >> column) & 1 == 1
         return _strings(w, arena, spans[column], spans[column + 1], escapes, ascii_only[region])
 
-    trace_id, trace_key = _ids(w, arena, spans[k.TRACE_S], spans[k.TRACE_N], 16)
-    span_id, span_key = _ids(w, arena, spans[k.SPAN_S], spans[k.SPAN_N], 8)
-    parent_id, parent_key = _ids(w, arena, spans[k.PARENT_S], spans[k.PARENT_N], 8)
+    trace_id, trace_key, trace_low = _ids(w, arena, spans[k.TRACE_S], spans[k.TRACE_N], 16)
+    span_id, span_key, _ = _ids(w, arena, spans[k.SPAN_S], spans[k.SPAN_N], 8)
+    parent_id, parent_key, _ = _ids(w, arena, spans[k.PARENT_S], spans[k.PARENT_N], 8)
     keys = (trace_key, span_key, parent_key)
+    hex_ids = all(key is not None for key in keys)
     arrays = SpanArrays(
         trace_id=trace_id,
         span_id=span_id,
@@ -110,7 +111,9 @@ def _assemble(k, w, buffer, arena, ascii_only, spans, attrs, resources, scopes, 
         attr_counts=spans[k.ATTR_COUNT],
         attr_keys=_strings(w, arena, attrs[k.KEY_S], attrs[k.KEY_N], attrs[k.ATTR_ESCAPED] & 2 == 2, ascii_only[k.A_KEY]),
         attr_values=_values(k, w, buffer, arena, attrs, ascii_only[k.A_VALUE]),
-        id_keys=keys if all(key is not None for key in keys) else None,
+        id_keys=keys if hex_ids else None,
+        # the deduplicator's words, from the digits already read (no hex parsed back)
+        span_words=np.stack((trace_key, trace_low, span_key), axis=1) if hex_ids else None,
     )
     return build_tables(arrays, extras)
 
@@ -131,17 +134,18 @@ def _strings(w, arena: np.ndarray, start, length, escaped: np.ndarray, ascii_onl
     return pa.concat_arrays([strings, pa.array(decoded, pa.large_string())]).take(pa.array(index))
 
 
-def _ids(w, data: np.ndarray, start, length, width: int) -> tuple[pa.Array, np.ndarray | None]:
-    """Hex ids lower-cased with their uint64 keys; otherwise (base64 ids, as protobuf's JSON
-    mapping writes them) decoded one by one, keys left to the table builder."""
+def _ids(w, data: np.ndarray, start, length, width: int) -> tuple[pa.Array, np.ndarray | None, np.ndarray | None]:
+    """Hex ids lower-cased with the uint64 keys of their first and second 8 bytes; otherwise
+    (base64 ids, as protobuf's JSON mapping writes them) decoded one by one, keys left to the
+    table builder."""
     start, length = np.ascontiguousarray(start), np.ascontiguousarray(length)
-    offsets, chars, keys, ok = w.text_ids(data, start, length, width)
+    offsets, chars, keys, low, ok = w.text_ids(data, start, length, width)
     if not ok:
         offsets, chars = w.gather(data, start, length)
     ids = pa.Array.from_buffers(pa.large_string(), start.size, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
     if ok:
-        return ids, keys
-    return pa.array([_text_id_to_hex(s, width) for s in ids.to_pylist()], pa.string()), None
+        return ids, keys, low
+    return pa.array([_text_id_to_hex(s, width) for s in ids.to_pylist()], pa.string()), None, None
 
 
 def _values(k, w, buffer: bytes, arena: np.ndarray, attrs: np.ndarray, ascii_only: bool) -> pa.Array:

@@ -43,8 +43,9 @@ _HEX_VALUE[np.frombuffer(b"ABCDEF", dtype=np.uint8)] = np.arange(10, 16)
 @njit(cache=True, nogil=True)
 def text_ids(buf, starts, lengths, width):
     """Hex-text ids (any case) to lowercase hex and big-endian uint64 keys of the first 8
-    bytes, like :func:`hex_ids`. ``ok`` is False when an id is not ``2 * width`` hex digits
-    (base64 ids, say); the caller then converts the column another way.
+    bytes, like :func:`hex_ids`, and of the next 8 (``low``: 0 for 8-byte ids). ``ok`` is False
+    when an id is not ``2 * width`` hex digits (base64 ids, say); the caller then converts the
+    column another way.
 
     A hex digit lower-cases as ``c | 0x20`` (digits already have that bit), so the copy needs
     no table; the key is built from the first 16 digits, two per step."""
@@ -53,10 +54,11 @@ def text_ids(buf, starts, lengths, width):
     offsets[0] = 0
     for i in range(n):
         if lengths[i] != 2 * width and lengths[i] != 0:
-            return offsets, np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.uint64), False
+            return offsets, np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint64), False
         offsets[i + 1] = offsets[i] + lengths[i]
     text = np.empty(offsets[n], dtype=np.uint8)
     keys = np.zeros(n, dtype=np.uint64)
+    low = np.zeros(n, dtype=np.uint64)
     table = _HEX_VALUE
     bad = np.uint8(0)
     for i in range(n):  # unsigned indices: no wraparound test per byte
@@ -71,12 +73,16 @@ def text_ids(buf, starts, lengths, width):
             text[out + j] = c0 | np.uint8(32)
             text[out + j + np.uint64(1)] = c1 | np.uint8(32)
             key = (key << np.uint64(8)) | (np.uint64(v0) << np.uint64(4)) | np.uint64(v1)
+        key2 = np.uint64(0)
         for j in range(np.uint64(16), length):
             c0 = buf[start + j]
-            bad |= table[np.uint64(c0)]
+            v0 = table[np.uint64(c0)]
+            bad |= v0
             text[out + j] = c0 | np.uint8(32)
+            key2 = (key2 << np.uint64(4)) | np.uint64(v0)
         keys[i] = key
-    return offsets, text, keys, bad < 16
+        low[i] = key2
+    return offsets, text, keys, low, bad < 16
 
 
 _TRUE = np.frombuffer(b"true", dtype=np.uint8)

@@ -197,3 +197,17 @@ def test_attributes_written_compactly_or_not(request_dict, attribute):
     last = line.rindex(b'],"status"')
     line = line[:last] + b"," + attribute + line[last:]  # the last of the last span's
     _assert_scan_equals_orjson([line])
+
+
+def test_id_words_for_the_deduplicator_equal_the_parsed_hex_ids(request_dict):
+    """The scan hands the deduplicator each span's id words from the digits it read (any case);
+    they must be what parsing the table's hex ids gives, or duplicates would slip through."""
+    from nemo_telemetry.analysis.dataset import span_keys
+
+    upper = copy.deepcopy(request_dict)
+    for span in _spans(upper):
+        span["traceId"], span["spanId"] = span["traceId"].upper(), span["spanId"].upper()
+    lines = [orjson.dumps(r) for r in synthetic_requests(300, spans_per_request=30, ranks=2)]
+    tables, _ = decode_json_lines(lines + [orjson.dumps(upper)])
+    assert tables.span_words is not None and tables.span_words.shape == (tables.spans.num_rows, 3)
+    assert (tables.span_words == span_keys(tables.spans)).all()
