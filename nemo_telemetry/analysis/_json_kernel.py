@@ -60,10 +60,7 @@ K_CODES = (_k("STATUS_CODE_UNSET"), _k("STATUS_CODE_OK"), _k("STATUS_CODE_ERROR"
 # the block, which cost a cache miss each
 A_ID, A_NAME, A_KEY, A_VALUE, A_OTHER = range(5)
 ARENAS = 5
-# spans, attrs, resources, scopes, events, links; the arenas' cursors; for each arena, 1 once a
-# byte >= 0x80 was copied into it (or read next to what was: a word past a string's end), else 0:
-# an all-ASCII arena's strings need no UTF-8 check
-COUNT_COLUMNS = 6 + 2 * ARENAS
+COUNT_COLUMNS = 6 + ARENAS  # spans, attrs, resources, scopes, events, links, arena cursors
 
 FAIL = -1
 
@@ -230,11 +227,9 @@ def _string_copy_inline(buf, pos, end, arena, cursors, region):
     out = at
     pos += 1
     escaped = False
-    seen = np.uint64(0)  # every byte read, OR-ed: its top bit says whether any was >= 0x80
     while pos + 8 <= end:
         word = _load8(buf, np.uint64(pos))
         _store8(arena, np.uint64(out), word)
-        seen |= word
         found = _specials(word)
         if found == 0:
             pos += 8
@@ -245,41 +240,31 @@ def _string_copy_inline(buf, pos, end, arena, cursors, region):
         out += step
         c = buf[np.uint64(pos)]
         if c == 34:
-            _close_copy(cursors, region, out, seen)
+            cursors[region] = out
             return at, out - at, escaped, pos + 1
         if c != 92 or pos + 1 >= end:
             return 0, 0, False, FAIL  # raw control character, or a cut escape: not JSON
         escaped = True
         arena[np.uint64(out)] = 92
         arena[np.uint64(out + 1)] = buf[np.uint64(pos + 1)]
-        seen |= np.uint64(buf[np.uint64(pos + 1)])
         pos += 2
         out += 2
     while pos < end:
         c = buf[np.uint64(pos)]
         if c == 34:
-            _close_copy(cursors, region, out, seen)
+            cursors[region] = out
             return at, out - at, escaped, pos + 1
         if c < 32 or (c == 92 and pos + 1 >= end):
             return 0, 0, False, FAIL
         arena[np.uint64(out)] = c
-        seen |= np.uint64(c)
         pos += 1
         out += 1
         if c == 92:
             escaped = True
             arena[np.uint64(out)] = buf[np.uint64(pos)]
-            seen |= np.uint64(buf[np.uint64(pos)])
             pos += 1
             out += 1
     return 0, 0, False, FAIL
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _close_copy(cursors, region, out, seen):
-    cursors[region] = out
-    if seen & _HIGH:
-        cursors[ARENAS + region] = 1
 
 
 @njit(cache=True, nogil=True)
@@ -778,7 +763,7 @@ def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links,
     """One request line; ``counts`` (spans, attrs, resources, scopes, events, links) advance
     only when it succeeds. Returns a LINE_* code."""
     i, a, r, s, e, ln = counts[0], counts[1], counts[2], counts[3], counts[4], counts[5]
-    for region in range(2 * ARENAS):  # the arenas' cursors too advance only when the line succeeds
+    for region in range(ARENAS):  # the arenas' cursors too advance only when the line succeeds
         cursors[region] = counts[6 + region]
     found = False
     pos = _open(buf, pos, end, 123)
@@ -884,7 +869,7 @@ def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links,
     if _ws(buf, pos, end) != end:
         return LINE_FALLBACK  # trailing garbage after the object
     counts[0], counts[1], counts[2], counts[3], counts[4], counts[5] = i, a, r, s, e, ln
-    for region in range(2 * ARENAS):
+    for region in range(ARENAS):
         counts[6 + region] = cursors[region]
     return LINE_OK
 
@@ -900,7 +885,7 @@ def scan(buf, starts, ends, first, status, counts, spans, attrs, resources, scop
     the arrays and calls again from there), or the number of lines when all are done.
     """
     flags = np.zeros(1, dtype=np.int64)
-    cursors = np.zeros(2 * ARENAS, dtype=np.int64)
+    cursors = np.zeros(ARENAS, dtype=np.int64)
     for line in range(first, starts.size):
         if _ws(buf, starts[line], ends[line]) == ends[line]:
             status[line] = LINE_BLANK

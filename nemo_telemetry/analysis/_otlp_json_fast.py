@@ -67,28 +67,25 @@ def decode_json_block(buffer: bytes | memoryview, starts: np.ndarray, ends: np.n
     side = [a[: int(c)] for a, c in zip(arrays[2:], counts[2:6])]
     arena = arena.view()
     arena.flags.writeable = False  # the string builders' one signature, as for protobuf blocks
-    ascii_only = (counts[6 + k.ARENAS :] == 0).tolist()  # by arena: no UTF-8 check needed
     try:
-        return _assemble(k, w, buffer, arena, ascii_only, spans, attrs, *side), status
+        return _assemble(k, w, buffer, arena, spans, attrs, *side), status
     except (pa.ArrowInvalid, orjson.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError):
         # e.g. invalid UTF-8 or an odd resource: let the exact path judge every line
         status[status == LINE_OK] = LINE_FALLBACK
         return OtlpTables.empty(), status
 
 
-def _assemble(k, w, buffer, arena, ascii_only, spans, attrs, resources, scopes, events, links) -> OtlpTables:
+def _assemble(k, w, buffer, arena, spans, attrs, resources, scopes, events, links) -> OtlpTables:
     """The tables; string starts in ``spans`` and ``attrs`` are positions in ``arena``, raw
-    slices (resources, scopes, events, links, rare values) positions in ``buffer``;
-    ``ascii_only[region]`` says an arena region holds ASCII only."""
+    slices (resources, scopes, events, links, rare values) positions in ``buffer``."""
     extras = SpanColumns()
     extras.resources.extend(_resource(buffer, start, length) for start, length, _ in resources.tolist())
     extras.scopes.extend(_scope(buffer, start, length) for start, length, _ in scopes.tolist())
     _events_and_links(buffer, events, links, extras)
     escaped = spans[k.ESCAPED]
 
-    def text(column: int, region: int) -> pa.Array:
-        escapes = (escaped >> column) & 1 == 1
-        return _strings(w, arena, spans[column], spans[column + 1], escapes, ascii_only[region])
+    def text(column: int) -> pa.Array:
+        return _strings(w, arena, spans[column], spans[column + 1], (escaped >> column) & 1 == 1)
 
     trace_id, trace_key, trace_low = _ids(w, arena, spans[k.TRACE_S], spans[k.TRACE_N], 16)
     span_id, span_key, _ = _ids(w, arena, spans[k.SPAN_S], spans[k.SPAN_N], 8)
@@ -99,18 +96,18 @@ def _assemble(k, w, buffer, arena, ascii_only, spans, attrs, resources, scopes, 
         trace_id=trace_id,
         span_id=span_id,
         parent_span_id=parent_id,
-        trace_state=text(k.STATE_S, k.A_OTHER),
-        name=text(k.NAME_S, k.A_NAME),
+        trace_state=text(k.STATE_S),
+        name=text(k.NAME_S),
         kind=pa.array(spans[k.KIND].copy()),  # copies: the matrices are reused
         start_ns=pa.array(spans[k.START].copy()),
         end_ns=pa.array(spans[k.END].copy()),
         status_code=pa.array(spans[k.CODE].copy()),
-        status_message=text(k.MSG_S, k.A_OTHER),
+        status_message=text(k.MSG_S),
         scope_index=pa.array(spans[k.SCOPE].astype(np.int32)),
         resource_index=pa.array(spans[k.RESOURCE].astype(np.int32)),
         attr_counts=spans[k.ATTR_COUNT],
-        attr_keys=_strings(w, arena, attrs[k.KEY_S], attrs[k.KEY_N], attrs[k.ATTR_ESCAPED] & 2 == 2, ascii_only[k.A_KEY]),
-        attr_values=_values(k, w, buffer, arena, attrs, ascii_only[k.A_VALUE]),
+        attr_keys=_strings(w, arena, attrs[k.KEY_S], attrs[k.KEY_N], attrs[k.ATTR_ESCAPED] & 2 == 2),
+        attr_values=_values(k, w, buffer, arena, attrs),
         id_keys=keys if hex_ids else None,
         # the deduplicator's words, from the digits already read (no hex parsed back)
         span_words=np.stack((trace_key, trace_low, span_key), axis=1) if hex_ids else None,
@@ -118,13 +115,12 @@ def _assemble(k, w, buffer, arena, ascii_only, spans, attrs, resources, scopes, 
     return build_tables(arrays, extras)
 
 
-def _strings(w, arena: np.ndarray, start, length, escaped: np.ndarray, ascii_only: bool) -> pa.Array:
-    """JSON string contents (in ``arena``) as strings, UTF-8 checked unless ASCII only; the few
-    with escapes are decoded by orjson."""
+def _strings(w, arena: np.ndarray, start, length, escaped: np.ndarray) -> pa.Array:
+    """JSON string contents (in ``arena``) as strings, UTF-8 checked; the few with escapes are
+    decoded by orjson."""
     offsets, chars = w.gather(arena, np.ascontiguousarray(start), np.ascontiguousarray(length))
     strings = pa.Array.from_buffers(pa.large_string(), start.size, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
-    if not ascii_only:
-        strings.validate(full=True)  # UTF-8
+    strings.validate(full=True)  # UTF-8
     if not escaped.any():
         return strings
     rows = np.flatnonzero(escaped)
@@ -148,7 +144,7 @@ def _ids(w, data: np.ndarray, start, length, width: int) -> tuple[pa.Array, np.n
     return pa.array([_text_id_to_hex(s, width) for s in ids.to_pylist()], pa.string()), None, None
 
 
-def _values(k, w, buffer: bytes, arena: np.ndarray, attrs: np.ndarray, ascii_only: bool) -> pa.Array:
+def _values(k, w, buffer: bytes, arena: np.ndarray, attrs: np.ndarray) -> pa.Array:
     """The schema's string for each AnyValue in one compiled pass; rare kinds and strings with
     escapes are decoded by orjson first and copied in."""
     kind = attrs[k.VTYPE].copy()
@@ -171,7 +167,7 @@ def _values(k, w, buffer: bytes, arena: np.ndarray, attrs: np.ndarray, ascii_onl
         np.ascontiguousarray(attrs[k.VAL_INT]), special, special_offsets,
         np.frombuffer(b"".join(special_strings), dtype=np.uint8), k.V_STRING, k.V_BOOL, k.V_INT,
     )
-    return string_array(offsets, chars, valid, utf8_checked=ascii_only)  # orjson's strings are valid
+    return string_array(offsets, chars, valid)
 
 
 _SCRATCH = threading.local()

@@ -104,8 +104,8 @@ def test_ids_in_any_case_of_the_right_length_or_not(request_dict):
 @pytest.mark.parametrize("field", ["name", "traceState", "status message", "attribute key", "attribute value"])
 @pytest.mark.parametrize("bad_bytes", [b"bad \xff\xfe byte in a long string", b"\xc3", b"\xe2\x98"])
 def test_invalid_utf8_in_a_string_sends_the_block_to_the_exact_path(request_dict, field, bad_bytes):
-    """Strings are UTF-8 checked unless every byte copied was ASCII; a bad byte anywhere, in a
-    long string or a short one (a cut multi-byte character), is still caught."""
+    """Strings copied out by the scan are UTF-8 checked: a bad byte in any copied field, in a
+    long string or a short one (a cut multi-byte character), is caught."""
     request = copy.deepcopy(request_dict)
     span = _spans(request)[1]
     if field == "status message":
