@@ -25,10 +25,10 @@ marked and left to the orjson path, which handles and reports it exactly.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
+from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
-from numba.extending import intrinsic
+
+from nemo_telemetry.analysis._words import load8 as _load8, store8 as _store8
 
 LINE_OK, LINE_OTHER_SIGNAL, LINE_FALLBACK, LINE_BLANK = 0, 1, 2, 3
 
@@ -114,27 +114,6 @@ _HIGH = np.uint64(0x8080808080808080)
 _QUOTES = np.uint64(0x2222222222222222)
 _BACKSLASHES = np.uint64(0x5C5C5C5C5C5C5C5C)
 _SPACES = np.uint64(0x2020202020202020)
-
-
-@intrinsic
-def _load8(typingctx, array, index):
-    """The 8 bytes at ``array[index:]`` as one little-endian word (any alignment)."""
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        word = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(64).as_pointer())
-        return builder.load(word, align=1)
-    return types.uint64(array, index), codegen
-
-
-@intrinsic
-def _store8(typingctx, array, index, value):
-    """``array[index:index + 8] = value`` (little-endian, any alignment)."""
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        word = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(64).as_pointer())
-        builder.store(args[2], word, align=1)
-        return context.get_dummy_value()
-    return types.void(array, index, value), codegen
 
 
 @njit(cache=True, nogil=True, inline="always")

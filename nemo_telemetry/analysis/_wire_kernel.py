@@ -28,6 +28,8 @@ from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
+from nemo_telemetry.analysis._words import load8 as _load64
+
 if sys.byteorder != "little":  # the word loads below read little-endian
     raise ImportError("the compiled protobuf walk needs a little-endian machine")
 
@@ -60,18 +62,6 @@ _T1_LEN, _T2_LEN, _T3_LEN, _T4_LEN, _T5_LEN, _T6_LEN, _T7_LEN = 0x0A, 0x12, 0x1A
 _T9_LEN, _T11_LEN, _T13_LEN, _T15_LEN = 0x4A, 0x5A, 0x6A, 0x7A
 _T2_VARINT, _T3_VARINT, _T6_VARINT = 0x10, 0x18, 0x30
 _T4_FIXED64, _T7_FIXED64, _T8_FIXED64 = 0x21, 0x39, 0x41
-
-
-@intrinsic
-def _load64(typingctx, array, index):
-    """The 8 bytes of a uint8 ``array`` at ``index`` as one little-endian uint64 (any alignment)."""
-
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        pointer = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(64).as_pointer())
-        return builder.load(pointer, align=1)
-
-    return types.uint64(array, index), codegen
 
 
 @intrinsic
