@@ -23,7 +23,6 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from llvmlite import ir
 from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
