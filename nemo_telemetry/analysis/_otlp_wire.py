@@ -24,7 +24,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, grown_records, scratch_matrix, special_rows, string_array
 from nemo_telemetry.analysis._otlp_proto import _extend_attributes, _value_string, decode_proto_request
 
-__all__ = ["WireError", "decode_requests", "decode_batch"]
+__all__ = ["WireError", "decode_requests", "decode_frames", "decode_batch"]
 
 _STRING, _BOOL, _INT, _DOUBLE = 1, 2, 3, 4
 _MOST_NAMES = 4096  # distinct span names a batch dictionary-encodes in the kernel
@@ -44,15 +44,24 @@ def _kernel():
 
 def decode_requests(payloads: list[bytes]) -> OtlpTables:
     """The tables of several serialized requests; ``WireError`` when the fast path cannot."""
+    return decode_frames(*_joined(payloads))
+
+
+def decode_frames(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> OtlpTables:
+    """The tables of the serialized requests at ``data[starts[i]:ends[i]]`` (uint8, read-only),
+    e.g. frames read straight from a length-prefixed file; ``WireError`` when the fast path
+    cannot. Nothing returned keeps a view of ``data``: the caller may reuse it."""
     k, s = _kernel()
-    data, starts, ends = _joined(payloads)
+    if data.flags.writeable:
+        data = data.view()
+        data.flags.writeable = False  # the kernels are compiled for read-only buffers
     counts = np.zeros(k.COUNTS, dtype=np.int64)
     slots = np.full(1 << (2 * _MOST_NAMES - 1).bit_length(), -1, dtype=np.int32)  # a power of two
     names = (slots, np.empty((_MOST_NAMES, 2), dtype=np.int64))
     guess = max(64, data.size // 128)  # an RL span with a few attributes takes ~150 bytes
     spans = scratch_matrix("wire-spans", k.SPAN_COLUMNS, guess)
     attrs = scratch_matrix("wire-attributes", k.ATTR_COLUMNS, 4 * guess)
-    side = [np.zeros((max(16, 2 * len(payloads)), k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)]
+    side = [np.zeros((max(16, 2 * len(starts)), k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)]
     side += [np.zeros((64, k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)]
     request = 0
     while True:
