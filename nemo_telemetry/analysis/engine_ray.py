@@ -177,7 +177,7 @@ def _decode_file(path: str, fmt: str | None, batch_spans: int) -> Iterator[tuple
     pipeline.counts["files"] += 1
     from nemo_telemetry.analysis._detect import iter_records
 
-    for record in iter_records(Path(path), fmt):
+    for record in iter_records(Path(path), fmt, buffers=pipeline.buffers):
         pipeline.add_record(record.kind, record.where, record.payload)
         while batches:
             yield ("tables", batches.pop(0))

@@ -21,10 +21,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis._columns import OtlpTables, SpanColumns
-from nemo_telemetry.analysis._detect import FORMATS, classify_json_line, detect_format, expand_inputs, iter_records
+from nemo_telemetry.analysis._detect import (
+    FORMATS,
+    ReadBuffers,
+    classify_json_line,
+    detect_format,
+    expand_inputs,
+    iter_records,
+)
 from nemo_telemetry.analysis._otlp_json_fast import LINE_FALLBACK, LINE_OTHER_SIGNAL, decode_json_block
 from nemo_telemetry.analysis._otlp_json import decode_json_request
-from nemo_telemetry.analysis._otlp_wire import decode_batch
+from nemo_telemetry.analysis._otlp_wire import WireError, decode_batch, decode_frames
 from nemo_telemetry.analysis.metrics import write_dataset_metrics
 from nemo_telemetry.analysis.dataset import (
     DatasetWriter,
@@ -53,8 +60,11 @@ __all__ = [
 Source = Union[str, Path, Iterable[Union[str, Path]]]
 ProgressCallback = Callable[[int, int], None]
 BATCH_SPANS = 1 << 16  # spans decoded before a batch is converted and written
-BATCH_PROTOBUF_BYTES = 16 << 20  # protobuf requests held before they are decoded together
-BATCH_JSON_BYTES = 32 << 20  # JSON lines held before they are scanned together
+# Requests held before they are decoded together. Half a read block: a full block (16 MiB) is a
+# batch of its own, so only a few blocks' buffers are in flight and reused; the ends of small
+# files gather up to this.
+BATCH_PROTOBUF_BYTES = 8 << 20
+BATCH_JSON_BYTES = 8 << 20
 DECODE_AHEAD = 2  # batches decoding on worker threads while the next one is read
 
 
@@ -107,12 +117,14 @@ class _Pipeline:
     warnings: list = field(default_factory=list)
     bytes_before: int = 0
     protobuf: list = field(default_factory=list)  # (where, payload) waiting for decode_batch
+    protobuf_blocks: list = field(default_factory=list)  # ProtoFrames blocks waiting for the walk
     protobuf_bytes: int = 0
     json_blocks: list = field(default_factory=list)  # JsonLines blocks waiting for the scan
     json_bytes: int = 0
     decode_ahead: int = DECODE_AHEAD  # 0: decode in the calling thread (e.g. inside a Ray task)
     executor: ThreadPoolExecutor | None = None
-    in_flight: deque = field(default_factory=deque)  # futures of _Decoded, oldest first
+    in_flight: deque = field(default_factory=deque)  # (future of _Decoded, its read buffers), oldest first
+    buffers: ReadBuffers = field(default_factory=ReadBuffers)  # blocks are read into these, reused
 
     def add_file(self, path: Path, fmt: str | None) -> None:
         self.counts["files"] += 1
@@ -123,7 +135,7 @@ class _Pipeline:
             if self.progress is not None:
                 self.progress(self.bytes_before + count, self.counts["spans"] + len(self.cols))
 
-        for record in iter_records(path, fmt, on_bytes=on_bytes):
+        for record in iter_records(path, fmt, on_bytes=on_bytes, buffers=self.buffers):
             self.add_record(record.kind, record.where, record.payload)
         self.bytes_before += path.stat().st_size
 
@@ -135,6 +147,9 @@ class _Pipeline:
         elif kind == "json-lines":
             self.json_blocks.append(payload)
             self.json_bytes += len(payload)
+        elif kind == "protobuf-frames":
+            self.protobuf_blocks.append(payload)
+            self.protobuf_bytes += len(payload)
         else:
             if isinstance(payload, (bytes, bytearray, memoryview)):
                 self.protobuf.append((where, bytes(payload)))
@@ -162,30 +177,38 @@ class _Pipeline:
         read and the one before is deduplicated and written. At most ``DECODE_AHEAD`` batches
         are in flight, which bounds the memory held beyond the tables themselves.
         """
-        if not len(self.cols) and not self.protobuf and not self.json_blocks:
+        if not len(self.cols) and not self.protobuf and not self.json_blocks and not self.protobuf_blocks:
             return
-        batch = _Batch(self.json_blocks, self.cols, self.protobuf, where)
+        batch = _Batch(self.json_blocks, self.cols, self.protobuf, self.protobuf_blocks, where)
         self.json_blocks, self.json_bytes = [], 0
-        self.cols, self.protobuf, self.protobuf_bytes = SpanColumns(), [], 0
+        self.cols, self.protobuf, self.protobuf_blocks, self.protobuf_bytes = SpanColumns(), [], [], 0
         if self.decode_ahead <= 0:
-            self._write(batch.decode())
+            self._write(batch.decode(), batch.storage())
             return
         if self.executor is None:
             self.executor = ThreadPoolExecutor(max_workers=self.decode_ahead, thread_name_prefix="nemo-ingest")
-        self.in_flight.append(self.executor.submit(batch.decode))
+        self.in_flight.append((self.executor.submit(batch.decode), batch.storage()))
         while len(self.in_flight) > self.decode_ahead:
-            self._write(self.in_flight.popleft().result())
+            self._write_next()
+
+    def _write_next(self) -> None:
+        future, storage = self.in_flight.popleft()
+        self._write(future.result(), storage)
 
     def _drain(self) -> None:
         try:
             while self.in_flight:
-                self._write(self.in_flight.popleft().result())
+                self._write_next()
         finally:
             if self.executor is not None:
                 self.executor.shutdown(wait=True, cancel_futures=True)
                 self.executor = None
 
-    def _write(self, decoded: "_Decoded") -> None:
+    def _write(self, decoded: "_Decoded", storage: list) -> None:
+        """Count and write a decoded batch, and take back the buffers it was read into (the
+        tables hold copies, never views of them)."""
+        for buffer in storage:
+            self.buffers.give(buffer)
         self.counts["skipped_records"] += decoded.skipped
         for where, problem, count in decoded.rejected:
             self.reject(where, problem, count)
@@ -238,7 +261,12 @@ class _Batch:
     json_blocks: list  # JsonLines blocks for the compiled scan
     cols: SpanColumns  # requests already decoded by the orjson path
     protobuf: list  # (where, payload) for the compiled walk
+    protobuf_blocks: list  # ProtoFrames blocks for the compiled walk
     where: str  # the last record's place, named when malformed ids are dropped
+
+    def storage(self) -> list:
+        """The buffers the blocks were read into, to reuse once the batch is decoded."""
+        return [block.storage for block in self.json_blocks + self.protobuf_blocks]
 
     def decode(self) -> _Decoded:
         rejected: list = []
@@ -249,6 +277,7 @@ class _Batch:
             tables, bad = decode_batch([payload for _, payload in self.protobuf])
             rejected.extend((self.protobuf[index][0], problem, 1) for index, problem in bad)
             parts.append(tables)
+        parts.extend(_walk_block(block, rejected) for block in self.protobuf_blocks)
 
         def report(n: int) -> None:
             rejected.append((self.where or "input", f"{n} span(s) with malformed trace/span ids dropped", n))
@@ -277,6 +306,17 @@ class _Batch:
                 else:
                     rejected.append((record.where, str(record.payload), 1))
         return parts, skipped
+
+
+def _walk_block(block, rejected: list) -> OtlpTables:
+    """The tables of a block of protobuf requests, read in place by the compiled walk; when it
+    cannot take them, upb decodes them one by one and names each bad one."""
+    try:
+        return decode_frames(np.frombuffer(block.buffer, dtype=np.uint8), block.starts, block.ends)
+    except WireError:
+        tables, bad = decode_batch([block.payload(index) for index in range(len(block.starts))])
+        rejected.extend((block.where(index), problem, 1) for index, problem in bad)
+        return tables
 
 
 def _drop_malformed_ids(tables: OtlpTables, report: Callable[[int], None]) -> OtlpTables:
