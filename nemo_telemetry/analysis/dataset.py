@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -158,9 +160,15 @@ def span_keys(spans: pa.Table) -> np.ndarray:
 
 
 class DatasetWriter:
-    """Appends batches to a dataset directory; re-ingesting a span already there is a no-op."""
+    """Appends batches to a dataset directory; re-ingesting a span already there is a no-op.
 
-    def __init__(self, root: Path) -> None:
+    With ``background_writes=N`` the Parquet files of a batch are written on one of ``N``
+    threads while the caller goes on (encoding is most of an ingest's CPU time, and pyarrow
+    releases the GIL for it); at most ``N`` batches wait. :meth:`close` waits for them and
+    raises the first error. Deduplication stays in the caller's order either way.
+    """
+
+    def __init__(self, root: Path, *, background_writes: int = 0) -> None:
         self.root = Path(root)
         if self.root.exists() and not self.root.is_dir():
             raise IngestError(f"{self.root}: exists and is not a directory; choose another --out")
@@ -170,6 +178,9 @@ class DatasetWriter:
         self._sequence = 0
         self.dedup = SpanDeduplicator()
         self.dedup.remember(read_dataset(self.root, "spans", columns=["trace_id", "span_id"]))
+        self._writers = background_writes
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: deque[Future] = deque()
 
     def write(self, tables: OtlpTables) -> OtlpTables:
         """Write the spans not seen before (and their events and links); return what was written."""
@@ -179,11 +190,31 @@ class DatasetWriter:
         """Write tables already filtered by ``self.dedup`` (the ingest pipeline filters them)."""
         self._sequence += 1
         name = f"{self._prefix}-{self._sequence:05d}.parquet"
+        if not self._writers:
+            self._write_files(fresh, name)
+            return fresh
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self._writers, thread_name_prefix="nemo-write")
+        self._pending.append(self._pool.submit(self._write_files, fresh, name))
+        while len(self._pending) > self._writers:
+            self._pending.popleft().result()
+        return fresh
+
+    def close(self) -> None:
+        """Wait for the batches still being written; raise the first error of any of them."""
+        try:
+            while self._pending:
+                self._pending.popleft().result()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+                self._pool = None
+
+    def _write_files(self, fresh: OtlpTables, name: str) -> None:
         self._write_spans(fresh.spans, name)
         for table, data in (("events", fresh.events), ("links", fresh.links)):
             if data.num_rows:
                 pq.write_table(data, self.root / table / name)
-        return fresh
 
     def _write_spans(self, spans: pa.Table, name: str) -> None:
         if spans.num_rows == 0:

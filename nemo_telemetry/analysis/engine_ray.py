@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis import streaming
 from nemo_telemetry.analysis.dataset import DatasetWriter
-from nemo_telemetry.analysis.ingest import BATCH_SPANS, IngestSummary, Source, _Pipeline, _raw_files
+from nemo_telemetry.analysis.ingest import BATCH_SPANS, WRITE_AHEAD, IngestSummary, Source, _Pipeline, _raw_files
 from nemo_telemetry.errors import NemoTelemetryError
 
 __all__ = ["connect", "map_groups", "map_reduce", "reducer_count", "ray_scan", "ray_ingest", "ray_goodput", "ray_check"]
@@ -203,7 +203,15 @@ def ray_ingest(
     """
     ray = connect()
     files = _raw_files(inputs, format)
-    writer = DatasetWriter(Path(out))
+    writer = DatasetWriter(Path(out), background_writes=WRITE_AHEAD)
+    try:
+        return _ingest_files(ray, files, writer, progress, batch_spans)
+    finally:
+        writer.close()  # every file written (or the first write error raised) before returning
+
+
+def _ingest_files(ray, files: list, writer: DatasetWriter, progress, batch_spans: int) -> IngestSummary:
+    """Decode ``files`` on Ray tasks and write their batches in input order."""
     decode = ray.remote(_decode_file).options(num_cpus=1, _generator_backpressure_num_objects=_BATCHES_AHEAD)
     limit = max(1, int(ray.cluster_resources().get("CPU", 1)) * _FILES_IN_FLIGHT_PER_CPU)
     todo = deque(files)

@@ -66,6 +66,7 @@ BATCH_SPANS = 1 << 16  # spans decoded before a batch is converted and written
 BATCH_PROTOBUF_BYTES = 8 << 20
 BATCH_JSON_BYTES = 8 << 20
 DECODE_AHEAD = 2  # batches decoding on worker threads while the next one is read
+WRITE_AHEAD = 2  # batches written to Parquet on worker threads while the next ones decode
 
 
 class IngestWarning(UserWarning):
@@ -380,12 +381,16 @@ def ingest(
     were dropped is in the summary. ``progress(bytes_done, spans_done)`` is called as it goes.
     """
     files = _raw_files(inputs, format)
-    writer = DatasetWriter(Path(out))
-    pipeline = _Pipeline(writer.write_fresh, dedup=writer.dedup, progress=progress)
-    for path, fmt in files:
-        pipeline.add_file(path, fmt)
+    writer = DatasetWriter(Path(out), background_writes=WRITE_AHEAD)
+    try:
+        pipeline = _Pipeline(writer.write_fresh, dedup=writer.dedup, progress=progress)
+        for path, fmt in files:
+            pipeline.add_file(path, fmt)
+        summary = pipeline.summary()
+    finally:
+        writer.close()  # every file written (or the first write error raised) before returning
     points = write_dataset_metrics([path for path, _ in files], Path(out))
-    return dataclasses.replace(pipeline.summary(), metric_points=points)
+    return dataclasses.replace(summary, metric_points=points)
 
 
 def load_traces(source: Source, *, format: str | None = None) -> TraceTables:
