@@ -31,7 +31,7 @@ from nemo_telemetry.analysis.schema import (
 )
 from nemo_telemetry.analysis.tree import hex_to_uint64
 
-__all__ = ["SpanColumns", "SpanArrays", "build_tables", "SPANS_TABLE_SCHEMA", "OtlpTables", "ids_to_hex", "string_array", "special_rows", "scratch_matrix"]
+__all__ = ["SpanColumns", "SpanArrays", "AttributeRecords", "build_tables", "SPANS_TABLE_SCHEMA", "OtlpTables", "ids_to_hex", "string_array", "special_rows", "scratch_matrix"]
 
 # What ingest writes: the spans table plus the uint64 id keys tree walks join on.
 SPANS_TABLE_SCHEMA = pa.schema(list(SPANS_SCHEMA) + list(ID_KEY_FIELDS))
@@ -63,6 +63,8 @@ class OtlpTables:
     def concat(parts: list["OtlpTables"]) -> "OtlpTables":
         if not parts:
             return OtlpTables.empty()
+        if len(parts) == 1:  # a batch of one part: nothing to join (its words are not copied)
+            return parts[0]
         words = [p.span_words for p in parts if p.spans.num_rows]
         return OtlpTables(
             pa.concat_tables([p.spans for p in parts]),
@@ -194,6 +196,33 @@ class SpanColumns:
 
 
 @dataclass(frozen=True)
+class AttributeRecords:
+    """Each attribute's key and value as a decoder found them in its buffer ``data``, so that
+    promotion reads them there: no array of every key and value string is built first.
+
+    Key ``i`` is ``data[key_start[i]:key_start[i] + key_length[i]]``. Value ``i`` by its kind
+    ``kind[i]``, against ``kinds`` = (string, bool, int, special): a string is at
+    ``data[value[i]:value[i] + length[i]]``, a bool or an int is ``value[i]``, and a kind
+    ``special + s`` is the decoder's own string ``s`` of (``special_offsets``, ``special_data``)
+    (rare kinds it wrote itself); any other kind is null. ``strings()`` builds the key and value
+    string arrays after all (UTF-8 checked) for what the compiled pass leaves alone: non-ASCII
+    text, a full dictionary. The arrays may be scratch that a thread reuses: nothing built from
+    them keeps a view of them.
+    """
+
+    data: np.ndarray
+    key_start: np.ndarray
+    key_length: np.ndarray
+    kind: np.ndarray
+    value: np.ndarray
+    length: np.ndarray
+    special_offsets: np.ndarray
+    special_data: np.ndarray
+    kinds: tuple[int, int, int, int]
+    strings: Any  # () -> (keys, values) string arrays
+
+
+@dataclass(frozen=True)
 class SpanArrays:
     """One Arrow array (or numpy array) per span column, in span order, before assembly.
 
@@ -214,8 +243,10 @@ class SpanArrays:
     scope_index: pa.Array
     resource_index: pa.Array
     attr_counts: np.ndarray
-    attr_keys: pa.Array
-    attr_values: pa.Array
+    attr_keys: pa.Array | None = None
+    attr_values: pa.Array | None = None
+    # instead of keys and values, where they lie in the decoder's buffer (the protobuf walk)
+    attr_records: AttributeRecords | None = None
     id_keys: tuple | None = None  # (trace_key, span_key, parent_key) when the decoder has them
     span_words: np.ndarray | None = None  # (n, 3) uint64, see OtlpTables.span_words
 
@@ -234,7 +265,10 @@ def build_tables(arrays: SpanArrays, extras: SpanColumns) -> OtlpTables:
 def _spans_table(a: SpanArrays, scopes: list, resources: list) -> pa.Table:
     n = len(a.span_id)
     parent = _empty_to_null(a.parent_span_id)
-    attributes, promoted = _promote(a.attr_counts, a.attr_keys, a.attr_values, n, PROMOTED_SPAN_ATTRIBUTES)
+    if a.attr_records is not None:
+        attributes, promoted = _promote_records(a.attr_counts, a.attr_records, n, PROMOTED_SPAN_ATTRIBUTES)
+    else:
+        attributes, promoted = _promote(a.attr_counts, a.attr_keys, a.attr_values, n, PROMOTED_SPAN_ATTRIBUTES)
     columns = {
         "trace_id": a.trace_id,
         "span_id": a.span_id,
@@ -436,42 +470,101 @@ def _promote(
     except ImportError:  # numba missing
         return _promote_arrow(counts, keys, values, owners, promoted)
     counts = np.ascontiguousarray(counts, dtype=np.int64)
-    names = [key.encode() for key in promoted]
-    name_offsets = np.zeros(len(names) + 1, dtype=np.int64)
-    np.cumsum([len(name) for name in names], out=name_offsets[1:])
-    is_int = np.array([key in _INT_COLUMNS for key in promoted], dtype=np.bool_)
+    names, name_offsets, is_int = _promoted_names(promoted)
     key_offsets, key_data, _ = _buffers(keys)
     value_offsets, value_data, value_valid = _buffers(values)
-    codes = np.empty((len(names), owners), dtype=np.int32)
-    numbers = np.zeros((len(names), owners), dtype=np.int64)
-    number_valid = np.zeros((len(names), owners), dtype=np.bool_)
-    slots = np.zeros((len(names), _flatten_kernel.DICTIONARY_SLOTS), dtype=np.int64)
-    entries = np.zeros((len(names), _flatten_kernel.DICTIONARY_SLOTS // 2 + 1), dtype=np.int64)
+    codes, numbers, number_valid = _promoted_room(len(promoted), owners)
+    slots = np.zeros((len(promoted), _flatten_kernel.DICTIONARY_SLOTS), dtype=np.int64)
+    entries = np.zeros((len(promoted), _flatten_kernel.DICTIONARY_SLOTS // 2 + 1), dtype=np.int64)
     kept_keys = (string_offsets(len(keys), key_data.size), np.empty(key_data.size, dtype=np.uint8))
     kept_values = (string_offsets(len(keys), value_data.size), np.empty(value_data.size, dtype=np.uint8))
     kept_valid = np.empty(len(keys), dtype=np.bool_)
     kept_counts = np.empty(owners, dtype=np.int64)
     kept = _flatten_kernel.promote(
         counts, key_offsets, key_data, value_offsets, value_data, value_valid, name_offsets,
-        np.frombuffer(b"".join(names), dtype=np.uint8), is_int, codes, numbers, number_valid, slots, entries,
+        names, is_int, codes, numbers, number_valid, slots, entries,
         *kept_keys, *kept_values, kept_valid, kept_counts,
     )
     if kept < 0:  # thousands of distinct values in a promoted string column: rare, not compiled
         return _promote_arrow(counts, keys, values, owners, promoted)
+    dictionaries = [values.take(pa.array(entries[p, : entries[p, -1]])).cast(pa.string()) for p in range(len(promoted))]
+    columns = _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries)
+    return _kept_map(kept, kept_counts, kept_keys, kept_values, kept_valid), columns
+
+
+def _promote_records(counts: np.ndarray, records: AttributeRecords, owners: int, promoted: tuple[str, ...]):
+    """:func:`_promote` reading the attributes where the decoder found them (see
+    :class:`AttributeRecords`); the same result, without the arrays of every key and value."""
+    try:
+        from nemo_telemetry.analysis import _flatten_kernel as fk
+    except ImportError:  # numba missing
+        fk = None
+    if fk is not None:
+        r = records
+        counts = np.ascontiguousarray(counts, dtype=np.int64)
+        names, name_offsets, is_int = _promoted_names(promoted)
+        codes, numbers, number_valid = _promoted_room(len(promoted), owners)
+        slots = np.zeros((len(promoted), fk.DICTIONARY_SLOTS), dtype=np.int64)
+        dict_offsets = np.zeros((len(promoted), fk.DICTIONARY_SLOTS // 2 + 1), dtype=np.int32)
+        dict_data = np.empty((len(promoted), fk.DICTIONARY_BYTES), dtype=np.uint8)
+        dict_count = np.zeros(len(promoted), dtype=np.int64)
+        key_bytes = int(r.key_length.sum())
+        value_bytes = fk.value_bytes(r.kind, r.value, r.length, r.special_offsets, r.kinds)
+        kept_keys = (string_offsets(r.kind.size, key_bytes), np.empty(key_bytes, dtype=np.uint8))
+        kept_values = (string_offsets(r.kind.size, value_bytes), np.empty(value_bytes, dtype=np.uint8))
+        kept_valid = np.empty(r.kind.size, dtype=np.bool_)
+        kept_counts = np.empty(owners, dtype=np.int64)
+        kept = fk.promote_records(
+            r.data, r.key_start, r.key_length, r.kind, r.value, r.length, r.special_offsets, r.special_data, r.kinds,
+            counts, name_offsets, names, is_int, codes, numbers, number_valid, slots, dict_offsets, dict_data,
+            dict_count, *kept_keys, *kept_values, kept_valid, kept_counts, np.empty(len(promoted), dtype=np.int64),
+            np.empty(len(promoted), dtype=np.bool_), np.empty(int(counts.max(initial=0)), dtype=np.int64),
+        )
+        if kept >= 0:
+            dictionaries = [  # copied: a few short strings, not the whole room
+                string_array(dict_offsets[p, : used + 1].copy(), dict_data[p, : dict_offsets[p, used]].copy(), utf8_checked=True)
+                for p, used in enumerate(dict_count.tolist())
+            ]
+            columns = _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries)
+            return _kept_map(kept, kept_counts, kept_keys, kept_values, kept_valid), columns
+    keys, values = records.strings()  # non-ASCII text, a full dictionary or no numba: rare
+    return _promote(counts, keys, values, owners, promoted)
+
+
+def _promoted_names(promoted: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The promoted keys' bytes end to end, their offsets, and which are integer columns."""
+    names = [key.encode() for key in promoted]
+    name_offsets = np.zeros(len(names) + 1, dtype=np.int64)
+    np.cumsum([len(name) for name in names], out=name_offsets[1:])
+    is_int = np.array([key in _INT_COLUMNS for key in promoted], dtype=np.bool_)
+    return np.frombuffer(b"".join(names), dtype=np.uint8), name_offsets, is_int
+
+
+def _promoted_room(promoted: int, owners: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes, numbers, number_valid) for the promote kernels to fill."""
+    codes = np.empty((promoted, owners), dtype=np.int32)
+    return codes, np.zeros((promoted, owners), dtype=np.int64), np.zeros((promoted, owners), dtype=np.bool_)
+
+
+def _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries) -> dict[str, pa.Array]:
     columns = {}
     for p, key in enumerate(promoted):
         if is_int[p]:
             columns[key] = pa.array(numbers[p], mask=~number_valid[p])
         else:
-            dictionary = values.take(pa.array(entries[p, : entries[p, -1]])).cast(pa.string())
-            columns[key] = pa.DictionaryArray.from_arrays(pa.array(codes[p], mask=codes[p] < 0), dictionary)
-    offsets = np.zeros(owners + 1, dtype=np.int32)
+            columns[key] = pa.DictionaryArray.from_arrays(pa.array(codes[p], mask=codes[p] < 0), dictionaries[p])
+    return columns
+
+
+def _kept_map(kept: int, kept_counts, kept_keys, kept_values, kept_valid) -> pa.MapArray:
+    """The attribute map column of the attributes a promote kernel kept (already UTF-8 checked)."""
+    offsets = np.zeros(kept_counts.size + 1, dtype=np.int32)
     np.cumsum(kept_counts, out=offsets[1:])
     map_keys = string_array(kept_keys[0][: kept + 1], kept_keys[1][: kept_keys[0][kept]], utf8_checked=True)
     map_values = string_array(
         kept_values[0][: kept + 1], kept_values[1][: kept_values[0][kept]], kept_valid[:kept], utf8_checked=True
     )
-    return pa.MapArray.from_arrays(pa.array(offsets), map_keys, map_values), columns
+    return pa.MapArray.from_arrays(pa.array(offsets), map_keys, map_values)
 
 
 def _buffers(strings: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -541,8 +634,14 @@ def _per_owner_dict(values: list, index) -> pa.DictionaryArray:
     owner_codes = encoded.indices.to_numpy(zero_copy_only=False)
     if encoded.null_count:
         owner_codes = np.where(encoded.is_valid().to_numpy(zero_copy_only=False), owner_codes, -1)
-    codes = owner_codes[_indices(index)].astype(np.int32)
-    return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), encoded.dictionary)
+    codes = owner_codes.astype(np.int32, copy=False)[_indices(index)]
+    return pa.DictionaryArray.from_arrays(_nullable(codes), encoded.dictionary)
+
+
+def _nullable(codes: np.ndarray) -> pa.Array:
+    """Dictionary codes, -1 as null; without a validity bitmap when none is."""
+    missing = codes < 0
+    return pa.array(codes, mask=missing) if missing.any() else pa.array(codes)
 
 
 def _per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
@@ -566,10 +665,11 @@ def _per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
         take = pa.array(flat)
         return pa.MapArray.from_arrays(pa.array(offsets), keys.take(take), values.take(take))
     index = np.ascontiguousarray(index, dtype=np.int64)
+    spans_of_owner = np.bincount(index, minlength=len(entries))
 
     def repeated(strings: pa.Array) -> pa.Array:
         owner_offsets, owner_data, _ = _buffers(strings)
-        total = int((owner_offsets[first[1:]] - owner_offsets[first[:-1]])[index].sum())
+        total = int(((owner_offsets[first[1:]] - owner_offsets[first[:-1]]) * spans_of_owner).sum())
         out_offsets, out_data = string_offsets(int(offsets[-1]), total), np.empty(total, dtype=np.uint8)
         repeat_owner_strings(owner_offsets, owner_data, first, index, out_offsets, out_data)
         return string_array(out_offsets, out_data, utf8_checked=True)

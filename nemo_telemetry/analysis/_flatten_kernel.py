@@ -186,3 +186,241 @@ def repeat_owner_strings(owner_offsets, owner_data, first, index, offsets, data)
             done += step
         at += total
         i = run_end
+
+
+# ------------------------------------------------------------------ promotion over walk records
+#
+# The protobuf walk records where each attribute's key and value lie in the request buffer. The
+# passes below promote straight from those records, so the attributes' keys and value strings
+# are never built as whole arrays first (two fresh buffers per batch, a page fault per 4 KiB):
+# values are written as the schema's strings only where they end up, in the map or a dictionary.
+
+_TRUE = np.frombuffer(b"true", dtype=np.uint8)
+_FALSE = np.frombuffer(b"false", dtype=np.uint8)
+_DECIMAL_LIMIT = np.uint64(10**18)  # _decimal takes at most 18 digits
+DICTIONARY_BYTES = 1 << 16  # per promoted string column: more distinct bytes fall back
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _magnitude(value):
+    """|value| as uint64, right for the most negative int64 too."""
+    if value < 0:
+        return np.uint64(-(value + 1)) + np.uint64(1)
+    return np.uint64(value)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _value_size(k, v, n, special_offsets, kinds):
+    """Bytes of a value (kind ``k``, value ``v``, length ``n``: see ``AttributeRecords``) as the
+    schema's string, as ``value_strings`` writes it; -1 when it is null."""
+    string_kind, bool_kind, int_kind, special_kind = kinds
+    if k >= special_kind:
+        return special_offsets[k - special_kind + 1] - special_offsets[k - special_kind]
+    if k == string_kind:
+        return n
+    if k == int_kind:
+        magnitude = _magnitude(v)
+        size = 1 if v >= 0 else 2
+        while magnitude >= np.uint64(10):
+            magnitude //= np.uint64(10)
+            size += 1
+        return size
+    if k == bool_kind:
+        return 4 if v != 0 else 5
+    return -1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _present(k, kinds):
+    """Whether a value of kind ``k`` is a string in the table (not null)."""
+    return k >= kinds[3] or k == kinds[0] or k == kinds[1] or k == kinds[2]
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def value_bytes(kind, value, length, special_offsets, kinds):
+    """The bytes of every attribute value as the schema's string, together (to size a buffer)."""
+    total = 0
+    for i in range(kind.size):
+        size = _value_size(kind[i], value[i], length[i], special_offsets, kinds)
+        if size > 0:
+            total += size
+    return total
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _write_value(out, at, data, k, v, n, special_offsets, special_data, kinds):
+    """A value's string (see :func:`_value_size`) at ``out[at:]``: (end, OR of the bytes read
+    from ``data``, which is all that may not be ASCII)."""
+    string_kind, bool_kind, int_kind, special_kind = kinds
+    seen = np.uint8(0)
+    if k >= special_kind:
+        first, stop = special_offsets[k - special_kind], special_offsets[k - special_kind + 1]
+        for j in range(stop - first):
+            out[at + j] = special_data[first + j]
+        return at + stop - first, seen
+    if k == string_kind:
+        for j in range(n):
+            c = data[v + j]
+            seen |= c
+            out[at + j] = c
+        return at + n, seen
+    if k == int_kind:
+        magnitude = _magnitude(v)
+        end = at + _value_size(k, v, n, special_offsets, kinds)
+        pos = end - 1
+        while True:
+            out[pos] = 48 + np.uint8(magnitude % np.uint64(10))
+            magnitude //= np.uint64(10)
+            pos -= 1
+            if magnitude == np.uint64(0):
+                break
+        if v < 0:
+            out[at] = 45
+        return end, seen
+    if k == bool_kind:
+        word = _TRUE if v != 0 else _FALSE
+        for j in range(word.size):
+            out[at + j] = word[j]
+        return at + word.size, seen
+    return at, seen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _record_code(source, v0, v1, slots, dict_offsets, dict_data, dict_count, p):
+    """(Inlined, as :func:`_code`.) (dictionary code, OR of the bytes) of ``source[v0:v1]`` in
+    column ``p``, added when new; code -1 when the dictionary is full. Entry ``d``'s bytes are
+    ``dict_data[p, dict_offsets[p, d]:dict_offsets[p, d + 1]]``, in the order they were added."""
+    h = _FNV_OFFSET
+    seen = np.uint8(0)
+    for i in range(v0, v1):
+        c = source[i]
+        seen |= c
+        h = (h ^ np.uint64(c)) * _FNV_PRIME
+    mask = slots.shape[1] - 1
+    slot = np.int64(h & np.uint64(mask))
+    size = v1 - v0
+    while slots[p, slot] != 0:
+        d = slots[p, slot] - 1
+        e0 = dict_offsets[p, d]
+        if dict_offsets[p, d + 1] - e0 == size:
+            same = True
+            for j in range(size):
+                if dict_data[p, e0 + j] != source[v0 + j]:
+                    same = False
+                    break
+            if same:
+                return d, seen
+        slot = (slot + 1) & mask
+    used = dict_count[p]
+    at = dict_offsets[p, used]
+    if 2 * (used + 1) > slots.shape[1] or at + size > dict_data.shape[1]:
+        return -1, seen
+    for j in range(size):
+        dict_data[p, at + j] = source[v0 + j]
+    dict_offsets[p, used + 1] = at + size
+    dict_count[p] = used + 1
+    slots[p, slot] = used + 1
+    return used, seen
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def promote_records(data, key_start, key_length, kind, value, length, special_offsets, special_data, kinds, counts,
+                    name_offsets, names, is_int, codes, numbers, number_valid, slots, dict_offsets, dict_data,
+                    dict_count, kept_key_offsets, kept_key_data, kept_value_offsets, kept_value_data,
+                    kept_value_valid, kept_counts, last, remove, which):
+    """:func:`promote` over the walk's attribute records (``_columns.AttributeRecords``): keys
+    are ``data[key_start:key_start + key_length]``, values as :func:`_value_size` reads them.
+    The same columns and kept attributes come out, but each string column's dictionary is
+    built in ``dict_*`` (see :func:`_record_code`), and nothing is UTF-8 checked: returns how
+    many attributes stayed, -1 when a dictionary is full and -2 when a key or string value has
+    a byte >= 0x80 (the caller then builds the string arrays, checks them, and calls
+    :func:`promote`).
+
+    Compiled without reference counting, as the walk is (every array is the caller's for the
+    whole call; counting the arrays passed to inlined helpers cost half the time), so the
+    caller gives the room: ``last`` and ``remove`` one per promoted key, ``which`` one per
+    attribute of the owner with the most."""
+    string_kind, special_kind = kinds[0], kinds[3]
+    promoted = name_offsets.size - 1
+    seen = np.uint8(0)
+    row = 0
+    kept = 0
+    kept_key_offsets[0] = 0
+    kept_value_offsets[0] = 0
+    for owner in range(counts.size):
+        first, stop = row, row + counts[owner]
+        row = stop
+        for p in range(promoted):
+            last[p] = -1
+        for j in range(first, stop):
+            match = -1
+            k0 = key_start[j]
+            k1 = k0 + key_length[j]
+            for p in range(promoted):
+                if _equal(data, k0, k1, names, name_offsets[p], name_offsets[p + 1]):
+                    match = p
+                    break
+            which[j - first] = match
+            if match >= 0:
+                last[match] = j
+        for p in range(promoted):
+            j = last[p]
+            remove[p] = True
+            if j < 0:
+                codes[p, owner] = -1
+                continue
+            k, v, n = kind[j], value[j], length[j]
+            if not _present(k, kinds):
+                codes[p, owner] = -1  # null: an integer column stays 0 and invalid
+            elif is_int[p]:
+                if k >= special_kind:
+                    s = k - special_kind
+                    number, ok = _decimal(special_data, special_offsets[s], special_offsets[s + 1])
+                elif k == string_kind:
+                    number, ok = _decimal(data, v, v + n)
+                elif k == kinds[2]:
+                    ok = _magnitude(v) < _DECIMAL_LIMIT
+                    number = v if ok else np.int64(0)
+                else:
+                    number, ok = np.int64(0), False
+                numbers[p, owner] = number
+                number_valid[p, owner] = ok
+                remove[p] = ok  # not an integer: it stays in the map, lose nothing
+            else:
+                if k == string_kind:
+                    code, bits = _record_code(data, v, v + n, slots, dict_offsets, dict_data, dict_count, p)
+                    seen |= bits
+                else:  # written where the next kept value goes, and overwritten there
+                    at = kept_value_offsets[kept]
+                    end, bits = _write_value(kept_value_data, at, data, k, v, n, special_offsets, special_data, kinds)
+                    code, bits = _record_code(kept_value_data, at, end, slots, dict_offsets, dict_data, dict_count, p)
+                if code < 0:
+                    return -1
+                codes[p, owner] = code
+        owner_kept = 0
+        for j in range(first, stop):
+            match = which[j - first]
+            k, v, n = kind[j], value[j], length[j]
+            if match >= 0 and remove[match]:
+                if j != last[match] and k == string_kind:
+                    for t in range(v, v + n):  # shadowed by a later value: only checked
+                        seen |= data[t]
+                continue
+            at = kept_key_offsets[kept]
+            k0 = key_start[j]
+            for t in range(key_length[j]):
+                c = data[k0 + t]
+                seen |= c
+                kept_key_data[at + t] = c
+            kept_key_offsets[kept + 1] = at + key_length[j]
+            end, bits = _write_value(kept_value_data, kept_value_offsets[kept], data, k, v, n, special_offsets,
+                                     special_data, kinds)
+            seen |= bits
+            kept_value_offsets[kept + 1] = end
+            kept_value_valid[kept] = _present(k, kinds)
+            kept += 1
+            owner_kept += 1
+        kept_counts[owner] = owner_kept
+    if seen >= 0x80:
+        return -2
+    return kept

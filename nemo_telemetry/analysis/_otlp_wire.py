@@ -21,12 +21,13 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, grown_records, scratch_matrix, special_rows, string_array
+from nemo_telemetry.analysis._columns import AttributeRecords, OtlpTables, SpanArrays, SpanColumns, build_tables, grown_records, scratch_matrix, string_array, string_offsets
 from nemo_telemetry.analysis._otlp_proto import _extend_attributes, _value_string, decode_proto_request
 
 __all__ = ["WireError", "decode_requests", "decode_frames", "decode_batch"]
 
-_STRING, _BOOL, _INT, _DOUBLE = 1, 2, 3, 4
+_STRING, _BOOL, _INT, _DOUBLE = 1, 2, 3, 4  # AnyValue field numbers
+_SPECIAL = 16  # and beyond: a value written by upb (see _attribute_records)
 _MOST_NAMES = 4096  # distinct span names a batch dictionary-encodes in the kernel
 
 
@@ -117,16 +118,17 @@ def _assemble(k, s, data: np.ndarray, spans, attrs, resources, scopes, events, l
         parent_span_id=parent_id,
         trace_state=_strings(k, s, data, spans[k.STATE_S], spans[k.STATE_N]),
         name=_names(k, s, data, spans, names),
-        kind=pa.array(spans[k.KIND].copy()),  # copies: the matrices are reused
+        # views of the reused matrices where the table builder reads them into new arrays
+        # (enums re-encoded, owner indices gathered); copies where the column is the table's
+        kind=pa.array(spans[k.KIND]),
         start_ns=pa.array(spans[k.START].copy()),
         end_ns=pa.array(spans[k.END].copy()),
-        status_code=pa.array(spans[k.CODE].copy()),
+        status_code=pa.array(spans[k.CODE]),
         status_message=_strings(k, s, data, spans[k.MSG_S], spans[k.MSG_N]),
-        scope_index=pa.array(spans[k.SCOPE].astype(np.int32)),
-        resource_index=pa.array(spans[k.RESOURCE].astype(np.int32)),
+        scope_index=pa.array(spans[k.SCOPE]),
+        resource_index=pa.array(spans[k.RESOURCE]),
         attr_counts=spans[k.ATTR_COUNT],
-        attr_keys=_strings(k, s, data, attrs[k.KEY_S], attrs[k.KEY_N]),
-        attr_values=_values(k, s, data, attrs),
+        attr_records=_attribute_records(k, s, data, attrs),
         id_keys=(trace_key, span_key, parent_key),
         # the deduplicator's words: copied (the matrix is reused), no hex parsed back
         span_words=np.stack((spans[k.TRACE_HI], spans[k.TRACE_LO], spans[k.SPAN_K]), axis=1).view(np.uint64),
@@ -135,8 +137,11 @@ def _assemble(k, s, data: np.ndarray, spans, attrs, resources, scopes, events, l
 
 
 def _strings(k, s, data: np.ndarray, start: np.ndarray, length: np.ndarray) -> pa.Array:
-    """``buffer[start:start + length]`` of each element as a string array (UTF-8 checked)."""
-    offsets, chars = s.gather(data, start, length)  # rows of C matrices: contiguous already
+    """``buffer[start:start + length]`` of each element as a string array (UTF-8 checked), of
+    the table's type (int32 offsets) unless its bytes need int64 offsets."""
+    total = int(length.sum())
+    offsets, chars = string_offsets(length.size, total), np.empty(total, dtype=np.uint8)
+    s.gather_into(data, start, length, offsets, chars)  # rows of C matrices: contiguous already
     return _checked(k, offsets, chars, "a string field")
 
 
@@ -160,7 +165,8 @@ def _checked(k, offsets: np.ndarray, chars: np.ndarray, what: str, valid: np.nda
         except pa.ArrowInvalid as exc:
             raise WireError(f"invalid UTF-8 in {what} ({exc})") from None
     bitmap = None if valid is None or valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(pa.large_string(), offsets.size - 1, [bitmap, pa.py_buffer(offsets), pa.py_buffer(chars)])
+    kind = pa.string() if offsets.dtype == np.int32 else pa.large_string()
+    return pa.Array.from_buffers(kind, offsets.size - 1, [bitmap, pa.py_buffer(offsets), pa.py_buffer(chars)])
 
 
 def _hex_ids(k, high: np.ndarray, low: np.ndarray, length: np.ndarray, width: int) -> tuple[pa.Array, np.ndarray]:
@@ -175,22 +181,37 @@ def _hex_ids(k, high: np.ndarray, low: np.ndarray, length: np.ndarray, width: in
     return strings, high.view(np.uint64).copy()
 
 
-def _values(k, s, data: np.ndarray, attrs: np.ndarray) -> pa.Array:
-    """The schema's string for each AnyValue, in one compiled pass; doubles, bytes, arrays and
-    key-value lists (rare in RL traces) are written by upb first and copied in."""
-    kind = attrs[k.VTYPE]  # special_rows may clear some: the matrix is scratch, not read again
+def _attribute_records(k, s, data: np.ndarray, attrs: np.ndarray) -> AttributeRecords:
+    """Where the walk found each attribute's key and value, for promotion to read in place.
+    Doubles, bytes, arrays and key-value lists (rare in RL traces) are written by upb first:
+    their rows' kind becomes ``_SPECIAL`` + their number among those strings (-1 for none)."""
+    kind = attrs[k.VTYPE]  # changed in place: the matrix is scratch, not read again
     rows = np.flatnonzero(kind >= _DOUBLE)
     first = attrs[k.ANY_S][rows]
     bounds = zip(first.tolist(), (first + attrs[k.ANY_N][rows]).tolist())
-    rare, special = special_rows(kind, rows, [_value_string(AnyValue.FromString(data[s:e].tobytes())) for s, e in bounds])
+    rare = [_value_string(AnyValue.FromString(data[s:e].tobytes())) for s, e in bounds]
+    present = np.array([text is not None for text in rare], dtype=np.bool_)
+    kind[rows[~present]] = -1
+    kind[rows[present]] = _SPECIAL + np.arange(int(present.sum()))
+    rare = [text.encode() for text in rare if text is not None]
     rare_offsets = np.zeros(len(rare) + 1, dtype=np.int64)
     np.cumsum([len(r) for r in rare], out=rare_offsets[1:])
     rare_data = np.frombuffer(b"".join(rare), dtype=np.uint8)
     value = attrs[k.VAL]  # a string's start, or an int's or bool's value
-    offsets, chars, valid = s.value_strings(
-        data, kind, value, attrs[k.VAL_N], value, special, rare_offsets, rare_data, _STRING, _BOOL, _INT,
+
+    def strings() -> tuple[pa.Array, pa.Array]:
+        """The key and value string arrays (UTF-8 checked), where promotion needs them."""
+        keys = _strings(k, s, data, attrs[k.KEY_S], attrs[k.KEY_N])
+        special = np.where(kind >= _SPECIAL, kind - _SPECIAL, -1)
+        offsets, chars, valid = s.value_strings(
+            data, kind, value, attrs[k.VAL_N], value, special, rare_offsets, rare_data, _STRING, _BOOL, _INT,
+        )
+        return keys, _checked(k, offsets, chars, "a string value", valid)
+
+    return AttributeRecords(
+        data, attrs[k.KEY_S], attrs[k.KEY_N], kind, value, attrs[k.VAL_N], rare_offsets, rare_data,
+        (_STRING, _BOOL, _INT, _SPECIAL), strings,
     )
-    return _checked(k, offsets, chars, "a string value", valid)
 
 
 def _resources(data: np.ndarray, records: np.ndarray) -> list[dict]:

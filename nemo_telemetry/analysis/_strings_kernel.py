@@ -24,6 +24,16 @@ def gather(buf, starts, lengths):
     return offsets, data
 
 
+@njit(cache=True, nogil=True, _nrt=False)
+def gather_into(buf, starts, lengths, offsets, data):
+    """:func:`gather` into the caller's ``offsets`` (int32 or int64: the Arrow string type it
+    wants, so no cast copies them later) and ``data`` (sized to the total length)."""
+    offsets[0] = 0
+    for i in range(starts.size):
+        offsets[i + 1] = offsets[i] + lengths[i]
+        _copy(data, offsets[i], buf, starts[i], lengths[i])
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _copy(dst, at, src, start, length):
     """``dst[at:at + length] = src[start:start + length]`` as a byte loop with unsigned
