@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 NO_RUN_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+_HELD_FILES = 4  # a bulk DatasetWriter holds at most this many files' worth of spans
 _SCHEMAS = {"spans": SPANS_TABLE_SCHEMA, "events": EVENTS_SCHEMA, "links": LINKS_SCHEMA}
 # Min/max statistics where they can prune (times, iterations, names, id keys); not for random
 # hex ids, free text or the attribute maps, whose statistics cost a third of the write.
@@ -162,13 +163,17 @@ def span_keys(spans: pa.Table) -> np.ndarray:
 class DatasetWriter:
     """Appends batches to a dataset directory; re-ingesting a span already there is a no-op.
 
-    With ``background_writes=N`` the Parquet files of a batch are written on one of ``N``
-    threads while the caller goes on (encoding is most of an ingest's CPU time, and pyarrow
-    releases the GIL for it); at most ``N`` batches wait. :meth:`close` waits for them and
-    raises the first error. Deduplication stays in the caller's order either way.
+    By default a batch is on disk when ``write`` returns, a file per (run, rank) partition of
+    it: what ``collect`` needs, since it acknowledges the spans. For bulk ingest,
+    ``file_rows=N`` holds each partition's spans until N of them make a file (fewer, larger
+    files, cheaper to write and to read back; at most ``_HELD_FILES * N`` spans are held in
+    all), and ``background_writes=T`` encodes files on T threads while the caller decodes the
+    next batches (pyarrow releases the GIL to encode). :meth:`close` then writes what is held,
+    waits for every file, and raises the first error of any. Deduplication stays in the
+    caller's order either way.
     """
 
-    def __init__(self, root: Path, *, background_writes: int = 0) -> None:
+    def __init__(self, root: Path, *, file_rows: int = 0, background_writes: int = 0) -> None:
         self.root = Path(root)
         if self.root.exists() and not self.root.is_dir():
             raise IngestError(f"{self.root}: exists and is not a directory; choose another --out")
@@ -178,6 +183,9 @@ class DatasetWriter:
         self._sequence = 0
         self.dedup = SpanDeduplicator()
         self.dedup.remember(read_dataset(self.root, "spans", columns=["trace_id", "span_id"]))
+        self._file_rows = file_rows
+        self._held: dict[str, list[pa.Table]] = {}  # partition -> its spans not written yet
+        self._held_rows: dict[str, int] = {}
         self._writers = background_writes
         self._pool: ThreadPoolExecutor | None = None
         self._pending: deque[Future] = deque()
@@ -188,21 +196,24 @@ class DatasetWriter:
 
     def write_fresh(self, fresh: OtlpTables) -> OtlpTables:
         """Write tables already filtered by ``self.dedup`` (the ingest pipeline filters them)."""
-        self._sequence += 1
-        name = f"{self._prefix}-{self._sequence:05d}.parquet"
-        if not self._writers:
-            self._write_files(fresh, name)
-            return fresh
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self._writers, thread_name_prefix="nemo-write")
-        self._pending.append(self._pool.submit(self._write_files, fresh, name))
-        while len(self._pending) > self._writers:
-            self._pending.popleft().result()
+        if fresh.spans.num_rows:
+            for relative, part in split_by_partition(fresh.spans):  # run_id=<run>/rank=<rank> (partitions.py)
+                self._held.setdefault(relative, []).append(part)
+                self._held_rows[relative] = self._held_rows.get(relative, 0) + part.num_rows
+                if self._held_rows[relative] >= self._file_rows:
+                    self._write_partition(relative)
+            while sum(self._held_rows.values()) > _HELD_FILES * self._file_rows:  # many partitions
+                self._write_partition(max(self._held_rows, key=self._held_rows.__getitem__))
+        for table, data in (("events", fresh.events), ("links", fresh.links)):
+            if data.num_rows:
+                self._submit(_write_table, data, self.root / table / self._file_name())
         return fresh
 
     def close(self) -> None:
-        """Wait for the batches still being written; raise the first error of any of them."""
+        """Write the spans still held, wait for every file; raise the first error of any."""
         try:
+            for relative in list(self._held):
+                self._write_partition(relative)
             while self._pending:
                 self._pending.popleft().result()
         finally:
@@ -210,19 +221,37 @@ class DatasetWriter:
                 self._pool.shutdown(wait=True, cancel_futures=True)
                 self._pool = None
 
-    def _write_files(self, fresh: OtlpTables, name: str) -> None:
-        self._write_spans(fresh.spans, name)
-        for table, data in (("events", fresh.events), ("links", fresh.links)):
-            if data.num_rows:
-                pq.write_table(data, self.root / table / name)
+    def _write_partition(self, relative: str) -> None:
+        pieces = self._held.pop(relative)
+        del self._held_rows[relative]
+        folder = self.root / "spans" / relative
+        folder.mkdir(parents=True, exist_ok=True)
+        self._submit(_write_spans, pieces, folder / self._file_name())
 
-    def _write_spans(self, spans: pa.Table, name: str) -> None:
-        if spans.num_rows == 0:
+    def _file_name(self) -> str:
+        self._sequence += 1  # files of one partition sort in the order their spans came
+        return f"{self._prefix}-{self._sequence:05d}.parquet"
+
+    def _submit(self, write, *args) -> None:
+        if not self._writers:
+            write(*args)
             return
-        for relative, part in split_by_partition(spans):  # run_id=<run>/rank=<rank> (partitions.py)
-            folder = self.root / "spans" / relative
-            folder.mkdir(parents=True, exist_ok=True)
-            pq.write_table(part, folder / name, write_statistics=_SPAN_STATISTICS, use_dictionary=_SPAN_DICTIONARY)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self._writers, thread_name_prefix="nemo-write")
+        self._pending.append(self._pool.submit(write, *args))
+        while len(self._pending) > self._writers:  # bounds the tables waiting to be written
+            self._pending.popleft().result()
+
+
+def _write_spans(pieces: list[pa.Table], path: Path) -> None:
+    """One file of a partition's spans: the pieces put together first (a table of many small
+    chunks costs the Parquet writer more than the copy)."""
+    table = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+    pq.write_table(table.combine_chunks(), path, write_statistics=_SPAN_STATISTICS, use_dictionary=_SPAN_DICTIONARY)
+
+
+def _write_table(table: pa.Table, path: Path) -> None:
+    pq.write_table(table, path)
 
 
 def drop_duplicates(tables: OtlpTables, dedup: SpanDeduplicator, keys: np.ndarray | None = None) -> OtlpTables:

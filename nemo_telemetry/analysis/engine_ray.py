@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis import streaming
 from nemo_telemetry.analysis.dataset import DatasetWriter
-from nemo_telemetry.analysis.ingest import BATCH_SPANS, WRITE_AHEAD, IngestSummary, Source, _Pipeline, _raw_files
+from nemo_telemetry.analysis.ingest import BATCH_SPANS, FILE_ROWS, WRITE_AHEAD, IngestSummary, Source, _Pipeline, _raw_files
 from nemo_telemetry.errors import NemoTelemetryError
 
 __all__ = ["connect", "map_groups", "map_reduce", "reducer_count", "ray_scan", "ray_ingest", "ray_goodput", "ray_check"]
@@ -203,7 +203,7 @@ def ray_ingest(
     """
     ray = connect()
     files = _raw_files(inputs, format)
-    writer = DatasetWriter(Path(out), background_writes=WRITE_AHEAD)
+    writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
     try:
         return _ingest_files(ray, files, writer, progress, batch_spans)
     finally:

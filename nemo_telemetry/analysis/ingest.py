@@ -66,7 +66,8 @@ BATCH_SPANS = 1 << 16  # spans decoded before a batch is converted and written
 BATCH_PROTOBUF_BYTES = 8 << 20
 BATCH_JSON_BYTES = 8 << 20
 DECODE_AHEAD = 2  # batches decoding on worker threads while the next one is read
-WRITE_AHEAD = 2  # batches written to Parquet on worker threads while the next ones decode
+WRITE_AHEAD = 2  # Parquet files written on worker threads while the next batches decode
+FILE_ROWS = 1 << 17  # spans of a (run, rank) partition gathered into one Parquet file
 
 
 class IngestWarning(UserWarning):
@@ -381,7 +382,7 @@ def ingest(
     were dropped is in the summary. ``progress(bytes_done, spans_done)`` is called as it goes.
     """
     files = _raw_files(inputs, format)
-    writer = DatasetWriter(Path(out), background_writes=WRITE_AHEAD)
+    writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
     try:
         pipeline = _Pipeline(writer.write_fresh, dedup=writer.dedup, progress=progress)
         for path, fmt in files:

@@ -1,14 +1,18 @@
-"""``ingest`` writes Parquet on background threads while the next batches decode: every batch
-still lands in the dataset, and a write that fails fails the ingest (no summary that claims
-spans it did not write)."""
+"""``ingest`` gathers each (run, rank) partition's spans into files of ``FILE_ROWS`` and writes
+them on background threads while the next batches decode: every span still lands in the
+dataset, in order, and a write that fails fails the ingest (no summary that claims spans it
+did not write)."""
 
 from __future__ import annotations
 
 import importlib
 
+import pyarrow.parquet as pq
 import pytest
 
 from nemo_telemetry.analysis import _detect, dataset, load_traces, read_spans
+from nemo_telemetry.analysis._columns import OtlpTables
+from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed
 
 ingest_module = importlib.import_module("nemo_telemetry.analysis.ingest")  # the package exports ingest()
@@ -16,9 +20,11 @@ ingest_module = importlib.import_module("nemo_telemetry.analysis.ingest")  # the
 
 @pytest.fixture()
 def many_batches(tmp_path, monkeypatch):
-    """A protobuf file that decodes in a dozen small batches of two ranks each."""
+    """A protobuf file that decodes in dozens of small batches of two ranks each, written in
+    files of 50 spans or so."""
     monkeypatch.setattr(_detect, "PROTO_BLOCK_BYTES", 4000)
     monkeypatch.setattr(ingest_module, "BATCH_PROTOBUF_BYTES", 2000)
+    monkeypatch.setattr(ingest_module, "FILE_ROWS", 50)
     requests = list(synthetic_requests(22 * 30, spans_per_request=11, ranks=2))
     return write_length_prefixed(tmp_path / "t.pb", [to_protobuf(r) for r in requests])
 
@@ -27,12 +33,32 @@ def _key(span: dict) -> tuple:
     return span["trace_id"], span["span_id"]
 
 
-def test_every_batch_written_in_the_background_is_in_the_dataset(many_batches, tmp_path):
+def test_every_span_lands_in_files_of_about_file_rows_in_order(many_batches, tmp_path):
     summary = ingest_module.ingest([many_batches], out=tmp_path / "ds")
-    files = list((tmp_path / "ds" / "spans").rglob("*.parquet"))
-    assert summary.spans == 660 and len(files) > 12
-    written = sorted(read_spans(tmp_path / "ds").to_pylist(), key=_key)
-    assert written == sorted(load_traces(many_batches).spans.to_pylist(), key=_key)
+    for rank in (0, 1):
+        files = sorted((tmp_path / "ds" / "spans" / "run_id=synthetic-run" / f"rank={rank}").glob("*.parquet"))
+        rows = [pq.read_metadata(f).num_rows for f in files]
+        assert len(rows) > 3 and all(50 <= n < 50 + 30 for n in rows[:-1]) and sum(rows) == 330
+    written = read_spans(tmp_path / "ds").to_pylist()
+    by_rank = sorted(load_traces(many_batches).spans.to_pylist(), key=lambda span: span["rank"])  # stable
+    assert summary.spans == 660 and written == by_rank
+
+
+def test_held_spans_are_bounded_when_partitions_are_many(tmp_path):
+    """Eight ranks, files of 200 spans, at most four files' worth held: partitions are written
+    before they fill (largest first), so what is not on disk yet stays bounded; nothing is lost."""
+    requests = list(synthetic_requests(11 * 8 * 20, spans_per_request=11, ranks=8))
+    spans = load_traces(write_length_prefixed(tmp_path / "t.pb", [to_protobuf(r) for r in requests])).spans
+    writer = dataset.DatasetWriter(tmp_path / "ds", file_rows=200)
+    not_on_disk = []
+    for start in range(0, spans.num_rows, 88):
+        batch = spans.slice(start, 88)
+        writer.write(OtlpTables(batch, EVENTS_SCHEMA.empty_table(), LINKS_SCHEMA.empty_table()))
+        on_disk = sum(pq.read_metadata(f).num_rows for f in (tmp_path / "ds" / "spans").rglob("*.parquet"))
+        not_on_disk.append(start + batch.num_rows - on_disk)
+    writer.close()
+    assert 200 < max(not_on_disk) <= dataset._HELD_FILES * 200
+    assert read_spans(tmp_path / "ds").num_rows == spans.num_rows
 
 
 @pytest.mark.parametrize("failing", ["fifth", "last"])
