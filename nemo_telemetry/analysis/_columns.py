@@ -346,11 +346,16 @@ def scratch_matrix(name: str, rows: int, columns: int) -> np.ndarray:
     """A C-contiguous (rows, columns) int64 matrix for a kernel to fill, reused by this thread
     from batch to batch: fresh pages cost a page fault each, a fifth of a decode's time. Its
     old contents are garbage; the kernels set every field of each record they write, and no
-    table keeps a view of it (columns taken from it are copied)."""
+    table keeps a view of it (columns taken from it are copied).
+
+    It grows to twice the size asked for: batches differ in size (by a request, or a block
+    read short), and a new matrix for each batch a little bigger than any before would be
+    fresh pages again; the room never written costs nothing (zeroed pages are mapped on first
+    touch)."""
     size = rows * columns
     flat = getattr(_SCRATCH, name, None)
     if flat is None or flat.size < size:
-        flat = np.zeros(size, dtype=np.int64)
+        flat = np.zeros(2 * size, dtype=np.int64)
         setattr(_SCRATCH, name, flat)
     return flat[:size].reshape(rows, columns)
 

@@ -50,7 +50,8 @@ SPAN_COLUMNS = 21
 COUNTS = 7
 # attribute columns: rows of an (ATTR_COLUMNS, attributes) matrix. VTYPE is the AnyValue field
 # number (0: none); VAL is a string's start or an int's or bool's value; ANY_S/ANY_N bound the
-# AnyValue message (for the kinds upb reads).
+# AnyValue message, set only for the kinds upb reads (VTYPE 4 and up: a string, int or bool
+# value leaves them as they were, so those rows of a reused matrix are rarely touched).
 KEY_S, KEY_N, VTYPE, VAL, VAL_N, ANY_S, ANY_N = range(7)
 ATTR_COLUMNS = 7
 # side records: resources and scopes (start, length, owner), events and links (span, start, length)
@@ -191,9 +192,7 @@ def _key_value(buf, start, end, attrs, a):
         attrs[VTYPE, a] = vtype
         attrs[VAL, a] = val
         attrs[VAL_N, a] = val_n
-        attrs[ANY_S, a] = any_s
-        attrs[ANY_N, a] = end - any_s
-        return OK
+        return OK  # ANY_S/ANY_N unset: only the kinds upb reads need them (untouched scratch)
     key_s, key_n, vtype, val, val_n, any_s, any_n = start, 0, 0, 0, 0, start, 0
     has_value = False
     pos = start
