@@ -511,7 +511,7 @@ def _promote_records(counts: np.ndarray, records: AttributeRecords, owners: int,
         codes, numbers, number_valid = _promoted_room(len(promoted), owners)
         slots = np.zeros((len(promoted), fk.DICTIONARY_SLOTS), dtype=np.int64)
         dict_offsets = np.zeros((len(promoted), fk.DICTIONARY_SLOTS // 2 + 1), dtype=np.int32)
-        dict_data = np.empty((len(promoted), fk.DICTIONARY_BYTES), dtype=np.uint8)
+        dict_data = np.empty(len(promoted) * fk.DICTIONARY_BYTES, dtype=np.uint8)  # column p's from p * BYTES
         dict_count = np.zeros(len(promoted), dtype=np.int64)
         key_bytes = int(r.key_length.sum())
         value_bytes = fk.value_bytes(r.kind, r.value, r.length, r.special_offsets, r.kinds)
@@ -526,8 +526,9 @@ def _promote_records(counts: np.ndarray, records: AttributeRecords, owners: int,
             np.empty(len(promoted), dtype=np.bool_), np.empty(int(counts.max(initial=0)), dtype=np.int64),
         )
         if kept >= 0:
+            room = fk.DICTIONARY_BYTES
             dictionaries = [  # copied: a few short strings, not the whole room
-                string_array(dict_offsets[p, : used + 1].copy(), dict_data[p, : dict_offsets[p, used]].copy(), utf8_checked=True)
+                string_array(dict_offsets[p, : used + 1].copy(), dict_data[p * room : p * room + dict_offsets[p, used]].copy(), utf8_checked=True)
                 for p, used in enumerate(dict_count.tolist())
             ]
             columns = _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries)

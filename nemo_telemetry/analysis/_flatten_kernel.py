@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from nemo_telemetry.analysis._words import load8, store8
+
 DICTIONARY_SLOTS = 1 << 12  # per promoted string column: distinct values beyond half of it fall back
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -247,23 +249,39 @@ def value_bytes(kind, value, length, special_offsets, kinds):
     return total
 
 
+_HIGH_BITS = np.uint64(0x8080808080808080)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _copy_words(out, at, source, start, size):
+    """``out[at:at + size] = source[start:start + size]`` eight bytes a step; returns the OR
+    of the bytes copied, as a word (any of ``_HIGH_BITS`` set: not ASCII)."""
+    seen = np.uint64(0)
+    k = 0
+    while k + 8 <= size:
+        word = load8(source, start + k)
+        seen |= word
+        store8(out, at + k, word)
+        k += 8
+    while k < size:
+        c = source[start + k]
+        seen |= np.uint64(c)
+        out[at + k] = c
+        k += 1
+    return seen
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _write_value(out, at, data, k, v, n, special_offsets, special_data, kinds):
     """A value's string (see :func:`_value_size`) at ``out[at:]``: (end, OR of the bytes read
-    from ``data``, which is all that may not be ASCII)."""
+    from ``data`` as a word, which is all that may not be ASCII)."""
     string_kind, bool_kind, int_kind, special_kind = kinds
-    seen = np.uint8(0)
     if k >= special_kind:
         first, stop = special_offsets[k - special_kind], special_offsets[k - special_kind + 1]
-        for j in range(stop - first):
-            out[at + j] = special_data[first + j]
-        return at + stop - first, seen
+        _copy_words(out, at, special_data, first, stop - first)
+        return at + stop - first, np.uint64(0)
     if k == string_kind:
-        for j in range(n):
-            c = data[v + j]
-            seen |= c
-            out[at + j] = c
-        return at + n, seen
+        return at + n, _copy_words(out, at, data, v, n)
     if k == int_kind:
         magnitude = _magnitude(v)
         end = at + _value_size(k, v, n, special_offsets, kinds)
@@ -276,47 +294,77 @@ def _write_value(out, at, data, k, v, n, special_offsets, special_data, kinds):
                 break
         if v < 0:
             out[at] = 45
-        return end, seen
+        return end, np.uint64(0)
     if k == bool_kind:
         word = _TRUE if v != 0 else _FALSE
         for j in range(word.size):
             out[at + j] = word[j]
-        return at + word.size, seen
-    return at, seen
+        return at + word.size, np.uint64(0)
+    return at, np.uint64(0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _hash_bytes(source, start, size):
+    """(hash, OR of the bytes as a word) of ``source[start:start + size]``: the hash from the
+    length and the first and last eight bytes, as the walk hashes span names (the probe then
+    compares whole strings), the OR over every byte."""
+    h = np.uint64(size) * np.uint64(0x9E3779B97F4A7C15)
+    seen = np.uint64(0)
+    if size >= 8:
+        k = 0
+        while k + 8 <= size:
+            seen |= load8(source, start + k)
+            k += 8
+        last = load8(source, start + size - 8)
+        seen |= last
+        h ^= load8(source, start) * np.uint64(0xC2B2AE3D27D4EB4F)
+        h ^= last * np.uint64(0x165667B19E3779F9)
+    else:
+        for pos in range(start, start + size):
+            c = np.uint64(source[pos])
+            seen |= c
+            h = (h ^ c) * _FNV_PRIME
+    return h ^ (h >> np.uint64(29)), seen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _same_words(a, a0, b, b0, size):
+    """Whether ``a[a0:a0 + size] == b[b0:b0 + size]``, eight bytes a step."""
+    k = 0
+    while k + 8 <= size:
+        if load8(a, a0 + k) != load8(b, b0 + k):
+            return False
+        k += 8
+    while k < size:
+        if a[a0 + k] != b[b0 + k]:
+            return False
+        k += 1
+    return True
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _record_code(source, v0, v1, slots, dict_offsets, dict_data, dict_count, p):
-    """(Inlined, as :func:`_code`.) (dictionary code, OR of the bytes) of ``source[v0:v1]`` in
-    column ``p``, added when new; code -1 when the dictionary is full. Entry ``d``'s bytes are
-    ``dict_data[p, dict_offsets[p, d]:dict_offsets[p, d + 1]]``, in the order they were added."""
-    h = _FNV_OFFSET
-    seen = np.uint8(0)
-    for i in range(v0, v1):
-        c = source[i]
-        seen |= c
-        h = (h ^ np.uint64(c)) * _FNV_PRIME
+    """(Inlined, as :func:`_code`.) (dictionary code, OR of the bytes as a word) of
+    ``source[v0:v1]`` in column ``p``, added when new; code -1 when the dictionary is full.
+    Column ``p``'s entries are bytes of ``dict_data`` from ``base = p * DICTIONARY_BYTES``:
+    entry ``d`` is ``dict_data[base + dict_offsets[p, d]:base + dict_offsets[p, d + 1]]``, in
+    the order they were added."""
+    size = v1 - v0
+    h, seen = _hash_bytes(source, v0, size)
     mask = slots.shape[1] - 1
     slot = np.int64(h & np.uint64(mask))
-    size = v1 - v0
+    base = p * DICTIONARY_BYTES
     while slots[p, slot] != 0:
         d = slots[p, slot] - 1
         e0 = dict_offsets[p, d]
-        if dict_offsets[p, d + 1] - e0 == size:
-            same = True
-            for j in range(size):
-                if dict_data[p, e0 + j] != source[v0 + j]:
-                    same = False
-                    break
-            if same:
-                return d, seen
+        if dict_offsets[p, d + 1] - e0 == size and _same_words(dict_data, base + e0, source, v0, size):
+            return d, seen
         slot = (slot + 1) & mask
     used = dict_count[p]
     at = dict_offsets[p, used]
-    if 2 * (used + 1) > slots.shape[1] or at + size > dict_data.shape[1]:
+    if 2 * (used + 1) > slots.shape[1] or at + size > DICTIONARY_BYTES:
         return -1, seen
-    for j in range(size):
-        dict_data[p, at + j] = source[v0 + j]
+    _copy_words(dict_data, base + at, source, v0, size)
     dict_offsets[p, used + 1] = at + size
     dict_count[p] = used + 1
     slots[p, slot] = used + 1
@@ -342,7 +390,7 @@ def promote_records(data, key_start, key_length, kind, value, length, special_of
     attribute of the owner with the most."""
     string_kind, special_kind = kinds[0], kinds[3]
     promoted = name_offsets.size - 1
-    seen = np.uint8(0)
+    seen = np.uint64(0)
     row = 0
     kept = 0
     kept_key_offsets[0] = 0
@@ -402,16 +450,11 @@ def promote_records(data, key_start, key_length, kind, value, length, special_of
             match = which[j - first]
             k, v, n = kind[j], value[j], length[j]
             if match >= 0 and remove[match]:
-                if j != last[match] and k == string_kind:
-                    for t in range(v, v + n):  # shadowed by a later value: only checked
-                        seen |= data[t]
+                if j != last[match] and k == string_kind:  # shadowed by a later value: only checked
+                    seen |= _hash_bytes(data, v, n)[1]
                 continue
             at = kept_key_offsets[kept]
-            k0 = key_start[j]
-            for t in range(key_length[j]):
-                c = data[k0 + t]
-                seen |= c
-                kept_key_data[at + t] = c
+            seen |= _copy_words(kept_key_data, at, data, key_start[j], key_length[j])
             kept_key_offsets[kept + 1] = at + key_length[j]
             end, bits = _write_value(kept_value_data, kept_value_offsets[kept], data, k, v, n, special_offsets,
                                      special_data, kinds)
@@ -421,6 +464,6 @@ def promote_records(data, key_start, key_length, kind, value, length, special_of
             kept += 1
             owner_kept += 1
         kept_counts[owner] = owner_kept
-    if seen >= 0x80:
+    if seen & _HIGH_BITS:
         return -2
     return kept
