@@ -414,13 +414,12 @@ def promote_records(data, key_start, key_length, kind, value, length, special_of
         for p in range(promoted):
             j = last[p]
             remove[p] = True
-            if j < 0:
-                codes[p, owner] = -1
+            if j < 0 or not _present(kind[j], kinds):  # null (an integer column: stays 0, invalid)
+                if not is_int[p]:
+                    codes[p, owner] = -1  # (an integer column's codes are never read: untouched)
                 continue
             k, v, n = kind[j], value[j], length[j]
-            if not _present(k, kinds):
-                codes[p, owner] = -1  # null: an integer column stays 0 and invalid
-            elif is_int[p]:
+            if is_int[p]:
                 if k >= special_kind:
                     s = k - special_kind
                     number, ok = _decimal(special_data, special_offsets[s], special_offsets[s + 1])
