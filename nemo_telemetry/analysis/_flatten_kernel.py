@@ -463,6 +463,6 @@ def promote_records(data, key_start, key_length, kind, value, length, special_of
             kept += 1
             owner_kept += 1
         kept_counts[owner] = owner_kept
-    if seen & _HIGH_BITS:
-        return -2
+        if seen & _HIGH_BITS:  # as soon as seen: the caller redoes the batch another way
+            return -2
     return kept

@@ -156,3 +156,11 @@ def test_a_full_dictionary_falls_back_and_keeps_nothing_of_the_reused_buffers(di
     expected = upb(first)
     assert tables.spans.equals(expected.spans)
     assert tables.spans.column("rl.bucket").to_pylist()[:2] == ["a" + distinct(0), "a" + distinct(1)]
+
+
+def test_spans_without_attributes_and_a_batch_without_any():
+    bare = [span(i) for i in range(3)]
+    table = assert_same_as_upb([request(*bare)])
+    assert table.column("attributes").to_pylist() == [[], [], []]
+    mixed = assert_same_as_upb([request(*bare), request(span(7, attribute("rl.bucket", string("x"))))])
+    assert mixed.column("rl.bucket").to_pylist() == [None, None, None, "x"]
