@@ -31,6 +31,15 @@ def _equal(data_a, a0, a1, data_b, b0, b1):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _promoted_key(key_data, k0, k1, names, name_offsets):
+    """Which promoted name ``key_data[k0:k1]`` is (its index in ``name_offsets``), or -1."""
+    for p in range(name_offsets.size - 1):
+        if _equal(key_data, k0, k1, names, name_offsets[p], name_offsets[p + 1]):
+            return p
+    return -1
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _decimal(data, start, end):
     """(value, ok): ``data[start:end]`` as ``-?[0-9]{1,18}``."""
     pos = start
@@ -100,12 +109,7 @@ def promote(counts, key_offsets, key_data, value_offsets, value_data, value_vali
             which = np.empty(2 * (stop - first), dtype=np.int64)
         last[:] = -1
         for j in range(first, stop):
-            match = -1
-            k0, k1 = key_offsets[j], key_offsets[j + 1]
-            for p in range(promoted):
-                if _equal(key_data, k0, k1, names, name_offsets[p], name_offsets[p + 1]):
-                    match = p
-                    break
+            match = _promoted_key(key_data, key_offsets[j], key_offsets[j + 1], names, name_offsets)
             which[j - first] = match
             if match >= 0:
                 last[match] = j
@@ -401,13 +405,7 @@ def promote_records(data, key_start, key_length, kind, value, length, special_of
         for p in range(promoted):
             last[p] = -1
         for j in range(first, stop):
-            match = -1
-            k0 = key_start[j]
-            k1 = k0 + key_length[j]
-            for p in range(promoted):
-                if _equal(data, k0, k1, names, name_offsets[p], name_offsets[p + 1]):
-                    match = p
-                    break
+            match = _promoted_key(data, key_start[j], key_start[j] + key_length[j], names, name_offsets)
             which[j - first] = match
             if match >= 0:
                 last[match] = j
