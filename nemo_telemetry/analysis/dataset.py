@@ -230,7 +230,7 @@ class DatasetWriter:
 
     def _file_name(self) -> str:
         self._sequence += 1  # files of one partition sort in the order their spans came
-        return f"{self._prefix}-{self._sequence:05d}.parquet"
+        return f"{self._prefix}-{self._sequence:09d}.parquet"  # wide enough to sort as numbers
 
     def _submit(self, write, *args) -> None:
         if not self._writers:
