@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from nemo_telemetry.analysis._words import load8, store8
+from nemo_telemetry.analysis._words import decimal_size, load8, magnitude, store8, write_decimal
 
 DICTIONARY_SLOTS = 1 << 12  # per promoted string column: distinct values beyond half of it fall back
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
@@ -208,14 +208,6 @@ DICTIONARY_BYTES = 1 << 16  # per promoted string column: more distinct bytes fa
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _magnitude(value):
-    """|value| as uint64, right for the most negative int64 too."""
-    if value < 0:
-        return np.uint64(-(value + 1)) + np.uint64(1)
-    return np.uint64(value)
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _value_size(k, v, n, special_offsets, kinds):
     """Bytes of a value (kind ``k``, value ``v``, length ``n``: see ``AttributeRecords``) as the
     schema's string, as ``value_strings`` writes it; -1 when it is null."""
@@ -225,12 +217,7 @@ def _value_size(k, v, n, special_offsets, kinds):
     if k == string_kind:
         return n
     if k == int_kind:
-        magnitude = _magnitude(v)
-        size = 1 if v >= 0 else 2
-        while magnitude >= np.uint64(10):
-            magnitude //= np.uint64(10)
-            size += 1
-        return size
+        return decimal_size(v)
     if k == bool_kind:
         return 4 if v != 0 else 5
     return -1
@@ -287,17 +274,8 @@ def _write_value(out, at, data, k, v, n, special_offsets, special_data, kinds):
     if k == string_kind:
         return at + n, _copy_words(out, at, data, v, n)
     if k == int_kind:
-        magnitude = _magnitude(v)
-        end = at + _value_size(k, v, n, special_offsets, kinds)
-        pos = end - 1
-        while True:
-            out[pos] = 48 + np.uint8(magnitude % np.uint64(10))
-            magnitude //= np.uint64(10)
-            pos -= 1
-            if magnitude == np.uint64(0):
-                break
-        if v < 0:
-            out[at] = 45
+        end = at + decimal_size(v)
+        write_decimal(out, at, end, v)
         return end, np.uint64(0)
     if k == bool_kind:
         word = _TRUE if v != 0 else _FALSE
@@ -424,7 +402,7 @@ def promote_records(data, key_start, key_length, kind, value, length, special_of
                 elif k == string_kind:
                     number, ok = _decimal(data, v, v + n)
                 elif k == kinds[2]:
-                    ok = _magnitude(v) < _DECIMAL_LIMIT
+                    ok = magnitude(v) < _DECIMAL_LIMIT
                     number = v if ok else np.int64(0)
                 else:
                     number, ok = np.int64(0), False

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from nemo_telemetry.analysis._words import decimal_size, write_decimal
+
 @njit(cache=True, nogil=True)
 def gather(buf, starts, lengths):
     """Copy ``buf[start:start + length]`` of each element into one buffer: (offsets, data)."""
@@ -99,14 +101,6 @@ _TRUE = np.frombuffer(b"true", dtype=np.uint8)
 _FALSE = np.frombuffer(b"false", dtype=np.uint8)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _magnitude(value):
-    """|value| as uint64, right for the most negative int64 too."""
-    if value < 0:
-        return np.uint64(-(value + 1)) + np.uint64(1)
-    return np.uint64(value)
-
-
 @njit(cache=True, nogil=True)
 def value_strings(buf, kind, start, length, number, special, special_offsets, special_data,
                   string_kind, bool_kind, int_kind):
@@ -126,12 +120,7 @@ def value_strings(buf, kind, start, length, number, special, special_offsets, sp
         elif kind[i] == string_kind:
             size = length[i]
         elif kind[i] == int_kind:
-            value = number[i]
-            magnitude = _magnitude(value)
-            size = 1 if value >= 0 else 2
-            while magnitude >= np.uint64(10):
-                magnitude //= np.uint64(10)
-                size += 1
+            size = decimal_size(number[i])
         elif kind[i] == bool_kind:
             size = 4 if number[i] != 0 else 5
         else:
@@ -147,17 +136,7 @@ def value_strings(buf, kind, start, length, number, special, special_offsets, sp
         elif kind[i] == string_kind:
             _copy(data, out, buf, start[i], length[i])
         elif kind[i] == int_kind:
-            value = number[i]
-            magnitude = _magnitude(value)
-            pos = end - 1
-            while True:
-                data[pos] = 48 + np.uint8(magnitude % np.uint64(10))
-                magnitude //= np.uint64(10)
-                pos -= 1
-                if magnitude == np.uint64(0):
-                    break
-            if value < 0:
-                data[out] = 45
+            write_decimal(data, out, end, number[i])
         elif kind[i] == bool_kind:
             _copy(data, out, true if number[i] != 0 else false, 0, end - out)
     return offsets, data, valid
