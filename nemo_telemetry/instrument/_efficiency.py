@@ -4,6 +4,9 @@ The bucket comes from the category (:data:`EFFICIENCY_CATEGORY_BUCKET`), not fro
 any ``bucket_scope`` or an explicit ``rl.bucket``: the category names the phase measured, so
 a caller cannot make ``idle/refit_bubble`` productive. Categories in
 :data:`UNBUCKETED_SPAN_CATEGORIES` carry no bucket (they run concurrently with bucketed work).
+Categories in :data:`TIMER_ONLY_CATEGORIES` (``idle/validation``, ``idle/buffer_full_backoff``,
+``wasted/failed_trajectory``) emit no span at all, with one warning per category saying why:
+their seconds belong in ``rl.efficiency.seconds`` (``tee_metrics("efficiency", timers)``).
 
 Wrap a *wait*, never a phase that does instrumented work: a bucketed span must be a leaf.
 """
@@ -26,6 +29,7 @@ from nemo_telemetry.instrument._primitives import (
 )
 from nemo_telemetry.instrument.span_groups import (
     EFFICIENCY_CATEGORY_BUCKET,
+    TIMER_ONLY_CATEGORIES,
     UNBUCKETED_SPAN_CATEGORIES,
     RLSpanGroup,
 )
@@ -66,10 +70,30 @@ def _efficiency_attributes(category: str, attributes: dict[str, Any]) -> dict[st
     return stamp_iteration(attributes)
 
 
+_warned_timer_only: set[str] = set()
+
+
+def _timer_only(category: str) -> bool:
+    """Whether ``category`` is Timer-only; warns once per category per process when it is."""
+    reason = TIMER_ONLY_CATEGORIES.get(category)
+    if reason is None:
+        return False
+    if category not in _warned_timer_only:
+        _warned_timer_only.add(category)
+        _log.warning(
+            "efficiency_span(%r) emits no span: %r is Timer-only because %s. Its time stays in "
+            "rl.efficiency.seconds: tee the trainer's timer with tee_metrics('efficiency', {%r: seconds})",
+            category, category, reason, category)
+    return True
+
+
 def efficiency_span(category: str, name: str | None = None, *, tracer: trace_api.Tracer | None = None,
                     **attributes: Any):
-    """``with efficiency_span("idle/refit_bubble"):`` -- one span around one wait (None when disabled)."""
-    if EFFICIENCY_GROUP not in _gate.enabled:
+    """``with efficiency_span("idle/refit_bubble"):`` -- one span around one wait (None when disabled).
+
+    A Timer-only category (:data:`TIMER_ONLY_CATEGORIES`) yields None and emits nothing.
+    """
+    if EFFICIENCY_GROUP not in _gate.enabled or _timer_only(category):
         return NOOP_SPAN
     return LiveSpan(tracer or _gate.tracer, name or efficiency_span_name(category),
                     _efficiency_attributes(category, attributes))
@@ -132,9 +156,10 @@ def start_efficiency_span(category: str, name: str | None = None, *, tracer: tra
     """Open a hand-managed efficiency span for a poll loop; see :class:`EfficiencyWait`.
 
     Parented on the span current at the call, not made current itself. Returns the shared
-    :data:`NOOP_WAIT` (``poll``/``end`` do nothing) while the efficiency group is off.
+    :data:`NOOP_WAIT` (``poll``/``end`` do nothing) while the efficiency group is off, and for a
+    Timer-only category.
     """
-    if EFFICIENCY_GROUP not in _gate.enabled:
+    if EFFICIENCY_GROUP not in _gate.enabled or _timer_only(category):
         return NOOP_WAIT
     scope = LiveSpan(tracer or _gate.tracer, name or efficiency_span_name(category),
                      _efficiency_attributes(category, attributes))

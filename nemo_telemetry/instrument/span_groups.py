@@ -25,6 +25,7 @@ __all__ = [
     "EFFICIENCY_CATEGORY_BUCKET",
     "COLLECTOR_LOOP_CATEGORIES",
     "UNBUCKETED_SPAN_CATEGORIES",
+    "TIMER_ONLY_CATEGORIES",
     "register_span_groups",
 ]
 
@@ -98,6 +99,18 @@ class RLSpanGroup:
 
     ALL_GROUPS: ClassVar[frozenset[str]]
 
+    @classmethod
+    def resolve(cls, spec) -> frozenset[str]:
+        """Groups ``spec`` selects with this namespace's presets; unmatched names are dropped
+        (see :meth:`resolve_with_pending` to report them)."""
+        return REGISTRY.resolve(spec, namespace=NAMESPACE)
+
+    @classmethod
+    def resolve_with_pending(cls, spec) -> tuple[frozenset[str], frozenset[str]]:
+        """``(enabled, pending)`` for ``spec`` with this namespace's presets: pending names matched
+        nothing registered (in ``nemo_rl`` most likely a typo, which the driver reports)."""
+        return REGISTRY.resolve_with_pending(spec, namespace=NAMESPACE)
+
 
 def _group_values(*, umbrella: bool) -> frozenset[GroupName]:
     """Groups declared on RLSpanGroup, read off the class so none is forgotten in a list."""
@@ -138,6 +151,19 @@ COLLECTOR_LOOP_CATEGORIES: Final[frozenset[str]] = frozenset(
 )
 # init/total: the generation fleet's spans fill that window, so bucketing it would count it twice.
 UNBUCKETED_SPAN_CATEGORIES: Final[frozenset[str]] = COLLECTOR_LOOP_CATEGORIES | {"init/total"}
+# Categories measured by the trainer's Timer only, never as spans (seed 000): their seconds are
+# reported as rl.efficiency.seconds; category -> why a span would make goodput lie.
+TIMER_ONLY_CATEGORIES: Final[dict[str, str]] = {
+    "idle/validation": (
+        "the window it measures is already accounted as overhead: validation wraps its generation in "
+        "bucket_scope(Bucket.OVERHEAD), so an idle span over the same interval would count the pass twice"),
+    "idle/buffer_full_backoff": (
+        "it is thread-seconds: several batch-worker threads accumulate at once, so the total can exceed the "
+        "wall time it happened in"),
+    "wasted/failed_trajectory": (
+        "it is thread-seconds over batch-worker threads and covers the same window as the enclosing "
+        "rl.grpo.generation span, so a span would duplicate an existing interval"),
+}
 
 
 def register_span_groups(*, allow_override: bool = True) -> None:
