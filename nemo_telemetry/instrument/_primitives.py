@@ -9,8 +9,8 @@ context manager is built. An enabled site builds a small slotted object that sta
 Attribute rules, in order: the caller's ``rl.bucket`` wins, else the innermost ``bucket_scope``,
 else the group's declared default (an unregistered leaf group defaults to ``overhead``);
 umbrella groups and span names a group declares unbucketed get none. Inside ``iteration_scope``
-every span gets ``rl.iteration`` unless the caller passed one. Inside ``per_prompt_scope``
-gated spans belong to the ``per_prompt`` group.
+every span gets ``rl.iteration`` unless the caller passed one. ``per_prompt_scope`` changes
+nothing here: a span keeps its group and bucket inside it (only the data-plane client consults it).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ _log = logging.getLogger("nemo_telemetry")
 
 BUCKET_KEY = "rl.bucket"
 ITERATION_KEY = "rl.iteration"
-PER_PROMPT_GROUP = str(RLSpanGroup.PER_PROMPT)
 SETUP_GROUP = str(RLSpanGroup.SETUP)
 
 
@@ -179,8 +178,6 @@ def managed_span(group: str, name: str, *, tracer: trace_api.Tracer | None = Non
     ``span`` is the OpenTelemetry span, or None when the group is disabled (the body runs
     either way, so guard ``span.set_attribute`` with ``if span is not None``).
     """
-    if _scopes.per_prompt_used and _scopes.PER_PROMPT.get():
-        group = PER_PROMPT_GROUP
     if group not in _gate.enabled:
         return NOOP_SPAN
     return LiveSpan(tracer or _gate.tracer, name, leaf_attributes(group, name, attributes))
@@ -195,8 +192,6 @@ def umbrella_span(group: str, name: str, *, tracer: trace_api.Tracer | None = No
     Given a leaf group it warns once per span name and emits a leaf, so the phase keeps the
     bucket it actually has.
     """
-    if _scopes.per_prompt_used and _scopes.PER_PROMPT.get():
-        group = PER_PROMPT_GROUP
     if group not in _gate.enabled:
         return NOOP_SPAN
     if group_defaults(group)[0] is not None:

@@ -27,8 +27,8 @@ _log = logging.getLogger("nemo_telemetry")
 BUCKET: ContextVar[str | None] = ContextVar("nemo_telemetry_bucket_scope", default=None)
 ITERATION: ContextVar[int | None] = ContextVar("nemo_telemetry_iteration", default=None)
 PER_PROMPT: ContextVar[bool] = ContextVar("nemo_telemetry_per_prompt", default=False)
-# Becomes True the first time any per-prompt scope is entered; until then the primitives skip
-# the ContextVar read. Sticky, because a task created inside a scope can outlive it.
+# Becomes True the first time any per-prompt scope is entered; until then the data-plane client
+# skips the ContextVar read. Sticky, because a task created inside a scope can outlive it.
 per_prompt_used = False
 
 
@@ -84,10 +84,12 @@ def current_iteration() -> int | None:
 
 
 def per_prompt_scope() -> _VarScope:
-    """Move every gated span opened inside into the ``per_prompt`` group (gate and bucket).
+    """Mark a per-prompt region (the rollout path) for sites that cannot see their caller.
 
-    For sites that cannot see whether their caller is per-prompt (a shared data-plane client):
-    the rollout path marks its region, and those spans switch on and off with ``per_prompt``.
+    Only sites that consult :func:`in_per_prompt_scope` change inside it: the data-plane client
+    (:class:`~nemo_telemetry.instrument.DataPlaneClient`) gates its spans on ``per_prompt``
+    instead of ``data_plane`` and leaves them unbucketed, since rollouts overlap each other and
+    training. Every other span keeps its group and bucket (seed 000, "Per-prompt spans").
     """
     global per_prompt_used
     per_prompt_used = True

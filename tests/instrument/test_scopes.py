@@ -1,4 +1,4 @@
-"""iteration_scope, bucket_scope and per_prompt_scope: what they stamp and how far they reach."""
+"""iteration_scope and bucket_scope: what they stamp and how far they reach (per_prompt_scope: test_data_plane_client)."""
 
 from __future__ import annotations
 
@@ -85,54 +85,6 @@ def test_scopes_reach_coroutines_but_not_threads(exporter):
     assert thread_seen == [(None, None, False)]
     assert "rl.iteration" not in spans["in_thread"].attributes
     assert spans["in_thread"].attributes["rl.bucket"] == "productive"
-
-
-def test_per_prompt_scope_moves_spans_into_the_per_prompt_group(exporter):
-    set_enabled_span_groups([G.DATA_PLANE, G.PER_PROMPT, G.ROLLOUT])
-    with managed_span(G.DATA_PLANE, "rl.data_plane.put", **{"rl.data_plane.op": "put"}):
-        pass  # batch-shaped caller: data_plane, overhead
-    with per_prompt_scope():
-        assert in_per_prompt_scope()
-        with managed_span(G.DATA_PLANE, "rl.data_plane.put"):
-            pass
-        with umbrella_span(G.U_ROLLOUT, "rl.gym.run_rollouts"):
-            pass
-    assert not in_per_prompt_scope()
-    batch, rollout_put, gym = exporter.get_finished_spans()
-    assert batch.attributes["rl.bucket"] == "overhead"
-    assert "rl.bucket" not in rollout_put.attributes  # per_prompt is an umbrella
-    assert "rl.bucket" not in gym.attributes
-
-
-def test_per_prompt_scope_gates_on_per_prompt(exporter):
-    set_enabled_span_groups([G.DATA_PLANE])  # per_prompt off
-    with per_prompt_scope():
-        with managed_span(G.DATA_PLANE, "rl.data_plane.put") as span:
-            assert span is None
-    set_enabled_span_groups([G.PER_PROMPT])  # data_plane off, per_prompt on
-    with per_prompt_scope():
-        with managed_span(G.DATA_PLANE, "rl.data_plane.put") as span:
-            assert span is not None
-    with managed_span(G.DATA_PLANE, "rl.data_plane.put") as span:
-        assert span is None  # outside the scope the caller's own group decides again
-    assert len(exporter.get_finished_spans()) == 1
-
-
-def test_per_prompt_scope_reaches_tasks_created_inside_it(exporter):
-    set_enabled_span_groups([G.PER_PROMPT])
-
-    async def put():
-        await asyncio.sleep(0)
-        with managed_span(G.DATA_PLANE, "rl.data_plane.put"):
-            pass
-
-    async def main():
-        with per_prompt_scope():
-            task = asyncio.create_task(put())
-        await task  # runs after the scope exited, in the context it was created with
-
-    asyncio.run(main())
-    assert [s.name for s in exporter.get_finished_spans()] == ["rl.data_plane.put"]
 
 
 def test_efficiency_spans_keep_their_category_bucket_inside_a_bucket_scope(exporter):
