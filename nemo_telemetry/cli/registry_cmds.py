@@ -9,9 +9,12 @@ from rich.table import Table
 
 from nemo_telemetry.cli._common import EXIT_USAGE, console, fail, library_errors, print_json
 from nemo_telemetry.cli.app import app
-from nemo_telemetry.instrument import REGISTRY
+from nemo_telemetry.instrument import REGISTRY, TelemetryConfig
 
-_NAMESPACE_HELP = "Resolve presets of this namespace only (nemo_rl, nemo_gym, ...); default: every namespace."
+DRIVER_NAMESPACE = TelemetryConfig().namespace
+ALL_NAMESPACES = "all"
+_NAMESPACE_HELP = (f"Whose presets to use: nemo_rl, nemo_gym, ... (default: {DRIVER_NAMESPACE}, as the driver "
+                   f"resolves); '{ALL_NAMESPACES}': each preset is the union over every namespace.")
 
 
 @app.command()
@@ -20,18 +23,23 @@ def resolve(
     namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help=_NAMESPACE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print {spec, groups, pending} as JSON."),
 ) -> None:
-    """Show the groups a span_groups spec selects.
+    """Show the groups a span_groups spec selects: what the driver would enable.
 
     Example: nemo-telemetry resolve per_step,per_prompt --namespace nemo_rl
     """
+    chosen = DRIVER_NAMESPACE if namespace is None else namespace.strip().lower()
+    scope = None if chosen == ALL_NAMESPACES else chosen
+    if scope is not None and scope not in REGISTRY.namespaces():
+        raise fail(f"--namespace {namespace}: not a registered namespace; choose one of "
+                   f"{', '.join(REGISTRY.namespaces())} or {ALL_NAMESPACES}")
     with library_errors():
-        enabled, pending = REGISTRY.resolve_with_pending(spec, namespace=namespace)
+        enabled, pending = REGISTRY.resolve_with_pending(spec, namespace=scope)
     if as_json:
         print_json({"spec": spec, "groups": sorted(enabled), "pending": sorted(pending)})
     else:
-        console().print(_groups_table(f"span_groups: {spec}", sorted(enabled)))
+        console().print(_groups_table(f"span_groups: {spec} (namespace {chosen})", sorted(enabled)))
     if pending:
-        raise fail(REGISTRY.describe_pending(pending, namespace=namespace), EXIT_USAGE)
+        raise fail(REGISTRY.describe_pending(pending, namespace=scope), EXIT_USAGE)
 
 
 @app.command()

@@ -74,16 +74,23 @@ def init_telemetry_driver(config: TelemetryConfig | Mapping[str, Any] | str | os
     Call it before ``ray.init()``: the resolved ``NEMO_TELEMETRY_*`` (and ``OTEL_EXPORTER_OTLP_*``
     from the config, where the environment has none) variables and a fresh ``nemo.run.id`` are
     written to ``os.environ``, which Ray copies into every worker. Pending span-group names are
-    reported with a did-you-mean. The driver reports itself as rank 0 of 1. Never raises.
+    reported with a did-you-mean. The driver reports itself as rank 0 of 1.
+
+    Raises :class:`SpecError` (before anything is written) for a ``span_groups`` spec that would
+    not mean what it says: a subtraction (``per_step,-job``; the message lists the groups to write
+    instead), or an unknown name in a namespace that refuses them (``nemo_gym``). Nothing else
+    raises.
     """
     cfg = resolve_telemetry_config(config, environ=_raw_environment())
     if service_name:
         cfg = dataclasses.replace(cfg, service_name=service_name)
     if cfg.exporter == "dump":
         cfg = dataclasses.replace(cfg, dump_dir=os.path.abspath(cfg.dump_dir or DEFAULT_DUMP_DIR))
+    if cfg.enabled:
+        check_span_groups(cfg)
     _export_environment(cfg, algorithm)
     if cfg.enabled:
-        _report_pending(cfg)
+        warn_missing_otlp_endpoint(cfg)
     _start(cfg, rank=0, world_size=1, local_rank=0, default_service=f"{cfg.namespace}-driver")
     return cfg
 
@@ -120,14 +127,49 @@ def _export_environment(cfg: TelemetryConfig, algorithm: str | None) -> None:
         os.environ[env.OTEL_EXPORTER_OTLP_PROTOCOL] = cfg.otlp_protocol
 
 
-def _report_pending(cfg: TelemetryConfig) -> None:
-    try:
-        _, pending = REGISTRY.resolve_with_pending(cfg.span_groups, namespace=cfg.namespace)
-    except SpecError:
-        return  # _resolve_groups warns about it
+# Namespaces whose unknown span-group names are an error at driver init (seed 003: a typo would
+# otherwise look identical to telemetry being broken); elsewhere they are warned about.
+REFUSE_PENDING_NAMESPACES = frozenset({"nemo_gym"})
+
+
+def check_span_groups(cfg: TelemetryConfig) -> frozenset[str]:
+    """The groups the driver enables; raises :class:`SpecError` or warns about pending names.
+
+    A subtraction raises in every namespace; an unknown name raises in
+    :data:`REFUSE_PENDING_NAMESPACES` and is warned about (with "did you mean") elsewhere.
+    """
+    enabled, pending = REGISTRY.resolve_with_pending(cfg.span_groups, namespace=cfg.namespace)
     if pending:
-        _log.warning("telemetry.span_groups %r: %s", cfg.span_groups,
-                     REGISTRY.describe_pending(pending, namespace=cfg.namespace))
+        message = f"telemetry.span_groups {cfg.span_groups!r}: " + REGISTRY.describe_pending(
+            pending, namespace=cfg.namespace)
+        if cfg.namespace.strip().lower() in REFUSE_PENDING_NAMESPACES:
+            raise SpecError(message)
+        _log.warning("%s", message)
+    return enabled
+
+
+_warned_no_endpoint = False
+
+
+def warn_missing_otlp_endpoint(cfg: TelemetryConfig, environ: Mapping[str, str] | None = None) -> bool:
+    """Warn once per process when the ``otlp`` exporter has no endpoint configured; True if it warned.
+
+    The SDK would then send to its default (localhost:4318 or :4317) and, with no collector there,
+    print a connection error per export attempt for the rest of the run.
+    """
+    global _warned_no_endpoint
+    environ = os.environ if environ is None else environ
+    if cfg.exporter != "otlp" or _warned_no_endpoint:
+        return False
+    if environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT) or environ.get(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT):
+        return False
+    _warned_no_endpoint = True
+    _log.warning(
+        "telemetry exporter 'otlp' has no endpoint: neither %s nor %s is set (nor telemetry.otlp_endpoint), "
+        "so spans go to the OpenTelemetry default on localhost and fail to export if no collector listens there. "
+        "Set %s=http://<collector>:4318, or write files instead with exporter: dump (and dump_dir: DIR)",
+        env.OTEL_EXPORTER_OTLP_ENDPOINT, env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, env.OTEL_EXPORTER_OTLP_ENDPOINT)
+    return True
 
 
 # -- worker -----------------------------------------------------------------------------------
@@ -163,12 +205,9 @@ def _int_or(value: int | None, variable: str, default: int) -> int:
 def _resolve_groups(cfg: TelemetryConfig) -> frozenset[str]:
     try:
         return REGISTRY.resolve(cfg.span_groups, namespace=cfg.namespace)
-    except SpecError as exc:
-        _log.warning("telemetry.span_groups: %s. Using the groups without the subtracted names.", exc)
-        tokens = [t.strip().lower() for t in cfg.span_groups.split(",")]
-        removed = {t[1:] for t in tokens if t.startswith("-")}
-        kept = [t for t in tokens if t and not t.startswith("-")]
-        return REGISTRY.resolve(kept, namespace=cfg.namespace) - removed
+    except SpecError as exc:  # the driver refuses such a spec; a worker started by hand only warns
+        _log.warning("telemetry.span_groups: %s. No span group is enabled in this process.", exc)
+        return frozenset()
 
 
 def _start(cfg: TelemetryConfig, *, rank: int, world_size: int, local_rank: int, default_service: str) -> bool:

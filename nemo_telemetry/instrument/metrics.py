@@ -257,17 +257,32 @@ def _record(row: TeedMetric, value: Any, attributes: Mapping[str, Any] | None) -
 # -- recording --------------------------------------------------------------------------------
 
 
-def record_metrics(values: Mapping[str, Any], *, attributes: Mapping[str, Any] | None = None) -> int:
+_NOT_GIVEN: Any = object()
+
+
+def record_metrics(values: Any, group: Any = _NOT_GIVEN, series: Any = _NOT_GIVEN, *,
+                   attributes: Mapping[str, Any] | None = None) -> int:
     """Record ``{series name: value}`` for registered series; None values are skipped. Never raises.
 
+    Two forms: ``record_metrics(values)`` and, for code ported from NeMo-RL,
+    ``record_metrics(meter, group, values)``: ``meter`` is the one ``get_telemetry_handle().meter``
+    gives (series are recorded with nemo-telemetry's meter either way) and ``group`` the registry
+    the rows are declared in (a :class:`MetricRegistry`; anything else means :data:`METRICS`).
     Returns how many values were recorded. An unregistered name is warned about once.
     """
+    registry = METRICS
+    if group is not _NOT_GIVEN or series is not _NOT_GIVEN:
+        if series is _NOT_GIVEN:
+            _warn_once("form", "record_metrics takes (values) or (meter, group, values); nothing recorded")
+            return 0
+        registry = group if isinstance(group, MetricRegistry) else METRICS
+        values = series
     recorded = 0
     try:
         for name, value in values.items():
             if value is None:
                 continue
-            row = METRICS.row(name)
+            row = registry.row(name)
             if row is None:
                 _warn_once(f"unknown:{name}", "record_metrics: %r is not a registered series "
                            "(declare it with register_teed_metrics); skipped", name)

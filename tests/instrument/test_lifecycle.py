@@ -81,13 +81,6 @@ def test_pending_span_group_names_are_reported_with_did_you_mean(tmp_path, caplo
     assert enabled_span_groups() == resolve("per_step")  # the run goes on with what resolved
 
 
-def test_subtraction_spec_warns_and_the_run_goes_on(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="nemo_telemetry"):
-        init_telemetry_driver(_dump_config(tmp_path, span_groups="per_step,-job"))
-    assert "no subtraction syntax" in caplog.text
-    assert enabled_span_groups() == resolve("per_step") - {"job"}
-
-
 def test_disabled_config_emits_nothing(tmp_path):
     cfg = init_telemetry_driver({"enabled": False, "exporter": "dump", "dump_dir": str(tmp_path)})
     assert not cfg.enabled and os.environ[env.NEMO_TELEMETRY_ENABLED] == "0"
