@@ -18,6 +18,7 @@ from nemo_telemetry.instrument.span_groups import (
     UNBUCKETED_SPAN_CATEGORIES,
     RLSpanGroup,
 )
+from nemo_telemetry.instrument.span_groups import TIMER_ONLY_CATEGORIES
 from nemo_telemetry.instrument._checkpoint import CheckpointFinalize, begin_checkpoint_finalize, checkpoint_span
 from nemo_telemetry.instrument._config import TelemetryConfig, load_telemetry_config, resolve_telemetry_config
 from nemo_telemetry.instrument._dump import DumpSpanExporter
@@ -85,6 +86,9 @@ from nemo_telemetry.instrument.propagation import (
     run_with_carrier,
     trace_context_kwargs,
 )
+from nemo_telemetry.instrument._handle import TelemetryHandle, get_telemetry_handle
+from nemo_telemetry.instrument.data_plane import DATA_PLANE_OPS, TracedDataPlaneClient
+from nemo_telemetry.instrument.startup import CLUSTER_SOURCES, traced_ray_init, traced_worker_init
 from nemo_telemetry.instrument.ray_actors import (
     TelemetryFlushMixin,
     accepts_trace_context,
@@ -122,6 +126,7 @@ __all__ = [
     "EFFICIENCY_CATEGORY_BUCKET",
     "COLLECTOR_LOOP_CATEGORIES",
     "UNBUCKETED_SPAN_CATEGORIES",
+    "TIMER_ONLY_CATEGORIES",
     "resolve",
     "resolve_with_pending",
     "register_span_groups",
@@ -167,7 +172,15 @@ __all__ = [
     "flush_telemetry",
     "shutdown_telemetry",
     "current_telemetry_config",
+    "get_telemetry_handle",
+    "TelemetryHandle",
     "DumpSpanExporter",
+    # startup helpers and the data-plane client
+    "traced_ray_init",
+    "CLUSTER_SOURCES",
+    "traced_worker_init",
+    "TracedDataPlaneClient",
+    "DATA_PLANE_OPS",
     # trace context across threads, Ray actors and HTTP
     "TRACE_CARRIER_KWARG",
     "current_trace_carrier",

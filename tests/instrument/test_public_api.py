@@ -13,6 +13,9 @@ PINNED = {
     "init_telemetry_driver", "init_telemetry_worker", "flush_telemetry", "shutdown_telemetry",
     "DumpSpanExporter",
 }
+# issue 19, names porting users reach for and the helpers the seeds describe
+PINNED |= {"get_telemetry_handle", "TelemetryHandle", "TIMER_ONLY_CATEGORIES", "TracedDataPlaneClient",
+           "DATA_PLANE_OPS", "traced_ray_init", "CLUSTER_SOURCES", "traced_worker_init"}
 
 
 def test_pinned_names_are_public():
@@ -23,3 +26,10 @@ def test_every_public_name_resolves_and_is_listed_once():
     assert len(instrument.__all__) == len(set(instrument.__all__))
     for name in instrument.__all__:
         assert getattr(instrument, name) is not None, name
+
+
+def test_rl_span_group_resolves_with_the_nemo_rl_presets():
+    assert instrument.RLSpanGroup.resolve("default") == instrument.resolve("default", namespace="nemo_rl")
+    enabled, pending = instrument.RLSpanGroup.resolve_with_pending("per_step,genration")
+    assert "generation" in enabled and "server" not in enabled
+    assert pending == frozenset({"genration"})
