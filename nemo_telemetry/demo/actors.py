@@ -1,8 +1,8 @@
 """The demo's Ray actors: policy workers, a generation worker and the async trajectory collector.
 
 Each is a plain class (``ray.remote`` is applied by the trainer), instrumented the way a real
-worker is: ``init_telemetry_worker`` with an explicit rank in ``__init__``, the model load as a
-``model_init`` umbrella, per-call methods decorated with ``@accepts_trace_context`` and called
+worker is: ``init_telemetry_worker`` with an explicit rank in ``__init__``, the model load inside
+``traced_worker_init`` (``rl.<role>.load_model``, ``model_init``), per-call methods decorated with ``@accepts_trace_context`` and called
 through ``dispatch_with_trace_context``, and a ``flush_telemetry`` method (from
 ``TelemetryFlushMixin``) the driver calls before ``ray.kill``.
 
@@ -24,17 +24,17 @@ from nemo_telemetry.instrument import (
     RLSpanGroup,
     TelemetryFlushMixin,
     TraceCarrierThread,
+    TracedDataPlaneClient,
     accepts_trace_context,
     dispatch_with_trace_context,
     efficiency_span,
     init_telemetry_worker,
-    managed_span,
     per_prompt_scope,
-    remote_trace_context,
     span_cm,
+    traced_worker_init,
     umbrella_span,
 )
-from nemo_telemetry.demo.workload import PhaseTimes, Rollout, sample_responses
+from nemo_telemetry.demo.workload import PhaseTimes, ReplayBuffer, Rollout, sample_responses
 
 __all__ = ["PolicyWorker", "GenerationWorker", "TrajectoryCollector", "SERVICE_NAMES"]
 
@@ -46,10 +46,9 @@ SERVICE_NAMES = {
 }
 
 
-def _load_model(name: str, seconds: float, carrier: dict[str, str] | None) -> None:
-    with remote_trace_context(carrier):
-        with umbrella_span(RLSpanGroup.U_MODEL_INIT, name, **{"rl.backend": "demo"}):
-            time.sleep(seconds)
+def _load_model(role: str, seconds: float, carrier: dict[str, str] | None) -> None:
+    with traced_worker_init(role, backend="demo", trace_carrier=carrier):
+        time.sleep(seconds)
 
 
 class PolicyWorker(TelemetryFlushMixin):
@@ -61,7 +60,7 @@ class PolicyWorker(TelemetryFlushMixin):
         self.rank = rank
         self.times = times
         self.updates = 0
-        _load_model("rl.policy.load_model", times["load_model"], trace_carrier)
+        _load_model("policy", times["load_model"], trace_carrier)
 
     def ready(self) -> int:
         return self.rank
@@ -73,11 +72,12 @@ class PolicyWorker(TelemetryFlushMixin):
             return [-0.01 * sum(r.responses[0][:4]) / 4 for r in rollouts]
 
     @accepts_trace_context
-    def train(self, batch: dict[str, Any]) -> float:
-        with span_cm("rl.policy.train", **{"rl.num_prompt_groups": len(batch["advantages"])}):
+    def train(self, batch: list[list[float]]) -> float:
+        """One optimizer step over the batch the driver put: each prompt group's advantages."""
+        with span_cm("rl.policy.train", **{"rl.num_prompt_groups": len(batch)}):
             time.sleep(self.times["train"])
             self.updates += 1
-            advantages = [a for group in batch["advantages"] for a in group]
+            advantages = [a for group in batch for a in group]
             return sum(a * a for a in advantages) / max(1, len(advantages))
 
     @accepts_trace_context
@@ -100,7 +100,7 @@ class GenerationWorker(TelemetryFlushMixin):
         self.seed = seed
         self.times = times
         self.weight_version = 0
-        _load_model("rl.vllm.load_model", times["load_model"], trace_carrier)
+        _load_model("vllm", times["load_model"], trace_carrier)
 
     def ready(self) -> int:
         return self.weight_version
@@ -134,6 +134,7 @@ class TrajectoryCollector(TelemetryFlushMixin):
                  times: PhaseTimes, buffer_limit: int = 1, trace_carrier: dict[str, str] | None = None) -> None:
         init_telemetry_worker(rank=0, world_size=1, service_name=SERVICE_NAMES["collector"])
         self._carrier = dict(trace_carrier or {})
+        self._replay = TracedDataPlaneClient(ReplayBuffer())
         self._generation = generation_worker
         self._prompts_per_batch = prompts_per_batch
         self._num_generations = num_generations
@@ -249,12 +250,9 @@ class TrajectoryCollector(TelemetryFlushMixin):
 
     def _push(self, rollouts: list[Rollout], weight_version: int) -> None:
         """Commit one prompt group at a time, as a replay buffer does: a per-prompt data-plane op."""
-        committed: list[Rollout] = []
-        with per_prompt_scope():
+        with per_prompt_scope():  # the client gates these puts on per_prompt, unbucketed
             for rollout in rollouts:
-                with managed_span(RLSpanGroup.DATA_PLANE, "rl.data_plane.put",
-                                  **{"rl.data_plane.op": "put", "rl.data_plane.keys": len(rollout.responses)}):
-                    committed.append(rollout)
+                self._replay.put([rollout], partition="rollout")
         with self._cond:
-            self._buffer.append({"rollouts": committed, "weight_version": weight_version})
+            self._buffer.append({"rollouts": self._replay.inner.take(), "weight_version": weight_version})
             self._cond.notify_all()

@@ -30,10 +30,11 @@ from typing import Any, Iterator
 
 from nemo_telemetry.demo.actors import GenerationWorker, PolicyWorker, TrajectoryCollector
 from nemo_telemetry.demo.reward_server import RewardServer
-from nemo_telemetry.demo.workload import PhaseTimes, Rollout, group_advantages
+from nemo_telemetry.demo.workload import ObjectStoreQueue, PhaseTimes, Rollout, group_advantages
 from nemo_telemetry.instrument import (
     Bucket,
     RLSpanGroup,
+    TracedDataPlaneClient,
     begin_checkpoint_finalize,
     bucket_scope,
     checkpoint_span,
@@ -49,6 +50,7 @@ from nemo_telemetry.instrument import (
     start_efficiency_span,
     startup_span,
     tee_metrics,
+    traced_ray_init,
     umbrella_span,
     umbrella_trace_fn,
 )
@@ -94,10 +96,7 @@ def train(settings: DemoSettings) -> TrainSummary:
     """Set up Ray, the reward server and the workers, validate, run the steps, tear down."""
     with contextlib.ExitStack() as teardown:
         with startup_span():
-            with setup_span("ray_init") as span:
-                source = teardown.enter_context(ray_session())
-                if span is not None:
-                    span.set_attribute("rl.ray.cluster_source", source)
+            source = teardown.enter_context(ray_session())
             with setup_span("reward_server"):
                 reward_url = teardown.enter_context(RewardServer(verify_s=settings.times["verify"]))
                 instrument_aiohttp_client(namespace="nemo_rl")
@@ -117,26 +116,20 @@ def train(settings: DemoSettings) -> TrainSummary:
 
 @contextlib.contextmanager
 def ray_session() -> Iterator[str]:
-    """Join the Ray cluster this process already has, the one ``RAY_ADDRESS`` names, or start one.
+    """Join the Ray cluster this process already has, the one ``RAY_ADDRESS`` names, or start one,
+    inside ``rl.setup.ray_init`` (:func:`traced_ray_init`).
 
     Yields ``rl.ray.cluster_source``; a cluster started here is shut down on exit.
     """
     import ray
 
-    if ray.is_initialized():
-        yield "reused_local"
-        return
     quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], **quiet)
-        source = "attached_external"
-    else:
-        ray.init(num_cpus=2, object_store_memory=256 * 1024**2, **quiet)  # a demo needs little
-        source = "started_local"
+    source = traced_ray_init(local_options={"num_cpus": 2, "object_store_memory": 256 * 1024**2}, **quiet)
     try:
         yield source
     finally:
-        ray.shutdown()
+        if source != "reused_local":  # disconnect from what this call started or joined
+            ray.shutdown()
 
 
 def actor_options(cluster_source: str) -> dict[str, Any]:
@@ -197,6 +190,7 @@ class _Loop:
         self.fleet = fleet
         self.reward_url = reward_url
         self.finalizers: list[threading.Thread] = []
+        self.data_plane = TracedDataPlaneClient(ObjectStoreQueue())
         self.checkpoints: list[str] = []
         self._first: dict[str, Any] | None = None  # async: the batch the initial fill waited for
         self._waits: dict[str, float] = {"idle/buffer_starvation": 0.0, "idle/refit_bubble": 0.0}
@@ -320,9 +314,7 @@ class _Loop:
         with managed_span(RLSpanGroup.ADVANTAGE, "rl.grpo.advantage_calculation"):
             advantages = [group_advantages(r) for r in rewards]
             time.sleep(self.times["advantage"])
-        with managed_span(RLSpanGroup.DATA_PLANE, "rl.data_plane.put",
-                          **{"rl.data_plane.op": "put", "rl.data_plane.keys": len(advantages)}):
-            batch_ref = ray.put({"advantages": advantages})
+        batch_ref = self.data_plane.put(advantages, partition="train")  # rl.data_plane.put
         with managed_span(RLSpanGroup.POLICY_UPDATE, "rl.grpo.policy_training"):
             ray.get([dispatch_with_trace_context(w.train, batch_ref) for w in policy])
 

@@ -12,7 +12,7 @@ import math
 import random
 from dataclasses import dataclass
 
-__all__ = ["PhaseTimes", "Rollout", "sample_responses", "group_advantages"]
+__all__ = ["PhaseTimes", "Rollout", "sample_responses", "group_advantages", "ObjectStoreQueue", "ReplayBuffer"]
 
 
 @dataclass(frozen=True)
@@ -68,3 +68,28 @@ def group_advantages(rewards: list[float]) -> list[float]:
     mean = sum(rewards) / len(rewards)
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
     return [(r - mean) / (std + 1e-6) for r in rewards]
+
+
+class ObjectStoreQueue:
+    """The demo's transfer queue on the driver: a put stores the samples in Ray's object store
+    and returns the reference the training workers read them from."""
+
+    def put(self, samples: list, partition: str = "train"):
+        import ray
+
+        return ray.put(samples)
+
+
+class ReplayBuffer:
+    """The collector's transfer queue: each put commits prompt groups; ``take`` empties it."""
+
+    def __init__(self) -> None:
+        self._committed: list = []
+
+    def put(self, samples: list, partition: str = "rollout") -> int:
+        self._committed.extend(samples)
+        return len(samples)
+
+    def take(self) -> list:
+        committed, self._committed = self._committed, []
+        return committed

@@ -30,14 +30,17 @@ CLUSTER_SOURCES = ("attached_external", "reused_local", "started_local")
 _MODEL_INIT = str(RLSpanGroup.MODEL_INIT)
 
 
-def traced_ray_init(address: str | None = None, **init_kwargs: Any) -> str:
+def traced_ray_init(address: str | None = None, *, local_options: Mapping[str, Any] | None = None,
+                    **init_kwargs: Any) -> str:
     """Start or join Ray inside ``rl.setup.ray_init``; returns the ``rl.ray.cluster_source`` it set.
 
     Already connected in this process: nothing is started (``reused_local``). ``address`` or
-    ``RAY_ADDRESS`` given: ``ray.init(address=...)`` joins that cluster (``attached_external``).
-    Otherwise ``ray.init(**init_kwargs)`` (``started_local``; Ray may join a cluster it finds
-    recorded in its temp dir, which reads as started here). A failing ``ray.init`` raises, recorded
-    on the span. Call it inside ``startup_span()`` so the phase sits in the startup waterfall.
+    ``RAY_ADDRESS`` given: ``ray.init(address=..., **init_kwargs)`` joins that cluster
+    (``attached_external``). Otherwise ``ray.init(**init_kwargs, **local_options)``
+    (``started_local``; ``local_options`` such as ``num_cpus`` only apply here, since Ray refuses
+    them when joining a cluster). Ray may join a cluster it finds recorded in its temp dir, which
+    then reads as started here. A failing ``ray.init`` raises, recorded on the span. Call it
+    inside ``startup_span()`` so the phase sits in the startup waterfall.
     """
     with setup_span("ray_init") as span:
         import ray
@@ -50,7 +53,7 @@ def traced_ray_init(address: str | None = None, **init_kwargs: Any) -> str:
                 ray.init(address=target, **init_kwargs)
                 source = "attached_external"
             else:
-                ray.init(**init_kwargs)
+                ray.init(**init_kwargs, **dict(local_options or {}))
                 source = "started_local"
         if span is not None:
             span.set_attribute(CLUSTER_SOURCE_KEY, source)

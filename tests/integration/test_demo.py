@@ -214,3 +214,18 @@ def test_cli_refuses_an_out_directory_it_did_not_make(tmp_path):
     result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "not empty" in result.output
     assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_startup_helpers_and_the_data_plane_client_shape_the_demos_spans(sync_run):
+    spans = spans_frame(sync_run)
+    ray_init = _one(spans, "rl.setup.ray_init")
+    assert ray_init["attributes"]["rl.ray.cluster_source"] == "reused_local"  # the session's cluster
+    assert _parent_of(spans, ray_init)["name"] == "rl.startup"
+    loads = spans[spans["name"].isin(["rl.policy.load_model", "rl.vllm.load_model"])]
+    assert len(loads) == 3 and {a["rl.backend"] for a in loads["attributes"]} == {"demo"}
+    assert loads["rl.bucket"].isna().all()
+    puts = spans[spans["name"] == "rl.data_plane.put"]
+    assert len(puts) == STEPS and set(puts["rl.bucket"]) == {"overhead"}
+    for attributes in puts["attributes"]:
+        assert attributes["rl.data_plane.op"] == "put" and attributes["rl.data_plane.partition"] == "train"
+        assert attributes["rl.data_plane.keys"] == "4" and attributes["rl.data_plane.status"] == "ok"
