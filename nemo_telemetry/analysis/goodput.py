@@ -284,12 +284,22 @@ def _outliers(frame: pd.DataFrame) -> tuple[StepOutlier, ...]:
 
 
 def _ranks_table(analysis: _Analysis, run_code: int, run_name: str | None) -> pa.Table:
-    """Per (service, rank) of the run: its bucketed spans' sums and coverage over all the run's steps."""
+    """Per (service, rank) of the run: its bucketed spans' sums and coverage over all the run's steps.
+
+    Every (service, rank) with a span in the run has a row, sorted by service name then rank, so a
+    worker whose spans carry no bucket shows as zeros rather than missing.
+    """
     arrays, steps = analysis.arrays, analysis.steps
     pick = (analysis.bucketed_step >= 0) & (arrays.run[analysis.bucketed] == run_code)
     rows, step = analysis.bucketed[pick], analysis.bucketed_step[pick]
-    who = pd.DataFrame({"service": arrays.service[rows], "rank": np.where(arrays.has_rank[rows], arrays.rank[rows], -1)})
-    who_code, who_values = pd.MultiIndex.from_frame(who).factorize()
+    in_run = np.flatnonzero((arrays.run == run_code) & analysis.keep)
+    everyone = pd.DataFrame({"service": arrays.service[in_run],
+                             "rank": np.where(arrays.has_rank[in_run], arrays.rank[in_run], -1)}).drop_duplicates()
+    names = np.array([*arrays.services, ""], dtype=object)  # code -1 (no service) sorts first, as ""
+    everyone = everyone.assign(name=names[everyone["service"].to_numpy()]).sort_values(["name", "rank"])
+    who_values = pd.MultiIndex.from_frame(everyone[["service", "rank"]])
+    who_code = who_values.get_indexer(pd.MultiIndex.from_arrays(
+        [arrays.service[rows], np.where(arrays.has_rank[rows], arrays.rank[rows], -1)]))
     n_who, n_steps = len(who_values), len(steps)
     group = step * n_who + who_code
     start, end = arrays.start[rows], arrays.end[rows]

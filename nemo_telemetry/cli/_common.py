@@ -18,9 +18,9 @@ EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 
 
-def console(*, stderr: bool = False) -> Console:
-    """A console for one command; stdout unless told otherwise."""
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+def console(*, stderr: bool = False, width: int | None = None) -> Console:
+    """A console for one command; stdout unless told otherwise; the terminal's width unless given."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
 def print_json(payload: Any) -> None:

@@ -14,6 +14,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Click's own help layout: Typer's rich panels show flags as "<bool>" as if they took a value
+    # and cut long option names (--unattributed-threshold) to fit their first column.
+    rich_markup_mode=None,
 )
 
 # Command modules register themselves on `app` when imported; keep this list sorted.

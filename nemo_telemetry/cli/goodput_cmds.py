@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 from rich import box
 from rich.console import Group
+from rich.measure import Measurement
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
@@ -70,9 +71,25 @@ def goodput_command(
         if not runs:
             out.print(f"no step spans and no bucketed spans in {source}")
         for item in runs:
-            out.print(render_run(item, base, bar_width=bar_width_for(out.width)))
+            rendered = render_run(item, base, bar_width=bar_width_for(out.width))
+            if by == "rank":  # a row per process keeps every service name whole, even past the terminal's width
+                needed = _natural_width(out, rendered)
+                (console(width=needed) if needed > out.width else out).print(rendered)
+            else:
+                out.print(rendered)
     if plot is not None:
         console(stderr=output != "table").print(f"wrote {plot}")
+
+
+def _natural_width(out, renderable) -> int:
+    """The width ``renderable`` takes when nothing has to be shortened."""
+    return Measurement.get(out, out.options.update(width=10_000), renderable).maximum
+
+
+NO_STEPS_NOTE = (
+    "no step spans in run {run}: per-step goodput needs rl.<algo>.step spans, which the 'step' group "
+    "emits. Enable it with span_groups: per_step (the preset with step and the leaf groups inside it), or "
+    "add step to the spec; the bucketed spans found are summed below as outside any step.")
 
 
 def _write_csv(runs: tuple[RunGoodput, ...], by: str) -> None:
@@ -122,15 +139,20 @@ _HEADERS = {"productive": "prod", "overhead": "ovhd", "idle": "idle", "wasted": 
 
 
 def render_run(run: RunGoodput, baseline: tuple[RunGoodput, ...] = (), *, bar_width: int = BAR_WIDTH) -> Group:
-    """The run's table (a row per step or per rank, and the total), then what fell outside the steps."""
+    """The run's table (a row per step or per rank, and the total), then what fell outside the steps.
+
+    A run without step spans gets, instead of an empty table, the reason and the group to enable.
+    """
+    if run.steps.num_rows == 0:
+        return Group(Text(NO_STEPS_NOTE.format(run=run.run_id), style="yellow"), *_run_notes(run, baseline))
     rows = (run.ranks if run.ranks is not None else run.steps).to_pylist()
     table = Table(title=f"run {run.run_id}: goodput per {'rank' if run.ranks is not None else 'step'} (seconds)",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
     first = ("process",) if run.ranks is not None else ("step",)
-    # numbers never wrap or shrink; a long service name folds instead
+    # numbers never wrap or shrink; with --by rank the table is printed as wide as its longest service name
     for name in (*first, "wall", *BUCKETS, "unattr", "double", "goodput"):  # seconds, then a ratio
         table.add_column(_HEADERS.get(name, name), justify="right", style=BUCKET_STYLES.get(name),
-                         no_wrap=name != "process", min_width=5 if name == "step" else 8 if name == "process" else 7)
+                         no_wrap=True, min_width=5 if name == "step" else 8 if name == "process" else 7)
     if run.ranks is None:
         table.add_column("", no_wrap=True, overflow="crop")
     longest = max([r["wall_s"] for r in rows] or [0.0])
