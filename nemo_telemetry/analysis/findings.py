@@ -23,6 +23,8 @@ Decisions where the design leaves room:
   are all startup or model-load spans (``setup`` / ``model_init`` groups) is separate by design.
 - ``bucketed-overlap`` and ``bucket-exceeds-wall`` look inside steps only; bucketed time
   outside steps is summed in ``outside_steps`` and not checked for overlap.
+- ``bucketed-overlap`` is ``info`` for a step whose spans overlap each other by at most the
+  overlap tolerance (default 1 ms: clock granularity), ``error`` once any two overlap by more.
 - ``missing-group-spans`` is ``info`` where seed 000 lists a known coverage gap for the group
   (or the run's algorithm never opens it), ``warning`` otherwise; never ``error``.
 """
@@ -54,13 +56,16 @@ from nemo_telemetry.analysis._arrays import (
     resource_pairs,
     sort_index,
 )
+from nemo_telemetry.analysis.intervals import merge_intervals
 from nemo_telemetry.analysis.tree import with_id_keys
 from nemo_telemetry.analysis.goodput import JOB_SPAN_REGEX, STEP_SPAN_REGEX, _Analysis, analyse, run_filter
 from nemo_telemetry.analysis.goodput import _outliers as step_outliers
+from nemo_telemetry.errors import NemoTelemetryError
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 
-__all__ = ["FINDING_CODES", "SEVERITIES", "Finding", "CheckReport", "check_run", "SPAN_GROUPS_ATTRIBUTE"]
+__all__ = ["FINDING_CODES", "SEVERITIES", "Finding", "CheckReport", "check_run", "SPAN_GROUPS_ATTRIBUTE",
+           "DEFAULT_OVERLAP_TOLERANCE_S", "overlap_tolerance_ns", "report"]
 
 SEVERITIES = ("error", "warning", "info")
 FINDING_CODES: dict[str, str] = {  # code -> severity (missing-group-spans is info for a known gap)
@@ -78,6 +83,9 @@ FINDING_CODES: dict[str, str] = {  # code -> severity (missing-group-spans is in
     "step-time-outlier": "info",
 }
 SPAN_GROUPS_ATTRIBUTE = "nemo.telemetry.span_groups"
+# Overlaps of bucketed spans up to this long are clock granularity (the OpenTelemetry JS SDK records
+# start times in whole milliseconds), reported at info severity.
+DEFAULT_OVERLAP_TOLERANCE_S = 0.001
 
 # Groups whose root spans are separate traces by design (seed 000: startup closes before the job
 # opens; worker __init__ spans are opened before any call carries context).
@@ -410,15 +418,34 @@ def _unattributed(ctx: _Context, threshold: float) -> tuple[int, list[Finding]]:
     return len(idx), out
 
 
-def _overlaps(ctx: _Context) -> tuple[int, list[Finding]]:
+def _deep_steps(ctx: _Context, tolerance_ns: int) -> np.ndarray:
+    """Steps where two bucketed spans overlap by more than ``tolerance_ns`` (sorted step indices).
+
+    Shortening every interval by the tolerance keeps exactly the pairs that overlap by more than
+    it; an interval no longer than the tolerance cannot, and is left out.
+    """
+    an = ctx.analysis
+    inside = an.bucketed_step >= 0
+    rows, step = an.bucketed[inside], an.bucketed_step[inside]
+    start, end = ctx.arrays.start[rows], ctx.arrays.end[rows]
+    longer = (end - start) > tolerance_ns
+    deep = merge_intervals(start[longer], end[longer] - tolerance_ns, step[longer])
+    return np.unique(deep.group[deep.members > 1])
+
+
+def _overlaps(ctx: _Context, tolerance_ns: int = 0) -> tuple[dict[str, int], list[Finding]]:
+    """``bucketed-overlap`` per step: an error where two spans overlap by more than the tolerance,
+    info where every overlap is within it (clock granularity: an SDK recording whole milliseconds)."""
     an = ctx.analysis
     merged = an.merged
     if len(merged) == 0:
-        return 0, []
+        return {"error": 0, "info": 0}, []
     inside = an.bucketed[an.bucketed_step >= 0]
     crowded = np.flatnonzero(merged.members > 1)
     rows = inside[np.isin(merged.cluster_of, crowded)]
     step_of = merged.group[merged.cluster_of[np.isin(merged.cluster_of, crowded)]]
+    deep = _deep_steps(ctx, tolerance_ns)
+    deep_set = {int(d) for d in deep}
     count, groups = _groups(np.arange(len(rows)), step_of)
     out = []
     t = an.table
@@ -427,12 +454,20 @@ def _overlaps(ctx: _Context) -> tuple[int, list[Finding]]:
         names = sorted({ctx.name(c) for c in ctx.arrays.name[members[:50]]})
         _, more = ctx.ids(members)
         row = t.iloc[int(step)]
-        out.append(ctx.finding("bucketed-overlap", (
-            f"step {int(row['iteration'])}: {len(members)} bucketed spans ({', '.join(names)}) overlap in time{more}, "
-            f"so {row['double_counted_s']:.3f} s is counted twice (double_counted_s): bucket one enclosing leaf "
-            "instead, or make the concurrent spans umbrellas"), members, int(an.steps.run[int(step)]),
-            iteration=int(row["iteration"])))
-    return count, out
+        if int(step) in deep_set:
+            message = (f"step {int(row['iteration'])}: {len(members)} bucketed spans ({', '.join(names)}) overlap in "
+                       f"time{more}, so {row['double_counted_s']:.3f} s is counted twice (double_counted_s): bucket one "
+                       "enclosing leaf instead, or make the concurrent spans umbrellas")
+            severity = "error"
+        else:
+            message = (f"step {int(row['iteration'])}: {len(members)} bucketed spans ({', '.join(names)}) overlap{more}, "
+                       f"each by at most the {tolerance_ns / 1e6:g} ms overlap tolerance: clock granularity (an SDK "
+                       f"that records whole milliseconds), not double counting; double_counted_s still counts its "
+                       f"{row['double_counted_s']:.6f} s. Raise --overlap-tolerance only for a coarser clock")
+            severity = "info"
+        out.append(ctx.finding("bucketed-overlap", message, members, int(an.steps.run[int(step)]),
+                               iteration=int(row["iteration"]), severity=severity))
+    return {"error": len(deep), "info": count - len(deep)}, out
 
 
 def _outliers(ctx: _Context) -> tuple[int, list[Finding]]:
@@ -510,14 +545,18 @@ def check_run(
     *,
     run_id: str | None = None,
     unattributed_threshold: float = 0.2,
+    overlap_tolerance_s: float = DEFAULT_OVERLAP_TOLERANCE_S,
     max_span_ids: int = 10,
     max_findings_per_code: int = 100,
 ) -> CheckReport:
     """Every finding over ``spans`` (one run, or all runs), errors first.
 
     ``unattributed_threshold`` is the share of a step's wall that may be under no bucketed span
-    before ``unattributed-step-time`` fires.
+    before ``unattributed-step-time`` fires. Bucketed spans that overlap by at most
+    ``overlap_tolerance_s`` (clock granularity) give a ``bucketed-overlap`` at info severity, not
+    an error; ``double_counted_s`` counts them either way.
     """
+    tolerance_ns = overlap_tolerance_ns(overlap_tolerance_s)
     # The id-key index and the orphan test are sorts and gathers, which numpy runs without the
     # GIL: two workers build the mixed keys, then sort the span index and the parent references
     # side by side, then run the orphan test; this thread decodes, analyses and writes the
@@ -535,15 +574,16 @@ def check_run(
             presence = pool.submit(_group_presence, arrays, run_filter(arrays, run_id))
             arrays.adopt_index(index.result())
             return _check(table, arrays, orphans, presence, run_id=run_id,
-                          unattributed_threshold=unattributed_threshold, max_span_ids=max_span_ids,
-                          max_findings_per_code=max_findings_per_code)
+                          unattributed_threshold=unattributed_threshold, tolerance_ns=tolerance_ns,
+                          max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
         finally:
             for pending in (parents, orphans):  # a bad run_id: do not wait for a test no one reads
                 pending.cancel()
 
 
 def _check(table: pa.Table, arrays: SpanArrays, orphans: Future, presence: Future, *, run_id: str | None,
-           unattributed_threshold: float, max_span_ids: int, max_findings_per_code: int) -> CheckReport:
+           unattributed_threshold: float, tolerance_ns: int, max_span_ids: int,
+           max_findings_per_code: int) -> CheckReport:
     analysis = analyse(table, run_id=run_id, ancestors=True, arrays=arrays)
     iteration = np.where(analysis.arrays.has_iteration, analysis.arrays.iteration, -1)
     iteration[analysis.walked] = np.where(analysis.walked_stamped, analysis.walked_iteration, -1)
@@ -554,7 +594,7 @@ def _check(table: pa.Table, arrays: SpanArrays, orphans: Future, presence: Futur
         "unknown-bucket": lambda: _unknown_bucket(ctx),
         "umbrella-bucket": lambda: _umbrella_bucket(ctx),
         "nested-bucket": lambda: _nested_bucket(ctx),
-        "bucketed-overlap": lambda: _overlaps(ctx),
+        "bucketed-overlap": lambda: _overlaps(ctx, tolerance_ns),
         "bucket-exceeds-wall": lambda: _steps_over_wall(ctx),
         "unstamped-span": lambda: _unstamped(ctx),
         "unattributed-step-time": lambda: _unattributed(ctx, unattributed_threshold),
@@ -565,20 +605,39 @@ def _check(table: pa.Table, arrays: SpanArrays, orphans: Future, presence: Futur
         "detached-trace": lambda: _detached(ctx, outside),
     }
     findings: list[Finding] = []
-    by_code: dict[str, int] = {code: 0 for code in FINDING_CODES}
+    counted: dict[str, Any] = {}
     for code, produce in producers.items():
         if code == "orphan-span":  # the first of the two that read the orphan test, which other threads run
             arrays.adopt_index(orphans.result())
-        count, written = produce()
-        by_code[code] = count
+        counted[code], written = produce()
         findings.extend(written)
-    findings.sort(key=lambda f: SEVERITIES.index(f.severity))
+    return report(findings, counted)
+
+
+def overlap_tolerance_ns(overlap_tolerance_s: float) -> int:
+    """The tolerance in ns; a negative or non-finite value is a clear error, not a silent zero."""
+    if not (overlap_tolerance_s >= 0 and np.isfinite(overlap_tolerance_s)):
+        raise NemoTelemetryError(f"overlap tolerance {overlap_tolerance_s!r} s: give a finite number of seconds >= 0 "
+                                 f"(default {DEFAULT_OVERLAP_TOLERANCE_S})")
+    return int(round(overlap_tolerance_s * 1e9))
+
+
+def report(findings: list[Finding], counted: dict[str, Any]) -> CheckReport:
+    """The report from each code's findings as written and its full count (errors first).
+
+    ``counted[code]`` is a number at the code's severity, or ``{severity: number}`` for a code
+    whose findings differ in severity; findings past the per-code cap still count, at theirs.
+    """
+    findings = sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
     counts: dict[str, Any] = {s: 0 for s in SEVERITIES}
     for f in findings:
         counts[f.severity] += 1
-    for code, n in by_code.items():  # findings past the per-code cap still count, at the code's severity
-        written = sum(1 for f in findings if f.code == code)
-        if n > written:
-            counts[FINDING_CODES[code]] += n - written
+    by_code: dict[str, int] = {code: 0 for code in FINDING_CODES}
+    for code, n in counted.items():
+        per_severity = n if isinstance(n, dict) else {FINDING_CODES[code]: n}
+        by_code[code] = sum(per_severity.values())
+        for severity, total in per_severity.items():
+            written = sum(1 for f in findings if f.code == code and f.severity == severity)
+            counts[severity] += max(0, total - written)
     counts["by_code"] = by_code
     return CheckReport(findings=tuple(findings), counts=counts)

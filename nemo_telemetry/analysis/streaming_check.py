@@ -14,7 +14,8 @@ tasks in :mod:`engine_ray`) gets :func:`findings.check_run`'s report on the whol
    data; a pass per hop between files. The first pass also looks up the orphan candidates.
 3. *Findings* (one task per group): with the walks and the missing parents, each file gives the
    rows that are offenders of a span-level code, goodput's partials (the per-step table), its
-   local clusters of overlapping bucketed spans, and per detached-trace candidate a row count.
+   local clusters of overlapping bucketed spans (and of those overlapping by more than the overlap
+   tolerance), and per detached-trace candidate a row count.
 4. *Collect* (only when needed): the member rows of the first ``max_findings_per_code`` steps
    with overlapping spans and detached traces (their counts come from the merged partials).
 
@@ -309,6 +310,7 @@ class _Shared:
     standalone: frozenset  # names in the groups whose traces are separate by design
     umbrella: frozenset  # names the umbrella-bucket finding flags (umbrella only, or declared unbucketed)
     file_index: dict  # path -> position in dataset order (orders the clusters' heads across files)
+    tolerance_ns: int  # overlaps up to this long are clock granularity (bucketed-overlap at info)
 
 
 @dataclass(frozen=True, eq=False)
@@ -380,20 +382,22 @@ def _file_findings(paths: list[str], reducers: int, shared: _Shared) -> tuple:
     the steps it owns (merged over the group) and the overlap clusters of those steps."""
     results = [_findings_of(_read(p), shared) for p in paths]
     partials = streaming.split_by_step([r.pop("partial") for r in results], reducers)
-    clusters = pd.concat([r.pop("clusters").assign(file=shared.file_index[p]) for r, p in zip(results, paths)],
-                         ignore_index=True)
+    clusters, deep = (pd.concat([r.pop(key).assign(file=shared.file_index[p]) for r, p in zip(results, paths)],
+                                ignore_index=True) for key in ("clusters", "deep_clusters"))
     owner = clusters["step"].to_numpy(np.int64) % reducers
-    return (results, *[(partials[i], clusters[owner == i]) for i in range(reducers)])
+    deep_owner = deep["step"].to_numpy(np.int64) % reducers
+    return (results, *[(partials[i], clusters[owner == i], deep[deep_owner == i]) for i in range(reducers)])
 
 
-def _reduce_findings(*pieces: tuple) -> tuple[pa.Table, np.ndarray]:
-    """Reduce task: its steps' partials merged and condensed (a few rows per step), and which of
-    its steps hold a cluster of overlapping bucketed spans (merging every file's local clusters)."""
+def _reduce_findings(*pieces: tuple) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """Reduce task: its steps' partials merged and condensed (a few rows per step), which of its
+    steps hold a cluster of overlapping bucketed spans, and which of them overlap past the tolerance
+    (merging every file's local clusters)."""
     accumulator = streaming.GoodputAccumulator()
-    for partial, _ in pieces:
+    for partial, _, _ in pieces:
         accumulator.add(partial)
     condensed = streaming.partial_table(streaming.condense_unions(accumulator.merged()))
-    return condensed, _crowded([clusters for _, clusters in pieces])
+    return condensed, _crowded([c for _, c, _ in pieces]), _crowded([d for _, _, d in pieces])
 
 
 def _findings_of(table: pa.Table, shared: _Shared) -> dict:
@@ -406,9 +410,10 @@ def _findings_of(table: pa.Table, shared: _Shared) -> dict:
              + (view.walked & ~view.stamped) * UNSTAMPED + view.orphan * ORPHAN)
     offenders = np.flatnonzero(flags)
     inside = np.flatnonzero(view.step >= 0)
-    merged = merge_intervals(a.start[inside], a.end[inside], view.step[inside])
-    heads = pd.DataFrame({"cluster": merged.cluster_of, "start": a.start[inside], "row": inside}).sort_values(
-        ["cluster", "start", "row"], kind="stable").drop_duplicates("cluster")
+    clusters = _clusters(a.start[inside], a.end[inside], view.step[inside], inside)
+    # as findings._deep_steps: intervals shortened by the tolerance overlap where the spans overlap by more
+    longer = inside[(a.end[inside] - a.start[inside]) > shared.tolerance_ns]
+    deep = _clusters(a.start[longer], a.end[longer] - shared.tolerance_ns, view.step[longer], longer)
     standalone = np.array([n in shared.standalone for n in a.names] + [False])[a.name]
     anchored_run = np.array([r in shared.anchored_runs for r in a.runs] + [_NO_RUN in shared.anchored_runs])
     candidates = keep & anchored_run[a.run] & ~np.isin(view.trace, shared.anchored_traces)
@@ -424,10 +429,19 @@ def _findings_of(table: pa.Table, shared: _Shared) -> dict:
     return {
         "offenders": _rows(view, offenders, flags=flags[offenders]),
         "partial": streaming.goodput_partial(table, attributed=shared.attributed, run_id=shared.run_id),
-        "clusters": pd.DataFrame({"step": merged.group, "start": merged.start, "end": merged.end,
-                                  "members": merged.members, "head": heads["row"].to_numpy(np.int64)}),
+        "clusters": clusters,
+        "deep_clusters": deep,
         "detached": detached,
     }
+
+
+def _clusters(start: np.ndarray, end: np.ndarray, step: np.ndarray, rows: np.ndarray) -> pd.DataFrame:
+    """One file's clusters of overlapping intervals per step: hull, member count and first row."""
+    merged = merge_intervals(start, end, step)
+    heads = pd.DataFrame({"cluster": merged.cluster_of, "start": start, "row": rows}).sort_values(
+        ["cluster", "start", "row"], kind="stable").drop_duplicates("cluster")
+    return pd.DataFrame({"step": merged.group, "start": merged.start, "end": merged.end,
+                         "members": merged.members, "head": heads["row"].to_numpy(np.int64)})
 
 
 # -- 4. collect --------------------------------------------------------------------------------
@@ -541,6 +555,7 @@ def _context(rows: pd.DataFrame, codes: _Codes, steps, table: pd.DataFrame, opti
 
 def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapReduce = local_map_reduce,
                       reducers: int = 2, run_id: str | None = None, unattributed_threshold: float = 0.2,
+                      overlap_tolerance_s: float = _findings.DEFAULT_OVERLAP_TOLERANCE_S,
                       max_span_ids: int = 10, max_findings_per_code: int = 100) -> _findings.CheckReport:
     """:func:`findings.check_run` of the dataset at ``root``, its work mapped over the files by
     ``file_map``; the per-step merges (goodput's partials, overlap clusters) by ``map_reduce``
@@ -548,11 +563,12 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
     root = Path(root)
     files = span_files(root)
     options = {"max_span_ids": max_span_ids, "max_findings_per_code": max_findings_per_code}
+    tolerance_ns = _findings.overlap_tolerance_ns(overlap_tolerance_s)
     if not files:
         from nemo_telemetry.analysis._arrays import read_for_analysis
 
         return _findings.check_run(read_for_analysis(root), run_id=run_id, unattributed_threshold=unattributed_threshold,
-                                   **options)
+                                   overlap_tolerance_s=overlap_tolerance_s, **options)
     facts = [f for group in file_map(_facts, files, run_id) for f in group]
     codes = _Codes()
     for f in facts:
@@ -562,18 +578,20 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
         raise NemoTelemetryError(f"no run {run_id!r} in these spans (runs present: {present}); "
                                  "pass one of them as --run / run_id")
     walked, missing = _walk(file_map, files, _concat(f["walks"] for f in facts), _concat(f["missing"] for f in facts))
-    shared = _shared(facts, codes, walked, missing, run_id, files)
+    shared = _shared(facts, codes, walked, missing, run_id, files, tolerance_ns)
     groups, reduced = map_reduce(_file_findings, _reduce_findings, files, reducers, shared)
     results = [r for group in groups for r in group]
     accumulator = streaming.GoodputAccumulator()
-    for condensed, _ in reduced:
+    for condensed, _, _ in reduced:
         accumulator.add(condensed)
     analysis = streaming.merged_steps(accumulator.merged(), codes.tuple("runs"))
     heads = _step_heads(facts, analysis.steps, codes)
     steps = _goodput._Steps(analysis.steps.run, analysis.steps.iteration, analysis.steps.start, analysis.steps.end,
                             np.arange(len(analysis.steps)))
-    crowded = np.unique(np.concatenate([np.zeros(0, np.int64)] + [c for _, c in reduced]))
-    overlap_steps, overlap_count = crowded[:max_findings_per_code], len(crowded)
+    crowded = np.unique(np.concatenate([np.zeros(0, np.int64)] + [c for _, c, _ in reduced]))
+    deep = np.unique(np.concatenate([np.zeros(0, np.int64)] + [d for _, _, d in reduced]))
+    overlap_steps = crowded[:max_findings_per_code]
+    overlap_count = {"error": len(deep), "info": len(crowded) - len(deep)}
     detached, detached_count = _detached_traces(results, codes, max_findings_per_code)
     collected = _ordered([(i, c) for i, c in enumerate(
         c for group in file_map(_collect, files, shared, overlap_steps, detached) for c in group)]) \
@@ -587,7 +605,7 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
         "umbrella-bucket": lambda: _findings._umbrella_bucket(contexts.flagged(UMBRELLA)),
         "nested-bucket": lambda: _findings._nested_bucket(contexts.nested()),
         "bucketed-overlap": lambda: (overlap_count, _findings._overlaps(
-            contexts.overlaps(collected[collected["part"] == "overlap"]))[1]),
+            contexts.overlaps(collected[collected["part"] == "overlap"]), shared.tolerance_ns)[1]),
         "bucket-exceeds-wall": lambda: _findings._steps_over_wall(contexts.of(heads)),
         "unstamped-span": lambda: _findings._unstamped(contexts.walked(UNSTAMPED)),
         "unattributed-step-time": lambda: _findings._unattributed(contexts.of(heads), unattributed_threshold),
@@ -608,7 +626,7 @@ def _concat(frames) -> pd.DataFrame:
 
 
 def _shared(facts: list[dict], codes: _Codes, walked: pd.DataFrame, missing: pd.DataFrame,
-            run_id: str | None, files: Sequence[Path]) -> _Shared:
+            run_id: str | None, files: Sequence[Path], tolerance_ns: int) -> _Shared:
     steps = pd.concat([f["steps"] for f in facts], ignore_index=True).drop_duplicates(["run", "iteration"])
     steps = steps.assign(code=codes.code("runs", steps["run"])).sort_values(["code", "iteration"])  # goodput's order
     names = codes.tuple("names")
@@ -626,7 +644,7 @@ def _shared(facts: list[dict], codes: _Codes, walked: pd.DataFrame, missing: pd.
         anchored_runs=frozenset(anchored["run"].tolist()), names=names,
         standalone=frozenset(names[c] for c in standalone),
         umbrella=frozenset(names[c] for c in np.concatenate([umbrella_only, unbucketed])),
-        file_index={str(f): i for i, f in enumerate(files)})
+        file_index={str(f): i for i, f in enumerate(files)}, tolerance_ns=tolerance_ns)
 
 
 def _step_heads(facts: list[dict], steps, codes: _Codes) -> pd.DataFrame:
@@ -746,24 +764,14 @@ class _Contexts:
         return self.of(rows, arrays=_arrays(rows, self.codes, resource=resource))
 
 
-def _report(producers: dict[str, Callable[[], tuple[int, list]]]) -> _findings.CheckReport:
+def _report(producers: dict[str, Callable[[], tuple[Any, list]]]) -> _findings.CheckReport:
     """check_run's report from each code's (count, written findings): errors first, full counts."""
     written: list = []
-    by_code: dict[str, int] = {code: 0 for code in _findings.FINDING_CODES}
+    counted: dict[str, Any] = {}
     for code, produce in producers.items():
-        count, found = produce()
-        by_code[code] = count
+        counted[code], found = produce()
         written.extend(found)
-    written.sort(key=lambda f: _findings.SEVERITIES.index(f.severity))
-    counts: dict[str, Any] = {s: 0 for s in _findings.SEVERITIES}
-    for f in written:
-        counts[f.severity] += 1
-    for code, n in by_code.items():  # findings past the per-code cap still count, at the code's severity
-        shown = sum(1 for f in written if f.code == code)
-        if n > shown:
-            counts[_findings.FINDING_CODES[code]] += n - shown
-    counts["by_code"] = by_code
-    return _findings.CheckReport(findings=tuple(written), counts=counts)
+    return _findings.report(written, counted)
 
 
 def stream_check(root: str | Path, **options) -> _findings.CheckReport:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -232,6 +233,9 @@ def check_command(
                                                             "exists: error, warning or never."),
     unattributed_threshold: float = typer.Option(0.2, "--unattributed-threshold", min=0.0, max=1.0,
                                                  help="Share of a step under no bucketed span that is a finding."),
+    overlap_tolerance: str = typer.Option("1ms", "--overlap-tolerance",
+                                          help="Bucketed spans overlapping by at most this much are clock "
+                                               "granularity, an info finding: 1ms, 500us, 0.002 (seconds)."),
     run: Optional[str] = typer.Option(None, "--run", help="Only this run (nemo.run.id)."),
     engine: str = typer.Option("local", "--engine", help=_ENGINE_HELP),
 ) -> None:
@@ -243,14 +247,32 @@ def check_command(
         raise fail(f"--format {output}: choose table or json")
     if fail_on not in ("error", "warning", "never"):
         raise fail(f"--fail-on {fail_on}: choose error, warning or never")
+    tolerance_s = parse_duration_s(overlap_tolerance)
+    if tolerance_s is None:
+        raise fail(f"--overlap-tolerance {overlap_tolerance}: give a duration >= 0 such as 1ms, 500us or 0.002 "
+                   "(seconds)")
     with library_errors():
-        report = check_with_engine(source, engine=engine, run_id=run, unattributed_threshold=unattributed_threshold)
+        report = check_with_engine(source, engine=engine, run_id=run, unattributed_threshold=unattributed_threshold,
+                                   overlap_tolerance_s=tolerance_s)
     if output == "json":
         print_json(report.to_dict())
     else:
         console().print(render_report(report))
     if fail_on != "never" and report.has(fail_on):
         raise typer.Exit(EXIT_FINDINGS)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?\s*(s|ms|us|µs|ns)?\s*$")
+_UNIT_S = {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def parse_duration_s(text: str) -> float | None:
+    """``"1ms"`` -> 0.001; a bare number is seconds; None for anything else (or a negative)."""
+    match = _DURATION.match(text)
+    if match is None:
+        return None
+    number, exponent, unit = match.groups()
+    return float(number) * 10.0 ** int(exponent or 0) * _UNIT_S[unit]
 
 
 def render_report(report: CheckReport) -> Group:
