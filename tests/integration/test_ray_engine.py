@@ -117,3 +117,17 @@ def test_ray_ingest_writes_the_same_dataset_and_summary(ray_cluster, dumps, tmp_
     folders = {p.parent.relative_to(tmp_path / "ray" / "spans").as_posix()
                for p in (tmp_path / "ray" / "spans").rglob("*.parquet")}
     assert folders == {f"run_id=synthetic-run/rank={r}" for r in range(4)}
+
+
+overlap_tools = _scenario_module("test_overlap_tolerance")
+
+
+@pytest.mark.parametrize("tolerance_s", [0.0, 0.001])
+def test_ray_check_honours_the_overlap_tolerance_as_check_run(ray_cluster, tmp_path_factory, tolerance_s):
+    from nemo_telemetry.analysis.engine_ray import ray_check
+
+    root = overlap_tools.write_js_dataset(tmp_path_factory.mktemp("ray-js") / "ds")
+    expected = check_run(read_for_analysis(root), overlap_tolerance_s=tolerance_s).to_dict()
+    assert ray_check(root, overlap_tolerance_s=tolerance_s).to_dict() == expected
+    severities = {f["severity"] for f in expected["findings"] if f["code"] == "bucketed-overlap"}
+    assert severities == ({"error"} if tolerance_s == 0 else {"error", "info"})
