@@ -87,7 +87,7 @@ def per_prompt_scope() -> _VarScope:
     """Mark a per-prompt region (the rollout path) for sites that cannot see their caller.
 
     Only sites that consult :func:`in_per_prompt_scope` change inside it: the data-plane client
-    (:class:`~nemo_telemetry.instrument.DataPlaneClient`) gates its spans on ``per_prompt``
+    (:class:`~nemo_telemetry.instrument.TracedDataPlaneClient`) gates its spans on ``per_prompt``
     instead of ``data_plane`` and leaves them unbucketed, since rollouts overlap each other and
     training. Every other span keeps its group and bucket (seed 000, "Per-prompt spans").
     """

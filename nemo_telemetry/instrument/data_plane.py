@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import numbers
 from collections.abc import Mapping, Sized
 from typing import Any, Callable
 
@@ -72,8 +73,8 @@ def payload_bytes(value: Any, _depth: int = 0) -> int | None:
     if isinstance(value, memoryview):
         return value.nbytes
     nbytes = getattr(value, "nbytes", None)
-    if isinstance(nbytes, int) and not isinstance(nbytes, bool):
-        return nbytes
+    if isinstance(nbytes, numbers.Integral) and not isinstance(nbytes, bool):
+        return int(nbytes)
     if _depth >= _MAX_DEPTH:
         return None
     if isinstance(value, Mapping):
