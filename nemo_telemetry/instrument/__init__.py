@@ -62,13 +62,17 @@ from nemo_telemetry.instrument.metrics import (
     TeedMetric,
     VllmCounterDeltas,
     flush_metrics,
-    record_host_memory,
     record_metrics,
     record_setup_durations,
     register_teed_metrics,
     set_meter_provider,
     tee_metrics,
 )
+from nemo_telemetry.instrument.host_memory import record_host_memory
+from nemo_telemetry.instrument.generation_metrics import record_generation
+from nemo_telemetry.instrument.training_metrics import TRAIN_PREFIX, TRAINING_METRICS
+from nemo_telemetry.instrument._resources import run_resource_attributes
+from nemo_telemetry.instrument._log_dump import DumpLogExporter
 from nemo_telemetry.instrument.vllm import (
     instrument_vllm,
     load_vllm,
@@ -168,6 +172,8 @@ __all__ = [
     "shutdown_telemetry",
     "current_telemetry_config",
     "DumpSpanExporter",
+    "DumpLogExporter",
+    "run_resource_attributes",
     # trace context across threads, Ray actors and HTTP
     "TRACE_CARRIER_KWARG",
     "current_trace_carrier",
@@ -190,6 +196,9 @@ __all__ = [
     "record_metrics",
     "record_setup_durations",
     "record_host_memory",
+    "record_generation",
+    "TRAIN_PREFIX",
+    "TRAINING_METRICS",
     "VllmCounterDeltas",
     "set_meter_provider",
     "flush_metrics",

@@ -8,7 +8,8 @@ A bad value never ends a run: it is warned about once and its default is used in
       span_groups: per_step        # preset, group names, or a mix
       exporter: dump               # otlp | dump | none
       dump_dir: /scratch/run42/telemetry
-      logs_enabled: false
+      logs_enabled: false          # export Python logging records with their trace and span ids
+      host_memory_metrics: false   # rl.host.memory.* sampled on every node
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Mapping
 
 from nemo_telemetry.instrument import environment_variables as env
 
-__all__ = ["TelemetryConfig", "load_telemetry_config", "resolve_telemetry_config", "EXPORTERS"]
+__all__ = ["TelemetryConfig", "load_telemetry_config", "resolve_telemetry_config", "read_run_config", "EXPORTERS"]
 
 _log = logging.getLogger("nemo_telemetry")
 
@@ -42,6 +43,7 @@ class TelemetryConfig:
     exporter: str = "otlp"
     dump_dir: str | None = None
     logs_enabled: bool = False
+    host_memory_metrics: bool = False
     service_name: str | None = None
     otlp_endpoint: str | None = None
     otlp_protocol: str | None = None
@@ -99,6 +101,7 @@ _PARSERS = {
     "exporter": _as_choice(EXPORTERS),
     "dump_dir": _as_optional_str,
     "logs_enabled": _as_bool,
+    "host_memory_metrics": _as_bool,
     "service_name": _as_optional_str,
     "otlp_endpoint": _as_optional_str,
     "otlp_protocol": _as_choice(OTLP_PROTOCOLS),
@@ -153,6 +156,12 @@ def load_telemetry_config(source: TelemetryConfig | Mapping[str, Any] | str | os
     return _parse_block(block, origin)
 
 
+def read_run_config(path: str | os.PathLike) -> Mapping[str, Any] | None:
+    """The whole YAML config file at ``path`` (the trainer's config), or None when it cannot be read."""
+    document = _read_yaml(os.fspath(path))
+    return document if isinstance(document, Mapping) else None
+
+
 def _read_yaml(path: str) -> Any:
     try:
         import yaml  # lazily: only a driver reading a config file pays for it
@@ -176,6 +185,7 @@ _ENV_FIELDS = {
     env.NEMO_TELEMETRY_EXPORTER: "exporter",
     env.NEMO_TELEMETRY_DUMP_DIR: "dump_dir",
     env.NEMO_TELEMETRY_LOGS_ENABLED: "logs_enabled",
+    env.NEMO_TELEMETRY_HOST_MEMORY_METRICS: "host_memory_metrics",
     env.OTEL_SERVICE_NAME: "service_name",
 }
 

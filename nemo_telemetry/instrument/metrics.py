@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-import socket
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -51,7 +50,6 @@ __all__ = [
     "efficiency_measurement",
     "record_efficiency_seconds",
     "record_setup_durations",
-    "record_host_memory",
     "VllmCounterDeltas",
     "VLLM_COUNTER_SERIES",
     "set_meter_provider",
@@ -66,7 +64,8 @@ _log = logging.getLogger("nemo_telemetry")
 
 METER_NAME = "nemo_telemetry"
 METRIC_KINDS = frozenset({"gauge", "counter", "up_down_counter", "histogram"})
-_NAME_RE = re.compile(r"^rl(\.[a-z0-9_]+)+$")
+# rl.* is the application scope; gen_ai.* are OpenTelemetry's GenAI semantic-convention series.
+_NAME_RE = re.compile(r"^(rl|gen_ai)(\.[a-z0-9_]+)+$")
 
 DL_PREFIX_REASON = (
     "dl.* is the series namespace of the trainer that owns the step: a co-resident Megatron "
@@ -103,7 +102,7 @@ def _check_row(row: TeedMetric) -> None:
         raise RegistryError(f"metric {name!r} is refused: {DL_PREFIX_REASON}.")
     if not _NAME_RE.match(name):
         raise RegistryError(f"metric {name!r} must be named rl.<subsystem>.<metric> "
-                            "(lowercase, dot-separated, starting with 'rl.')")
+                            "(lowercase, dot-separated, starting with 'rl.'; or an OpenTelemetry gen_ai.* series)")
     if row.kind not in METRIC_KINDS:
         raise RegistryError(f"metric {name!r}: kind {row.kind!r} is not one of {sorted(METRIC_KINDS)}")
     if row.logger_key is not None and (not isinstance(row.logger_key, str) or not row.logger_key):
@@ -362,31 +361,6 @@ def record_setup_durations(phases: Mapping[str, Any], *, attributes: Mapping[str
         return 0
 
 
-def record_host_memory(*, attributes: Mapping[str, Any] | None = None) -> int:
-    """This node's memory as ``rl.host.memory.*`` (bytes), labelled with ``host.name``. Never raises.
-
-    Needs psutil (imported here, not at module import); without it, one warning and nothing.
-    """
-    try:
-        import psutil
-    except ImportError:
-        _warn_once("psutil", "record_host_memory: psutil is not installed; rl.host.memory.* is not recorded")
-        return 0
-    try:
-        memory = psutil.virtual_memory()
-        rss = psutil.Process().memory_info().rss
-    except Exception:
-        _warn_once("psutil-read", "record_host_memory: could not read memory usage")
-        return 0
-    labels = {"host.name": socket.gethostname(), **(attributes or {})}
-    return record_metrics({
-        "rl.host.memory.used": memory.total - memory.available,
-        "rl.host.memory.available": memory.available,
-        "rl.host.memory.total": memory.total,
-        "rl.host.memory.process_rss": rss,
-    }, attributes=labels)
-
-
 # -- vLLM engine counters as deltas between steps ---------------------------------------------
 
 VLLM_COUNTER_SERIES: dict[str, str] = {
@@ -493,10 +467,6 @@ register_teed_metrics((
                "filter on rl.efficiency.measurement before adding values"),
     TeedMetric(None, SETUP_DURATION, "gauge", "s",
                "Seconds each startup phase took, by phase; phase=total_setup is the flat total"),
-    TeedMetric(None, "rl.host.memory.used", "gauge", "By", "Memory in use on this node"),
-    TeedMetric(None, "rl.host.memory.available", "gauge", "By", "Memory available on this node"),
-    TeedMetric(None, "rl.host.memory.total", "gauge", "By", "Total memory of this node"),
-    TeedMetric(None, "rl.host.memory.process_rss", "gauge", "By", "Resident memory of the recording process"),
     TeedMetric(None, "rl.vllm.prompt_tokens", "counter", "{token}", "Prompt tokens vLLM processed"),
     TeedMetric(None, "rl.vllm.generation_tokens", "counter", "{token}", "Tokens vLLM generated"),
     TeedMetric(None, "rl.vllm.requests_finished", "counter", "{request}", "Requests vLLM finished"),

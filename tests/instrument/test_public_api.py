@@ -13,6 +13,9 @@ PINNED = {
     "init_telemetry_driver", "init_telemetry_worker", "flush_telemetry", "shutdown_telemetry",
     "DumpSpanExporter",
 }
+# resource attributes, training and generation series, log export (issue 19, items 3-5)
+PINNED |= {"run_resource_attributes", "TRAIN_PREFIX", "TRAINING_METRICS", "record_generation", "record_host_memory",
+           "DumpLogExporter"}
 
 
 def test_pinned_names_are_public():
