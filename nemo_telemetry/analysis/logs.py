@@ -309,12 +309,11 @@ def read_logs(source: str | Path | Iterable[str | Path]) -> pa.Table:
     """The logs table (``LOGS_SCHEMA``) of a dataset directory, log dump files, or directories of them.
 
     Empty (with the schema) when the source has no logs. A malformed record is left out and
-    warned about (:class:`~nemo_telemetry.analysis.IngestWarning`), naming the file and line.
+    warned about (a ``UserWarning``), naming the file, line and field.
     """
     import warnings
 
     from nemo_telemetry.analysis.dataset import is_dataset
-    from nemo_telemetry.analysis.ingest import IngestWarning
 
     items = [source] if isinstance(source, (str, Path)) else list(source)
     tables: list[pa.Table] = []
@@ -329,7 +328,7 @@ def read_logs(source: str | Path | Iterable[str | Path]) -> pa.Table:
         problems = result.problems + result.unreadable
         if problems:
             warnings.warn(f"{len(problems)} log record(s) left out: {'; '.join(problems[:3])}",
-                          IngestWarning, stacklevel=2)
+                          UserWarning, stacklevel=2)
         tables.append(result.table)
     tables = [t for t in tables if t.num_rows]
     if not tables:

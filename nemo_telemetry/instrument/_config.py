@@ -20,10 +20,14 @@ import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
+from urllib.parse import urlparse
 
 from nemo_telemetry.instrument import environment_variables as env
 
-__all__ = ["TelemetryConfig", "load_telemetry_config", "resolve_telemetry_config", "read_run_config", "EXPORTERS"]
+__all__ = [
+    "TelemetryConfig", "load_telemetry_config", "resolve_telemetry_config", "read_run_config", "otlp_protocol",
+    "EXPORTERS",
+]
 
 _log = logging.getLogger("nemo_telemetry")
 
@@ -205,3 +209,25 @@ def resolve_telemetry_config(config: TelemetryConfig | Mapping[str, Any] | str |
         except ValueError as exc:
             _log.warning("environment %s: %s; using %r from the config instead", var, exc, getattr(base, key))
     return dataclasses.replace(base, **overrides)
+
+
+def otlp_protocol(environ: Mapping[str, str] | None = None) -> str:
+    """``grpc`` or ``http/protobuf`` from the standard variables (traces-specific first).
+
+    Unset, the endpoint's port decides: 4317 is the collector's gRPC port, anything else HTTP.
+    """
+    environ = os.environ if environ is None else environ
+    protocol = (environ.get(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
+                or environ.get(env.OTEL_EXPORTER_OTLP_PROTOCOL) or "").strip().lower()
+    if protocol in ("grpc", "http/protobuf"):
+        return protocol
+    if protocol:
+        _log.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%r is not supported (use grpc or http/protobuf); "
+                     "using http/protobuf", protocol)
+        return "http/protobuf"
+    endpoint = environ.get(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) or environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT)
+    try:
+        port = urlparse(endpoint).port if endpoint else None
+    except ValueError:
+        port = None
+    return "grpc" if port == 4317 else "http/protobuf"

@@ -21,14 +21,18 @@ import os
 import threading
 import uuid
 from typing import Any, Callable, Mapping
-from urllib.parse import urlparse
 
 from opentelemetry import trace as trace_api
 
 from nemo_telemetry.errors import SpecError
 from nemo_telemetry.instrument import _gate, _logging
 from nemo_telemetry.instrument import environment_variables as env
-from nemo_telemetry.instrument._config import TelemetryConfig, read_run_config, resolve_telemetry_config
+from nemo_telemetry.instrument._config import (
+    TelemetryConfig,
+    otlp_protocol,
+    read_run_config,
+    resolve_telemetry_config,
+)
 from nemo_telemetry.instrument._registry import REGISTRY
 
 __all__ = [
@@ -269,28 +273,6 @@ def _start_meter_provider(cfg: TelemetryConfig, resource: Any, service: str) -> 
         return None
     metrics.set_meter_provider(provider)
     return provider
-
-
-def otlp_protocol(environ: Mapping[str, str] | None = None) -> str:
-    """``grpc`` or ``http/protobuf`` from the standard variables (traces-specific first).
-
-    Unset, the endpoint's port decides: 4317 is the collector's gRPC port, anything else HTTP.
-    """
-    environ = os.environ if environ is None else environ
-    protocol = (environ.get(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
-                or environ.get(env.OTEL_EXPORTER_OTLP_PROTOCOL) or "").strip().lower()
-    if protocol in ("grpc", "http/protobuf"):
-        return protocol
-    if protocol:
-        _log.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%r is not supported (use grpc or http/protobuf); "
-                     "using http/protobuf", protocol)
-        return "http/protobuf"
-    endpoint = environ.get(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) or environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT)
-    try:
-        port = urlparse(endpoint).port if endpoint else None
-    except ValueError:
-        port = None
-    return "grpc" if port == 4317 else "http/protobuf"
 
 
 def make_span_exporter(cfg: TelemetryConfig, *, service_name: str | None = None):

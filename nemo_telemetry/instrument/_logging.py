@@ -87,7 +87,7 @@ def _log_exporter(exporter: str, dump_dir: str | None, service_name: str | None)
         from nemo_telemetry.instrument._log_dump import DumpLogExporter
 
         return DumpLogExporter(dump_dir or "nemo_telemetry_dump", service_name=service_name)
-    from nemo_telemetry.instrument._lifecycle import otlp_protocol
+    from nemo_telemetry.instrument._config import otlp_protocol
 
     if otlp_protocol() == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter

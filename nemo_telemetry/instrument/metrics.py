@@ -448,7 +448,7 @@ def build_meter_provider(resource: Any, *, exporter: str, dump_dir: str | None =
 
         metric_exporter = DumpMetricExporter(dump_dir or "nemo_telemetry_dump", service_name=service_name)
     else:
-        from nemo_telemetry.instrument._lifecycle import otlp_protocol
+        from nemo_telemetry.instrument._config import otlp_protocol
 
         if otlp_protocol() == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 import nemo_telemetry.analysis as analysis
-from nemo_telemetry.analysis import IngestWarning, ingest, read_logs, read_spans, to_html
+from nemo_telemetry.analysis import ingest, read_logs, read_spans, to_html
 from nemo_telemetry.analysis.html_view import waterfall_json
 from nemo_telemetry.instrument import (
     RLSpanGroup,
@@ -113,7 +113,7 @@ def test_a_bad_log_record_costs_only_itself_and_is_named(tmp_path):
     request = {"resourceLogs": [{"resource": {"attributes": []}, "scopeLogs": [{"logRecords": [good, bad]}]}]}
     path = tmp_path / "collector-logs.json"
     path.write_text(json.dumps(request) + "\n" + "not json\n")
-    with pytest.warns(IngestWarning, match=r"collector-logs.json:1: log record 1: timeUnixNano 'soon'"):
+    with pytest.warns(UserWarning, match=r"collector-logs.json:1: log record 1: timeUnixNano 'soon'"):
         table = read_logs(path)
     (row,) = table.to_pylist()
     assert (row["body"], row["trace_id"], row["span_id"]) == ("fine", "ab" * 16, "cd" * 8)
