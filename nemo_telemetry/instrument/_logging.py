@@ -70,10 +70,16 @@ _handler: logging.Handler | None = None
 
 def _bridge_handler_class():
     """LoggingHandler without our own stamped ``otel*`` fields as attributes (the record's ids
-    already travel as the log record's trace and span ids)."""
+    already travel as the log record's trace and span ids), and without the OpenTelemetry SDK's
+    own records: an exporter's "cannot reach the collector" would otherwise be queued for that
+    same exporter, and fail again."""
     from opentelemetry.sdk._logs import LoggingHandler
 
     class BridgeHandler(LoggingHandler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if not record.name.startswith("opentelemetry"):
+                super().emit(record)
+
         @staticmethod
         def _get_attributes(record: logging.LogRecord):
             attributes = LoggingHandler._get_attributes(record)

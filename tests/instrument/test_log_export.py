@@ -61,3 +61,13 @@ def test_records_are_exported_over_otlp_with_their_span_ids(otlp_logs_server, mo
     assert (record.trace_id.hex(), record.span_id.hex()) == (format(ctx.trace_id, "032x"), format(ctx.span_id, "016x"))
     assert record.severity_text == "INFO"
     assert any(path == "/v1/traces" for path, _ in received)  # the spans went to the same collector
+
+
+def test_the_sdks_own_records_are_not_fed_back_to_its_exporter(tmp_path):
+    from nemo_telemetry.analysis import read_logs
+
+    init_telemetry_driver({"enabled": True, "exporter": "dump", "dump_dir": str(tmp_path), "logs_enabled": True})
+    logging.getLogger("opentelemetry.exporter.otlp.proto.http").warning("Failed to export logs batch")
+    logging.getLogger("trainer.otlp_logs").warning("kept")
+    assert shutdown_telemetry(timeout_s=5)
+    assert read_logs(tmp_path).column("body").to_pylist() == ["kept"]
