@@ -253,12 +253,22 @@ def _start_provider(cfg: TelemetryConfig, *, rank: int, world_size: int, local_r
         _runtime.logger_provider = _logging.start_log_export(resource, exporter=cfg.exporter, dump_dir=cfg.dump_dir,
                                                              service_name=service)
     if cfg.host_memory_metrics and _runtime.meter_provider is not None:
-        from nemo_telemetry.instrument.host_memory import HostMemorySampler
-
-        _runtime.host_memory = HostMemorySampler.start_for_node(run_id)
+        _runtime.host_memory = _start_host_memory(run_id)
     if not _atexit_registered:
         atexit.register(shutdown_telemetry)
         _atexit_registered = True
+
+
+def _start_host_memory(run_id: str) -> Any:
+    """This node's ``rl.host.memory.*`` sampler, if this process is the node's first; a failure only warns."""
+    from nemo_telemetry.instrument.host_memory import HostMemorySampler
+
+    try:
+        return HostMemorySampler.start_for_node(run_id)
+    except Exception:
+        _log.warning("could not start the rl.host.memory.* sampler; spans and other metrics are unaffected",
+                     exc_info=True)
+        return None
 
 
 def _start_meter_provider(cfg: TelemetryConfig, resource: Any, service: str) -> Any:
