@@ -15,10 +15,12 @@ import binascii
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -50,6 +52,7 @@ LOGS_SCHEMA = pa.schema([
 
 _HEAD_BYTES = 256
 _HEX_DIGITS = frozenset("0123456789abcdef")
+_HEX_ID = {n: re.compile(f"[0-9a-fA-F]{{{2 * n}}}") for n in (8, 16)}
 _SEVERITY_NAMES = {1: "TRACE", 5: "DEBUG", 9: "INFO", 13: "WARN", 17: "ERROR", 21: "FATAL"}
 
 
@@ -135,20 +138,19 @@ def _documents(path: Path, problems: list[str]) -> Iterator[tuple[str, Any]]:
     except Exception as exc:  # OSError, EOFError, zstandard.ZstdError
         problems.append(f"{path}: cannot be read ({exc})")
         return
-    text = data.decode("utf-8", errors="replace")
-    try:  # a single document (pretty-printed, or a list of requests)
-        doc = json.loads(text)
+    try:  # a single document (pretty-printed, or a list of requests); JSON lines fail at line 2
+        doc = orjson.loads(data)
         yield from ((str(path), d) for d in (doc if isinstance(doc, list) else [doc]))
         return
-    except json.JSONDecodeError:
+    except orjson.JSONDecodeError:
         pass
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(data.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            yield f"{path}:{number}", json.loads(line)
-        except json.JSONDecodeError as exc:
-            problems.append(f"{path}:{number}: not JSON ({exc.msg})")
+            yield f"{path}:{number}", orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            problems.append(f"{path}:{number}: not JSON ({exc})")
 
 
 def _get(obj: dict, camel: str, snake: str, default: Any = None) -> Any:
@@ -158,6 +160,8 @@ def _get(obj: dict, camel: str, snake: str, default: Any = None) -> Any:
 
 def _any_text(value: Any) -> str | None:
     """An OTLP/JSON ``AnyValue`` as text (arrays and maps as JSON)."""
+    if isinstance(value, dict) and "stringValue" in value:  # the common case, first
+        return str(value["stringValue"])
     python = _any_python(value)
     if python is None or isinstance(python, str):
         return python
@@ -200,6 +204,9 @@ def _hex_id(value: Any, length: int, what: str) -> str | None:
     if not value:
         return None
     text = str(value)
+    if _HEX_ID[length].fullmatch(text):
+        text = text.lower()
+        return None if not text.strip("0") else text
     if len(text) != length * 2:
         try:
             text = base64.b64decode(text, validate=True).hex()
