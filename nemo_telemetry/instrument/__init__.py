@@ -62,13 +62,13 @@ from nemo_telemetry.instrument.metrics import (
     TeedMetric,
     VllmCounterDeltas,
     flush_metrics,
+    record_host_memory,
     record_metrics,
     record_setup_durations,
     register_teed_metrics,
     set_meter_provider,
     tee_metrics,
 )
-from nemo_telemetry.instrument.host_memory import record_host_memory
 from nemo_telemetry.instrument.generation_metrics import record_generation
 from nemo_telemetry.instrument.training_metrics import TRAIN_PREFIX, TRAINING_METRICS
 from nemo_telemetry.instrument._resources import run_resource_attributes

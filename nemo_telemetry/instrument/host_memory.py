@@ -12,62 +12,19 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
 import tempfile
 import threading
 from typing import Any, Mapping
 
-from nemo_telemetry.instrument.metrics import TeedMetric, record_metrics, register_teed_metrics
+from nemo_telemetry.instrument.metrics import record_host_memory
 
-__all__ = ["HostMemorySampler", "read_host_memory", "record_host_memory", "SAMPLE_INTERVAL_S", "HOST_MEMORY_METRICS"]
+__all__ = ["HostMemorySampler", "SAMPLE_INTERVAL_S"]
 
 _log = logging.getLogger("nemo_telemetry")
 
 SAMPLE_INTERVAL_S = 15.0
 _MEMINFO = "/proc/meminfo"
-_STATM = "/proc/self/statm"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-HOST_MEMORY_METRICS = (
-    TeedMetric(None, "rl.host.memory.used", "gauge", "By", "Memory in use on this node (total - available)"),
-    TeedMetric(None, "rl.host.memory.available", "gauge", "By", "Memory available on this node"),
-    TeedMetric(None, "rl.host.memory.total", "gauge", "By", "Total memory of this node"),
-    TeedMetric(None, "rl.host.memory.process_rss", "gauge", "By", "Resident memory of the recording process"),
-)
-register_teed_metrics(HOST_MEMORY_METRICS)
-
-
-def read_host_memory(meminfo: str = _MEMINFO, statm: str = _STATM) -> dict[str, int]:
-    """``{series name: bytes}`` from ``/proc/meminfo`` and ``/proc/self/statm``; raises OSError/ValueError."""
-    fields: dict[str, int] = {}
-    with open(meminfo, encoding="ascii") as fh:
-        for line in fh:
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts:
-                fields[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
-    total, available = fields["MemTotal"], fields["MemAvailable"]
-    values = {"rl.host.memory.total": total, "rl.host.memory.available": available,
-              "rl.host.memory.used": total - available}
-    try:
-        with open(statm, encoding="ascii") as fh:
-            values["rl.host.memory.process_rss"] = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        pass
-    return values
-
-
-def record_host_memory(*, attributes: Mapping[str, Any] | None = None) -> int:
-    """One sample of this node's memory as ``rl.host.memory.*`` (bytes), labelled with ``host.name``.
-
-    Returns how many values were recorded; never raises (unreadable: one warning, 0).
-    """
-    try:
-        values = read_host_memory()
-    except (OSError, ValueError, KeyError) as exc:
-        _log.warning("rl.host.memory.*: cannot read %s (%s); this sample is skipped", _MEMINFO, exc)
-        return 0
-    return record_metrics(values, attributes={"host.name": socket.gethostname(), **(attributes or {})})
 
 
 class HostMemorySampler:

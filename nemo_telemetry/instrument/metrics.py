@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -50,6 +52,8 @@ __all__ = [
     "efficiency_measurement",
     "record_efficiency_seconds",
     "record_setup_durations",
+    "record_host_memory",
+    "read_host_memory",
     "VllmCounterDeltas",
     "VLLM_COUNTER_SERIES",
     "set_meter_provider",
@@ -361,6 +365,44 @@ def record_setup_durations(phases: Mapping[str, Any], *, attributes: Mapping[str
         return 0
 
 
+def read_host_memory(meminfo: str = "/proc/meminfo", statm: str = "/proc/self/statm") -> dict[str, int]:
+    """``{rl.host.memory.* series: bytes}`` from ``/proc/meminfo`` (and this process's ``statm``).
+
+    Raises OSError / ValueError / KeyError when the files cannot be read (not Linux).
+    """
+    fields: dict[str, int] = {}
+    with open(meminfo, encoding="ascii") as fh:
+        for line in fh:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts:
+                fields[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    total, available = fields["MemTotal"], fields["MemAvailable"]
+    values = {"rl.host.memory.used": total - available, "rl.host.memory.available": available,
+              "rl.host.memory.total": total}
+    try:
+        with open(statm, encoding="ascii") as fh:
+            values["rl.host.memory.process_rss"] = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    return values
+
+
+def record_host_memory(*, attributes: Mapping[str, Any] | None = None) -> int:
+    """This node's memory as ``rl.host.memory.*`` (bytes), labelled with ``host.name``. Never raises.
+
+    Read from ``/proc`` (Linux); elsewhere one warning and nothing. Returns how many values were
+    recorded. :class:`~nemo_telemetry.instrument.host_memory.HostMemorySampler` calls it periodically.
+    """
+    try:
+        values = read_host_memory()
+    except (OSError, ValueError, KeyError) as exc:
+        _warn_once("host-memory", "record_host_memory: cannot read /proc/meminfo (%s); rl.host.memory.* is "
+                   "not recorded", exc)
+        return 0
+    return record_metrics(values, attributes={"host.name": socket.gethostname(), **(attributes or {})})
+
+
 # -- vLLM engine counters as deltas between steps ---------------------------------------------
 
 VLLM_COUNTER_SERIES: dict[str, str] = {
@@ -467,6 +509,10 @@ register_teed_metrics((
                "filter on rl.efficiency.measurement before adding values"),
     TeedMetric(None, SETUP_DURATION, "gauge", "s",
                "Seconds each startup phase took, by phase; phase=total_setup is the flat total"),
+    TeedMetric(None, "rl.host.memory.used", "gauge", "By", "Memory in use on this node"),
+    TeedMetric(None, "rl.host.memory.available", "gauge", "By", "Memory available on this node"),
+    TeedMetric(None, "rl.host.memory.total", "gauge", "By", "Total memory of this node"),
+    TeedMetric(None, "rl.host.memory.process_rss", "gauge", "By", "Resident memory of the recording process"),
     TeedMetric(None, "rl.vllm.prompt_tokens", "counter", "{token}", "Prompt tokens vLLM processed"),
     TeedMetric(None, "rl.vllm.generation_tokens", "counter", "{token}", "Tokens vLLM generated"),
     TeedMetric(None, "rl.vllm.requests_finished", "counter", "{request}", "Requests vLLM finished"),

@@ -14,12 +14,12 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from nemo_telemetry.errors import RegistryError
 from nemo_telemetry.instrument import metrics as m
-from nemo_telemetry.instrument.host_memory import record_host_memory
 from nemo_telemetry.instrument.metrics import (
     METRICS,
     TeedMetric,
     VllmCounterDeltas,
     map_efficiency_seconds,
+    record_host_memory,
     record_metrics,
     register_teed_metrics,
     set_meter_provider,
