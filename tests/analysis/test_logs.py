@@ -135,3 +135,20 @@ def test_the_html_waterfall_lists_a_spans_log_records_escaped(run, tmp_path):
 
 def test_logs_are_public_analysis_names():
     assert {"read_logs", "LOGS_SCHEMA"} <= set(analysis.__all__)
+
+
+def test_a_chatty_span_lists_its_first_records_and_counts_the_rest():
+    from nemo_telemetry.analysis import LOGS_SCHEMA, spans_table
+    from nemo_telemetry.analysis.html_view import MAX_LOGS_PER_SPAN
+
+    import pyarrow as pa
+
+    trace, sid = "a" * 32, "b" * 16
+    spans = spans_table([{"trace_id": trace, "span_id": sid, "parent_span_id": None, "name": "rl.grpo.step",
+                          "start_ns": 0, "end_ns": 10**9, "iteration": 1}])
+    count = MAX_LOGS_PER_SPAN + 10
+    logs = pa.Table.from_pylist([{"trace_id": trace, "span_id": sid, "time_ns": count - i, "body": f"record {i}"}
+                                 for i in range(count)], schema=LOGS_SCHEMA)
+    listed = waterfall_json(spans, logs=logs)["logs"]
+    assert listed["body"][:2] == [f"record {count - 1}", f"record {count - 2}"]  # in time order
+    assert len(listed["body"]) == MAX_LOGS_PER_SPAN and listed["more"] == {"0": 10}
