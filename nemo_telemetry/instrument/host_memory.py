@@ -68,6 +68,10 @@ class HostMemorySampler:
         self._stop.set()
         self.sample()
         if self._lock_file is not None:
+            try:  # the run's next process on this node creates its own
+                os.unlink(self._lock_file.name)
+            except OSError:
+                pass
             try:
                 self._lock_file.close()
             except OSError:
