@@ -263,44 +263,49 @@ def _record_row(record: dict) -> dict:
 
 
 def _decode(doc: Any, where: str, rows: _Rows, problems: list[str], unreadable: list[str]) -> bool:
-    """Rows for a ``resourceLogs`` request; False when ``doc`` is not one."""
+    """Rows for a ``resourceLogs`` request; False when ``doc`` is not one. A bad part is named and skipped."""
     if not isinstance(doc, dict):
         unreadable.append(f"{where}: not an OTLP request object")
         return False
     resources = _get(doc, "resourceLogs", "resource_logs")
     if resources is None:
         return False
-    columns = rows.columns
-    for r_index, resource_logs in enumerate(resources or ()):
+    for r_index, resource_logs in enumerate(resources if isinstance(resources, list) else [resources]):
+        part = f"{where}: resourceLogs[{r_index}]"
         try:
             resource = _attributes((resource_logs.get("resource") or {}).get("attributes"))
+            scopes = _get(resource_logs, "scopeLogs", "scope_logs") or ()
+            scopes = [(s_index, scope, scope.get("scope") or {}, _get(scope, "logRecords", "log_records") or ())
+                      for s_index, scope in enumerate(scopes)]
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            problems.append(f"{where}: resourceLogs[{r_index}].resource: {exc}")
+            problems.append(f"{part}: not an OTLP ResourceLogs object ({exc})")
             continue
-        by_key = dict(resource)
-        try:
-            rank = int(by_key["nv.dl.rank"]) if by_key.get("nv.dl.rank") is not None else None
-        except ValueError:
-            rank = None
-        for scope_logs in _get(resource_logs, "scopeLogs", "scope_logs") or ():
-            scope = (scope_logs.get("scope") or {}).get("name") or None
-            for index, record in enumerate(_get(scope_logs, "logRecords", "log_records") or ()):
+        common = _resource_columns(resource)
+        for s_index, _, scope, records in scopes:
+            for index, record in enumerate(records):
                 try:
                     row = _record_row(record)
+                    row["scope_name"] = scope.get("name") or None
                 except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                    problems.append(f"{where}: log record {index}: {exc}")
+                    problems.append(f"{part}.scopeLogs[{s_index}].logRecords[{index}]: {exc}")
                     continue
                 if not row["time_ns"]:
-                    problems.append(f"{where}: log record {index}: no timeUnixNano or observedTimeUnixNano")
+                    problems.append(f"{part}.scopeLogs[{s_index}].logRecords[{index}]: "
+                                    "no timeUnixNano or observedTimeUnixNano")
                     continue
-                for key, value in row.items():
-                    columns[key].append(value)
-                columns["service_name"].append(by_key.get("service.name"))
-                columns["run_id"].append(by_key.get("nemo.run.id"))
-                columns["rank"].append(rank)
-                columns["scope_name"].append(scope)
-                columns["resource_attributes"].append(resource)
+                for key, value in {**row, **common}.items():
+                    rows.columns[key].append(value)
     return True
+
+
+def _resource_columns(resource: list[tuple[str, str | None]]) -> dict[str, Any]:
+    by_key = dict(resource)
+    try:
+        rank = int(by_key["nv.dl.rank"]) if by_key.get("nv.dl.rank") is not None else None
+    except ValueError:
+        rank = None
+    return {"service_name": by_key.get("service.name"), "run_id": by_key.get("nemo.run.id"), "rank": rank,
+            "resource_attributes": resource}
 
 
 def read_log_dumps(files: Iterable[str | Path]) -> LogReadResult:

@@ -112,9 +112,15 @@ def test_a_bad_log_record_costs_only_itself_and_is_named(tmp_path):
     bad = {"timeUnixNano": "soon", "body": {"stringValue": "broken"}}
     request = {"resourceLogs": [{"resource": {"attributes": []}, "scopeLogs": [{"logRecords": [good, bad]}]}]}
     path = tmp_path / "collector-logs.json"
-    path.write_text(json.dumps(request) + "\n" + "not json\n")
-    with pytest.warns(UserWarning, match=r"collector-logs.json:1: log record 1: timeUnixNano 'soon'"):
+    not_a_resource = {"resourceLogs": ["a string where a ResourceLogs object belongs"]}
+    path.write_text(json.dumps(request) + "\n" + "not json\n" + json.dumps(not_a_resource) + "\n")
+    with pytest.warns(UserWarning, match=r"collector-logs.json:1: resourceLogs\[0\]\.scopeLogs\[0\]\."
+                                         r"logRecords\[1\]: timeUnixNano 'soon'") as caught:
         table = read_logs(path)
+    message = str(caught[0].message)
+    assert message.startswith("3 log record(s) left out")
+    assert "collector-logs.json:2: not JSON" in message
+    assert "collector-logs.json:3: resourceLogs[0]: not an OTLP ResourceLogs object" in message
     (row,) = table.to_pylist()
     assert (row["body"], row["trace_id"], row["span_id"]) == ("fine", "ab" * 16, "cd" * 8)
 
