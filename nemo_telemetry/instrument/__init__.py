@@ -72,7 +72,6 @@ from nemo_telemetry.instrument.metrics import (
 from nemo_telemetry.instrument.generation_metrics import record_generation
 from nemo_telemetry.instrument.training_metrics import TRAIN_PREFIX, TRAINING_METRICS
 from nemo_telemetry.instrument._resources import run_resource_attributes
-from nemo_telemetry.instrument._log_dump import DumpLogExporter
 from nemo_telemetry.instrument.vllm import (
     instrument_vllm,
     load_vllm,
@@ -95,6 +94,15 @@ from nemo_telemetry.instrument.ray_actors import (
     dispatch_with_trace_context,
     flush_actors_telemetry,
 )
+
+
+def __getattr__(name: str):
+    """``DumpLogExporter`` on first use: the SDK's logs module is not loaded by processes that never log."""
+    if name == "DumpLogExporter":
+        from nemo_telemetry.instrument._log_dump import DumpLogExporter
+
+        return DumpLogExporter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def resolve(spec, *, namespace: str | None = None, strict: bool = False) -> frozenset[str]:

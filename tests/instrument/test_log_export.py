@@ -71,3 +71,17 @@ def test_the_sdks_own_records_are_not_fed_back_to_its_exporter(tmp_path):
     logging.getLogger("trainer.otlp_logs").warning("kept")
     assert shutdown_telemetry(timeout_s=5)
     assert read_logs(tmp_path).column("body").to_pylist() == ["kept"]
+
+
+def test_the_sdks_logs_module_loads_only_when_log_export_starts():
+    import json
+    import subprocess
+    import sys
+
+    code = ("import sys, json\n"
+            "import nemo_telemetry.instrument as ti\n"
+            "before = 'opentelemetry.sdk._logs' in sys.modules\n"
+            "ti.DumpLogExporter\n"
+            "print(json.dumps([before, 'opentelemetry.sdk._logs' in sys.modules]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert json.loads(out.stdout) == [False, True]
