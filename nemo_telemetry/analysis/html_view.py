@@ -15,6 +15,7 @@ import html
 import json
 from importlib import resources
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -152,22 +153,20 @@ def _span_logs(rows: pa.Table, logs: pa.Table | None, origin: int) -> dict:
     row = joined.column("row").to_numpy()
     rank = _rank_within(row)
     kept = joined.filter(pa.array(rank < MAX_LOGS_PER_SPAN))
-    over = row[rank == MAX_LOGS_PER_SPAN]
-    counts = {int(r): int((row == r).sum()) - MAX_LOGS_PER_SPAN for r in over}
+    spans_with_logs, sizes = np.unique(row, return_counts=True)
+    chatty = sizes > MAX_LOGS_PER_SPAN
     body = pc.utf8_slice_codeunits(pc.fill_null(kept.column("body"), ""), 0, MAX_LOG_BODY)
     return {
         "row": kept.column("row").to_pylist(),
         "t": _micros(kept.column("time_ns"), origin),
         "sev": kept.column("severity").to_pylist(),
         "body": body.to_pylist(),
-        "more": {str(r): n for r, n in counts.items()},
+        "more": {str(int(r)): int(n) - MAX_LOGS_PER_SPAN for r, n in zip(spans_with_logs[chatty], sizes[chatty])},
     }
 
 
-def _rank_within(groups) -> "np.ndarray":
+def _rank_within(groups: np.ndarray) -> np.ndarray:
     """For sorted group labels, each element's position within its group (0, 1, 2 ...)."""
-    import numpy as np
-
     starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
     sizes = np.diff(np.r_[starts, len(groups)])
     return np.arange(len(groups)) - np.repeat(starts, sizes)
