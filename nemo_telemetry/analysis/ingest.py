@@ -384,6 +384,7 @@ def ingest(
 
     Spans already in the dataset (same trace id and span id) are not written again; how many
     were dropped is in the summary. ``progress(bytes_done, spans_done)`` is called as it goes.
+    The metrics and log dumps among the inputs go to ``out/metrics`` and ``out/logs``.
     """
     files = _raw_files(inputs, format)
     writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
