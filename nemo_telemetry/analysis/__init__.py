@@ -32,6 +32,7 @@ from nemo_telemetry.analysis.metrics import (
     with_efficiency_columns,
 )
 from nemo_telemetry.analysis.stitch import stitch_vllm_spans
+from nemo_telemetry.analysis.logs import LOGS_SCHEMA, read_logs
 from nemo_telemetry.analysis.goodput import (
     RunGoodput,
     StepOutlier,
@@ -74,6 +75,8 @@ __all__ = [
     "efficiency_by_step",
     "with_efficiency_columns",
     "stitch_vllm_spans",
+    "LOGS_SCHEMA",
+    "read_logs",
     "goodput_by_step",
     "run_goodput",
     "RunGoodput",

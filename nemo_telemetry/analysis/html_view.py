@@ -5,7 +5,8 @@ spans from a ``<script type="application/json">`` block. Span names and attribut
 other processes, so they are data, never markup: the JSON is escaped so that no ``<`` can
 close the block, and the page writes every name and attribute with ``textContent``. The page
 draws only the rows in view (a virtual list over the depth-first rows), so a run of a hundred
-thousand spans opens without freezing the browser.
+thousand spans opens without freezing the browser. Log records (the ``logs`` table) logged
+inside a shown span are listed in its tooltip, written with ``textContent`` like everything else.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import html
 import json
 from importlib import resources
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -31,9 +33,10 @@ def to_html(
     trace_id: str | None = None,
     step: int | None = None,
     title: str | None = None,
+    logs: pa.Table | None = None,
 ) -> str:
-    """The HTML page for the spans a waterfall with the same selection shows."""
-    data = waterfall_json(spans, run_id=run_id, trace_id=trace_id, step=step, title=title)
+    """The HTML page for the spans a waterfall with the same selection shows (and their ``logs``)."""
+    data = waterfall_json(spans, run_id=run_id, trace_id=trace_id, step=step, title=title, logs=logs)
     page = resources.files(_TEMPLATE[0]).joinpath(_TEMPLATE[1]).read_text(encoding="utf-8")
     return page.replace("__TITLE__", html.escape(data["title"])).replace("__DATA__", _script_safe_json(data))
 
@@ -45,6 +48,7 @@ def waterfall_json(
     trace_id: str | None = None,
     step: int | None = None,
     title: str | None = None,
+    logs: pa.Table | None = None,
 ) -> dict:
     """What the page reads: depth-first rows as columns (times in µs from the window start)."""
     shown = waterfall(spans, run_id=run_id, trace_id=trace_id, step=step, collapse_threshold=None, fold_steps=False)
@@ -79,6 +83,7 @@ def waterfall_json(
             "id": rows.column("span_id").to_pylist(),
         },
         "attrs": _attributes(rows, source),
+        "logs": _span_logs(rows, logs, origin),
     }
 
 
@@ -118,3 +123,50 @@ def _attributes(rows: pa.Table, source: pa.Table) -> list[list[list[str]]]:
         pairs.extend([k, v] for k, v in (attributes[i] or ()))
         out.append(pairs)
     return out
+
+
+MAX_LOG_BODY = 2000  # characters of a log record's body shown; the dataset keeps all of it
+MAX_LOGS_PER_SPAN = 50  # the rest of a span's records are counted, not listed
+
+
+def _span_logs(rows: pa.Table, logs: pa.Table | None, origin: int) -> dict:
+    """The log records logged inside each shown span, as columns: row, µs, severity, body."""
+    empty = {"row": [], "t": [], "sev": [], "body": [], "more": {}}
+    if logs is None or not logs.num_rows:
+        return empty
+    shown = pa.table({
+        "trace_id": rows.column("trace_id").cast(pa.string()),
+        "span_id": rows.column("span_id").cast(pa.string()),
+        "row": pa.array(range(rows.num_rows), pa.int64()),
+    })
+    records = pa.table({
+        "trace_id": logs.column("trace_id").cast(pa.string()),
+        "span_id": logs.column("span_id").cast(pa.string()),
+        "time_ns": logs.column("time_ns"),
+        "severity": logs.column("severity").cast(pa.string()),
+        "body": logs.column("body").cast(pa.string()),
+    }).filter(pc.is_valid(pc.field("span_id")))
+    joined = records.join(shown, keys=["trace_id", "span_id"], join_type="inner")
+    if not joined.num_rows:
+        return empty
+    joined = joined.sort_by([("row", "ascending"), ("time_ns", "ascending")])
+    row = joined.column("row").to_numpy()
+    rank = _rank_within(row)
+    kept = joined.filter(pa.array(rank < MAX_LOGS_PER_SPAN))
+    spans_with_logs, sizes = np.unique(row, return_counts=True)
+    chatty = sizes > MAX_LOGS_PER_SPAN
+    body = pc.utf8_slice_codeunits(pc.fill_null(kept.column("body"), ""), 0, MAX_LOG_BODY)
+    return {
+        "row": kept.column("row").to_pylist(),
+        "t": _micros(kept.column("time_ns"), origin),
+        "sev": kept.column("severity").to_pylist(),
+        "body": body.to_pylist(),
+        "more": {str(int(r)): int(n) - MAX_LOGS_PER_SPAN for r, n in zip(spans_with_logs[chatty], sizes[chatty])},
+    }
+
+
+def _rank_within(groups: np.ndarray) -> np.ndarray:
+    """For sorted group labels, each element's position within its group (0, 1, 2 ...)."""
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    sizes = np.diff(np.r_[starts, len(groups)])
+    return np.arange(len(groups)) - np.repeat(starts, sizes)

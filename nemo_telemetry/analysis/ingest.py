@@ -33,6 +33,7 @@ from nemo_telemetry.analysis._otlp_json_fast import LINE_FALLBACK, LINE_OTHER_SI
 from nemo_telemetry.analysis._otlp_json import decode_json_request
 from nemo_telemetry.analysis._otlp_wire import WireError, decode_batch, decode_frames
 from nemo_telemetry.analysis.metrics import write_dataset_metrics
+from nemo_telemetry.analysis.logs import write_dataset_logs
 from nemo_telemetry.analysis.dataset import (
     DatasetWriter,
     SpanDeduplicator,
@@ -86,8 +87,9 @@ class IngestSummary:
     runs: int = 0
     duplicates_dropped: int = 0
     rejected_records: int = 0
-    skipped_records: int = 0  # metrics and logs requests: not traces, not errors
+    skipped_records: int = 0  # metrics requests: not traces, not errors (log requests are in ``logs``)
     metric_points: int = 0  # data points of metrics-* dump files, written to DATASET/metrics
+    logs: int = 0  # log records of log dump files, written to DATASET/logs
     warnings: tuple[str, ...] = ()
 
 
@@ -382,6 +384,7 @@ def ingest(
 
     Spans already in the dataset (same trace id and span id) are not written again; how many
     were dropped is in the summary. ``progress(bytes_done, spans_done)`` is called as it goes.
+    The metrics and log dumps among the inputs go to ``out/metrics`` and ``out/logs``.
     """
     files = _raw_files(inputs, format)
     writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
@@ -393,7 +396,18 @@ def ingest(
     finally:
         writer.close()  # every file written (or the first write error raised) before returning
     points = write_dataset_metrics([path for path, _ in files], Path(out))
-    return dataclasses.replace(summary, metric_points=points)
+    return _with_logs(dataclasses.replace(summary, metric_points=points), [path for path, _ in files], Path(out))
+
+
+def _with_logs(summary: IngestSummary, files: list[Path], out: Path) -> IngestSummary:
+    """The summary once the log dumps among ``files`` are in ``out/logs``: their requests move from
+    ``skipped_records`` to ``logs`` (as records), their bad records join the rejected ones."""
+    written = write_dataset_logs(files, out)
+    return dataclasses.replace(
+        summary, logs=written.records, skipped_records=summary.skipped_records - written.requests,
+        rejected_records=summary.rejected_records + len(written.problems),
+        warnings=summary.warnings + written.problems,
+    )
 
 
 def load_traces(source: Source, *, format: str | None = None) -> TraceTables:

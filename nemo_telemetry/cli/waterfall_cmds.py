@@ -49,14 +49,14 @@ def waterfall_command(
     with library_errors():
         spans = read_spans(source)
         if export is not None:
-            _export(spans, export, run=run, trace=trace, step=step)
+            _export(spans, export, run=run, trace=trace, step=step, source=source)
             return
         shown = waterfall(spans, run_id=run, trace_id=trace, step=step, depth=depth, min_duration_ns=min_ns,
                           collapse_threshold=collapse, fold_steps=False if expand else None)
     print_waterfall(shown, console())
 
 
-def _export(spans, path: Path, *, run, trace, step) -> None:
+def _export(spans, path: Path, *, run, trace, step, source) -> None:
     if path.suffix.lower() == ".json":
         import json  # noqa: PLC0415
 
@@ -66,9 +66,11 @@ def _export(spans, path: Path, *, run, trace, step) -> None:
         path.write_text(json.dumps(document, separators=(",", ":")), encoding="utf-8")
         what = f"{sum(1 for e in document['traceEvents'] if e['ph'] == 'X')} spans, open it in ui.perfetto.dev"
     else:
+        from nemo_telemetry.analysis import read_logs  # noqa: PLC0415
         from nemo_telemetry.analysis.html_view import to_html  # noqa: PLC0415
 
-        path.write_text(to_html(spans, run_id=run, trace_id=trace, step=step), encoding="utf-8")
+        logs = read_logs(source)
+        path.write_text(to_html(spans, run_id=run, trace_id=trace, step=step, logs=logs), encoding="utf-8")
         what = "open it in a browser"
     console().print(f"wrote {path} ({what})")
 

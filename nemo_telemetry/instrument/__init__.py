@@ -70,6 +70,9 @@ from nemo_telemetry.instrument.metrics import (
     set_meter_provider,
     tee_metrics,
 )
+from nemo_telemetry.instrument.generation_metrics import record_generation
+from nemo_telemetry.instrument.training_metrics import TRAIN_PREFIX, TRAINING_METRICS
+from nemo_telemetry.instrument._resources import run_resource_attributes
 from nemo_telemetry.instrument.vllm import (
     instrument_vllm,
     load_vllm,
@@ -95,6 +98,15 @@ from nemo_telemetry.instrument.ray_actors import (
     dispatch_with_trace_context,
     flush_actors_telemetry,
 )
+
+
+def __getattr__(name: str):
+    """``DumpLogExporter`` on first use: the SDK's logs module is not loaded by processes that never log."""
+    if name == "DumpLogExporter":
+        from nemo_telemetry.instrument._log_dump import DumpLogExporter
+
+        return DumpLogExporter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def resolve(spec, *, namespace: str | None = None, strict: bool = False) -> frozenset[str]:
@@ -181,6 +193,8 @@ __all__ = [
     "traced_worker_init",
     "TracedDataPlaneClient",
     "DATA_PLANE_OPS",
+    "DumpLogExporter",
+    "run_resource_attributes",
     # trace context across threads, Ray actors and HTTP
     "TRACE_CARRIER_KWARG",
     "current_trace_carrier",
@@ -203,6 +217,9 @@ __all__ = [
     "record_metrics",
     "record_setup_durations",
     "record_host_memory",
+    "record_generation",
+    "TRAIN_PREFIX",
+    "TRAINING_METRICS",
     "VllmCounterDeltas",
     "set_meter_provider",
     "flush_metrics",

@@ -8,7 +8,8 @@ A bad value never ends a run: it is warned about once and its default is used in
       span_groups: per_step        # preset, group names, or a mix
       exporter: dump               # otlp | dump | none
       dump_dir: /scratch/run42/telemetry
-      logs_enabled: false
+      logs_enabled: false          # export Python logging records with their trace and span ids
+      host_memory_metrics: false   # rl.host.memory.* sampled on every node
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
+from urllib.parse import urlparse
 
 from nemo_telemetry.instrument import environment_variables as env
 
-__all__ = ["TelemetryConfig", "load_telemetry_config", "resolve_telemetry_config", "EXPORTERS"]
+__all__ = [
+    "TelemetryConfig", "load_telemetry_config", "resolve_telemetry_config", "read_run_config", "otlp_protocol",
+    "EXPORTERS",
+]
 
 _log = logging.getLogger("nemo_telemetry")
 
@@ -42,6 +47,7 @@ class TelemetryConfig:
     exporter: str = "otlp"
     dump_dir: str | None = None
     logs_enabled: bool = False
+    host_memory_metrics: bool = False
     service_name: str | None = None
     otlp_endpoint: str | None = None
     otlp_protocol: str | None = None
@@ -99,6 +105,7 @@ _PARSERS = {
     "exporter": _as_choice(EXPORTERS),
     "dump_dir": _as_optional_str,
     "logs_enabled": _as_bool,
+    "host_memory_metrics": _as_bool,
     "service_name": _as_optional_str,
     "otlp_endpoint": _as_optional_str,
     "otlp_protocol": _as_choice(OTLP_PROTOCOLS),
@@ -153,6 +160,12 @@ def load_telemetry_config(source: TelemetryConfig | Mapping[str, Any] | str | os
     return _parse_block(block, origin)
 
 
+def read_run_config(path: str | os.PathLike) -> Mapping[str, Any] | None:
+    """The whole YAML config file at ``path`` (the trainer's config), or None when it cannot be read."""
+    document = _read_yaml(os.fspath(path))
+    return document if isinstance(document, Mapping) else None
+
+
 def _read_yaml(path: str) -> Any:
     try:
         import yaml  # lazily: only a driver reading a config file pays for it
@@ -176,6 +189,7 @@ _ENV_FIELDS = {
     env.NEMO_TELEMETRY_EXPORTER: "exporter",
     env.NEMO_TELEMETRY_DUMP_DIR: "dump_dir",
     env.NEMO_TELEMETRY_LOGS_ENABLED: "logs_enabled",
+    env.NEMO_TELEMETRY_HOST_MEMORY_METRICS: "host_memory_metrics",
     env.OTEL_SERVICE_NAME: "service_name",
 }
 
@@ -195,3 +209,25 @@ def resolve_telemetry_config(config: TelemetryConfig | Mapping[str, Any] | str |
         except ValueError as exc:
             _log.warning("environment %s: %s; using %r from the config instead", var, exc, getattr(base, key))
     return dataclasses.replace(base, **overrides)
+
+
+def otlp_protocol(environ: Mapping[str, str] | None = None) -> str:
+    """``grpc`` or ``http/protobuf`` from the standard variables (traces-specific first).
+
+    Unset, the endpoint's port decides: 4317 is the collector's gRPC port, anything else HTTP.
+    """
+    environ = os.environ if environ is None else environ
+    protocol = (environ.get(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
+                or environ.get(env.OTEL_EXPORTER_OTLP_PROTOCOL) or "").strip().lower()
+    if protocol in ("grpc", "http/protobuf"):
+        return protocol
+    if protocol:
+        _log.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%r is not supported (use grpc or http/protobuf); "
+                     "using http/protobuf", protocol)
+        return "http/protobuf"
+    endpoint = environ.get(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) or environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT)
+    try:
+        port = urlparse(endpoint).port if endpoint else None
+    except ValueError:
+        port = None
+    return "grpc" if port == 4317 else "http/protobuf"

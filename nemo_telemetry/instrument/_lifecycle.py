@@ -21,14 +21,18 @@ import os
 import threading
 import uuid
 from typing import Any, Callable, Mapping
-from urllib.parse import urlparse
 
 from opentelemetry import trace as trace_api
 
 from nemo_telemetry.errors import SpecError
 from nemo_telemetry.instrument import _gate, _logging
 from nemo_telemetry.instrument import environment_variables as env
-from nemo_telemetry.instrument._config import TelemetryConfig, resolve_telemetry_config
+from nemo_telemetry.instrument._config import (
+    TelemetryConfig,
+    otlp_protocol,
+    read_run_config,
+    resolve_telemetry_config,
+)
 from nemo_telemetry.instrument._registry import REGISTRY
 
 __all__ = [
@@ -52,6 +56,8 @@ class _Runtime:
     exporter: Any = None
     config: TelemetryConfig | None = None
     meter_provider: Any = None
+    logger_provider: Any = None
+    host_memory: Any = None
 
 
 _runtime = _Runtime()
@@ -68,13 +74,19 @@ def current_telemetry_config() -> TelemetryConfig | None:
 
 
 def init_telemetry_driver(config: TelemetryConfig | Mapping[str, Any] | str | os.PathLike | None = None, *,
-                          algorithm: str | None = None, service_name: str | None = None) -> TelemetryConfig:
+                          algorithm: str | None = None, service_name: str | None = None,
+                          run_config: Mapping[str, Any] | None = None) -> TelemetryConfig:
     """Resolve ``config`` (dict, YAML path or TelemetryConfig) into the environment, then start telemetry.
 
     Call it before ``ray.init()``: the resolved ``NEMO_TELEMETRY_*`` (and ``OTEL_EXPORTER_OTLP_*``
     from the config, where the environment has none) variables and a fresh ``nemo.run.id`` are
     written to ``os.environ``, which Ray copies into every worker. Pending span-group names are
     reported with a did-you-mean. The driver reports itself as rank 0 of 1.
+
+    ``run_config`` is the trainer's whole config (NeMo-RL's shape); the run's resource attributes
+    (``rl.model``, ``nv.dl.topology.size.*`` ...) are derived from it and written for the workers
+    too. Without it, a ``config`` that is a whole config holding a ``telemetry:`` block (a dict or a
+    YAML path) serves as the run config.
 
     Raises :class:`SpecError` (before anything is written) for a ``span_groups`` spec that would
     not mean what it says: a subtraction (``per_step,-job``; the message lists the groups to write
@@ -88,7 +100,7 @@ def init_telemetry_driver(config: TelemetryConfig | Mapping[str, Any] | str | os
         cfg = dataclasses.replace(cfg, dump_dir=os.path.abspath(cfg.dump_dir or DEFAULT_DUMP_DIR))
     if cfg.enabled:
         check_span_groups(cfg)
-    _export_environment(cfg, algorithm)
+    _export_environment(cfg, algorithm, _run_attributes(cfg, config, run_config, algorithm))
     if cfg.enabled:
         warn_missing_otlp_endpoint(cfg)
     _start(cfg, rank=0, world_size=1, local_rank=0, default_service=f"{cfg.namespace}-driver")
@@ -104,13 +116,36 @@ def _raw_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if _written_env.get(k) != v}
 
 
-def _export_environment(cfg: TelemetryConfig, algorithm: str | None) -> None:
+def _run_attributes(cfg: TelemetryConfig, config: Any, run_config: Mapping[str, Any] | None,
+                    algorithm: str | None) -> dict[str, Any]:
+    """The run's resource attributes from the trainer's config (none while telemetry is off)."""
+    if not cfg.enabled:
+        return {}
+    from nemo_telemetry.instrument._resources import run_resource_attributes
+
+    if run_config is None and isinstance(config, Mapping) and "telemetry" in config:
+        run_config = config
+    elif run_config is None and isinstance(config, (str, os.PathLike)):
+        run_config = read_run_config(config)
+    try:
+        return run_resource_attributes(run_config, algorithm=algorithm)
+    except Exception:
+        _log.warning("could not derive resource attributes from the run config; spans go without them",
+                     exc_info=True)
+        return {}
+
+
+def _export_environment(cfg: TelemetryConfig, algorithm: str | None, run_attributes: Mapping[str, Any]) -> None:
+    from nemo_telemetry.instrument._resources import encode_run_attributes
+
     resolved = {
         env.NEMO_TELEMETRY_ENABLED: "1" if cfg.enabled else "0",
         env.NEMO_TELEMETRY_SPAN_GROUPS: cfg.span_groups,
         env.NEMO_TELEMETRY_NAMESPACE: cfg.namespace,
         env.NEMO_TELEMETRY_EXPORTER: cfg.exporter,
         env.NEMO_TELEMETRY_LOGS_ENABLED: "1" if cfg.logs_enabled else "0",
+        env.NEMO_TELEMETRY_HOST_MEMORY_METRICS: "1" if cfg.host_memory_metrics else "0",
+        env.NEMO_TELEMETRY_RESOURCE_ATTRIBUTES: encode_run_attributes(run_attributes),
     }
     if cfg.dump_dir:
         resolved[env.NEMO_TELEMETRY_DUMP_DIR] = cfg.dump_dir
@@ -231,14 +266,16 @@ def _start_provider(cfg: TelemetryConfig, *, rank: int, world_size: int, local_r
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from nemo_telemetry.instrument._resources import build_resource
+    from nemo_telemetry.instrument._resources import build_resource, decode_run_attributes
 
     groups = _resolve_groups(cfg)
+    run_id = os.environ.get(env.NEMO_TELEMETRY_RUN_ID) or uuid.uuid4().hex
     resource = build_resource(
         service_name=service,
-        run_id=os.environ.get(env.NEMO_TELEMETRY_RUN_ID) or uuid.uuid4().hex,
+        run_id=run_id,
         algorithm=os.environ.get(env.NEMO_TELEMETRY_ALGORITHM),
         rank=rank, world_size=world_size, local_rank=local_rank, span_groups=groups,
+        run_attributes=decode_run_attributes(os.environ.get(env.NEMO_TELEMETRY_RESOURCE_ATTRIBUTES)),
     )
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # our atexit is bounded
     exporter = make_span_exporter(cfg, service_name=service)
@@ -252,9 +289,25 @@ def _start_provider(cfg: TelemetryConfig, *, rank: int, world_size: int, local_r
     _gate.set_enabled_span_groups(groups)
     if cfg.logs_enabled:
         _logging.install_log_bridge(service)
+        _runtime.logger_provider = _logging.start_log_export(resource, exporter=cfg.exporter, dump_dir=cfg.dump_dir,
+                                                             service_name=service)
+    if cfg.host_memory_metrics and _runtime.meter_provider is not None:
+        _runtime.host_memory = _start_host_memory(run_id)
     if not _atexit_registered:
         atexit.register(shutdown_telemetry)
         _atexit_registered = True
+
+
+def _start_host_memory(run_id: str) -> Any:
+    """This node's ``rl.host.memory.*`` sampler, if this process is the node's first; a failure only warns."""
+    from nemo_telemetry.instrument.host_memory import HostMemorySampler
+
+    try:
+        return HostMemorySampler.start_for_node(run_id)
+    except Exception:
+        _log.warning("could not start the rl.host.memory.* sampler; spans and other metrics are unaffected",
+                     exc_info=True)
+        return None
 
 
 def _start_meter_provider(cfg: TelemetryConfig, resource: Any, service: str) -> Any:
@@ -269,28 +322,6 @@ def _start_meter_provider(cfg: TelemetryConfig, resource: Any, service: str) -> 
         return None
     metrics.set_meter_provider(provider)
     return provider
-
-
-def otlp_protocol(environ: Mapping[str, str] | None = None) -> str:
-    """``grpc`` or ``http/protobuf`` from the standard variables (traces-specific first).
-
-    Unset, the endpoint's port decides: 4317 is the collector's gRPC port, anything else HTTP.
-    """
-    environ = os.environ if environ is None else environ
-    protocol = (environ.get(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
-                or environ.get(env.OTEL_EXPORTER_OTLP_PROTOCOL) or "").strip().lower()
-    if protocol in ("grpc", "http/protobuf"):
-        return protocol
-    if protocol:
-        _log.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%r is not supported (use grpc or http/protobuf); "
-                     "using http/protobuf", protocol)
-        return "http/protobuf"
-    endpoint = environ.get(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) or environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT)
-    try:
-        port = urlparse(endpoint).port if endpoint else None
-    except ValueError:
-        port = None
-    return "grpc" if port == 4317 else "http/protobuf"
 
 
 def make_span_exporter(cfg: TelemetryConfig, *, service_name: str | None = None):
@@ -344,14 +375,15 @@ def flush_telemetry(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
 
     Call it before ``ray.kill`` on an actor: a killed process runs no atexit handler.
     """
-    provider, meter_provider = _runtime.provider, _runtime.meter_provider
+    provider, meter_provider, logger_provider = _runtime.provider, _runtime.meter_provider, _runtime.logger_provider
     if provider is None:
         return True
 
     def flush_both() -> bool:
         spans_ok = provider.force_flush(int(timeout_s * 1000))
         metrics_ok = meter_provider is None or meter_provider.force_flush(int(timeout_s * 1000))
-        return bool(spans_ok) and bool(metrics_ok)
+        logs_ok = logger_provider is None or logger_provider.force_flush(int(timeout_s * 1000))
+        return bool(spans_ok) and bool(metrics_ok) and bool(logs_ok)
 
     return _bounded(flush_both, timeout_s, "flush")
 
@@ -362,10 +394,13 @@ def shutdown_telemetry(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
     Registered with ``atexit`` by the first init; safe to call from a ``finally`` as well.
     """
     with _lock:
-        provider, meter_provider = _runtime.provider, _runtime.meter_provider
+        provider, meter_provider, logger_provider = _runtime.provider, _runtime.meter_provider, _runtime.logger_provider
+        host_memory = _runtime.host_memory
         _gate.set_enabled_span_groups(())
         _runtime.provider, _runtime.exporter, _runtime.config = None, None, None
-        _runtime.meter_provider = None
+        _runtime.meter_provider = _runtime.logger_provider = _runtime.host_memory = None
+        if host_memory is not None:
+            host_memory.stop()  # its last sample is in the final collection below
         if meter_provider is not None:
             from nemo_telemetry.instrument import metrics
 
@@ -373,12 +408,15 @@ def shutdown_telemetry(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
         if _gate.provider is provider:
             _gate.set_tracer_provider(None)
         _logging.uninstall_log_bridge()
+        _logging.stop_log_export()
     if provider is None:
         return True
 
     def shutdown_both() -> bool:
         if meter_provider is not None:
             meter_provider.shutdown(timeout_millis=timeout_s * 1000)
+        if logger_provider is not None:
+            logger_provider.shutdown()
         return provider.shutdown()
 
     return _bounded(shutdown_both, timeout_s, "shutdown")

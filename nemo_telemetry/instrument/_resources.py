@@ -2,26 +2,83 @@
 
 ``nemo.run.id`` joins the processes of one run; ``nemo.telemetry.span_groups`` records what this
 process was asked to emit, so the analysis can tell "nothing happened" from "nothing was enabled".
+
+The run's own description (model, precision, parallel sizes, batch settings) is derived once, in
+the driver, from the trainer's whole config (:func:`run_resource_attributes`) and handed to the
+workers as JSON in ``NEMO_TELEMETRY_RESOURCE_ATTRIBUTES`` with the rest of the settings. Software
+versions are read by every process for itself (a generation worker's venv is not the driver's),
+from package metadata: nothing is imported to learn its version.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import platform
 import socket
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 from opentelemetry.sdk.resources import Resource
 
-__all__ = ["build_resource", "RUN_ID_KEY", "SPAN_GROUPS_KEY"]
+__all__ = [
+    "build_resource",
+    "run_resource_attributes",
+    "software_versions",
+    "encode_run_attributes",
+    "decode_run_attributes",
+    "RUN_ID_KEY",
+    "SPAN_GROUPS_KEY",
+    "SOFTWARE_PACKAGES",
+    "MAX_RUN_ATTRIBUTES_BYTES",
+]
+
+_log = logging.getLogger("nemo_telemetry")
 
 RUN_ID_KEY = "nemo.run.id"
 SPAN_GROUPS_KEY = "nemo.telemetry.span_groups"
+MAX_RUN_ATTRIBUTES_BYTES = 16 * 1024  # an environment variable, copied into every worker
+
+SOFTWARE_PACKAGES = {
+    "torch": "torch",
+    "vllm": "vllm",
+    "ray": "ray",
+    "opentelemetry_sdk": "opentelemetry-sdk",
+    "nemo_telemetry": "nemo-telemetry",
+}
+"""``nv.dl.software.<key>`` -> the distribution whose installed version it reports (plus ``python``)."""
+
+# Campaign stage by algorithm: supervised fine-tuning and reward-model training are not RL.
+_STAGES = {"sft": "SFT", "sft_v2": "SFT", "rm": "RM"}
+
+# (attribute, path in the trainer's config); "{algo}" is the algorithm's own section (grpo, sft, ...).
+_TRAINING_SETTINGS = (
+    ("nv.dl.training.config.global_batch_size", "policy.train_global_batch_size"),
+    ("nv.dl.training.config.micro_batch_size", "policy.train_micro_batch_size"),
+    ("nv.dl.training.config.max_sequence_length", "policy.max_total_sequence_length"),
+    ("nv.dl.training.config.num_prompts_per_step", "{algo}.num_prompts_per_step"),
+    ("nv.dl.training.config.num_generations_per_prompt", "{algo}.num_generations_per_prompt"),
+    ("nv.dl.training.config.seed", "{algo}.seed"),
+    ("nv.dl.training.target.max_steps", "{algo}.max_num_steps"),
+    ("nv.dl.training.target.max_epochs", "{algo}.max_num_epochs"),
+)
+
+# Parallel sizes per policy backend: (tp, pp, cp, ep) keys under policy.<backend>.
+_BACKEND_SIZES = {
+    "megatron_cfg": ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                     "expert_model_parallel_size"),
+    "dtensor_cfg": ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size",
+                    "expert_parallel_size"),
+}
 
 
 def build_resource(*, service_name: str, run_id: str, algorithm: str | None, rank: int, world_size: int,
-                   local_rank: int, span_groups: Iterable[str]) -> Resource:
+                   local_rank: int, span_groups: Iterable[str],
+                   run_attributes: Mapping[str, Any] | None = None) -> Resource:
     """The process's resource; these values win over ``OTEL_RESOURCE_ATTRIBUTES``."""
     attributes: dict[str, object] = {
+        **(run_attributes or {}),
+        **software_versions(),
         "service.name": service_name,
         RUN_ID_KEY: run_id,
         "nv.dl.rank": int(rank),
@@ -34,3 +91,155 @@ def build_resource(*, service_name: str, run_id: str, algorithm: str | None, ran
     if algorithm:
         attributes["rl.algorithm"] = algorithm
     return Resource.create(attributes)
+
+
+def software_versions() -> dict[str, str]:
+    """``nv.dl.software.*``: python's version and each installed package's (absent ones left out)."""
+    from importlib import metadata
+
+    versions = {"nv.dl.software.python": platform.python_version()}
+    for key, distribution in SOFTWARE_PACKAGES.items():
+        try:
+            versions[f"nv.dl.software.{key}"] = metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+        except Exception:  # a broken install's metadata must not stop telemetry
+            continue
+    return versions
+
+
+def _lookup(config: Mapping[str, Any], path: str) -> Any:
+    node: Any = config
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _scalar(value: Any) -> str | bool | int | float | None:
+    """``value`` as an attribute value, or None for what an attribute cannot hold (a list, a dict)."""
+    if isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    return None
+
+
+def _size(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        _log.warning("run config %s = %r is not a positive integer; nv.dl.topology.size.* leaves it out", what, value)
+        return None
+    return int(value)
+
+
+def _parallel_sizes(policy: Mapping[str, Any]) -> dict[str, int]:
+    """tp, pp, cp, ep of the policy backend in use (Megatron when enabled, else DTensor); 1 when unset."""
+    megatron = policy.get("megatron_cfg")
+    backend = "megatron_cfg" if isinstance(megatron, Mapping) and megatron.get("enabled") else "dtensor_cfg"
+    section = policy.get(backend)
+    section = section if isinstance(section, Mapping) else {}
+    sizes = {}
+    for short, key in zip(("tp", "pp", "cp", "ep"), _BACKEND_SIZES[backend]):
+        size = _size(section.get(key, 1), f"policy.{backend}.{key}")
+        if size is not None:
+            sizes[short] = size
+    return sizes
+
+
+def _topology(config: Mapping[str, Any]) -> dict[str, int]:
+    policy = config.get("policy")
+    sizes = _parallel_sizes(policy) if isinstance(policy, Mapping) else {}
+    nodes = _size(_lookup(config, "cluster.num_nodes"), "cluster.num_nodes")
+    gpus = _size(_lookup(config, "cluster.gpus_per_node"), "cluster.gpus_per_node")
+    if nodes is not None and gpus is not None:
+        sizes["world"] = nodes * gpus
+        model = sizes.get("tp", 1) * sizes.get("pp", 1) * sizes.get("cp", 1)
+        if sizes["world"] % model == 0:
+            sizes["dp"] = sizes["world"] // model
+        else:
+            _log.warning("run config: world size %d is not a multiple of tp*pp*cp = %d; "
+                         "nv.dl.topology.size.dp is left out", sizes["world"], model)
+    return {f"nv.dl.topology.size.{k}": v for k, v in sizes.items()}
+
+
+def _provider_name(environ: Mapping[str, str]) -> str:
+    """Who runs the job: the scheduler or orchestrator the process finds itself under."""
+    if environ.get("SLURM_JOB_ID"):
+        return "slurm"
+    if environ.get("KUBERNETES_SERVICE_HOST"):
+        return "kubernetes"
+    return "local"
+
+
+def run_resource_attributes(run_config: Mapping[str, Any] | None, *, algorithm: str | None = None,
+                            environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The run's resource attributes derived from the trainer's whole config (NeMo-RL's shape).
+
+    A pure function of its arguments (a missing key leaves its attribute out); see the README
+    table for where each attribute comes from.
+    """
+    config = run_config if isinstance(run_config, Mapping) else {}
+    attributes: dict[str, Any] = {"nv.dl.provider.name": _provider_name(os.environ if environ is None else environ)}
+    if algorithm:
+        attributes["nv.dl.campaign.stage"] = _STAGES.get(algorithm.lower(), "RL")
+    for name, path in (("rl.model", "policy.model_name"), ("nemo.precision", "policy.precision")):
+        value = _scalar(_lookup(config, path))
+        if value is not None:
+            attributes[name] = value
+    attributes.update(_topology(config))
+    section = _algorithm_section(config, algorithm)
+    for name, path in _TRAINING_SETTINGS:
+        if path.startswith("{algo}."):
+            value = _lookup(section, path[len("{algo}."):]) if section is not None else None
+        else:
+            value = _lookup(config, path)
+        value = _scalar(value)
+        if value is not None:
+            attributes[name] = value
+    return attributes
+
+
+def _algorithm_section(config: Mapping[str, Any], algorithm: str | None) -> Mapping[str, Any] | None:
+    """The algorithm's own block: ``grpo:`` for grpo, ``sft:`` for sft_v2 (its name before ``_v<N>``)."""
+    if not algorithm:
+        return None
+    for key in (algorithm, algorithm.lower().split("_v")[0]):
+        section = config.get(key)
+        if isinstance(section, Mapping):
+            return section
+    return None
+
+
+def encode_run_attributes(attributes: Mapping[str, Any]) -> str:
+    """JSON for ``NEMO_TELEMETRY_RESOURCE_ATTRIBUTES``; attributes past the size bound are left out."""
+    kept: dict[str, Any] = {}
+    for key, value in attributes.items():
+        trial = json.dumps({**kept, key: value}, separators=(",", ":"))
+        if len(trial.encode()) > MAX_RUN_ATTRIBUTES_BYTES:
+            _log.warning("resource attribute %r does not fit in %d bytes of environment; workers do not get it",
+                         key, MAX_RUN_ATTRIBUTES_BYTES)
+            continue
+        kept[key] = value
+    return json.dumps(kept, separators=(",", ":"))
+
+
+def decode_run_attributes(text: str | None) -> dict[str, Any]:
+    """The attributes in ``NEMO_TELEMETRY_RESOURCE_ATTRIBUTES``; a bad value warns and gives none."""
+    if not text:
+        return {}
+    try:
+        if len(text.encode()) > MAX_RUN_ATTRIBUTES_BYTES:
+            raise ValueError(f"longer than {MAX_RUN_ATTRIBUTES_BYTES} bytes")
+        decoded = json.loads(text)
+        if not isinstance(decoded, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        _log.warning("NEMO_TELEMETRY_RESOURCE_ATTRIBUTES is not usable (%s); the run's resource attributes "
+                     "are left out of this process", exc)
+        return {}
+    return {str(k): v for k, v in decoded.items() if _scalar(v) is not None}

@@ -19,6 +19,8 @@ __all__ = [
     "NEMO_TELEMETRY_RUN_ID",
     "NEMO_TELEMETRY_ALGORITHM",
     "NEMO_TELEMETRY_LOGS_ENABLED",
+    "NEMO_TELEMETRY_RESOURCE_ATTRIBUTES",
+    "NEMO_TELEMETRY_HOST_MEMORY_METRICS",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_PROTOCOL",
@@ -50,7 +52,15 @@ NEMO_TELEMETRY_ALGORITHM: Final = "NEMO_TELEMETRY_ALGORITHM"
 """``rl.algorithm`` resource attribute (``grpo``, ``ppo``, ``sft`` ...)."""
 
 NEMO_TELEMETRY_LOGS_ENABLED: Final = "NEMO_TELEMETRY_LOGS_ENABLED"
-"""``1``/``true``: stamp the active trace and span ids on every Python ``logging`` record (the log bridge)."""
+"""``1``/``true``: stamp the active trace and span ids on every Python ``logging`` record and export the
+records (OTLP logs, or ``logs-*.jsonl`` dump files beside the traces): the log bridge."""
+
+NEMO_TELEMETRY_RESOURCE_ATTRIBUTES: Final = "NEMO_TELEMETRY_RESOURCE_ATTRIBUTES"
+"""JSON object of the run's resource attributes (``rl.model``, ``nv.dl.topology.size.*`` ...) the driver
+derived from the trainer's config; workers add them to their resource."""
+
+NEMO_TELEMETRY_HOST_MEMORY_METRICS: Final = "NEMO_TELEMETRY_HOST_MEMORY_METRICS"
+"""``1``/``true``: one process per node samples ``rl.host.memory.*`` (every 15 s)."""
 
 OTEL_EXPORTER_OTLP_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_ENDPOINT"
 """Standard OTLP endpoint for all signals (``http://collector:4318`` or ``http://collector:4317``)."""
@@ -76,5 +86,7 @@ NEMO_TELEMETRY_VARIABLES: Final[tuple[str, ...]] = (
     NEMO_TELEMETRY_RUN_ID,
     NEMO_TELEMETRY_ALGORITHM,
     NEMO_TELEMETRY_LOGS_ENABLED,
+    NEMO_TELEMETRY_RESOURCE_ATTRIBUTES,
+    NEMO_TELEMETRY_HOST_MEMORY_METRICS,
 )
 """The variables ``init_telemetry_driver`` writes for its workers."""

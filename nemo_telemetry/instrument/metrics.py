@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import socket
 import threading
@@ -52,6 +53,7 @@ __all__ = [
     "record_efficiency_seconds",
     "record_setup_durations",
     "record_host_memory",
+    "read_host_memory",
     "VllmCounterDeltas",
     "VLLM_COUNTER_SERIES",
     "set_meter_provider",
@@ -66,7 +68,8 @@ _log = logging.getLogger("nemo_telemetry")
 
 METER_NAME = "nemo_telemetry"
 METRIC_KINDS = frozenset({"gauge", "counter", "up_down_counter", "histogram"})
-_NAME_RE = re.compile(r"^rl(\.[a-z0-9_]+)+$")
+# rl.* is the application scope; gen_ai.* are OpenTelemetry's GenAI semantic-convention series.
+_NAME_RE = re.compile(r"^(rl|gen_ai)(\.[a-z0-9_]+)+$")
 
 DL_PREFIX_REASON = (
     "dl.* is the series namespace of the trainer that owns the step: a co-resident Megatron "
@@ -103,7 +106,7 @@ def _check_row(row: TeedMetric) -> None:
         raise RegistryError(f"metric {name!r} is refused: {DL_PREFIX_REASON}.")
     if not _NAME_RE.match(name):
         raise RegistryError(f"metric {name!r} must be named rl.<subsystem>.<metric> "
-                            "(lowercase, dot-separated, starting with 'rl.')")
+                            "(lowercase, dot-separated, starting with 'rl.'; or an OpenTelemetry gen_ai.* series)")
     if row.kind not in METRIC_KINDS:
         raise RegistryError(f"metric {name!r}: kind {row.kind!r} is not one of {sorted(METRIC_KINDS)}")
     if row.logger_key is not None and (not isinstance(row.logger_key, str) or not row.logger_key):
@@ -377,29 +380,42 @@ def record_setup_durations(phases: Mapping[str, Any], *, attributes: Mapping[str
         return 0
 
 
+def read_host_memory(meminfo: str = "/proc/meminfo", statm: str = "/proc/self/statm") -> dict[str, int]:
+    """``{rl.host.memory.* series: bytes}`` from ``/proc/meminfo`` (and this process's ``statm``).
+
+    Raises OSError / ValueError / KeyError when the files cannot be read (not Linux).
+    """
+    fields: dict[str, int] = {}
+    with open(meminfo, encoding="ascii") as fh:
+        for line in fh:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts:
+                fields[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    total, available = fields["MemTotal"], fields["MemAvailable"]
+    values = {"rl.host.memory.used": total - available, "rl.host.memory.available": available,
+              "rl.host.memory.total": total}
+    try:
+        with open(statm, encoding="ascii") as fh:
+            values["rl.host.memory.process_rss"] = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    return values
+
+
 def record_host_memory(*, attributes: Mapping[str, Any] | None = None) -> int:
     """This node's memory as ``rl.host.memory.*`` (bytes), labelled with ``host.name``. Never raises.
 
-    Needs psutil (imported here, not at module import); without it, one warning and nothing.
+    Read from ``/proc`` (Linux); elsewhere one warning and nothing. Returns how many values were
+    recorded. :class:`~nemo_telemetry.instrument.host_memory.HostMemorySampler` calls it periodically.
     """
     try:
-        import psutil
-    except ImportError:
-        _warn_once("psutil", "record_host_memory: psutil is not installed; rl.host.memory.* is not recorded")
+        values = read_host_memory()
+    except (OSError, ValueError, KeyError) as exc:
+        _warn_once("host-memory", "record_host_memory: cannot read /proc/meminfo (%s); rl.host.memory.* is "
+                   "not recorded", exc)
         return 0
-    try:
-        memory = psutil.virtual_memory()
-        rss = psutil.Process().memory_info().rss
-    except Exception:
-        _warn_once("psutil-read", "record_host_memory: could not read memory usage")
-        return 0
-    labels = {"host.name": socket.gethostname(), **(attributes or {})}
-    return record_metrics({
-        "rl.host.memory.used": memory.total - memory.available,
-        "rl.host.memory.available": memory.available,
-        "rl.host.memory.total": memory.total,
-        "rl.host.memory.process_rss": rss,
-    }, attributes=labels)
+    return record_metrics(values, attributes={"host.name": socket.gethostname(), **(attributes or {})})
 
 
 # -- vLLM engine counters as deltas between steps ---------------------------------------------
@@ -489,7 +505,7 @@ def build_meter_provider(resource: Any, *, exporter: str, dump_dir: str | None =
 
         metric_exporter = DumpMetricExporter(dump_dir or "nemo_telemetry_dump", service_name=service_name)
     else:
-        from nemo_telemetry.instrument._lifecycle import otlp_protocol
+        from nemo_telemetry.instrument._config import otlp_protocol
 
         if otlp_protocol() == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter

@@ -81,20 +81,21 @@ def test_a_name_outside_rl_scope_is_refused(rows, name):
 
 
 def test_the_deliberate_single_segment_spellings_are_accepted(rows):
-    rows(TeedMetric("grad_norm", "rl.grad_norm", "gauge", "1", ""))
-    assert METRICS.row_for_key("grad_norm").name == "rl.grad_norm"
+    rows(TeedMetric("norm_of_grads", "rl.test_norm", "gauge", "1", ""))
+    assert METRICS.row_for_key("norm_of_grads").name == "rl.test_norm"
+    assert METRICS.row_for_key("train/grad_norm").name == "rl.grad_norm"  # the shipped training row
 
 
 def test_a_duplicate_logger_key_raises(rows):
-    rows(TeedMetric("loss", "rl.policy.loss", "gauge", "1", ""))
-    with pytest.raises(RegistryError, match="logger key 'loss'"):
-        rows(TeedMetric("loss", "rl.value.loss", "gauge", "1", ""))
+    rows(TeedMetric("test_loss", "rl.test.loss", "gauge", "1", ""))
+    with pytest.raises(RegistryError, match="logger key 'test_loss'"):
+        rows(TeedMetric("test_loss", "rl.value.test_loss", "gauge", "1", ""))
 
 
 def test_a_duplicate_series_name_raises(rows):
-    rows(TeedMetric("loss", "rl.policy.loss", "gauge", "1", ""))
-    with pytest.raises(RegistryError, match="rl.policy.loss"):
-        rows(TeedMetric("policy_loss", "rl.policy.loss", "gauge", "1", ""))
+    rows(TeedMetric("test_loss", "rl.test.loss", "gauge", "1", ""))
+    with pytest.raises(RegistryError, match="rl.test.loss"):
+        rows(TeedMetric("other_loss", "rl.test.loss", "gauge", "1", ""))
 
 
 def test_duplicates_inside_one_batch_raise_and_register_nothing(rows):
@@ -104,10 +105,10 @@ def test_duplicates_inside_one_batch_raise_and_register_nothing(rows):
 
 
 def test_reregistering_the_identical_row_is_a_no_op(rows):
-    row = TeedMetric("reward", "rl.reward.mean", "gauge", "1", "mean reward")
+    row = TeedMetric("reward_of_test", "rl.test.reward", "gauge", "1", "mean reward")
     rows(row)
     register_teed_metrics([row])  # a module imported twice
-    assert METRICS.row("rl.reward.mean") == row
+    assert METRICS.row("rl.test.reward") == row
 
 
 def test_an_unknown_kind_raises(rows):
@@ -119,15 +120,13 @@ def test_the_shipped_series_are_registered():
     names = {r.name for r in METRICS.rows()}
     assert {"rl.efficiency.seconds", "rl.setup.duration", "rl.host.memory.used",
             "rl.vllm.generation_tokens"} <= names
-    assert all(n.startswith("rl.") for n in names)
+    assert all(n.startswith(("rl.", "gen_ai.")) for n in names)
 
 
 # -- teeing -----------------------------------------------------------------------------------
 
 
-def test_tee_records_only_teed_keys_with_values(reader, rows):
-    rows(TeedMetric("loss", "rl.policy.loss", "gauge", "1", ""),
-         TeedMetric("reward", "rl.reward.mean", "gauge", "1", ""))
+def test_tee_records_only_teed_keys_with_values(reader):
     n = tee_metrics("train", {"loss": 0.5, "reward": None, "untracked": 3.0})
     assert n == 1
     got = points(reader)
@@ -136,13 +135,13 @@ def test_tee_records_only_teed_keys_with_values(reader, rows):
 
 
 def test_a_prefixed_row_wins_over_the_bare_key(reader, rows):
-    rows(TeedMetric("accuracy", "rl.train.accuracy", "gauge", "1", ""),
-         TeedMetric("validation/accuracy", "rl.validation.accuracy", "gauge", "1", ""))
-    tee_metrics("validation", {"accuracy": 0.9})
-    tee_metrics("train", {"accuracy": 0.7})
+    rows(TeedMetric("test_accuracy", "rl.test.accuracy", "gauge", "1", ""),
+         TeedMetric("validation/test_accuracy", "rl.validation.test_accuracy", "gauge", "1", ""))
+    tee_metrics("validation", {"test_accuracy": 0.9})
+    tee_metrics("train", {"test_accuracy": 0.7})
     got = points(reader)
-    assert got["rl.validation.accuracy"] == [({}, 0.9)]
-    assert got["rl.train.accuracy"] == [({}, 0.7)]
+    assert got["rl.validation.test_accuracy"] == [({}, 0.9)]
+    assert got["rl.test.accuracy"] == [({}, 0.7)]
 
 
 def test_counters_add_and_histograms_record(reader, rows):

@@ -16,6 +16,9 @@ PINNED = {
 # issue 19, names porting users reach for and the helpers the seeds describe
 PINNED |= {"get_telemetry_handle", "TelemetryHandle", "TIMER_ONLY_CATEGORIES", "TracedDataPlaneClient",
            "DATA_PLANE_OPS", "traced_ray_init", "CLUSTER_SOURCES", "traced_worker_init"}
+# resource attributes, training and generation series, log export (issue 19, items 3-5)
+PINNED |= {"run_resource_attributes", "TRAIN_PREFIX", "TRAINING_METRICS", "record_generation", "record_host_memory",
+           "DumpLogExporter"}
 
 
 def test_pinned_names_are_public():

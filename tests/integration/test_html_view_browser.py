@@ -220,3 +220,28 @@ def test_a_100000_span_run_opens_quickly_and_draws_only_visible_rows(page, tmp_p
     page.wait_for_function("() => window.__waterfall.visibleCount() === 101")
     print(f"100,001-span page: loaded in {load_s:.2f} s")  # figures go in the report, not asserts
     assert load_s < 30, "the page froze"
+
+
+def test_a_spans_log_records_show_in_its_tooltip_as_text(page, tmp_path):
+    from nemo_telemetry.analysis import LOGS_SCHEMA
+
+    spans = spans_table([span(1, "rl.grpo.step", 0, 10, iteration=1),
+                         span(2, "rl.grpo.generation", 1, 9, 1, iteration=1, bucket="productive")])
+    logs = pa.Table.from_pylist([
+        {"trace_id": TRACE, "span_id": f"{2:016x}", "time_ns": 2 * S, "severity": "WARN", "body": EVIL_VALUE},
+        {"trace_id": TRACE, "span_id": f"{2:016x}", "time_ns": 3 * S, "severity": "INFO", "body": EVIL_NAME},
+        {"trace_id": TRACE, "span_id": None, "time_ns": 4 * S, "severity": "INFO", "body": "in no span"},
+    ], schema=LOGS_SCHEMA)
+    path = tmp_path / "logs.html"
+    path.write_text(to_html(spans, logs=logs), encoding="utf-8")
+    page.goto(path.as_uri())
+
+    row = row_for(page, "rl.grpo.generation")
+    assert row.locator(".log-tag").text_content() == "2 logs"
+    assert row_for(page, "rl.grpo.step").locator(".log-tag").text_content() == ""
+    row.hover()
+    lines = page.locator("#tooltip .log").all_text_contents()
+    assert lines == [f"+1.00s WARN {EVIL_VALUE}", f"+2.00s INFO {EVIL_NAME}"]
+    assert page.locator("#tooltip img").count() == 0 and page.locator("#tooltip script").count() == 0
+    page.wait_for_timeout(50)
+    assert page.dialogs == []

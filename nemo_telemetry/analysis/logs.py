@@ -1,0 +1,371 @@
+"""The logs table: OTLP log dumps in, one row per log record out, with the span it was logged in.
+
+Inputs are what :class:`~nemo_telemetry.instrument.DumpLogExporter` and the Collector's file
+exporter write: JSON lines of ``ExportLogsServiceRequest`` (``resourceLogs``), or a single
+OTLP/JSON document, each optionally gzip or zstd compressed. A file is a log dump when its name
+starts with ``logs-`` or its first record is a ``resourceLogs`` request; lines of other signals
+in it are left to their own readers. A malformed line or record is counted and named (file,
+line, field) and costs only itself. ``ingest`` writes the table to ``DATASET/logs/``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from nemo_telemetry.analysis._detect import open_decompressed
+from nemo_telemetry.errors import IngestError
+
+__all__ = ["LOGS_SCHEMA", "LogReadResult", "LogsWritten", "read_logs", "read_log_dumps", "log_dump_files",
+           "write_dataset_logs"]
+
+_dict_str = pa.dictionary(pa.int32(), pa.string())
+_attr_map = pa.map_(pa.string(), pa.string())
+
+LOGS_SCHEMA = pa.schema([
+    pa.field("trace_id", pa.string()),  # lowercase hex; null when logged outside any span
+    pa.field("span_id", pa.string()),
+    pa.field("time_ns", pa.int64(), nullable=False),  # the record's time, else when it was observed
+    pa.field("observed_time_ns", pa.int64()),
+    pa.field("severity_number", pa.int32()),
+    pa.field("severity", _dict_str),  # severity text (INFO, WARN ...), else the number's name
+    pa.field("body", pa.string()),
+    pa.field("attributes", _attr_map),
+    pa.field("service_name", _dict_str),
+    pa.field("run_id", _dict_str),
+    pa.field("rank", pa.int64()),
+    pa.field("scope_name", _dict_str),
+    pa.field("resource_attributes", _attr_map),
+])
+"""One row per log record. ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank`` (from the resource)."""
+
+_HEAD_BYTES = 256
+_HEX_DIGITS = frozenset("0123456789abcdef")
+_HEX_ID = {n: re.compile(f"[0-9a-fA-F]{{{2 * n}}}") for n in (8, 16)}
+_SEVERITY_NAMES = {1: "TRACE", 5: "DEBUG", 9: "INFO", 13: "WARN", 17: "ERROR", 21: "FATAL"}
+
+
+@dataclass
+class LogReadResult:
+    """The table of some log dumps, the log requests read, and each problem (file:line: why).
+
+    ``problems`` are bad records inside log requests; ``unreadable`` are lines or files that are
+    not JSON requests at all (the trace reader reports those too, when it reads the same files).
+    """
+
+    table: pa.Table
+    requests: int = 0
+    problems: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LogsWritten:
+    """What :func:`write_dataset_logs` wrote: records, the log requests they came in, each bad record."""
+
+    records: int = 0
+    requests: int = 0
+    problems: tuple[str, ...] = ()
+
+
+@dataclass
+class _Rows:
+    columns: dict[str, list] = field(default_factory=lambda: {f.name: [] for f in LOGS_SCHEMA})
+
+    def table(self) -> pa.Table:
+        arrays = []
+        for f in LOGS_SCHEMA:
+            values = self.columns[f.name]
+            if pa.types.is_dictionary(f.type):
+                arrays.append(pa.array(values, pa.string()).dictionary_encode())
+            else:
+                arrays.append(pa.array(values, f.type))
+        return pa.Table.from_arrays(arrays, schema=LOGS_SCHEMA)
+
+
+# -- which files ------------------------------------------------------------------------------
+
+
+def _is_log_dump(path: Path) -> bool:
+    if path.name.startswith("logs-"):
+        return True
+    try:
+        stream, _ = open_decompressed(path)
+        with stream:
+            head = stream.peek(_HEAD_BYTES)[:_HEAD_BYTES]
+    except Exception:  # unreadable or not compressed as it claims: the trace reader names it
+        return False
+    return b'"resourceLogs"' in head or b'"resource_logs"' in head
+
+
+def log_dump_files(source: str | Path | Iterable[str | Path]) -> list[Path]:
+    """The log dumps among ``source``: files named, and files under directories (hidden ones skipped)."""
+    items = [source] if isinstance(source, (str, Path)) else list(source)
+    files: list[Path] = []
+    for item in map(Path, items):
+        if item.is_dir():
+            found = sorted(p for p in item.rglob("*") if p.is_file()
+                           and not any(part.startswith(".") for part in p.relative_to(item).parts))
+            files.extend(p for p in found if _is_log_dump(p))
+        elif item.is_file():
+            if _is_log_dump(item):
+                files.append(item)
+        else:
+            raise IngestError(f"{item}: no such file or directory. Pass a log dump (logs-*.jsonl), the "
+                              "directory the dump exporter wrote, or a dataset directory.")
+    return files
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def _documents(path: Path, problems: list[str]) -> Iterator[tuple[str, Any]]:
+    try:
+        stream, _ = open_decompressed(path)
+        with stream:
+            data = stream.read()
+    except Exception as exc:  # OSError, EOFError, zstandard.ZstdError
+        problems.append(f"{path}: cannot be read ({exc})")
+        return
+    try:  # a single document (pretty-printed, or a list of requests); JSON lines fail at line 2
+        doc = orjson.loads(data)
+        yield from ((str(path), d) for d in (doc if isinstance(doc, list) else [doc]))
+        return
+    except orjson.JSONDecodeError:
+        pass
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield f"{path}:{number}", orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            problems.append(f"{path}:{number}: not JSON ({exc})")
+
+
+def _get(obj: dict, camel: str, snake: str, default: Any = None) -> Any:
+    value = obj.get(camel)
+    return obj.get(snake, default) if value is None else value
+
+
+def _any_text(value: Any) -> str | None:
+    """An OTLP/JSON ``AnyValue`` as text (arrays and maps as JSON)."""
+    if isinstance(value, dict) and "stringValue" in value:  # the common case, first
+        return str(value["stringValue"])
+    python = _any_python(value)
+    if python is None or isinstance(python, str):
+        return python
+    if isinstance(python, bool):
+        return "true" if python else "false"
+    if isinstance(python, (int, float)):
+        return str(python)
+    return json.dumps(python, separators=(",", ":"), ensure_ascii=False)
+
+
+def _any_python(value: Any) -> Any:
+    if not isinstance(value, dict) or not value:
+        return None
+    key, inner = next(iter(value.items()))
+    if key in ("stringValue", "string_value"):
+        return str(inner)
+    if key in ("boolValue", "bool_value"):
+        return bool(inner)
+    if key in ("intValue", "int_value"):
+        return int(inner)
+    if key in ("doubleValue", "double_value"):
+        return float(inner)
+    if key in ("bytesValue", "bytes_value"):
+        return str(inner)
+    if key in ("arrayValue", "array_value"):
+        return [_any_python(v) for v in (inner or {}).get("values", ())]
+    if key in ("kvlistValue", "kvlist_value"):
+        return {kv.get("key"): _any_python(kv.get("value")) for kv in (inner or {}).get("values", ())}
+    raise ValueError(f"unknown value type {key!r}")
+
+
+def _attributes(kvs: Any) -> list[tuple[str, str | None]]:
+    if not kvs:
+        return []
+    return [(str(kv["key"]), _any_text(kv.get("value"))) for kv in kvs]
+
+
+def _hex_id(value: Any, length: int, what: str) -> str | None:
+    """A trace/span id as lowercase hex (hex in any case, or base64); None when absent or all zero."""
+    if not value:
+        return None
+    text = str(value)
+    if _HEX_ID[length].fullmatch(text):
+        text = text.lower()
+        return None if not text.strip("0") else text
+    if len(text) != length * 2:
+        try:
+            text = base64.b64decode(text, validate=True).hex()
+        except (binascii.Error, ValueError):
+            text = ""
+    text = text.lower()
+    if len(text) != length * 2 or not set(text) <= _HEX_DIGITS:
+        raise ValueError(f"{what} {value!r} is neither {length * 2} hex digits nor base64 of {length} bytes")
+    return None if not text.strip("0") else text
+
+
+def _int(value: Any, what: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} {value!r} is not an integer") from None
+    if not -(1 << 63) <= number < (1 << 63):
+        raise ValueError(f"{what} {value!r} does not fit in int64")
+    return number
+
+
+def _severity_number(value: Any) -> int | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and value.startswith("SEVERITY_NUMBER_"):
+        name = value[len("SEVERITY_NUMBER_"):]
+        base = {v: k for k, v in _SEVERITY_NAMES.items()}
+        letters, digits = name.rstrip("0123456789"), name[len(name.rstrip("0123456789")):]
+        if letters not in base:
+            raise ValueError(f"severityNumber {value!r} is not a severity")
+        return base[letters] + (int(digits) - 1 if digits else 0)
+    number = _int(value, "severityNumber")
+    if not 0 <= number <= 24:
+        raise ValueError(f"severityNumber {value!r} is outside 0-24")
+    return number
+
+
+def _record_row(record: dict) -> dict:
+    time_ns = _int(_get(record, "timeUnixNano", "time_unix_nano", 0), "timeUnixNano")
+    observed = _int(_get(record, "observedTimeUnixNano", "observed_time_unix_nano", 0), "observedTimeUnixNano")
+    number = _severity_number(_get(record, "severityNumber", "severity_number"))
+    text = _get(record, "severityText", "severity_text") or (
+        _SEVERITY_NAMES.get((number - 1) // 4 * 4 + 1) if number else None)
+    return {
+        "trace_id": _hex_id(_get(record, "traceId", "trace_id"), 16, "traceId"),
+        "span_id": _hex_id(_get(record, "spanId", "span_id"), 8, "spanId"),
+        "time_ns": time_ns or observed,
+        "observed_time_ns": observed or None,
+        "severity_number": number,
+        "severity": text,
+        "body": _any_text(record.get("body")),
+        "attributes": _attributes(record.get("attributes")),
+    }
+
+
+def _decode(doc: Any, where: str, rows: _Rows, problems: list[str], unreadable: list[str]) -> bool:
+    """Rows for a ``resourceLogs`` request; False when ``doc`` is not one. A bad part is named and skipped."""
+    if not isinstance(doc, dict):
+        unreadable.append(f"{where}: not an OTLP request object")
+        return False
+    resources = _get(doc, "resourceLogs", "resource_logs")
+    if resources is None:
+        return False
+    for r_index, resource_logs in enumerate(resources if isinstance(resources, list) else [resources]):
+        part = f"{where}: resourceLogs[{r_index}]"
+        try:
+            resource = _attributes((resource_logs.get("resource") or {}).get("attributes"))
+            scopes = _get(resource_logs, "scopeLogs", "scope_logs") or ()
+            scopes = [(s_index, scope, scope.get("scope") or {}, _get(scope, "logRecords", "log_records") or ())
+                      for s_index, scope in enumerate(scopes)]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            problems.append(f"{part}: not an OTLP ResourceLogs object ({exc})")
+            continue
+        common = _resource_columns(resource)
+        for s_index, _, scope, records in scopes:
+            for index, record in enumerate(records):
+                try:
+                    row = _record_row(record)
+                    row["scope_name"] = scope.get("name") or None
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    problems.append(f"{part}.scopeLogs[{s_index}].logRecords[{index}]: {exc}")
+                    continue
+                if not row["time_ns"]:
+                    problems.append(f"{part}.scopeLogs[{s_index}].logRecords[{index}]: "
+                                    "no timeUnixNano or observedTimeUnixNano")
+                    continue
+                for key, value in {**row, **common}.items():
+                    rows.columns[key].append(value)
+    return True
+
+
+def _resource_columns(resource: list[tuple[str, str | None]]) -> dict[str, Any]:
+    by_key = dict(resource)
+    try:
+        rank = int(by_key["nv.dl.rank"]) if by_key.get("nv.dl.rank") is not None else None
+    except ValueError:
+        rank = None
+    return {"service_name": by_key.get("service.name"), "run_id": by_key.get("nemo.run.id"), "rank": rank,
+            "resource_attributes": resource}
+
+
+def read_log_dumps(files: Iterable[str | Path]) -> LogReadResult:
+    """The logs table of the given dump files, with the number of log requests and each problem."""
+    rows, problems, unreadable, requests = _Rows(), [], [], 0
+    for path in map(Path, files):
+        for where, doc in _documents(path, unreadable):
+            requests += _decode(doc, where, rows, problems, unreadable)
+    return LogReadResult(rows.table(), requests, problems, unreadable)
+
+
+def read_logs(source: str | Path | Iterable[str | Path]) -> pa.Table:
+    """The logs table (``LOGS_SCHEMA``) of a dataset directory, log dump files, or directories of them.
+
+    Empty (with the schema) when the source has no logs. A malformed record is left out and
+    warned about (a ``UserWarning``), naming the file, line and field.
+    """
+    import warnings
+
+    from nemo_telemetry.analysis.dataset import is_dataset
+
+    items = [source] if isinstance(source, (str, Path)) else list(source)
+    tables: list[pa.Table] = []
+    raw: list[Path] = []
+    for item in map(Path, items):
+        if is_dataset(item):
+            tables.extend(pq.read_table(f, schema=LOGS_SCHEMA) for f in sorted((item / "logs").glob("*.parquet")))
+        else:
+            raw.append(item)
+    if raw:
+        result = read_log_dumps(log_dump_files(raw))
+        problems = result.problems + result.unreadable
+        if problems:
+            warnings.warn(f"{len(problems)} log record(s) left out: {'; '.join(problems[:3])}",
+                          UserWarning, stacklevel=2)
+        tables.append(result.table)
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return LOGS_SCHEMA.empty_table()
+    return pa.concat_tables(tables).sort_by([("time_ns", "ascending")])
+
+
+def write_dataset_logs(files: Iterable[Path], out: Path) -> LogsWritten:
+    """Write the records of the log dumps among ``files`` under ``out/logs``; what was read.
+
+    One Parquet file per input, named by the input's content hash, so re-ingesting a file
+    replaces its records instead of adding them twice. Each file is written under a temporary
+    name and renamed, so a reader never sees half of one.
+    """
+    written, requests, problems = 0, 0, []
+    for path in log_dump_files(list(files)):
+        result = read_log_dumps([path])
+        requests += result.requests
+        problems += result.problems
+        if not result.table.num_rows:
+            continue
+        target = Path(out) / "logs" / f"{hashlib.sha1(path.read_bytes()).hexdigest()[:20]}.parquet"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        pq.write_table(result.table, temporary)
+        os.replace(temporary, target)
+        written += result.table.num_rows
+    return LogsWritten(written, requests, tuple(problems))
