@@ -50,11 +50,11 @@ browser:
 demo: install
 	$(BIN)/nemo-telemetry demo
 
-# Two runs, both always: the suite in .venv, then tests/vllm against the real engine in .venv-vllm.
+# Two runs, both always: the suite in .venv, then tests/vllm_engine against the real engine in .venv-vllm.
 test: install-test install-vllm browser
 	@status=0; \
 	$(BIN)/python -m pytest || status=1; \
-	$(VLLM_BIN)/python -m pytest tests/vllm || status=1; \
+	$(VLLM_BIN)/python -m pytest tests/vllm_engine || status=1; \
 	exit $$status
 
 clean:

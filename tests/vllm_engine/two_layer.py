@@ -6,7 +6,7 @@ a :class:`~nemo_telemetry.analysis.CollectorServer` on 127.0.0.1, and runs a few
 generates from token prompts and from text prompts (productive), then a validation batch inside
 ``bucket_scope(OVERHEAD)``, and records the ``rl.vllm.*`` counter deltas. Afterwards our dump and
 the receiver's dataset are read and joined into one spans table. ``bench/gpu_vllm_check.py``
-runs it (on a GPU or the CPU); ``tests/vllm`` runs that script once per session, in its own
+runs it (on a GPU or the CPU); ``tests/vllm_engine`` runs that script once per session, in its own
 process, and reads what it left with :func:`read_two_layer`.
 """
 

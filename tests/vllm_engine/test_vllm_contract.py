@@ -2,7 +2,7 @@
 
 The fast unit tests (tests/instrument/test_vllm.py) run against the stand-in; this module holds it
 to the installed vLLM: ``make test`` runs it in ``.venv-vllm`` against vLLM's CPU build, and on a
-GPU machine ``python -m pytest tests/vllm`` runs it against the CUDA build. Every check names what
+GPU machine ``python -m pytest tests/vllm_engine`` runs it against the CUDA build. Every check names what
 our instrumentation relies on, so a failure says which assumption broke.
 """
 
