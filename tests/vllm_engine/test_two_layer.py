@@ -114,8 +114,9 @@ def test_engine_counter_deltas_per_step_are_the_tokens_generated(vllm_run):
 
 def test_vllm_engine_process_spans_reach_our_receiver_under_load_model(vllm_run, rows):
     """vLLM's own exporter (engine-core and worker processes) sends its start-up spans to our receiver."""
-    assert vllm_run.received is not None
-    assert "EngineCoreProc init" in vllm_run.received.column("name").to_pylist()
+    assert vllm_run.received is not None, "our receiver got no span from vLLM's exporter"
+    received = sorted(vllm_run.received.column("name").to_pylist())
+    assert "EngineCoreProc init" in received, received
     (engine_init,) = rows.named("EngineCoreProc init")
-    assert LOAD_MODEL_SPAN in rows.ancestors(engine_init)
+    assert LOAD_MODEL_SPAN in rows.ancestors(engine_init), rows.ancestors(engine_init)
     assert rows.rows[engine_init]["run_id"] == rows.rows[rows.named(LOAD_MODEL_SPAN)[0]]["run_id"]
