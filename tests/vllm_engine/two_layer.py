@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 PROMPTS_PER_CALL = 4
 VALIDATION_PROMPTS = 2
@@ -57,7 +57,8 @@ def _generate(llm: Any, prompts: list, params: Any, step: int, kind: str) -> Gen
                         sum(len(c.token_ids) for o in outputs for c in o.outputs))
 
 
-def _drive(model: str, work: Path, steps: int, engine_kwargs: dict[str, Any]) -> tuple[list[GenerateCall], str, float]:
+def _drive(model: str, work: Path, steps: int, engine_kwargs: dict[str, Any],
+           settle: Callable[[], None]) -> tuple[list[GenerateCall], str, float]:
     from vllm import SamplingParams
 
     from nemo_telemetry.instrument import (
@@ -97,6 +98,7 @@ def _drive(model: str, work: Path, steps: int, engine_kwargs: dict[str, Any]) ->
                 record_vllm_engine_counters(llm, deltas)
                 flush_metrics()
             trace_path = getattr(llm, "_nemo_telemetry_trace_path", "?")
+            settle()
         finally:
             _shut_down(llm)
         flush_telemetry()
@@ -165,7 +167,10 @@ def run_two_layer(model: str, work: Path, *, steps: int = 2, engine_kwargs: dict
     saved = {k: os.environ.get(k) for k in environment}
     os.environ.update(environment)
     try:
-        calls, trace_path, load_seconds = _drive(model, work, steps, dict(engine_kwargs or {}))
+        # The engine processes export from a background thread, and vLLM kills them soon after
+        # asking them to stop: let their exports land while they idle, then take whatever exit sends.
+        calls, trace_path, load_seconds = _drive(model, work, steps, dict(engine_kwargs or {}),
+                                                 settle=lambda: _wait_until_quiet(collector, wait_s))
         _wait_until_quiet(collector, wait_s)
     finally:
         collector.stop()
