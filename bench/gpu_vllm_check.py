@@ -62,7 +62,8 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--wait-s", type=float, default=20.0, help="how long to wait for vLLM's last spans")
     parser.add_argument("--out", type=Path, default=None,
-                        help="keep the run here (dumps, the receiver's dataset, run.json); default: a new temporary directory")
+                        help="keep the run here (dumps, the receiver's dataset, run.json); "
+                             "default: a new temporary directory")
     return parser.parse_args()
 
 
@@ -168,7 +169,8 @@ def _checks(run) -> list[tuple[str, bool]]:
          len(under_generate) == len(requests) and bool(requests)),
         (f"requests attributed to steps {sorted(x for x in in_steps if x is not None)}",
          in_steps == set(range(1, run.steps + 1))),
-        (f"validation generation is overhead ({validations} calls, {validation_s:.3f} s of {overhead_s:.3f} s overhead)",
+        (f"validation generation is overhead ({validations} calls, {validation_s:.3f} s "
+         f"of {overhead_s:.3f} s overhead)",
          validations == run.steps and validation_s > 0 and abs(validation_s - overhead_s) <= 1e-6 * overhead_s),
         (f"rl.vllm.generation_tokens per step add up ({counted:.0f} of {generated:.0f})", counted == generated),
     ]

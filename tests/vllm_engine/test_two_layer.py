@@ -66,8 +66,9 @@ def test_one_llm_request_per_prompt_under_its_generate_span(vllm_run, rows):
     assert len(generates) == len(vllm_run.calls)
     for g, call in zip(generates, vllm_run.calls):
         assert len(rows.children(g, "llm_request")) == call.prompts == int(rows.attributes[g]["rl.vllm.num_prompts"])
+        generate = rows.rows[g]
         for r in rows.children(g, "llm_request"):
-            assert rows.rows[g]["start_ns"] <= rows.rows[r]["start_ns"] <= rows.rows[r]["end_ns"] <= rows.rows[g]["end_ns"]
+            assert generate["start_ns"] <= rows.rows[r]["start_ns"] <= rows.rows[r]["end_ns"] <= generate["end_ns"]
 
 
 def test_llm_requests_are_attributed_to_the_step_that_generated_them(vllm_run, rows):

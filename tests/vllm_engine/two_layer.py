@@ -121,7 +121,8 @@ def cpu_engine_kwargs() -> dict[str, Any]:
 
 
 def _wait_until_quiet(collector: Any, wait_s: float, quiet_s: float = 1.0) -> None:
-    """Until the receiver has taken no new span for ``quiet_s`` (the engine processes' last batches), at most ``wait_s``."""
+    """Until the receiver has taken no new span for ``quiet_s`` (the engine processes' last batches);
+    at most ``wait_s``."""
     deadline = time.monotonic() + wait_s
     last, quiet_since = -1, time.monotonic()
     while time.monotonic() < deadline:
