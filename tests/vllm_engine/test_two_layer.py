@@ -121,3 +121,12 @@ def test_vllm_engine_process_spans_reach_our_receiver_under_load_model(vllm_run,
     (engine_init,) = rows.named("EngineCoreProc init")
     assert LOAD_MODEL_SPAN in rows.ancestors(engine_init), rows.ancestors(engine_init)
     assert rows.rows[engine_init]["run_id"] == rows.rows[rows.named(LOAD_MODEL_SPAN)[0]]["run_id"]
+
+
+def test_driver_side_llm_requests_travel_our_exporter(vllm_run, rows):
+    """vLLM 0.32 starts llm_request from OpenTelemetry's global provider, which is ours (module docstring of
+    nemo_telemetry/instrument/vllm.py): they are in our dump, with our resource, not at the receiver."""
+    assert "llm_request" not in vllm_run.received.column("name").to_pylist()
+    (load,) = rows.named(LOAD_MODEL_SPAN)
+    assert {(rows.rows[i]["service_name"], rows.rows[i]["run_id"]) for i in rows.named("llm_request")} == {
+        (rows.rows[load]["service_name"], rows.rows[load]["run_id"])}
