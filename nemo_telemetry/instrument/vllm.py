@@ -30,7 +30,16 @@ engine without the param   ``add_request`` has no ``trace_headers``             
 =========================  ==========================================================  =========
 
 Verified on a GPU (NVIDIA H200, torch 2.11): vLLM 0.24.0 takes the headers path, every
-``llm_request`` a child of its ``rl.vllm.generate`` (``bench/gpu_vllm_check.py``).
+``llm_request`` a child of its ``rl.vllm.generate`` (``bench/gpu_vllm_check.py``); and on the CPU
+in every ``make test`` (vLLM's CPU build 0.32.0, ``tests/vllm_engine``).
+
+Which exporter carries vLLM's spans: the engine-core and worker processes export through vLLM's
+own provider to ``otlp_traces_endpoint`` (their start-up spans, ``EngineCoreProc init`` and
+below, parented under ``rl.vllm.load_model``). In the driver process, vLLM 0.32 starts
+``llm_request`` (and ``SyncMPClient init``) from OpenTelemetry's *global* tracer provider, and
+``init_telemetry_*`` installs ours as the global where none is set yet, so with telemetry started
+before the engine those spans travel our exporter (dump or OTLP), with our resource; either way
+they keep their ids and parents. Read both places (our output and the collector's dataset).
 
 In every version above, offline ``LLM.generate`` itself takes no trace context and its
 ``_add_request`` calls ``self.llm_engine.add_request`` without ``trace_headers`` (vLLM issue

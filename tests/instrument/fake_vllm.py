@@ -1,20 +1,25 @@
 """A stand-in for the parts of vLLM that ``nemo_telemetry.instrument.vllm`` calls. Not vLLM.
 
-vLLM needs CUDA and torch, so the tests run against this test double instead. Every method we
-call has the exact signature of vLLM 0.33.0 (checked against its source:
-``vllm/entrypoints/llm.py``, ``vllm/entrypoints/common/offline.py``,
-``vllm/v1/engine/llm_engine.py``, ``vllm/v1/engine/async_llm.py``, ``vllm/engine/arg_utils.py``,
-``vllm/v1/engine/output_processor.py``, ``vllm/tracing/``), and
-``tests/instrument/test_vllm_contract.py`` compares them with the installed vLLM wherever it is
-importable. What the double reproduces, because our instrumentation depends on it:
+A test double for the fast unit tests (``tests/instrument/test_vllm.py``, the stitching tests):
+they need no engine start and no 3.5 GB install, and they reach cases the real engine does not
+offer on demand (an engine without ``trace_headers``). The real engine runs in ``tests/vllm_engine``
+(vLLM's CPU build, in ``.venv-vllm``). Every method we call has the exact signature of vLLM 0.33.0
+and 0.32.0 (checked against its source: ``vllm/entrypoints/llm.py``,
+``vllm/entrypoints/common/offline.py``, ``vllm/v1/engine/llm_engine.py``,
+``vllm/v1/engine/async_llm.py``, ``vllm/engine/arg_utils.py``,
+``vllm/v1/engine/output_processor.py``, ``vllm/tracing/``), and ``tests/vllm_engine/test_vllm_contract.py``
+compares them with the installed vLLM. What the double reproduces, because our instrumentation
+depends on it:
 
 - ``LLM.generate`` adds one engine request per prompt through ``self.llm_engine.add_request``
   *without* ``trace_headers`` (vLLM issue 32177), then steps the engine until every request is done;
 - the engine emits one ``llm_request`` span (kind SERVER, vLLM's ``gen_ai.*`` attributes) per
   finished request when ``otlp_traces_endpoint`` is set: a child of the ``traceparent`` it was
   given, else in a trace of its own (the engine side has no access to the caller's context);
-- vLLM's spans go through vLLM's own tracer provider (:data:`VLLM_TRACER_PROVIDER` here),
-  not ours; the two meet only in the exported ids;
+- vLLM's spans go through a tracer provider that is not the one our spans use
+  (:data:`VLLM_TRACER_PROVIDER` here), so the join is tested on the exported ids alone (the real
+  engine's processes export through vLLM's own OTLP pipeline; see ``nemo_telemetry/instrument/vllm.py``
+  for its driver-side ``llm_request`` spans);
 - ``LLM.get_metrics()`` returns Prometheus-style ``Counter`` objects (``vllm:generation_tokens``...).
 
 ``engine="no_trace_headers"`` gives an engine whose ``add_request`` has no ``trace_headers``
@@ -35,6 +40,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 STAND_IN_VERSION = "0.33.0"
 """The vLLM release whose signatures the double copies exactly."""
+
+EXACT_SIGNATURE_RELEASES = frozenset({STAND_IN_VERSION, "0.32.0"})
+"""The releases whose signatures the double matches exactly (0.32.0: the CPU build ``make test`` installs)."""
 
 VLLM_TRACER_PROVIDER: Any = None
 """Where the double's ``llm_request`` spans go (vLLM's own OTLP pipeline, in the real thing)."""

@@ -1,4 +1,6 @@
-"""vLLM two-layer tracing against the stand-in (tests/instrument/fake_vllm.py; vLLM needs a GPU).
+"""vLLM two-layer tracing against the stand-in (tests/instrument/fake_vllm.py): fast, no engine.
+
+The real engine runs in tests/vllm_engine.
 
 Our spans go to the ``exporter`` fixture's provider; the stand-in's ``llm_request`` spans go to a
 separate provider, as vLLM's go to its own OTLP pipeline: the layers meet only in the ids.
