@@ -43,6 +43,7 @@ __all__ = [
     "fsync_path",
     "prepare",
     "temporary_name",
+    "with_path",
     "write_record",
 ]
 
@@ -66,6 +67,14 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def with_path(exc: OSError, path: Path) -> OSError:
+    """``exc`` naming ``path`` when it names no file (pyarrow's write errors and ``os.fsync``'s
+    do not); the same errno and so the same class (``OSError(ENOSPC, ...)``, ``PermissionError``)."""
+    if exc.filename is not None or exc.errno is None:
+        return exc
+    return OSError(exc.errno, os.strerror(exc.errno), str(path))
 
 
 @dataclass(frozen=True)
@@ -160,8 +169,10 @@ def write_record(root: Path, writer: str, sequence: int, record: dict) -> Path:
             os.fsync(handle.fileno())
         os.replace(tmp, final)
         fsync_path(folder)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise with_path(exc, final) from exc
         raise
     return final
 
@@ -250,8 +261,13 @@ def compact(root: Path, writer: str, sequence: int, *, at_least: int = _COMPACT_
     The snapshot is written (atomically) before the records it covers are removed, so a reader
     sees either them, or it, or both: the same union.
     """
+    try:
+        if sum(1 for n in os.listdir(root / COMMITS) if n.endswith(".json")) < max(at_least, 2):
+            return False  # the usual case, without reading the records
+    except FileNotFoundError:
+        return False
     union = _read_union(root)
-    if union is None or len(union.names) < max(at_least, 2):
+    if union is None or len(union.names) < 2:
         return False
     write_record(root, writer, sequence, union.snapshot())
     folder = root / COMMITS

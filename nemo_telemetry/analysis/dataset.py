@@ -399,13 +399,20 @@ def _write_spans(pieces: list[pa.Table], path: Path) -> None:
     """One file of a partition's spans: the pieces put together first (a table of many small
     chunks costs the Parquet writer more than the copy)."""
     table = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
-    pq.write_table(table.combine_chunks(), path, write_statistics=_SPAN_STATISTICS, use_dictionary=_SPAN_DICTIONARY)
-    commits.fsync_path(path)
+    try:
+        pq.write_table(table.combine_chunks(), path, write_statistics=_SPAN_STATISTICS,
+                       use_dictionary=_SPAN_DICTIONARY)
+        commits.fsync_path(path)
+    except OSError as exc:
+        raise commits.with_path(exc, path) from exc
 
 
 def _write_table(table: pa.Table, path: Path) -> None:
-    pq.write_table(table, path)
-    commits.fsync_path(path)
+    try:
+        pq.write_table(table, path)
+        commits.fsync_path(path)
+    except OSError as exc:
+        raise commits.with_path(exc, path) from exc
 
 
 def drop_duplicates(tables: OtlpTables, dedup: SpanDeduplicator, keys: np.ndarray | None = None) -> OtlpTables:

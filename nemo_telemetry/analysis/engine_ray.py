@@ -18,6 +18,7 @@ a local one, unless this process is already connected.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import deque
 from pathlib import Path
@@ -203,11 +204,12 @@ def ray_ingest(
     file, in input order, so the deduplication keeps the same first copy of a repeated span.
     """
     ray = connect()
-    files = _raw_files(inputs, format)
+    files, skipped = _raw_files(inputs, format)
     writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
     try:
         writer.start(ingest_inputs(inputs))
         summary = _ingest_files(ray, files, writer, progress, batch_spans)
+        summary = dataclasses.replace(summary, skipped_files=len(skipped), warnings=tuple(skipped) + summary.warnings)
     except BaseException:
         writer.abort()  # nothing of this ingest becomes visible; its start stays recorded
         raise
