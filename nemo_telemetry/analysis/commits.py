@@ -284,7 +284,9 @@ def prepare(root: Path, writer: str) -> tuple[DatasetState, int]:
     Returns the state and how many records this writer wrote (its next sequence number).
     """
     sequence = 0
-    (root / COMMITS).mkdir(exist_ok=True)
+    if not (root / COMMITS).is_dir():
+        (root / COMMITS).mkdir()
+        fsync_path(root)  # the folder's name is durable before any record in it
     state = dataset_state(root, warn=False)
     if not os.listdir(root / COMMITS):
         legacy = sorted(str(p.relative_to(root)) for table in TABLES for p in (root / table).rglob("*.parquet"))

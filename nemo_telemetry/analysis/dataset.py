@@ -7,10 +7,14 @@ Layout::
                                          is written __HIVE_DEFAULT_PARTITION__)
     DATASET/events/part-*.parquet
     DATASET/links/part-*.parquet
+    DATASET/metrics/<content hash>.parquet
+    DATASET/_commits/*.json             which of those files are committed (commits.py)
 
 Every file holds every column of its table (the partition column too), so a file is readable
-on its own and the directory names only serve pruning. Writing and reading stay in this one
-module so that finer partitioning (rank, time window) changes one place.
+on its own and the directory names only serve pruning. A reader reads the committed files
+only: a file is written under a hidden temporary name, fsync'd, and renamed into place by the
+commit that records it. Writing and reading stay in this one module so that finer
+partitioning (rank, time window) changes one place.
 """
 
 from __future__ import annotations
@@ -200,6 +204,7 @@ class DatasetWriter:
             state, self._records = commits.prepare(self.root, self.writer)
             self._begun: dict | None = None
             self._unfinished = state.unfinished  # what a final commit of the same inputs completes
+            self._committed = state.committed or frozenset()
             self._prefix = f"part-{self.writer}"
             self._sequence = 0
             self.dedup = SpanDeduplicator()
@@ -251,8 +256,10 @@ class DatasetWriter:
         return fresh
 
     def stage_table(self, relative: str, table: pa.Table) -> None:
-        """Stage ``table`` as the file ``relative`` (e.g. ``metrics/<hash>.parquet``) in the next commit;
-        a committed file of that name is replaced."""
+        """Stage ``table`` as the file ``relative`` (e.g. ``metrics/<hash>.parquet``, named by its
+        content) in the next commit; nothing when a file of that name is committed already."""
+        if relative in self._committed:
+            return
         path = self.root / relative
         self._make_folder(path.parent)
         self._submit(_write_table, table, path)

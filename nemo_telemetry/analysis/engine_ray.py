@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis import streaming
-from nemo_telemetry.analysis.dataset import DatasetWriter
+from nemo_telemetry.analysis.dataset import DatasetWriter, drop_duplicates
 from nemo_telemetry.analysis.ingest import (BATCH_SPANS, FILE_ROWS, WRITE_AHEAD, IngestSummary, Source, _Pipeline,
                                             _raw_files, ingest_inputs)
 from nemo_telemetry.errors import NemoTelemetryError
@@ -241,7 +241,7 @@ def _ingest_files(ray, files: list, writer: DatasetWriter, progress, batch_spans
                 totals["skipped_records"] += payload["skipped_records"]
                 warnings.extend(payload["warnings"])
                 continue
-            written = writer.write(payload)
+            written = writer.write_fresh(drop_duplicates(payload, writer.dedup))  # as ingest's pipeline
             totals["duplicates_dropped"] += payload.spans.num_rows - written.spans.num_rows
             totals["spans"] += written.spans.num_rows
             totals["events"] += written.events.num_rows
