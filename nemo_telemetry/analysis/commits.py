@@ -168,6 +168,7 @@ def write_record(root: Path, writer: str, sequence: int, record: dict) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, final)
+        tmp = final  # from here a failure takes the record back: the caller removes its files
         fsync_path(folder)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
