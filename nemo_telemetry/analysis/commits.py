@@ -86,6 +86,7 @@ class UnfinishedIngest:
     out: str
     started_ns: int
     running: bool
+    tool: str = "ingest"  # or "collect": a receiver that recorded its start
 
     @property
     def command(self) -> str:
@@ -93,8 +94,13 @@ class UnfinishedIngest:
         return shlex.join(["nemo-telemetry", "ingest", *self.inputs, "--out", self.out])
 
     def describe(self) -> str:
+        """The warning a reader gives: the word "incomplete", what did not finish, how to finish it."""
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started_ns / 1e9))
         what = "is still running" if self.running else "did not finish"
+        if self.tool == "collect":
+            return (f"dataset {self.out} is incomplete: the collect started {when} {what}; the spans it "
+                    f"acknowledged are in the dataset, those it did not were never stored (exporters retry "
+                    f"them). To finish it, run: nemo-telemetry collect --out {shlex.quote(self.out)}")
         return (f"dataset {self.out} is incomplete: the ingest of {', '.join(self.inputs)} started {when} {what}; "
                 f"its spans are not in the dataset. To finish it, run: {self.command}")
 
@@ -240,7 +246,7 @@ def dataset_state(root: Path, *, warn: bool = True) -> DatasetState:
         return DatasetState(root, None, ())
     unfinished = tuple(
         UnfinishedIngest(writer, tuple(begin.get("inputs", ())), begin.get("out", str(root)),
-                         int(begin.get("started_ns", 0)), _alive(root, writer))
+                         int(begin.get("started_ns", 0)), _alive(root, writer), begin.get("tool", "ingest"))
         for writer, begin in sorted(union.begun.items(), key=lambda item: item[1].get("started_ns", 0))
         if writer not in union.finished
     )

@@ -223,7 +223,9 @@ class DatasetWriter:
         self._closed = False
 
     def start(self, inputs: list[str], *, tool: str = "ingest") -> None:
-        """Record that an ingest of ``inputs`` begins (before any of its files is written)."""
+        """Record that an ingest of ``inputs`` begins (before any of its files is written); until
+        :meth:`close`, readers say the dataset is incomplete. ``tool="collect"``: a receiver's
+        session (``inputs`` empty), which the next collect's close finishes too."""
         self._begun = {"kind": "begin", "tool": tool, "inputs": [str(i) for i in inputs],
                        "out": str(self.root.resolve()), "started_ns": time.time_ns()}
         self._record(self._begun)
@@ -314,7 +316,8 @@ class DatasetWriter:
         if final and self._begun is not None:
             inputs = set(self._begun["inputs"])
             finishes = [self.writer] + [u.writer for u in self._unfinished
-                                        if not u.running and set(u.inputs) <= inputs and u.out == self._begun["out"]]
+                                        if not u.running and u.tool == self._begun["tool"]
+                                        and set(u.inputs) <= inputs and u.out == self._begun["out"]]
         if not self._staged and not finishes:
             return
         folders = {final_path.parent for _, final_path in self._staged}

@@ -193,3 +193,23 @@ def test_many_commits_are_compacted_and_read_the_same(tables, tmp_path):
     assert len(records) <= 300  # one snapshot and the records since, not one per commit
     assert _ids(_quiet_read(root)) == _ids(tables.spans)
     assert len(commits.dataset_state(root).committed) == len(list(root.rglob("*.parquet")))
+
+
+def test_a_receiver_session_that_did_not_finish_is_said_and_the_next_one_finishes_it(tables, tmp_path):
+    root = tmp_path / "ds"
+    killed = dataset.DatasetWriter(root)
+    killed.start([], tool="collect")
+    killed.write(_batch(tables, 0, 100))
+    killed.commit()  # acknowledged: stays
+    killed.abort()
+    with pytest.warns(IncompleteDatasetWarning, match="incomplete: the collect .* did not finish.*collect --out"):
+        assert read_spans(root).num_rows == 100
+    ingest_writer = dataset.DatasetWriter(root)  # an ingest's final commit does not finish a receiver's session
+    ingest_writer.start(["elsewhere.pb"])
+    ingest_writer.close()
+    with pytest.warns(IncompleteDatasetWarning, match="collect"):
+        read_spans(root)
+    again = dataset.DatasetWriter(root)
+    again.start([], tool="collect")
+    again.close()
+    assert _quiet_read(root).num_rows == 100
