@@ -233,8 +233,9 @@ class DatasetWriter:
     def write(self, tables: OtlpTables) -> OtlpTables:
         """Stage the spans not seen before (and their events and links); return what was staged.
 
-        Staged spans are visible and durable once :meth:`commit` (or :meth:`close`) returns;
-        if that commit fails they are forgotten by the deduplicator, so writing them again stores them.
+        Staged spans are visible and durable once :meth:`commit` (or :meth:`close`) returns.
+        If that commit fails, or staging itself raises an ``OSError``, everything staged since
+        the last commit is removed and forgotten by the deduplicator (writing it again stores it).
         """
         keys = span_keys(tables.spans)
         fresh = self.dedup.admit(tables.spans, keys)
@@ -393,16 +394,23 @@ class DatasetWriter:
         return f"{self._prefix}-{self._sequence:09d}.parquet"  # wide enough to sort as numbers
 
     def _submit(self, write, data, final_path: Path) -> None:
+        """Write ``data`` to its temporary name (here, or on a background thread). A failed
+        write discards what is staged since the last commit, as a failed commit does: no torn
+        file may be renamed into place by the next one."""
         tmp = commits.temporary_name(final_path, self.writer)
         self._staged.append((tmp, final_path))
-        if not self._writers:
-            write(data, tmp)
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self._writers, thread_name_prefix="nemo-write")
-        self._pending.append(self._pool.submit(write, data, tmp))
-        while len(self._pending) > self._writers:  # bounds the tables waiting to be written
-            self._pending.popleft().result()
+        try:
+            if not self._writers:
+                write(data, tmp)
+                return
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self._writers, thread_name_prefix="nemo-write")
+            self._pending.append(self._pool.submit(write, data, tmp))
+            while len(self._pending) > self._writers:  # bounds the tables waiting to be written
+                self._pending.popleft().result()
+        except BaseException:
+            self._discard()
+            raise
 
 
 def _write_spans(pieces: list[pa.Table], path: Path) -> None:

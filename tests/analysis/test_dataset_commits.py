@@ -213,3 +213,29 @@ def test_a_receiver_session_that_did_not_finish_is_said_and_the_next_one_finishe
     again.start([], tool="collect")
     again.close()
     assert _quiet_read(root).num_rows == 100
+
+
+def test_a_failed_staging_write_discards_the_uncommitted_batch(tables, tmp_path, monkeypatch):
+    """With a test double for the Parquet write (a full disk on the second file): ``write``
+    raises, nothing it staged (torn or whole) is renamed by the next commit, and its spans can
+    be written again."""
+    root = tmp_path / "ds"
+    writer = dataset.DatasetWriter(root)
+    real, calls = dataset.pq.write_table, []
+
+    def disk_full_on_second(table, where, **options):
+        calls.append(where)
+        real(table, where, **options)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(dataset.pq, "write_table", disk_full_on_second)
+    with pytest.raises(OSError) as failed:
+        writer.write(_batch(tables, 0, 400))  # four ranks: a file each
+    assert failed.value.errno == errno.ENOSPC and failed.value.filename  # names the file
+    writer.commit()
+    assert _quiet_read(root).num_rows == 0 and not list(root.rglob("*.tmp"))
+    monkeypatch.setattr(dataset.pq, "write_table", real)
+    assert writer.write(_batch(tables, 0, 400)).spans.num_rows == 400
+    writer.close()
+    assert _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 400))
