@@ -43,6 +43,8 @@ __all__ = [
     "fsync_path",
     "prepare",
     "temporary_name",
+    "publish_record",
+    "stage_record",
     "with_path",
     "write_record",
 ]
@@ -165,22 +167,39 @@ def _alive(root: Path, writer: str) -> bool:
 
 def write_record(root: Path, writer: str, sequence: int, record: dict) -> Path:
     """Append one record to ``_commits`` atomically (tmp + fsync + rename + folder fsync)."""
-    folder = root / COMMITS
-    final = folder / f"{time.time_ns():020d}-{writer}-{sequence:09d}.json"
+    tmp, final = stage_record(root, writer, sequence, record)
+    try:
+        fsync_path(tmp)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        raise with_path(exc, final) if isinstance(exc, OSError) else exc from exc
+    return publish_record(tmp, final)
+
+
+def stage_record(root: Path, writer: str, sequence: int, record: dict) -> tuple[Path, Path]:
+    """Write a record under its temporary name, not fsync'd (the caller fsyncs it, alongside
+    the files it commits); returns (temporary, final) for :func:`publish_record`."""
+    final = root / COMMITS / f"{time.time_ns():020d}-{writer}-{sequence:09d}.json"
     tmp = temporary_name(final, writer)
     try:
         with open(tmp, "wb") as handle:
             handle.write(json.dumps({"format": _FORMAT, "writer": writer, **record}, separators=(",", ":")).encode())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, final)
-        tmp = final  # from here a failure takes the record back: the caller removes its files
-        fsync_path(folder)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise with_path(exc, final) from exc
-        raise
+        raise with_path(exc, final) if isinstance(exc, OSError) else exc from exc
+    return tmp, final
+
+
+def publish_record(tmp: Path, final: Path) -> Path:
+    """Rename a staged, fsync'd record into place and fsync its folder: from then on it counts.
+    On a failure the record is taken back (the caller removes the files it names)."""
+    try:
+        os.replace(tmp, final)
+        tmp = final
+        fsync_path(final.parent)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        raise with_path(exc, final) if isinstance(exc, OSError) else exc from exc
     return final
 
 

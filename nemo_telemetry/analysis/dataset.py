@@ -49,6 +49,7 @@ __all__ = [
 
 NO_RUN_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _HELD_FILES = 4  # a bulk DatasetWriter holds at most this many files' worth of spans
+_FSYNC_THREADS = 8  # a commit's fsyncs run at once (files and folders of a commit: one per partition)
 _SCHEMAS = {"spans": SPANS_TABLE_SCHEMA, "events": EVENTS_SCHEMA, "links": LINKS_SCHEMA}
 # Min/max statistics where they can prune (times, iterations, names, id keys); not for random
 # hex ids, free text or the attribute maps, whose statistics cost a third of the write.
@@ -219,6 +220,8 @@ class DatasetWriter:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: deque[Future] = deque()
         self._staged: list[tuple[Path, Path]] = []  # (temporary, final) of the files not committed yet
+        self._unsynced: set[Path] = set()  # staged files written here, fsync'd at the commit
+        self._syncs: ThreadPoolExecutor | None = None
         self._uncommitted_keys: list[np.ndarray] = []  # keys ``write`` admitted since the last commit
         self._closed = False
 
@@ -325,17 +328,24 @@ class DatasetWriter:
         folders |= {made.parent for made in self._made}
         for tmp, final_path in self._staged:
             os.replace(tmp, final_path)
-        for folder in sorted(folders, key=lambda f: len(f.parts), reverse=True):  # children first
-            commits.fsync_path(folder)
         files = [str(final_path.relative_to(self.root)) for _, final_path in self._staged]
         record = {"kind": "commit", "files": files, "final": final, **info}
         if finishes:
             record["finishes"] = finishes
+        record_tmp, record_final = commits.stage_record(self.root, self.writer, self._records, record)
         try:
-            self._record(record)
+            # The files written in this thread (not fsync'd yet), every folder whose names
+            # changed, and the record's bytes, all before the record is renamed into place:
+            # concurrent fsyncs share the file system's journal commits, so this costs about
+            # one fsync rather than one per file and folder.
+            unsynced = [final_path for tmp, final_path in self._staged if tmp in self._unsynced]
+            self._fsync_all(unsynced + sorted(folders) + [record_tmp])
+            self._unsynced.clear()
         except BaseException:
-            self._made.clear()
+            record_tmp.unlink(missing_ok=True)
             raise
+        commits.publish_record(record_tmp, record_final)  # the commit counts from here
+        self._records += 1
         self._staged.clear()
         self._made.clear()
         if commits.compact(self.root, self.writer, self._records):
@@ -364,6 +374,7 @@ class DatasetWriter:
                 except OSError:
                     pass
         self._staged.clear()
+        self._unsynced.clear()
         for keys in self._uncommitted_keys:
             self.dedup.forget(keys)
         self._uncommitted_keys.clear()
@@ -371,11 +382,22 @@ class DatasetWriter:
     def _end(self) -> None:
         self._closed = True
         try:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
-                self._pool = None
+            for pool in (self._pool, self._syncs):
+                if pool is not None:
+                    pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = self._syncs = None
         finally:
             self._lock.release()
+
+    def _fsync_all(self, paths: list[Path]) -> None:
+        if len(paths) <= 1:
+            for path in paths:
+                _fsync(path)
+            return
+        if self._syncs is None:
+            self._syncs = ThreadPoolExecutor(max_workers=_FSYNC_THREADS, thread_name_prefix="nemo-fsync")
+        for done in [self._syncs.submit(_fsync, path) for path in paths]:
+            done.result()
 
     def _make_folder(self, folder: Path) -> None:
         missing = [f for f in (folder, *folder.parents) if not f.exists()]
@@ -402,10 +424,11 @@ class DatasetWriter:
         try:
             if not self._writers:
                 write(data, tmp)
+                self._unsynced.add(tmp)
                 return
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=self._writers, thread_name_prefix="nemo-write")
-            self._pending.append(self._pool.submit(write, data, tmp))
+            self._pending.append(self._pool.submit(_and_fsync, write, data, tmp))  # fsync'd there, overlapped
             while len(self._pending) > self._writers:  # bounds the tables waiting to be written
                 self._pending.popleft().result()
         except BaseException:
@@ -420,7 +443,6 @@ def _write_spans(pieces: list[pa.Table], path: Path) -> None:
     try:
         pq.write_table(table.combine_chunks(), path, write_statistics=_SPAN_STATISTICS,
                        use_dictionary=_SPAN_DICTIONARY)
-        commits.fsync_path(path)
     except OSError as exc:
         raise commits.with_path(exc, path) from exc
 
@@ -428,6 +450,17 @@ def _write_spans(pieces: list[pa.Table], path: Path) -> None:
 def _write_table(table: pa.Table, path: Path) -> None:
     try:
         pq.write_table(table, path)
+    except OSError as exc:
+        raise commits.with_path(exc, path) from exc
+
+
+def _and_fsync(write, data, path: Path) -> None:
+    write(data, path)
+    _fsync(path)
+
+
+def _fsync(path: Path) -> None:
+    try:
         commits.fsync_path(path)
     except OSError as exc:
         raise commits.with_path(exc, path) from exc

@@ -68,21 +68,22 @@ def test_staged_spans_are_invisible_until_commit_then_durable_and_named(tables, 
 
 
 def test_a_failed_commit_keeps_the_committed_state_and_the_writer_usable(tables, tmp_path, monkeypatch):
-    """With a test double for the record write (it raises ENOSPC once): the OSError comes out
-    unchanged, the failed commit's files are removed, its spans are not "seen" (writing them
-    again stores them), and the next commit succeeds."""
+    """With a test double for the record's rename (it raises ENOSPC once): the OSError comes
+    out unchanged, the failed commit's files are removed, its spans are not "seen" (writing
+    them again stores them), and the next commit succeeds."""
     root = tmp_path / "ds"
     writer = dataset.DatasetWriter(root)
     writer.write(_batch(tables, 0, 300))
     writer.commit()
     before = _files(root)
-    real = commits.write_record
+    real = commits.publish_record
 
-    def disk_full_once(*args, **kwargs):
-        monkeypatch.setattr(commits, "write_record", real)
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "record")
+    def disk_full_once(tmp, final):
+        monkeypatch.setattr(commits, "publish_record", real)
+        tmp.unlink()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(final))
 
-    monkeypatch.setattr(commits, "write_record", disk_full_once)
+    monkeypatch.setattr(commits, "publish_record", disk_full_once)
     writer.write(_batch(tables, 300, 700))
     with pytest.raises(OSError) as failed:
         writer.commit()
