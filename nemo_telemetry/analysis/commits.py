@@ -13,9 +13,10 @@ written by :func:`compact` before it removes them). Everything a record says is 
 only grows, so the state is the union of the records present, in any order: concurrent
 writers and compactions need no lock on the folder, and a reader never needs the history.
 
-A dataset with no ``_commits`` folder was written by a version without commit records: every
-``*.parquet`` file in it is read. The first writer to open it records those files as committed
-(:func:`prepare`) before writing anything of its own.
+A dataset with no record (no ``_commits`` folder, or an empty one) was written by a version
+without commit records: every ``*.parquet`` file in it is read. The first writer to open a
+dataset writes a first record before anything else, listing those files as committed (none
+for a new dataset), so from then on only recorded files count (:func:`prepare`).
 """
 
 from __future__ import annotations
@@ -261,7 +262,7 @@ def dataset_state(root: Path, *, warn: bool = True) -> DatasetState:
     inputs and the command that finishes it). Every reader of a dataset starts here."""
     root = Path(root)
     union = _read_union(root)
-    if union is None:
+    if union is None or not union.names:  # the first record (prepare's) is written before any file
         return DatasetState(root, None, ())
     unfinished = tuple(
         UnfinishedIngest(writer, tuple(begin.get("inputs", ())), begin.get("out", str(root)),
@@ -314,11 +315,10 @@ def prepare(root: Path, writer: str) -> tuple[DatasetState, int]:
         (root / COMMITS).mkdir()
         fsync_path(root)  # the folder's name is durable before any record in it
     state = dataset_state(root, warn=False)
-    if not os.listdir(root / COMMITS):
+    if state.committed is None:  # no record yet: an older dataset's files, or a new dataset
         legacy = sorted(str(p.relative_to(root)) for table in TABLES for p in (root / table).rglob("*.parquet"))
-        if legacy:
-            write_record(root, writer, sequence, {"kind": "commit", "files": legacy, "adopted": True})
-            sequence += 1
+        write_record(root, writer, sequence, {"kind": "commit", "files": legacy, "adopted": bool(legacy)})
+        sequence += 1
         state = dataset_state(root, warn=False)
     _remove_leftovers(root, state)
     return state, sequence
