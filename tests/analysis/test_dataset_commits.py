@@ -157,9 +157,8 @@ def test_leftovers_of_a_writer_that_is_gone_are_removed_and_stray_files_ignored(
     writer.write(_batch(tables, 0, 200))
     writer.commit()
     writer.write(_batch(tables, 200, 400))
-    staged = [tmp for tmp, _ in writer._staged]
-    renamed = staged[0]
-    os.replace(renamed, commits.Path(str(renamed)).parent / renamed.name[1:].rsplit(".", 2)[0])  # renamed, uncommitted
+    tmp, final = writer._staged[0]
+    os.replace(tmp, final)  # renamed into place, never recorded: what a crash during the commit leaves
     writer._lock.release()  # the process is gone: its lock with it
     stray = root / "spans" / "notes.parquet"
     stray.write_bytes(b"not parquet")  # not a name a writer gives: never read, never removed
