@@ -110,3 +110,18 @@ def test_a_stray_file_in_an_input_directory_is_skipped_and_named_but_refused_whe
     assert on_the_fly.exit_code == 0 and "README.txt" in on_the_fly.stderr.replace("\n", "")
     line = _one_error_line(runner.invoke(app, ["ingest", str(dumps / "README.txt"), "--out", str(tmp_path / "ds3")]))
     assert str(dumps / "README.txt") in line and "not an OTLP dump" in line
+
+
+def test_an_unreadable_dump_read_on_the_fly_exits_2_naming_it(tmp_path):
+    """``goodput`` ingesting a directory on the fly, one of its files unreadable (held to the
+    permission bits as above): one line, the file and the cause."""
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    dump = write_json_lines(dumps / "traces.jsonl", synthetic_requests(22, spans_per_request=11, ranks=1))
+    dump.chmod(0)
+    cli = [sys.executable, "-c", "from nemo_telemetry.cli.app import main; main()"]
+    result = subprocess.run([*cli, "goodput", str(dumps)], capture_output=True, text=True,
+                            preexec_fn=_without_permission_override if os.geteuid() == 0 else None, timeout=300)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(dump) in lines[0] and "Permission denied" in lines[0], result.stderr
