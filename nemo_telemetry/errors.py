@@ -6,11 +6,13 @@ Kept free of heavy imports so :mod:`nemo_telemetry.instrument` can raise them ch
      ├── SpecError        a span_groups spec or telemetry config that cannot be resolved
      ├── RegistryError    a span-group registration that conflicts with an existing one
      └── IngestError      an input that is not OTLP, or a dataset that cannot be read
+
+    IncompleteDatasetWarning  (a UserWarning) a dataset an ingest began writing and did not finish
 """
 
 from __future__ import annotations
 
-__all__ = ["NemoTelemetryError", "SpecError", "RegistryError", "IngestError"]
+__all__ = ["NemoTelemetryError", "SpecError", "RegistryError", "IngestError", "IncompleteDatasetWarning"]
 
 
 class NemoTelemetryError(Exception):
@@ -27,3 +29,8 @@ class RegistryError(NemoTelemetryError, ValueError):
 
 class IngestError(NemoTelemetryError):
     """An input file or dataset cannot be read; the message names it and the fix."""
+
+
+class IncompleteDatasetWarning(UserWarning):
+    """A dataset is read whose ingest began and did not finish: the spans of that ingest are
+    not in it. The message names the ingest's inputs and the command that finishes it."""

@@ -162,6 +162,7 @@ class CollectorServer:
         tables = OtlpTables.concat(self._pending)
         self._pending, self._pending_spans = [], 0
         written = self._writer.write(tables)
+        self._writer.commit()
         self._counts["spans"] += written.spans.num_rows
         self._counts["events"] += written.events.num_rows
         self._counts["links"] += written.links.num_rows

@@ -27,13 +27,15 @@ from nemo_telemetry.analysis._detect import (
     classify_json_line,
     detect_format,
     expand_inputs,
+    expand_inputs_found,
     iter_records,
 )
 from nemo_telemetry.analysis._otlp_json_fast import LINE_FALLBACK, LINE_OTHER_SIGNAL, decode_json_block
 from nemo_telemetry.analysis._otlp_json import decode_json_request
 from nemo_telemetry.analysis._otlp_wire import WireError, decode_batch, decode_frames
-from nemo_telemetry.analysis.metrics import write_dataset_metrics
-from nemo_telemetry.analysis.logs import write_dataset_logs
+from nemo_telemetry.analysis.metrics import dataset_metric_files
+from nemo_telemetry.analysis.logs import dataset_log_files
+from nemo_telemetry.analysis.commits import dataset_state
 from nemo_telemetry.analysis.dataset import (
     DatasetWriter,
     SpanDeduplicator,
@@ -56,6 +58,7 @@ __all__ = [
     "read_links",
     "FORMATS",
     "dump_files",
+    "ingest_inputs",
 ]
 
 Source = Union[str, Path, Iterable[Union[str, Path]]]
@@ -88,6 +91,7 @@ class IngestSummary:
     duplicates_dropped: int = 0
     rejected_records: int = 0
     skipped_records: int = 0  # metrics requests: not traces, not errors (log requests are in ``logs``)
+    skipped_files: int = 0  # files inside an input directory that are not OTLP (each named in warnings)
     metric_points: int = 0  # data points of metrics-* dump files, written to DATASET/metrics
     logs: int = 0  # log records of log dump files, written to DATASET/logs
     warnings: tuple[str, ...] = ()
@@ -114,7 +118,8 @@ class _Pipeline:
     batch_spans: int = BATCH_SPANS
     cols: SpanColumns = field(default_factory=SpanColumns)
     counts: dict = field(default_factory=lambda: dict.fromkeys(
-        ("files", "spans", "events", "links", "duplicates_dropped", "rejected_records", "skipped_records"), 0
+        ("files", "spans", "events", "links", "duplicates_dropped", "rejected_records", "skipped_records",
+         "skipped_files"), 0
     ))
     traces: set = field(default_factory=set)
     runs: set = field(default_factory=set)
@@ -169,6 +174,11 @@ class _Pipeline:
             or self.json_bytes >= BATCH_JSON_BYTES
         ):
             self.flush(where)
+
+    def skip_files(self, skipped: list[str]) -> None:
+        """Count the files an input directory held that are not OTLP (``skipped``: why, each)."""
+        self.counts["skipped_files"] += len(skipped)
+        self.warnings.extend(skipped)
 
     def reject(self, where: str, problem: str, count: int = 1) -> None:
         self.counts["rejected_records"] += count
@@ -365,12 +375,24 @@ def dump_files(inputs: Source) -> list[Path]:
     return expand_inputs(inputs)
 
 
-def _raw_files(inputs: Source, fmt: str | None) -> list[tuple[Path, str | None]]:
-    """Every file with its format, checked before anything is written."""
+def _raw_files(inputs: Source, fmt: str | None) -> tuple[list[tuple[Path, str | None]], list[str]]:
+    """Every file with its format, checked before anything is written, and why each file found
+    in an input directory that is not OTLP is skipped (a README beside the dumps); a file named
+    as input that is not OTLP is an :class:`IngestError`."""
     if fmt is not None and fmt not in FORMATS:
         raise IngestError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    files = expand_inputs(inputs)
-    return [(path, fmt or detect_format(path)) for path in files]
+    files, skipped = [], []
+    for path, directory in expand_inputs_found(inputs):
+        if fmt is not None:
+            files.append((path, fmt))
+            continue
+        try:
+            files.append((path, detect_format(path)))
+        except IngestError as exc:
+            if directory is None:
+                raise
+            skipped.append(f"{exc} Skipped (found in the input directory {directory}).")
+    return files, skipped
 
 
 def ingest(
@@ -386,28 +408,44 @@ def ingest(
     were dropped is in the summary. ``progress(bytes_done, spans_done)`` is called as it goes.
     The metrics and log dumps among the inputs go to ``out/metrics`` and ``out/logs``.
     """
-    files = _raw_files(inputs, format)
+    files, skipped = _raw_files(inputs, format)
     writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
     try:
+        writer.start(ingest_inputs(inputs))
         pipeline = _Pipeline(writer.write_fresh, dedup=writer.dedup, progress=progress)
+        pipeline.skip_files(skipped)
         for path, fmt in files:
             pipeline.add_file(path, fmt)
         summary = pipeline.summary()
-    finally:
-        writer.close()  # every file written (or the first write error raised) before returning
-    points = write_dataset_metrics([path for path, _ in files], Path(out))
-    return _with_logs(dataclasses.replace(summary, metric_points=points), [path for path, _ in files], Path(out))
+        points = 0
+        for relative, table in dataset_metric_files([path for path, _ in files]):
+            writer.stage_table(relative, table)
+            points += table.num_rows
+        logs = dataset_log_files([path for path, _ in files])
+        for relative, table in logs.files:
+            writer.stage_table(relative, table)
+    except BaseException:
+        writer.abort()  # nothing of this ingest becomes visible; its start stays recorded
+        raise
+    writer.close()  # the final commit: every file durable and visible at once
+    return _with_logs(dataclasses.replace(summary, metric_points=points), logs)
 
 
-def _with_logs(summary: IngestSummary, files: list[Path], out: Path) -> IngestSummary:
-    """The summary once the log dumps among ``files`` are in ``out/logs``: their requests move from
+def _with_logs(summary: IngestSummary, logs) -> IngestSummary:
+    """The summary once the log dumps' records are staged: their requests move from
     ``skipped_records`` to ``logs`` (as records), their bad records join the rejected ones."""
-    written = write_dataset_logs(files, out)
     return dataclasses.replace(
-        summary, logs=written.records, skipped_records=summary.skipped_records - written.requests,
-        rejected_records=summary.rejected_records + len(written.problems),
-        warnings=summary.warnings + written.problems,
+        summary, logs=logs.records, skipped_records=summary.skipped_records - logs.requests,
+        rejected_records=summary.rejected_records + len(logs.problems),
+        warnings=summary.warnings + logs.problems,
     )
+
+
+def ingest_inputs(inputs: Source) -> list[str]:
+    """The inputs as an ingest records them (absolute paths, in the order given), so the command
+    that finishes an interrupted ingest works from any directory."""
+    items = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
+    return [str(Path(item).absolute()) for item in items]
 
 
 def load_traces(source: Source, *, format: str | None = None) -> TraceTables:
@@ -415,11 +453,14 @@ def load_traces(source: Source, *, format: str | None = None) -> TraceTables:
     items = [source] if isinstance(source, (str, Path)) else list(source)
     datasets = [Path(item) for item in items if is_dataset(Path(item))]
     raw = [item for item in items if not is_dataset(Path(item))]
-    parts = [OtlpTables(*(read_dataset(d, t) for t in ("spans", "events", "links"))) for d in datasets]
+    states = [dataset_state(d) for d in datasets]  # one warning per incomplete dataset, not per table
+    parts = [OtlpTables(*(read_dataset(s.root, t, state=s) for t in ("spans", "events", "links"))) for s in states]
     summary = IngestSummary()
     if raw:
         pipeline = _Pipeline(lambda tables: _keep(parts, tables), dedup=SpanDeduplicator())
-        for path, fmt in _raw_files(raw, format):
+        files, skipped = _raw_files(raw, format)
+        pipeline.skip_files(skipped)
+        for path, fmt in files:
             pipeline.add_file(path, fmt)
         summary = pipeline.summary()
     tables = OtlpTables.concat(parts)
@@ -433,13 +474,12 @@ def _keep(parts: list, tables: OtlpTables) -> OtlpTables:
 
 def _read(source: Source, table: str) -> pa.Table:
     loaded = load_traces(source)
-    if loaded.summary.rejected_records:
-        shown = "; ".join(loaded.summary.warnings[:3])
-        warnings.warn(
-            f"{loaded.summary.rejected_records} record(s) rejected while reading: {shown}",
-            IngestWarning,
-            stacklevel=3,
-        )
+    summary = loaded.summary
+    if summary.rejected_records or summary.skipped_files:
+        shown = "; ".join(summary.warnings[:3])
+        counts = [f"{n} {what}" for n, what in ((summary.rejected_records, "record(s) rejected"),
+                                                (summary.skipped_files, "file(s) skipped")) if n]
+        warnings.warn(f"{' and '.join(counts)} while reading: {shown}", IngestWarning, stacklevel=3)
     return getattr(loaded, table)
 
 

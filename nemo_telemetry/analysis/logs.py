@@ -14,7 +14,6 @@ import base64
 import binascii
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +26,8 @@ import pyarrow.parquet as pq
 from nemo_telemetry.analysis._detect import open_decompressed
 from nemo_telemetry.errors import IngestError
 
-__all__ = ["LOGS_SCHEMA", "LogReadResult", "LogsWritten", "read_logs", "read_log_dumps", "log_dump_files",
-           "write_dataset_logs"]
+__all__ = ["LOGS_SCHEMA", "LogReadResult", "DatasetLogFiles", "read_logs", "read_log_dumps", "log_dump_files",
+           "dataset_log_files"]
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
 _attr_map = pa.map_(pa.string(), pa.string())
@@ -71,9 +70,12 @@ class LogReadResult:
 
 
 @dataclass(frozen=True)
-class LogsWritten:
-    """What :func:`write_dataset_logs` wrote: records, the log requests they came in, each bad record."""
+class DatasetLogFiles:
+    """The dataset files :func:`dataset_log_files` made of log dumps (``(logs/<hash>.parquet,
+    table)`` each, for the ingest's writer to stage), their records, the log requests they came in,
+    and each bad record."""
 
+    files: tuple[tuple[str, pa.Table], ...] = ()
     records: int = 0
     requests: int = 0
     problems: tuple[str, ...] = ()
@@ -325,6 +327,7 @@ def read_logs(source: str | Path | Iterable[str | Path]) -> pa.Table:
     """
     import warnings
 
+    from nemo_telemetry.analysis.commits import committed_files
     from nemo_telemetry.analysis.dataset import is_dataset
 
     items = [source] if isinstance(source, (str, Path)) else list(source)
@@ -332,7 +335,7 @@ def read_logs(source: str | Path | Iterable[str | Path]) -> pa.Table:
     raw: list[Path] = []
     for item in map(Path, items):
         if is_dataset(item):
-            tables.extend(pq.read_table(f, schema=LOGS_SCHEMA) for f in sorted((item / "logs").glob("*.parquet")))
+            tables.extend(pq.read_table(f, schema=LOGS_SCHEMA) for f in committed_files(item, "logs"))
         else:
             raw.append(item)
     if raw:
@@ -348,24 +351,20 @@ def read_logs(source: str | Path | Iterable[str | Path]) -> pa.Table:
     return pa.concat_tables(tables).sort_by([("time_ns", "ascending")])
 
 
-def write_dataset_logs(files: Iterable[Path], out: Path) -> LogsWritten:
-    """Write the records of the log dumps among ``files`` under ``out/logs``; what was read.
+def dataset_log_files(files: Iterable[Path]) -> DatasetLogFiles:
+    """The records of the log dumps among ``files`` as the dataset files to stage, one per input.
 
-    One Parquet file per input, named by the input's content hash, so re-ingesting a file
-    replaces its records instead of adding them twice. Each file is written under a temporary
-    name and renamed, so a reader never sees half of one.
+    Named by the input's content hash, so re-ingesting a file replaces its records instead of
+    adding them twice; the writer stages them into the ingest's final commit, so a reader sees
+    them with the spans or not at all.
     """
-    written, requests, problems = 0, 0, []
+    out, written, requests, problems = [], 0, 0, []
     for path in log_dump_files(list(files)):
         result = read_log_dumps([path])
         requests += result.requests
         problems += result.problems
         if not result.table.num_rows:
             continue
-        target = Path(out) / "logs" / f"{hashlib.sha1(path.read_bytes()).hexdigest()[:20]}.parquet"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        pq.write_table(result.table, temporary)
-        os.replace(temporary, target)
+        out.append((f"logs/{hashlib.sha1(path.read_bytes()).hexdigest()[:20]}.parquet", result.table))
         written += result.table.num_rows
-    return LogsWritten(written, requests, tuple(problems))
+    return DatasetLogFiles(tuple(out), written, requests, tuple(problems))
