@@ -7,11 +7,13 @@ Kept free of heavy imports so :mod:`nemo_telemetry.instrument` can raise them ch
      ├── RegistryError    a span-group registration that conflicts with an existing one
      ├── IngestError      an input that is not OTLP, or a dataset that cannot be read
      └── ListenError      a receiver that cannot bind its address
+
+    IncompleteDatasetWarning  (a UserWarning) a dataset an ingest began writing and did not finish
 """
 
 from __future__ import annotations
 
-__all__ = ["NemoTelemetryError", "SpecError", "RegistryError", "IngestError", "ListenError"]
+__all__ = ["NemoTelemetryError", "SpecError", "RegistryError", "IngestError", "ListenError", "IncompleteDatasetWarning"]
 
 
 class NemoTelemetryError(Exception):
@@ -32,3 +34,8 @@ class IngestError(NemoTelemetryError):
 
 class ListenError(NemoTelemetryError):
     """A receiver cannot bind its address (the port is taken, or not ours to use)."""
+
+
+class IncompleteDatasetWarning(UserWarning):
+    """A dataset is read whose ingest began and did not finish: the spans of that ingest are
+    not in it. The message names the ingest's inputs and the command that finishes it."""

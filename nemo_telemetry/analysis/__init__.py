@@ -42,13 +42,14 @@ from nemo_telemetry.analysis.goodput import (
 )
 from nemo_telemetry.analysis.findings import FINDING_CODES, CheckReport, Finding, check_run
 from nemo_telemetry.analysis.intervals import merge_intervals
-from nemo_telemetry.errors import IngestError
+from nemo_telemetry.errors import IncompleteDatasetWarning, IngestError
 
 __all__ = [
     "SPANS_SCHEMA",
     "EVENTS_SCHEMA",
     "LINKS_SCHEMA",
     "IngestError",
+    "IncompleteDatasetWarning",
     "spans_table",
     "parent_indices",
     "attributed_iterations",

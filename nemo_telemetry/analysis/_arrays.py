@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from nemo_telemetry.analysis.commits import committed_files
 from nemo_telemetry.analysis.dataset import is_dataset
 from nemo_telemetry.analysis.ingest import read_spans
 from nemo_telemetry.analysis.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
@@ -61,7 +62,7 @@ def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.
     items = [source] if isinstance(source, (str, Path)) else list(source)
     if len(items) != 1 or not is_dataset(Path(items[0])):
         return read_spans(source)
-    files = sorted(str(p) for p in (Path(items[0]) / "spans").rglob("*.parquet"))
+    files = [str(p) for p in committed_files(Path(items[0]), "spans")]
     if not files:
         return read_spans(source)
     try:

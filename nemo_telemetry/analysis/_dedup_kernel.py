@@ -102,3 +102,34 @@ def rehash(table, used, bigger, bigger_used):
         bigger[target, 0] = a
         bigger[target, 1] = b
         bigger[target, 2] = c
+
+
+@njit(cache=True, nogil=True)
+def forget(table, used, keys):
+    """Remove each row of ``keys`` from the set (rows not in it are left alone); returns how many
+    were removed. Linear probing with backward shift: every key after a hole that may move into
+    it does, so no tombstones and lookups stay one probe sequence."""
+    mask = table.shape[0] - 1
+    removed = 0
+    for i in range(keys.shape[0]):
+        a, b, c = keys[i, 0], keys[i, 1], keys[i, 2]
+        slot = _slot(a, b, c, mask)
+        while used[slot]:
+            if table[slot, 0] == a and table[slot, 1] == b and table[slot, 2] == c:
+                break
+            slot = (slot + 1) & mask
+        if not used[slot]:
+            continue
+        hole = slot
+        j = (hole + 1) & mask
+        while used[j]:
+            home = _slot(table[j, 0], table[j, 1], table[j, 2], mask)
+            if ((j - home) & mask) >= ((j - hole) & mask):  # the hole lies on j's probe path
+                table[hole, 0] = table[j, 0]
+                table[hole, 1] = table[j, 1]
+                table[hole, 2] = table[j, 2]
+                hole = j
+            j = (j + 1) & mask
+        used[hole] = False
+        removed += 1
+    return removed

@@ -16,6 +16,7 @@ module so that finer partitioning (rank, time window) changes one place.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 import uuid
 from collections import deque
@@ -28,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from nemo_telemetry.analysis import commits
 from nemo_telemetry.analysis._columns import SPANS_TABLE_SCHEMA, OtlpTables
 from nemo_telemetry.analysis.partitions import split_by_partition
 from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, ITERATION, LINKS_SCHEMA
@@ -68,10 +70,13 @@ def is_dataset(path: Path) -> bool:
     return Path(path).is_dir() and (Path(path) / "spans").is_dir()
 
 
-def read_dataset(root: Path, table: str = "spans", *, columns: list[str] | None = None) -> pa.Table:
-    """One table of the dataset at ``root`` (empty with the right schema when it has no rows)."""
+def read_dataset(root: Path, table: str = "spans", *, columns: list[str] | None = None,
+                 state: commits.DatasetState | None = None) -> pa.Table:
+    """One table of the dataset at ``root`` (empty with the right schema when it has no rows):
+    its committed files only. ``state``: read from it, without another warning."""
     schema = _SCHEMAS[table]
-    files = sorted(str(p) for p in (Path(root) / table).rglob("*.parquet"))
+    state = commits.dataset_state(root) if state is None else state
+    files = [str(p) for p in state.files(table)]
     if not files:
         empty = schema.empty_table()
         return empty.select(columns) if columns else empty
@@ -110,6 +115,11 @@ class SpanDeduplicator:
         self._reserve(len(keys))
         self._count += _dedup_kernel().admit(self._table, self._used, keys, fresh)
         return fresh
+
+    def forget(self, keys: np.ndarray) -> None:
+        """Remove ``keys`` (rows of ``span_keys``) from the set: spans that were not stored after all."""
+        if len(keys):
+            self._count -= _dedup_kernel().forget(self._table, self._used, np.ascontiguousarray(keys))
 
     def _reserve(self, more: int) -> None:
         """Keep the set at most half full after ``more`` insertions."""
@@ -161,41 +171,72 @@ def span_keys(spans: pa.Table) -> np.ndarray:
 
 
 class DatasetWriter:
-    """Appends batches to a dataset directory; re-ingesting a span already there is a no-op.
+    """Adds batches to a dataset directory, in commits; re-ingesting a span already there is a no-op.
 
-    By default a batch is on disk when ``write`` returns, a file per (run, rank) partition of
-    it: what ``collect`` needs, since it acknowledges the spans. For bulk ingest,
-    ``file_rows=N`` holds each partition's spans until N of them make a file (fewer, larger
-    files, cheaper to write and to read back; at most ``_HELD_FILES * N`` spans are held in
-    all), and ``background_writes=T`` encodes files on T threads while the caller decodes the
-    next batches (pyarrow releases the GIL to encode). :meth:`close` then writes what is held,
-    waits for every file, and raises the first error of any. Deduplication stays in the
-    caller's order either way.
+    ``write`` deduplicates a batch and stages its files (hidden temporary names no reader
+    lists); :meth:`commit` fsyncs them, renames them into place and appends one commit record
+    (``commits.py``): when it returns, those spans are durable and every reader sees them. A
+    file per (run, rank) partition of a batch by default: what ``collect`` needs, which commits
+    before it acknowledges. For bulk ingest, ``file_rows=N`` holds each partition's spans until
+    N of them make a file (fewer, larger files, cheaper to write and to read back; at most
+    ``_HELD_FILES * N`` spans are held in all), and ``background_writes=T`` encodes and fsyncs
+    files on T threads while the caller decodes the next batches (pyarrow releases the GIL).
+    :meth:`start` records an ingest's inputs before anything is written, so that if it never
+    reaches :meth:`close` (its final commit) every reader says the dataset is incomplete and
+    how to finish it. Deduplication stays in the caller's order either way.
     """
 
     def __init__(self, root: Path, *, file_rows: int = 0, background_writes: int = 0) -> None:
         self.root = Path(root)
         if self.root.exists() and not self.root.is_dir():
             raise IngestError(f"{self.root}: exists and is not a directory; choose another --out")
+        self._made: set[Path] = set()  # folders this writer created: their parents need an fsync
+        self._make_folder(self.root)
         for table in _SCHEMAS:
-            (self.root / table).mkdir(parents=True, exist_ok=True)
-        self._prefix = f"part-{time.time_ns()}-{uuid.uuid4().hex[:8]}"
-        self._sequence = 0
-        self.dedup = SpanDeduplicator()
-        self.dedup.remember(read_dataset(self.root, "spans", columns=["trace_id", "span_id"]))
+            self._make_folder(self.root / table)
+        self.writer = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}"
+        self._lock = commits.WriterLock(self.root, self.writer)
+        try:
+            state, self._records = commits.prepare(self.root, self.writer)
+            self._begun: dict | None = None
+            self._unfinished = state.unfinished  # what a final commit of the same inputs completes
+            self._prefix = f"part-{self.writer}"
+            self._sequence = 0
+            self.dedup = SpanDeduplicator()
+            self.dedup.remember(read_dataset(self.root, "spans", columns=["trace_id", "span_id"], state=state))
+        except BaseException:
+            self._lock.release()
+            raise
         self._file_rows = file_rows
         self._held: dict[str, list[pa.Table]] = {}  # partition -> its spans not written yet
         self._held_rows: dict[str, int] = {}
         self._writers = background_writes
         self._pool: ThreadPoolExecutor | None = None
         self._pending: deque[Future] = deque()
+        self._staged: list[tuple[Path, Path]] = []  # (temporary, final) of the files not committed yet
+        self._uncommitted_keys: list[np.ndarray] = []  # keys ``write`` admitted since the last commit
+        self._closed = False
+
+    def start(self, inputs: list[str], *, tool: str = "ingest") -> None:
+        """Record that an ingest of ``inputs`` begins (before any of its files is written)."""
+        self._begun = {"kind": "begin", "tool": tool, "inputs": [str(i) for i in inputs],
+                       "out": str(self.root.resolve()), "started_ns": time.time_ns()}
+        self._record(self._begun)
 
     def write(self, tables: OtlpTables) -> OtlpTables:
-        """Write the spans not seen before (and their events and links); return what was written."""
-        return self.write_fresh(drop_duplicates(tables, self.dedup))
+        """Stage the spans not seen before (and their events and links); return what was staged.
+
+        Staged spans are visible and durable once :meth:`commit` (or :meth:`close`) returns;
+        if that commit fails they are forgotten by the deduplicator, so writing them again stores them.
+        """
+        keys = span_keys(tables.spans)
+        fresh = self.dedup.admit(tables.spans, keys)
+        self._uncommitted_keys.append(keys[fresh])
+        return self.write_fresh(_fresh_rows(tables, fresh))
 
     def write_fresh(self, fresh: OtlpTables) -> OtlpTables:
-        """Write tables already filtered by ``self.dedup`` (the ingest pipeline filters them)."""
+        """Stage tables already filtered by ``self.dedup`` (the ingest pipeline filters them; a
+        failed commit does not un-see those: ingest ends on one)."""
         if fresh.spans.num_rows:
             for relative, part in split_by_partition(fresh.spans):  # run_id=<run>/rank=<rank> (partitions.py)
                 self._held.setdefault(relative, []).append(part)
@@ -209,36 +250,147 @@ class DatasetWriter:
                 self._submit(_write_table, data, self.root / table / self._file_name())
         return fresh
 
+    def stage_table(self, relative: str, table: pa.Table) -> None:
+        """Stage ``table`` as the file ``relative`` (e.g. ``metrics/<hash>.parquet``) in the next commit;
+        a committed file of that name is replaced."""
+        path = self.root / relative
+        self._make_folder(path.parent)
+        self._submit(_write_table, table, path)
+
+    def commit(self, **info) -> None:
+        """Make every staged file durable and visible: write what is held, fsync, rename, then
+        append one commit record (``info``, JSON values, goes into it).
+
+        An ``OSError`` (ENOSPC, EIO, EACCES) is raised unchanged; the files of the failed commit
+        are removed and the writer stays usable (a later write and commit may succeed).
+        """
+        self._commit(final=False, info=info)
+
     def close(self) -> None:
-        """Write the spans still held, wait for every file; raise the first error of any."""
+        """The final commit (what is held, every staged file), then let the dataset go.
+
+        After an ingest's final commit its start is finished, and so are the unfinished ingests
+        it repeats (same inputs or fewer). On an error the files not committed are removed and
+        the error raised; the start stays unfinished, and readers say so.
+        """
+        if self._closed:
+            return
+        try:
+            self._commit(final=True, info={})
+        finally:
+            self._end()
+
+    def abort(self) -> None:
+        """Let the dataset go without committing what is staged (its files are removed)."""
+        if self._closed:
+            return
+        try:
+            self._discard()
+        finally:
+            self._end()
+
+    def _commit(self, *, final: bool, info: dict) -> None:
         try:
             for relative in list(self._held):
                 self._write_partition(relative)
             while self._pending:
                 self._pending.popleft().result()
-        finally:
+            self._publish(final, info)
+        except BaseException:
+            self._discard()
+            raise
+        self._uncommitted_keys.clear()
+
+    def _publish(self, final: bool, info: dict) -> None:
+        """Rename the staged files into place, fsync their folders, append the commit record."""
+        finishes: list[str] = []
+        if final and self._begun is not None:
+            inputs = set(self._begun["inputs"])
+            finishes = [self.writer] + [u.writer for u in self._unfinished
+                                        if not u.running and set(u.inputs) <= inputs and u.out == self._begun["out"]]
+        if not self._staged and not finishes:
+            return
+        folders = {final_path.parent for _, final_path in self._staged}
+        folders |= {made.parent for made in self._made}
+        for tmp, final_path in self._staged:
+            os.replace(tmp, final_path)
+        for folder in sorted(folders, key=lambda f: len(f.parts), reverse=True):  # children first
+            commits.fsync_path(folder)
+        files = [str(final_path.relative_to(self.root)) for _, final_path in self._staged]
+        record = {"kind": "commit", "files": files, "final": final, **info}
+        if finishes:
+            record["finishes"] = finishes
+        try:
+            self._record(record)
+        except BaseException:
+            self._made.clear()
+            raise
+        self._staged.clear()
+        self._made.clear()
+        if commits.compact(self.root, self.writer, self._records):
+            self._records += 1
+
+    def _record(self, record: dict) -> None:
+        commits.write_record(self.root, self.writer, self._records, record)
+        self._records += 1
+
+    def _discard(self) -> None:
+        """Remove the staged files (temporary or renamed), and un-see the spans ``write`` admitted."""
+        for future in self._pending:
+            future.cancel()
+        for future in self._pending:
+            try:
+                future.result()
+            except BaseException:  # noqa: BLE001 - the first error is already on its way up
+                pass
+        self._pending.clear()
+        self._held.clear()
+        self._held_rows.clear()
+        for tmp, final_path in self._staged:
+            for path in (tmp, final_path):
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError:
+                    pass
+        self._staged.clear()
+        for keys in self._uncommitted_keys:
+            self.dedup.forget(keys)
+        self._uncommitted_keys.clear()
+
+    def _end(self) -> None:
+        self._closed = True
+        try:
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=True)
                 self._pool = None
+        finally:
+            self._lock.release()
+
+    def _make_folder(self, folder: Path) -> None:
+        missing = [f for f in (folder, *folder.parents) if not f.exists()]
+        folder.mkdir(parents=True, exist_ok=True)
+        self._made.update(missing)
 
     def _write_partition(self, relative: str) -> None:
         pieces = self._held.pop(relative)
         del self._held_rows[relative]
         folder = self.root / "spans" / relative
-        folder.mkdir(parents=True, exist_ok=True)
+        self._make_folder(folder)
         self._submit(_write_spans, pieces, folder / self._file_name())
 
     def _file_name(self) -> str:
         self._sequence += 1  # files of one partition sort in the order their spans came
         return f"{self._prefix}-{self._sequence:09d}.parquet"  # wide enough to sort as numbers
 
-    def _submit(self, write, *args) -> None:
+    def _submit(self, write, data, final_path: Path) -> None:
+        tmp = commits.temporary_name(final_path, self.writer)
+        self._staged.append((tmp, final_path))
         if not self._writers:
-            write(*args)
+            write(data, tmp)
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self._writers, thread_name_prefix="nemo-write")
-        self._pending.append(self._pool.submit(write, *args))
+        self._pending.append(self._pool.submit(write, data, tmp))
         while len(self._pending) > self._writers:  # bounds the tables waiting to be written
             self._pending.popleft().result()
 
@@ -248,15 +400,21 @@ def _write_spans(pieces: list[pa.Table], path: Path) -> None:
     chunks costs the Parquet writer more than the copy)."""
     table = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
     pq.write_table(table.combine_chunks(), path, write_statistics=_SPAN_STATISTICS, use_dictionary=_SPAN_DICTIONARY)
+    commits.fsync_path(path)
 
 
 def _write_table(table: pa.Table, path: Path) -> None:
     pq.write_table(table, path)
+    commits.fsync_path(path)
 
 
 def drop_duplicates(tables: OtlpTables, dedup: SpanDeduplicator, keys: np.ndarray | None = None) -> OtlpTables:
     """``tables`` without spans ``dedup`` has seen (and without those spans' events and links)."""
-    mask = dedup.admit(tables.spans, keys)
+    return _fresh_rows(tables, dedup.admit(tables.spans, keys))
+
+
+def _fresh_rows(tables: OtlpTables, mask: np.ndarray) -> OtlpTables:
+    """``tables`` with only the spans ``mask`` marks (and those spans' events and links)."""
     if mask.all():
         return tables
     spans = tables.spans.filter(pa.array(mask))

@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis import streaming
 from nemo_telemetry.analysis.dataset import DatasetWriter
-from nemo_telemetry.analysis.ingest import BATCH_SPANS, FILE_ROWS, WRITE_AHEAD, IngestSummary, Source, _Pipeline, _raw_files
+from nemo_telemetry.analysis.ingest import (BATCH_SPANS, FILE_ROWS, WRITE_AHEAD, IngestSummary, Source, _Pipeline,
+                                            _raw_files, ingest_inputs)
 from nemo_telemetry.errors import NemoTelemetryError
 
 __all__ = ["connect", "map_groups", "map_reduce", "reducer_count", "ray_scan", "ray_ingest", "ray_goodput", "ray_check"]
@@ -205,9 +206,13 @@ def ray_ingest(
     files = _raw_files(inputs, format)
     writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
     try:
-        return _ingest_files(ray, files, writer, progress, batch_spans)
-    finally:
-        writer.close()  # every file written (or the first write error raised) before returning
+        writer.start(ingest_inputs(inputs))
+        summary = _ingest_files(ray, files, writer, progress, batch_spans)
+    except BaseException:
+        writer.abort()  # nothing of this ingest becomes visible; its start stays recorded
+        raise
+    writer.close()  # the final commit: every file durable and visible at once
+    return summary
 
 
 def _ingest_files(ray, files: list, writer: DatasetWriter, progress, batch_spans: int) -> IngestSummary:

@@ -32,7 +32,8 @@ from nemo_telemetry.analysis._detect import (
 from nemo_telemetry.analysis._otlp_json_fast import LINE_FALLBACK, LINE_OTHER_SIGNAL, decode_json_block
 from nemo_telemetry.analysis._otlp_json import decode_json_request
 from nemo_telemetry.analysis._otlp_wire import WireError, decode_batch, decode_frames
-from nemo_telemetry.analysis.metrics import write_dataset_metrics
+from nemo_telemetry.analysis.metrics import dataset_metric_files
+from nemo_telemetry.analysis.commits import dataset_state
 from nemo_telemetry.analysis.dataset import (
     DatasetWriter,
     SpanDeduplicator,
@@ -55,6 +56,7 @@ __all__ = [
     "read_links",
     "FORMATS",
     "dump_files",
+    "ingest_inputs",
 ]
 
 Source = Union[str, Path, Iterable[Union[str, Path]]]
@@ -386,14 +388,27 @@ def ingest(
     files = _raw_files(inputs, format)
     writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
     try:
+        writer.start(ingest_inputs(inputs))
         pipeline = _Pipeline(writer.write_fresh, dedup=writer.dedup, progress=progress)
         for path, fmt in files:
             pipeline.add_file(path, fmt)
         summary = pipeline.summary()
-    finally:
-        writer.close()  # every file written (or the first write error raised) before returning
-    points = write_dataset_metrics([path for path, _ in files], Path(out))
+        points = 0
+        for relative, table in dataset_metric_files([path for path, _ in files]):
+            writer.stage_table(relative, table)
+            points += table.num_rows
+    except BaseException:
+        writer.abort()  # nothing of this ingest becomes visible; its start stays recorded
+        raise
+    writer.close()  # the final commit: every file durable and visible at once
     return dataclasses.replace(summary, metric_points=points)
+
+
+def ingest_inputs(inputs: Source) -> list[str]:
+    """The inputs as an ingest records them (absolute paths, in the order given), so the command
+    that finishes an interrupted ingest works from any directory."""
+    items = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
+    return [str(Path(item).absolute()) for item in items]
 
 
 def load_traces(source: Source, *, format: str | None = None) -> TraceTables:
@@ -401,7 +416,8 @@ def load_traces(source: Source, *, format: str | None = None) -> TraceTables:
     items = [source] if isinstance(source, (str, Path)) else list(source)
     datasets = [Path(item) for item in items if is_dataset(Path(item))]
     raw = [item for item in items if not is_dataset(Path(item))]
-    parts = [OtlpTables(*(read_dataset(d, t) for t in ("spans", "events", "links"))) for d in datasets]
+    states = [dataset_state(d) for d in datasets]  # one warning per incomplete dataset, not per table
+    parts = [OtlpTables(*(read_dataset(s.root, t, state=s) for t in ("spans", "events", "links"))) for s in states]
     summary = IngestSummary()
     if raw:
         pipeline = _Pipeline(lambda tables: _keep(parts, tables), dedup=SpanDeduplicator())

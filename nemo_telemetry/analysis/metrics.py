@@ -43,7 +43,7 @@ __all__ = [
     "with_efficiency_columns",
     "metrics_for_source",
     "with_step_metrics",
-    "write_dataset_metrics",
+    "dataset_metric_files",
 ]
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
@@ -497,6 +497,7 @@ def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | 
     A dataset directory keeps them in ``metrics/`` (written by ``ingest``); raw dumps have them
     in ``metrics-*`` files beside the ``traces-*`` files.
     """
+    from nemo_telemetry.analysis.commits import committed_files
     from nemo_telemetry.analysis.dataset import is_dataset
 
     items = [source] if isinstance(source, (str, Path)) else list(source)
@@ -504,9 +505,10 @@ def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | 
     raw: list[Path] = []
     for item in map(Path, items):
         if is_dataset(item):
-            if (item / "metrics").is_dir() and any((item / "metrics").glob("*.parquet")):
-                tables.append(pa.concat_tables(
-                    pq.read_table(f, schema=METRICS_SCHEMA) for f in sorted((item / "metrics").glob("*.parquet"))))
+            # the spans reader of the same command warns when the dataset is incomplete
+            files = committed_files(item, "metrics", warn=False)
+            if files:
+                tables.append(pa.concat_tables(pq.read_table(f, schema=METRICS_SCHEMA) for f in files))
         else:
             raw += _metric_dump_files(item)
     if raw:
@@ -515,24 +517,22 @@ def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | 
     return pa.concat_tables(tables) if tables else None
 
 
-def write_dataset_metrics(files: Iterable[Path], out: Path) -> int:
-    """Write the data points of the ``metrics-*`` dump files among ``files`` under ``out/metrics``.
+def dataset_metric_files(files: Iterable[Path]) -> list[tuple[str, pa.Table]]:
+    """The data points of the ``metrics-*`` dump files among ``files``, as the dataset files to
+    write: ``(metrics/<hash>.parquet, points)`` per input with points.
 
-    One Parquet file per input, named by the input's content hash, so re-ingesting a file
-    replaces its points instead of adding them twice. Returns the number of points written.
+    Named by the input's content hash, so re-ingesting a file replaces its points instead of
+    adding them twice.
     """
     import hashlib
 
-    written = 0
+    out = []
     for path in (p for f in files for p in _metric_dump_files(Path(f))):
         table = read_metrics(path)
-        if not table.num_rows:
-            continue
-        target = Path(out) / "metrics" / f"{hashlib.sha1(path.read_bytes()).hexdigest()[:20]}.parquet"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table.replace_schema_metadata(None), target)
-        written += table.num_rows
-    return written
+        if table.num_rows:
+            name = f"metrics/{hashlib.sha1(path.read_bytes()).hexdigest()[:20]}.parquet"
+            out.append((name, table.replace_schema_metadata(None)))
+    return out
 
 
 def with_step_metrics(runs: tuple, source) -> tuple:

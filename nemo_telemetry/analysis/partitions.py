@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nemo_telemetry.analysis.commits import committed_files
+
 __all__ = ["NO_VALUE", "Partition", "partition_folder", "split_by_partition", "span_partitions", "span_files"]
 
 NO_VALUE = "__HIVE_DEFAULT_PARTITION__"
@@ -93,10 +95,11 @@ def _value(folder_name: str) -> str | None:
 
 
 def span_partitions(root: Path, *, run_id: str | None = None) -> list[Partition]:
-    """The (run, rank) partitions of a dataset's spans table, sorted by folder; ``run_id`` prunes."""
+    """The (run, rank) partitions of a dataset's committed spans files, sorted by folder; ``run_id``
+    prunes. Warns (:class:`~nemo_telemetry.errors.IncompleteDatasetWarning`) when an ingest did not finish."""
     spans = Path(root) / "spans"
     by_folder: dict[Path, list[Path]] = {}
-    for path in sorted(spans.rglob("*.parquet")):
+    for path in committed_files(root, "spans"):
         by_folder.setdefault(path.parent, []).append(path)
     out = []
     for folder, files in sorted(by_folder.items()):

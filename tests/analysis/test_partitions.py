@@ -34,7 +34,9 @@ def test_a_batch_splits_into_one_table_per_run_and_rank():
 
 
 def _write(root: Path, spans: pa.Table) -> None:
-    DatasetWriter(root).write(OtlpTables(spans, EVENTS_SCHEMA.empty_table(), LINKS_SCHEMA.empty_table()))
+    writer = DatasetWriter(root)
+    writer.write(OtlpTables(spans, EVENTS_SCHEMA.empty_table(), LINKS_SCHEMA.empty_table()))
+    writer.close()
 
 
 def test_partitions_are_listed_with_their_run_and_rank_and_pruned_by_run(tmp_path):

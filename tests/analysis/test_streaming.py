@@ -104,6 +104,7 @@ def write_scenario(root: Path, *, batch: int = 97, **kwargs) -> Path:
     writer = DatasetWriter(root)
     for offset in range(0, spans.num_rows, batch):
         writer.write(OtlpTables(spans.slice(offset, batch), EVENTS_SCHEMA.empty_table(), LINKS_SCHEMA.empty_table()))
+    writer.close()
     return root
 
 
@@ -150,7 +151,7 @@ def test_unknown_run_is_a_typed_error_naming_the_runs(scenario):
 
 
 def test_empty_dataset(tmp_path):
-    DatasetWriter(tmp_path / "empty")
+    DatasetWriter(tmp_path / "empty").close()
     assert stream_goodput(tmp_path / "empty") == run_goodput(read_spans(tmp_path / "empty")) == ()
 
 

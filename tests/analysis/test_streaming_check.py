@@ -65,6 +65,7 @@ def write_check_scenario(root: Path, *, batch: int = 150) -> Path:
     writer = DatasetWriter(root)
     for offset in range(0, spans.num_rows, batch):
         writer.write(OtlpTables(spans.slice(offset, batch), EVENTS_SCHEMA.empty_table(), LINKS_SCHEMA.empty_table()))
+    writer.close()
     return root
 
 
@@ -116,5 +117,5 @@ def test_unknown_run_is_the_same_typed_error(scenario):
 
 
 def test_empty_dataset(tmp_path):
-    DatasetWriter(tmp_path / "empty")
+    DatasetWriter(tmp_path / "empty").close()
     assert stream_check(tmp_path / "empty").to_dict() == check_run(read_for_analysis(tmp_path / "empty")).to_dict()

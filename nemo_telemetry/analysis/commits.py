@@ -1,0 +1,325 @@
+"""The dataset's commit record: which files are committed, and which ingests began and never finished.
+
+::
+
+    DATASET/_commits/<time ns>-<writer>-<n>.json   one record each, never rewritten
+    DATASET/_writers/<writer>.lock                  locked (flock) while that writer is open
+
+A record is written to a hidden temporary name, fsync'd, renamed into place and its folder
+fsync'd, so it is there whole or not at all. There are three kinds: ``begin`` (an ingest's
+inputs, written before any of its files), ``commit`` (files a writer renamed into place; the
+last one of an ingest is ``final``) and ``snapshot`` (the union of the records it replaced,
+written by :func:`compact` before it removes them). Everything a record says is a set that
+only grows, so the state is the union of the records present, in any order: concurrent
+writers and compactions need no lock on the folder, and a reader never needs the history.
+
+A dataset with no ``_commits`` folder was written by a version without commit records: every
+``*.parquet`` file in it is read. The first writer to open it records those files as committed
+(:func:`prepare`) before writing anything of its own.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shlex
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from nemo_telemetry.errors import IncompleteDatasetWarning, IngestError
+
+__all__ = [
+    "COMMITS",
+    "TABLES",
+    "DatasetState",
+    "UnfinishedIngest",
+    "WriterLock",
+    "committed_files",
+    "compact",
+    "dataset_state",
+    "fsync_path",
+    "prepare",
+    "temporary_name",
+    "write_record",
+]
+
+COMMITS = "_commits"
+WRITERS = "_writers"
+TABLES = ("spans", "events", "links", "metrics")  # folders whose Parquet files the record covers
+_FORMAT = 1
+_COMPACT_AFTER = 256  # records beside the snapshot before a writer folds them into a new one
+_TEMPORARY = ".tmp"
+
+
+def temporary_name(final: Path, writer: str) -> Path:
+    """Where a file is written before it is renamed to ``final``: hidden, named by its writer."""
+    return final.with_name(f".{final.name}.{writer}{_TEMPORARY}")
+
+
+def fsync_path(path: Path) -> None:
+    """Make a file's bytes, or a folder's names (a rename, a new file or subfolder), durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class UnfinishedIngest:
+    """An ingest that recorded its start and no final commit: crashed, killed, or still running."""
+
+    writer: str
+    inputs: tuple[str, ...]
+    out: str
+    started_ns: int
+    running: bool
+
+    @property
+    def command(self) -> str:
+        """The command that finishes it: the same ingest again (it skips the spans already stored)."""
+        return shlex.join(["nemo-telemetry", "ingest", *self.inputs, "--out", self.out])
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started_ns / 1e9))
+        what = "is still running" if self.running else "did not finish"
+        return (f"dataset {self.out} is incomplete: the ingest of {', '.join(self.inputs)} started {when} {what}; "
+                f"its spans are not in the dataset. To finish it, run: {self.command}")
+
+
+@dataclass(frozen=True)
+class DatasetState:
+    """What a reader may read: the committed files of each table, and the unfinished ingests."""
+
+    root: Path
+    committed: frozenset[str] | None  # paths relative to root; None: no commit record (every file)
+    unfinished: tuple[UnfinishedIngest, ...]
+
+    def files(self, table: str) -> list[Path]:
+        """The committed Parquet files of ``table`` (``spans``, ``events``, ``links``, ``metrics``), sorted."""
+        if self.committed is None:
+            return sorted((self.root / table).rglob("*.parquet"), key=str)
+        prefix = f"{table}/"
+        return sorted((self.root / rel for rel in self.committed if rel.startswith(prefix)), key=str)
+
+
+class WriterLock:
+    """``_writers/<writer>.lock``, held while a writer is open, so others can tell it is alive
+    (the kernel drops the lock when the process dies, ``kill -9`` included)."""
+
+    def __init__(self, root: Path, writer: str) -> None:
+        import fcntl
+
+        folder = root / WRITERS
+        folder.mkdir(exist_ok=True)
+        self.path = folder / f"{writer}.lock"
+        self._fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _alive(root: Path, writer: str) -> bool:
+    """Whether the writer ``writer`` holds its lock now."""
+    import fcntl
+
+    try:
+        fd = os.open(root / WRITERS / f"{writer}.lock", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
+
+
+def write_record(root: Path, writer: str, sequence: int, record: dict) -> Path:
+    """Append one record to ``_commits`` atomically (tmp + fsync + rename + folder fsync)."""
+    folder = root / COMMITS
+    final = folder / f"{time.time_ns():020d}-{writer}-{sequence:09d}.json"
+    tmp = temporary_name(final, writer)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(json.dumps({"format": _FORMAT, "writer": writer, **record}, separators=(",", ":")).encode())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, final)
+        fsync_path(folder)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return final
+
+
+@dataclass
+class _Union:
+    """The union of records: committed files, begun ingests (writer -> begin record), finished writers."""
+
+    files: set
+    begun: dict
+    finished: set
+    names: list  # the record files read
+
+    def snapshot(self) -> dict:
+        done = self.finished & set(self.begun)  # an ingest that began and finished: nothing left to say
+        return {"kind": "snapshot", "files": sorted(self.files),
+                "begun": {w: b for w, b in self.begun.items() if w not in done},
+                "finished": sorted(self.finished - done)}
+
+
+def _read_union(root: Path) -> _Union | None:
+    folder = root / COMMITS
+    for _ in range(20):  # a compaction may remove a record between the listing and the read: list again
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.endswith(".json") and not n.startswith("."))
+        except FileNotFoundError:
+            return None
+        except NotADirectoryError:
+            raise IngestError(f"{folder}: is not a directory; this is not a dataset nemo-telemetry wrote") from None
+        union = _Union(set(), {}, set(), names)
+        try:
+            for name in names:
+                _add(union, folder / name)
+        except FileNotFoundError:
+            continue
+        return union
+    raise IngestError(f"{folder}: the commit records keep changing while read; try again")
+
+
+def _add(union: _Union, path: Path) -> None:
+    try:
+        record = json.loads(path.read_bytes())
+        kind = record["kind"]
+        if kind == "begin":
+            union.begun[record["writer"]] = record
+        elif kind == "commit":
+            union.files.update(record["files"])
+            union.finished.update(record.get("finishes", ()))
+        elif kind == "snapshot":
+            union.files.update(record["files"])
+            union.begun.update(record["begun"])
+            union.finished.update(record["finished"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise IngestError(f"{path}: unreadable commit record ({exc}); restore it or remove the dataset") from None
+
+
+def dataset_state(root: Path, *, warn: bool = True) -> DatasetState:
+    """The committed files and unfinished ingests of the dataset at ``root``; with ``warn``, an
+    :class:`~nemo_telemetry.errors.IncompleteDatasetWarning` for each unfinished ingest (its
+    inputs and the command that finishes it). Every reader of a dataset starts here."""
+    root = Path(root)
+    union = _read_union(root)
+    if union is None:
+        return DatasetState(root, None, ())
+    unfinished = tuple(
+        UnfinishedIngest(writer, tuple(begin.get("inputs", ())), begin.get("out", str(root)),
+                         int(begin.get("started_ns", 0)), _alive(root, writer))
+        for writer, begin in sorted(union.begun.items(), key=lambda item: item[1].get("started_ns", 0))
+        if writer not in union.finished
+    )
+    if warn:
+        for ingest in unfinished:
+            warnings.warn(ingest.describe(), IncompleteDatasetWarning, stacklevel=2)
+    return DatasetState(root, frozenset(union.files), unfinished)
+
+
+def committed_files(root: Path, table: str = "spans", *, warn: bool = True) -> list[Path]:
+    """The committed Parquet files of one table of the dataset at ``root``, sorted; warns as
+    :func:`dataset_state` does."""
+    return dataset_state(root, warn=warn).files(table)
+
+
+def compact(root: Path, writer: str, sequence: int, *, at_least: int = _COMPACT_AFTER) -> bool:
+    """Fold the records into one snapshot when there are ``at_least`` of them; True when it did.
+
+    The snapshot is written (atomically) before the records it covers are removed, so a reader
+    sees either them, or it, or both: the same union.
+    """
+    union = _read_union(root)
+    if union is None or len(union.names) < max(at_least, 2):
+        return False
+    write_record(root, writer, sequence, union.snapshot())
+    folder = root / COMMITS
+    for name in union.names:
+        (folder / name).unlink(missing_ok=True)
+    fsync_path(folder)
+    return True
+
+
+def prepare(root: Path, writer: str) -> tuple[DatasetState, int]:
+    """Ready ``root`` for a new writer: record an older dataset's files as committed, and remove
+    what writers that are gone left behind (temporary files, files renamed but never committed).
+
+    Returns the state and how many records this writer wrote (its next sequence number).
+    """
+    sequence = 0
+    (root / COMMITS).mkdir(exist_ok=True)
+    state = dataset_state(root, warn=False)
+    if not os.listdir(root / COMMITS):
+        legacy = sorted(str(p.relative_to(root)) for table in TABLES for p in (root / table).rglob("*.parquet"))
+        if legacy:
+            write_record(root, writer, sequence, {"kind": "commit", "files": legacy, "adopted": True})
+            sequence += 1
+        state = dataset_state(root, warn=False)
+    _remove_leftovers(root, state)
+    return state, sequence
+
+
+def _remove_leftovers(root: Path, state: DatasetState) -> None:
+    committed = state.committed or frozenset()
+    alive: dict[str, bool] = {}
+
+    def gone(writer: str | None) -> bool:
+        if writer is None:  # not a name a writer gives its files: left alone (and unread)
+            return False
+        if writer not in alive:
+            alive[writer] = _alive(root, writer)
+        return not alive[writer]
+
+    folders = [root / COMMITS] + [root / table for table in TABLES]
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for path in folder.rglob("*"):
+            if not path.is_file():
+                continue
+            name = path.name
+            if name.startswith(".") and name.endswith(_TEMPORARY):
+                writer = name[: -len(_TEMPORARY)].rsplit(".", 1)[-1]
+            elif name.endswith(".parquet") and folder.name != COMMITS and str(path.relative_to(root)) not in committed:
+                writer = _writer_of(name)
+            else:
+                continue
+            if gone(writer):
+                _unlink(path)
+
+
+def _writer_of(name: str) -> str | None:
+    """The writer id in a data file's name (``part-<writer>-<n>.parquet``), if it has one."""
+    parts = name.split("-")
+    return f"{parts[1]}-{parts[2]}" if name.startswith("part-") and len(parts) >= 4 else None
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
