@@ -40,7 +40,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from nemo_telemetry.analysis._columns import OtlpTables, SpanColumns
 from nemo_telemetry.analysis._otlp_json import decode_json_request
 from nemo_telemetry.analysis._otlp_wire import decode_batch
-from nemo_telemetry.analysis.dataset import DatasetWriter, SpanDeduplicator
+from nemo_telemetry.analysis.dataset import DatasetWriter, SpanDeduplicator, read_dataset
 from nemo_telemetry.analysis.ingest import _drop_malformed_ids
 from nemo_telemetry.errors import IngestError, ListenError
 
@@ -112,11 +112,12 @@ class _GroupCommit:
 
 
 class _Committer:
-    """One thread owns the writer: it takes every request queued while it was busy, writes and
-    commits them together, then wakes their handlers with the outcome."""
+    """One thread owns the dataset writer: it takes every request queued while it was busy,
+    writes and commits them together, then wakes their handlers with the outcome."""
 
-    def __init__(self, writer: DatasetWriter, counts: dict, lock: threading.Lock) -> None:
-        self._writer = writer
+    def __init__(self, root: Path, writer: DatasetWriter, counts: dict, lock: threading.Lock) -> None:
+        self._root = root
+        self._writer: DatasetWriter | None = writer  # None after a failed write, until reopened
         self._counts, self._lock = counts, lock  # the server's summary counters and their lock
         self._cond = threading.Condition()
         self._filling = _GroupCommit()
@@ -141,15 +142,25 @@ class _Committer:
             self._closing = True
             self._cond.notify()
         self._thread.join()
-        try:
-            self._writer.close()
-        except OSError as exc:
-            self._record_failure(exc)
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception as exc:  # noqa: BLE001 - reported in the summary
+                self._record_failure(exc)
         if self._failed_ids:
-            ids = pa.concat_tables(self._failed_ids)
-            unwritten = int(self._writer.dedup.admit(ids).sum())  # the writer has the committed ones
             with self._lock:
-                self._counts["unwritten_spans"] = unwritten
+                self._counts["unwritten_spans"] = self._still_unwritten()
+
+    def _still_unwritten(self) -> int:
+        """The failed spans that no later commit wrote (the dataset on disk is the judge)."""
+        ids = pa.concat_tables(self._failed_ids)
+        try:
+            committed = SpanDeduplicator()
+            committed.remember(read_dataset(self._root, "spans", columns=["trace_id", "span_id"]))
+        except Exception as exc:  # noqa: BLE001 - cannot tell: count every failed span
+            self._record_failure(exc)
+            return ids.num_rows
+        return int(committed.admit(ids).sum())
 
     def _run(self) -> None:
         while True:
@@ -166,10 +177,7 @@ class _Committer:
     def _commit(self, group: _GroupCommit) -> None:
         tables = OtlpTables.concat(group.parts)
         try:
-            written = self._writer.write(tables)
-            commit = getattr(self._writer, "commit", None)  # TRANSITIONAL until the store API lands
-            if commit is not None:
-                commit(source="collect", requests=len(group.parts))
+            written = self._write(tables, requests=len(group.parts))
         except Exception as exc:  # noqa: BLE001 - the handlers answer 503; the thread lives on
             group.error = exc
             self._record_failure(exc)
@@ -177,12 +185,32 @@ class _Committer:
             return
         if self._failing:
             self._failing = False
-            _log.warning("writing %s works again", self._writer.root)
+            _log.warning("writing %s works again", self._root)
         with self._lock:
             self._counts["spans"] += written.spans.num_rows
             self._counts["events"] += written.events.num_rows
             self._counts["links"] += written.links.num_rows
             self._counts["duplicates_dropped"] += tables.spans.num_rows - written.spans.num_rows
+
+    def _write(self, tables: OtlpTables, *, requests: int) -> OtlpTables:
+        """Write and commit; durable on return. A failed commit leaves the writer usable; a
+        failed write leaves it half-staged, so it is aborted and the next commit opens another."""
+        writer = self._writer if self._writer is not None else self._open()
+        try:
+            written = writer.write(tables)
+        except BaseException:
+            self._writer = None
+            try:
+                writer.abort()
+            except Exception:  # noqa: BLE001 - the write's own error is the one to report
+                pass
+            raise
+        writer.commit(source="collect", requests=requests)
+        return written
+
+    def _open(self) -> DatasetWriter:
+        self._writer = DatasetWriter(self._root)
+        return self._writer
 
     def _record_failure(self, exc: BaseException) -> None:
         """Log a failure once per outage (not per request); keep the cause for the summary."""
@@ -190,7 +218,7 @@ class _Committer:
         if not self._failing:
             self._failing = True
             _log.error("cannot write %s (%s); answering 503 with Retry-After until writing works again",
-                       self._writer.root, cause)
+                       self._root, cause)
         with self._lock:
             self._counts["write_error"] = cause
 
@@ -261,9 +289,9 @@ class CollectorServer:
         try:
             self._httpd = _Server((host, port), _handler_for(self), self._drop_late_connections)
         except OSError as exc:
-            writer.close()
+            writer.abort()
             raise ListenError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
-        self._committer = _Committer(writer, self._counts, self._lock)
+        self._committer = _Committer(Path(out), writer, self._counts, self._lock)
         self._thread: threading.Thread | None = None
 
     @property
