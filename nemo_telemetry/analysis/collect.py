@@ -102,11 +102,12 @@ class _Reject(Exception):
         self.status = status
 
 
-class _GroupCommit:
-    """Requests' tables gathered for one write and commit; each request waits on ``done``."""
+class _Ticket:
+    """One request's tables waiting for a commit; its handler waits on ``done``. ``error`` is
+    the write's ``OSError`` (answer 503) or what else stopped these spans being stored (400)."""
 
-    def __init__(self) -> None:
-        self.parts: list[OtlpTables] = []
+    def __init__(self, tables: OtlpTables) -> None:
+        self.tables = tables
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -120,7 +121,7 @@ class _Committer:
         self._writer: DatasetWriter | None = writer  # None after a failed write, until reopened
         self._counts, self._lock = counts, lock  # the server's summary counters and their lock
         self._cond = threading.Condition()
-        self._filling = _GroupCommit()
+        self._queued: list[_Ticket] = []
         self._closing = False
         self._failing = False
         self._failed_ids: list[pa.Table] = []  # distinct spans whose write failed
@@ -128,13 +129,13 @@ class _Committer:
         self._thread = threading.Thread(target=self._run, name="nemo-collect-commit", daemon=True)
         self._thread.start()
 
-    def submit(self, tables: OtlpTables) -> _GroupCommit:
-        """Queue ``tables`` for the next commit; wait on the returned group's ``done``."""
+    def submit(self, tables: OtlpTables) -> _Ticket:
+        """Queue ``tables`` for the next commit; wait on the ticket's ``done``."""
+        ticket = _Ticket(tables)
         with self._cond:
-            group = self._filling
-            group.parts.append(tables)
+            self._queued.append(ticket)
             self._cond.notify()
-        return group
+        return ticket
 
     def close(self) -> None:
         """Commit what is queued, stop the thread, close the writer; count what stayed unwritten."""
@@ -165,23 +166,35 @@ class _Committer:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._filling.parts and not self._closing:
+                while not self._queued and not self._closing:
                     self._cond.wait()
-                group, self._filling = self._filling, _GroupCommit()
-            if group.parts:
+                group, self._queued = self._queued, []
+            if group:
                 self._commit(group)
-                group.done.set()
+                for ticket in group:
+                    ticket.done.set()
             elif self._closing:
                 return
 
-    def _commit(self, group: _GroupCommit) -> None:
-        tables = OtlpTables.concat(group.parts)
+    def _commit(self, group: list[_Ticket]) -> None:
+        """One write and commit for the group. A failure that is not the disk's (a table the
+        writer refuses) is the fault of one request or more: each is then committed alone, so
+        one bad request cannot fail the others."""
+        tables = OtlpTables.concat([ticket.tables for ticket in group])
         try:
-            written = self._write(tables, requests=len(group.parts))
-        except Exception as exc:  # noqa: BLE001 - the handlers answer 503; the thread lives on
-            group.error = exc
+            written = self._write(tables, requests=len(group))
+        except OSError as exc:
             self._record_failure(exc)
             self._remember_failed(tables.spans)
+            for ticket in group:
+                ticket.error = exc
+            return
+        except Exception as exc:  # noqa: BLE001 - answered 400; the thread lives on
+            if len(group) == 1:
+                group[0].error = exc
+                return
+            for ticket in group:
+                self._commit([ticket])
             return
         if self._failing:
             self._failing = False
@@ -334,7 +347,8 @@ class CollectorServer:
 
     def accept(self, body: bytes, content_type: str) -> int:
         """Decode one request body and commit its spans; return how many spans were rejected.
-        Raises ``_Reject`` (400 for a body that does not decode, 503 when the write fails)."""
+        Raises ``_Reject``: 400 for a body that does not decode or spans the writer refuses,
+        503 when the write fails (the disk's fault: the exporter sends it again)."""
         tables = _decode(body, content_type)
         rejected = [0]
 
@@ -342,10 +356,12 @@ class CollectorServer:
             rejected[0] = n
 
         tables = _drop_malformed_ids(tables, count)
-        group = self._committer.submit(tables)
-        group.done.wait()
-        if group.error is not None:
-            raise _Reject(503, f"cannot write the dataset ({_describe(group.error)}); retry later")
+        ticket = self._committer.submit(tables)
+        ticket.done.wait()
+        if isinstance(ticket.error, OSError):
+            raise _Reject(503, f"cannot write the dataset ({_describe(ticket.error)}); retry later")
+        if ticket.error is not None:
+            raise _Reject(400, f"the request's spans cannot be stored ({_describe(ticket.error)})")
         with self._lock:
             self._counts["requests"] += 1
             self._counts["rejected_spans"] += rejected[0]
@@ -545,7 +561,10 @@ class _OtlpHandler(BaseHTTPRequestHandler):
                 self._linger = True
                 raise _Reject(413, f"chunked request is over the {limit}-byte limit")
             parts.append(self._read_exactly(chunk))
-            if self.rfile.readline(3) not in (b"\r\n", b"\n"):
+            end = self.rfile.read(1)
+            if end == b"\r":
+                end = self.rfile.read(1)
+            if end != b"\n":
                 self.close_connection = True
                 raise _Reject(400, "a chunk of a chunked body is not followed by CRLF")
         for _ in range(_TRAILER_LINES):  # trailer fields, ignored, up to the blank line
