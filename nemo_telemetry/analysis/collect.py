@@ -361,6 +361,8 @@ class CollectorServer:
         if isinstance(ticket.error, OSError):
             raise _Reject(503, f"cannot write the dataset ({_describe(ticket.error)}); retry later")
         if ticket.error is not None:
+            with self._lock:
+                self._counts["rejected_spans"] += tables.spans.num_rows + rejected[0]
             raise _Reject(400, f"the request's spans cannot be stored ({_describe(ticket.error)})")
         with self._lock:
             self._counts["requests"] += 1
@@ -371,11 +373,11 @@ class CollectorServer:
         with self._lock:
             self._counts[name] += 1
 
-    def _open_connection(self, conn: socket.socket) -> bool:
-        """Track ``conn``; ``False`` when over the connection bound or stopping (answer 503)."""
+    def _open_connection(self, conn: socket.socket) -> int:
+        """Track ``conn``; return how many connections are open with it."""
         with self._lock:
             self._deadlines[conn] = time.monotonic() + self.read_timeout_s
-            return len(self._deadlines) <= self.max_connections and not self._stopped.is_set()
+            return len(self._deadlines)
 
     def _close_connection(self, conn: socket.socket) -> None:
         with self._lock:
@@ -443,9 +445,12 @@ class _OtlpHandler(BaseHTTPRequestHandler):
     def handle(self) -> None:
         """The stdlib's keep-alive loop, with deadlines, the connection bound and stop()."""
         collector = self.collector
-        self._overloaded = not collector._open_connection(self.connection)
-        if collector._stopped.is_set():  # accepted as stop() began: closed unread, never answered
-            collector._close_connection(self.connection)
+        open_connections = collector._open_connection(self.connection)
+        self._overloaded = open_connections > collector.max_connections
+        if self._overloaded:  # answered 503 as soon as its request is in: it need not wait long
+            self.connection.settimeout(min(collector.read_timeout_s, _LINGER_S))
+        if collector._stopped.is_set() or open_connections > 2 * collector.max_connections:
+            collector._close_connection(self.connection)  # stopping, or a flood: closed unanswered
             return
         try:
             self.close_connection = True
@@ -487,9 +492,12 @@ class _OtlpHandler(BaseHTTPRequestHandler):
 
     def _check_headers(self) -> None:
         """What can be refused from the request line and headers alone."""
-        if self._overloaded or self.collector._stopped.is_set():
+        if self._overloaded:
             self._linger = True
-            raise _Reject(503, f"collector is busy ({self.collector.max_connections} connections) or stopping; retry later")
+            raise _Reject(503, f"collector is serving its {self.collector.max_connections} connections; retry later")
+        if self.collector._stopped.is_set():
+            self._linger = True
+            raise _Reject(503, "collector is stopping; retry later")
         if self.path.split("?")[0] != "/v1/traces":
             self._linger = True
             raise _Reject(404, f"no OTLP endpoint at {self.path}; traces go to /v1/traces")
