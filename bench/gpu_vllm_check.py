@@ -95,7 +95,7 @@ def main() -> int:
     if args.model == TINY_RANDOM:
         args.model = str(build_tiny_random_model(work / "tiny-random-llama"))
         print(f"model: tiny random Llama in {args.model}")
-    collector = CollectorServer(work / "vllm-dataset", port=0, flush_interval_s=0.5).start()
+    collector = CollectorServer(work / "vllm-dataset", port=0).start()  # each 200 is committed
     os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = collector.traces_url
     os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "200"  # vLLM's BatchSpanProcessor: export within 0.2 s
     try:
