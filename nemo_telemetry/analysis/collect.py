@@ -8,10 +8,10 @@ together for the next one (group commit), so one write and one fsync serve them 
 that fails (a full disk, an I/O error, a permission) is answered 503 with ``Retry-After``, the
 OTLP exporters' signal to send again; nothing is acknowledged that is not written.
 
-Bounds (each a keyword of :class:`CollectorServer`): request size, concurrent connections (503
-beyond), a read timeout per socket read, a deadline for reading one request, and a listen
-backlog; :meth:`CollectorServer.stop` drops idle and half-received requests at once and
-answers those already received once their commit is done.
+Bounds, each a keyword of :class:`CollectorServer`: request size, concurrent connections (503
+beyond), a timeout per socket read, a deadline for reading one request; the listen backlog is
+``LISTEN_BACKLOG``. :meth:`CollectorServer.stop` drops idle and half-received requests at once
+and answers those already received once their commit is done.
 
 The stdlib ``ThreadingHTTPServer`` keeps this dependency-free: one thread per connection, one
 committer thread that owns the dataset writer.
@@ -77,7 +77,9 @@ class CollectSummary:
     """What a collector received and wrote.
 
     ``unavailable_requests`` were answered 503 (a failed write, too many connections, or
-    stopping): the exporter sends them again. ``unwritten_spans`` counts, once the collector has
+    stopping): the exporter sends them again. ``rejected_spans`` are the spans dropped from a
+    partial success and those of a request answered 400 after decoding (a request that does not
+    decode counts in ``rejected_requests`` only). ``unwritten_spans`` counts, once the collector has
     stopped, the distinct spans it received but could not write and no later retry wrote;
     ``write_error`` is the last write failure's cause ("" when every write worked).
     """
