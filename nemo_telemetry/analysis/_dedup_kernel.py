@@ -62,6 +62,17 @@ def _slot(a, b, c, mask):
 
 
 @njit(cache=True, nogil=True)
+def _find(table, used, a, b, c, mask):
+    """The slot holding key (a, b, c), or the empty slot where its probe sequence ends."""
+    slot = _slot(a, b, c, mask)
+    while used[slot]:
+        if table[slot, 0] == a and table[slot, 1] == b and table[slot, 2] == c:
+            break
+        slot = (slot + 1) & mask
+    return slot
+
+
+@njit(cache=True, nogil=True)
 def admit(table, used, keys, fresh):
     """Insert each row of ``keys`` (n, 3) into the set (``table`` (cap, 3), ``used`` (cap,),
     cap a power of two with room for every key); ``fresh[i]`` says whether row ``i`` was new.
@@ -70,11 +81,7 @@ def admit(table, used, keys, fresh):
     added = 0
     for i in range(keys.shape[0]):
         a, b, c = keys[i, 0], keys[i, 1], keys[i, 2]
-        slot = _slot(a, b, c, mask)
-        while used[slot]:
-            if table[slot, 0] == a and table[slot, 1] == b and table[slot, 2] == c:
-                break
-            slot = (slot + 1) & mask
+        slot = _find(table, used, a, b, c, mask)
         if used[slot]:
             fresh[i] = False
             continue
@@ -112,12 +119,7 @@ def forget(table, used, keys):
     mask = table.shape[0] - 1
     removed = 0
     for i in range(keys.shape[0]):
-        a, b, c = keys[i, 0], keys[i, 1], keys[i, 2]
-        slot = _slot(a, b, c, mask)
-        while used[slot]:
-            if table[slot, 0] == a and table[slot, 1] == b and table[slot, 2] == c:
-                break
-            slot = (slot + 1) & mask
+        slot = _find(table, used, keys[i, 0], keys[i, 1], keys[i, 2], mask)
         if not used[slot]:
             continue
         hole = slot

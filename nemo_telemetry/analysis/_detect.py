@@ -37,6 +37,7 @@ __all__ = [
     "ReadBuffers",
     "detect_format",
     "expand_inputs",
+    "expand_inputs_found",
     "iter_records",
     "classify_json_line",
 ]
@@ -122,16 +123,22 @@ class ReadBuffers:
 
 def expand_inputs(inputs) -> list[Path]:
     """Files named, and the files under directories named (sorted, hidden files skipped)."""
+    return [path for path, _ in expand_inputs_found(inputs)]
+
+
+def expand_inputs_found(inputs) -> list[tuple[Path, Path | None]]:
+    """:func:`expand_inputs` with the directory each file was found in (None: named itself), so
+    a file that is not OTLP can be skipped when a directory brought it and refused when named."""
     if isinstance(inputs, (str, Path)):
         inputs = [inputs]
-    files: list[Path] = []
+    files: list[tuple[Path, Path | None]] = []
     for item in inputs:
         path = Path(item)
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p, path))
-            files.extend(found)
+            files.extend((p, path) for p in found)
         elif path.is_file():
-            files.append(path)
+            files.append((path, None))
         else:
             raise IngestError(f"{path}: no such file or directory")
     return files

@@ -43,6 +43,7 @@ __all__ = [
     "fsync_path",
     "prepare",
     "temporary_name",
+    "with_path",
     "write_record",
 ]
 
@@ -68,6 +69,14 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def with_path(exc: OSError, path: Path) -> OSError:
+    """``exc`` naming ``path`` when it names no file (pyarrow's write errors and ``os.fsync``'s
+    do not); the same errno and so the same class (``OSError(ENOSPC, ...)``, ``PermissionError``)."""
+    if exc.filename is not None or exc.errno is None:
+        return exc
+    return OSError(exc.errno, os.strerror(exc.errno), str(path))
+
+
 @dataclass(frozen=True)
 class UnfinishedIngest:
     """An ingest that recorded its start and no final commit: crashed, killed, or still running."""
@@ -77,6 +86,7 @@ class UnfinishedIngest:
     out: str
     started_ns: int
     running: bool
+    tool: str = "ingest"  # or "collect": a receiver that recorded its start
 
     @property
     def command(self) -> str:
@@ -84,8 +94,13 @@ class UnfinishedIngest:
         return shlex.join(["nemo-telemetry", "ingest", *self.inputs, "--out", self.out])
 
     def describe(self) -> str:
+        """The warning a reader gives: the word "incomplete", what did not finish, how to finish it."""
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started_ns / 1e9))
         what = "is still running" if self.running else "did not finish"
+        if self.tool == "collect":
+            return (f"dataset {self.out} is incomplete: the collect started {when} {what}; the spans it "
+                    f"acknowledged are in the dataset, those it did not were never stored (exporters retry "
+                    f"them). To finish it, run: nemo-telemetry collect --out {shlex.quote(self.out)}")
         return (f"dataset {self.out} is incomplete: the ingest of {', '.join(self.inputs)} started {when} {what}; "
                 f"its spans are not in the dataset. To finish it, run: {self.command}")
 
@@ -159,9 +174,12 @@ def write_record(root: Path, writer: str, sequence: int, record: dict) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, final)
+        tmp = final  # from here a failure takes the record back: the caller removes its files
         fsync_path(folder)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise with_path(exc, final) from exc
         raise
     return final
 
@@ -228,7 +246,7 @@ def dataset_state(root: Path, *, warn: bool = True) -> DatasetState:
         return DatasetState(root, None, ())
     unfinished = tuple(
         UnfinishedIngest(writer, tuple(begin.get("inputs", ())), begin.get("out", str(root)),
-                         int(begin.get("started_ns", 0)), _alive(root, writer))
+                         int(begin.get("started_ns", 0)), _alive(root, writer), begin.get("tool", "ingest"))
         for writer, begin in sorted(union.begun.items(), key=lambda item: item[1].get("started_ns", 0))
         if writer not in union.finished
     )
@@ -250,8 +268,13 @@ def compact(root: Path, writer: str, sequence: int, *, at_least: int = _COMPACT_
     The snapshot is written (atomically) before the records it covers are removed, so a reader
     sees either them, or it, or both: the same union.
     """
+    try:
+        if sum(1 for n in os.listdir(root / COMMITS) if n.endswith(".json")) < max(at_least, 2):
+            return False  # the usual case, without reading the records
+    except FileNotFoundError:
+        return False
     union = _read_union(root)
-    if union is None or len(union.names) < max(at_least, 2):
+    if union is None or len(union.names) < 2:
         return False
     write_record(root, writer, sequence, union.snapshot())
     folder = root / COMMITS
@@ -268,7 +291,9 @@ def prepare(root: Path, writer: str) -> tuple[DatasetState, int]:
     Returns the state and how many records this writer wrote (its next sequence number).
     """
     sequence = 0
-    (root / COMMITS).mkdir(exist_ok=True)
+    if not (root / COMMITS).is_dir():
+        (root / COMMITS).mkdir()
+        fsync_path(root)  # the folder's name is durable before any record in it
     state = dataset_state(root, warn=False)
     if not os.listdir(root / COMMITS):
         legacy = sorted(str(p.relative_to(root)) for table in TABLES for p in (root / table).rglob("*.parquet"))

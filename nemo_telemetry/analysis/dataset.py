@@ -7,10 +7,14 @@ Layout::
                                          is written __HIVE_DEFAULT_PARTITION__)
     DATASET/events/part-*.parquet
     DATASET/links/part-*.parquet
+    DATASET/metrics/<content hash>.parquet
+    DATASET/_commits/*.json             which of those files are committed (commits.py)
 
 Every file holds every column of its table (the partition column too), so a file is readable
-on its own and the directory names only serve pruning. Writing and reading stay in this one
-module so that finer partitioning (rank, time window) changes one place.
+on its own and the directory names only serve pruning. A reader reads the committed files
+only: a file is written under a hidden temporary name, fsync'd, and renamed into place by the
+commit that records it. Writing and reading stay in this one module so that finer
+partitioning (rank, time window) changes one place.
 """
 
 from __future__ import annotations
@@ -200,6 +204,7 @@ class DatasetWriter:
             state, self._records = commits.prepare(self.root, self.writer)
             self._begun: dict | None = None
             self._unfinished = state.unfinished  # what a final commit of the same inputs completes
+            self._committed = state.committed or frozenset()
             self._prefix = f"part-{self.writer}"
             self._sequence = 0
             self.dedup = SpanDeduplicator()
@@ -218,7 +223,9 @@ class DatasetWriter:
         self._closed = False
 
     def start(self, inputs: list[str], *, tool: str = "ingest") -> None:
-        """Record that an ingest of ``inputs`` begins (before any of its files is written)."""
+        """Record that an ingest of ``inputs`` begins (before any of its files is written); until
+        :meth:`close`, readers say the dataset is incomplete. ``tool="collect"``: a receiver's
+        session (``inputs`` empty), which the next collect's close finishes too."""
         self._begun = {"kind": "begin", "tool": tool, "inputs": [str(i) for i in inputs],
                        "out": str(self.root.resolve()), "started_ns": time.time_ns()}
         self._record(self._begun)
@@ -251,8 +258,10 @@ class DatasetWriter:
         return fresh
 
     def stage_table(self, relative: str, table: pa.Table) -> None:
-        """Stage ``table`` as the file ``relative`` (e.g. ``metrics/<hash>.parquet``) in the next commit;
-        a committed file of that name is replaced."""
+        """Stage ``table`` as the file ``relative`` (e.g. ``metrics/<hash>.parquet``, named by its
+        content) in the next commit; nothing when a file of that name is committed already."""
+        if relative in self._committed:
+            return
         path = self.root / relative
         self._make_folder(path.parent)
         self._submit(_write_table, table, path)
@@ -307,7 +316,8 @@ class DatasetWriter:
         if final and self._begun is not None:
             inputs = set(self._begun["inputs"])
             finishes = [self.writer] + [u.writer for u in self._unfinished
-                                        if not u.running and set(u.inputs) <= inputs and u.out == self._begun["out"]]
+                                        if not u.running and u.tool == self._begun["tool"]
+                                        and set(u.inputs) <= inputs and u.out == self._begun["out"]]
         if not self._staged and not finishes:
             return
         folders = {final_path.parent for _, final_path in self._staged}
@@ -399,13 +409,20 @@ def _write_spans(pieces: list[pa.Table], path: Path) -> None:
     """One file of a partition's spans: the pieces put together first (a table of many small
     chunks costs the Parquet writer more than the copy)."""
     table = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
-    pq.write_table(table.combine_chunks(), path, write_statistics=_SPAN_STATISTICS, use_dictionary=_SPAN_DICTIONARY)
-    commits.fsync_path(path)
+    try:
+        pq.write_table(table.combine_chunks(), path, write_statistics=_SPAN_STATISTICS,
+                       use_dictionary=_SPAN_DICTIONARY)
+        commits.fsync_path(path)
+    except OSError as exc:
+        raise commits.with_path(exc, path) from exc
 
 
 def _write_table(table: pa.Table, path: Path) -> None:
-    pq.write_table(table, path)
-    commits.fsync_path(path)
+    try:
+        pq.write_table(table, path)
+        commits.fsync_path(path)
+    except OSError as exc:
+        raise commits.with_path(exc, path) from exc
 
 
 def drop_duplicates(tables: OtlpTables, dedup: SpanDeduplicator, keys: np.ndarray | None = None) -> OtlpTables:

@@ -18,6 +18,7 @@ a local one, unless this process is already connected.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import deque
 from pathlib import Path
@@ -27,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis import streaming
-from nemo_telemetry.analysis.dataset import DatasetWriter
+from nemo_telemetry.analysis.dataset import DatasetWriter, drop_duplicates
 from nemo_telemetry.analysis.ingest import (BATCH_SPANS, FILE_ROWS, WRITE_AHEAD, IngestSummary, Source, _Pipeline,
                                             _raw_files, ingest_inputs)
 from nemo_telemetry.errors import NemoTelemetryError
@@ -203,11 +204,12 @@ def ray_ingest(
     file, in input order, so the deduplication keeps the same first copy of a repeated span.
     """
     ray = connect()
-    files = _raw_files(inputs, format)
+    files, skipped = _raw_files(inputs, format)
     writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
     try:
         writer.start(ingest_inputs(inputs))
         summary = _ingest_files(ray, files, writer, progress, batch_spans)
+        summary = dataclasses.replace(summary, skipped_files=len(skipped), warnings=tuple(skipped) + summary.warnings)
     except BaseException:
         writer.abort()  # nothing of this ingest becomes visible; its start stays recorded
         raise
@@ -239,7 +241,7 @@ def _ingest_files(ray, files: list, writer: DatasetWriter, progress, batch_spans
                 totals["skipped_records"] += payload["skipped_records"]
                 warnings.extend(payload["warnings"])
                 continue
-            written = writer.write(payload)
+            written = writer.write_fresh(drop_duplicates(payload, writer.dedup))  # as ingest's pipeline
             totals["duplicates_dropped"] += payload.spans.num_rows - written.spans.num_rows
             totals["spans"] += written.spans.num_rows
             totals["events"] += written.events.num_rows

@@ -27,6 +27,7 @@ from nemo_telemetry.analysis._detect import (
     classify_json_line,
     detect_format,
     expand_inputs,
+    expand_inputs_found,
     iter_records,
 )
 from nemo_telemetry.analysis._otlp_json_fast import LINE_FALLBACK, LINE_OTHER_SIGNAL, decode_json_block
@@ -89,6 +90,7 @@ class IngestSummary:
     duplicates_dropped: int = 0
     rejected_records: int = 0
     skipped_records: int = 0  # metrics and logs requests: not traces, not errors
+    skipped_files: int = 0  # files inside an input directory that are not OTLP (each named in warnings)
     metric_points: int = 0  # data points of metrics-* dump files, written to DATASET/metrics
     warnings: tuple[str, ...] = ()
 
@@ -114,7 +116,8 @@ class _Pipeline:
     batch_spans: int = BATCH_SPANS
     cols: SpanColumns = field(default_factory=SpanColumns)
     counts: dict = field(default_factory=lambda: dict.fromkeys(
-        ("files", "spans", "events", "links", "duplicates_dropped", "rejected_records", "skipped_records"), 0
+        ("files", "spans", "events", "links", "duplicates_dropped", "rejected_records", "skipped_records",
+         "skipped_files"), 0
     ))
     traces: set = field(default_factory=set)
     runs: set = field(default_factory=set)
@@ -169,6 +172,11 @@ class _Pipeline:
             or self.json_bytes >= BATCH_JSON_BYTES
         ):
             self.flush(where)
+
+    def skip_files(self, skipped: list[str]) -> None:
+        """Count the files an input directory held that are not OTLP (``skipped``: why, each)."""
+        self.counts["skipped_files"] += len(skipped)
+        self.warnings.extend(skipped)
 
     def reject(self, where: str, problem: str, count: int = 1) -> None:
         self.counts["rejected_records"] += count
@@ -365,12 +373,24 @@ def dump_files(inputs: Source) -> list[Path]:
     return expand_inputs(inputs)
 
 
-def _raw_files(inputs: Source, fmt: str | None) -> list[tuple[Path, str | None]]:
-    """Every file with its format, checked before anything is written."""
+def _raw_files(inputs: Source, fmt: str | None) -> tuple[list[tuple[Path, str | None]], list[str]]:
+    """Every file with its format, checked before anything is written, and why each file found
+    in an input directory that is not OTLP is skipped (a README beside the dumps); a file named
+    as input that is not OTLP is an :class:`IngestError`."""
     if fmt is not None and fmt not in FORMATS:
         raise IngestError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    files = expand_inputs(inputs)
-    return [(path, fmt or detect_format(path)) for path in files]
+    files, skipped = [], []
+    for path, directory in expand_inputs_found(inputs):
+        if fmt is not None:
+            files.append((path, fmt))
+            continue
+        try:
+            files.append((path, detect_format(path)))
+        except IngestError as exc:
+            if directory is None:
+                raise
+            skipped.append(f"{exc} Skipped (found in the input directory {directory}).")
+    return files, skipped
 
 
 def ingest(
@@ -385,11 +405,12 @@ def ingest(
     Spans already in the dataset (same trace id and span id) are not written again; how many
     were dropped is in the summary. ``progress(bytes_done, spans_done)`` is called as it goes.
     """
-    files = _raw_files(inputs, format)
+    files, skipped = _raw_files(inputs, format)
     writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
     try:
         writer.start(ingest_inputs(inputs))
         pipeline = _Pipeline(writer.write_fresh, dedup=writer.dedup, progress=progress)
+        pipeline.skip_files(skipped)
         for path, fmt in files:
             pipeline.add_file(path, fmt)
         summary = pipeline.summary()
@@ -421,7 +442,9 @@ def load_traces(source: Source, *, format: str | None = None) -> TraceTables:
     summary = IngestSummary()
     if raw:
         pipeline = _Pipeline(lambda tables: _keep(parts, tables), dedup=SpanDeduplicator())
-        for path, fmt in _raw_files(raw, format):
+        files, skipped = _raw_files(raw, format)
+        pipeline.skip_files(skipped)
+        for path, fmt in files:
             pipeline.add_file(path, fmt)
         summary = pipeline.summary()
     tables = OtlpTables.concat(parts)
@@ -435,13 +458,12 @@ def _keep(parts: list, tables: OtlpTables) -> OtlpTables:
 
 def _read(source: Source, table: str) -> pa.Table:
     loaded = load_traces(source)
-    if loaded.summary.rejected_records:
-        shown = "; ".join(loaded.summary.warnings[:3])
-        warnings.warn(
-            f"{loaded.summary.rejected_records} record(s) rejected while reading: {shown}",
-            IngestWarning,
-            stacklevel=3,
-        )
+    summary = loaded.summary
+    if summary.rejected_records or summary.skipped_files:
+        shown = "; ".join(summary.warnings[:3])
+        counts = [f"{n} {what}" for n, what in ((summary.rejected_records, "record(s) rejected"),
+                                                (summary.skipped_files, "file(s) skipped")) if n]
+        warnings.warn(f"{' and '.join(counts)} while reading: {shown}", IngestWarning, stacklevel=3)
     return getattr(loaded, table)
 
 

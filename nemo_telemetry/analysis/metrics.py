@@ -505,8 +505,7 @@ def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | 
     raw: list[Path] = []
     for item in map(Path, items):
         if is_dataset(item):
-            # the spans reader of the same command warns when the dataset is incomplete
-            files = committed_files(item, "metrics", warn=False)
+            files = committed_files(item, "metrics")
             if files:
                 tables.append(pa.concat_tables(pq.read_table(f, schema=METRICS_SCHEMA) for f in files))
         else:

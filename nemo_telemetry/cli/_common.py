@@ -1,16 +1,21 @@
-"""Helpers every command shares: one console, and library errors turned into exit code 2."""
+"""Helpers every command shares: one console, library errors and OS errors turned into one line
+and exit code 2, our warnings as one line each on stderr."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import os
 import sys
+import warnings
 from typing import Any, Iterator
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from nemo_telemetry.analysis import IncompleteDatasetWarning, IngestWarning
 from nemo_telemetry.errors import NemoTelemetryError
 
 EXIT_OK = 0
@@ -35,10 +40,52 @@ def fail(message: str, code: int = EXIT_USAGE) -> "typer.Exit":
     return typer.Exit(code)
 
 
+_SHOWN_WARNINGS = (IncompleteDatasetWarning, IngestWarning)
+_OS_ERROR_HINTS = {
+    errno.ENOSPC: "free some space, then run the same command again",
+    errno.EDQUOT: "free some space, then run the same command again",
+    errno.EACCES: "check the permissions, or choose another path",
+    errno.EPERM: "check the permissions, or choose another path",
+    errno.EROFS: "the file system is read-only; choose another path",
+    errno.ENOTDIR: "a part of the path is a file, not a directory; choose another path",
+    errno.EEXIST: "a part of the path is a file, not a directory; choose another path",
+}
+
+
+def warn_line(message: str) -> None:
+    """One warning on stderr, one line a user can grep."""
+    console(stderr=True).print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
+
+
+def os_error_message(exc: OSError) -> str:
+    """``<path>: <cause>; <what to do>`` for an error of the operating system (full disk, permissions)."""
+    path = exc.filename if exc.filename is not None else "input/output"
+    cause = os.strerror(exc.errno) if exc.errno else str(exc)
+    hint = _OS_ERROR_HINTS.get(exc.errno)
+    return f"{path}: {cause}" + (f"; {hint}" if hint else "")
+
+
 @contextlib.contextmanager
 def library_errors() -> Iterator[None]:
-    """Turn a typed library error into its message on stderr and exit code 2."""
-    try:
-        yield
-    except NemoTelemetryError as exc:
-        raise fail(str(exc)) from None
+    """Turn a typed library error or an OS error into one line on stderr and exit code 2, and
+    print each distinct warning of ours (an incomplete dataset, rejected records) as one line."""
+    shown: set[str] = set()
+    with warnings.catch_warnings():
+        other = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if not issubclass(category, _SHOWN_WARNINGS):
+                other(message, category, filename, lineno, file, line)
+            elif str(message) not in shown:
+                shown.add(str(message))
+                warn_line(str(message))
+
+        warnings.showwarning = show
+        for category in _SHOWN_WARNINGS:
+            warnings.simplefilter("always", category)  # every reader warns; each message is shown once
+        try:
+            yield
+        except NemoTelemetryError as exc:
+            raise fail(str(exc)) from None
+        except OSError as exc:
+            raise fail(os_error_message(exc)) from None

@@ -72,7 +72,7 @@ def _print_summary(summary: IngestSummary, out: Path) -> None:
     table.add_column("what")
     table.add_column("count", justify="right")
     rows = ("files", "spans", "events", "links", "traces", "runs", "duplicates_dropped", "rejected_records")
-    for name in rows + ("skipped_records",):
+    for name in rows + ("skipped_records", "skipped_files"):
         table.add_row(name.replace("_", " "), f"{getattr(summary, name):,}")
     output = console()
     output.print(table)

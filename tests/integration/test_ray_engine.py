@@ -51,6 +51,39 @@ def test_ray_goodput_equals_local(ray_cluster, scenario):
     assert scenario_tools.as_plain(ray_goodput(scenario, run_id="run-b")) == one_run
 
 
+def test_ray_engine_reads_the_committed_state_of_an_incomplete_dataset_and_warns(ray_cluster, scenario, tmp_path):
+    """An ingest that began (its start recorded, its spans staged) and did not finish: the Ray
+    engine reads what was committed before and says the dataset is incomplete."""
+    import shutil
+
+    from nemo_telemetry.analysis import IncompleteDatasetWarning
+    from nemo_telemetry.analysis.dataset import DatasetWriter
+    from nemo_telemetry.analysis.engine_ray import ray_check, ray_goodput
+
+    root = tmp_path / "ds"
+    shutil.copytree(scenario, root)
+    more = tmp_path / "more.jsonl"
+    write_json_lines(more, synthetic_requests(550, spans_per_request=55, ranks=2))
+    writer = DatasetWriter(root)
+    writer.start([str(more)])
+    writer.write(_tables_of(more))
+    writer.abort()
+    expected = scenario_tools.as_plain(run_goodput(read_spans(scenario)))
+    with pytest.warns(IncompleteDatasetWarning, match=f"incomplete.*{more}"):
+        assert scenario_tools.as_plain(ray_goodput(root)) == expected
+    with pytest.warns(IncompleteDatasetWarning, match="incomplete"):
+        assert ray_check(root).to_dict() == check_run(read_for_analysis(scenario)).to_dict()
+
+
+def _tables_of(path: Path):
+    """The tables of a dump file, as a writer takes them."""
+    from nemo_telemetry.analysis import load_traces
+    from nemo_telemetry.analysis._columns import OtlpTables
+
+    loaded = load_traces(path)
+    return OtlpTables(loaded.spans, loaded.events, loaded.links)
+
+
 @pytest.fixture(scope="module")
 def check_scenario(tmp_path_factory) -> Path:
     """Findings of every code, each partition cut into several files (steps and traces cross files)."""

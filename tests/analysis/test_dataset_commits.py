@@ -1,0 +1,215 @@
+"""The dataset's commit record: staged files stay invisible until ``commit``, a failed commit
+leaves the committed state and a usable writer, an ingest that did not finish makes every
+reader warn, the same ingest again finishes it, and datasets without a record read as before."""
+
+from __future__ import annotations
+
+import errno
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from nemo_telemetry.analysis import IncompleteDatasetWarning, ingest, load_traces, read_events, read_links, read_spans
+from nemo_telemetry.analysis import commits, dataset
+from nemo_telemetry.analysis._columns import OtlpTables
+from nemo_telemetry.analysis._arrays import read_for_analysis
+from nemo_telemetry.analysis.partitions import span_files
+from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory) -> OtlpTables:
+    """1,100 spans of four ranks, read back from a protobuf dump."""
+    requests = synthetic_requests(1_100, spans_per_request=55, ranks=4)
+    path = write_length_prefixed(tmp_path_factory.mktemp("commits") / "t.pb", [to_protobuf(r) for r in requests])
+    return load_traces(path)
+
+
+def _batch(loaded, start: int, stop: int) -> OtlpTables:
+    spans = loaded.spans.slice(start, stop - start)
+    return OtlpTables(spans, dataset._owned_by(loaded.events, spans), dataset._owned_by(loaded.links, spans))
+
+
+def _ids(spans: pa.Table) -> list:
+    return sorted(zip(spans.column("trace_id").to_pylist(), spans.column("span_id").to_pylist()))
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "_writers" not in p.parts)
+
+
+def _quiet_read(root: Path) -> pa.Table:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IncompleteDatasetWarning)  # a complete dataset says nothing
+        return read_spans(root)
+
+
+def test_staged_spans_are_invisible_until_commit_then_durable_and_named(tables, tmp_path):
+    root = tmp_path / "ds"
+    writer = dataset.DatasetWriter(root)
+    written = writer.write(_batch(tables, 0, 500))
+    assert written.spans.num_rows == 500
+    assert _quiet_read(root).num_rows == 0 and span_files(root) == []
+    assert not list(root.rglob("*.parquet"))  # staged under hidden temporary names
+    writer.commit(requests=3)
+    assert _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 500))
+    assert not [p for p in root.rglob("*.tmp")]
+    records = sorted((root / commits.COMMITS).glob("*.json"))
+    assert len(records) == 1 and b'"requests":3' in records[0].read_bytes()
+    writer.write(_batch(tables, 500, 1_100))
+    writer.close()
+    assert _ids(_quiet_read(root)) == _ids(tables.spans)
+    assert not (root / "_writers").exists() or not list((root / "_writers").iterdir())
+
+
+def test_a_failed_commit_keeps_the_committed_state_and_the_writer_usable(tables, tmp_path, monkeypatch):
+    """With a test double for the record write (it raises ENOSPC once): the OSError comes out
+    unchanged, the failed commit's files are removed, its spans are not "seen" (writing them
+    again stores them), and the next commit succeeds."""
+    root = tmp_path / "ds"
+    writer = dataset.DatasetWriter(root)
+    writer.write(_batch(tables, 0, 300))
+    writer.commit()
+    before = _files(root)
+    real = commits.write_record
+
+    def disk_full_once(*args, **kwargs):
+        monkeypatch.setattr(commits, "write_record", real)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "record")
+
+    monkeypatch.setattr(commits, "write_record", disk_full_once)
+    writer.write(_batch(tables, 300, 700))
+    with pytest.raises(OSError) as failed:
+        writer.commit()
+    assert failed.value.errno == errno.ENOSPC
+    assert _files(root) == before
+    assert _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 300))
+    again = writer.write(_batch(tables, 0, 700))  # the first 300 are stored: dropped; the 400 are not
+    assert again.spans.num_rows == 400
+    writer.close()
+    spans = _quiet_read(root)
+    assert spans.num_rows == 700 and _ids(spans) == _ids(tables.spans.slice(0, 700))
+
+
+def test_forget_removes_exactly_the_keys_given(tables):
+    """The deduplicator's removal (backward shift) against a Python set, over a crowded table."""
+    rng = np.random.default_rng(7)
+    keys = rng.integers(0, 2**63, size=(5_000, 3), dtype=np.int64).astype(np.uint64)
+    keys[:, 0] &= np.uint64(0xFF)  # many near-collisions in the first word
+    dedup = dataset.SpanDeduplicator()
+    spans = tables.spans.slice(0, 0)
+    assert dedup.admit(spans, keys).all()
+    gone = keys[rng.permutation(len(keys))[:2_000]]
+    dedup.forget(gone)
+    fresh = dedup.admit(spans, keys)
+    assert {tuple(k) for k in keys[fresh]} == {tuple(k) for k in gone}
+    assert not dedup.admit(spans, keys).any()
+
+
+def test_an_unfinished_ingest_makes_every_reader_warn_and_the_same_ingest_finishes_it(tables, tmp_path):
+    first = write_length_prefixed(tmp_path / "first.pb", [to_protobuf(r) for r in synthetic_requests(
+        110, spans_per_request=11, ranks=2, run_id="first", seed=1)])
+    root = tmp_path / "ds"
+    ingest([first], out=root)
+    committed = _ids(read_spans(root))
+    second = tmp_path / "second.pb"
+    write_length_prefixed(second, [to_protobuf(r) for r in synthetic_requests(1_100, spans_per_request=55, ranks=4)])
+    writer = dataset.DatasetWriter(root, file_rows=100)
+    writer.start([str(second)])
+    writer.write(_batch(tables, 0, 800))
+    with pytest.warns(IncompleteDatasetWarning, match="still running"):
+        assert _ids(read_spans(root)) == committed
+    writer.abort()  # what a crash leaves, but for the staged files (a later writer removes those)
+    command = f"nemo-telemetry ingest {second} --out {root.resolve()}"
+    readers = {
+        "read_spans": lambda: _ids(read_spans(root)),
+        "read_events": lambda: read_events(root).num_rows,
+        "read_links": lambda: read_links(root).num_rows,
+        "load_traces": lambda: _ids(load_traces(root).spans),
+        "read_for_analysis": lambda: read_for_analysis(root).num_rows,
+        "span_files": lambda: len(span_files(root)),
+    }
+    for name, read in readers.items():
+        with pytest.warns(IncompleteDatasetWarning) as caught:
+            read()
+        message = str(caught[0].message)
+        assert "incomplete" in message and str(second) in message and command in message, (name, message)
+    summary = ingest([second], out=root)
+    assert summary.spans == tables.spans.num_rows
+    spans = _quiet_read(root)
+    assert spans.num_rows == len(committed) + tables.spans.num_rows
+    assert len(set(_ids(spans))) == spans.num_rows  # each span once
+
+
+def test_leftovers_of_a_writer_that_is_gone_are_removed_and_stray_files_ignored(tables, tmp_path):
+    root = tmp_path / "ds"
+    writer = dataset.DatasetWriter(root)
+    writer.write(_batch(tables, 0, 200))
+    writer.commit()
+    writer.write(_batch(tables, 200, 400))
+    staged = [tmp for tmp, _ in writer._staged]
+    renamed = staged[0]
+    os.replace(renamed, commits.Path(str(renamed)).parent / renamed.name[1:].rsplit(".", 2)[0])  # renamed, uncommitted
+    writer._lock.release()  # the process is gone: its lock with it
+    stray = root / "spans" / "notes.parquet"
+    stray.write_bytes(b"not parquet")  # not a name a writer gives: never read, never removed
+    assert _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 200))
+    dataset.DatasetWriter(root).close()
+    left = _files(root)
+    assert not [f for f in left if f.endswith(".tmp")]
+    assert [f for f in left if f.endswith(".parquet")] == sorted(
+        [str(p.relative_to(root)) for p in span_files(root)] + ["spans/notes.parquet"])
+    assert _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 200))
+
+
+def test_a_dataset_without_commit_record_reads_as_before_and_is_adopted(tables, tmp_path):
+    """Files an older version wrote (no ``_commits``): all read; the next writer records them first."""
+    root = tmp_path / "old"
+    folder = root / "spans" / "run_id=synthetic-run"
+    folder.mkdir(parents=True)
+    pq.write_table(tables.spans.slice(0, 400), folder / "part-0.parquet")
+    assert _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 400))
+    writer = dataset.DatasetWriter(root)
+    writer.write(_batch(tables, 0, 1_100))
+    writer.close()
+    spans = _quiet_read(root)
+    assert spans.num_rows == 1_100 and _ids(spans) == _ids(tables.spans)
+    assert "spans/run_id=synthetic-run/part-0.parquet" in commits.dataset_state(root).committed
+
+
+def test_many_commits_are_compacted_and_read_the_same(tables, tmp_path):
+    root = tmp_path / "ds"
+    writer = dataset.DatasetWriter(root)
+    for start in range(0, 1_100, 2):
+        writer.write(_batch(tables, start, start + 2))
+        writer.commit()
+    writer.close()
+    records = list((root / commits.COMMITS).glob("*.json"))
+    assert len(records) <= 300  # one snapshot and the records since, not one per commit
+    assert _ids(_quiet_read(root)) == _ids(tables.spans)
+    assert len(commits.dataset_state(root).committed) == len(list(root.rglob("*.parquet")))
+
+
+def test_a_receiver_session_that_did_not_finish_is_said_and_the_next_one_finishes_it(tables, tmp_path):
+    root = tmp_path / "ds"
+    killed = dataset.DatasetWriter(root)
+    killed.start([], tool="collect")
+    killed.write(_batch(tables, 0, 100))
+    killed.commit()  # acknowledged: stays
+    killed.abort()
+    with pytest.warns(IncompleteDatasetWarning, match="incomplete: the collect .* did not finish.*collect --out"):
+        assert read_spans(root).num_rows == 100
+    ingest_writer = dataset.DatasetWriter(root)  # an ingest's final commit does not finish a receiver's session
+    ingest_writer.start(["elsewhere.pb"])
+    ingest_writer.close()
+    with pytest.warns(IncompleteDatasetWarning, match="collect"):
+        read_spans(root)
+    again = dataset.DatasetWriter(root)
+    again.start([], tool="collect")
+    again.close()
+    assert _quiet_read(root).num_rows == 100

@@ -1,0 +1,112 @@
+"""What the commands say about an incomplete dataset, OS errors and stray files: one line on
+stderr each, exit 2 for what cannot be done, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from nemo_telemetry.analysis import dataset, ingest, read_spans
+from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_json_lines, write_length_prefixed
+from nemo_telemetry.cli.app import app
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def incomplete(tmp_path):
+    """A dataset holding one finished ingest and the start of one that did not finish."""
+    first = write_length_prefixed(tmp_path / "first.pb", [to_protobuf(r) for r in synthetic_requests(
+        220, spans_per_request=11, ranks=2)])
+    root = tmp_path / "ds"
+    ingest([first], out=root)
+    second = write_length_prefixed(tmp_path / "second.pb", [to_protobuf(r) for r in synthetic_requests(
+        110, spans_per_request=11, ranks=2, seed=3)])
+    writer = dataset.DatasetWriter(root)
+    writer.start([str(second)])
+    writer.abort()
+    return root, second
+
+
+@pytest.mark.parametrize("command", [["goodput", "--format", "json"], ["goodput", "--engine", "local", "--by", "rank"],
+                                     ["check", "--format", "json"], ["waterfall"]])
+def test_every_reading_command_warns_once_that_the_dataset_is_incomplete(incomplete, command):
+    root, second = incomplete
+    result = runner.invoke(app, [command[0], str(root), *command[1:]], env={"COLUMNS": "400"})
+    assert result.exit_code in (0, 1), result.output
+    lines = [line for line in result.stderr.splitlines() if "incomplete" in line]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("warning: ") and str(second) in lines[0]
+    assert f"nemo-telemetry ingest {second} --out {root.resolve()}" in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_the_command_the_warning_names_finishes_the_dataset(incomplete):
+    root, second = incomplete
+    result = runner.invoke(app, ["ingest", str(second), "--out", str(root.resolve()), "--json"])
+    assert result.exit_code == 0, result.output
+    again = runner.invoke(app, ["goodput", str(root), "--format", "json"])
+    assert again.exit_code == 0 and "incomplete" not in again.stderr
+    assert read_spans(root).num_rows == 220 + 110
+
+
+def _one_error_line(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output, result.stderr
+    return lines[0]
+
+
+def test_out_under_a_regular_file_exits_2_naming_the_path(tmp_path):
+    dump = write_json_lines(tmp_path / "traces.jsonl", synthetic_requests(22, spans_per_request=11, ranks=1))
+    (tmp_path / "file").write_text("x")
+    line = _one_error_line(runner.invoke(app, ["ingest", str(dump), "--out", str(tmp_path / "file" / "ds")]))
+    assert str(tmp_path / "file" / "ds") in line and "Not a directory" in line
+
+
+def _without_permission_override() -> None:
+    """In the child, before it runs Python: drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from
+    the bounding set (``prctl(PR_CAPBSET_DROP)``), so root too is held to the permission bits."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def test_out_without_permission_exits_2_naming_the_path(tmp_path):
+    """In a subprocess held to the permission bits (as root, the suite's user in CI, it drops
+    the capability that lets root write anywhere), so the kernel itself refuses."""
+    dump = write_json_lines(tmp_path / "traces.jsonl", synthetic_requests(22, spans_per_request=11, ranks=1))
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    cli = [sys.executable, "-c", "from nemo_telemetry.cli.app import main; main()"]
+    result = subprocess.run([*cli, "ingest", str(dump), "--out", str(locked / "ds")], capture_output=True, text=True,
+                            preexec_fn=_without_permission_override if os.geteuid() == 0 else None, timeout=300)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(locked / "ds") in lines[0] and "Permission denied" in lines[0], result.stderr
+
+
+def test_a_stray_file_in_an_input_directory_is_skipped_and_named_but_refused_when_named(tmp_path):
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    write_json_lines(dumps / "traces.jsonl", synthetic_requests(22, spans_per_request=11, ranks=1))
+    (dumps / "README.txt").write_text("These are the run's traces.\n")
+    result = runner.invoke(app, ["ingest", str(dumps), "--out", str(tmp_path / "ds"), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["spans"], summary["skipped_files"]) == (22, 1)
+    assert any(str(dumps / "README.txt") in w and "Skipped" in w for w in summary["warnings"])
+    shown = runner.invoke(app, ["ingest", str(dumps), "--out", str(tmp_path / "ds2")])
+    assert shown.exit_code == 0 and str(dumps / "README.txt") in shown.stderr.replace("\n", "")
+    on_the_fly = runner.invoke(app, ["goodput", str(dumps), "--format", "json"])
+    assert on_the_fly.exit_code == 0 and "README.txt" in on_the_fly.stderr.replace("\n", "")
+    line = _one_error_line(runner.invoke(app, ["ingest", str(dumps / "README.txt"), "--out", str(tmp_path / "ds3")]))
+    assert str(dumps / "README.txt") in line and "not an OTLP dump" in line
