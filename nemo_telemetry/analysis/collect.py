@@ -224,7 +224,7 @@ class _Committer:
         return written
 
     def _open(self) -> DatasetWriter:
-        self._writer = DatasetWriter(self._root)
+        self._writer = _open_session(self._root)
         return self._writer
 
     def _record_failure(self, exc: BaseException) -> None:
@@ -241,6 +241,18 @@ class _Committer:
         ids = spans.select(["trace_id", "span_id"])
         fresh = self._failed_seen.admit(ids)
         self._failed_ids.append(ids if fresh.all() else ids.filter(pa.array(fresh)))
+
+
+def _open_session(root: Path) -> DatasetWriter:
+    """A writer whose start is recorded: until it closes, readers say a collect is running (or
+    was killed); its clean close also finishes the sessions of writers that failed before it."""
+    writer = DatasetWriter(root)
+    try:
+        writer.start([], tool="collect")
+    except BaseException:
+        writer.abort()
+        raise
+    return writer
 
 
 def _describe(exc: BaseException) -> str:
@@ -298,7 +310,7 @@ class CollectorServer:
         self._stopped = threading.Event()
         self._deadlines: dict[socket.socket, float] = {}  # open connection -> when to drop it
         try:
-            writer = DatasetWriter(Path(out))
+            writer = _open_session(Path(out))
         except OSError as exc:
             raise IngestError(f"{out}: cannot create the dataset ({_describe(exc)}); choose another --out") from None
         try:

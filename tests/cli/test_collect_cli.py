@@ -11,15 +11,18 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import httpx
+import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 from typer.testing import CliRunner
 
-from nemo_telemetry.analysis import read_spans
+from nemo_telemetry.analysis import IncompleteDatasetWarning, read_spans
+from nemo_telemetry.analysis.collect import CollectorServer
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 from nemo_telemetry.cli.app import app
 
@@ -88,9 +91,14 @@ def test_kill_9_while_the_sdk_exporter_streams_loses_no_acknowledged_span(tmp_pa
         proc.communicate()
     acknowledged = set(exporter.acknowledged)
     assert len(acknowledged) >= 2000
-    spans = read_spans(tmp_path / "ds")
+    with pytest.warns(IncompleteDatasetWarning, match="incomplete: the collect started .* did not finish"):
+        spans = read_spans(tmp_path / "ds")
     stored = set(zip(spans.column("trace_id").to_pylist(), spans.column("span_id").to_pylist()))
     assert acknowledged <= stored, f"{len(acknowledged - stored)} acknowledged spans are not in the dataset"
+    CollectorServer(tmp_path / "ds", port=0).start().stop()  # the next collect that stops cleanly finishes it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IncompleteDatasetWarning)
+        assert read_spans(tmp_path / "ds").num_rows == len(stored)
 
 
 def test_stopped_with_spans_unwritten_exits_2_with_the_reason(small_filesystem):
@@ -111,7 +119,8 @@ def test_stopped_with_spans_unwritten_exits_2_with_the_reason(small_filesystem):
     assert message.count("cannot write") == 1  # logged once when the outage began
     assert re.search(r"unwritten spans\s+│\s+20", stdout)
     small_filesystem.free()
-    assert read_spans(small_filesystem.root / "ds").num_rows == 20
+    with pytest.warns(IncompleteDatasetWarning, match="did not finish"):  # its last writer could not close
+        assert read_spans(small_filesystem.root / "ds").num_rows == 20
 
 
 def test_sigterm_is_not_held_up_by_a_stalled_client(tmp_path):
