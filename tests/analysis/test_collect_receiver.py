@@ -4,6 +4,7 @@ every malformed request. A real server on 127.0.0.1, spoken to over raw sockets 
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import socket
 import threading
@@ -76,6 +77,18 @@ def test_chunked_body_from_http_client_is_stored(collector, body, tmp_path):
     response = connection.getresponse()
     assert response.status == 200
     connection.close()
+    collector.stop()
+    assert read_spans(tmp_path / "ds").num_rows == 11
+
+
+def test_gzip_json_body_sent_chunked_as_the_js_exporters_do(collector, tmp_path):
+    request = next(synthetic_requests(11, ranks=1))
+    with _connect(collector) as sock:
+        sock.sendall(_head("application/json", Transfer_Encoding="chunked", Content_Encoding="gzip")
+                     + _chunked(gzip.compress(orjson.dumps(request)), pieces=5))
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        assert (response.status, orjson.loads(response.read())) == (200, {})
     collector.stop()
     assert read_spans(tmp_path / "ds").num_rows == 11
 
