@@ -505,37 +505,36 @@ class _OtlpHandler(BaseHTTPRequestHandler):
         return self.headers.get("Content-Type", "").split(";")[0].strip().lower()
 
     def _check_headers(self) -> None:
-        """What can be refused from the request line and headers alone."""
+        """Refuse what the request line and headers alone condemn; its body is left unread."""
+        problem = self._header_problem()
+        if problem is not None:
+            self._linger = True
+            raise problem
+
+    def _header_problem(self) -> _Reject | None:
+        collector = self.collector
         if self._overloaded:
-            self._linger = True
-            raise _Reject(503, f"collector is serving its {self.collector.max_connections} connections; retry later")
-        if self.collector._stopped.is_set():
-            self._linger = True
-            raise _Reject(503, "collector is stopping; retry later")
+            return _Reject(503, f"collector is serving its {collector.max_connections} connections; retry later")
+        if collector._stopped.is_set():
+            return _Reject(503, "collector is stopping; retry later")
         if self.path.split("?")[0] != "/v1/traces":
-            self._linger = True
-            raise _Reject(404, f"no OTLP endpoint at {self.path}; traces go to /v1/traces")
+            return _Reject(404, f"no OTLP endpoint at {self.path}; traces go to /v1/traces")
         if self._content_type() not in _PROTOBUF_TYPES + (_JSON_TYPE,):
-            self._linger = True
-            raise _Reject(415, f"unsupported Content-Type {self._content_type()!r}; "
-                               "send application/x-protobuf or application/json")
+            return _Reject(415, f"unsupported Content-Type {self._content_type()!r}; "
+                                "send application/x-protobuf or application/json")
         encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("identity", "", "gzip"):
-            self._linger = True
-            raise _Reject(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none")
-        transfer = self.headers.get("Transfer-Encoding")
-        length = self.headers.get("Content-Length")
-        limit = self.collector.max_request_bytes
+            return _Reject(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none")
+        transfer, length = self.headers.get("Transfer-Encoding"), self.headers.get("Content-Length")
         if transfer is not None:
             if transfer.strip().lower() != "chunked":
-                self._linger = True
-                raise _Reject(501, f"unsupported Transfer-Encoding {transfer!r}; use chunked or a Content-Length")
-        elif length is None or not length.strip().isdigit():
-            self._linger = True
-            raise _Reject(411, "a Content-Length or Transfer-Encoding: chunked header is required")
-        elif int(length) > limit:
-            self._linger = True
-            raise _Reject(413, f"request of {int(length)} bytes is over the {limit}-byte limit")
+                return _Reject(501, f"unsupported Transfer-Encoding {transfer!r}; use chunked or a Content-Length")
+            return None
+        if length is None or not length.strip().isdigit():
+            return _Reject(411, "a Content-Length or Transfer-Encoding: chunked header is required")
+        if int(length) > collector.max_request_bytes:
+            return _Reject(413, f"request of {int(length)} bytes is over the {collector.max_request_bytes}-byte limit")
+        return None
 
     def _read_body(self) -> bytes:
         limit = self.collector.max_request_bytes
