@@ -19,7 +19,9 @@ Bytes are read as ``buf[np.uint64(pos)]``: an unsigned index spares numba's nega
 wraparound test on every byte (about a fifth of the scan).
 
 A line the scan does not understand (not JSON, another layout, snake_case names, ...) is
-marked and left to the orjson path, which handles and reports it exactly.
+marked and left to the orjson path, which handles and reports it exactly; so is a line with a
+span the scan sees is bad (a timestamp absent, 0, negative or not an integer, an id of a wrong
+length, a name that is not a string): the orjson path rejects that span alone.
 """
 
 from __future__ import annotations
@@ -723,7 +725,20 @@ def _span(buf, pos, end, spans, i, attrs, a, events, e, links, ln, fill, flags, 
             return 0, 0, 0, FAIL
     if fill:
         spans[ATTR_COUNT, i] = na
+        if not _span_fields_usual(spans, i):
+            return 0, 0, 0, FAIL
     return na, ne, nl, pos
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _span_fields_usual(spans, i):
+    """Whether span ``i`` has what a span needs, as the scan can tell: start and end above 0
+    (absent is 0; the scan reads no number past int64), ids of a hex or base64 length (a trace
+    and a span id, a parent id or none). Otherwise the line goes to the exact path, which
+    rejects the span alone and names the field."""
+    trace, span, parent = spans[TRACE_N, i], spans[SPAN_N, i], spans[PARENT_N, i]
+    return (spans[START, i] > 0 and spans[END, i] > 0 and (trace == 32 or trace == 24)
+            and (span == 16 or span == 12) and (parent == 0 or parent == 16 or parent == 12))
 
 
 @njit(cache=True, nogil=True)

@@ -157,10 +157,8 @@ class _Pipeline:
                 self.protobuf.append((where, bytes(payload)))
                 self.protobuf_bytes += len(payload)
             else:
-                try:
-                    decode_json_request(payload, self.cols)
-                except ValueError as exc:
-                    self.reject(where, str(exc))
+                for problem in _decode_json(payload, self.cols):
+                    self.reject(where, problem)
         if (
             len(self.cols) >= self.batch_spans
             or self.protobuf_bytes >= BATCH_PROTOBUF_BYTES
@@ -299,15 +297,23 @@ class _Batch:
                     continue
                 record = classify_json_line(line, where)
                 if record.kind == "traces":
-                    try:
-                        decode_json_request(record.payload, self.cols)
-                    except ValueError as exc:
-                        rejected.append((record.where, str(exc), 1))
+                    rejected.extend((record.where, problem, 1) for problem in _decode_json(record.payload, self.cols))
                 elif record.kind == "other-signal":
                     skipped += 1
                 else:
                     rejected.append((record.where, str(record.payload), 1))
         return parts, skipped
+
+
+def _decode_json(request: object, cols: SpanColumns) -> list[str]:
+    """Decode one parsed JSON request into ``cols``; what it rejected: the whole request (one
+    problem) or spans with a bad field (one each, the rest kept)."""
+    before = len(cols.rejected)
+    try:
+        decode_json_request(request, cols)
+    except ValueError as exc:
+        return [str(exc)]
+    return cols.rejected[before:]
 
 
 def _walk_block(block, rejected: list) -> OtlpTables:

@@ -68,4 +68,5 @@ def test_odd_input_goes_back_to_upb_which_names_the_bad_request():
     assert [index for index, _ in rejected] == [1]
     assert tables.spans.num_rows == 22
     tables, rejected = decode_batch([good, odd_id.SerializeToString()])
-    assert rejected == [] and tables.spans.num_rows == 22  # kept here; ingest drops the odd id
+    assert [index for index, _ in rejected] == [1] and "span 0 rejected: malformed trace/span ids: spanId" in rejected[0][1]
+    assert tables.spans.num_rows == 21  # the span with the odd id alone is rejected
