@@ -19,7 +19,7 @@ from typing import Any
 
 from nemo_telemetry.analysis._columns import SpanColumns, text_id_hex
 
-__all__ = ["decode_json_request", "scope_name_version", "span_problem", "event_problem", "link_problem", "any_value_to_python", "value_to_string"]
+__all__ = ["MAX_VALUE_DEPTH", "decode_json_request", "scope_name_version", "span_problem", "event_problem", "link_problem", "any_value_to_python", "value_to_string"]
 
 _EMPTY: dict = {}
 _KINDS = {
@@ -33,6 +33,10 @@ _KINDS = {
 _STATUS = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
 _SNAKE = re.compile(r"_([a-z])")
 _DECIMAL = re.compile(r"-?[0-9]+")  # an int64 written as a string (ASCII digits only)
+# Arrays and key-value lists nested in one attribute value, at most: well inside upb's limit
+# of 100 nested messages (a span's attribute value starts 6 deep), so both decoders of each
+# format draw the line at the same place.
+MAX_VALUE_DEPTH = 32
 
 
 def decode_json_request(doc: Any, cols: SpanColumns) -> int:
@@ -227,7 +231,8 @@ def _attributes_problem(kvs: Any) -> str | None:
 def _field(name: str, problem: str | None, ids: bool = False) -> str | None:
     if problem is None:
         return None
-    return f"malformed trace/span ids: {name} {problem}" if ids else f"{name} {problem}"
+    said = f"{name}{'' if problem[0] in '[.' else ' '}{problem}"  # "attributes[0]...", "name is ..."
+    return f"malformed trace/span ids: {said}" if ids else said
 
 
 def _decode_spans(spans: list, cols: SpanColumns, scope_index: int, resource_index: int) -> None:
@@ -313,8 +318,11 @@ def _to_int(value: Any) -> int | None:
         return None
 
 
-def any_value_to_python(value: dict | None) -> Any:
-    """A JSON ``AnyValue`` as a Python value (bytes as lowercase hex text)."""
+def any_value_to_python(value: dict | None, depth: int = 0) -> Any:
+    """A JSON ``AnyValue`` as a Python value (bytes as lowercase hex text); ``ValueError`` when
+    arrays and key-value lists nest more than ``MAX_VALUE_DEPTH`` deep."""
+    if depth > MAX_VALUE_DEPTH:
+        raise ValueError(f"an attribute value nested more than {MAX_VALUE_DEPTH} deep")
     if not value:
         return None
     if "stringValue" in value:
@@ -329,10 +337,10 @@ def any_value_to_python(value: dict | None) -> Any:
     if "bytesValue" in value:
         return _bytes_hex(value["bytesValue"])
     if "arrayValue" in value:
-        return [any_value_to_python(v) for v in (value["arrayValue"] or _EMPTY).get("values") or ()]
+        return [any_value_to_python(v, depth + 1) for v in (value["arrayValue"] or _EMPTY).get("values") or ()]
     if "kvlistValue" in value:
         kvs = (value["kvlistValue"] or _EMPTY).get("values") or ()
-        return {kv["key"]: any_value_to_python(kv.get("value")) for kv in kvs}
+        return {kv["key"]: any_value_to_python(kv.get("value"), depth + 1) for kv in kvs}
     return None
 
 

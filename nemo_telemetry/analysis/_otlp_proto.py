@@ -4,8 +4,8 @@ upb parses the message; columns come out through list comprehensions over the re
 fields. Ids stay raw bytes here and become hex in one vectorized pass in ``_columns``.
 
 upb rejects a request with invalid UTF-8 in any string, a wrong wire type, a truncated field,
-or messages nested past its recursion limit (100: an attribute value of about 45 nested
-arrays); such a request is rejected whole. A span with a bad field (:func:`span_problem`) is
+or messages nested past its recursion limit (100); an attribute value nested more than
+``MAX_VALUE_DEPTH`` (32) arrays or lists deep is refused here. Such a request is rejected whole. A span with a bad field (:func:`span_problem`) is
 rejected alone and named in ``cols.rejected``.
 """
 
@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from nemo_telemetry.analysis._columns import SpanColumns
-from nemo_telemetry.analysis._otlp_json import value_to_string
+from nemo_telemetry.analysis._otlp_json import MAX_VALUE_DEPTH, value_to_string
 
 __all__ = ["decode_proto_request", "parse_proto_request", "span_problem", "event_problem", "link_problem"]
 
@@ -139,14 +139,17 @@ def _value_string(value) -> str | None:
     return value_to_string(_python(value, which))
 
 
-def _python(value, which: str | None) -> Any:
-    """An ``AnyValue`` as a Python value, the same one the JSON decoder produces."""
+def _python(value, which: str | None, depth: int = 0) -> Any:
+    """An ``AnyValue`` as a Python value, the same one the JSON decoder produces; ``ValueError``
+    past ``MAX_VALUE_DEPTH`` nested arrays and lists, as there."""
     if which is None:
         return None
+    if depth > MAX_VALUE_DEPTH:
+        raise ValueError(f"an attribute value nested more than {MAX_VALUE_DEPTH} deep")
     if which == "bytes_value":
         return value.bytes_value.hex()
     if which == "array_value":
-        return [_python(v, v.WhichOneof("value")) for v in value.array_value.values]
+        return [_python(v, v.WhichOneof("value"), depth + 1) for v in value.array_value.values]
     if which == "kvlist_value":
-        return {kv.key: _python(kv.value, kv.value.WhichOneof("value")) for kv in value.kvlist_value.values}
+        return {kv.key: _python(kv.value, kv.value.WhichOneof("value"), depth + 1) for kv in value.kvlist_value.values}
     return getattr(value, which)

@@ -84,8 +84,8 @@ def decode_frames(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Otl
     distinct = int(counts[6])
     try:
         return _assemble(k, s, data, spans, attrs, *side, names[1][:distinct] if distinct >= 0 else None)
-    except DecodeError as exc:  # a rare part upb reads: bad UTF-8, nesting past its limit
-        raise WireError(f"a resource, scope, event, link or value upb cannot read ({exc})") from None
+    except (DecodeError, ValueError) as exc:  # a rare part upb reads: bad UTF-8, nesting past the limit
+        raise WireError(f"a resource, scope, event, link or value the fast path cannot read ({exc})") from None
 
 
 def _joined(payloads: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
