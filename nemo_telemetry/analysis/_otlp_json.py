@@ -187,6 +187,8 @@ def link_problem(link: Any) -> str | None:
 
 
 def _enum_problem(value: Any) -> str | None:
+    if type(value) is int and not -_TOP <= value < _TOP:
+        return f"is out of range ({_shown(value)})"
     if value is None or type(value) in (int, str):  # unknown values become null, as for protobuf
         return None
     return f"is not an enum name or number ({_shown(value)})"
@@ -210,7 +212,7 @@ def _attributes_problem(kvs: Any) -> str | None:
     if not isinstance(kvs, list):
         return f"is not a list ({_shown(kvs)})"
     for i, kv in enumerate(kvs):
-        if not isinstance(kv, dict) or type(kv.get("key")) is not str:
+        if not isinstance(kv, dict) or type(kv.get("key", "")) is not str:
             return f"[{i}] has no string key ({_shown(kv)})"
         value = kv.get("value")
         if value is None:
@@ -283,7 +285,7 @@ def _extend_attributes(target, per_owner: list) -> None:
     strings = [v.get("stringValue") for v in values]
     for i in [i for i, s in enumerate(strings) if s is None]:
         strings[i] = value_to_string(any_value_to_python(values[i]))
-    target.extend([len(kvs) for kvs in per_owner], [kv["key"] for kv in flat], strings)
+    target.extend([len(kvs) for kvs in per_owner], [kv.get("key", "") for kv in flat], strings)
 
 
 def _attribute_dict(kvs: list | None) -> dict[str, str | None]:
@@ -292,7 +294,7 @@ def _attribute_dict(kvs: list | None) -> dict[str, str | None]:
     problem = _attributes_problem(kvs)
     if problem is not None:
         raise ValueError(f"resource attributes{problem}")
-    return {kv["key"]: value_to_string(any_value_to_python(kv.get("value"))) for kv in kvs or ()}
+    return {kv.get("key", ""): value_to_string(any_value_to_python(kv.get("value"))) for kv in kvs or ()}
 
 
 def scope_name_version(scope: Any) -> tuple[str | None, str | None]:

@@ -242,6 +242,12 @@ def _key_value(buf, start, end, attrs, a):
     return OK
 
 
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _enum32(value):
+    """An enum's varint as protobuf reads it: an int32, its low 32 bits (upb does the same)."""
+    return np.int64(np.int32(np.uint32(value & np.uint64(0xFFFFFFFF))))
+
+
 @njit(cache=True, nogil=True, _nrt=False)
 def _status(buf, start, end, spans, i):
     """Status fields into row ``i`` (set to their defaults first); OK or an error."""
@@ -254,7 +260,7 @@ def _status(buf, start, end, spans, i):
             spans[MSG_N, i] = pos - vs
         elif tag == _T3_VARINT:
             value, pos = _varint_at(buf, pos, end)
-            spans[CODE, i] = np.int64(value)
+            spans[CODE, i] = _enum32(value)
         else:
             pos = _skip(buf, pos, end, tag)
         if pos < 0:
@@ -380,7 +386,7 @@ def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln, slots, name
             pos += 8
         elif tag == _T6_VARINT:
             value, pos = _varint(buf, pos, end)
-            kind = np.int64(value)
+            kind = _enum32(value)
         elif tag == _T3_LEN:
             state_s, pos = _length(buf, pos, end)
             state_n = pos - state_s
