@@ -264,9 +264,10 @@ def _events_and_links(data: np.ndarray, events: np.ndarray, links: np.ndarray, e
         _extend_attributes(extras.link_attrs, [link.attributes])
 
 
-def decode_batch(payloads: list[bytes]) -> tuple[OtlpTables, list[tuple[int, str]]]:
+def decode_batch(payloads: list[bytes], rejected_spans: list | None = None) -> tuple[OtlpTables, list[tuple[int, str]]]:
     """Decode serialized requests, fast path first; also (index, problem) of each rejected
-    request and of each span rejected for a bad field.
+    request. Each span rejected alone for a bad field (its request's other spans kept) is
+    added to ``rejected_spans`` as (index, problem), when given.
 
     When the fast path cannot take the batch, upb decodes it request by request, so one bad
     request (or span) is rejected and named while the others are kept.
@@ -283,5 +284,6 @@ def decode_batch(payloads: list[bytes]) -> tuple[OtlpTables, list[tuple[int, str
         except (ValueError, RecursionError) as exc:
             cols.rollback(mark)
             rejected.append((index, str(exc)))
-        rejected.extend((index, problem) for problem in cols.rejected[mark["rejected"]:])
+        if rejected_spans is not None:
+            rejected_spans.extend((index, problem) for problem in cols.rejected[mark["rejected"] :])
     return cols.to_tables(), rejected

@@ -274,8 +274,9 @@ class _Batch:
         if len(self.cols):
             parts.append(self.cols.to_tables())
         if self.protobuf:
-            tables, bad = decode_batch([payload for _, payload in self.protobuf])
-            rejected.extend((self.protobuf[index][0], problem, 1) for index, problem in bad)
+            bad: list = []
+            tables, requests = decode_batch([payload for _, payload in self.protobuf], bad)
+            rejected.extend((self.protobuf[index][0], problem, 1) for index, problem in sorted(requests + bad, key=lambda item: item[0]))
             parts.append(tables)
         parts.extend(_walk_block(block, rejected) for block in self.protobuf_blocks)
 
@@ -322,8 +323,9 @@ def _walk_block(block, rejected: list) -> OtlpTables:
     try:
         return decode_frames(np.frombuffer(block.buffer, dtype=np.uint8), block.starts, block.ends)
     except WireError:
-        tables, bad = decode_batch([block.payload(index) for index in range(len(block.starts))])
-        rejected.extend((block.where(index), problem, 1) for index, problem in bad)
+        bad: list = []
+        tables, requests = decode_batch([block.payload(index) for index in range(len(block.starts))], bad)
+        rejected.extend((block.where(index), problem, 1) for index, problem in sorted(requests + bad, key=lambda item: item[0]))
         return tables
 
 
