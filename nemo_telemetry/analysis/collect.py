@@ -35,7 +35,11 @@ from typing import Callable
 import orjson
 import pyarrow as pa
 from google.rpc.status_pb2 import Status
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from nemo_telemetry.analysis._columns import OtlpTables, SpanColumns
 from nemo_telemetry.analysis._otlp_json import decode_json_request
@@ -66,6 +70,7 @@ _LINGER_S = 1.0  # after an early error reply, how long to discard what the clie
 _STOP_POLL_S = 0.05  # the accept loop's poll: stop() and the deadline reaper act within it
 _CHUNK_SIZE_LINE = re.compile(rb"[0-9A-Fa-f]{1,16}(;[^\r\n]*)?\r?\n")
 _TRAILER_LINES = 100
+_PROBLEMS_SHOWN = 5  # rejected spans named in a partial success's message
 _PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 _JSON_TYPE = "application/json"
 _INVALID_ARGUMENT, _UNAVAILABLE = 3, 14  # google.rpc.Code
@@ -255,6 +260,15 @@ def _open_session(root: Path) -> DatasetWriter:
     return writer
 
 
+def _load_kernels() -> None:
+    """Load the compiled decoder and dedup kernels (compiling them, once per machine, when their
+    cache is empty) before listening, so that no exporter's first request waits for them."""
+    span = Span(trace_id=b"\1" * 16, span_id=b"\1" * 8, name="load", start_time_unix_nano=1, end_time_unix_nano=2)
+    request = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])])
+    tables, _ = _decode(request.SerializeToString(), _PROTOBUF_TYPES[0])
+    SpanDeduplicator().admit(tables.spans)
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
@@ -309,6 +323,7 @@ class CollectorServer:
                               for name, field in CollectSummary.__dataclass_fields__.items()}
         self._stopped = threading.Event()
         self._deadlines: dict[socket.socket, float] = {}  # open connection -> when to drop it
+        _load_kernels()
         try:
             writer = _open_session(Path(out))
         except OSError as exc:
@@ -360,14 +375,18 @@ class CollectorServer:
             return CollectSummary(**self._counts)
 
     def accept(self, body: bytes, content_type: str) -> int:
-        """Decode one request body and commit its spans; return how many spans were rejected.
-        Raises ``_Reject``: 400 for a body that does not decode or spans the writer refuses,
-        503 when the write fails (the disk's fault: the exporter sends it again)."""
-        tables = _decode(body, content_type)
-        rejected = [0]
+        """Decode one request body and commit its spans; return how many spans were rejected."""
+        return self._accept(body, content_type)[0]
+
+    def _accept(self, body: bytes, content_type: str) -> tuple[int, str]:
+        """:meth:`accept`, and why spans were rejected alone (the partial success's message).
+        Raises ``_Reject``: 400 for a body that
+        does not decode or spans the writer refuses, 503 when the write fails (the disk's
+        fault: the exporter sends it again)."""
+        tables, problems = _decode(body, content_type)
 
         def count(n: int) -> None:
-            rejected[0] = n
+            problems.extend(["a span with a malformed trace or span id"] * n)
 
         tables = _drop_malformed_ids(tables, count)
         ticket = self._committer.submit(tables)
@@ -376,12 +395,12 @@ class CollectorServer:
             raise _Reject(503, f"cannot write the dataset ({_describe(ticket.error)}); retry later")
         if ticket.error is not None:
             with self._lock:
-                self._counts["rejected_spans"] += tables.spans.num_rows + rejected[0]
+                self._counts["rejected_spans"] += tables.spans.num_rows + len(problems)
             raise _Reject(400, f"the request's spans cannot be stored ({_describe(ticket.error)})")
         with self._lock:
             self._counts["requests"] += 1
-            self._counts["rejected_spans"] += rejected[0]
-        return rejected[0]
+            self._counts["rejected_spans"] += len(problems)
+        return len(problems), _problems_message(problems)
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -418,21 +437,30 @@ class CollectorServer:
                 pass
 
 
-def _decode(body: bytes, content_type: str) -> OtlpTables:
-    """Any failure of a decoder is the request's fault: a 400 that names it."""
+def _decode(body: bytes, content_type: str) -> tuple[OtlpTables, list[str]]:
+    """The request's tables and what each span rejected alone was rejected for. Any failure of
+    a decoder is the request's fault: a 400 that names it."""
     try:
         if content_type == _JSON_TYPE:
             cols = SpanColumns()
             decode_json_request(orjson.loads(body), cols)
-            return cols.to_tables()
-        tables, rejected = decode_batch([body])
+            return cols.to_tables(), list(cols.rejected)
+        problems: list[tuple[int, str]] = []
+        tables, rejected = decode_batch([body], problems)
     except (ValueError, orjson.JSONDecodeError) as exc:
         raise _Reject(400, f"bad OTLP {content_type} payload: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - a decoder bug must not reset the connection
         raise _Reject(400, f"bad OTLP {content_type} payload: {type(exc).__name__}: {exc}") from None
     if rejected:
         raise _Reject(400, f"bad OTLP {content_type} payload: {rejected[0][1]}")
-    return tables
+    return tables, [problem for _, problem in problems]
+
+
+def _problems_message(problems: list[str]) -> str:
+    """A partial success's message: the first few problems, and how many more."""
+    shown = "; ".join(problems[:_PROBLEMS_SHOWN])
+    more = len(problems) - _PROBLEMS_SHOWN
+    return f"{shown}; and {more} more" if more > 0 else shown
 
 
 def _handler_for(server: CollectorServer) -> type:
@@ -495,11 +523,11 @@ class _OtlpHandler(BaseHTTPRequestHandler):
             self._check_headers()
             body = self._read_body()
             self.collector._set_deadline(self.connection, math.inf)
-            rejected = self.collector.accept(body, self._content_type())
+            rejected, message = self.collector._accept(body, self._content_type())
         except _Reject as exc:
             self._reply_rejected(exc)
             return
-        self._reply_success(rejected)
+        self._reply_success(rejected, message)
 
     def _content_type(self) -> str:
         return self.headers.get("Content-Type", "").split(";")[0].strip().lower()
@@ -611,15 +639,15 @@ class _OtlpHandler(BaseHTTPRequestHandler):
         if self._linger:
             self._discard_input()
 
-    def _reply_success(self, rejected: int) -> None:
+    def _reply_success(self, rejected: int, message: str) -> None:
         response = ExportTraceServiceResponse()
         content_type = self._content_type()
         if rejected:
             response.partial_success.rejected_spans = rejected
-            response.partial_success.error_message = "spans with malformed trace or span ids"
+            response.partial_success.error_message = message
         if content_type == _JSON_TYPE:
             body = b"{}" if not rejected else orjson.dumps(
-                {"partialSuccess": {"rejectedSpans": str(rejected), "errorMessage": response.partial_success.error_message}}
+                {"partialSuccess": {"rejectedSpans": str(rejected), "errorMessage": message}}
             )
         else:
             body, content_type = response.SerializeToString(), "application/x-protobuf"

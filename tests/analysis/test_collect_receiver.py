@@ -13,9 +13,16 @@ import time
 import orjson
 import pytest
 from google.rpc.status_pb2 import Status
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+from nemo_telemetry.analysis import collect as collect_module
 from nemo_telemetry.analysis import read_spans
 from nemo_telemetry.analysis.collect import RETRY_AFTER_S, CollectorServer
+from nemo_telemetry.analysis.dataset import DatasetWriter
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 
 LIMIT = 64 * 1024
@@ -156,49 +163,105 @@ def test_unknown_transfer_encoding_is_501(collector):
 
 
 @pytest.mark.parametrize(
-    "span_fields",
-    [{"name": 5}, {"startTimeUnixNano": None}, {"startTimeUnixNano": str(2**64)}, {"attributes": 5}],
+    ("span_fields", "problem"),
+    [
+        ({"name": 5}, "name is not a string"),
+        ({"startTimeUnixNano": None}, "startTimeUnixNano is missing"),
+        ({"startTimeUnixNano": str(2**64)}, "startTimeUnixNano is out of range"),
+        ({"attributes": 5}, "attributes is not a list"),
+    ],
     ids=["name-int", "start-null", "start-2^64", "attributes-int"],
 )
-def test_a_span_field_of_the_wrong_type_gets_an_answer_not_a_reset(collector, span_fields):
-    """400 naming the problem, or a partial success: never a closed connection."""
-    span = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "x", "startTimeUnixNano": "1",
-            "endTimeUnixNano": "2", **span_fields}
-    payload = orjson.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+def test_a_span_field_of_the_wrong_type_is_a_partial_success_naming_it(collector, span_fields, problem, tmp_path):
+    """The bad span is rejected alone (never a reset, never the whole request) and named."""
+    good = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "x", "startTimeUnixNano": "1", "endTimeUnixNano": "2"}
+    bad = {**good, "spanId": "ef" * 8, **span_fields}
+    payload = orjson.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [good, bad]}]}]})
     with _connect(collector) as sock:
         sock.sendall(_head("application/json", Content_Length=str(len(payload))) + payload)
         response = http.client.HTTPResponse(sock)
         response.begin()
         document = orjson.loads(response.read())
-    assert response.status in (200, 400)
-    if response.status == 400:
-        assert document["message"]
-    else:
-        assert document["partialSuccess"]["rejectedSpans"] == "1"
+    assert response.status == 200
+    assert document["partialSuccess"]["rejectedSpans"] == "1"
+    assert f"span 1 rejected: {problem}" in document["partialSuccess"]["errorMessage"]
+    summary = collector.stop()
+    assert (summary.spans, summary.rejected_spans, summary.rejected_requests) == (1, 1, 0)
+    assert read_spans(tmp_path / "ds").column("span_id").to_pylist() == ["cd" * 8]
 
 
-def test_a_bad_request_does_not_fail_the_good_ones_committed_with_it(tmp_path, body):
-    """Requests share a commit; one whose spans the writer refuses is answered 400 alone."""
+def test_a_protobuf_span_past_int64_is_a_partial_success(collector):
+    request = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[
+        Span(trace_id=b"\1" * 16, span_id=b"\2" * 8, name="ok", start_time_unix_nano=1, end_time_unix_nano=2),
+        Span(trace_id=b"\1" * 16, span_id=b"\3" * 8, name="wrapped?", start_time_unix_nano=2**63, end_time_unix_nano=2**64 - 1),
+    ])])])
+    body = request.SerializeToString()
+    with _connect(collector) as sock:
+        sock.sendall(_head(Content_Length=str(len(body))) + body)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        reply = ExportTraceServiceResponse.FromString(response.read())
+    assert response.status == 200
+    assert reply.partial_success.rejected_spans == 1
+    assert "rejected" in reply.partial_success.error_message
+    assert collector.stop().spans == 1
+
+
+def test_an_undecodable_protobuf_request_is_400_naming_the_problem(collector):
+    body = b"\x0a\x05\x12\x03\x12\x01\xff"  # resource_spans > scope_spans > span: cut short
+    with _connect(collector) as sock:
+        sock.sendall(_head(Content_Length=str(len(body))) + body)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        assert response.status == 400
+        assert "bad OTLP application/x-protobuf payload" in Status.FromString(response.read()).message
+    assert collector.summary().rejected_requests == 1
+
+
+class _RefusingWriter(DatasetWriter):
+    """Test double (a fast unit test): the real writer, except that it refuses, as a data error,
+    any batch holding a span named "refuse-me", and takes 0.3 s over its first write so that
+    the requests sent meanwhile queue up for one group commit."""
+
+    first = True
+
+    def write(self, tables):
+        if _RefusingWriter.first:
+            _RefusingWriter.first = False
+            time.sleep(0.3)
+        if "refuse-me" in tables.spans.column("name").cast("string").to_pylist():
+            raise ValueError("refused")
+        return super().write(tables)
+
+
+def test_a_request_the_writer_refuses_is_400_alone_not_its_whole_group(tmp_path, body, monkeypatch):
+    monkeypatch.setattr(collect_module, "DatasetWriter", _RefusingWriter)
+    _RefusingWriter.first = True
     server = CollectorServer(tmp_path / "ds", port=0).start()
-    bad = orjson.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
-        {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "x", "startTimeUnixNano": None, "endTimeUnixNano": "2"}]}]}]})
-    statuses: list[int] = []
+    span = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "refuse-me", "startTimeUnixNano": "1", "endTimeUnixNano": "2"}
+    refused = orjson.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+    others = [to_protobuf(r) for r in synthetic_requests(80, spans_per_request=10, ranks=1)][:8]
+    statuses: dict[bytes, int] = {}
 
     def post(payload: bytes, content_type: str) -> None:
         with _connect(server) as sock:
             sock.sendall(_head(content_type, Content_Length=str(len(payload))) + payload)
-            statuses.append(_response(sock).status)
+            statuses[payload] = _response(sock).status
 
-    threads = [threading.Thread(target=post, args=(bad, "application/json"))]
-    threads += [threading.Thread(target=post, args=(body, "application/x-protobuf")) for _ in range(8)]
+    blocker = threading.Thread(target=post, args=(body, "application/x-protobuf"))
+    blocker.start()
+    time.sleep(0.1)  # its write is under way; the nine below wait for the next commit together
+    threads = [threading.Thread(target=post, args=(refused, "application/json"))]
+    threads += [threading.Thread(target=post, args=(other, "application/x-protobuf")) for other in others]
     for thread in threads:
         thread.start()
-    for thread in threads:
+    for thread in [blocker, *threads]:
         thread.join()
     summary = server.stop()
-    assert sorted(statuses) == [200] * 8 + [400] or statuses == [200] * 9  # 9: the decoder rejects the span alone
-    assert summary.spans == 11 and summary.rejected_spans == 1
-    assert read_spans(tmp_path / "ds").num_rows == 11
+    assert statuses.pop(refused) == 400
+    assert list(statuses.values()) == [200] * 9
+    assert (summary.spans + summary.duplicates_dropped, summary.rejected_spans, summary.rejected_requests) == (91, 1, 1)
+    assert read_spans(tmp_path / "ds").num_rows == summary.spans == 80  # the blocker's 11 are among the 80
 
 
 def test_idle_keep_alive_connection_is_closed_after_the_read_timeout(tmp_path, body):
