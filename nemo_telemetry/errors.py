@@ -5,14 +5,15 @@ Kept free of heavy imports so :mod:`nemo_telemetry.instrument` can raise them ch
     NemoTelemetryError
      ├── SpecError        a span_groups spec or telemetry config that cannot be resolved
      ├── RegistryError    a span-group registration that conflicts with an existing one
-     └── IngestError      an input that is not OTLP, or a dataset that cannot be read
+     ├── IngestError      an input that is not OTLP, or a dataset that cannot be read
+     └── ListenError      a receiver that cannot bind its address
 
     IncompleteDatasetWarning  (a UserWarning) a dataset an ingest began writing and did not finish
 """
 
 from __future__ import annotations
 
-__all__ = ["NemoTelemetryError", "SpecError", "RegistryError", "IngestError", "IncompleteDatasetWarning"]
+__all__ = ["NemoTelemetryError", "SpecError", "RegistryError", "IngestError", "ListenError", "IncompleteDatasetWarning"]
 
 
 class NemoTelemetryError(Exception):
@@ -29,6 +30,10 @@ class RegistryError(NemoTelemetryError, ValueError):
 
 class IngestError(NemoTelemetryError):
     """An input file or dataset cannot be read; the message names it and the fix."""
+
+
+class ListenError(NemoTelemetryError):
+    """A receiver cannot bind its address (the port is taken, or not ours to use)."""
 
 
 class IncompleteDatasetWarning(UserWarning):

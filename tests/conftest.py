@@ -28,3 +28,38 @@ def _reset_telemetry_state():
     for key in [k for k in os.environ if k.startswith(_TELEMETRY_ENV_PREFIXES)]:
         del os.environ[key]
     os.environ.update(saved)
+
+
+
+class SmallFilesystem:
+    """A mounted 4 MiB tmpfs: ``root`` to write in, ``fill()`` it to the last byte, ``free()`` it."""
+
+    def __init__(self, root) -> None:
+        self.root = root
+        self._filler = root / "filler"
+
+    def fill(self) -> None:
+        with open(self._filler, "ab", buffering=0) as out:
+            for size in (65536, 512, 1):
+                try:
+                    while True:
+                        out.write(b"\0" * size)
+                except OSError:
+                    pass
+
+    def free(self) -> None:
+        self._filler.unlink()
+
+
+@pytest.fixture()
+def small_filesystem(tmp_path):
+    """A 4 MiB tmpfs mounted for the test (needs root, as CI has), unmounted after it."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    root = tmp_path / "small"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(root)], check=True)
+    yield SmallFilesystem(root)
+    subprocess.run(["umount", "-l", str(root)], check=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ from nemo_telemetry.analysis.schema import (
 )
 from nemo_telemetry.analysis.tree import hex_to_uint64
 
-__all__ = ["SpanColumns", "SpanArrays", "AttributeRecords", "build_tables", "SPANS_TABLE_SCHEMA", "OtlpTables", "ids_to_hex", "string_array", "special_rows", "scratch_matrix"]
+__all__ = ["SpanColumns", "SpanArrays", "AttributeRecords", "build_tables", "SPANS_TABLE_SCHEMA", "OtlpTables", "ids_to_hex", "string_array", "special_rows", "scratch_matrix", "text_id_hex", "compiled_kernels_enabled"]
 
 # What ingest writes: the spans table plus the uint64 id keys tree walks join on.
 SPANS_TABLE_SCHEMA = pa.schema(list(SPANS_SCHEMA) + list(ID_KEY_FIELDS))
@@ -118,6 +119,8 @@ class SpanColumns:
     link_span_id: list = field(default_factory=list)
     link_trace_state: list = field(default_factory=list)
     link_attrs: _Attrs = field(default_factory=_Attrs)
+    # one line per span a decoder rejected for a bad field ("span N rejected: field why"), in order
+    rejected: list = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.span_id)
@@ -317,13 +320,25 @@ def ids_to_hex(ids: list, width: int) -> pa.Array:
 def _text_id_to_hex(text: str | None, width: int) -> str:
     if not text:
         return ""
-    if len(text) == 2 * width:
-        return text.lower()
+    hexed = text_id_hex(text, width)
+    return hexed if hexed is not None else text.lower()  # not an id: the length guard drops it
+
+
+def text_id_hex(text: str, width: int) -> str | None:
+    """The id ``text`` (``2 * width`` hex digits, any case, or base64 of ``width`` bytes, as
+    protobuf's JSON mapping writes bytes) as lowercase hex; None when it is neither."""
     try:
-        raw = base64.b64decode(text, validate=True)
+        raw = bytes.fromhex(text) if len(text) == 2 * width else base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        return text.lower()
-    return raw.hex() if len(raw) == width else text.lower()
+        return None
+    return raw.hex() if len(raw) == width else None  # fromhex skips spaces: count the bytes
+
+
+def compiled_kernels_enabled() -> bool:
+    """Whether the decoders may use their compiled (numba) paths. ``NEMO_TELEMETRY_COMPILED=0``
+    sends every input through the reference paths (orjson, upb), as a machine without numba
+    does: to compare the two, or to rule the compiled ones out."""
+    return os.environ.get("NEMO_TELEMETRY_COMPILED", "1") != "0"
 
 
 def _bytes_to_hex(ids: list, width: int) -> pa.Array:

@@ -19,7 +19,9 @@ Bytes are read as ``buf[np.uint64(pos)]``: an unsigned index spares numba's nega
 wraparound test on every byte (about a fifth of the scan).
 
 A line the scan does not understand (not JSON, another layout, snake_case names, ...) is
-marked and left to the orjson path, which handles and reports it exactly.
+marked and left to the orjson path, which handles and reports it exactly; so is a line with a
+span the scan sees is bad (a timestamp absent, 0, negative or not an integer, an id of a wrong
+length, a name that is not a string): the orjson path rejects that span alone.
 """
 
 from __future__ import annotations
@@ -415,6 +417,16 @@ def _key(buf, pos, end, first, lo, hi, hint):
     return KEY_UNKNOWN, start, length, pos + 1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _again(seen, key):
+    """(whether key id ``key`` is in the bit set ``seen``, the set with it). A key given twice
+    in one object is read by orjson as its last value: the scan leaves such a line to it."""
+    if key < 0:
+        return False, seen
+    bit = np.int64(1) << np.int64(key)
+    return (seen & bit) != 0, seen | bit
+
+
 @njit(cache=True, nogil=True)
 def _next_item(buf, pos, end, first):
     """In an array, after '[' or an item: (position of the next item, or -2 when it closed)."""
@@ -588,6 +600,7 @@ def _attributes(buf, pos, end, attrs, a, fill, flags, arena, cursors):
             attrs[ANY_S, row] = pos
         first = True
         key = KEY_KEY
+        seen = np.int64(0)
         while True:
             key, ks, kn, pos = _key(buf, pos, end, first, ATTRIBUTE_KEYS[0], ATTRIBUTE_KEYS[1], key + 1 if not first else KEY_KEY)
             first = False
@@ -595,6 +608,9 @@ def _attributes(buf, pos, end, attrs, a, fill, flags, arena, cursors):
                 return 0, FAIL
             if kn < 0:
                 break
+            twice, seen = _again(seen, key)
+            if twice:
+                return 0, FAIL
             if key == KEY_KEY:
                 vs, vn, escaped, pos = _string_copy(buf, _ws(buf, pos, end), end, arena, cursors, A_KEY)
                 if fill:
@@ -651,11 +667,15 @@ def _text_field(buf, pos, end, spans, column, i, fill, arena, cursors, region):
 def _status(buf, pos, end, spans, i, fill, arena, cursors):
     pos = _open(buf, pos, end, 123)
     first = True
+    seen = np.int64(0)
     while pos >= 0:
         key, ks, kn, pos = _key(buf, pos, end, first, STATUS_KEYS[0], STATUS_KEYS[1], STATUS_KEYS[0])
         first = False
         if pos < 0 or kn < 0:
             return pos
+        twice, seen = _again(seen, key)
+        if twice:
+            return FAIL
         if key == KEY_CODE:
             code, pos = _enum(buf, pos, end, K_CODES)
             if fill:
@@ -684,6 +704,7 @@ def _span(buf, pos, end, spans, i, attrs, a, events, e, links, ln, fill, flags, 
     na = ne = nl = 0
     first = True
     key = KEY_UNKNOWN
+    seen = np.int64(0)
     while True:
         key, ks, kn, pos = _key(buf, pos, end, first, SPAN_KEYS[0], SPAN_KEYS[1], key + 1)
         first = False
@@ -691,6 +712,9 @@ def _span(buf, pos, end, spans, i, attrs, a, events, e, links, ln, fill, flags, 
             return 0, 0, 0, FAIL
         if kn < 0:
             break
+        twice, seen = _again(seen, key)
+        if twice:
+            return 0, 0, 0, FAIL
         if key >= 0 and SPAN_TEXT_COLUMN[key] >= 0:  # one call site for all: less code to compile
             column = SPAN_TEXT_COLUMN[key]
             vs, vn, escaped, pos = _string_copy_inline(buf, _ws(buf, pos, end), end, arena, cursors, SPAN_TEXT_ARENA[key])
@@ -723,7 +747,20 @@ def _span(buf, pos, end, spans, i, attrs, a, events, e, links, ln, fill, flags, 
             return 0, 0, 0, FAIL
     if fill:
         spans[ATTR_COUNT, i] = na
+        if not _span_fields_usual(spans, i):
+            return 0, 0, 0, FAIL
     return na, ne, nl, pos
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _span_fields_usual(spans, i):
+    """Whether span ``i`` has what a span needs, as the scan can tell: start and end above 0
+    (absent is 0; the scan reads no number past int64), ids of a hex or base64 length (a trace
+    and a span id, a parent id or none). Otherwise the line goes to the exact path, which
+    rejects the span alone and names the field."""
+    trace, span, parent = spans[TRACE_N, i], spans[SPAN_N, i], spans[PARENT_N, i]
+    return (spans[START, i] > 0 and spans[END, i] > 0 and (trace == 32 or trace == 24)
+            and (span == 16 or span == 12) and (parent == 0 or parent == 16 or parent == 12))
 
 
 @njit(cache=True, nogil=True)
@@ -756,8 +793,8 @@ def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links,
             break
         if _eq(buf, ks, kn, K_RESOURCE_METRICS) or _eq(buf, ks, kn, K_RESOURCE_LOGS):
             return LINE_OTHER_SIGNAL
-        if not _eq(buf, ks, kn, K_RESOURCE_SPANS):
-            return LINE_FALLBACK  # not a traces request as the scan knows it
+        if not _eq(buf, ks, kn, K_RESOURCE_SPANS) or found:
+            return LINE_FALLBACK  # not a traces request as the scan knows it, or its key twice
         found = True
         pos = _open(buf, pos, end, 91)
         n_rs = 0
@@ -776,6 +813,7 @@ def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links,
                 resources[r, 0] = item
                 resources[r, 1] = 0
             rs_first = True
+            rs_seen = np.int64(0)
             while pos >= 0:
                 ks, kn, pos = _next_key(buf, pos, end, rs_first)
                 rs_first = False
@@ -784,8 +822,14 @@ def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links,
                 if kn < 0:
                     break
                 if _eq(buf, ks, kn, K_RESOURCE):
+                    twice, rs_seen = _again(rs_seen, 0)
+                    if twice:
+                        return LINE_FALLBACK
                     pos = _object_slice(buf, pos, end, resources, r, r, fill)
                 elif _eq(buf, ks, kn, K_SCOPE_SPANS):
+                    twice, rs_seen = _again(rs_seen, 1)
+                    if twice:
+                        return LINE_FALLBACK
                     pos = _open(buf, pos, end, 91)
                     n_ss = 0
                     while pos >= 0:
@@ -804,6 +848,7 @@ def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links,
                             scopes[s, 1] = 0
                             scopes[s, 2] = r
                         ss_first = True
+                        ss_seen = np.int64(0)
                         while pos >= 0:
                             ks, kn, pos = _next_key(buf, pos, end, ss_first)
                             ss_first = False
@@ -812,8 +857,14 @@ def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links,
                             if kn < 0:
                                 break
                             if _eq(buf, ks, kn, K_SCOPE):
+                                twice, ss_seen = _again(ss_seen, 0)
+                                if twice:
+                                    return LINE_FALLBACK
                                 pos = _object_slice(buf, pos, end, scopes, s, r, fill)
                             elif _eq(buf, ks, kn, K_SPANS):
+                                twice, ss_seen = _again(ss_seen, 1)
+                                if twice:
+                                    return LINE_FALLBACK
                                 pos = _open(buf, pos, end, 91)
                                 n_sp = 0
                                 while pos >= 0:

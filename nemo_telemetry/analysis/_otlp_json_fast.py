@@ -16,8 +16,8 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, _text_id_to_hex, build_tables, grown_records, scratch_matrix, special_rows, string_array
-from nemo_telemetry.analysis._otlp_json import _attribute_dict, _extend_attributes, any_value_to_python, value_to_string
+from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, compiled_kernels_enabled, text_id_hex, grown_records, scratch_matrix, special_rows, string_array
+from nemo_telemetry.analysis._otlp_json import _attribute_dict, _extend_attributes, any_value_to_python, event_problem, link_problem, scope_name_version, value_to_string
 
 __all__ = ["decode_json_lines", "decode_json_block", "LINE_OK", "LINE_OTHER_SIGNAL", "LINE_FALLBACK", "LINE_BLANK"]
 
@@ -25,6 +25,8 @@ LINE_OK, LINE_OTHER_SIGNAL, LINE_FALLBACK, LINE_BLANK = 0, 1, 2, 3
 
 
 def _kernels():
+    if not compiled_kernels_enabled():
+        raise ImportError("NEMO_TELEMETRY_COMPILED=0")
     from nemo_telemetry.analysis import _json_kernel, _strings_kernel
 
     return _json_kernel, _strings_kernel
@@ -69,7 +71,7 @@ def decode_json_block(buffer: bytes | memoryview, starts: np.ndarray, ends: np.n
     arena.flags.writeable = False  # the string builders' one signature, as for protobuf blocks
     try:
         return _assemble(k, w, buffer, arena, spans, attrs, *side), status
-    except (pa.ArrowInvalid, orjson.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError):
+    except (pa.ArrowInvalid, orjson.JSONDecodeError, ValueError, TypeError, AttributeError, KeyError, RecursionError):
         # e.g. invalid UTF-8 or an odd resource: let the exact path judge every line
         status[status == LINE_OK] = LINE_FALLBACK
         return OtlpTables.empty(), status
@@ -141,7 +143,10 @@ def _ids(w, data: np.ndarray, start, length, width: int) -> tuple[pa.Array, np.n
     ids = pa.Array.from_buffers(pa.large_string(), start.size, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
     if ok:
         return ids, keys, low
-    return pa.array([_text_id_to_hex(s, width) for s in ids.to_pylist()], pa.string()), None, None
+    hexed = [text_id_hex(s, width) if s else "" for s in ids.to_pylist()]  # base64, as the scan let through
+    if None in hexed:
+        raise ValueError("an id is not hex or base64 of its size")  # the exact path names it
+    return pa.array(hexed, pa.string()), None, None
 
 
 def _values(k, w, buffer: bytes, arena: np.ndarray, attrs: np.ndarray) -> pa.Array:
@@ -191,19 +196,24 @@ def _resource(buffer: bytes, start: int, length: int) -> dict:
 
 def _scope(buffer: bytes, start: int, length: int) -> tuple:
     scope = orjson.loads(buffer[start : start + length]) if length else {}
-    scope = scope or {}
-    return scope.get("name") or None, scope.get("version") or None
+    return scope_name_version(scope or {})
 
 
 def _events_and_links(buffer: bytes, events: np.ndarray, links: np.ndarray, extras: SpanColumns) -> None:
+    """Events and links, parsed by orjson; ``ValueError`` for one with a bad field, which
+    rejects its span: the caller sends the lines to the exact path, which names it."""
     for start, length, owner in events.tolist():
         event = orjson.loads(buffer[start : start + length])
+        if event_problem(event) is not None:
+            raise ValueError("an event with a bad field")
         extras.event_span.append(owner)
-        extras.event_time.append(event.get("timeUnixNano", 0))
+        extras.event_time.append(event.get("timeUnixNano") or 0)
         extras.event_name.append(event.get("name") or "")
         _extend_attributes(extras.event_attrs, [event.get("attributes") or ()])
     for start, length, owner in links.tolist():
         link = orjson.loads(buffer[start : start + length])
+        if link_problem(link) is not None:
+            raise ValueError("a link with a bad field")
         extras.link_span.append(owner)
         extras.link_trace_id.append(link.get("traceId") or "")
         extras.link_span_id.append(link.get("spanId") or "")

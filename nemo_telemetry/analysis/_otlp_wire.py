@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from nemo_telemetry.analysis._columns import AttributeRecords, OtlpTables, SpanArrays, SpanColumns, build_tables, grown_records, scratch_matrix, string_array, string_offsets
-from nemo_telemetry.analysis._otlp_proto import _extend_attributes, _value_string, decode_proto_request
+from nemo_telemetry.analysis._columns import AttributeRecords, OtlpTables, SpanArrays, SpanColumns, build_tables, compiled_kernels_enabled, grown_records, scratch_matrix, string_array, string_offsets
+from nemo_telemetry.analysis._otlp_proto import _extend_attributes, _value_string, decode_proto_request, event_problem, link_problem
 
 __all__ = ["WireError", "decode_requests", "decode_frames", "decode_batch"]
 
@@ -36,6 +37,8 @@ class WireError(ValueError):
 
 
 def _kernel():
+    if not compiled_kernels_enabled():
+        raise WireError("fast protobuf path switched off (NEMO_TELEMETRY_COMPILED=0)")
     try:
         from nemo_telemetry.analysis import _strings_kernel, _wire_kernel
     except ImportError as exc:  # numba missing or broken: the upb path still works
@@ -79,7 +82,10 @@ def decode_frames(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Otl
     if n == 0:
         return OtlpTables.empty()
     distinct = int(counts[6])
-    return _assemble(k, s, data, spans, attrs, *side, names[1][:distinct] if distinct >= 0 else None)
+    try:
+        return _assemble(k, s, data, spans, attrs, *side, names[1][:distinct] if distinct >= 0 else None)
+    except (DecodeError, ValueError) as exc:  # a rare part upb reads: bad UTF-8, nesting past the limit
+        raise WireError(f"a resource, scope, event, link or value the fast path cannot read ({exc})") from None
 
 
 def _joined(payloads: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -100,7 +106,8 @@ def _joined(payloads: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _problem(k, err: int) -> str:
     problems = {k.E_TRUNCATED: "a field runs past its message", k.E_ID: "an id of unexpected length",
-                k.E_REPEATED: "a message field given twice (upb merges them)"}
+                k.E_REPEATED: "a message field given twice (upb merges them)",
+                k.E_SPAN: "a span without ids, or a timestamp 0 or past int64"}
     return problems.get(err, "an unsupported wire type")
 
 
@@ -240,12 +247,16 @@ def _events_and_links(data: np.ndarray, events: np.ndarray, links: np.ndarray, e
     """Events and links are rare in RL traces: upb parses each one."""
     for owner, start, length in events.tolist():
         event = Span.Event.FromString(data[start : start + length].tobytes())
+        if event_problem(event) is not None:
+            raise WireError("an event with a bad field")  # upb's path rejects its span, named
         extras.event_span.append(owner)
         extras.event_time.append(event.time_unix_nano)
         extras.event_name.append(event.name)
         _extend_attributes(extras.event_attrs, [event.attributes])
     for owner, start, length in links.tolist():
         link = Span.Link.FromString(data[start : start + length].tobytes())
+        if link_problem(link) is not None:
+            raise WireError("a link with a bad field")
         extras.link_span.append(owner)
         extras.link_trace_id.append(link.trace_id)
         extras.link_span_id.append(link.span_id)
@@ -253,11 +264,13 @@ def _events_and_links(data: np.ndarray, events: np.ndarray, links: np.ndarray, e
         _extend_attributes(extras.link_attrs, [link.attributes])
 
 
-def decode_batch(payloads: list[bytes]) -> tuple[OtlpTables, list[tuple[int, str]]]:
-    """Decode serialized requests, fast path first; also (index, problem) of each bad one.
+def decode_batch(payloads: list[bytes], rejected_spans: list | None = None) -> tuple[OtlpTables, list[tuple[int, str]]]:
+    """Decode serialized requests, fast path first; also (index, problem) of each rejected
+    request. Each span rejected alone for a bad field (its request's other spans kept) is
+    added to ``rejected_spans`` as (index, problem), when given.
 
     When the fast path cannot take the batch, upb decodes it request by request, so one bad
-    request is rejected and named while the others are kept.
+    request (or span) is rejected and named while the others are kept.
     """
     try:
         return decode_requests(payloads), []
@@ -265,8 +278,12 @@ def decode_batch(payloads: list[bytes]) -> tuple[OtlpTables, list[tuple[int, str
         pass
     cols, rejected = SpanColumns(), []
     for index, payload in enumerate(payloads):
+        mark = cols.mark()
         try:
             decode_proto_request(payload, cols)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
+            cols.rollback(mark)
             rejected.append((index, str(exc)))
+        if rejected_spans is not None:
+            rejected_spans.extend((index, problem) for problem in cols.rejected[mark["rejected"] :])
     return cols.to_tables(), rejected

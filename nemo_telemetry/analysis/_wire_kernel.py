@@ -11,7 +11,8 @@ Each message is read field by field on its tag: every field we read has a number
 its tag and (mostly) its length are one byte each, read inline; longer varints and fields we do
 not read go through the generic path, so any valid encoding, in any field order, reads as upb
 reads it. Field numbers are from ``opentelemetry/proto/{collector/trace,trace,common,resource}/v1``.
-An error returns a negative code and the caller falls back to upb request by request.
+An error returns a negative code and the caller falls back to upb request by request; so does
+a span with a bad field (E_SPAN), which the upb path rejects alone and names.
 
 The walk's functions are compiled without reference counting (``_nrt=False``, as numba's own
 string kernels are): every array is borrowed from the caller for the whole call, and counting
@@ -39,6 +40,8 @@ E_WIRE_TYPE = -2  # groups (3, 4), an unknown wire type or field number 0
 E_ROOM = -3  # an output array is full: grow it and walk the request again
 E_ID = -4  # a trace or span id of another length than 16 or 8 bytes
 E_REPEATED = -5  # a resource, scope or attribute value given twice: protobuf merges them, upb does
+E_SPAN = -6  # a span without a trace or span id, or a start or end of 0 (absent) or past int64
+_INT64_MAX = np.uint64(0x7FFFFFFFFFFFFFFF)
 
 # span columns: rows of an int64 (SPAN_COLUMNS, spans) matrix, so each column is contiguous.
 # Ids are big-endian uint64 keys (a trace id's two halves) with their length (0: absent);
@@ -239,6 +242,12 @@ def _key_value(buf, start, end, attrs, a):
     return OK
 
 
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _enum32(value):
+    """An enum's varint as protobuf reads it: an int32, its low 32 bits (upb does the same)."""
+    return np.int64(np.int32(np.uint32(value & np.uint64(0xFFFFFFFF))))
+
+
 @njit(cache=True, nogil=True, _nrt=False)
 def _status(buf, start, end, spans, i):
     """Status fields into row ``i`` (set to their defaults first); OK or an error."""
@@ -251,7 +260,7 @@ def _status(buf, start, end, spans, i):
             spans[MSG_N, i] = pos - vs
         elif tag == _T3_VARINT:
             value, pos = _varint_at(buf, pos, end)
-            spans[CODE, i] = np.int64(value)
+            spans[CODE, i] = _enum32(value)
         else:
             pos = _skip(buf, pos, end, tag)
         if pos < 0:
@@ -377,7 +386,7 @@ def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln, slots, name
             pos += 8
         elif tag == _T6_VARINT:
             value, pos = _varint(buf, pos, end)
-            kind = np.int64(value)
+            kind = _enum32(value)
         elif tag == _T3_LEN:
             state_s, pos = _length(buf, pos, end)
             state_n = pos - state_s
@@ -407,6 +416,10 @@ def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln, slots, name
             pos = _skip(buf, pos, end, tag)
         if pos < 0:
             return n_attrs, n_events, n_links, pos
+    # 1 <= start, end < 2**63 in one compare each: 0 wraps to the top; fixed64 past int64 is
+    # legal on the wire and would wrap to a negative int64
+    if trace_n != 16 or span_n != 8 or begin - np.uint64(1) >= _INT64_MAX or finish - np.uint64(1) >= _INT64_MAX:
+        return n_attrs, n_events, n_links, E_SPAN
     spans[TRACE_HI, i] = trace_hi
     spans[TRACE_LO, i] = trace_lo
     spans[TRACE_N, i] = trace_n

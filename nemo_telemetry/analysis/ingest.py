@@ -164,10 +164,8 @@ class _Pipeline:
                 self.protobuf.append((where, bytes(payload)))
                 self.protobuf_bytes += len(payload)
             else:
-                try:
-                    decode_json_request(payload, self.cols)
-                except ValueError as exc:
-                    self.reject(where, str(exc))
+                for problem in _decode_json(payload, self.cols):
+                    self.reject(where, problem)
         if (
             len(self.cols) >= self.batch_spans
             or self.protobuf_bytes >= BATCH_PROTOBUF_BYTES
@@ -288,8 +286,9 @@ class _Batch:
         if len(self.cols):
             parts.append(self.cols.to_tables())
         if self.protobuf:
-            tables, bad = decode_batch([payload for _, payload in self.protobuf])
-            rejected.extend((self.protobuf[index][0], problem, 1) for index, problem in bad)
+            bad: list = []
+            tables, requests = decode_batch([payload for _, payload in self.protobuf], bad)
+            rejected.extend((self.protobuf[index][0], problem, 1) for index, problem in sorted(requests + bad, key=lambda item: item[0]))
             parts.append(tables)
         parts.extend(_walk_block(block, rejected) for block in self.protobuf_blocks)
 
@@ -311,15 +310,23 @@ class _Batch:
                     continue
                 record = classify_json_line(line, where)
                 if record.kind == "traces":
-                    try:
-                        decode_json_request(record.payload, self.cols)
-                    except ValueError as exc:
-                        rejected.append((record.where, str(exc), 1))
+                    rejected.extend((record.where, problem, 1) for problem in _decode_json(record.payload, self.cols))
                 elif record.kind == "other-signal":
                     skipped += 1
                 else:
                     rejected.append((record.where, str(record.payload), 1))
         return parts, skipped
+
+
+def _decode_json(request: object, cols: SpanColumns) -> list[str]:
+    """Decode one parsed JSON request into ``cols``; what it rejected: the whole request (one
+    problem) or spans with a bad field (one each, the rest kept)."""
+    before = len(cols.rejected)
+    try:
+        decode_json_request(request, cols)
+    except ValueError as exc:
+        return [str(exc)]
+    return cols.rejected[before:]
 
 
 def _walk_block(block, rejected: list) -> OtlpTables:
@@ -328,8 +335,9 @@ def _walk_block(block, rejected: list) -> OtlpTables:
     try:
         return decode_frames(np.frombuffer(block.buffer, dtype=np.uint8), block.starts, block.ends)
     except WireError:
-        tables, bad = decode_batch([block.payload(index) for index in range(len(block.starts))])
-        rejected.extend((block.where(index), problem, 1) for index, problem in bad)
+        bad: list = []
+        tables, requests = decode_batch([block.payload(index) for index in range(len(block.starts))], bad)
+        rejected.extend((block.where(index), problem, 1) for index, problem in sorted(requests + bad, key=lambda item: item[0]))
         return tables
 
 

@@ -15,6 +15,7 @@ from nemo_telemetry.analysis.ingest import FORMATS, dump_files
 from nemo_telemetry.analysis.streaming import ingest_with_engine
 from nemo_telemetry.cli._common import console, fail, library_errors, print_json
 from nemo_telemetry.cli.app import app
+from nemo_telemetry.errors import ListenError
 
 _WARNINGS_SHOWN = 20
 
@@ -91,14 +92,27 @@ def collect(
     out: Path = typer.Option(..., "--out", "-o", help="Dataset directory to append received spans to."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (default: this machine only)."),
     port: int = typer.Option(4318, "--port", "-p", help="Port (4318 is OTLP/HTTP's); 0 picks a free one."),
-    max_request_mib: float = typer.Option(64.0, "--max-request-mib", help="Larger requests get 413."),
+    max_request_mib: float = typer.Option(64.0, "--max-request-mib", help="Larger requests (a Content-Length, "
+                                          "chunked or inflated gzip body) get 413."),
+    max_connections: int = typer.Option(CollectorServer.max_connections, "--max-connections",
+                                        help="Concurrent connections served; more get 503 with Retry-After."),
+    read_timeout_s: float = typer.Option(CollectorServer.read_timeout_s, "--read-timeout-s",
+                                         help="A connection silent this long is closed (idle keep-alive, or "
+                                              "408 inside a request)."),
 ) -> None:
     """Receive OTLP/HTTP traces (POST /v1/traces, protobuf or JSON) into a dataset until Ctrl-C.
 
+    A request is answered 200 only once its spans are committed on disk; a failed write is
+    answered 503 with Retry-After (the exporter sends it again). Bounds: one request
+    --max-request-mib (413 beyond); --max-connections (503 beyond); a socket read waits at most
+    --read-timeout-s; one request must arrive whole within 60 s (408); listen backlog 1024.
+    Ctrl-C or SIGTERM stops within about a second plus the commit in flight. Exit 2 if any
+    span received was left unwritten (the reason is printed), or the port cannot be bound.
+
     Example: nemo-telemetry collect --out run.dataset --port 4318
     """
-    if max_request_mib <= 0:
-        raise fail("--max-request-mib must be positive")
+    if max_request_mib <= 0 or max_connections <= 0 or read_timeout_s <= 0:
+        raise fail("--max-request-mib, --max-connections and --read-timeout-s must be positive")
     err = console(stderr=True)
 
     def ready(server: CollectorServer) -> None:
@@ -107,11 +121,15 @@ def collect(
     with library_errors():
         try:
             summary = run_collector(
-                out, host=host, port=port, max_request_bytes=int(max_request_mib * (1 << 20)), on_ready=ready
+                out, host=host, port=port, max_request_bytes=int(max_request_mib * (1 << 20)),
+                max_connections=max_connections, read_timeout_s=read_timeout_s, on_ready=ready,
             )
-        except OSError as exc:
-            raise fail(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port") from None
+        except ListenError as exc:
+            raise fail(f"{exc}; choose another --port") from None
     _print_collect_summary(summary, out)
+    if summary.unwritten_spans:
+        raise fail(f"{summary.unwritten_spans:,} received spans were not written to {out} "
+                   f"({summary.write_error}); their exporters got 503 and may still hold them")
 
 
 def _print_collect_summary(summary: CollectSummary, out: Path) -> None:
@@ -119,5 +137,9 @@ def _print_collect_summary(summary: CollectSummary, out: Path) -> None:
     table.add_column("what")
     table.add_column("count", justify="right")
     for name in summary.__dataclass_fields__:
-        table.add_row(name.replace("_", " "), f"{getattr(summary, name):,}")
+        value = getattr(summary, name)
+        if isinstance(value, int):
+            table.add_row(name.replace("_", " "), f"{value:,}")
+        elif value:
+            table.add_row(name.replace("_", " "), value)
     console().print(table)

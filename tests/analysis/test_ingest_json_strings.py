@@ -9,6 +9,8 @@ import copy
 import orjson
 import pytest
 
+from nemo_telemetry.analysis._columns import SpanColumns
+from nemo_telemetry.analysis._otlp_json import decode_json_request
 from nemo_telemetry.analysis._otlp_json_fast import LINE_FALLBACK, LINE_OK, decode_json_lines
 from nemo_telemetry.analysis.synthetic import synthetic_requests
 
@@ -84,11 +86,11 @@ def test_a_line_cut_inside_a_string_is_left_to_orjson(request_dict, cut):
 
 
 def test_ids_in_any_case_of_the_right_length_or_not(request_dict):
-    """Upper- and mixed-case hex ids, and ids of the wrong length or with a non-hex digit
-    (which the exact path keeps or drops as it decides), read as orjson reads them."""
+    """Upper- and mixed-case hex ids read as orjson reads them; ids of the wrong length, with a
+    non-hex digit or empty go to the exact path, which rejects those spans alone and names the
+    field."""
     lines = []
-    for change in (str.upper, lambda s: s[:5].upper() + s[5:], lambda s: s[:-1], lambda s: s + "0",
-                   lambda s: s[:-1] + "g", lambda s: ""):
+    for change in (str.upper, lambda s: s[:5].upper() + s[5:]):
         request = copy.deepcopy(request_dict)
         for span in _spans(request):
             for field in ("traceId", "spanId", "parentSpanId"):
@@ -99,6 +101,22 @@ def test_ids_in_any_case_of_the_right_length_or_not(request_dict):
         fast = _assert_scan_equals_orjson([line])
         assert all(i == i.lower() for i in fast.spans.column("span_id").to_pylist())
     _assert_scan_equals_orjson(lines)
+    for field in ("traceId", "spanId", "parentSpanId"):
+        for change in (lambda s: s[:-1], lambda s: s + "0", lambda s: s[:-1] + "g", lambda s: ""):
+            request = copy.deepcopy(request_dict)
+            span = next(s for s in _spans(request) if field in s)
+            span[field] = change(span[field])
+            if field == "parentSpanId" and span[field] == "":
+                continue  # no parent: a root span, kept
+            tables, status = decode_json_lines([orjson.dumps(request_dict), orjson.dumps(request)])
+            # the scan sees a wrong length in its line; a non-hex digit only when it converts
+            # the block's ids, and then the whole block goes to the exact path
+            bad_digit = span[field].endswith("g")
+            assert status.tolist() == [LINE_FALLBACK if bad_digit else LINE_OK, LINE_FALLBACK]
+            cols = SpanColumns()
+            decode_json_request(request, cols)
+            assert len(cols) == len(_spans(request)) - 1, (field, span[field])
+            assert len(cols.rejected) == 1 and f"malformed trace/span ids: {field}" in cols.rejected[0]
 
 
 @pytest.mark.parametrize("field", ["name", "traceState", "status message", "attribute key", "attribute value"])
@@ -131,8 +149,9 @@ def test_integers_of_every_length(request_dict, quoted):
         request = copy.deepcopy(request_dict)
         span = _spans(request)[0]
         written = str(value) if quoted else value
-        span["startTimeUnixNano"] = str(abs(value)) if quoted else abs(value)
-        span["endTimeUnixNano"] = str(abs(value) // 3) if quoted else abs(value) // 3
+        start, end = abs(value) or 1, abs(value) // 3 or 1  # 0: absent, which the scan leaves alone
+        span["startTimeUnixNano"] = str(start) if quoted else start
+        span["endTimeUnixNano"] = str(end) if quoted else end
         span["attributes"].append({"key": "n", "value": {"intValue": written}})
         lines.append(orjson.dumps(request))
     fast = _assert_scan_equals_orjson(lines)

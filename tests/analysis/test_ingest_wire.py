@@ -67,5 +67,9 @@ def test_odd_input_goes_back_to_upb_which_names_the_bad_request():
     tables, rejected = decode_batch([good, truncated, good])
     assert [index for index, _ in rejected] == [1]
     assert tables.spans.num_rows == 22
-    tables, rejected = decode_batch([good, odd_id.SerializeToString()])
-    assert rejected == [] and tables.spans.num_rows == 22  # kept here; ingest drops the odd id
+    spans_rejected: list = []
+    tables, rejected = decode_batch([good, odd_id.SerializeToString()], spans_rejected)
+    assert rejected == []  # no request rejected: the span with the odd id alone
+    assert [index for index, _ in spans_rejected] == [1]
+    assert "span 0 rejected: malformed trace/span ids: spanId" in spans_rejected[0][1]
+    assert tables.spans.num_rows == 21

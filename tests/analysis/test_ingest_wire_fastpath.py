@@ -166,13 +166,18 @@ def test_encodings_the_fast_path_leaves_to_upb_decode_as_upb_does(odd):
     payloads = [request(span(*plain_fields(), odd)), request(span(*plain_fields()))]
     with pytest.raises(WireError):
         decode_requests(payloads)
-    tables, rejected = decode_batch(payloads)
-    expected_rejects = []
-    try:
-        expected = upb(payloads)
-    except ValueError:
-        expected, expected_rejects = upb(payloads[1:]), [0]
-    assert [index for index, _ in rejected] == expected_rejects
+    spans_rejected: list = []
+    tables, rejected = decode_batch(payloads, spans_rejected)
+    cols, expected_rejects = SpanColumns(), []
+    for index, payload in enumerate(payloads):
+        before = len(cols.rejected)
+        try:
+            decode_proto_request(payload, cols)
+        except ValueError:
+            expected_rejects.append(index)  # the whole request
+        expected_rejects += [index] * (len(cols.rejected) - before)  # a span of it
+    expected = cols.to_tables()
+    assert sorted(index for index, _ in rejected + spans_rejected) == expected_rejects
     assert tables.spans.to_pylist() == expected.spans.to_pylist()
 
 
@@ -260,7 +265,7 @@ def test_span_names_numbered_alike_when_the_walk_grows_its_arrays():
     """Tiny spans, many to a request: the first arrays are too small, and the request that
     did not fit is walked again after its new names were numbered."""
     payloads = [
-        request(*(span(text(2, SPAN), text(5, f"n{r % 37}.{j % 4}")) for j in range(10)))
+        request(*(span(text(1, TRACE), text(2, SPAN), text(5, f"n{r % 37}.{j % 4}"), fixed64(7, 1), fixed64(8, 2)) for j in range(10)))
         for r in range(300)
     ]
     fast, slow = decode_requests(payloads), upb(payloads)

@@ -159,7 +159,7 @@ def run_two_layer(model: str, work: Path, *, steps: int = 2, engine_kwargs: dict
 
     from nemo_telemetry.analysis import CollectorServer
 
-    collector = CollectorServer(work / "vllm-dataset", port=0, flush_interval_s=0.5).start()
+    collector = CollectorServer(work / "vllm-dataset", port=0).start()
     environment = {
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.traces_url,
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
