@@ -25,7 +25,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from nemo_telemetry.analysis._columns import AttributeRecords, OtlpTables, SpanArrays, SpanColumns, build_tables, compiled_kernels_enabled, grown_records, scratch_matrix, string_array, string_offsets
 from nemo_telemetry.analysis._otlp_proto import _extend_attributes, _value_string, decode_proto_request, event_problem, link_problem
 
-__all__ = ["WireError", "decode_requests", "decode_frames", "decode_batch"]
+__all__ = ["WireError", "decode_requests", "decode_frames", "decode_frames_each", "decode_batch"]
 
 _STRING, _BOOL, _INT, _DOUBLE = 1, 2, 3, 4  # AnyValue field numbers
 _SPECIAL = 16  # and beyond: a value written by upb (see _attribute_records)
@@ -33,7 +33,13 @@ _MOST_NAMES = 4096  # distinct span names a batch dictionary-encodes in the kern
 
 
 class WireError(ValueError):
-    """The batch is not plain OTLP protobuf the fast path handles; decode it request by request."""
+    """The batch is not plain OTLP protobuf the fast path handles; decode it request by request.
+    ``request``: the request the walk stopped at, when it was the walk (those before it are
+    plain); None when the batch as a whole could not be assembled."""
+
+    def __init__(self, message: str, request: int | None = None) -> None:
+        super().__init__(message)
+        self.request = request
 
 
 def _kernel():
@@ -75,7 +81,7 @@ def decode_frames(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Otl
         spans, attrs = grown_records(spans, int(counts[0]), 1), grown_records(attrs, int(counts[1]), 1)
         side = [grown_records(a, int(c), 0) for a, c in zip(side, counts[2:6])]
     if err < 0:
-        raise WireError(f"request {request}: {_problem(k, err)}")
+        raise WireError(f"request {request}: {_problem(k, err)}", request=int(request))
     n = int(counts[0])
     spans, attrs = spans[:, :n], attrs[:, : int(counts[1])]
     side = [a[: int(c)] for a, c in zip(side, counts[2:6])]
@@ -269,21 +275,51 @@ def decode_batch(payloads: list[bytes], rejected_spans: list | None = None) -> t
     request. Each span rejected alone for a bad field (its request's other spans kept) is
     added to ``rejected_spans`` as (index, problem), when given.
 
-    When the fast path cannot take the batch, upb decodes it request by request, so one bad
-    request (or span) is rejected and named while the others are kept.
+    What the fast path cannot take, upb decodes request by request (see
+    :func:`decode_frames_each`), so one bad request (or span) is rejected and named while the
+    others are kept.
     """
-    try:
-        return decode_requests(payloads), []
-    except WireError:
-        pass
-    cols, rejected = SpanColumns(), []
-    for index, payload in enumerate(payloads):
+    rejected: list = []
+    tables = decode_frames_each(*_joined(payloads), rejected, rejected_spans)
+    return tables, rejected
+
+
+def decode_frames_each(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, rejected: list,
+                       rejected_spans: list | None = None) -> OtlpTables:
+    """:func:`decode_frames`, where the fast path stops at a request: the requests before it
+    walked again without it, that one decoded by upb, and on from the next; when the batch
+    cannot be assembled, upb for all of it. One odd request costs the fast path only itself.
+    Rejections go to ``rejected`` (whole requests) and ``rejected_spans`` as (index, problem)."""
+    parts, first, n = [], 0, len(starts)
+    while first < n:
+        try:
+            parts.append(decode_frames(data, starts[first:], ends[first:]))
+            break
+        except WireError as exc:
+            if exc.request is None:
+                parts.append(_upb_each(data, starts, ends, range(first, n), rejected, rejected_spans))
+                break
+            stop = first + exc.request
+        if stop > first:
+            try:
+                parts.append(decode_frames(data, starts[first:stop], ends[first:stop]))
+            except WireError:
+                parts.append(_upb_each(data, starts, ends, range(first, stop), rejected, rejected_spans))
+        parts.append(_upb_each(data, starts, ends, range(stop, stop + 1), rejected, rejected_spans))
+        first = stop + 1
+    return OtlpTables.concat(parts)
+
+
+def _upb_each(data, starts, ends, indices: range, rejected: list, rejected_spans: list | None) -> OtlpTables:
+    """upb's tables of the requests ``indices``, each bad one (or bad span) named by index."""
+    cols = SpanColumns()
+    for index in indices:
         mark = cols.mark()
         try:
-            decode_proto_request(payload, cols)
+            decode_proto_request(data[starts[index] : ends[index]].tobytes(), cols)
         except (ValueError, RecursionError) as exc:
             cols.rollback(mark)
             rejected.append((index, str(exc)))
         if rejected_spans is not None:
             rejected_spans.extend((index, problem) for problem in cols.rejected[mark["rejected"] :])
-    return cols.to_tables(), rejected
+    return cols.to_tables()
