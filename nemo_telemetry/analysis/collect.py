@@ -170,13 +170,13 @@ class CollectorServer:
     def accept(self, body: bytes, content_type: str) -> int:
         """Decode one request body and queue its spans; return how many spans were rejected."""
         try:
-            tables = self._decode(body, content_type)
+            tables, spans_rejected = self._decode(body, content_type)
         except (ValueError, orjson.JSONDecodeError) as exc:
             raise _BadRequest(400, f"bad OTLP {content_type} payload: {exc}") from None
-        rejected = [0]
+        rejected = [spans_rejected]
 
         def count(n: int) -> None:
-            rejected[0] = n
+            rejected[0] = spans_rejected + n
 
         tables = _drop_malformed_ids(tables, count)
         with self._lock:
@@ -190,15 +190,17 @@ class CollectorServer:
 
 
     @staticmethod
-    def _decode(body: bytes, content_type: str) -> OtlpTables:
+    def _decode(body: bytes, content_type: str) -> tuple[OtlpTables, int]:
+        """The request's tables and how many of its spans the decoder rejected alone."""
         if content_type == _JSON_TYPE:
             cols = SpanColumns()
             decode_json_request(orjson.loads(body), cols)
-            return cols.to_tables()
-        tables, rejected = decode_batch([body])
+            return cols.to_tables(), len(cols.rejected)
+        spans_rejected: list = []
+        tables, rejected = decode_batch([body], spans_rejected)
         if rejected:
             raise ValueError(rejected[0][1])
-        return tables
+        return tables, len(spans_rejected)
 
 
 def _handler_for(server: CollectorServer) -> type:
