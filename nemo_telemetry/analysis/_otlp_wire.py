@@ -33,13 +33,7 @@ _MOST_NAMES = 4096  # distinct span names a batch dictionary-encodes in the kern
 
 
 class WireError(ValueError):
-    """The batch is not plain OTLP protobuf the fast path handles; decode it request by request.
-    ``request``: the request the walk stopped at, when it was the walk (those before it are
-    plain); None when the batch as a whole could not be assembled."""
-
-    def __init__(self, message: str, request: int | None = None) -> None:
-        super().__init__(message)
-        self.request = request
+    """The batch is not plain OTLP protobuf the fast path handles; decode it request by request."""
 
 
 def _kernel():
@@ -61,6 +55,13 @@ def decode_frames(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Otl
     """The tables of the serialized requests at ``data[starts[i]:ends[i]]`` (uint8, read-only),
     e.g. frames read straight from a length-prefixed file; ``WireError`` when the fast path
     cannot. Nothing returned keeps a view of ``data``: the caller may reuse it."""
+    return _walk(data, starts, ends, strict=True)[0]
+
+
+def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, strict: bool) -> tuple[OtlpTables, np.ndarray]:
+    """The tables of the requests the compiled walk takes, and the indices of those it does not
+    (``WireError`` for the first of them when ``strict``). ``WireError`` too when the fast path
+    is off or the batch cannot be assembled (a rare part upb cannot read)."""
     k, s = _kernel()
     if data.flags.writeable:
         data = data.view()
@@ -73,23 +74,26 @@ def decode_frames(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Otl
     attrs = scratch_matrix("wire-attributes", k.ATTR_COLUMNS, 4 * guess)
     side = [np.zeros((max(16, 2 * len(starts)), k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)]
     side += [np.zeros((64, k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)]
+    errors = np.zeros(len(starts), dtype=np.int64)
     request = 0
     while True:
-        request, err = k.walk(data, starts, ends, request, counts, spans, attrs, *side, *names)
+        request, err = k.walk(data, starts, ends, request, counts, spans, attrs, *side, *names, errors)
         if err != k.E_ROOM:
             break
         spans, attrs = grown_records(spans, int(counts[0]), 1), grown_records(attrs, int(counts[1]), 1)
         side = [grown_records(a, int(c), 0) for a, c in zip(side, counts[2:6])]
-    if err < 0:
-        raise WireError(f"request {request}: {_problem(k, err)}", request=int(request))
+    bad = np.flatnonzero(errors)
+    if strict and bad.size:
+        first = int(bad[0])
+        raise WireError(f"request {first}: {_problem(k, int(errors[first]))}")
     n = int(counts[0])
     spans, attrs = spans[:, :n], attrs[:, : int(counts[1])]
     side = [a[: int(c)] for a, c in zip(side, counts[2:6])]
     if n == 0:
-        return OtlpTables.empty()
+        return OtlpTables.empty(), bad
     distinct = int(counts[6])
     try:
-        return _assemble(k, s, data, spans, attrs, *side, names[1][:distinct] if distinct >= 0 else None)
+        return _assemble(k, s, data, spans, attrs, *side, names[1][:distinct] if distinct >= 0 else None), bad
     except (DecodeError, ValueError) as exc:  # a rare part upb reads: bad UTF-8, nesting past the limit
         raise WireError(f"a resource, scope, event, link or value the fast path cannot read ({exc})") from None
 
@@ -286,31 +290,20 @@ def decode_batch(payloads: list[bytes], rejected_spans: list | None = None) -> t
 
 def decode_frames_each(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, rejected: list,
                        rejected_spans: list | None = None) -> OtlpTables:
-    """:func:`decode_frames`, where the fast path stops at a request: the requests before it
-    walked again without it, that one decoded by upb, and on from the next; when the batch
-    cannot be assembled, upb for all of it. One odd request costs the fast path only itself.
-    Rejections go to ``rejected`` (whole requests) and ``rejected_spans`` as (index, problem)."""
-    parts, first, n = [], 0, len(starts)
-    while first < n:
-        try:
-            parts.append(decode_frames(data, starts[first:], ends[first:]))
-            break
-        except WireError as exc:
-            if exc.request is None:
-                parts.append(_upb_each(data, starts, ends, range(first, n), rejected, rejected_spans))
-                break
-            stop = first + exc.request
-        if stop > first:
-            try:
-                parts.append(decode_frames(data, starts[first:stop], ends[first:stop]))
-            except WireError:
-                parts.append(_upb_each(data, starts, ends, range(first, stop), rejected, rejected_spans))
-        parts.append(_upb_each(data, starts, ends, range(stop, stop + 1), rejected, rejected_spans))
-        first = stop + 1
-    return OtlpTables.concat(parts)
+    """:func:`decode_frames` for the requests the compiled walk takes, and upb for each one it
+    does not (for all of them when the batch cannot be assembled): one odd request costs the
+    fast path only itself. Rejections go to ``rejected`` (whole requests) and
+    ``rejected_spans`` as (index, problem)."""
+    try:
+        tables, bad = _walk(data, starts, ends, strict=False)
+    except WireError:
+        return _upb_each(data, starts, ends, range(len(starts)), rejected, rejected_spans)
+    if not bad.size:
+        return tables
+    return OtlpTables.concat([tables, _upb_each(data, starts, ends, bad.tolist(), rejected, rejected_spans)])
 
 
-def _upb_each(data, starts, ends, indices: range, rejected: list, rejected_spans: list | None) -> OtlpTables:
+def _upb_each(data, starts, ends, indices, rejected: list, rejected_spans: list | None) -> OtlpTables:
     """upb's tables of the requests ``indices``, each bad one (or bad span) named by index."""
     cols = SpanColumns()
     for index in indices:
