@@ -7,10 +7,12 @@ cut out of the buffer in bulk (span names dictionary-encoded, only the distinct 
 ids become hex from their keys, and only rare values (doubles, bytes, arrays, key-value lists,
 events, links, resources, scopes) go through upb one by one.
 
-Anything unusual (groups, a length past its message, an id of odd length, invalid UTF-8, a
-resource, scope or attribute value given twice) raises :class:`WireError`; the caller then
-decodes request by request with upb, which names the bad record. Without numba every batch
-takes that path.
+A request the walk does not take (groups, a length past its message, an id of odd length, a
+resource, scope or attribute value given twice, a span without ids or with a timestamp of 0 or
+past int64) is decoded by upb alone, which rejects the bad request or span and names it
+(:func:`decode_frames_each`); what fails once the batch is walked (invalid UTF-8, a rare part
+upb refuses) sends the whole batch to upb. :func:`decode_frames` raises :class:`WireError`
+instead. Without numba, or with ``NEMO_TELEMETRY_COMPILED=0``, every batch takes upb's path.
 """
 
 from __future__ import annotations
