@@ -7,10 +7,12 @@ cut out of the buffer in bulk (span names dictionary-encoded, only the distinct 
 ids become hex from their keys, and only rare values (doubles, bytes, arrays, key-value lists,
 events, links, resources, scopes) go through upb one by one.
 
-Anything unusual (groups, a length past its message, an id of odd length, invalid UTF-8, a
-resource, scope or attribute value given twice) raises :class:`WireError`; the caller then
-decodes request by request with upb, which names the bad record. Without numba every batch
-takes that path.
+A request the walk does not take (groups, a length past its message, an id of odd length, a
+resource, scope or attribute value given twice, a span without ids or with a timestamp of 0 or
+past int64) is decoded by upb alone, which rejects the bad request or span and names it
+(:func:`decode_frames_each`); what fails once the batch is walked (invalid UTF-8, a rare part
+upb refuses) sends the whole batch to upb. :func:`decode_frames` raises :class:`WireError`
+instead. Without numba, or with ``NEMO_TELEMETRY_COMPILED=0``, every batch takes upb's path.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from nemo_telemetry.analysis._columns import AttributeRecords, OtlpTables, SpanArrays, SpanColumns, build_tables, compiled_kernels_enabled, grown_records, scratch_matrix, string_array, string_offsets
 from nemo_telemetry.analysis._otlp_proto import _extend_attributes, _value_string, decode_proto_request, event_problem, link_problem
 
-__all__ = ["WireError", "decode_requests", "decode_frames", "decode_batch"]
+__all__ = ["WireError", "decode_requests", "decode_frames", "decode_frames_each", "decode_batch"]
 
 _STRING, _BOOL, _INT, _DOUBLE = 1, 2, 3, 4  # AnyValue field numbers
 _SPECIAL = 16  # and beyond: a value written by upb (see _attribute_records)
@@ -55,6 +57,13 @@ def decode_frames(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Otl
     """The tables of the serialized requests at ``data[starts[i]:ends[i]]`` (uint8, read-only),
     e.g. frames read straight from a length-prefixed file; ``WireError`` when the fast path
     cannot. Nothing returned keeps a view of ``data``: the caller may reuse it."""
+    return _walk(data, starts, ends, strict=True)[0]
+
+
+def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, strict: bool) -> tuple[OtlpTables, np.ndarray]:
+    """The tables of the requests the compiled walk takes, and the indices of those it does not
+    (``WireError`` for the first of them when ``strict``). ``WireError`` too when the fast path
+    is off or the batch cannot be assembled (a rare part upb cannot read)."""
     k, s = _kernel()
     if data.flags.writeable:
         data = data.view()
@@ -67,23 +76,26 @@ def decode_frames(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Otl
     attrs = scratch_matrix("wire-attributes", k.ATTR_COLUMNS, 4 * guess)
     side = [np.zeros((max(16, 2 * len(starts)), k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)]
     side += [np.zeros((64, k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)]
+    errors = np.zeros(len(starts), dtype=np.int64)
     request = 0
     while True:
-        request, err = k.walk(data, starts, ends, request, counts, spans, attrs, *side, *names)
+        request, err = k.walk(data, starts, ends, request, counts, spans, attrs, *side, *names, errors)
         if err != k.E_ROOM:
             break
         spans, attrs = grown_records(spans, int(counts[0]), 1), grown_records(attrs, int(counts[1]), 1)
         side = [grown_records(a, int(c), 0) for a, c in zip(side, counts[2:6])]
-    if err < 0:
-        raise WireError(f"request {request}: {_problem(k, err)}")
+    bad = np.flatnonzero(errors)
+    if strict and bad.size:
+        first = int(bad[0])
+        raise WireError(f"request {first}: {_problem(k, int(errors[first]))}")
     n = int(counts[0])
     spans, attrs = spans[:, :n], attrs[:, : int(counts[1])]
     side = [a[: int(c)] for a, c in zip(side, counts[2:6])]
     if n == 0:
-        return OtlpTables.empty()
+        return OtlpTables.empty(), bad
     distinct = int(counts[6])
     try:
-        return _assemble(k, s, data, spans, attrs, *side, names[1][:distinct] if distinct >= 0 else None)
+        return _assemble(k, s, data, spans, attrs, *side, names[1][:distinct] if distinct >= 0 else None), bad
     except (DecodeError, ValueError) as exc:  # a rare part upb reads: bad UTF-8, nesting past the limit
         raise WireError(f"a resource, scope, event, link or value the fast path cannot read ({exc})") from None
 
@@ -269,21 +281,40 @@ def decode_batch(payloads: list[bytes], rejected_spans: list | None = None) -> t
     request. Each span rejected alone for a bad field (its request's other spans kept) is
     added to ``rejected_spans`` as (index, problem), when given.
 
-    When the fast path cannot take the batch, upb decodes it request by request, so one bad
-    request (or span) is rejected and named while the others are kept.
+    What the fast path cannot take, upb decodes request by request (see
+    :func:`decode_frames_each`), so one bad request (or span) is rejected and named while the
+    others are kept.
     """
+    rejected: list = []
+    tables = decode_frames_each(*_joined(payloads), rejected, rejected_spans)
+    return tables, rejected
+
+
+def decode_frames_each(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, rejected: list,
+                       rejected_spans: list | None = None) -> OtlpTables:
+    """:func:`decode_frames` for the requests the compiled walk takes, and upb for each one it
+    does not (for all of them when the batch cannot be assembled): one odd request costs the
+    fast path only itself. Rejections go to ``rejected`` (whole requests) and
+    ``rejected_spans`` as (index, problem)."""
     try:
-        return decode_requests(payloads), []
+        tables, bad = _walk(data, starts, ends, strict=False)
     except WireError:
-        pass
-    cols, rejected = SpanColumns(), []
-    for index, payload in enumerate(payloads):
+        return _upb_each(data, starts, ends, range(len(starts)), rejected, rejected_spans)
+    if not bad.size:
+        return tables
+    return OtlpTables.concat([tables, _upb_each(data, starts, ends, bad.tolist(), rejected, rejected_spans)])
+
+
+def _upb_each(data, starts, ends, indices, rejected: list, rejected_spans: list | None) -> OtlpTables:
+    """upb's tables of the requests ``indices``, each bad one (or bad span) named by index."""
+    cols = SpanColumns()
+    for index in indices:
         mark = cols.mark()
         try:
-            decode_proto_request(payload, cols)
+            decode_proto_request(data[starts[index] : ends[index]].tobytes(), cols)
         except (ValueError, RecursionError) as exc:
             cols.rollback(mark)
             rejected.append((index, str(exc)))
         if rejected_spans is not None:
             rejected_spans.extend((index, problem) for problem in cols.rejected[mark["rejected"] :])
-    return cols.to_tables(), rejected
+    return cols.to_tables()

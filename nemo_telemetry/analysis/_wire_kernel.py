@@ -11,8 +11,8 @@ Each message is read field by field on its tag: every field we read has a number
 its tag and (mostly) its length are one byte each, read inline; longer varints and fields we do
 not read go through the generic path, so any valid encoding, in any field order, reads as upb
 reads it. Field numbers are from ``opentelemetry/proto/{collector/trace,trace,common,resource}/v1``.
-An error returns a negative code and the caller falls back to upb request by request; so does
-a span with a bad field (E_SPAN), which the upb path rejects alone and names.
+A request with an error (a negative code) adds nothing and is left to upb, as is one with a
+span with a bad field (E_SPAN), which the upb path rejects alone and names.
 
 The walk's functions are compiled without reference counting (``_nrt=False``, as numba's own
 string kernels are): every array is borrowed from the caller for the whole call, and counting
@@ -512,19 +512,21 @@ def _request(buf, pos, end, request, counts, spans, attrs, resources, scopes, ev
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def walk(buf, starts, ends, first, counts, spans, attrs, resources, scopes, events, links, slots, names):
+def walk(buf, starts, ends, first, counts, spans, attrs, resources, scopes, events, links, slots, names, errors):
     """Record every span of the requests from ``first`` on, ``counts`` advancing with each;
-    span names are numbered as they come (``slots``, ``names``: see :func:`_name_code`).
+    span names are numbered as they come (``slots``, ``names``: see :func:`_name_code`). A
+    request the walk cannot take adds nothing and gets its error code in ``errors`` (OK for
+    the others): the caller decodes those with upb.
 
     Returns (next request, error): next request is ``starts.size`` when all are done; with
-    E_ROOM it is the request that did not fit (grow the arrays and call again from there);
-    with another error it is the malformed request.
+    E_ROOM it is the request that did not fit (grow the arrays and call again from there).
     """
     for request in range(first, starts.size):
         err = _request(buf, starts[request], ends[request], request, counts, spans, attrs, resources, scopes,
                        events, links, slots, names)
-        if err < 0:
+        if err == E_ROOM:
             return request, err
+        errors[request] = err
     return starts.size, OK
 
 

@@ -32,7 +32,7 @@ from nemo_telemetry.analysis._detect import (
 )
 from nemo_telemetry.analysis._otlp_json_fast import LINE_FALLBACK, LINE_OTHER_SIGNAL, decode_json_block
 from nemo_telemetry.analysis._otlp_json import decode_json_request
-from nemo_telemetry.analysis._otlp_wire import WireError, decode_batch, decode_frames
+from nemo_telemetry.analysis._otlp_wire import decode_batch, decode_frames_each
 from nemo_telemetry.analysis.metrics import dataset_metric_files
 from nemo_telemetry.analysis.logs import dataset_log_files
 from nemo_telemetry.analysis.commits import dataset_state
@@ -330,15 +330,13 @@ def _decode_json(request: object, cols: SpanColumns) -> list[str]:
 
 
 def _walk_block(block, rejected: list) -> OtlpTables:
-    """The tables of a block of protobuf requests, read in place by the compiled walk; when it
-    cannot take them, upb decodes them one by one and names each bad one."""
-    try:
-        return decode_frames(np.frombuffer(block.buffer, dtype=np.uint8), block.starts, block.ends)
-    except WireError:
-        bad: list = []
-        tables, requests = decode_batch([block.payload(index) for index in range(len(block.starts))], bad)
-        rejected.extend((block.where(index), problem, 1) for index, problem in sorted(requests + bad, key=lambda item: item[0]))
-        return tables
+    """The tables of a block of protobuf requests, read in place by the compiled walk; the
+    requests it cannot take upb decodes one by one, naming each bad one (or bad span)."""
+    bad: list = []
+    data = np.frombuffer(block.buffer, dtype=np.uint8)
+    tables = decode_frames_each(data, block.starts, block.ends, bad, bad)
+    rejected.extend((block.where(index), problem, 1) for index, problem in sorted(bad, key=lambda item: item[0]))
+    return tables
 
 
 def _drop_malformed_ids(tables: OtlpTables, report: Callable[[int], None]) -> OtlpTables:
