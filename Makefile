@@ -16,12 +16,16 @@ $(BIN)/python:
 	$(PIP) install --quiet --upgrade pip
 
 # Stamp files: reinstall only when pyproject.toml changes.
+# Each install ends with `nemo-telemetry warmup`: the ingest kernels compiled into their cache
+# once, so a newcomer's first command does not wait for the compiler.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(PIP) install --quiet -e '.[ray,http,plot]'
+	$(BIN)/nemo-telemetry warmup
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(PIP) install --quiet -e '.[test]'
+	$(BIN)/nemo-telemetry warmup
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed

@@ -39,3 +39,8 @@ class ListenError(NemoTelemetryError):
 class IncompleteDatasetWarning(UserWarning):
     """A dataset is read whose ingest began and did not finish: the spans of that ingest are
     not in it. The message names the ingest's inputs and the command that finishes it."""
+
+
+class CompiledPathWarning(UserWarning):
+    """The compiled ingest kernels must compile before a large input (once per cache), or one
+    failed and the reference path took its batch (same results, slower)."""

@@ -8,6 +8,10 @@ import pytest
 
 _TELEMETRY_ENV_PREFIXES = ("NEMO_TELEMETRY_", "OTEL_")
 
+# The suite tests the compiled decoders on small inputs too: outside tests only inputs of a few
+# MiB take them (nemo_telemetry/analysis/_compiled.py). Tests of that choice set "auto" themselves.
+os.environ.setdefault("NEMO_TELEMETRY_COMPILED", "1")
+
 
 # The telemetry variables as the session found them. Each test restores these, not what it found
 # at its own start: a module-scoped fixture that starts a driver writes NEMO_TELEMETRY_* into the

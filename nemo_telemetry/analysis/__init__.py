@@ -43,7 +43,8 @@ from nemo_telemetry.analysis.goodput import (
 )
 from nemo_telemetry.analysis.findings import FINDING_CODES, CheckReport, Finding, check_run
 from nemo_telemetry.analysis.intervals import merge_intervals
-from nemo_telemetry.errors import IncompleteDatasetWarning, IngestError
+from nemo_telemetry.analysis.warmup import KernelWarmUp, warm_up_kernels
+from nemo_telemetry.errors import CompiledPathWarning, IncompleteDatasetWarning, IngestError
 
 __all__ = [
     "SPANS_SCHEMA",
@@ -58,6 +59,9 @@ __all__ = [
     "ingest",
     "IngestSummary",
     "IngestWarning",
+    "CompiledPathWarning",
+    "KernelWarmUp",
+    "warm_up_kernels",
     "TraceTables",
     "load_traces",
     "read_spans",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -338,7 +337,9 @@ def compiled_kernels_enabled() -> bool:
     """Whether the decoders may use their compiled (numba) paths. ``NEMO_TELEMETRY_COMPILED=0``
     sends every input through the reference paths (orjson, upb), as a machine without numba
     does: to compare the two, or to rule the compiled ones out."""
-    return os.environ.get("NEMO_TELEMETRY_COMPILED", "1") != "0"
+    from nemo_telemetry.analysis import _compiled
+
+    return _compiled.mode() != "off"
 
 
 def _bytes_to_hex(ids: list, width: int) -> pa.Array:
@@ -485,10 +486,15 @@ def _promote(
     OpenTelemetry SDK does when a span sets an attribute twice). An integer column's value
     that is not a decimal integer stays in the map.
     """
-    try:
-        from nemo_telemetry.analysis import _flatten_kernel
-    except ImportError:  # numba missing
-        return _promote_arrow(counts, keys, values, owners, promoted)
+    from nemo_telemetry.analysis import _compiled
+
+    reference = lambda: _promote_arrow(counts, keys, values, owners, promoted)  # noqa: E731
+    compiled = lambda fk: _promote_compiled(fk, counts, keys, values, owners, promoted) or reference()  # noqa: E731
+    return _compiled.run(("_flatten_kernel",), len(keys), compiled, reference, unit="rows", passes=(ValueError,))
+
+
+def _promote_compiled(_flatten_kernel, counts, keys, values, owners, promoted):
+    """:func:`_promote` by the compiled kernel; None when it cannot (a full dictionary)."""
     counts = np.ascontiguousarray(counts, dtype=np.int64)
     names, name_offsets, is_int = _promoted_names(promoted)
     key_offsets, key_data, _ = _buffers(keys)
@@ -506,7 +512,7 @@ def _promote(
         *kept_keys, *kept_values, kept_valid, kept_counts,
     )
     if kept < 0:  # thousands of distinct values in a promoted string column: rare, not compiled
-        return _promote_arrow(counts, keys, values, owners, promoted)
+        return None
     dictionaries = [values.take(pa.array(entries[p, : entries[p, -1]])).cast(pa.string()) for p in range(len(promoted))]
     columns = _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries)
     return _kept_map(kept, kept_counts, kept_keys, kept_values, kept_valid), columns
@@ -515,41 +521,48 @@ def _promote(
 def _promote_records(counts: np.ndarray, records: AttributeRecords, owners: int, promoted: tuple[str, ...]):
     """:func:`_promote` reading the attributes where the decoder found them (see
     :class:`AttributeRecords`); the same result, without the arrays of every key and value."""
-    try:
-        from nemo_telemetry.analysis import _flatten_kernel as fk
-    except ImportError:  # numba missing
-        fk = None
-    if fk is not None:
-        r = records
-        counts = np.ascontiguousarray(counts, dtype=np.int64)
-        names, name_offsets, is_int = _promoted_names(promoted)
-        codes, numbers, number_valid = _promoted_room(len(promoted), owners)
-        slots = np.zeros((len(promoted), fk.DICTIONARY_SLOTS), dtype=np.int64)
-        dict_offsets = np.zeros((len(promoted), fk.DICTIONARY_SLOTS // 2 + 1), dtype=np.int32)
-        dict_data = np.empty(len(promoted) * fk.DICTIONARY_BYTES, dtype=np.uint8)  # column p's from p * BYTES
-        dict_count = np.zeros(len(promoted), dtype=np.int64)
-        key_bytes = int(r.key_length.sum())
-        value_bytes = fk.value_bytes(r.kind, r.value, r.length, r.special_offsets, r.kinds)
-        kept_keys = (string_offsets(r.kind.size, key_bytes), np.empty(key_bytes, dtype=np.uint8))
-        kept_values = (string_offsets(r.kind.size, value_bytes), np.empty(value_bytes, dtype=np.uint8))
-        kept_valid = np.empty(r.kind.size, dtype=np.bool_)
-        kept_counts = np.empty(owners, dtype=np.int64)
-        kept = fk.promote_records(
-            r.data, r.key_start, r.key_length, r.kind, r.value, r.length, r.special_offsets, r.special_data, r.kinds,
-            counts, name_offsets, names, is_int, codes, numbers, number_valid, slots, dict_offsets, dict_data,
-            dict_count, *kept_keys, *kept_values, kept_valid, kept_counts, np.empty(len(promoted), dtype=np.int64),
-            np.empty(len(promoted), dtype=np.bool_), np.empty(int(counts.max(initial=0)), dtype=np.int64),
-        )
-        if kept >= 0:
-            room = fk.DICTIONARY_BYTES
-            dictionaries = [  # copied: a few short strings, not the whole room
-                string_array(dict_offsets[p, : used + 1].copy(), dict_data[p * room : p * room + dict_offsets[p, used]].copy(), utf8_checked=True)
-                for p, used in enumerate(dict_count.tolist())
-            ]
-            columns = _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries)
-            return _kept_map(kept, kept_counts, kept_keys, kept_values, kept_valid), columns
-    keys, values = records.strings()  # non-ASCII text, a full dictionary or no numba: rare
-    return _promote(counts, keys, values, owners, promoted)
+    from nemo_telemetry.analysis import _compiled
+
+    def reference():
+        keys, values = records.strings()  # non-ASCII text, a full dictionary or no numba: rare
+        return _promote(counts, keys, values, owners, promoted)
+
+    compiled = lambda fk: _promote_records_compiled(fk, counts, records, owners, promoted) or reference()  # noqa: E731
+    return _compiled.run(("_flatten_kernel",), int(records.kind.size), compiled, reference, unit="rows",
+                         passes=(ValueError,))  # bad UTF-8: the decoder's own signal
+
+
+def _promote_records_compiled(fk, counts, records: AttributeRecords, owners: int, promoted: tuple[str, ...]):
+    """:func:`_promote_records` by the compiled kernel; None when it cannot."""
+    r = records
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    names, name_offsets, is_int = _promoted_names(promoted)
+    codes, numbers, number_valid = _promoted_room(len(promoted), owners)
+    slots = np.zeros((len(promoted), fk.DICTIONARY_SLOTS), dtype=np.int64)
+    dict_offsets = np.zeros((len(promoted), fk.DICTIONARY_SLOTS // 2 + 1), dtype=np.int32)
+    dict_data = np.empty(len(promoted) * fk.DICTIONARY_BYTES, dtype=np.uint8)  # column p's from p * BYTES
+    dict_count = np.zeros(len(promoted), dtype=np.int64)
+    key_bytes = int(r.key_length.sum())
+    value_bytes = fk.value_bytes(r.kind, r.value, r.length, r.special_offsets, r.kinds)
+    kept_keys = (string_offsets(r.kind.size, key_bytes), np.empty(key_bytes, dtype=np.uint8))
+    kept_values = (string_offsets(r.kind.size, value_bytes), np.empty(value_bytes, dtype=np.uint8))
+    kept_valid = np.empty(r.kind.size, dtype=np.bool_)
+    kept_counts = np.empty(owners, dtype=np.int64)
+    kept = fk.promote_records(
+        r.data, r.key_start, r.key_length, r.kind, r.value, r.length, r.special_offsets, r.special_data, r.kinds,
+        counts, name_offsets, names, is_int, codes, numbers, number_valid, slots, dict_offsets, dict_data,
+        dict_count, *kept_keys, *kept_values, kept_valid, kept_counts, np.empty(len(promoted), dtype=np.int64),
+        np.empty(len(promoted), dtype=np.bool_), np.empty(int(counts.max(initial=0)), dtype=np.int64),
+    )
+    if kept >= 0:
+        room = fk.DICTIONARY_BYTES
+        dictionaries = [  # copied: a few short strings, not the whole room
+            string_array(dict_offsets[p, : used + 1].copy(), dict_data[p * room : p * room + dict_offsets[p, used]].copy(), utf8_checked=True)
+            for p, used in enumerate(dict_count.tolist())
+        ]
+        columns = _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries)
+        return _kept_map(kept, kept_counts, kept_keys, kept_values, kept_valid), columns
+    return None
 
 
 def _promoted_names(promoted: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -676,26 +689,29 @@ def _per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
     counts = sizes[index]
     offsets = np.zeros(len(index) + 1, dtype=np.int32)
     np.cumsum(counts, out=offsets[1:])
-    try:
-        from nemo_telemetry.analysis._flatten_kernel import repeat_owner_strings
-    except ImportError:  # numba missing
-        repeat_owner_strings = None
-    if repeat_owner_strings is None or values.null_count:
+    from nemo_telemetry.analysis import _compiled
+
+    def taken() -> pa.MapArray:
         # entry j of span i comes from first[index[i]] + j
         flat = np.repeat(first[:-1][index] - offsets[:-1], counts) + np.arange(offsets[-1], dtype=np.int64)
         take = pa.array(flat)
         return pa.MapArray.from_arrays(pa.array(offsets), keys.take(take), values.take(take))
-    index = np.ascontiguousarray(index, dtype=np.int64)
+
+    if values.null_count:
+        return taken()
     spans_of_owner = np.bincount(index, minlength=len(entries))
 
-    def repeated(strings: pa.Array) -> pa.Array:
-        owner_offsets, owner_data, _ = _buffers(strings)
-        total = int(((owner_offsets[first[1:]] - owner_offsets[first[:-1]]) * spans_of_owner).sum())
-        out_offsets, out_data = string_offsets(int(offsets[-1]), total), np.empty(total, dtype=np.uint8)
-        repeat_owner_strings(owner_offsets, owner_data, first, index, out_offsets, out_data)
-        return string_array(out_offsets, out_data, utf8_checked=True)
+    def copied(fk) -> pa.MapArray:
+        def repeated(strings: pa.Array) -> pa.Array:
+            owner_offsets, owner_data, _ = _buffers(strings)
+            total = int(((owner_offsets[first[1:]] - owner_offsets[first[:-1]]) * spans_of_owner).sum())
+            out_offsets, out_data = string_offsets(int(offsets[-1]), total), np.empty(total, dtype=np.uint8)
+            fk.repeat_owner_strings(owner_offsets, owner_data, first, np.ascontiguousarray(index, dtype=np.int64), out_offsets, out_data)
+            return string_array(out_offsets, out_data, utf8_checked=True)
 
-    return pa.MapArray.from_arrays(pa.array(offsets), repeated(keys), repeated(values))
+        return pa.MapArray.from_arrays(pa.array(offsets), repeated(keys), repeated(values))
+
+    return _compiled.run(("_flatten_kernel",), int(offsets[-1]), copied, taken, unit="rows", passes=(ValueError,))
 
 
 def _resource_columns(resources: list[dict], index: pa.Array) -> dict[str, pa.Array]:

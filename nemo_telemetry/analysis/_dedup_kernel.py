@@ -1,5 +1,6 @@
 """Compiled helpers for span deduplication: id keys straight from Arrow's string buffers and an
-open-addressing hash set of (trace id, span id) as three uint64 words.
+open-addressing hash set of (trace id, span id) as three uint64 words. ``_dedup_reference``
+does the same without numba, on the same set.
 
 A sorted array of 24-byte keys costs a sort and an ``np.insert`` of the whole history per
 batch; the hash set costs one probe per span, whatever the history holds.
@@ -10,10 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-_HEX_VALUE = np.full(256, -1, dtype=np.int64)
-_HEX_VALUE[np.frombuffer(b"0123456789", dtype=np.uint8)] = np.arange(10)
-_HEX_VALUE[np.frombuffer(b"abcdef", dtype=np.uint8)] = np.arange(10, 16)
-_HEX_VALUE[np.frombuffer(b"ABCDEF", dtype=np.uint8)] = np.arange(10, 16)
+from nemo_telemetry.analysis._dedup_reference import HEX_VALUE as _HEX_VALUE
 
 
 @njit(cache=True, nogil=True)

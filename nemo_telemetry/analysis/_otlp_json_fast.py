@@ -16,20 +16,13 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, compiled_kernels_enabled, text_id_hex, grown_records, scratch_matrix, special_rows, string_array
+from nemo_telemetry.analysis import _compiled
+from nemo_telemetry.analysis._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, text_id_hex, grown_records, scratch_matrix, special_rows, string_array
 from nemo_telemetry.analysis._otlp_json import _attribute_dict, _extend_attributes, any_value_to_python, event_problem, link_problem, scope_name_version, value_to_string
 
 __all__ = ["decode_json_lines", "decode_json_block", "LINE_OK", "LINE_OTHER_SIGNAL", "LINE_FALLBACK", "LINE_BLANK"]
 
 LINE_OK, LINE_OTHER_SIGNAL, LINE_FALLBACK, LINE_BLANK = 0, 1, 2, 3
-
-
-def _kernels():
-    if not compiled_kernels_enabled():
-        raise ImportError("NEMO_TELEMETRY_COMPILED=0")
-    from nemo_telemetry.analysis import _json_kernel, _strings_kernel
-
-    return _json_kernel, _strings_kernel
 
 
 def decode_json_lines(lines: list[bytes]) -> tuple[OtlpTables, np.ndarray]:
@@ -40,11 +33,18 @@ def decode_json_lines(lines: list[bytes]) -> tuple[OtlpTables, np.ndarray]:
 
 
 def decode_json_block(buffer: bytes | memoryview, starts: np.ndarray, ends: np.ndarray) -> tuple[OtlpTables, np.ndarray]:
-    """Like :func:`decode_json_lines` for the lines ``buffer[starts[i]:ends[i]]`` of one block."""
-    try:
-        k, w = _kernels()
-    except ImportError:  # numba missing: every line takes the orjson path
+    """Like :func:`decode_json_lines` for the lines ``buffer[starts[i]:ends[i]]`` of one block;
+    every line is LINE_FALLBACK (for the orjson path) when the seam (``_compiled``) says the
+    block is too small for the compiled scan, or the scan fails."""
+
+    def orjson_path() -> tuple[OtlpTables, np.ndarray]:
         return OtlpTables.empty(), np.full(starts.size, LINE_FALLBACK, dtype=np.int8)
+
+    scan = lambda k, w: _scan(k, w, buffer, starts, ends)  # noqa: E731
+    return _compiled.run(("_json_kernel", "_strings_kernel"), len(buffer), scan, orjson_path)
+
+
+def _scan(k, w, buffer: bytes | memoryview, starts: np.ndarray, ends: np.ndarray) -> tuple[OtlpTables, np.ndarray]:
     data = np.frombuffer(buffer, dtype=np.uint8)
     data.flags.writeable = False  # one compiled signature for bytes and bytearray blocks
     status = np.zeros(starts.size, dtype=np.int8)

@@ -24,7 +24,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from nemo_telemetry.analysis._columns import AttributeRecords, OtlpTables, SpanArrays, SpanColumns, build_tables, compiled_kernels_enabled, grown_records, scratch_matrix, string_array, string_offsets
+from nemo_telemetry.analysis import _compiled
+from nemo_telemetry.analysis._columns import AttributeRecords, OtlpTables, SpanArrays, SpanColumns, build_tables, grown_records, scratch_matrix, string_array, string_offsets
 from nemo_telemetry.analysis._otlp_proto import _extend_attributes, _value_string, decode_proto_request, event_problem, link_problem
 
 __all__ = ["WireError", "decode_requests", "decode_frames", "decode_frames_each", "decode_batch"]
@@ -38,14 +39,18 @@ class WireError(ValueError):
     """The batch is not plain OTLP protobuf the fast path handles; decode it request by request."""
 
 
-def _kernel():
-    if not compiled_kernels_enabled():
-        raise WireError("fast protobuf path switched off (NEMO_TELEMETRY_COMPILED=0)")
-    try:
-        from nemo_telemetry.analysis import _strings_kernel, _wire_kernel
-    except ImportError as exc:  # numba missing or broken: the upb path still works
-        raise WireError(f"fast protobuf path unavailable ({exc})") from None
-    return _wire_kernel, _strings_kernel
+_KERNELS = ("_wire_kernel", "_strings_kernel")
+
+
+def _fast_path_not_taken():
+    raise WireError("fast protobuf path not taken (small batch, NEMO_TELEMETRY_COMPILED=0, or no working numba)")
+
+
+def _walked(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, strict: bool) -> tuple[OtlpTables, np.ndarray]:
+    """:func:`_walk` through the seam (``_compiled``): ``WireError`` when it is not taken."""
+    size = int(ends[-1] - starts[0]) if len(starts) else 0
+    return _compiled.run(_KERNELS, size, lambda k, s: _walk(k, s, data, starts, ends, strict), _fast_path_not_taken,
+                         passes=(WireError,))
 
 
 def decode_requests(payloads: list[bytes]) -> OtlpTables:
@@ -57,14 +62,13 @@ def decode_frames(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Otl
     """The tables of the serialized requests at ``data[starts[i]:ends[i]]`` (uint8, read-only),
     e.g. frames read straight from a length-prefixed file; ``WireError`` when the fast path
     cannot. Nothing returned keeps a view of ``data``: the caller may reuse it."""
-    return _walk(data, starts, ends, strict=True)[0]
+    return _walked(data, starts, ends, strict=True)[0]
 
 
-def _walk(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, strict: bool) -> tuple[OtlpTables, np.ndarray]:
+def _walk(k, s, data: np.ndarray, starts: np.ndarray, ends: np.ndarray, strict: bool) -> tuple[OtlpTables, np.ndarray]:
     """The tables of the requests the compiled walk takes, and the indices of those it does not
     (``WireError`` for the first of them when ``strict``). ``WireError`` too when the fast path
-    is off or the batch cannot be assembled (a rare part upb cannot read)."""
-    k, s = _kernel()
+    cannot be assembled (a rare part upb cannot read)."""
     if data.flags.writeable:
         data = data.view()
         data.flags.writeable = False  # the kernels are compiled for read-only buffers
@@ -297,7 +301,7 @@ def decode_frames_each(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, r
     fast path only itself. Rejections go to ``rejected`` (whole requests) and
     ``rejected_spans`` as (index, problem)."""
     try:
-        tables, bad = _walk(data, starts, ends, strict=False)
+        tables, bad = _walked(data, starts, ends, strict=False)
     except WireError:
         return _upb_each(data, starts, ends, range(len(starts)), rejected, rejected_spans)
     if not bad.size:

@@ -41,6 +41,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+from nemo_telemetry.analysis import _compiled
 from nemo_telemetry.analysis._columns import OtlpTables, SpanColumns
 from nemo_telemetry.analysis._otlp_json import decode_json_request
 from nemo_telemetry.analysis._otlp_wire import decode_batch
@@ -262,7 +263,9 @@ def _open_session(root: Path) -> DatasetWriter:
 
 def _load_kernels() -> None:
     """Load the compiled decoder and dedup kernels (compiling them, once per machine, when their
-    cache is empty) before listening, so that no exporter's first request waits for them."""
+    cache is empty) before listening, so that no exporter's first request waits for them;
+    loaded, the seam takes them for every request however small."""
+    _compiled.kernels(*_compiled.KERNEL_MODULES, work=_compiled.SMALL_BYTES)
     span = Span(trace_id=b"\1" * 16, span_id=b"\1" * 8, name="load", start_time_unix_nano=1, end_time_unix_nano=2)
     request = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])])
     tables, _ = _decode(request.SerializeToString(), _PROTOBUF_TYPES[0])

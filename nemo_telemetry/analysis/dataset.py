@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from nemo_telemetry.analysis import commits
+from nemo_telemetry.analysis import _compiled, _dedup_reference, commits
 from nemo_telemetry.analysis._columns import SPANS_TABLE_SCHEMA, OtlpTables
 from nemo_telemetry.analysis.partitions import split_by_partition
 from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, ITERATION, LINKS_SCHEMA
@@ -119,13 +119,13 @@ class SpanDeduplicator:
         if len(keys) == 0:
             return fresh
         self._reserve(len(keys))
-        self._count += _dedup_kernel().admit(self._table, self._used, keys, fresh)
+        self._count += _dedup("admit", len(keys), self._table, self._used, keys, fresh)
         return fresh
 
     def forget(self, keys: np.ndarray) -> None:
         """Remove ``keys`` (rows of ``span_keys``) from the set: spans that were not stored after all."""
         if len(keys):
-            self._count -= _dedup_kernel().forget(self._table, self._used, np.ascontiguousarray(keys))
+            self._count -= _dedup("forget", len(keys), self._table, self._used, np.ascontiguousarray(keys))
 
     def _reserve(self, more: int) -> None:
         """Keep the set at most half full after ``more`` insertions."""
@@ -135,14 +135,15 @@ class SpanDeduplicator:
         while 2 * (self._count + more) > capacity:
             capacity *= 2
         table, used = np.zeros((capacity, 3), dtype=np.uint64), np.zeros(capacity, dtype=np.bool_)
-        _dedup_kernel().rehash(self._table, self._used, table, used)
+        _dedup("rehash", self._count, self._table, self._used, table, used)
         self._table, self._used = table, used
 
 
-def _dedup_kernel():
-    from nemo_telemetry.analysis import _dedup_kernel
-
-    return _dedup_kernel
+def _dedup(function: str, rows: int, *args):
+    """``function`` of ``_dedup_kernel`` through the seam (``_compiled``), else of
+    ``_dedup_reference``: both work on the same set, so either may take any call."""
+    reference = getattr(_dedup_reference, function)
+    return _compiled.run(("_dedup_kernel",), rows, lambda k: getattr(k, function)(*args), lambda: reference(*args), unit="rows")
 
 
 def _string_buffers(column) -> tuple[np.ndarray, np.ndarray]:
@@ -165,7 +166,7 @@ def span_keys(spans: pa.Table) -> np.ndarray:
     if spans.num_rows == 0:
         return keys
     trace, span = spans.column("trace_id"), spans.column("span_id")
-    odd = _dedup_kernel().id_words(*_string_buffers(trace), *_string_buffers(span), keys)
+    odd = _dedup("id_words", len(keys), *_string_buffers(trace), *_string_buffers(span), keys)
     if odd.any():
         rows = np.flatnonzero(odd)
         parts = [pc.fill_null(column.take(rows).cast(pa.string()), "") for column in (trace, span)]

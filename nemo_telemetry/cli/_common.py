@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from nemo_telemetry.analysis import IncompleteDatasetWarning, IngestWarning
+from nemo_telemetry.analysis import CompiledPathWarning, IncompleteDatasetWarning, IngestWarning
 from nemo_telemetry.errors import NemoTelemetryError
 
 EXIT_OK = 0
@@ -40,7 +40,7 @@ def fail(message: str, code: int = EXIT_USAGE) -> "typer.Exit":
     return typer.Exit(code)
 
 
-_SHOWN_WARNINGS = (IncompleteDatasetWarning, IngestWarning)
+_SHOWN_WARNINGS = (IncompleteDatasetWarning, IngestWarning, CompiledPathWarning)
 _OS_ERROR_HINTS = {
     errno.ENOSPC: "free some space, then run the same command again",
     errno.EDQUOT: "free some space, then run the same command again",

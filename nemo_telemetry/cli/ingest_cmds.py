@@ -10,7 +10,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeE
 from rich.table import Table
 
 from nemo_telemetry.analysis import CollectorServer, CollectSummary, IngestSummary
-from nemo_telemetry.analysis import run_collector
+from nemo_telemetry.analysis import run_collector, warm_up_kernels
 from nemo_telemetry.analysis.ingest import FORMATS, dump_files
 from nemo_telemetry.analysis.streaming import ingest_with_engine
 from nemo_telemetry.cli._common import console, fail, library_errors, print_json
@@ -143,3 +143,18 @@ def _print_collect_summary(summary: CollectSummary, out: Path) -> None:
         elif value:
             table.add_row(name.replace("_", " "), value)
     console().print(table)
+
+
+@app.command()
+def warmup() -> None:
+    """Compile every ingest kernel once into the kernel cache (a Dockerfile or Ray runtime_env
+    setup step), so that no later command waits for the compiler; fast when already warm."""
+    with library_errors():
+        result = warm_up_kernels()
+    out = console()
+    for name, functions in result.compiled:
+        out.print(f"{name}: {', '.join(functions) or 'loaded'}")
+    for name, why in result.failed:
+        out.print(f"{name}: not compiled ({why}); its reference path serves instead")
+    where = result.cache_dir if result.cache_dir is not None else "nowhere (no writable cache directory)"
+    out.print(f"kernel cache: {where} ({result.seconds:.1f} s)", soft_wrap=True)

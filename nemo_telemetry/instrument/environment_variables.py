@@ -21,6 +21,9 @@ __all__ = [
     "NEMO_TELEMETRY_LOGS_ENABLED",
     "NEMO_TELEMETRY_RESOURCE_ATTRIBUTES",
     "NEMO_TELEMETRY_HOST_MEMORY_METRICS",
+    "NEMO_TELEMETRY_COMPILED",
+    "NEMO_TELEMETRY_KERNEL_CACHE_DIR",
+    "NEMO_TELEMETRY_KERNEL_FAULT",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_PROTOCOL",
@@ -61,6 +64,20 @@ derived from the trainer's config; workers add them to their resource."""
 
 NEMO_TELEMETRY_HOST_MEMORY_METRICS: Final = "NEMO_TELEMETRY_HOST_MEMORY_METRICS"
 """``1``/``true``: one process per node samples ``rl.host.memory.*`` (every 15 s)."""
+
+NEMO_TELEMETRY_COMPILED: Final = "NEMO_TELEMETRY_COMPILED"
+"""Analysis side: ``0`` sends every input through the reference paths (orjson, upb, numpy), as a
+machine without numba does; ``1`` takes the compiled (numba) kernels for every input, however
+small; unset (or ``auto``) takes them from a few MiB of input, where they beat their load time."""
+
+NEMO_TELEMETRY_KERNEL_CACHE_DIR: Final = "NEMO_TELEMETRY_KERNEL_CACHE_DIR"
+"""Analysis side: where the compiled kernels are cached (one sub-directory per digest of their
+sources); default ``NUMBA_CACHE_DIR``, else ``$XDG_CACHE_HOME/nemo-telemetry/kernels``, else
+``~/.cache/nemo-telemetry/kernels``, else the temporary directory: the first one writable."""
+
+NEMO_TELEMETRY_KERNEL_FAULT: Final = "NEMO_TELEMETRY_KERNEL_FAULT"
+"""Test hook: ``import``, ``compile`` or ``call`` makes every compiled kernel fail that way, to
+check that the reference paths take over with one warning. Never set it in production."""
 
 OTEL_EXPORTER_OTLP_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_ENDPOINT"
 """Standard OTLP endpoint for all signals (``http://collector:4318`` or ``http://collector:4317``)."""
