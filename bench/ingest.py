@@ -1,6 +1,7 @@
 """Ingest throughput and peak memory against the loops a user writes by hand, in one run.
 
     python bench/ingest.py [--spans 1000000] [--data bench/out/ingest] [--repeat 3] [--only NAME]
+    python bench/ingest.py --crossover [--repeat 3]   # where the compiled path starts to pay
 
 Generates a synthetic GRPO run (bench/out/, reused when present) as Collector JSON lines and
 as length-prefixed protobuf, then runs every measurement in its own subprocess so each peak RSS
@@ -209,23 +210,47 @@ def _compile_seconds() -> float:
     with tempfile.TemporaryDirectory() as cache:
         code = "import time, sys; sys.path.insert(0, %r); t = time.perf_counter(); import bench.ingest as b; " \
                "b._warm_up(); print(time.perf_counter() - t)" % str(ROOT)
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        env = dict(os.environ, NEMO_TELEMETRY_KERNEL_CACHE_DIR=cache)
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     return float(out.strip().splitlines()[-1])
 
 
 def _warm_up() -> None:
-    """Load (or, with an empty cache, compile) every kernel: a tiny file of each format read."""
-    import tempfile
+    """Load (or, with an empty cache, compile) every kernel: ``nemo-telemetry warmup``'s work."""
+    from nemo_telemetry.analysis import warm_up_kernels
 
-    from nemo_telemetry.analysis import load_traces
+    warm_up_kernels()
+
+
+def crossover(data: Path, repeat: int) -> None:
+    """Where the compiled path (numba imported, kernels loaded from a warm cache) starts to beat
+    the reference path, each timed as a whole fresh process reading one dump with ``load_traces``:
+    the figure ``_compiled.SMALL_BYTES`` cites."""
     from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_json_lines
     from nemo_telemetry.analysis.synthetic import write_length_prefixed
 
-    requests = list(synthetic_requests(22, ranks=1))
-    with tempfile.TemporaryDirectory() as tmp:
-        load_traces(write_json_lines(Path(tmp) / "w.jsonl", requests + requests))
-        load_traces(write_length_prefixed(Path(tmp) / "w.pb", [to_protobuf(r) for r in requests + requests]))
+    _warm_up()
+    folder = data / "crossover"
+    folder.mkdir(parents=True, exist_ok=True)
+    code = "import sys; from nemo_telemetry.analysis import load_traces; load_traces(sys.argv[1])"
+    print("load average before: %.2f %.2f %.2f" % os.getloadavg())
+    for spans in (1_000, 5_000, 20_000, 80_000):
+        requests = list(synthetic_requests(spans))
+        for path in (write_json_lines(folder / f"{spans}.jsonl", requests),
+                     write_length_prefixed(folder / f"{spans}.pb", [to_protobuf(r) for r in requests])):
+            walls = {}
+            for mode in ("0", "1"):
+                env = dict(os.environ, NEMO_TELEMETRY_COMPILED=mode)
+                times = []
+                for _ in range(repeat):
+                    start = time.perf_counter()
+                    subprocess.run([sys.executable, "-c", code, str(path)], check=True, env=env)
+                    times.append(time.perf_counter() - start)
+                walls[mode] = min(times)
+            size = path.stat().st_size
+            print(f"{path.suffix:7s} {spans:>7,} spans {size / 2**20:7.2f} MiB ({size / spans:.0f} B/span): reference "
+                  f"{walls['0']:.2f} s, compiled {walls['1']:.2f} s, compiled/reference {walls['1'] / walls['0']:.2f}")
+    print("load average after: %.2f %.2f %.2f" % os.getloadavg())
 
 
 # ---------------------------------------------------------------- the driver
@@ -255,8 +280,13 @@ def main() -> None:
     parser.add_argument("--only", help="run only measurements whose name contains this")
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs of each measurement, in turn; the fastest is reported (default 3)")
+    parser.add_argument("--crossover", action="store_true",
+                        help="time the reference and compiled paths on small dumps, whole process each")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.crossover:
+        crossover(args.data, args.repeat)
+        return
     if args.child:
         _child(args.child, args.data)
         return
