@@ -43,7 +43,7 @@ from nemo_telemetry.analysis.goodput import (
 )
 from nemo_telemetry.analysis.findings import FINDING_CODES, CheckReport, Finding, check_run
 from nemo_telemetry.analysis.intervals import merge_intervals
-from nemo_telemetry.analysis.warmup import KernelWarmUp, warm_up_kernels
+from nemo_telemetry.analysis.warmup import KernelWarmUp, kernels_compiling, warm_up_kernels
 from nemo_telemetry.errors import CompiledPathWarning, IncompleteDatasetWarning, IngestError
 
 __all__ = [
@@ -62,6 +62,7 @@ __all__ = [
     "CompiledPathWarning",
     "KernelWarmUp",
     "warm_up_kernels",
+    "kernels_compiling",
     "TraceTables",
     "load_traces",
     "read_spans",

@@ -44,7 +44,7 @@ from nemo_telemetry.instrument.environment_variables import (
     NEMO_TELEMETRY_KERNEL_FAULT,
 )
 
-__all__ = ["KERNEL_MODULES", "SMALL_BYTES", "SMALL_ROWS", "cache_dir", "kernels", "run", "mode", "broken", "source_digest", "warm_up_targets"]
+__all__ = ["KERNEL_MODULES", "SMALL_BYTES", "SMALL_ROWS", "cache_dir", "kernels", "run", "mode", "broken", "compiling", "source_digest", "warm_up_targets"]
 
 KERNEL_MODULES = ("_json_kernel", "_strings_kernel", "_wire_kernel", "_flatten_kernel", "_dedup_kernel")
 """Every compiled module; ``_words.py`` holds helpers compiled into them."""
@@ -65,6 +65,7 @@ T = TypeVar("T")
 _lock = threading.RLock()
 _loaded: dict[str, ModuleType] = {}
 _broken: dict[str, str] = {}  # module -> why it is off in this process
+_compiling: set[str] = set()  # modules imported with nothing cached, until their first call returns
 _announced = False
 
 
@@ -149,6 +150,7 @@ def _import(name: str) -> ModuleType:
     directory = cache_dir()
     if not _cached(directory, name):
         _announce(directory)
+        _compiling.add(name)
     previous = numba.config.CACHE_DIR
     numba.config.CACHE_DIR = str(directory) if directory else ""  # read as each kernel is decorated
     try:
@@ -233,7 +235,14 @@ def run(names: tuple[str, ...], work: int, compiled: Callable[..., T], reference
         raise
     except Exception as exc:  # noqa: BLE001 - telemetry analysis never ends on a broken kernel
         _fail(names, exc)
+    finally:
+        _compiling.difference_update(names)
     return reference()
+
+
+def compiling() -> bool:
+    """Whether a kernel with nothing cached is being compiled now (for a progress display)."""
+    return bool(_compiling)
 
 
 def warm_up_targets() -> list[tuple[str, list[str]]]:
@@ -265,5 +274,6 @@ def _reset_for_tests() -> None:
     with _lock:
         _loaded.clear()
         _broken.clear()
+        _compiling.clear()
         _announced = False
 

@@ -24,7 +24,7 @@ from nemo_telemetry.analysis.ingest import ingest
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_json_lines, write_length_prefixed
 from nemo_telemetry.instrument.environment_variables import NEMO_TELEMETRY_COMPILED
 
-__all__ = ["KernelWarmUp", "warm_up_kernels"]
+__all__ = ["KernelWarmUp", "kernels_compiling", "warm_up_kernels"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,12 @@ class KernelWarmUp:
     compiled: tuple[tuple[str, tuple[str, ...]], ...]
     failed: tuple[tuple[str, str], ...]
     seconds: float
+
+
+def kernels_compiling() -> bool:
+    """Whether the compiled kernels are compiling now (nothing cached for them): a progress
+    display shows it, since no progress is reported meanwhile."""
+    return _compiled.compiling()
 
 
 def warm_up_kernels() -> KernelWarmUp:

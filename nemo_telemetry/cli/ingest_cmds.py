@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from nemo_telemetry.analysis import CollectorServer, CollectSummary, IngestSummary
-from nemo_telemetry.analysis import run_collector, warm_up_kernels
+from nemo_telemetry.analysis import kernels_compiling, run_collector, warm_up_kernels
 from nemo_telemetry.analysis.ingest import FORMATS, dump_files
 from nemo_telemetry.analysis.streaming import ingest_with_engine
 from nemo_telemetry.cli._common import console, fail, library_errors, print_json
@@ -57,6 +58,7 @@ def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], tot
         DownloadColumn(),
         TextColumn("{task.fields[spans]:,} spans"),
         TimeElapsedColumn(),
+        _CompilingColumn(),
     )
     with Progress(*columns, console=console(stderr=True), transient=True) as progress:
         task = progress.add_task("ingest", total=total or None, spans=0)
@@ -65,6 +67,14 @@ def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], tot
             progress.update(task, completed=bytes_done, spans=spans_done)
 
         return ingest_with_engine(inputs, out=out, engine=engine, format=fmt, progress=update)
+
+
+class _CompilingColumn(ProgressColumn):
+    """Says so while the compiled kernels compile (no bytes move meanwhile); rendered on rich's
+    refresh thread, so it shows during the compilation itself."""
+
+    def render(self, task) -> Text:
+        return Text("compiling the ingest kernels (once)", style="yellow") if kernels_compiling() else Text("")
 
 
 def _print_summary(summary: IngestSummary, out: Path) -> None:

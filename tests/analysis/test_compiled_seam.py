@@ -136,3 +136,19 @@ def test_an_edited_kernel_source_gets_its_own_cache_dir(tmp_path):
     with open(tmp_path / "_words.py", "a") as f:
         f.write("# edited\n")
     assert _compiled.source_digest(tmp_path) != _compiled.source_digest()
+
+
+def test_loading_a_kernel_with_nothing_cached_says_so_once(tmp_path, monkeypatch, fresh_seam):
+    monkeypatch.setenv("NEMO_TELEMETRY_COMPILED", "auto")
+    monkeypatch.setenv("NEMO_TELEMETRY_KERNEL_CACHE_DIR", str(tmp_path / "empty-cache"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _compiled.kernels("_dedup_kernel", work=_compiled.SMALL_ROWS, unit="rows")
+        _compiled.kernels("_flatten_kernel", work=_compiled.SMALL_ROWS, unit="rows")
+    notices = [str(w.message) for w in caught if issubclass(w.category, CompiledPathWarning)]
+    assert len(notices) == 1 and notices[0].startswith("compiling the ingest kernels")
+    assert str(tmp_path / "empty-cache") in notices[0] and "nemo-telemetry warmup" in notices[0]
+    assert _compiled.compiling()  # until their first call returns: the ingest progress bar shows it
+    _compiled.run(("_dedup_kernel",), _compiled.SMALL_ROWS, lambda k: None, lambda: None, unit="rows")
+    _compiled.run(("_flatten_kernel",), _compiled.SMALL_ROWS, lambda k: None, lambda: None, unit="rows")
+    assert not _compiled.compiling()
