@@ -41,7 +41,8 @@ def decode_json_block(buffer: bytes | memoryview, starts: np.ndarray, ends: np.n
         return OtlpTables.empty(), np.full(starts.size, LINE_FALLBACK, dtype=np.int8)
 
     scan = lambda k, w: _scan(k, w, buffer, starts, ends)  # noqa: E731
-    return _compiled.run(("_json_kernel", "_strings_kernel"), len(buffer), scan, orjson_path)
+    size = int(ends[-1] - starts[0]) if starts.size else 0  # the lines, not the buffer's spare room
+    return _compiled.run(("_json_kernel", "_strings_kernel"), size, scan, orjson_path)
 
 
 def _scan(k, w, buffer: bytes | memoryview, starts: np.ndarray, ends: np.ndarray) -> tuple[OtlpTables, np.ndarray]:

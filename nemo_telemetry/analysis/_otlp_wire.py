@@ -12,7 +12,8 @@ resource, scope or attribute value given twice, a span without ids or with a tim
 past int64) is decoded by upb alone, which rejects the bad request or span and names it
 (:func:`decode_frames_each`); what fails once the batch is walked (invalid UTF-8, a rare part
 upb refuses) sends the whole batch to upb. :func:`decode_frames` raises :class:`WireError`
-instead. Without numba, or with ``NEMO_TELEMETRY_COMPILED=0``, every batch takes upb's path.
+instead. A batch the seam (``_compiled``) keeps off the compiled path (small, numba missing or
+broken, ``NEMO_TELEMETRY_COMPILED=0``) takes upb's path.
 """
 
 from __future__ import annotations

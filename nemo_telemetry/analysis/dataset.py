@@ -98,7 +98,8 @@ class SpanDeduplicator:
 
     Keys are the 24 raw id bytes as three uint64 words in a compiled open-addressing hash set
     (``_dedup_kernel``), so a batch costs one probe per span however much was seen before;
-    ids that are not 32/16 hex digits are keyed on a digest of their text.
+    ids that are not 32/16 hex digits are keyed on a digest of their text. Small batches (and
+    every batch without numba) take ``_dedup_reference``, which keeps the same set.
     """
 
     def __init__(self) -> None:

@@ -158,7 +158,10 @@ def _print_collect_summary(summary: CollectSummary, out: Path) -> None:
 @app.command()
 def warmup() -> None:
     """Compile every ingest kernel once into the kernel cache (a Dockerfile or Ray runtime_env
-    setup step), so that no later command waits for the compiler; fast when already warm."""
+    setup step), so that no later command waits for the compiler; fast when already warm.
+
+    Example (Dockerfile): RUN NEMO_TELEMETRY_KERNEL_CACHE_DIR=/opt/kernels nemo-telemetry warmup
+    """
     with library_errors():
         result = warm_up_kernels()
     out = console()
