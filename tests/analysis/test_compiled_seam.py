@@ -91,7 +91,8 @@ def test_auto_mode_takes_the_compiled_path_from_the_threshold(monkeypatch, fresh
 
 
 def test_dedup_reference_path_keeps_the_same_set_as_the_kernel(monkeypatch, fresh_seam):
-    from nemo_telemetry.analysis import _dedup_kernel
+    monkeypatch.setenv("NEMO_TELEMETRY_COMPILED", "1")
+    (_dedup_kernel,) = _compiled.kernels("_dedup_kernel", work=0)  # through the seam: its cache
 
     rng = np.random.default_rng(7)
     ids = [(rng.bytes(16).hex(), rng.bytes(8).hex()) for _ in range(3000)]
