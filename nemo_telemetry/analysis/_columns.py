@@ -31,7 +31,7 @@ from nemo_telemetry.analysis.schema import (
 )
 from nemo_telemetry.analysis.tree import hex_to_uint64
 
-__all__ = ["SpanColumns", "SpanArrays", "AttributeRecords", "build_tables", "SPANS_TABLE_SCHEMA", "OtlpTables", "ids_to_hex", "string_array", "special_rows", "scratch_matrix", "text_id_hex", "compiled_kernels_enabled"]
+__all__ = ["SpanColumns", "SpanArrays", "AttributeRecords", "build_tables", "SPANS_TABLE_SCHEMA", "OtlpTables", "ids_to_hex", "string_array", "special_rows", "scratch_matrix", "text_id_hex"]
 
 # What ingest writes: the spans table plus the uint64 id keys tree walks join on.
 SPANS_TABLE_SCHEMA = pa.schema(list(SPANS_SCHEMA) + list(ID_KEY_FIELDS))
@@ -331,15 +331,6 @@ def text_id_hex(text: str, width: int) -> str | None:
     except (binascii.Error, ValueError):
         return None
     return raw.hex() if len(raw) == width else None  # fromhex skips spaces: count the bytes
-
-
-def compiled_kernels_enabled() -> bool:
-    """Whether the decoders may use their compiled (numba) paths. ``NEMO_TELEMETRY_COMPILED=0``
-    sends every input through the reference paths (orjson, upb), as a machine without numba
-    does: to compare the two, or to rule the compiled ones out."""
-    from nemo_telemetry.analysis import _compiled
-
-    return _compiled.mode() != "off"
 
 
 def _bytes_to_hex(ids: list, width: int) -> pa.Array:
