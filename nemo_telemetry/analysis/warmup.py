@@ -64,7 +64,8 @@ def warm_up_kernels() -> KernelWarmUp:
             dedup = SpanDeduplicator()
             dedup.admit(tables.spans)
             dedup.forget(span_keys(tables.spans)[:1])
-            np.asarray(dedup.admit(tables.spans))
+            many = np.arange(3 * 1024, dtype=np.uint64).reshape(-1, 3)
+            dedup.admit(tables.spans, np.concatenate([many] * 2))  # past half full: the set grows (rehash)
     finally:
         if saved is None:
             os.environ.pop(NEMO_TELEMETRY_COMPILED, None)
