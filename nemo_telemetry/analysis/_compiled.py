@@ -1,14 +1,15 @@
 """The one seam in front of the compiled (numba) kernels: every kernel module is loaded here.
 
 A compiled path pays for itself only past some input size: importing numba and loading the
-kernels from the cache costs about a second, compiling them on a fresh install a minute, while
-the reference paths (orjson, upb, numpy) start at once. So :func:`kernels` answers, per call
+kernels from the cache costs about half a second, compiling them on a fresh install half a
+minute on 2 cores, while the reference paths (orjson, upb, numpy) start at once. So :func:`kernels` answers, per call
 site and per amount of work, whether the compiled path is worth taking:
 
 * ``NEMO_TELEMETRY_COMPILED=0``: never (every input takes the reference paths);
   ``NEMO_TELEMETRY_COMPILED=1``: always (tests of the compiled paths, ``warmup``);
-  unset or ``auto``: when the work reaches :data:`SMALL_BYTES` / :data:`SMALL_ROWS`, or the
-  module is already loaded in this process (then it costs nothing more).
+  unset or ``auto``: when the work reaches :data:`SMALL_BYTES` (:data:`SMALL_JSON_BYTES`,
+  :data:`SMALL_ROWS`), or the module is already loaded in this process (then it costs
+  nothing more).
 * A failure to import or to compile a kernel, or an exception raised by one, costs only the
   batch at hand: :func:`run` takes the reference path for it and warns once
   (:class:`~nemo_telemetry.errors.CompiledPathWarning`); that module stays off in this process.
@@ -44,22 +45,29 @@ from nemo_telemetry.instrument.environment_variables import (
     NEMO_TELEMETRY_KERNEL_FAULT,
 )
 
-__all__ = ["KERNEL_MODULES", "SMALL_BYTES", "SMALL_ROWS", "cache_dir", "kernels", "run", "mode", "broken", "compiling", "source_digest", "warm_up_targets"]
+__all__ = ["KERNEL_MODULES", "SMALL_BYTES", "SMALL_JSON_BYTES", "SMALL_ROWS", "cache_dir", "kernels", "run", "mode", "broken", "compiling", "source_digest", "warm_up_targets"]
 
 KERNEL_MODULES = ("_json_kernel", "_strings_kernel", "_wire_kernel", "_flatten_kernel", "_dedup_kernel")
 """Every compiled module; ``_words.py`` holds helpers compiled into them."""
 _SOURCES = KERNEL_MODULES + ("_words",)
 
 SMALL_BYTES = 4 << 20
-"""Input bytes below which a decoder takes its reference path when the kernels are not loaded
-yet. ``bench/ingest.py --crossover --repeat 1`` (fresh process each, warm cache, 2 shared
-cores, load 3.5-5.4, noisy): compiled/reference 1.5 at 0.15 MiB and 1.06 at 0.74 MiB of
-protobuf, 0.73 at 2.95 MiB; for JSON lines 1.18 at 2 MiB, 1.15 at 7.9 MiB, 0.87 at 32 MiB."""
+"""Protobuf bytes below which the walk takes upb's path when the kernels are not loaded yet.
+``bench/ingest.py --crossover --repeat 3`` (a fresh process each, warm cache, 2 shared cores,
+load 2.3-2.5), compiled/reference wall: 1.62 at 0.74 MiB, 1.30 at 2.95 MiB, 0.67 at 11.8 MiB;
+the rows of both formats cross at about 40,000 spans. Below the 16 MiB blocks and 8 MiB batches
+ingest reads, so a large input has whole batches past it."""
+
+SMALL_JSON_BYTES = 8 << 20
+"""JSON-lines bytes below which the scan leaves every line to orjson when the kernels are not
+loaded yet. The same run: 1.58 at 2 MiB, 1.28 at 7.9 MiB, 0.55 at 31.7 MiB; half a block."""
 
 SMALL_ROWS = 20_000
 """Spans (or attribute entries) below which dedup and attribute promotion take their
-reference paths when the kernels are not loaded yet: :data:`SMALL_BYTES` at the ~200 bytes a
-span of that bench's dumps (155 B protobuf, 416 B JSON)."""
+reference paths when the kernels are not loaded yet: half the crossover's 40,000 spans, where
+the reference set's Python probes cost ~2.5 µs a key (50 ms) against the kernel's load."""
+
+_THRESHOLDS = {"bytes": SMALL_BYTES, "json-bytes": SMALL_JSON_BYTES, "rows": SMALL_ROWS}
 
 T = TypeVar("T")
 _lock = threading.RLock()
@@ -135,7 +143,7 @@ def _announce(directory: Path | None) -> None:
     _announced = True
     where = f"cached in {directory}" if directory else "nothing cached: no writable cache directory"
     warnings.warn(
-        f"compiling the ingest kernels for this large input first (about a minute, once; {where}); "
+        f"compiling the ingest kernels for this large input first (about half a minute on 2 cores, once; {where}); "
         "`nemo-telemetry warmup` does it ahead of time", CompiledPathWarning, stacklevel=3,
     )
 
@@ -187,8 +195,8 @@ class _Faulty:
 
 
 def kernels(*names: str, work: int, unit: str = "bytes") -> tuple | None:
-    """The kernel modules ``names`` when the compiled path should take ``work`` (input bytes, or
-    rows with ``unit="rows"``); None for the reference path. A module that fails to import or
+    """The kernel modules ``names`` when the compiled path should take ``work`` (protobuf bytes;
+    JSON bytes with ``unit="json-bytes"``; rows with ``unit="rows"``); None for the reference path. A module that fails to import or
     compile warns once and stays off in this process."""
     how = mode()
     if how == "off":
@@ -197,7 +205,7 @@ def kernels(*names: str, work: int, unit: str = "bytes") -> tuple | None:
         if any(name in _broken for name in names):
             return None
         loaded = all(name in _loaded for name in names)
-        small = work < (SMALL_BYTES if unit == "bytes" else SMALL_ROWS)
+        small = work < _THRESHOLDS[unit]
         if how == "auto" and small and not loaded:
             return None
         try:

@@ -42,7 +42,7 @@ def decode_json_block(buffer: bytes | memoryview, starts: np.ndarray, ends: np.n
 
     scan = lambda k, w: _scan(k, w, buffer, starts, ends)  # noqa: E731
     size = int(ends[-1] - starts[0]) if starts.size else 0  # the lines, not the buffer's spare room
-    return _compiled.run(("_json_kernel", "_strings_kernel"), size, scan, orjson_path)
+    return _compiled.run(("_json_kernel", "_strings_kernel"), size, scan, orjson_path, unit="json-bytes")
 
 
 def _scan(k, w, buffer: bytes | memoryview, starts: np.ndarray, ends: np.ndarray) -> tuple[OtlpTables, np.ndarray]:
