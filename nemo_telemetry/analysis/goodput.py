@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from nemo_telemetry.analysis._arrays import BUCKETS, SpanArrays, span_arrays
 from nemo_telemetry.analysis.intervals import clipped_union_length, merge_intervals, union_length
-from nemo_telemetry.errors import NemoTelemetryError
+from nemo_telemetry.errors import NemoTelemetryError, UnknownRunError
 
 __all__ = [
     "STEP_SPAN_REGEX",
@@ -153,10 +153,7 @@ def run_filter(arrays: SpanArrays, run_id: str | None) -> np.ndarray:
     """Rows of run ``run_id`` (every row when None); a run that is not there is a clear error."""
     if run_id is None:
         return np.ones(len(arrays), dtype=bool)
-    if run_id not in arrays.runs:
-        present = ", ".join(repr(r) for r in arrays.runs if r is not None) or "none"
-        raise NemoTelemetryError(f"no run {run_id!r} in these spans (runs present: {present}); "
-                                 "pass one of them as --run / run_id")
+    UnknownRunError.unless_present(run_id, arrays.runs)
     return arrays.run == arrays.runs.index(run_id)
 
 

@@ -45,7 +45,7 @@ from nemo_telemetry.analysis.intervals import merge_intervals
 from nemo_telemetry.analysis.partitions import span_files, span_partitions
 from nemo_telemetry.analysis.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.tree import trace_mix
-from nemo_telemetry.errors import NemoTelemetryError
+from nemo_telemetry.errors import NemoTelemetryError, UnknownRunError
 
 __all__ = [
     "BATCH_ROWS",
@@ -559,10 +559,7 @@ class Attribution:
 def attribution(root: Path, scan: Scan, *, run_id: str | None = None) -> Attribution:
     """Check ``run_id``, then resolve the walks of every unstamped bucketed span through ``scan``."""
     order = run_order(root)
-    if run_id is not None and run_id not in order:
-        present = ", ".join(repr(r) for r in order) or "none"
-        raise NemoTelemetryError(f"no run {run_id!r} in these spans (runs present: {present}); "
-                                 "pass one of them as --run / run_id")
+    UnknownRunError.unless_present(run_id, order)
     files = span_files(root)
     resolved = resolve_attribution(scan, files, run_id=run_id)
     attributed = _KeyIndex.of(resolved["trace_key"].to_numpy(np.uint64), resolved["parent_key"].to_numpy(np.uint64),

@@ -46,7 +46,7 @@ from nemo_telemetry.analysis.intervals import merge_intervals
 from nemo_telemetry.analysis.partitions import span_files
 from nemo_telemetry.analysis.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.tree import with_id_keys
-from nemo_telemetry.errors import NemoTelemetryError
+from nemo_telemetry.errors import NemoTelemetryError, UnknownRunError
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 
 __all__ = ["FileMap", "MapReduce", "local_map", "local_map_reduce", "partitioned_check", "stream_check"]
@@ -573,10 +573,7 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
     codes = _Codes()
     for f in facts:
         codes.add(f)
-    if run_id is not None and run_id not in codes.runs:
-        present = ", ".join(repr(r) for r in codes.runs) or "none"
-        raise NemoTelemetryError(f"no run {run_id!r} in these spans (runs present: {present}); "
-                                 "pass one of them as --run / run_id")
+    UnknownRunError.unless_present(run_id, codes.runs)
     walked, missing = _walk(file_map, files, _concat(f["walks"] for f in facts), _concat(f["missing"] for f in facts))
     shared = _shared(facts, codes, walked, missing, run_id, files, tolerance_ns)
     groups, reduced = map_reduce(_file_findings, _reduce_findings, files, reducers, shared)
