@@ -25,8 +25,6 @@ never by the dataset: ``batch_rows`` sets the batch.
 from __future__ import annotations
 
 import dataclasses
-
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -38,14 +36,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from nemo_telemetry.analysis import goodput as _goodput
-from nemo_telemetry.analysis._arrays import BUCKETS, read_for_analysis, span_arrays
-from nemo_telemetry.analysis._arrays import GOODPUT_COLUMNS as GOODPUT_READ_COLUMNS
-from nemo_telemetry.analysis.dataset import is_dataset
+from nemo_telemetry.analysis._arrays import BUCKETS, span_arrays
 from nemo_telemetry.analysis.intervals import merge_intervals
 from nemo_telemetry.analysis.partitions import span_files, span_partitions
 from nemo_telemetry.analysis.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.tree import trace_mix
-from nemo_telemetry.errors import NemoTelemetryError, UnknownRunError
+from nemo_telemetry.errors import UnknownRunError
 
 __all__ = [
     "BATCH_ROWS",
@@ -69,10 +65,6 @@ __all__ = [
     "merged_steps",
     "partitioned_goodput",
     "stream_goodput",
-    "ENGINES",
-    "goodput_with_engine",
-    "check_with_engine",
-    "ingest_with_engine",
 ]
 
 BATCH_ROWS = 1 << 18
@@ -627,90 +619,3 @@ def partial_table(frame: pd.DataFrame) -> pa.Table:
 def stream_goodput(root: str | Path, *, run_id: str | None = None, batch_rows: int = BATCH_ROWS):
     """``run_goodput`` of a dataset too large for memory: one batch of ``batch_rows`` rows at a time."""
     return partitioned_goodput(Path(root), local_scan(batch_rows), run_id=run_id, compact_rows=4 * batch_rows)
-
-
-# -- choosing an engine (what the CLI calls) ---------------------------------------------------
-
-ENGINES = ("local", "ray")
-_IN_MEMORY_BYTES_PER_SPAN = 200  # decoded goodput columns plus the arrays built from them, measured
-
-
-def _dataset_rows(root: Path) -> int:
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in span_files(root))
-
-
-def _memory_budget() -> int:
-    """A quarter of the memory available now (what the in-memory path may take before streaming)."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
-    except (ValueError, OSError, AttributeError):  # not Linux: assume a laptop's 4 GB
-        return 4 << 30
-
-
-def _check_engine(engine: str) -> None:
-    if engine not in ENGINES:
-        raise NemoTelemetryError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
-
-
-def _dataset_for(source, engine: str) -> Path:
-    items = [source] if isinstance(source, (str, Path)) else list(source)
-    if len(items) != 1 or not is_dataset(Path(items[0])):
-        raise NemoTelemetryError(f"--engine {engine} reads a dataset directory: run `nemo-telemetry ingest "
-                                 "DUMPS... --out DATASET` (with --engine ray to decode in parallel) first")
-    return Path(items[0])
-
-
-def goodput_with_engine(source, *, engine: str = "local", run_id: str | None = None, by: str = "step",
-                        memory_budget: int | None = None) -> tuple[_goodput.RunGoodput, ...]:
-    """``run_goodput`` of a dataset or dump files on the chosen engine.
-
-    ``local`` works in memory, or streams the dataset a batch at a time when its goodput
-    columns would take more than ``memory_budget`` bytes (default: a quarter of the memory
-    available); ``ray`` runs Ray tasks over the dataset's files. ``by="rank"`` is in memory only.
-    """
-    _check_engine(engine)
-    from nemo_telemetry.analysis.metrics import with_step_metrics
-
-    return with_step_metrics(_goodput_on_engine(source, engine=engine, run_id=run_id, by=by,
-                                                memory_budget=memory_budget), source)
-
-
-def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
-                       memory_budget: int | None) -> tuple[_goodput.RunGoodput, ...]:
-    if engine == "ray":
-        if by != "step":
-            raise NemoTelemetryError(f"--by {by} runs on the local engine only; drop --engine ray")
-        from nemo_telemetry.analysis.engine_ray import ray_goodput
-
-        return ray_goodput(_dataset_for(source, engine), run_id=run_id)
-    items = [source] if isinstance(source, (str, Path)) else list(source)
-    budget = _memory_budget() if memory_budget is None else memory_budget
-    if (by == "step" and len(items) == 1 and is_dataset(Path(items[0]))
-            and _dataset_rows(Path(items[0])) * _IN_MEMORY_BYTES_PER_SPAN > budget):
-        return stream_goodput(items[0], run_id=run_id)
-    return _goodput.run_goodput(read_for_analysis(source, columns=GOODPUT_READ_COLUMNS), run_id=run_id, by=by)
-
-
-def check_with_engine(source, *, engine: str = "local", **options):
-    """``check_run`` over a dataset or dump files; on ``ray`` the findings are computed by Ray tasks
-    (:mod:`streaming_check`), the report being the same."""
-    _check_engine(engine)
-    if engine == "ray":
-        from nemo_telemetry.analysis.engine_ray import ray_check
-
-        return ray_check(_dataset_for(source, engine), **options)
-    from nemo_telemetry.analysis.findings import check_run
-
-    return check_run(read_for_analysis(source), **options)
-
-
-def ingest_with_engine(inputs, *, out, engine: str = "local", format: str | None = None, progress=None):
-    """``ingest`` on the chosen engine: ``ray`` decodes the files in parallel Ray tasks."""
-    _check_engine(engine)
-    if engine == "ray":
-        from nemo_telemetry.analysis.engine_ray import ray_ingest
-
-        return ray_ingest(inputs, out=out, format=format, progress=progress)
-    from nemo_telemetry.analysis.ingest import ingest
-
-    return ingest(inputs, out=out, format=format, progress=progress)

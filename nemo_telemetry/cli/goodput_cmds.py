@@ -19,7 +19,7 @@ from rich.text import Text
 from nemo_telemetry.analysis._arrays import GOODPUT_COLUMNS, read_for_analysis
 from nemo_telemetry.analysis.findings import SEVERITIES, CheckReport
 from nemo_telemetry.analysis.goodput import BUCKETS, STEP_COLUMNS, RunGoodput, goodput_document, run_goodput
-from nemo_telemetry.analysis.streaming import check_with_engine, goodput_with_engine
+from nemo_telemetry.analysis.engines import check_with_engine, goodput_with_engine
 from nemo_telemetry.cli._common import EXIT_FINDINGS, console, fail, library_errors, print_json
 from nemo_telemetry.cli.app import app
 
