@@ -16,10 +16,9 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from nemo_telemetry.analysis._arrays import GOODPUT_COLUMNS, read_for_analysis
-from nemo_telemetry.analysis.findings import SEVERITIES, CheckReport
-from nemo_telemetry.analysis.goodput import BUCKETS, STEP_COLUMNS, RunGoodput, goodput_document, run_goodput
-from nemo_telemetry.analysis.engines import check_with_engine, goodput_with_engine
+from nemo_telemetry.analysis import (BUCKETS, GOODPUT_COLUMNS, SEVERITIES, STEP_COLUMNS, CheckReport, RunGoodput,
+                                     check_with_engine, goodput_document, goodput_with_engine, read_for_analysis,
+                                     run_goodput)
 from nemo_telemetry.cli._common import EXIT_FINDINGS, console, fail, library_errors, print_json
 from nemo_telemetry.cli.app import app
 
@@ -60,7 +59,7 @@ def goodput_command(
         runs = goodput_with_engine(source, engine=engine, run_id=run, by=by)
         base = run_goodput(read_for_analysis(baseline, columns=GOODPUT_COLUMNS)) if baseline is not None else ()
         if plot is not None:
-            from nemo_telemetry.analysis.plots import write_goodput_plot  # noqa: PLC0415 (matplotlib is optional)
+            from nemo_telemetry.analysis import write_goodput_plot  # noqa: PLC0415 (matplotlib is optional)
 
             write_goodput_plot(runs, plot)
     if output == "json":
@@ -201,7 +200,7 @@ def _run_notes(run: RunGoodput, baseline: tuple[RunGoodput, ...]) -> list:
         notes.append(Text(f"slow step {out.iteration}: {_fmt(out.wall_s)} s > {_fmt(out.threshold_s)} s "
                           f"(median + 3 MAD); {out.bucket} grew most (+{_fmt(out.grew_by_s)} s)", style="cyan"))
     if baseline:
-        from nemo_telemetry.analysis.goodput import compare_runs  # noqa: PLC0415
+        from nemo_telemetry.analysis import compare_runs  # noqa: PLC0415
 
         other = next((b for b in baseline if b.run_id == run.run_id), baseline[0])
         notes.append(_baseline_table(run, other, compare_runs(run, other)))

@@ -9,10 +9,8 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from nemo_telemetry.analysis import CollectorServer, CollectSummary, IngestSummary
-from nemo_telemetry.analysis import run_collector
-from nemo_telemetry.analysis.ingest import FORMATS, dump_files
-from nemo_telemetry.analysis.engines import ingest_with_engine
+from nemo_telemetry.analysis import (FORMATS, CollectorServer, CollectSummary, IngestSummary, dump_files,
+                                     ingest_with_engine, run_collector)
 from nemo_telemetry.cli._common import console, fail, library_errors, print_json
 from nemo_telemetry.cli.app import app
 from nemo_telemetry.errors import ListenError

@@ -11,8 +11,8 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.style import Style
 
-from nemo_telemetry.analysis import read_spans
-from nemo_telemetry.analysis.waterfall import DEFAULT_COLLAPSE_THRESHOLD, Waterfall, waterfall
+from nemo_telemetry.analysis import (DEFAULT_COLLAPSE_THRESHOLD, Waterfall, read_logs, read_spans, to_chrome_trace,
+                                     to_html, waterfall)
 from nemo_telemetry.cli._common import console, fail, library_errors
 from nemo_telemetry.cli.app import app
 
@@ -60,15 +60,10 @@ def _export(spans, path: Path, *, run, trace, step, source) -> None:
     if path.suffix.lower() == ".json":
         import json  # noqa: PLC0415
 
-        from nemo_telemetry.analysis.perfetto import to_chrome_trace  # noqa: PLC0415
-
         document = to_chrome_trace(spans, run_id=run, trace_id=trace, step=step)
         path.write_text(json.dumps(document, separators=(",", ":")), encoding="utf-8")
         what = f"{sum(1 for e in document['traceEvents'] if e['ph'] == 'X')} spans, open it in ui.perfetto.dev"
     else:
-        from nemo_telemetry.analysis import read_logs  # noqa: PLC0415
-        from nemo_telemetry.analysis.html_view import to_html  # noqa: PLC0415
-
         logs = read_logs(source)
         path.write_text(to_html(spans, run_id=run, trace_id=trace, step=step, logs=logs), encoding="utf-8")
         what = "open it in a browser"
