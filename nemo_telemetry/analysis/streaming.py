@@ -516,7 +516,7 @@ def _finish(merged: pd.DataFrame, run_order: Sequence[str | None]) -> tuple[_goo
             outside_steps=_goodput.outside_summary(
                 outside_sums, int(outside["count"].sum()), int(outside.loc[~outside["stamped"], "count"].sum()),
                 np.unique(outside.loc[outside["stamped"], "iteration"].to_numpy(np.int64))),
-            job_wall_s=_job_wall(jobs[jobs["code"] == code]), outliers=_goodput._outliers(frame)))
+            job_wall_s=_job_wall(jobs[jobs["code"] == code]), outliers=_goodput.step_outliers(frame)))
     return tuple(out)
 
 

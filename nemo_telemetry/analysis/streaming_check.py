@@ -542,7 +542,7 @@ def _context(rows: pd.DataFrame, codes: _Codes, steps, table: pd.DataFrame, opti
     iteration = rows["iteration"].to_numpy(np.int64) if len(rows) else empty
     iteration = np.concatenate([iteration, np.full(n - len(iteration), -1, np.int64)])
     stamped = np.concatenate([rows["stamped"].to_numpy(bool), np.zeros(n - len(rows), bool)])
-    analysis = _goodput._Analysis(
+    analysis = _goodput.Analysis(
         arrays=arrays, keep=np.ones(n, bool) if keep is None else keep, steps=steps, bucketed=bucketed,
         bucketed_iteration=iteration[bucketed], bucketed_stamped=stamped[bucketed], walked=walked,
         walked_iteration=iteration[walked], walked_stamped=stamped[walked],
