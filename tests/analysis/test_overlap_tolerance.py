@@ -66,6 +66,7 @@ def write_js_dataset(root: Path) -> Path:
     writer = DatasetWriter(root)
     for offset in range(0, spans.num_rows, 5):
         writer.write(OtlpTables(spans.slice(offset, 5), EVENTS_SCHEMA.empty_table(), LINKS_SCHEMA.empty_table()))
+    writer.close()  # readers read committed files only
     return root
 
 
