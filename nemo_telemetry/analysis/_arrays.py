@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -19,8 +18,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from nemo_telemetry.analysis.commits import committed_files
-from nemo_telemetry.analysis.dataset import is_dataset
 from nemo_telemetry.analysis.ingest import read_spans
+from nemo_telemetry.analysis.sources import single_dataset
 from nemo_telemetry.analysis.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
 from nemo_telemetry.analysis.tree import parent_indices, trace_mix, with_id_keys
 from nemo_telemetry.errors import IngestError
@@ -59,10 +58,10 @@ def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.
     A dataset is projected onto ``columns`` (:data:`READ_COLUMNS`: what check reads;
     :data:`GOODPUT_COLUMNS`: what goodput reads); raw files are ingested whole in memory.
     """
-    items = [source] if isinstance(source, (str, Path)) else list(source)
-    if len(items) != 1 or not is_dataset(Path(items[0])):
+    root = single_dataset(source)
+    if root is None:
         return read_spans(source)
-    files = [str(p) for p in committed_files(Path(items[0]), "spans")]
+    files = [str(p) for p in committed_files(root, "spans")]
     if not files:
         return read_spans(source)
     try:
@@ -74,7 +73,7 @@ def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.
             columns += [c for c in ("trace_id", "span_id", "parent_span_id") if c in names and c not in columns]
         return dataset.to_table(columns=columns, batch_size=_READ_BATCH_ROWS)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise IngestError(f"{items[0]}: cannot read the spans table ({exc}); re-run nemo-telemetry ingest") from None
+        raise IngestError(f"{root}: cannot read the spans table ({exc}); re-run nemo-telemetry ingest") from None
 
 
 def _codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 from nemo_telemetry.analysis import goodput as _goodput
 from nemo_telemetry.analysis._arrays import GOODPUT_COLUMNS as GOODPUT_READ_COLUMNS
 from nemo_telemetry.analysis._arrays import read_for_analysis
-from nemo_telemetry.analysis.dataset import is_dataset
 from nemo_telemetry.analysis.partitions import span_files
+from nemo_telemetry.analysis.sources import single_dataset
 from nemo_telemetry.analysis.streaming import stream_goodput
 from nemo_telemetry.errors import NemoTelemetryError
 
@@ -44,11 +44,11 @@ def _check_engine(engine: str) -> None:
 
 
 def _dataset_for(source, engine: str) -> Path:
-    items = [source] if isinstance(source, (str, Path)) else list(source)
-    if len(items) != 1 or not is_dataset(Path(items[0])):
+    root = single_dataset(source)
+    if root is None:
         raise NemoTelemetryError(f"--engine {engine} reads a dataset directory: run `nemo-telemetry ingest "
                                  "DUMPS... --out DATASET` (with --engine ray to decode in parallel) first")
-    return Path(items[0])
+    return root
 
 
 def goodput_with_engine(source, *, engine: str = "local", run_id: str | None = None, by: str = "step",
@@ -74,11 +74,10 @@ def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
         from nemo_telemetry.analysis.engine_ray import ray_goodput
 
         return ray_goodput(_dataset_for(source, engine), run_id=run_id)
-    items = [source] if isinstance(source, (str, Path)) else list(source)
+    root = single_dataset(source)
     budget = _memory_budget() if memory_budget is None else memory_budget
-    if (by == "step" and len(items) == 1 and is_dataset(Path(items[0]))
-            and _dataset_rows(Path(items[0])) * _IN_MEMORY_BYTES_PER_SPAN > budget):
-        return stream_goodput(items[0], run_id=run_id)
+    if by == "step" and root is not None and _dataset_rows(root) * _IN_MEMORY_BYTES_PER_SPAN > budget:
+        return stream_goodput(root, run_id=run_id)
     return _goodput.run_goodput(read_for_analysis(source, columns=GOODPUT_READ_COLUMNS), run_id=run_id, by=by)
 
 

@@ -14,7 +14,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Union
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -41,10 +41,10 @@ from nemo_telemetry.analysis.dataset import (
     SpanDeduplicator,
     _owned_by,
     drop_duplicates,
-    is_dataset,
     read_dataset,
     span_keys,
 )
+from nemo_telemetry.analysis.sources import Source, split_sources
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
@@ -61,7 +61,6 @@ __all__ = [
     "ingest_inputs",
 ]
 
-Source = Union[str, Path, Iterable[Union[str, Path]]]
 ProgressCallback = Callable[[int, int], None]
 BATCH_SPANS = 1 << 16  # spans decoded before a batch is converted and written
 # Requests held before they are decoded together. Half a read block: a full block (16 MiB) is a
@@ -456,9 +455,7 @@ def ingest_inputs(inputs: Source) -> list[str]:
 
 def load_traces(source: Source, *, format: str | None = None) -> TraceTables:
     """The three tables of a dataset directory, raw dump files, directories of them, or a list."""
-    items = [source] if isinstance(source, (str, Path)) else list(source)
-    datasets = [Path(item) for item in items if is_dataset(Path(item))]
-    raw = [item for item in items if not is_dataset(Path(item))]
+    datasets, raw = split_sources(source)
     states = [dataset_state(d) for d in datasets]  # one warning per incomplete dataset, not per table
     parts = [OtlpTables(*(read_dataset(s.root, t, state=s) for t in ("spans", "events", "links"))) for s in states]
     summary = IngestSummary()
