@@ -24,7 +24,6 @@ never by the dataset: ``batch_rows`` sets the batch.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -51,6 +50,7 @@ __all__ = [
     "Scan",
     "local_scan",
     "goodput_partial",
+    "climb",
     "walk_starts",
     "ancestor_rows",
     "resolve_attribution",
@@ -126,9 +126,12 @@ def _candidates(arrays, run_id: str | None) -> np.ndarray:
     return (arrays.bucket >= 0) & arrays.valid_interval & _keep_run(arrays, run_id)
 
 
-def _climb(batch: pa.Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """From each of ``rows``, up the tree as far as ``batch`` holds it: (stamped, iteration, the next
-    ancestor's key when the walk leaves the batch, else 0). A walk stops at a stamped span or a root."""
+def climb(batch: pa.Table, rows: np.ndarray, *, bucketed: np.ndarray | None = None
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """From each of ``rows``, up the tree as far as ``batch`` holds it (the one climb both partitioned
+    engines make): (stamped, iteration, the next ancestor's key when the walk leaves the batch, else 0,
+    the row of the nearest span that ``bucketed`` marks or -1). A walk starts at its own row and stops
+    at a root, or once it met a stamped span (and, with ``bucketed``, a bucketed one)."""
     trace, span, parent = _u64(batch, "trace_key"), _u64(batch, "span_key"), _u64(batch, "parent_key")
     if ITERATION in batch.column_names:
         has = pc.is_valid(batch.column(ITERATION)).to_numpy(zero_copy_only=False)
@@ -137,7 +140,12 @@ def _climb(batch: pa.Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
         has, values = np.zeros(len(span), bool), np.zeros(len(span), np.int64)
     stamped = has[rows].copy()
     iteration = np.where(stamped, values[rows], 0)
-    after = np.where(stamped | (parent[rows] == span[rows]), np.uint64(0), parent[rows])  # its own parent: a root
+    ancestor = np.where(bucketed[rows], rows, -1) if bucketed is not None else np.full(len(rows), -1, np.int64)
+
+    def done(walks: np.ndarray) -> np.ndarray:
+        return stamped[walks] & (ancestor[walks] >= 0) if bucketed is not None else stamped[walks]
+
+    after = np.where(done(np.arange(len(rows))) | (parent[rows] == span[rows]), np.uint64(0), parent[rows])
     at = rows.copy()
     active = np.flatnonzero(after != 0)
     index = _KeyIndex.of(trace, span, np.arange(len(span))) if active.size else None
@@ -147,13 +155,15 @@ def _climb(batch: pa.Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
         hit = index.find(trace[at[active]], after[active])
         moved, row = active[hit >= 0], index.values[hit[hit >= 0]]
         at[moved] = row
-        done = has[row]
-        stamped[moved[done]] = True
-        iteration[moved[done]] = values[row[done]]
-        up = np.where(done | (parent[row] == span[row]), np.uint64(0), parent[row])
+        take = ~stamped[moved] & has[row]
+        stamped[moved[take]], iteration[moved[take]] = True, values[row[take]]
+        if bucketed is not None:
+            take = (ancestor[moved] < 0) & bucketed[row]
+            ancestor[moved[take]] = row[take]
+        up = np.where(done(moved) | (parent[row] == span[row]), np.uint64(0), parent[row])  # its own parent: a root
         after[moved] = up
         active = moved[up != 0]
-    return stamped, iteration, after
+    return stamped, iteration, after, ancestor
 
 
 def walk_starts(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
@@ -175,7 +185,7 @@ def walk_starts(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
     stamped, iteration, at = np.zeros(len(pairs), bool), np.zeros(len(pairs), np.int64), starts.copy()
     if inside.size:
         positions = _KeyIndex.of(trace, span, np.arange(len(span))).values[hit[inside]]
-        stamped[inside], iteration[inside], at[inside] = _climb(table, positions)
+        stamped[inside], iteration[inside], at[inside], _ = climb(table, positions)
     return pa.table([pa.array(starts_trace), pa.array(starts), pa.array(at),
                      pa.array(iteration, mask=~stamped)], schema=_WALK_SCHEMA)
 
@@ -186,7 +196,7 @@ def ancestor_rows(batch: pa.Table, *, targets: _KeyIndex) -> pa.Table:
     elsewhere (0: the walk ended)."""
     span = _u64(batch, "span_key")
     rows = np.flatnonzero(targets.find(_u64(batch, "trace_key"), span) >= 0)
-    stamped, iteration, after = _climb(batch, rows)
+    stamped, iteration, after, _ = climb(batch, rows)
     return pa.table([pa.array(_u64(batch, "trace_key")[rows]), pa.array(span[rows]), pa.array(after),
                      pa.array(iteration, mask=~stamped)], schema=_EDGE_SCHEMA)
 

@@ -46,7 +46,7 @@ from nemo_telemetry.analysis.intervals import merge_intervals
 from nemo_telemetry.analysis.partitions import span_files
 from nemo_telemetry.analysis.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.tree import with_id_keys
-from nemo_telemetry.errors import NemoTelemetryError, UnknownRunError
+from nemo_telemetry.errors import UnknownRunError
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 
 __all__ = ["FileMap", "MapReduce", "local_map", "local_map_reduce", "partitioned_check", "stream_check"]
@@ -170,34 +170,11 @@ def _lookup(paths: list[str], targets: streaming._KeyIndex) -> list[pd.DataFrame
     out = []
     for path in paths:
         table = _read(path, _LOOKUP_COLUMNS)
-        trace, span, parent = _u64(table, "trace_key"), _u64(table, "span_key"), _u64(table, "parent_key")
-        iteration = table.column(ITERATION) if ITERATION in table.column_names else pa.nulls(len(span), pa.int64())
-        has = pc.is_valid(iteration).to_numpy(zero_copy_only=False)
-        values = pc.fill_null(iteration, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        trace, span = _u64(table, "trace_key"), _u64(table, "span_key")
         bucketed = (pc.is_valid(table.column(BUCKET)).to_numpy(zero_copy_only=False) if BUCKET in table.column_names
                     else np.zeros(len(span), bool))
         rows = np.flatnonzero(targets.find(trace, span) >= 0)
-        found, found_iteration = has[rows].copy(), np.where(has[rows], values[rows], 0)
-        ancestor = np.where(bucketed[rows], rows, -1)  # the row of the nearest bucketed span met
-        after = np.where(parent[rows] == span[rows], np.uint64(0), parent[rows])
-        after[found & (ancestor >= 0)] = 0
-        active = np.flatnonzero(after != 0)
-        index = streaming._KeyIndex.of(trace, span, np.arange(len(span))) if active.size else None
-        at = rows.copy()
-        for _ in range(_MAX_DEPTH):
-            if active.size == 0:
-                break
-            hit = index.find(trace[at[active]], after[active])
-            moved, row = active[hit >= 0], index.values[hit[hit >= 0]]
-            at[moved] = row
-            take = ~found[moved] & has[row]
-            found[moved[take]], found_iteration[moved[take]] = True, values[row[take]]
-            take = (ancestor[moved] < 0) & bucketed[row]
-            ancestor[moved[take]] = row[take]
-            up = np.where(parent[row] == span[row], np.uint64(0), parent[row])
-            up[found[moved] & (ancestor[moved] >= 0)] = 0
-            after[moved] = up
-            active = moved[up != 0]
+        found, found_iteration, after, ancestor = streaming.climb(table, rows, bucketed=bucketed)
         met = np.flatnonzero(ancestor >= 0)
         names = np.full(len(rows), None, dtype=object)
         names[met] = table.column("name").take(pa.array(ancestor[met])).to_pylist()  # only the names met
