@@ -26,7 +26,7 @@ from nemo_telemetry.errors import IngestError
 
 __all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS",
            "isin_sorted", "key_index", "sort_index", "index_parents", "index_orphans", "distinct_parents", "orphan_mask",
-           "GOODPUT_COLUMNS", "read_for_analysis", "resource_values", "resource_pairs"]
+           "GOODPUT_COLUMNS", "read_for_analysis", "read_span_files", "resource_values", "resource_pairs"]
 
 BUCKETS = ("productive", "overhead", "idle", "wasted")
 UNKNOWN_BUCKET = -2
@@ -65,15 +65,21 @@ def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.
     if not files:
         return read_spans(source)
     try:
-        fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
-        dataset = ds.dataset(files, format=fmt)
-        names = dataset.schema.names
-        columns = [c for c in columns if c in names]
-        if not all(key in names for key in ("trace_key", "span_key", "parent_key")):
-            columns += [c for c in ("trace_id", "span_id", "parent_span_id") if c in names and c not in columns]
-        return dataset.to_table(columns=columns, batch_size=_READ_BATCH_ROWS)
+        return read_span_files(files, columns=columns)
     except (pa.ArrowInvalid, OSError) as exc:
         raise IngestError(f"{root}: cannot read the spans table ({exc}); re-run nemo-telemetry ingest") from None
+
+
+def read_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.Table:
+    """``columns`` of the spans Parquet ``files``, the one projection every engine reads: the string
+    columns that repeat as dictionaries, and the hex ids where a file was written before the id keys."""
+    fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
+    dataset = ds.dataset(files, format=fmt)
+    names = dataset.schema.names
+    columns = [c for c in columns if c in names]
+    if not all(key in names for key in ("trace_key", "span_key", "parent_key")):
+        columns += [c for c in ("trace_id", "span_id", "parent_span_id") if c in names and c not in columns]
+    return dataset.to_table(columns=columns, batch_size=_READ_BATCH_ROWS)
 
 
 def _codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:

@@ -34,13 +34,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from nemo_telemetry.analysis import findings as _findings
 from nemo_telemetry.analysis import goodput as _goodput
 from nemo_telemetry.analysis import streaming
 from nemo_telemetry.analysis._arrays import (
-    BUCKETS, NO_BUCKET, READ_COLUMNS, UNKNOWN_BUCKET, SpanArrays, pairs_present, resource_pairs, span_arrays,
+    BUCKETS, NO_BUCKET, READ_COLUMNS, UNKNOWN_BUCKET, SpanArrays, pairs_present, read_span_files, resource_pairs,
+    span_arrays,
 )
 from nemo_telemetry.analysis.intervals import merge_intervals
 from nemo_telemetry.analysis.partitions import span_files
@@ -59,7 +59,6 @@ FileMap = Callable[..., list]
 MapReduce = Callable[..., tuple]
 
 _MAX_DEPTH = 1024  # as _arrays.SpanArrays.walk_up
-_DICTIONARY_READS = ("trace_id", "resource_attributes.key_value.key", "resource_attributes.key_value.value")
 _ANCHOR_REGEX = f"{_goodput.JOB_SPAN_REGEX}|{_goodput.STEP_SPAN_REGEX}"
 _LOOKUP_COLUMNS = ("trace_key", "span_key", "parent_key", ITERATION, BUCKET, "name")
 
@@ -83,13 +82,7 @@ def local_map_reduce(map_function: Callable, reduce_function: Callable, files: S
 
 def _read(path: str, columns: Sequence[str] = READ_COLUMNS) -> pa.Table:
     """One file as ``read_for_analysis`` reads the dataset (same projection, same dictionaries)."""
-    fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
-    dataset = ds.dataset([path], format=fmt)
-    names = dataset.schema.names
-    columns = [c for c in columns if c in names]
-    if not all(key in names for key in ("trace_key", "span_key", "parent_key")):  # written before the keys
-        columns += [c for c in ("trace_id", "span_id", "parent_span_id") if c in names and c not in columns]
-    return with_id_keys(dataset.to_table(columns=columns))
+    return with_id_keys(read_span_files([path], columns=tuple(columns)))
 
 
 def _u64(table: pa.Table, column: str) -> np.ndarray:
