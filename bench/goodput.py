@@ -15,6 +15,14 @@ and prints wall seconds (each computation also as a ratio to its own read, the b
 CPU seconds and each child's peak RSS. Imports and rendering are not counted. The target on
 the project's 2-core machines is under 5 s for goodput + check and under 4 GB peak.
 
+With ``duckdb`` installed (``pip install -e .[bench]``) it also runs the SQL a user would write
+for the same per-step bucket sums, in a fresh process of its own on 2 threads: a recursive CTE
+that gives each unstamped bucketed span its nearest stamped ancestor's ``rl.iteration`` over the
+public columns (``trace_id``, ``span_id``, ``parent_span_id``, ``rl.iteration``, ``rl.bucket``,
+``duration_ns``), then a group-by. Each of the three children is also timed whole from this
+process (interpreter start-up, imports, read and computation), and ours are printed as a ratio
+to DuckDB's (targets: goodput at most 0.5x, check at most 0.6x, each under 2 GB peak RSS).
+
 The run: two runs (``nemo.run.id``), GRPO-shaped steps of 30 s with 2,500 spans each. Per step
 a stamped step span, four bucketed phases, a rollout umbrella with 16 productive generate
 leaves, an idle refit bubble, 8 worker ranks x 60 unstamped micro-batch spans under training
@@ -25,6 +33,7 @@ collector batch re-roots into its own trace (``detached-trace``).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -153,6 +162,18 @@ def write_dataset(root: Path, spans: int) -> None:
         del table
 
 
+def _peak_gb() -> float:
+    """This process's peak RSS. ``ru_maxrss`` survives fork + exec on Linux (a child would report the
+    parent's peak, here the dataset writer's), so the kernel's per-address-space ``VmHWM`` is read."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
 def measure(root: Path, command: str) -> dict:
     """In this (fresh) process, as ``command`` does: read its columns, compute; times, CPU and peak RSS."""
     from nemo_telemetry.analysis._arrays import GOODPUT_COLUMNS, read_for_analysis
@@ -166,13 +187,49 @@ def measure(root: Path, command: str) -> dict:
     result = run_goodput(spans) if command == "goodput" else check_run(spans)
     t2, c2 = clock(), time.process_time()
     out = {"read_s": t1 - t0, "compute_s": t2 - t1, "cpu_s": c2 - c0, "spans": spans.num_rows,
-           "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+           "peak_gb": _peak_gb()}
     if command == "goodput":
         out["steps"] = sum(r.total["steps"] for r in result)
         out["goodput"] = {r.run_id: r.total["goodput"] for r in result}
     else:
         out["findings"] = {k: v for k, v in result.counts["by_code"].items() if v}
     return out
+
+
+DUCKDB_QUERY = """
+WITH RECURSIVE spans AS (
+    SELECT run_id, trace_id, span_id, parent_span_id, "rl.iteration" AS iteration, "rl.bucket" AS bucket,
+           duration_ns
+    FROM read_parquet(?, hive_partitioning = false)
+),
+walk AS (
+    SELECT trace_id, span_id AS start_id, parent_span_id AS at, CAST(NULL AS BIGINT) AS iteration, 0 AS depth
+    FROM spans WHERE bucket IS NOT NULL AND iteration IS NULL AND parent_span_id IS NOT NULL
+    UNION ALL
+    SELECT w.trace_id, w.start_id, p.parent_span_id, p.iteration, w.depth + 1
+    FROM walk w JOIN spans p ON p.trace_id = w.trace_id AND p.span_id = w.at
+    WHERE w.iteration IS NULL AND w.depth < 1024
+),
+found AS (SELECT trace_id, start_id, min(iteration) AS iteration FROM walk WHERE iteration IS NOT NULL
+          GROUP BY trace_id, start_id)
+SELECT s.run_id, coalesce(s.iteration, f.iteration) AS iteration, s.bucket, sum(s.duration_ns) AS ns, count(*) AS spans
+FROM spans s LEFT JOIN found f ON s.iteration IS NULL AND f.trace_id = s.trace_id AND f.start_id = s.span_id
+WHERE s.bucket IS NOT NULL
+GROUP BY ALL
+"""
+
+
+def measure_duckdb(root: Path) -> dict:
+    """In this (fresh) process: the per-step bucket sums by DuckDB's SQL on 2 threads, imports included."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    import duckdb  # noqa: PLC0415 (a bench-only dependency)
+
+    connection = duckdb.connect()
+    connection.execute("SET threads = 2")
+    rows = connection.execute(DUCKDB_QUERY, [str(root / "spans" / "*" / "*.parquet")]).fetchall()
+    return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "groups": len(rows),
+            "steps": len({(r[0], r[1]) for r in rows if r[1] is not None}),
+            "peak_gb": _peak_gb()}
 
 
 def report(goodput: dict, check: dict) -> None:
@@ -193,10 +250,11 @@ def main() -> None:
     parser.add_argument("--spans", type=int, default=10_000_000)
     parser.add_argument("--dataset", type=Path, help="where the synthetic dataset is (or is written)")
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--command", choices=("goodput", "check"), help=argparse.SUPPRESS)
+    parser.add_argument("--command", choices=("goodput", "check", "duckdb"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        print(json.dumps(measure(args.measure, args.command)))
+        print(json.dumps(measure_duckdb(args.measure) if args.command == "duckdb" else measure(args.measure,
+                                                                                               args.command)))
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = args.dataset or Path(tmp) / "dataset"
@@ -208,10 +266,25 @@ def main() -> None:
         # This checkout, after any PYTHONPATH given (to measure another checkout's analysis on the same data).
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (os.environ.get("PYTHONPATH"), str(Path(__file__).resolve().parents[1])) if p)}
-        figures = [json.loads(subprocess.run([sys.executable, __file__, "--measure", str(root), "--command", command],
-                                             check=True, env=env, capture_output=True, text=True).stdout)
-                   for command in ("goodput", "check")]
-        report(*figures)
+        commands = ("goodput", "check", "duckdb") if importlib.util.find_spec("duckdb") else ("goodput", "check")
+        figures, whole = {}, {}
+        for command in commands:
+            t = time.perf_counter()
+            figures[command] = json.loads(subprocess.run(
+                [sys.executable, __file__, "--measure", str(root), "--command", command],
+                check=True, env=env, capture_output=True, text=True).stdout)
+            whole[command] = time.perf_counter() - t
+        report(figures["goodput"], figures["check"])
+        if "duckdb" in figures:
+            duck = figures["duckdb"]
+            print(f"duckdb (2 threads): {whole['duckdb']:5.2f} s whole process ({duck['wall_s']:.2f} s import + "
+                  f"query), CPU {duck['cpu_s']:.2f} s, peak RSS {duck['peak_gb']:.2f} GB, {duck['steps']:,} steps")
+            for command, target in (("goodput", 0.5), ("check", 0.6)):
+                print(f"{command + ' / duckdb:':18s}{whole[command]:5.2f} s whole process = "
+                      f"{whole[command] / whole['duckdb']:.2f}x DuckDB's (target <= {target}x), "
+                      f"peak RSS {figures[command]['peak_gb']:.2f} GB (target < 2 GB)")
+        else:
+            print("duckdb:           not installed (pip install -e .[bench]); no SQL baseline")
         print(f"load average:     {load:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores")
 
 

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 
 from nemo_telemetry.analysis import SPANS_SCHEMA, read_spans, waterfall, with_id_keys
-from nemo_telemetry.cli.waterfall_cmds import print_waterfall
+from nemo_telemetry.cli.render import print_waterfall
 
 S = 1_000_000_000
 STEPS = 100

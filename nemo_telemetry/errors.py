@@ -6,14 +6,29 @@ Kept free of heavy imports so :mod:`nemo_telemetry.instrument` can raise them ch
      ├── SpecError        a span_groups spec or telemetry config that cannot be resolved
      ├── RegistryError    a span-group registration that conflicts with an existing one
      ├── IngestError      an input that is not OTLP, or a dataset that cannot be read
-     └── ListenError      a receiver that cannot bind its address
+     ├── UnknownRunError  a --run / run_id that none of the spans carry
+     ├── ListenError      a receiver that cannot bind its address
+     ├── WaterfallError   a waterfall or critical path asked for a run, trace or step not there
+     ├── LintError        a path given to lint that does not exist, or a file that does not parse
+     └── DemoError        a demo asked for a bad mode, step count or output directory
 
     IncompleteDatasetWarning  (a UserWarning) a dataset an ingest began writing and did not finish
 """
 
 from __future__ import annotations
 
-__all__ = ["NemoTelemetryError", "SpecError", "RegistryError", "IngestError", "ListenError", "IncompleteDatasetWarning"]
+__all__ = [
+    "NemoTelemetryError",
+    "SpecError",
+    "RegistryError",
+    "IngestError",
+    "UnknownRunError",
+    "ListenError",
+    "WaterfallError",
+    "LintError",
+    "DemoError",
+    "IncompleteDatasetWarning",
+]
 
 
 class NemoTelemetryError(Exception):
@@ -32,8 +47,38 @@ class IngestError(NemoTelemetryError):
     """An input file or dataset cannot be read; the message names it and the fix."""
 
 
+class UnknownRunError(NemoTelemetryError):
+    """A ``--run`` / ``run_id`` that none of the spans carry; the message lists the runs present.
+
+    Every engine raises it through :meth:`unless_present`, so the words are the same on each."""
+
+    def __init__(self, run_id: str, runs) -> None:
+        present = ", ".join(repr(r) for r in runs if r is not None) or "none"
+        super().__init__(f"no run {run_id!r} in these spans (runs present: {present}); "
+                         "pass one of them as --run / run_id")
+        self.run_id = run_id
+
+    @classmethod
+    def unless_present(cls, run_id: str | None, runs) -> None:
+        """Raise for a ``run_id`` that is not one of ``runs`` (None selects every run)."""
+        if run_id is not None and run_id not in runs:
+            raise cls(run_id, runs)
+
+
 class ListenError(NemoTelemetryError):
     """A receiver cannot bind its address (the port is taken, or not ours to use)."""
+
+
+class WaterfallError(NemoTelemetryError, ValueError):
+    """A waterfall or critical path was asked for a run, trace or step the spans do not hold."""
+
+
+class LintError(NemoTelemetryError):
+    """A path given to lint does not exist or a file in it cannot be read or parsed."""
+
+
+class DemoError(NemoTelemetryError, ValueError):
+    """The demo was asked for something it cannot run (a bad mode, step count or output directory)."""
 
 
 class IncompleteDatasetWarning(UserWarning):

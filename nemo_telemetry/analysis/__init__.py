@@ -44,7 +44,15 @@ from nemo_telemetry.analysis.goodput import (
 from nemo_telemetry.analysis.findings import FINDING_CODES, CheckReport, Finding, check_run
 from nemo_telemetry.analysis.intervals import merge_intervals
 from nemo_telemetry.analysis.warmup import KernelWarmUp, kernels_compiling, warm_up_kernels
-from nemo_telemetry.errors import CompiledPathWarning, IncompleteDatasetWarning, IngestError
+from nemo_telemetry.analysis.ingest import FORMATS, dump_files
+from nemo_telemetry.analysis._arrays import GOODPUT_COLUMNS, read_for_analysis
+from nemo_telemetry.analysis.goodput import BUCKETS, STEP_COLUMNS
+from nemo_telemetry.analysis.findings import SEVERITIES
+from nemo_telemetry.analysis.engines import ENGINES, check_with_engine, goodput_with_engine, ingest_with_engine
+from nemo_telemetry.analysis.waterfall import DEFAULT_COLLAPSE_THRESHOLD
+from nemo_telemetry.analysis.plots import write_goodput_plot
+from nemo_telemetry.analysis.lint import lint_paths
+from nemo_telemetry.errors import CompiledPathWarning, IncompleteDatasetWarning, IngestError, LintError, UnknownRunError
 
 __all__ = [
     "SPANS_SCHEMA",
@@ -94,4 +102,23 @@ __all__ = [
     "Finding",
     "FINDING_CODES",
     "merge_intervals",
+    "CollectorServer",
+    "CollectSummary",
+    "run_collector",
+    "FORMATS",
+    "dump_files",
+    "read_for_analysis",
+    "GOODPUT_COLUMNS",
+    "BUCKETS",
+    "STEP_COLUMNS",
+    "SEVERITIES",
+    "ENGINES",
+    "goodput_with_engine",
+    "check_with_engine",
+    "ingest_with_engine",
+    "DEFAULT_COLLAPSE_THRESHOLD",
+    "write_goodput_plot",
+    "lint_paths",
+    "LintError",
+    "UnknownRunError",
 ]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -19,15 +18,15 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from nemo_telemetry.analysis.commits import committed_files
-from nemo_telemetry.analysis.dataset import is_dataset
 from nemo_telemetry.analysis.ingest import read_spans
+from nemo_telemetry.analysis.sources import single_dataset
 from nemo_telemetry.analysis.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
 from nemo_telemetry.analysis.tree import parent_indices, trace_mix, with_id_keys
 from nemo_telemetry.errors import IngestError
 
 __all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS",
            "isin_sorted", "key_index", "sort_index", "index_parents", "index_orphans", "distinct_parents", "orphan_mask",
-           "GOODPUT_COLUMNS", "read_for_analysis", "resource_values", "resource_pairs"]
+           "GOODPUT_COLUMNS", "read_for_analysis", "read_span_files", "resource_values", "resource_pairs"]
 
 BUCKETS = ("productive", "overhead", "idle", "wasted")
 UNKNOWN_BUCKET = -2
@@ -59,22 +58,28 @@ def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.
     A dataset is projected onto ``columns`` (:data:`READ_COLUMNS`: what check reads;
     :data:`GOODPUT_COLUMNS`: what goodput reads); raw files are ingested whole in memory.
     """
-    items = [source] if isinstance(source, (str, Path)) else list(source)
-    if len(items) != 1 or not is_dataset(Path(items[0])):
+    root = single_dataset(source)
+    if root is None:
         return read_spans(source)
-    files = [str(p) for p in committed_files(Path(items[0]), "spans")]
+    files = [str(p) for p in committed_files(root, "spans")]
     if not files:
         return read_spans(source)
     try:
-        fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
-        dataset = ds.dataset(files, format=fmt)
-        names = dataset.schema.names
-        columns = [c for c in columns if c in names]
-        if not all(key in names for key in ("trace_key", "span_key", "parent_key")):
-            columns += [c for c in ("trace_id", "span_id", "parent_span_id") if c in names and c not in columns]
-        return dataset.to_table(columns=columns, batch_size=_READ_BATCH_ROWS)
+        return read_span_files(files, columns=columns)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise IngestError(f"{items[0]}: cannot read the spans table ({exc}); re-run nemo-telemetry ingest") from None
+        raise IngestError(f"{root}: cannot read the spans table ({exc}); re-run nemo-telemetry ingest") from None
+
+
+def read_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.Table:
+    """``columns`` of the spans Parquet ``files``, the one projection every engine reads: the string
+    columns that repeat as dictionaries, and the hex ids where a file was written before the id keys."""
+    fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
+    dataset = ds.dataset(files, format=fmt)
+    names = dataset.schema.names
+    columns = [c for c in columns if c in names]
+    if not all(key in names for key in ("trace_key", "span_key", "parent_key")):
+        columns += [c for c in ("trace_id", "span_id", "parent_span_id") if c in names and c not in columns]
+    return dataset.to_table(columns=columns, batch_size=_READ_BATCH_ROWS)
 
 
 def _codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:

@@ -46,7 +46,7 @@ from nemo_telemetry.analysis._columns import OtlpTables, SpanColumns
 from nemo_telemetry.analysis._otlp_json import decode_json_request
 from nemo_telemetry.analysis._otlp_wire import decode_batch
 from nemo_telemetry.analysis.dataset import DatasetWriter, SpanDeduplicator, read_dataset
-from nemo_telemetry.analysis.ingest import _drop_malformed_ids
+from nemo_telemetry.analysis.ingest import drop_malformed_ids
 from nemo_telemetry.errors import IngestError, ListenError
 
 __all__ = [
@@ -391,7 +391,7 @@ class CollectorServer:
         def count(n: int) -> None:
             problems.extend(["a span with a malformed trace or span id"] * n)
 
-        tables = _drop_malformed_ids(tables, count)
+        tables = drop_malformed_ids(tables, count)
         ticket = self._committer.submit(tables)
         ticket.done.wait()
         if isinstance(ticket.error, OSError):

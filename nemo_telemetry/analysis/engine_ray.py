@@ -29,8 +29,8 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis import streaming
 from nemo_telemetry.analysis.dataset import DatasetWriter, drop_duplicates
-from nemo_telemetry.analysis.ingest import (BATCH_SPANS, FILE_ROWS, WRITE_AHEAD, IngestSummary, Source, _Pipeline,
-                                            _raw_files, ingest_inputs)
+from nemo_telemetry.analysis.ingest import (BATCH_SPANS, FILE_ROWS, WRITE_AHEAD, IngestSummary, Source, IngestPipeline,
+                                            raw_files, ingest_inputs)
 from nemo_telemetry.errors import NemoTelemetryError
 
 __all__ = ["connect", "map_groups", "map_reduce", "reducer_count", "ray_scan", "ray_ingest", "ray_goodput", "ray_check"]
@@ -175,7 +175,7 @@ def _decode_file(path: str, fmt: str | None, batch_spans: int) -> Iterator[tuple
     """Ray task body: ("tables", OtlpTables) per batch of ``path``, then ("counts", dict)."""
     batches: list = []
     # One Ray task per file is already the parallelism: decode in this task's thread, not two more.
-    pipeline = _Pipeline(lambda tables: batches.append(tables) or tables, batch_spans=batch_spans, decode_ahead=0)
+    pipeline = IngestPipeline(lambda tables: batches.append(tables) or tables, batch_spans=batch_spans, decode_ahead=0)
     pipeline.counts["files"] += 1
     from nemo_telemetry.analysis._detect import iter_records
 
@@ -204,7 +204,7 @@ def ray_ingest(
     file, in input order, so the deduplication keeps the same first copy of a repeated span.
     """
     ray = connect()
-    files, skipped = _raw_files(inputs, format)
+    files, skipped = raw_files(inputs, format)
     writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
     try:
         writer.start(ingest_inputs(inputs))

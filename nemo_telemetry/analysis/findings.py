@@ -58,8 +58,8 @@ from nemo_telemetry.analysis._arrays import (
 )
 from nemo_telemetry.analysis.intervals import merge_intervals
 from nemo_telemetry.analysis.tree import with_id_keys
-from nemo_telemetry.analysis.goodput import JOB_SPAN_REGEX, STEP_SPAN_REGEX, _Analysis, analyse, run_filter
-from nemo_telemetry.analysis.goodput import _outliers as step_outliers
+from nemo_telemetry.analysis.goodput import JOB_SPAN_REGEX, STEP_SPAN_REGEX, Analysis, analyse, run_filter
+from nemo_telemetry.analysis.goodput import step_outliers
 from nemo_telemetry.errors import NemoTelemetryError
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
@@ -155,7 +155,7 @@ class CheckReport:
 
 @dataclass(frozen=True)
 class _Context:
-    analysis: _Analysis
+    analysis: Analysis
     iteration: np.ndarray  # attributed where walked, else own; -1 where none
     max_span_ids: int
     limit: int

@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from nemo_telemetry.analysis._arrays import BUCKETS, SpanArrays, span_arrays
 from nemo_telemetry.analysis.intervals import clipped_union_length, merge_intervals, union_length
-from nemo_telemetry.errors import NemoTelemetryError
+from nemo_telemetry.errors import NemoTelemetryError, UnknownRunError
 
 __all__ = [
     "STEP_SPAN_REGEX",
@@ -111,7 +111,7 @@ class _Steps:
 
 
 @dataclass(frozen=True, eq=False)
-class _Analysis:
+class Analysis:
     """Everything goodput and the findings share, computed once per spans table."""
 
     arrays: SpanArrays
@@ -130,7 +130,7 @@ class _Analysis:
 
 
 def analyse(spans: pa.Table, *, run_id: str | None = None, ancestors: bool = False,
-            arrays: SpanArrays | None = None) -> _Analysis:
+            arrays: SpanArrays | None = None) -> Analysis:
     """Decode, attribute and sum once; goodput and check_run both read the result.
 
     ``ancestors`` also finds each bucketed span's nearest bucketed ancestor (for the findings);
@@ -145,7 +145,7 @@ def analyse(spans: pa.Table, *, run_id: str | None = None, ancestors: bool = Fal
     bucketed = any_bucket[pick]
     step_of = steps.index_of(arrays.run[bucketed], iteration[pick], stamped[pick])
     table, merged = _per_step(arrays, steps, bucketed, step_of)
-    return _Analysis(arrays, keep_run, steps, bucketed, iteration[pick], stamped[pick], any_bucket, iteration, stamped,
+    return Analysis(arrays, keep_run, steps, bucketed, iteration[pick], stamped[pick], any_bucket, iteration, stamped,
                      ancestor, step_of, table, merged)
 
 
@@ -153,10 +153,7 @@ def run_filter(arrays: SpanArrays, run_id: str | None) -> np.ndarray:
     """Rows of run ``run_id`` (every row when None); a run that is not there is a clear error."""
     if run_id is None:
         return np.ones(len(arrays), dtype=bool)
-    if run_id not in arrays.runs:
-        present = ", ".join(repr(r) for r in arrays.runs if r is not None) or "none"
-        raise NemoTelemetryError(f"no run {run_id!r} in these spans (runs present: {present}); "
-                                 "pass one of them as --run / run_id")
+    UnknownRunError.unless_present(run_id, arrays.runs)
     return arrays.run == arrays.runs.index(run_id)
 
 
@@ -211,7 +208,7 @@ def step_frame(steps: _Steps, sums: np.ndarray, merged) -> pd.DataFrame:
 # -- per run -----------------------------------------------------------------------------------
 
 
-def _runs_present(analysis: _Analysis, jobs: np.ndarray) -> list[int]:
+def _runs_present(analysis: Analysis, jobs: np.ndarray) -> list[int]:
     arrays = analysis.arrays
     codes = np.unique(np.concatenate([analysis.steps.run, arrays.run[analysis.bucketed],
                                       arrays.run[jobs[analysis.keep[jobs]]]]))
@@ -239,7 +236,7 @@ def _total(frame: pd.DataFrame) -> dict[str, Any]:
     return total
 
 
-def _outside(analysis: _Analysis, run_code: int) -> dict[str, Any]:
+def _outside(analysis: Analysis, run_code: int) -> dict[str, Any]:
     arrays = analysis.arrays
     pick = (analysis.bucketed_step < 0) & (arrays.run[analysis.bucketed] == run_code)
     rows = analysis.bucketed[pick]
@@ -266,7 +263,7 @@ def _job_wall(arrays: SpanArrays, run_code: int, jobs: np.ndarray) -> float | No
     return float((arrays.end[rows].max() - arrays.start[rows].min()) / _NS)
 
 
-def _outliers(frame: pd.DataFrame) -> tuple[StepOutlier, ...]:
+def step_outliers(frame: pd.DataFrame) -> tuple[StepOutlier, ...]:
     """ml-goodput-measurement's rule: wall > median + 3 * MAD (unscaled) of the run's step walls."""
     if len(frame) < 3:
         return ()
@@ -283,7 +280,7 @@ def _outliers(frame: pd.DataFrame) -> tuple[StepOutlier, ...]:
     return tuple(out)
 
 
-def _ranks_table(analysis: _Analysis, run_code: int, run_name: str | None) -> pa.Table:
+def _ranks_table(analysis: Analysis, run_code: int, run_name: str | None) -> pa.Table:
     """Per (service, rank) of the run: its bucketed spans' sums and coverage over all the run's steps.
 
     Every (service, rank) with a span in the run has a row, sorted by service name then rank, so a
@@ -325,7 +322,7 @@ def _ranks_table(analysis: _Analysis, run_code: int, run_name: str | None) -> pa
     return pa.table(columns)
 
 
-def runs_of(analysis: _Analysis, *, by: str = "step") -> tuple[RunGoodput, ...]:
+def runs_of(analysis: Analysis, *, by: str = "step") -> tuple[RunGoodput, ...]:
     """The per-run results of an analysis (shared with check_run, which reads the outliers)."""
     if by not in ("step", "rank"):
         raise NemoTelemetryError(f"by={by!r}: choose 'step' or 'rank'")
@@ -337,7 +334,7 @@ def runs_of(analysis: _Analysis, *, by: str = "step") -> tuple[RunGoodput, ...]:
         outside = _outside(analysis, code)
         out.append(RunGoodput(
             run_id=name, steps=_steps_table(frame, name), total=_total(frame), outside_steps=outside,
-            job_wall_s=_job_wall(analysis.arrays, code, jobs), outliers=_outliers(frame),
+            job_wall_s=_job_wall(analysis.arrays, code, jobs), outliers=step_outliers(frame),
             ranks=_ranks_table(analysis, code, name) if by == "rank" else None,
         ))
     return tuple(out)

@@ -14,7 +14,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Union
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -41,10 +41,10 @@ from nemo_telemetry.analysis.dataset import (
     SpanDeduplicator,
     _owned_by,
     drop_duplicates,
-    is_dataset,
     read_dataset,
     span_keys,
 )
+from nemo_telemetry.analysis.sources import Source, split_sources
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
@@ -61,7 +61,6 @@ __all__ = [
     "ingest_inputs",
 ]
 
-Source = Union[str, Path, Iterable[Union[str, Path]]]
 ProgressCallback = Callable[[int, int], None]
 BATCH_SPANS = 1 << 16  # spans decoded before a batch is converted and written
 # Requests held before they are decoded together. Half a read block: a full block (16 MiB) is a
@@ -108,7 +107,7 @@ class TraceTables:
 
 
 @dataclass
-class _Pipeline:
+class IngestPipeline:
     """Decodes records into batches, drops spans ``dedup`` has seen (when given one) and hands
     each batch to ``sink``, which returns what it kept."""
 
@@ -295,7 +294,7 @@ class _Batch:
         def report(n: int) -> None:
             rejected.append((self.where or "input", f"{n} span(s) with malformed trace/span ids dropped", n))
 
-        return _Decoded(_drop_malformed_ids(OtlpTables.concat(parts), report), rejected, skipped)
+        return _Decoded(drop_malformed_ids(OtlpTables.concat(parts), report), rejected, skipped)
 
     def _scan_json(self, rejected: list) -> tuple[list[OtlpTables], int]:
         """Scan each block in bulk; lines the scan leaves alone go through orjson (into cols)."""
@@ -339,7 +338,7 @@ def _walk_block(block, rejected: list) -> OtlpTables:
     return tables
 
 
-def _drop_malformed_ids(tables: OtlpTables, report: Callable[[int], None]) -> OtlpTables:
+def drop_malformed_ids(tables: OtlpTables, report: Callable[[int], None]) -> OtlpTables:
     spans = tables.spans
     ok = _has_length(spans.column("trace_id"), 32)
     ok &= _has_length(spans.column("span_id"), 16)
@@ -381,7 +380,7 @@ def dump_files(inputs: Source) -> list[Path]:
     return expand_inputs(inputs)
 
 
-def _raw_files(inputs: Source, fmt: str | None) -> tuple[list[tuple[Path, str | None]], list[str]]:
+def raw_files(inputs: Source, fmt: str | None) -> tuple[list[tuple[Path, str | None]], list[str]]:
     """Every file with its format, checked before anything is written, and why each file found
     in an input directory that is not OTLP is skipped (a README beside the dumps); a file named
     as input that is not OTLP is an :class:`IngestError`."""
@@ -414,11 +413,11 @@ def ingest(
     were dropped is in the summary. ``progress(bytes_done, spans_done)`` is called as it goes.
     The metrics and log dumps among the inputs go to ``out/metrics`` and ``out/logs``.
     """
-    files, skipped = _raw_files(inputs, format)
+    files, skipped = raw_files(inputs, format)
     writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
     try:
         writer.start(ingest_inputs(inputs))
-        pipeline = _Pipeline(writer.write_fresh, dedup=writer.dedup, progress=progress)
+        pipeline = IngestPipeline(writer.write_fresh, dedup=writer.dedup, progress=progress)
         pipeline.skip_files(skipped)
         for path, fmt in files:
             pipeline.add_file(path, fmt)
@@ -456,15 +455,13 @@ def ingest_inputs(inputs: Source) -> list[str]:
 
 def load_traces(source: Source, *, format: str | None = None) -> TraceTables:
     """The three tables of a dataset directory, raw dump files, directories of them, or a list."""
-    items = [source] if isinstance(source, (str, Path)) else list(source)
-    datasets = [Path(item) for item in items if is_dataset(Path(item))]
-    raw = [item for item in items if not is_dataset(Path(item))]
+    datasets, raw = split_sources(source)
     states = [dataset_state(d) for d in datasets]  # one warning per incomplete dataset, not per table
     parts = [OtlpTables(*(read_dataset(s.root, t, state=s) for t in ("spans", "events", "links"))) for s in states]
     summary = IngestSummary()
     if raw:
-        pipeline = _Pipeline(lambda tables: _keep(parts, tables), dedup=SpanDeduplicator())
-        files, skipped = _raw_files(raw, format)
+        pipeline = IngestPipeline(lambda tables: _keep(parts, tables), dedup=SpanDeduplicator())
+        files, skipped = raw_files(raw, format)
         pipeline.skip_files(skipped)
         for path, fmt in files:
             pipeline.add_file(path, fmt)

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from nemo_telemetry.errors import NemoTelemetryError
+from nemo_telemetry.errors import LintError
 from nemo_telemetry.instrument import REGISTRY, GroupName, GymSpanGroup, RLSpanGroup
 from nemo_telemetry.instrument.propagation import TRACE_CARRIER_KWARG
 
@@ -59,10 +59,6 @@ RAW_OTEL_SPAN_CALLS = frozenset({"start_as_current_span", "start_span"})
 GROUP_CLASSES = {"RLSpanGroup": RLSpanGroup, "GymSpanGroup": GymSpanGroup}
 _ALLOW_COMMENT = re.compile(r"#\s*nemo-telemetry-lint:\s*allow\s+([a-z][a-z, -]*)")
 _SKIPPED_DIRS = frozenset({".git", ".venv", "venv", "__pycache__", "node_modules", "build", "dist", ".tox"})
-
-
-class LintError(NemoTelemetryError):
-    """A path given to lint does not exist or a file in it cannot be read or parsed."""
 
 
 @dataclass(frozen=True, order=True)

@@ -328,16 +328,11 @@ def read_logs(source: str | Path | Iterable[str | Path]) -> pa.Table:
     import warnings
 
     from nemo_telemetry.analysis.commits import committed_files
-    from nemo_telemetry.analysis.dataset import is_dataset
+    from nemo_telemetry.analysis.sources import split_sources
 
-    items = [source] if isinstance(source, (str, Path)) else list(source)
-    tables: list[pa.Table] = []
-    raw: list[Path] = []
-    for item in map(Path, items):
-        if is_dataset(item):
-            tables.extend(pq.read_table(f, schema=LOGS_SCHEMA) for f in committed_files(item, "logs"))
-        else:
-            raw.append(item)
+    datasets, raw = split_sources(source)
+    tables: list[pa.Table] = [pq.read_table(f, schema=LOGS_SCHEMA) for d in datasets
+                              for f in committed_files(d, "logs")]
     if raw:
         result = read_log_dumps(log_dump_files(raw))
         problems = result.problems + result.unreadable

@@ -498,18 +498,15 @@ def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | 
     in ``metrics-*`` files beside the ``traces-*`` files.
     """
     from nemo_telemetry.analysis.commits import committed_files
-    from nemo_telemetry.analysis.dataset import is_dataset
+    from nemo_telemetry.analysis.sources import split_sources
 
-    items = [source] if isinstance(source, (str, Path)) else list(source)
+    datasets, others = split_sources(source)
     tables: list[pa.Table] = []
-    raw: list[Path] = []
-    for item in map(Path, items):
-        if is_dataset(item):
-            files = committed_files(item, "metrics")
-            if files:
-                tables.append(pa.concat_tables(pq.read_table(f, schema=METRICS_SCHEMA) for f in files))
-        else:
-            raw += _metric_dump_files(item)
+    for item in datasets:
+        files = committed_files(item, "metrics")
+        if files:
+            tables.append(pa.concat_tables(pq.read_table(f, schema=METRICS_SCHEMA) for f in files))
+    raw = [f for item in others for f in _metric_dump_files(item)]
     if raw:
         tables.append(read_metrics(raw))
     tables = [t for t in tables if t.num_rows]

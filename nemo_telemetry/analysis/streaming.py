@@ -24,9 +24,6 @@ never by the dataset: ``batch_rows`` sets the batch.
 
 from __future__ import annotations
 
-import dataclasses
-
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -38,14 +35,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from nemo_telemetry.analysis import goodput as _goodput
-from nemo_telemetry.analysis._arrays import BUCKETS, read_for_analysis, span_arrays
-from nemo_telemetry.analysis._arrays import GOODPUT_COLUMNS as GOODPUT_READ_COLUMNS
-from nemo_telemetry.analysis.dataset import is_dataset
+from nemo_telemetry.analysis._arrays import BUCKETS, span_arrays
 from nemo_telemetry.analysis.intervals import merge_intervals
 from nemo_telemetry.analysis.partitions import span_files, span_partitions
 from nemo_telemetry.analysis.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.tree import trace_mix
-from nemo_telemetry.errors import NemoTelemetryError
+from nemo_telemetry.errors import UnknownRunError
 
 __all__ = [
     "BATCH_ROWS",
@@ -55,6 +50,7 @@ __all__ = [
     "Scan",
     "local_scan",
     "goodput_partial",
+    "climb",
     "walk_starts",
     "ancestor_rows",
     "resolve_attribution",
@@ -69,10 +65,6 @@ __all__ = [
     "merged_steps",
     "partitioned_goodput",
     "stream_goodput",
-    "ENGINES",
-    "goodput_with_engine",
-    "check_with_engine",
-    "ingest_with_engine",
 ]
 
 BATCH_ROWS = 1 << 18
@@ -134,9 +126,12 @@ def _candidates(arrays, run_id: str | None) -> np.ndarray:
     return (arrays.bucket >= 0) & arrays.valid_interval & _keep_run(arrays, run_id)
 
 
-def _climb(batch: pa.Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """From each of ``rows``, up the tree as far as ``batch`` holds it: (stamped, iteration, the next
-    ancestor's key when the walk leaves the batch, else 0). A walk stops at a stamped span or a root."""
+def climb(batch: pa.Table, rows: np.ndarray, *, bucketed: np.ndarray | None = None
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """From each of ``rows``, up the tree as far as ``batch`` holds it (the one climb both partitioned
+    engines make): (stamped, iteration, the next ancestor's key when the walk leaves the batch, else 0,
+    the row of the nearest span that ``bucketed`` marks or -1). A walk starts at its own row and stops
+    at a root, or once it met a stamped span (and, with ``bucketed``, a bucketed one)."""
     trace, span, parent = _u64(batch, "trace_key"), _u64(batch, "span_key"), _u64(batch, "parent_key")
     if ITERATION in batch.column_names:
         has = pc.is_valid(batch.column(ITERATION)).to_numpy(zero_copy_only=False)
@@ -145,7 +140,12 @@ def _climb(batch: pa.Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
         has, values = np.zeros(len(span), bool), np.zeros(len(span), np.int64)
     stamped = has[rows].copy()
     iteration = np.where(stamped, values[rows], 0)
-    after = np.where(stamped | (parent[rows] == span[rows]), np.uint64(0), parent[rows])  # its own parent: a root
+    ancestor = np.where(bucketed[rows], rows, -1) if bucketed is not None else np.full(len(rows), -1, np.int64)
+
+    def done(walks: np.ndarray) -> np.ndarray:
+        return stamped[walks] & (ancestor[walks] >= 0) if bucketed is not None else stamped[walks]
+
+    after = np.where(done(np.arange(len(rows))) | (parent[rows] == span[rows]), np.uint64(0), parent[rows])
     at = rows.copy()
     active = np.flatnonzero(after != 0)
     index = _KeyIndex.of(trace, span, np.arange(len(span))) if active.size else None
@@ -155,13 +155,15 @@ def _climb(batch: pa.Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
         hit = index.find(trace[at[active]], after[active])
         moved, row = active[hit >= 0], index.values[hit[hit >= 0]]
         at[moved] = row
-        done = has[row]
-        stamped[moved[done]] = True
-        iteration[moved[done]] = values[row[done]]
-        up = np.where(done | (parent[row] == span[row]), np.uint64(0), parent[row])
+        take = ~stamped[moved] & has[row]
+        stamped[moved[take]], iteration[moved[take]] = True, values[row[take]]
+        if bucketed is not None:
+            take = (ancestor[moved] < 0) & bucketed[row]
+            ancestor[moved[take]] = row[take]
+        up = np.where(done(moved) | (parent[row] == span[row]), np.uint64(0), parent[row])  # its own parent: a root
         after[moved] = up
         active = moved[up != 0]
-    return stamped, iteration, after
+    return stamped, iteration, after, ancestor
 
 
 def walk_starts(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
@@ -183,7 +185,7 @@ def walk_starts(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
     stamped, iteration, at = np.zeros(len(pairs), bool), np.zeros(len(pairs), np.int64), starts.copy()
     if inside.size:
         positions = _KeyIndex.of(trace, span, np.arange(len(span))).values[hit[inside]]
-        stamped[inside], iteration[inside], at[inside] = _climb(table, positions)
+        stamped[inside], iteration[inside], at[inside], _ = climb(table, positions)
     return pa.table([pa.array(starts_trace), pa.array(starts), pa.array(at),
                      pa.array(iteration, mask=~stamped)], schema=_WALK_SCHEMA)
 
@@ -194,7 +196,7 @@ def ancestor_rows(batch: pa.Table, *, targets: _KeyIndex) -> pa.Table:
     elsewhere (0: the walk ended)."""
     span = _u64(batch, "span_key")
     rows = np.flatnonzero(targets.find(_u64(batch, "trace_key"), span) >= 0)
-    stamped, iteration, after = _climb(batch, rows)
+    stamped, iteration, after, _ = climb(batch, rows)
     return pa.table([pa.array(_u64(batch, "trace_key")[rows]), pa.array(span[rows]), pa.array(after),
                      pa.array(iteration, mask=~stamped)], schema=_EDGE_SCHEMA)
 
@@ -524,7 +526,7 @@ def _finish(merged: pd.DataFrame, run_order: Sequence[str | None]) -> tuple[_goo
             outside_steps=_goodput.outside_summary(
                 outside_sums, int(outside["count"].sum()), int(outside.loc[~outside["stamped"], "count"].sum()),
                 np.unique(outside.loc[outside["stamped"], "iteration"].to_numpy(np.int64))),
-            job_wall_s=_job_wall(jobs[jobs["code"] == code]), outliers=_goodput._outliers(frame)))
+            job_wall_s=_job_wall(jobs[jobs["code"] == code]), outliers=_goodput.step_outliers(frame)))
     return tuple(out)
 
 
@@ -559,10 +561,7 @@ class Attribution:
 def attribution(root: Path, scan: Scan, *, run_id: str | None = None) -> Attribution:
     """Check ``run_id``, then resolve the walks of every unstamped bucketed span through ``scan``."""
     order = run_order(root)
-    if run_id is not None and run_id not in order:
-        present = ", ".join(repr(r) for r in order) or "none"
-        raise NemoTelemetryError(f"no run {run_id!r} in these spans (runs present: {present}); "
-                                 "pass one of them as --run / run_id")
+    UnknownRunError.unless_present(run_id, order)
     files = span_files(root)
     resolved = resolve_attribution(scan, files, run_id=run_id)
     attributed = _KeyIndex.of(resolved["trace_key"].to_numpy(np.uint64), resolved["parent_key"].to_numpy(np.uint64),
@@ -630,90 +629,3 @@ def partial_table(frame: pd.DataFrame) -> pa.Table:
 def stream_goodput(root: str | Path, *, run_id: str | None = None, batch_rows: int = BATCH_ROWS):
     """``run_goodput`` of a dataset too large for memory: one batch of ``batch_rows`` rows at a time."""
     return partitioned_goodput(Path(root), local_scan(batch_rows), run_id=run_id, compact_rows=4 * batch_rows)
-
-
-# -- choosing an engine (what the CLI calls) ---------------------------------------------------
-
-ENGINES = ("local", "ray")
-_IN_MEMORY_BYTES_PER_SPAN = 200  # decoded goodput columns plus the arrays built from them, measured
-
-
-def _dataset_rows(root: Path) -> int:
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in span_files(root))
-
-
-def _memory_budget() -> int:
-    """A quarter of the memory available now (what the in-memory path may take before streaming)."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
-    except (ValueError, OSError, AttributeError):  # not Linux: assume a laptop's 4 GB
-        return 4 << 30
-
-
-def _check_engine(engine: str) -> None:
-    if engine not in ENGINES:
-        raise NemoTelemetryError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
-
-
-def _dataset_for(source, engine: str) -> Path:
-    items = [source] if isinstance(source, (str, Path)) else list(source)
-    if len(items) != 1 or not is_dataset(Path(items[0])):
-        raise NemoTelemetryError(f"--engine {engine} reads a dataset directory: run `nemo-telemetry ingest "
-                                 "DUMPS... --out DATASET` (with --engine ray to decode in parallel) first")
-    return Path(items[0])
-
-
-def goodput_with_engine(source, *, engine: str = "local", run_id: str | None = None, by: str = "step",
-                        memory_budget: int | None = None) -> tuple[_goodput.RunGoodput, ...]:
-    """``run_goodput`` of a dataset or dump files on the chosen engine.
-
-    ``local`` works in memory, or streams the dataset a batch at a time when its goodput
-    columns would take more than ``memory_budget`` bytes (default: a quarter of the memory
-    available); ``ray`` runs Ray tasks over the dataset's files. ``by="rank"`` is in memory only.
-    """
-    _check_engine(engine)
-    from nemo_telemetry.analysis.metrics import with_step_metrics
-
-    return with_step_metrics(_goodput_on_engine(source, engine=engine, run_id=run_id, by=by,
-                                                memory_budget=memory_budget), source)
-
-
-def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
-                       memory_budget: int | None) -> tuple[_goodput.RunGoodput, ...]:
-    if engine == "ray":
-        if by != "step":
-            raise NemoTelemetryError(f"--by {by} runs on the local engine only; drop --engine ray")
-        from nemo_telemetry.analysis.engine_ray import ray_goodput
-
-        return ray_goodput(_dataset_for(source, engine), run_id=run_id)
-    items = [source] if isinstance(source, (str, Path)) else list(source)
-    budget = _memory_budget() if memory_budget is None else memory_budget
-    if (by == "step" and len(items) == 1 and is_dataset(Path(items[0]))
-            and _dataset_rows(Path(items[0])) * _IN_MEMORY_BYTES_PER_SPAN > budget):
-        return stream_goodput(items[0], run_id=run_id)
-    return _goodput.run_goodput(read_for_analysis(source, columns=GOODPUT_READ_COLUMNS), run_id=run_id, by=by)
-
-
-def check_with_engine(source, *, engine: str = "local", **options):
-    """``check_run`` over a dataset or dump files; on ``ray`` the findings are computed by Ray tasks
-    (:mod:`streaming_check`), the report being the same."""
-    _check_engine(engine)
-    if engine == "ray":
-        from nemo_telemetry.analysis.engine_ray import ray_check
-
-        return ray_check(_dataset_for(source, engine), **options)
-    from nemo_telemetry.analysis.findings import check_run
-
-    return check_run(read_for_analysis(source), **options)
-
-
-def ingest_with_engine(inputs, *, out, engine: str = "local", format: str | None = None, progress=None):
-    """``ingest`` on the chosen engine: ``ray`` decodes the files in parallel Ray tasks."""
-    _check_engine(engine)
-    if engine == "ray":
-        from nemo_telemetry.analysis.engine_ray import ray_ingest
-
-        return ray_ingest(inputs, out=out, format=format, progress=progress)
-    from nemo_telemetry.analysis.ingest import ingest
-
-    return ingest(inputs, out=out, format=format, progress=progress)

@@ -34,19 +34,19 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from nemo_telemetry.analysis import findings as _findings
 from nemo_telemetry.analysis import goodput as _goodput
 from nemo_telemetry.analysis import streaming
 from nemo_telemetry.analysis._arrays import (
-    BUCKETS, NO_BUCKET, READ_COLUMNS, UNKNOWN_BUCKET, SpanArrays, pairs_present, resource_pairs, span_arrays,
+    BUCKETS, NO_BUCKET, READ_COLUMNS, UNKNOWN_BUCKET, SpanArrays, pairs_present, read_span_files, resource_pairs,
+    span_arrays,
 )
 from nemo_telemetry.analysis.intervals import merge_intervals
 from nemo_telemetry.analysis.partitions import span_files
 from nemo_telemetry.analysis.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.tree import with_id_keys
-from nemo_telemetry.errors import NemoTelemetryError
+from nemo_telemetry.errors import UnknownRunError
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 
 __all__ = ["FileMap", "MapReduce", "local_map", "local_map_reduce", "partitioned_check", "stream_check"]
@@ -59,7 +59,6 @@ FileMap = Callable[..., list]
 MapReduce = Callable[..., tuple]
 
 _MAX_DEPTH = 1024  # as _arrays.SpanArrays.walk_up
-_DICTIONARY_READS = ("trace_id", "resource_attributes.key_value.key", "resource_attributes.key_value.value")
 _ANCHOR_REGEX = f"{_goodput.JOB_SPAN_REGEX}|{_goodput.STEP_SPAN_REGEX}"
 _LOOKUP_COLUMNS = ("trace_key", "span_key", "parent_key", ITERATION, BUCKET, "name")
 
@@ -83,13 +82,7 @@ def local_map_reduce(map_function: Callable, reduce_function: Callable, files: S
 
 def _read(path: str, columns: Sequence[str] = READ_COLUMNS) -> pa.Table:
     """One file as ``read_for_analysis`` reads the dataset (same projection, same dictionaries)."""
-    fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
-    dataset = ds.dataset([path], format=fmt)
-    names = dataset.schema.names
-    columns = [c for c in columns if c in names]
-    if not all(key in names for key in ("trace_key", "span_key", "parent_key")):  # written before the keys
-        columns += [c for c in ("trace_id", "span_id", "parent_span_id") if c in names and c not in columns]
-    return with_id_keys(dataset.to_table(columns=columns))
+    return with_id_keys(read_span_files([path], columns=tuple(columns)))
 
 
 def _u64(table: pa.Table, column: str) -> np.ndarray:
@@ -170,34 +163,11 @@ def _lookup(paths: list[str], targets: streaming._KeyIndex) -> list[pd.DataFrame
     out = []
     for path in paths:
         table = _read(path, _LOOKUP_COLUMNS)
-        trace, span, parent = _u64(table, "trace_key"), _u64(table, "span_key"), _u64(table, "parent_key")
-        iteration = table.column(ITERATION) if ITERATION in table.column_names else pa.nulls(len(span), pa.int64())
-        has = pc.is_valid(iteration).to_numpy(zero_copy_only=False)
-        values = pc.fill_null(iteration, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        trace, span = _u64(table, "trace_key"), _u64(table, "span_key")
         bucketed = (pc.is_valid(table.column(BUCKET)).to_numpy(zero_copy_only=False) if BUCKET in table.column_names
                     else np.zeros(len(span), bool))
         rows = np.flatnonzero(targets.find(trace, span) >= 0)
-        found, found_iteration = has[rows].copy(), np.where(has[rows], values[rows], 0)
-        ancestor = np.where(bucketed[rows], rows, -1)  # the row of the nearest bucketed span met
-        after = np.where(parent[rows] == span[rows], np.uint64(0), parent[rows])
-        after[found & (ancestor >= 0)] = 0
-        active = np.flatnonzero(after != 0)
-        index = streaming._KeyIndex.of(trace, span, np.arange(len(span))) if active.size else None
-        at = rows.copy()
-        for _ in range(_MAX_DEPTH):
-            if active.size == 0:
-                break
-            hit = index.find(trace[at[active]], after[active])
-            moved, row = active[hit >= 0], index.values[hit[hit >= 0]]
-            at[moved] = row
-            take = ~found[moved] & has[row]
-            found[moved[take]], found_iteration[moved[take]] = True, values[row[take]]
-            take = (ancestor[moved] < 0) & bucketed[row]
-            ancestor[moved[take]] = row[take]
-            up = np.where(parent[row] == span[row], np.uint64(0), parent[row])
-            up[found[moved] & (ancestor[moved] >= 0)] = 0
-            after[moved] = up
-            active = moved[up != 0]
+        found, found_iteration, after, ancestor = streaming.climb(table, rows, bucketed=bucketed)
         met = np.flatnonzero(ancestor >= 0)
         names = np.full(len(rows), None, dtype=object)
         names[met] = table.column("name").take(pa.array(ancestor[met])).to_pylist()  # only the names met
@@ -542,7 +512,7 @@ def _context(rows: pd.DataFrame, codes: _Codes, steps, table: pd.DataFrame, opti
     iteration = rows["iteration"].to_numpy(np.int64) if len(rows) else empty
     iteration = np.concatenate([iteration, np.full(n - len(iteration), -1, np.int64)])
     stamped = np.concatenate([rows["stamped"].to_numpy(bool), np.zeros(n - len(rows), bool)])
-    analysis = _goodput._Analysis(
+    analysis = _goodput.Analysis(
         arrays=arrays, keep=np.ones(n, bool) if keep is None else keep, steps=steps, bucketed=bucketed,
         bucketed_iteration=iteration[bucketed], bucketed_stamped=stamped[bucketed], walked=walked,
         walked_iteration=iteration[walked], walked_stamped=stamped[walked],
@@ -573,10 +543,7 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
     codes = _Codes()
     for f in facts:
         codes.add(f)
-    if run_id is not None and run_id not in codes.runs:
-        present = ", ".join(repr(r) for r in codes.runs) or "none"
-        raise NemoTelemetryError(f"no run {run_id!r} in these spans (runs present: {present}); "
-                                 "pass one of them as --run / run_id")
+    UnknownRunError.unless_present(run_id, codes.runs)
     walked, missing = _walk(file_map, files, _concat(f["walks"] for f in facts), _concat(f["missing"] for f in facts))
     shared = _shared(facts, codes, walked, missing, run_id, files, tolerance_ns)
     groups, reduced = map_reduce(_file_findings, _reduce_findings, files, reducers, shared)

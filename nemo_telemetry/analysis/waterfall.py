@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
 from nemo_telemetry.analysis.tree import attributed_iterations, parent_indices
-from nemo_telemetry.errors import NemoTelemetryError
+from nemo_telemetry.errors import WaterfallError
 
 __all__ = [
     "Waterfall",
@@ -46,10 +46,6 @@ STEP_NAME_PATTERN = r"^rl\.[^.]+\.step$"
 DEFAULT_COLLAPSE_THRESHOLD = 20
 # Span attributes worth a glance on a waterfall line (besides the iteration and the category).
 TAG_ATTRIBUTES = ("rl.weight_version", "rl.target_weight_version", "rl.idle.polls")
-
-
-class WaterfallError(NemoTelemetryError, ValueError):
-    """A waterfall or critical path was asked for a run, trace or step the spans do not hold."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,8 +47,7 @@ def demo_command(
 
 def print_demo_report(result, out: Console) -> None:
     """The run's header, then the same renderings ``goodput``, ``check`` and ``waterfall`` print."""
-    from nemo_telemetry.cli.goodput_cmds import bar_width_for, render_report, render_run  # noqa: PLC0415
-    from nemo_telemetry.cli.waterfall_cmds import print_waterfall  # noqa: PLC0415
+    from nemo_telemetry.cli.render import bar_width_for, print_waterfall, render_report, render_run  # noqa: PLC0415
 
     carrier = ", collector WITHOUT the job's carrier" if result.no_carrier else ""
     out.print(f"[bold]nemo-telemetry demo[/]: {result.mode} GRPO, {result.steps} steps, "

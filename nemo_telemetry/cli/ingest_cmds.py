@@ -10,10 +10,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from nemo_telemetry.analysis import CollectorServer, CollectSummary, IngestSummary
-from nemo_telemetry.analysis import kernels_compiling, run_collector, warm_up_kernels
-from nemo_telemetry.analysis.ingest import FORMATS, dump_files
-from nemo_telemetry.analysis.streaming import ingest_with_engine
+from nemo_telemetry.analysis import (FORMATS, CollectorServer, CollectSummary, IngestSummary, dump_files,
+                                     ingest_with_engine, kernels_compiling, run_collector, warm_up_kernels)
 from nemo_telemetry.cli._common import console, fail, library_errors, print_json
 from nemo_telemetry.cli.app import app
 from nemo_telemetry.errors import ListenError

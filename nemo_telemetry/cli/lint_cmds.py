@@ -8,7 +8,7 @@ from typing import List
 
 import typer
 
-from nemo_telemetry.analysis.lint import lint_paths
+from nemo_telemetry.analysis import lint_paths
 from nemo_telemetry.cli._common import EXIT_FINDINGS, console, library_errors, print_json
 from nemo_telemetry.cli.app import app
 

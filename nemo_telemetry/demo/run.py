@@ -25,7 +25,7 @@ from typing import Iterator
 
 from nemo_telemetry.demo.trainer import MODES, DemoSettings, TrainSummary
 from nemo_telemetry.demo.workload import PhaseTimes
-from nemo_telemetry.errors import NemoTelemetryError
+from nemo_telemetry.errors import DemoError
 
 __all__ = ["DEFAULT_SPAN_GROUPS", "DemoError", "DemoResult", "run_demo"]
 
@@ -34,10 +34,6 @@ DEFAULT_SPAN_GROUPS = "per_step,per_prompt"
 
 _MARKER = ".nemo-telemetry-demo"  # an --out directory the demo made, so re-running may clear it
 _OWNED = ("dumps", "dataset", "checkpoints")
-
-
-class DemoError(NemoTelemetryError, ValueError):
-    """The demo was asked for something it cannot run (a bad mode, step count or output directory)."""
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from nemo_telemetry.instrument import _gate
 from nemo_telemetry.instrument.gym_span_groups import GymSpanGroup
-from nemo_telemetry.instrument.propagation import _PROPAGATOR, context_from_carrier
+from nemo_telemetry.instrument.propagation import PROPAGATOR, context_from_carrier
 from nemo_telemetry.instrument.span_groups import RLSpanGroup
 
 __all__ = ["instrument_aiohttp_client", "uninstrument_aiohttp_client", "instrument_fastapi",
@@ -152,7 +152,7 @@ async def _on_request_start(session: Any, ctx: Any, params: Any) -> None:
             },
         )
         carrier_context = trace.set_span_in_context(span) if span.is_recording() else None
-        _PROPAGATOR.inject(params.headers, context=carrier_context)
+        PROPAGATOR.inject(params.headers, context=carrier_context)
         ctx.nemo_span = span
     except Exception:
         _log.debug("nemo_telemetry: could not open the HTTP client span", exc_info=True)

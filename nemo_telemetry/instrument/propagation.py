@@ -37,7 +37,7 @@ _log = logging.getLogger("nemo_telemetry")
 TRACE_CARRIER_KWARG = "trace_carrier"
 """The one keyword a carrier travels under: Ray actor methods, constructors and worker-group kwargs."""
 
-_PROPAGATOR = TraceContextTextMapPropagator()  # W3C only: a carrier is traceparent (+ tracestate)
+PROPAGATOR = TraceContextTextMapPropagator()  # W3C only: a carrier is traceparent (+ tracestate)
 
 _T = TypeVar("_T")
 
@@ -52,7 +52,7 @@ def current_trace_carrier() -> dict[str, str]:
         if not trace.get_current_span().is_recording():
             return {}
         carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier)
+        PROPAGATOR.inject(carrier)
         return carrier
     except Exception:  # telemetry never raises into a training run
         _log.debug("nemo_telemetry: could not capture a trace carrier", exc_info=True)
@@ -111,7 +111,7 @@ def context_from_carrier(carrier: Mapping[str, str] | None) -> otel_context.Cont
     if not carrier:
         return None
     try:
-        extracted = _PROPAGATOR.extract(dict(carrier))
+        extracted = PROPAGATOR.extract(dict(carrier))
         if not trace.get_current_span(extracted).get_span_context().is_valid:
             _log.debug("nemo_telemetry: ignoring a trace carrier without a valid traceparent: %r", carrier)
             return None

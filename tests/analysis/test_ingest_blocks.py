@@ -97,7 +97,7 @@ def test_decoding_in_the_calling_thread_gives_what_the_workers_give(requests, tm
     results = []
     for ahead in (0, 2):
         tables = []
-        pipeline = ingest_module._Pipeline(lambda t: tables.append(t) or t, decode_ahead=ahead)
+        pipeline = ingest_module.IngestPipeline(lambda t: tables.append(t) or t, decode_ahead=ahead)
         pipeline.add_file(path, None)
         results.append((pipeline.summary(), [t.spans.to_pylist() for t in tables]))
     assert results[0] == results[1]

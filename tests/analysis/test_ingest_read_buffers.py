@@ -121,7 +121,7 @@ def test_reused_buffers_leave_earlier_tables_as_they_were(payloads, tmp_path, mo
             super().give(buffer)
 
     kept = []
-    pipeline = ingest_module._Pipeline(lambda t: kept.append(t) or t, decode_ahead=ahead, buffers=CountingBuffers())
+    pipeline = ingest_module.IngestPipeline(lambda t: kept.append(t) or t, decode_ahead=ahead, buffers=CountingBuffers())
     pipeline.add_file(path, None)
     summary = pipeline.summary()
     assert summary.spans == 440 and len(kept) > 10

@@ -17,8 +17,9 @@ from nemo_telemetry.analysis.goodput import run_goodput
 from nemo_telemetry.analysis.ingest import read_spans
 from nemo_telemetry.analysis.records import spans_table
 from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA
-from nemo_telemetry.analysis import streaming
-from nemo_telemetry.analysis.streaming import goodput_with_engine, stream_goodput
+from nemo_telemetry.analysis import engines, streaming
+from nemo_telemetry.analysis.engines import goodput_with_engine
+from nemo_telemetry.analysis.streaming import stream_goodput
 from nemo_telemetry.analysis.tree import with_id_keys
 from nemo_telemetry.errors import NemoTelemetryError
 
@@ -157,7 +158,7 @@ def test_empty_dataset(tmp_path):
 
 def test_local_engine_streams_when_the_dataset_is_over_the_memory_budget(scenario, monkeypatch):
     calls = []
-    monkeypatch.setattr(streaming, "stream_goodput", lambda *a, **k: calls.append(a) or stream_goodput(*a, **k))
+    monkeypatch.setattr(engines, "stream_goodput", lambda *a, **k: calls.append(a) or stream_goodput(*a, **k))
     expected = as_plain(run_goodput(read_spans(scenario)))
     assert as_plain(goodput_with_engine(scenario, engine="local")) == expected
     assert calls == []  # a small dataset is read into memory
@@ -183,8 +184,7 @@ _MEASURE = """
 import json, sys, pyarrow as pa
 from nemo_telemetry.analysis.ingest import read_spans
 from nemo_telemetry.analysis.goodput import run_goodput
-from nemo_telemetry.analysis import streaming
-from nemo_telemetry.analysis.streaming import goodput_with_engine, stream_goodput
+from nemo_telemetry.analysis.streaming import stream_goodput
 root, how = sys.argv[1], sys.argv[2]
 if how == "stream":
     runs = stream_goodput(root, batch_rows=2000)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from nemo_telemetry.analysis import run_goodput, spans_table
 from nemo_telemetry.cli.app import app
-from nemo_telemetry.cli.goodput_cmds import render_run, step_bar
+from nemo_telemetry.cli.render import render_run, step_bar
 
 S = 1_000_000_000
 TRACE = "a" * 32

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from nemo_telemetry.analysis import spans_table, waterfall, with_id_keys
 from nemo_telemetry.cli.app import app
-from nemo_telemetry.cli.waterfall_cmds import format_duration, print_waterfall
+from nemo_telemetry.cli.render import format_duration, print_waterfall
 
 S = 1_000_000_000
 TRACE, OTHER_TRACE = "a" * 32, "b" * 32

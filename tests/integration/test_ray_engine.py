@@ -164,3 +164,34 @@ def test_ray_check_honours_the_overlap_tolerance_as_check_run(ray_cluster, tmp_p
     assert ray_check(root, overlap_tolerance_s=tolerance_s).to_dict() == expected
     severities = {f["severity"] for f in expected["findings"] if f["code"] == "bucketed-overlap"}
     assert severities == ({"error"} if tolerance_s == 0 else {"error", "info"})
+
+
+def test_an_unknown_run_is_the_same_error_on_every_engine(ray_cluster, scenario):
+    """In memory, out of core a few rows at a time, and on Ray: one message naming the runs present,
+    and from the CLI exit 2 with that message, for goodput and check alike."""
+    from nemo_telemetry.analysis.engine_ray import ray_check, ray_goodput
+    from nemo_telemetry.analysis.streaming import stream_goodput
+    from nemo_telemetry.analysis.streaming_check import stream_check
+    from nemo_telemetry.errors import UnknownRunError
+
+    attempts = {
+        "goodput in memory": lambda: run_goodput(read_spans(scenario), run_id="nope"),
+        "goodput out of core": lambda: stream_goodput(scenario, run_id="nope", batch_rows=50),
+        "goodput on ray": lambda: ray_goodput(scenario, run_id="nope"),
+        "check in memory": lambda: check_run(read_for_analysis(scenario), run_id="nope"),
+        "check out of core": lambda: stream_check(scenario, run_id="nope"),
+        "check on ray": lambda: ray_check(scenario, run_id="nope"),
+    }
+    messages = {}
+    for name, attempt in attempts.items():
+        with pytest.raises(UnknownRunError) as raised:
+            attempt()
+        messages[name] = str(raised.value)
+    expected = "no run 'nope' in these spans (runs present: 'run-a', 'run-b'); pass one of them as --run / run_id"
+    assert messages == dict.fromkeys(attempts, expected)
+    runner = CliRunner()
+    for command in ("goodput", "check"):
+        for engine in ("local", "ray"):
+            result = runner.invoke(app, [command, str(scenario), "--run", "nope", "--engine", engine])
+            assert result.exit_code == 2, (command, engine, result.output)
+            assert expected in result.stderr
