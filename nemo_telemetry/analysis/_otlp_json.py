@@ -48,7 +48,7 @@ def decode_json_request(doc: Any, cols: SpanColumns) -> int:
     if not isinstance(doc, dict):
         raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
     if "resource_spans" in doc:
-        doc = _camel_case(doc)
+        doc = camel_case(doc)
     mark = cols.mark()
     try:
         return _decode(doc, cols)
@@ -366,11 +366,11 @@ def _bytes_hex(text: str) -> str:
         return str(text).lower()
 
 
-def _camel_case(obj: Any) -> Any:
+def camel_case(obj: Any) -> Any:
     """Original (snake_case) protobuf field names to the lowerCamelCase the decoder reads."""
     if isinstance(obj, dict):
-        return {_SNAKE.sub(lambda m: m.group(1).upper(), k): _camel_case(v) for k, v in obj.items()}
+        return {_SNAKE.sub(lambda m: m.group(1).upper(), k): camel_case(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_camel_case(v) for v in obj]
+        return [camel_case(v) for v in obj]
     return obj
 

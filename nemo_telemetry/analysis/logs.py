@@ -10,11 +10,7 @@ line, field) and costs only itself. ``ingest`` writes the table to ``DATASET/log
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -23,7 +19,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from nemo_telemetry.analysis._columns import text_id_hex
 from nemo_telemetry.analysis._detect import open_decompressed
+from nemo_telemetry.analysis._otlp_json import any_value_to_python, camel_case, value_to_string
 from nemo_telemetry.errors import IngestError
 
 __all__ = ["LOGS_SCHEMA", "LogReadResult", "DatasetLogFiles", "read_logs", "read_log_dumps", "log_dump_files",
@@ -50,8 +48,6 @@ LOGS_SCHEMA = pa.schema([
 """One row per log record. ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank`` (from the resource)."""
 
 _HEAD_BYTES = 256
-_HEX_DIGITS = frozenset("0123456789abcdef")
-_HEX_ID = {n: re.compile(f"[0-9a-fA-F]{{{2 * n}}}") for n in (8, 16)}
 _SEVERITY_NAMES = {1: "TRACE", 5: "DEBUG", 9: "INFO", 13: "WARN", 17: "ERROR", 21: "FATAL"}
 
 
@@ -155,44 +151,15 @@ def _documents(path: Path, problems: list[str]) -> Iterator[tuple[str, Any]]:
             problems.append(f"{path}:{number}: not JSON ({exc})")
 
 
-def _get(obj: dict, camel: str, snake: str, default: Any = None) -> Any:
-    value = obj.get(camel)
-    return obj.get(snake, default) if value is None else value
+def _get(obj: dict, key: str, default: Any = None) -> Any:
+    """``obj[key]``, with ``default`` for a missing or null field."""
+    value = obj.get(key)
+    return default if value is None else value
 
 
 def _any_text(value: Any) -> str | None:
-    """An OTLP/JSON ``AnyValue`` as text (arrays and maps as JSON)."""
-    if isinstance(value, dict) and "stringValue" in value:  # the common case, first
-        return str(value["stringValue"])
-    python = _any_python(value)
-    if python is None or isinstance(python, str):
-        return python
-    if isinstance(python, bool):
-        return "true" if python else "false"
-    if isinstance(python, (int, float)):
-        return str(python)
-    return json.dumps(python, separators=(",", ":"), ensure_ascii=False)
-
-
-def _any_python(value: Any) -> Any:
-    if not isinstance(value, dict) or not value:
-        return None
-    key, inner = next(iter(value.items()))
-    if key in ("stringValue", "string_value"):
-        return str(inner)
-    if key in ("boolValue", "bool_value"):
-        return bool(inner)
-    if key in ("intValue", "int_value"):
-        return int(inner)
-    if key in ("doubleValue", "double_value"):
-        return float(inner)
-    if key in ("bytesValue", "bytes_value"):
-        return str(inner)
-    if key in ("arrayValue", "array_value"):
-        return [_any_python(v) for v in (inner or {}).get("values", ())]
-    if key in ("kvlistValue", "kvlist_value"):
-        return {kv.get("key"): _any_python(kv.get("value")) for kv in (inner or {}).get("values", ())}
-    raise ValueError(f"unknown value type {key!r}")
+    """An OTLP/JSON ``AnyValue`` as text, encoded as span attributes are (``schema.py``)."""
+    return value_to_string(any_value_to_python(value))
 
 
 def _attributes(kvs: Any) -> list[tuple[str, str | None]]:
@@ -205,17 +172,8 @@ def _hex_id(value: Any, length: int, what: str) -> str | None:
     """A trace/span id as lowercase hex (hex in any case, or base64); None when absent or all zero."""
     if not value:
         return None
-    text = str(value)
-    if _HEX_ID[length].fullmatch(text):
-        text = text.lower()
-        return None if not text.strip("0") else text
-    if len(text) != length * 2:
-        try:
-            text = base64.b64decode(text, validate=True).hex()
-        except (binascii.Error, ValueError):
-            text = ""
-    text = text.lower()
-    if len(text) != length * 2 or not set(text) <= _HEX_DIGITS:
+    text = text_id_hex(str(value), length)
+    if text is None:
         raise ValueError(f"{what} {value!r} is neither {length * 2} hex digits nor base64 of {length} bytes")
     return None if not text.strip("0") else text
 
@@ -247,14 +205,14 @@ def _severity_number(value: Any) -> int | None:
 
 
 def _record_row(record: dict) -> dict:
-    time_ns = _int(_get(record, "timeUnixNano", "time_unix_nano", 0), "timeUnixNano")
-    observed = _int(_get(record, "observedTimeUnixNano", "observed_time_unix_nano", 0), "observedTimeUnixNano")
-    number = _severity_number(_get(record, "severityNumber", "severity_number"))
-    text = _get(record, "severityText", "severity_text") or (
+    time_ns = _int(_get(record, "timeUnixNano", 0), "timeUnixNano")
+    observed = _int(_get(record, "observedTimeUnixNano", 0), "observedTimeUnixNano")
+    number = _severity_number(_get(record, "severityNumber"))
+    text = _get(record, "severityText") or (
         _SEVERITY_NAMES.get((number - 1) // 4 * 4 + 1) if number else None)
     return {
-        "trace_id": _hex_id(_get(record, "traceId", "trace_id"), 16, "traceId"),
-        "span_id": _hex_id(_get(record, "spanId", "span_id"), 8, "spanId"),
+        "trace_id": _hex_id(_get(record, "traceId"), 16, "traceId"),
+        "span_id": _hex_id(_get(record, "spanId"), 8, "spanId"),
         "time_ns": time_ns or observed,
         "observed_time_ns": observed or None,
         "severity_number": number,
@@ -269,15 +227,17 @@ def _decode(doc: Any, where: str, rows: _Rows, problems: list[str], unreadable: 
     if not isinstance(doc, dict):
         unreadable.append(f"{where}: not an OTLP request object")
         return False
-    resources = _get(doc, "resourceLogs", "resource_logs")
+    if "resource_logs" in doc:  # the protobuf field names, as some exporters write them
+        doc = camel_case(doc)
+    resources = _get(doc, "resourceLogs")
     if resources is None:
         return False
     for r_index, resource_logs in enumerate(resources if isinstance(resources, list) else [resources]):
         part = f"{where}: resourceLogs[{r_index}]"
         try:
             resource = _attributes((resource_logs.get("resource") or {}).get("attributes"))
-            scopes = _get(resource_logs, "scopeLogs", "scope_logs") or ()
-            scopes = [(s_index, scope, scope.get("scope") or {}, _get(scope, "logRecords", "log_records") or ())
+            scopes = _get(resource_logs, "scopeLogs") or ()
+            scopes = [(s_index, scope, scope.get("scope") or {}, _get(scope, "logRecords") or ())
                       for s_index, scope in enumerate(scopes)]
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             problems.append(f"{part}: not an OTLP ResourceLogs object ({exc})")

@@ -125,6 +125,26 @@ def test_a_bad_log_record_costs_only_itself_and_is_named(tmp_path):
     assert (row["body"], row["trace_id"], row["span_id"]) == ("fine", "ab" * 16, "cd" * 8)
 
 
+def test_log_attribute_values_read_as_span_attributes_do(tmp_path):
+    """One AnyValue encoding for spans and logs: bytes as hex, a bool given as text, snake_case
+    field names, and the same nesting bound (a value nested past it costs only its record)."""
+    deep = {"stringValue": "x"}
+    for _ in range(40):
+        deep = {"arrayValue": {"values": [deep]}}
+    snake = {"resource_logs": [{"resource": {"attributes": [{"key": "service.name", "value": {"string_value": "svc"}}]},
+                                "scope_logs": [{"log_records": [{
+                                    "time_unix_nano": "5", "body": {"bool_value": "false"},
+                                    "attributes": [{"key": "raw", "value": {"bytes_value": "AQI="}}]}]}]}]}
+    camel = {"resourceLogs": [{"scopeLogs": [{"logRecords": [
+        {"timeUnixNano": "6", "body": {"stringValue": "deep"}, "attributes": [{"key": "d", "value": deep}]}]}]}]}
+    path = tmp_path / "logs-values.jsonl"
+    path.write_text(json.dumps(snake) + "\n" + json.dumps(camel) + "\n")
+    with pytest.warns(UserWarning, match=r"logs-values.jsonl:2: .*nested more than 32 deep"):
+        table = read_logs(path)
+    (row,) = table.to_pylist()
+    assert (row["body"], row["attributes"], row["service_name"]) == ("false", [("raw", "0102")], "svc")
+
+
 def test_the_html_waterfall_lists_a_spans_log_records_escaped(run, tmp_path):
     dump, ids = run
     ingest([dump], out=tmp_path / "ds")
