@@ -56,14 +56,28 @@ class SmallFilesystem:
 
 
 @pytest.fixture()
-def small_filesystem(tmp_path):
-    """A 4 MiB tmpfs mounted for the test (needs root, as CI has), unmounted after it."""
+def tmpfs(tmp_path):
+    """``tmpfs(size)``: a folder with a tmpfs of ``size`` (``"4m"``) mounted on it for the test, unmounted
+    after it. Mounting needs root, as CI has; elsewhere the test is skipped with that reason."""
     import subprocess
 
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    root = tmp_path / "small"
-    root.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(root)], check=True)
-    yield SmallFilesystem(root)
-    subprocess.run(["umount", "-l", str(root)], check=True)
+    mounted = []
+
+    def mount(size: str):
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+        folder = tmp_path / f"tmpfs-{len(mounted)}"
+        folder.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+@pytest.fixture()
+def small_filesystem(tmpfs):
+    """A 4 MiB tmpfs mounted for the test (needs root, as CI has), unmounted after it."""
+    return SmallFilesystem(tmpfs("4m"))

@@ -5,7 +5,6 @@ data without one); that command then completes the dataset, each span once, no l
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import signal
@@ -144,20 +143,10 @@ def test_kill_9_of_ingest_leaves_the_committed_state_and_the_same_ingest_complet
     assert not stray, "files the killed ingest renamed but never committed remain"
 
 
-def _mount_tmpfs(folder: Path, size: str) -> None:
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
-
-
 @pytest.fixture()
-def small_disk(tmp_path):
+def small_disk(tmpfs):
     """An 8 MiB tmpfs this test mounts (root only, as in CI) and unmounts at the end."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (CI runs the suite as root)")
-    folder = tmp_path / "disk"
-    folder.mkdir()
-    _mount_tmpfs(folder, "8m")
-    yield folder
-    subprocess.run(["umount", "-l", str(folder)], check=False)
+    return tmpfs("8m")
 
 
 def test_ingest_on_a_full_disk_exits_2_and_leaves_the_committed_state(small_disk, million_spans, tmp_path):
