@@ -62,7 +62,7 @@ def _export(url: str, spans: int, start, done) -> None:
 
 def _before_module(ref: str) -> types.ModuleType:
     """The collector module as it is at ``ref``, imported under its own name."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:nemo_telemetry/analysis/collect.py"],
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:nemo_telemetry/analysis/ingestion/collect.py"],
                             check=True, capture_output=True, text=True).stdout
     module = types.ModuleType("collect_before")
     sys.modules[module.__name__] = module  # dataclasses look their module up there
@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="folder for the datasets (default: a temporary one)")
     args = parser.parse_args()
 
-    from nemo_telemetry.analysis.collect import CollectorServer
+    from nemo_telemetry.analysis.ingestion.collect import CollectorServer
 
     before = _before_module(args.before).CollectorServer
     work = Path(tempfile.mkdtemp(prefix="bench-collect-", dir=args.out))

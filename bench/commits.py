@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 def _batches(commits: int, spans: int, ranks: int) -> list:
     from nemo_telemetry.analysis import load_traces
-    from nemo_telemetry.analysis._columns import OtlpTables
+    from nemo_telemetry.analysis.ingestion._columns import OtlpTables
     from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed
 
     folder = Path(tempfile.mkdtemp(prefix="bench-commits-"))
@@ -70,7 +70,7 @@ def _durable_file(batches, root: Path) -> None:
 
 
 def _dataset_writer(batches, root: Path) -> None:
-    from nemo_telemetry.analysis.dataset import DatasetWriter
+    from nemo_telemetry.analysis.store.dataset import DatasetWriter
 
     writer = DatasetWriter(root)
     for batch in batches:
@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=1, help="(run, rank) partitions, so files, per commit")
     parser.add_argument("--data", type=Path, default=None, help="where to write (default: a temporary folder)")
     args = parser.parse_args()
-    from nemo_telemetry.analysis.commits import dataset_state
+    from nemo_telemetry.analysis.store.commits import dataset_state
 
     batches = _batches(args.commits, args.spans, args.ranks)
     base = Path(tempfile.mkdtemp(prefix="bench-commits-", dir=args.data))

@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from _columns import dictionary, uint64_hex  # bench/_columns.py (this script's folder is on sys.path)
-from nemo_telemetry.analysis._columns import SPANS_TABLE_SCHEMA
+from nemo_telemetry.analysis.ingestion._columns import SPANS_TABLE_SCHEMA
 
 SPANS_PER_STEP = 2_500
 STEP_NS = 30_000_000_000
@@ -176,9 +176,9 @@ def _peak_gb() -> float:
 
 def measure(root: Path, command: str) -> dict:
     """In this (fresh) process, as ``command`` does: read its columns, compute; times, CPU and peak RSS."""
-    from nemo_telemetry.analysis._arrays import GOODPUT_COLUMNS, read_for_analysis
-    from nemo_telemetry.analysis.findings import check_run
-    from nemo_telemetry.analysis.goodput import run_goodput
+    from nemo_telemetry.analysis.model._arrays import GOODPUT_COLUMNS, read_for_analysis
+    from nemo_telemetry.analysis.findings.checks import check_run
+    from nemo_telemetry.analysis.goodput.steps import run_goodput
 
     clock = time.perf_counter
     c0, t0 = time.process_time(), clock()

@@ -130,7 +130,7 @@ def _print_tree(spans) -> None:
 
 
 def _report(run) -> int:
-    from nemo_telemetry.analysis.stitch import STITCHED_KEY
+    from nemo_telemetry.analysis.views.stitch import STITCHED_KEY
 
     print(f"\nstitched llm_request spans: {run.spans.schema.metadata[STITCHED_KEY].decode()}\n")
     _print_tree(run.spans)

@@ -76,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from nemo_telemetry.analysis import read_spans
-    from nemo_telemetry.analysis.logs import read_log_dumps
+    from nemo_telemetry.analysis.ingestion.logs import read_log_dumps
 
     with tempfile.TemporaryDirectory() as tmp:
         logs, traces = write_dumps(Path(tmp), args.records)

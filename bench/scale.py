@@ -40,8 +40,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from _columns import dictionary, uint64_hex  # bench/_columns.py (this script's folder is on sys.path)
-from nemo_telemetry.analysis._columns import SPANS_TABLE_SCHEMA
-from nemo_telemetry.analysis.partitions import split_by_partition
+from nemo_telemetry.analysis.ingestion._columns import SPANS_TABLE_SCHEMA
+from nemo_telemetry.analysis.store.partitions import split_by_partition
 
 RANKS = 8
 MICROBATCHES = 60
@@ -240,31 +240,31 @@ def measure(mode: str, path: Path, expected: Path | None) -> None:
         sampler = _PeakSampler(workers)
     t0 = time.perf_counter()
     if mode == "memory":
-        from nemo_telemetry.analysis._arrays import read_for_analysis
-        from nemo_telemetry.analysis.goodput import run_goodput
+        from nemo_telemetry.analysis.model._arrays import read_for_analysis
+        from nemo_telemetry.analysis.goodput.steps import run_goodput
 
         result = _plain(run_goodput(read_for_analysis(path)))
     elif mode == "stream":
         result, extra = _stream_with_partition_costs(path)
     elif mode == "ray":
-        from nemo_telemetry.analysis.engine_ray import ray_goodput
+        from nemo_telemetry.analysis.engines.ray_engine import ray_goodput
 
         result = _plain(ray_goodput(path))
     elif mode == "check-memory":
-        from nemo_telemetry.analysis._arrays import read_for_analysis
-        from nemo_telemetry.analysis.findings import check_run
+        from nemo_telemetry.analysis.model._arrays import read_for_analysis
+        from nemo_telemetry.analysis.findings.checks import check_run
 
         result = _plain_check(check_run(read_for_analysis(path)))
     elif mode == "check-ray":
-        from nemo_telemetry.analysis.engine_ray import ray_check
+        from nemo_telemetry.analysis.engines.ray_engine import ray_check
 
         result = _plain_check(ray_check(path))
     elif mode in ("ingest-local", "ingest-ray"):
         out = Path(tempfile.mkdtemp(dir=path.parent)) / "ds"
         if mode == "ingest-local":
-            from nemo_telemetry.analysis.ingest import ingest as run
+            from nemo_telemetry.analysis.ingestion.ingest import ingest as run
         else:
-            from nemo_telemetry.analysis.engine_ray import ray_ingest as run
+            from nemo_telemetry.analysis.engines.ray_engine import ray_ingest as run
         summary = run(path, out=out)
         result = json.dumps({"spans": summary.spans, "traces": summary.traces, "duplicates": summary.duplicates_dropped})
     wall = time.perf_counter() - t0
@@ -288,8 +288,8 @@ def _own_peak_rss() -> int:
 
 def _stream_with_partition_costs(path: Path) -> tuple[str, dict]:
     """stream_goodput, with the map step (per-batch partials) timed per (run, rank) partition."""
-    from nemo_telemetry.analysis import streaming
-    from nemo_telemetry.analysis.partitions import span_partitions
+    from nemo_telemetry.analysis.goodput import partials as streaming
+    from nemo_telemetry.analysis.store.partitions import span_partitions
 
     partition_of = {f: (p.run_id, p.rank) for p in span_partitions(path) for f in p.files}
     cost: dict = {}

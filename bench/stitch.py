@@ -28,7 +28,7 @@ def _synthetic(requests: int, per_generate: int):
     import numpy as np
     import pyarrow as pa
 
-    from nemo_telemetry.analysis.schema import SPANS_SCHEMA
+    from nemo_telemetry.analysis.model.schema import SPANS_SCHEMA
 
     steps = max(1, -(-requests // per_generate))
     gen_start = np.arange(steps, dtype=np.int64) * 10_000_000
@@ -74,7 +74,7 @@ def _loop_stitch(rows: list[dict]) -> int:
 
 
 def bench_stitch(requests: int, per_generate: int) -> None:
-    from nemo_telemetry.analysis.stitch import STITCHED_KEY, stitch_vllm_spans
+    from nemo_telemetry.analysis.views.stitch import STITCHED_KEY, stitch_vllm_spans
 
     table = _synthetic(requests, per_generate)
     t = time.perf_counter()

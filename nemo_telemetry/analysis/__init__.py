@@ -6,8 +6,8 @@ directly. The public API is listed once, in ``__all__``.
 
 from __future__ import annotations
 
-from nemo_telemetry.analysis.collect import CollectorServer, CollectSummary, run_collector
-from nemo_telemetry.analysis.ingest import (
+from nemo_telemetry.analysis.ingestion.collect import CollectorServer, CollectSummary, run_collector
+from nemo_telemetry.analysis.ingestion.ingest import (
     IngestSummary,
     IngestWarning,
     TraceTables,
@@ -17,13 +17,13 @@ from nemo_telemetry.analysis.ingest import (
     read_links,
     read_spans,
 )
-from nemo_telemetry.analysis.records import spans_table
-from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA, SPANS_SCHEMA
-from nemo_telemetry.analysis.tree import attributed_iterations, parent_indices, with_id_keys
-from nemo_telemetry.analysis.waterfall import Waterfall, WaterfallError, critical_path, waterfall
-from nemo_telemetry.analysis.perfetto import to_chrome_trace
-from nemo_telemetry.analysis.html_view import to_html
-from nemo_telemetry.analysis.metrics import (
+from nemo_telemetry.analysis.model.records import spans_table
+from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA, SPANS_SCHEMA
+from nemo_telemetry.analysis.model.tree import attributed_iterations, parent_indices, with_id_keys
+from nemo_telemetry.analysis.views.waterfall import Waterfall, WaterfallError, critical_path, waterfall
+from nemo_telemetry.analysis.views.perfetto import to_chrome_trace
+from nemo_telemetry.analysis.views.html_view import to_html
+from nemo_telemetry.analysis.ingestion.metrics import (
     METRICS_SCHEMA,
     efficiency_by_step,
     metrics_by_step,
@@ -31,9 +31,9 @@ from nemo_telemetry.analysis.metrics import (
     step_windows,
     with_efficiency_columns,
 )
-from nemo_telemetry.analysis.stitch import stitch_vllm_spans
-from nemo_telemetry.analysis.logs import LOGS_SCHEMA, read_logs
-from nemo_telemetry.analysis.goodput import (
+from nemo_telemetry.analysis.views.stitch import stitch_vllm_spans
+from nemo_telemetry.analysis.ingestion.logs import LOGS_SCHEMA, read_logs
+from nemo_telemetry.analysis.goodput.steps import (
     RunGoodput,
     StepOutlier,
     compare_runs,
@@ -41,16 +41,16 @@ from nemo_telemetry.analysis.goodput import (
     goodput_document,
     run_goodput,
 )
-from nemo_telemetry.analysis.findings import FINDING_CODES, CheckReport, Finding, check_run
-from nemo_telemetry.analysis.intervals import merge_intervals
-from nemo_telemetry.analysis.warmup import KernelWarmUp, kernels_compiling, warm_up_kernels
-from nemo_telemetry.analysis.ingest import FORMATS, dump_files
-from nemo_telemetry.analysis._arrays import GOODPUT_COLUMNS, read_for_analysis
-from nemo_telemetry.analysis.goodput import BUCKETS, STEP_COLUMNS
-from nemo_telemetry.analysis.findings import SEVERITIES
-from nemo_telemetry.analysis.engines import ENGINES, check_with_engine, goodput_with_engine, ingest_with_engine
-from nemo_telemetry.analysis.waterfall import DEFAULT_COLLAPSE_THRESHOLD
-from nemo_telemetry.analysis.plots import write_goodput_plot
+from nemo_telemetry.analysis.findings.checks import FINDING_CODES, CheckReport, Finding, check_run
+from nemo_telemetry.analysis.model.intervals import merge_intervals
+from nemo_telemetry.analysis.kernels.warmup import KernelWarmUp, kernels_compiling, warm_up_kernels
+from nemo_telemetry.analysis.ingestion.ingest import FORMATS, dump_files
+from nemo_telemetry.analysis.model._arrays import GOODPUT_COLUMNS, read_for_analysis
+from nemo_telemetry.analysis.goodput.steps import BUCKETS, STEP_COLUMNS
+from nemo_telemetry.analysis.findings.checks import SEVERITIES
+from nemo_telemetry.analysis.engines.choose import ENGINES, check_with_engine, goodput_with_engine, ingest_with_engine
+from nemo_telemetry.analysis.views.waterfall import DEFAULT_COLLAPSE_THRESHOLD
+from nemo_telemetry.analysis.views.plots import write_goodput_plot
 from nemo_telemetry.analysis.lint import lint_paths
 from nemo_telemetry.errors import CompiledPathWarning, IncompleteDatasetWarning, IngestError, LintError, UnknownRunError
 

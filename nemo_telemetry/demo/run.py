@@ -40,9 +40,9 @@ _OWNED = ("dumps", "dataset", "checkpoints")
 class DemoResult:
     """Where the run went and what the analysis found in it.
 
-    ``goodput`` is the run's :class:`~nemo_telemetry.analysis.goodput.RunGoodput`, ``check`` the
-    :class:`~nemo_telemetry.analysis.findings.CheckReport`, ``waterfall`` one step's
-    :class:`~nemo_telemetry.analysis.waterfall.Waterfall` (``waterfall_step``).
+    ``goodput`` is the run's :class:`~nemo_telemetry.analysis.goodput.steps.RunGoodput`, ``check`` the
+    :class:`~nemo_telemetry.analysis.findings.checks.CheckReport`, ``waterfall`` one step's
+    :class:`~nemo_telemetry.analysis.views.waterfall.Waterfall` (``waterfall_step``).
     """
 
     out: Path
@@ -147,10 +147,10 @@ def _train_with_telemetry(config: dict, settings: DemoSettings) -> tuple[TrainSu
 def _analyse(root: Path, settings: DemoSettings, span_groups: str, run_id: str, summary: TrainSummary,
              wall_s: float) -> DemoResult:
     from nemo_telemetry.analysis import ingest, read_spans
-    from nemo_telemetry.analysis.findings import check_run
-    from nemo_telemetry.analysis.goodput import run_goodput
-    from nemo_telemetry.analysis.metrics import with_step_metrics
-    from nemo_telemetry.analysis.waterfall import waterfall
+    from nemo_telemetry.analysis.findings.checks import check_run
+    from nemo_telemetry.analysis.goodput.steps import run_goodput
+    from nemo_telemetry.analysis.ingestion.metrics import with_step_metrics
+    from nemo_telemetry.analysis.views.waterfall import waterfall
 
     dumps, dataset = root / "dumps", root / "dataset"
     ingested = ingest([dumps], out=dataset)

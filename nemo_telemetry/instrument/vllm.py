@@ -46,7 +46,7 @@ In every version above, offline ``LLM.generate`` itself takes no trace context a
 32177). :func:`instrument_vllm` therefore *routes* them: where the engine's ``add_request``
 accepts ``trace_headers``, it wraps that bound method on this one engine instance so a call
 without headers gets the current ``traceparent`` -- inside ``rl.vllm.generate``, that span's.
-Where it does not, the analysis stitches: :func:`nemo_telemetry.analysis.stitch.stitch_vllm_spans`
+Where it does not, the analysis stitches: :func:`nemo_telemetry.analysis.views.stitch.stitch_vllm_spans`
 re-parents ``llm_request`` spans under the enclosing ``rl.vllm.generate`` of the same
 ``nemo.run.id`` by time containment and marks them ``nemo.stitched=true``. The path taken is on
 every generate span as ``rl.vllm.trace_path`` (``headers`` or ``stitch``). For stitching to

@@ -54,7 +54,7 @@ def test_every_error_class_is_under_the_one_root_in_errors():
         if not issubclass(value, Warning):  # the warnings are UserWarnings, on purpose
             assert issubclass(value, errors.NemoTelemetryError), name
     from nemo_telemetry.analysis.lint import LintError
-    from nemo_telemetry.analysis.waterfall import WaterfallError
+    from nemo_telemetry.analysis.views.waterfall import WaterfallError
     from nemo_telemetry.demo import DemoError
 
     assert (LintError, WaterfallError, DemoError) == (errors.LintError, errors.WaterfallError, errors.DemoError)

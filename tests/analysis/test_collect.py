@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.trace import Link, SpanKind, Status as SpanStatus, StatusCode
 
 from nemo_telemetry.analysis import IncompleteDatasetWarning, read_events, read_links, read_spans
-from nemo_telemetry.analysis.collect import CollectorServer, run_collector
+from nemo_telemetry.analysis.ingestion.collect import CollectorServer, run_collector
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 from nemo_telemetry.instrument import DumpSpanExporter
 

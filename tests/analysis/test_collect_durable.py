@@ -9,7 +9,7 @@ import logging
 import httpx
 
 from nemo_telemetry.analysis import read_spans
-from nemo_telemetry.analysis.collect import RETRY_AFTER_S, CollectorServer
+from nemo_telemetry.analysis.ingestion.collect import RETRY_AFTER_S, CollectorServer
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
@@ -23,7 +23,7 @@ def _requests(count: int) -> list[bytes]:
 def test_full_filesystem_is_503_then_recovers_and_nothing_acknowledged_is_lost(small_filesystem, caplog):
     first, during, retried, after = _requests(4)
     dataset = small_filesystem.root / "ds"
-    caplog.set_level(logging.WARNING, logger="nemo_telemetry.analysis.collect")
+    caplog.set_level(logging.WARNING, logger="nemo_telemetry.analysis.ingestion.collect")
     with CollectorServer(dataset, port=0) as server, httpx.Client() as client:
         assert client.post(server.traces_url, content=first, headers=PROTOBUF).status_code == 200
         small_filesystem.fill()

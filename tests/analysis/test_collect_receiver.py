@@ -19,10 +19,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from nemo_telemetry.analysis import collect as collect_module
+from nemo_telemetry.analysis.ingestion import collect as collect_module
 from nemo_telemetry.analysis import read_spans
-from nemo_telemetry.analysis.collect import RETRY_AFTER_S, CollectorServer
-from nemo_telemetry.analysis.dataset import DatasetWriter
+from nemo_telemetry.analysis.ingestion.collect import RETRY_AFTER_S, CollectorServer
+from nemo_telemetry.analysis.store.dataset import DatasetWriter
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 
 LIMIT = 64 * 1024

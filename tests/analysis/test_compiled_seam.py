@@ -19,8 +19,9 @@ import pyarrow as pa
 import pytest
 
 from nemo_telemetry.analysis import CompiledPathWarning, ingest, read_events, read_spans
-from nemo_telemetry.analysis import _compiled, _dedup_reference
-from nemo_telemetry.analysis.dataset import SpanDeduplicator, _string_buffers
+from nemo_telemetry.analysis.kernels import _compiled
+from nemo_telemetry.analysis.kernels import _dedup_reference
+from nemo_telemetry.analysis.store.dataset import SpanDeduplicator, _string_buffers
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_json_lines, write_length_prefixed
 
 

@@ -15,10 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from nemo_telemetry.analysis import IncompleteDatasetWarning, ingest, load_traces, read_events, read_links, read_spans
-from nemo_telemetry.analysis import commits, dataset
-from nemo_telemetry.analysis._columns import OtlpTables
-from nemo_telemetry.analysis._arrays import read_for_analysis
-from nemo_telemetry.analysis.partitions import span_files
+from nemo_telemetry.analysis.store import commits
+from nemo_telemetry.analysis.store import dataset
+from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.model._arrays import read_for_analysis
+from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed
 
 

@@ -10,12 +10,16 @@ import importlib
 import pyarrow.parquet as pq
 import pytest
 
-from nemo_telemetry.analysis import _detect, dataset, load_traces, read_spans
-from nemo_telemetry.analysis._columns import OtlpTables
-from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA
+from nemo_telemetry.analysis import load_traces, read_spans
+
+from nemo_telemetry.analysis.ingestion import _detect
+
+from nemo_telemetry.analysis.store import dataset
+from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed
 
-ingest_module = importlib.import_module("nemo_telemetry.analysis.ingest")  # the package exports ingest()
+ingest_module = importlib.import_module("nemo_telemetry.analysis.ingestion.ingest")  # the package exports ingest()
 
 
 @pytest.fixture()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nemo_telemetry.analysis import spans_table
-from nemo_telemetry.analysis.findings import FINDING_CODES, SPAN_GROUPS_ATTRIBUTE, check_run
+from nemo_telemetry.analysis.findings.checks import FINDING_CODES, SPAN_GROUPS_ATTRIBUTE, check_run
 
 from _hand_traces import S, Trace
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from nemo_telemetry.analysis import spans_table
-from nemo_telemetry.analysis.goodput import STEP_COLUMNS, goodput_by_step, run_goodput
+from nemo_telemetry.analysis.goodput.steps import STEP_COLUMNS, goodput_by_step, run_goodput
 from nemo_telemetry.errors import NemoTelemetryError
 
 from _hand_traces import S, Trace
@@ -241,6 +241,6 @@ def test_goodput_without_hex_id_columns_matches_the_full_table():
 def test_docstring_examples_run():
     import doctest
 
-    from nemo_telemetry.analysis import goodput
+    from nemo_telemetry.analysis.goodput import steps as goodput
 
     assert doctest.testmod(goodput).failed == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nemo_telemetry.analysis.intervals import clipped_union_length, merge_intervals, union_length
+from nemo_telemetry.analysis.model.intervals import clipped_union_length, merge_intervals, union_length
 
 
 def brute_union(intervals: list[tuple[int, int]], lo: int | None = None, hi: int | None = None) -> int:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from nemo_telemetry.analysis import parent_indices, spans_table
-from nemo_telemetry.analysis._arrays import span_arrays
+from nemo_telemetry.analysis.model._arrays import span_arrays
 
 
 def random_records(rng: np.random.Generator, narrow_ids: bool) -> list[dict]:
@@ -57,7 +57,7 @@ def test_key_index_across_chunks_and_blocks_finds_every_parent_and_orphan():
     several uneven chunks, longer than a few blocks, with parents anywhere in it."""
     import pyarrow as pa
 
-    from nemo_telemetry.analysis._arrays import _BLOCK_ROWS, key_index, sort_index
+    from nemo_telemetry.analysis.model._arrays import _BLOCK_ROWS, key_index, sort_index
 
     rng = np.random.default_rng(5)
     n = 2 * _BLOCK_ROWS + 12_345
@@ -89,7 +89,7 @@ def test_key_index_across_chunks_and_blocks_finds_every_parent_and_orphan():
 
 
 def test_isin_sorted_matches_numpy_on_keys_that_share_their_top_bits():
-    from nemo_telemetry.analysis._arrays import isin_sorted
+    from nemo_telemetry.analysis.model._arrays import isin_sorted
 
     rng = np.random.default_rng(9)
     crowded = (np.arange(6, dtype=np.uint64) << np.uint64(48)) | np.uint64(7)  # one slot each

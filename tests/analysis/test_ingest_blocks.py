@@ -8,9 +8,11 @@ import importlib
 import orjson
 import pytest
 
-from nemo_telemetry.analysis import _detect, ingest, load_traces
-from nemo_telemetry.analysis._otlp_wire import decode_requests
-from nemo_telemetry.analysis.dataset import SpanDeduplicator, drop_duplicates
+from nemo_telemetry.analysis import ingest, load_traces
+
+from nemo_telemetry.analysis.ingestion import _detect
+from nemo_telemetry.analysis.ingestion._otlp_wire import decode_requests
+from nemo_telemetry.analysis.store.dataset import SpanDeduplicator, drop_duplicates
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 
 from test_ingest_wire import _upb
@@ -73,7 +75,7 @@ def test_reused_scan_matrices_carry_nothing_from_the_batch_before():
     from test_ingest_json_scan import _orjson_path, _sdk_lines
     from test_ingest_wire import _with_every_value_type
 
-    from nemo_telemetry.analysis._otlp_json_fast import decode_json_lines
+    from nemo_telemetry.analysis.ingestion._otlp_json_fast import decode_json_lines
 
     plain = list(synthetic_requests(22, spans_per_request=11, ranks=1))
     decode_requests([_with_every_value_type()] * 50)
@@ -88,7 +90,7 @@ def test_reused_scan_matrices_carry_nothing_from_the_batch_before():
 
 def test_decoding_in_the_calling_thread_gives_what_the_workers_give(requests, tmp_path, monkeypatch):
     """``decode_ahead=0`` (no worker threads, as a Ray task may want) changes nothing."""
-    ingest_module = importlib.import_module("nemo_telemetry.analysis.ingest")  # the package exports ingest()
+    ingest_module = importlib.import_module("nemo_telemetry.analysis.ingestion.ingest")  # the package exports ingest()
     monkeypatch.setattr(_detect, "JSON_BLOCK_BYTES", 2000)  # several batches
     monkeypatch.setattr(ingest_module, "BATCH_JSON_BYTES", 4000)
     lines = [orjson.dumps(r) for r in requests]

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from nemo_telemetry.analysis._columns import _empty_to_null, _per_owner_map
+from nemo_telemetry.analysis.ingestion._columns import _empty_to_null, _per_owner_map
 
 
 def test_per_owner_maps_repeat_each_owners_entries_for_its_spans():

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from nemo_telemetry.analysis import ingest, read_events, read_links, read_spans
-from nemo_telemetry.analysis.schema import SPANS_SCHEMA
+from nemo_telemetry.analysis.model.schema import SPANS_SCHEMA
 from nemo_telemetry.analysis.synthetic import write_json_lines, write_length_prefixed
 
 

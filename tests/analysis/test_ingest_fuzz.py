@@ -33,7 +33,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from nemo_telemetry.analysis import load_traces
-from nemo_telemetry.analysis._otlp_json import MAX_VALUE_DEPTH
+from nemo_telemetry.analysis.ingestion._otlp_json import MAX_VALUE_DEPTH
 from nemo_telemetry.analysis.synthetic import to_protobuf
 from nemo_telemetry.errors import IngestError
 
@@ -400,8 +400,8 @@ def _proto_truth(record: bytes) -> tuple[dict, int] | None:
 def small_blocks(monkeypatch):
     """Blocks of 64 KiB rather than 16 MiB: a fresh 16 MiB read buffer per tiny file would be
     most of each case's time (and a line or request may now end a block short)."""
-    monkeypatch.setattr("nemo_telemetry.analysis._detect.JSON_BLOCK_BYTES", 1 << 16)
-    monkeypatch.setattr("nemo_telemetry.analysis._detect.PROTO_BLOCK_BYTES", 1 << 16)
+    monkeypatch.setattr("nemo_telemetry.analysis.ingestion._detect.JSON_BLOCK_BYTES", 1 << 16)
+    monkeypatch.setattr("nemo_telemetry.analysis.ingestion._detect.PROTO_BLOCK_BYTES", 1 << 16)
 
 
 def _read(path, monkeypatch, compiled: bool, where: str):

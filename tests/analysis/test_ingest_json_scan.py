@@ -7,9 +7,9 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-from nemo_telemetry.analysis._columns import SpanColumns
-from nemo_telemetry.analysis._otlp_json import decode_json_request
-from nemo_telemetry.analysis._otlp_json_fast import LINE_FALLBACK, LINE_OK, LINE_OTHER_SIGNAL, decode_json_lines
+from nemo_telemetry.analysis.ingestion._columns import SpanColumns
+from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
+from nemo_telemetry.analysis.ingestion._otlp_json_fast import LINE_FALLBACK, LINE_OK, LINE_OTHER_SIGNAL, decode_json_lines
 from nemo_telemetry.analysis.synthetic import synthetic_requests
 
 from test_ingest_formats import hex_ids, make_sdk_spans, numbers_and_enum_ints

@@ -9,9 +9,9 @@ import copy
 import orjson
 import pytest
 
-from nemo_telemetry.analysis._columns import SpanColumns
-from nemo_telemetry.analysis._otlp_json import decode_json_request
-from nemo_telemetry.analysis._otlp_json_fast import LINE_FALLBACK, LINE_OK, decode_json_lines
+from nemo_telemetry.analysis.ingestion._columns import SpanColumns
+from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
+from nemo_telemetry.analysis.ingestion._otlp_json_fast import LINE_FALLBACK, LINE_OK, decode_json_lines
 from nemo_telemetry.analysis.synthetic import synthetic_requests
 
 from test_ingest_json_scan import _orjson_path
@@ -221,7 +221,7 @@ def test_attributes_written_compactly_or_not(request_dict, attribute):
 def test_id_words_for_the_deduplicator_equal_the_parsed_hex_ids(request_dict):
     """The scan hands the deduplicator each span's id words from the digits it read (any case);
     they must be what parsing the table's hex ids gives, or duplicates would slip through."""
-    from nemo_telemetry.analysis.dataset import span_keys
+    from nemo_telemetry.analysis.store.dataset import span_keys
 
     upper = copy.deepcopy(request_dict)
     for span in _spans(upper):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from nemo_telemetry.analysis._columns import _promote, _promote_arrow
-from nemo_telemetry.analysis.schema import PROMOTED_SPAN_ATTRIBUTES
+from nemo_telemetry.analysis.ingestion._columns import _promote, _promote_arrow
+from nemo_telemetry.analysis.model.schema import PROMOTED_SPAN_ATTRIBUTES
 
 OWNERS = [
     [],

@@ -10,9 +10,9 @@ import struct
 
 import pytest
 
-from nemo_telemetry.analysis._columns import SpanColumns
-from nemo_telemetry.analysis._otlp_proto import decode_proto_request
-from nemo_telemetry.analysis._otlp_wire import WireError, decode_batch, decode_requests
+from nemo_telemetry.analysis.ingestion._columns import SpanColumns
+from nemo_telemetry.analysis.ingestion._otlp_proto import decode_proto_request
+from nemo_telemetry.analysis.ingestion._otlp_wire import WireError, decode_batch, decode_requests
 
 TRACE = bytes(range(1, 17))
 SPAN = bytes(range(0xA0, 0xA8))

@@ -11,13 +11,15 @@ import orjson
 import pytest
 import zstandard
 
-from nemo_telemetry.analysis import _detect, load_traces
-from nemo_telemetry.analysis._detect import ReadBuffers, iter_records
+from nemo_telemetry.analysis import load_traces
+
+from nemo_telemetry.analysis.ingestion import _detect
+from nemo_telemetry.analysis.ingestion._detect import ReadBuffers, iter_records
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 
 from test_ingest_wire import _upb
 
-ingest_module = importlib.import_module("nemo_telemetry.analysis.ingest")  # the package exports ingest()
+ingest_module = importlib.import_module("nemo_telemetry.analysis.ingestion.ingest")  # the package exports ingest()
 
 
 @pytest.fixture(scope="module")

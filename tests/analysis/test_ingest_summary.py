@@ -22,8 +22,8 @@ def _expected(requests: list[dict]) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize("fmt", ["jsonl", "proto"])
 def test_summary_counts_distinct_traces_and_runs_over_batches_and_duplicates(fmt, tmp_path, monkeypatch):
-    ingest_module = importlib.import_module("nemo_telemetry.analysis.ingest")
-    detect_module = importlib.import_module("nemo_telemetry.analysis._detect")
+    ingest_module = importlib.import_module("nemo_telemetry.analysis.ingestion.ingest")
+    detect_module = importlib.import_module("nemo_telemetry.analysis.ingestion._detect")
     # many small batches, so that a trace and a run span several
     monkeypatch.setattr(ingest_module, "BATCH_PROTOBUF_BYTES", 20_000)
     monkeypatch.setattr(ingest_module, "BATCH_JSON_BYTES", 20_000)
@@ -46,8 +46,8 @@ def test_summary_counts_distinct_traces_and_runs_over_batches_and_duplicates(fmt
 def test_protobuf_decoder_id_words_equal_the_parsed_hex_ids():
     """The protobuf walk hands the deduplicator each span's id words read from the bytes; they
     must be what parsing the table's hex ids gives, or duplicates would slip through."""
-    from nemo_telemetry.analysis._otlp_wire import decode_requests
-    from nemo_telemetry.analysis.dataset import span_keys
+    from nemo_telemetry.analysis.ingestion._otlp_wire import decode_requests
+    from nemo_telemetry.analysis.store.dataset import span_keys
 
     tables = decode_requests([to_protobuf(r) for r in synthetic_requests(2000, spans_per_request=300)])
     assert tables.span_words is not None

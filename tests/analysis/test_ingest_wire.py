@@ -7,9 +7,9 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
-from nemo_telemetry.analysis._columns import SpanColumns
-from nemo_telemetry.analysis._otlp_proto import decode_proto_request
-from nemo_telemetry.analysis._otlp_wire import WireError, decode_batch, decode_requests
+from nemo_telemetry.analysis.ingestion._columns import SpanColumns
+from nemo_telemetry.analysis.ingestion._otlp_proto import decode_proto_request
+from nemo_telemetry.analysis.ingestion._otlp_wire import WireError, decode_batch, decode_requests
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 
 from test_ingest_formats import make_sdk_spans

@@ -10,9 +10,9 @@ import struct
 
 import pytest
 
-from nemo_telemetry.analysis._columns import SpanColumns
-from nemo_telemetry.analysis._otlp_proto import decode_proto_request
-from nemo_telemetry.analysis._otlp_wire import WireError, decode_batch, decode_requests
+from nemo_telemetry.analysis.ingestion._columns import SpanColumns
+from nemo_telemetry.analysis.ingestion._otlp_proto import decode_proto_request
+from nemo_telemetry.analysis.ingestion._otlp_wire import WireError, decode_batch, decode_requests
 
 TRACE = bytes(range(1, 17))
 SPAN = bytes(range(0xA0, 0xA8))
@@ -253,7 +253,7 @@ def test_span_names_dictionary_encoded_as_arrow_encodes_them(monkeypatch, most):
     """Names of every length around the kernel's 8-byte steps, repeated and interleaved; past
     ``most`` distinct names a batch keeps plain strings. Either way the column equals upb's,
     dictionary order included."""
-    monkeypatch.setattr("nemo_telemetry.analysis._otlp_wire._MOST_NAMES", most)
+    monkeypatch.setattr("nemo_telemetry.analysis.ingestion._otlp_wire._MOST_NAMES", most)
     names = ["", "a", "rl.step", "rl.steps", "rl.steps!", "rl.steps?", "x" * 16, "x" * 17, "y" * 16, "größe"]
     spans = [span(*plain_fields()[:4], text(5, name), *plain_fields()[5:]) for name in names * 2 + names[::-1]]
     payloads = [request(*spans[:15]), request(*spans[15:])]

@@ -13,7 +13,7 @@ import pytest
 
 import nemo_telemetry.analysis as analysis
 from nemo_telemetry.analysis import ingest, read_logs, read_spans, to_html
-from nemo_telemetry.analysis.html_view import waterfall_json
+from nemo_telemetry.analysis.views.html_view import waterfall_json
 from nemo_telemetry.instrument import (
     RLSpanGroup,
     init_telemetry_driver,
@@ -165,7 +165,7 @@ def test_logs_are_public_analysis_names():
 
 def test_a_chatty_span_lists_its_first_records_and_counts_the_rest():
     from nemo_telemetry.analysis import LOGS_SCHEMA, spans_table
-    from nemo_telemetry.analysis.html_view import MAX_LOGS_PER_SPAN
+    from nemo_telemetry.analysis.views.html_view import MAX_LOGS_PER_SPAN
 
     import pyarrow as pa
 

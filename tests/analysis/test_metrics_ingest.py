@@ -13,7 +13,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from nemo_telemetry.analysis.metrics import (
+from nemo_telemetry.analysis.ingestion.metrics import (
     FIRST_PROBLEM_KEY,
     MALFORMED_KEY,
     METRICS_SCHEMA,
@@ -25,7 +25,7 @@ from nemo_telemetry.analysis.metrics import (
     step_windows,
     with_efficiency_columns,
 )
-from nemo_telemetry.analysis.records import spans_table
+from nemo_telemetry.analysis.model.records import spans_table
 from nemo_telemetry.errors import IngestError
 from nemo_telemetry.instrument._metrics_dump import DumpMetricExporter
 from nemo_telemetry.instrument.metrics import record_metrics, set_meter_provider, tee_metrics

@@ -14,12 +14,12 @@ import pytest
 from typer.testing import CliRunner
 
 from nemo_telemetry.analysis import check_run, run_goodput, spans_table
-from nemo_telemetry.analysis._arrays import read_for_analysis
-from nemo_telemetry.analysis._columns import OtlpTables
-from nemo_telemetry.analysis.dataset import DatasetWriter
-from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA
-from nemo_telemetry.analysis.streaming_check import stream_check
-from nemo_telemetry.analysis.tree import with_id_keys
+from nemo_telemetry.analysis.model._arrays import read_for_analysis
+from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.store.dataset import DatasetWriter
+from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
+from nemo_telemetry.analysis.engines.partitioned_check import stream_check
+from nemo_telemetry.analysis.model.tree import with_id_keys
 from nemo_telemetry.cli.app import app
 
 MS = 1_000_000

@@ -7,12 +7,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from nemo_telemetry.analysis._columns import OtlpTables
-from nemo_telemetry.analysis.dataset import DatasetWriter, read_dataset
-from nemo_telemetry.analysis.partitions import NO_VALUE, span_files, span_partitions, split_by_partition
-from nemo_telemetry.analysis.records import spans_table
-from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA
-from nemo_telemetry.analysis.tree import with_id_keys
+from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.store.dataset import DatasetWriter, read_dataset
+from nemo_telemetry.analysis.store.partitions import NO_VALUE, span_files, span_partitions, split_by_partition
+from nemo_telemetry.analysis.model.records import spans_table
+from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
+from nemo_telemetry.analysis.model.tree import with_id_keys
 
 
 def _spans(rows: list[tuple[str | None, int | None]], first_id: int = 1) -> pa.Table:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from nemo_telemetry.analysis import spans_table, to_chrome_trace
-from nemo_telemetry.analysis.perfetto import assign_tracks
+from nemo_telemetry.analysis.views.perfetto import assign_tracks
 
 S = 1_000_000_000
 TRACE, OTHER_TRACE = "a" * 32, "b" * 32

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nemo_telemetry.analysis.dataset import DatasetWriter
-from nemo_telemetry.analysis.sources import single_dataset, source_items, split_sources
+from nemo_telemetry.analysis.store.dataset import DatasetWriter
+from nemo_telemetry.analysis.store.sources import single_dataset, source_items, split_sources
 
 
 def test_a_source_is_split_into_datasets_and_dump_files_in_order(tmp_path):

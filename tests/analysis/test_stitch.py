@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_telemetry.analysis.records import spans_table
-from nemo_telemetry.analysis.stitch import AMBIGUOUS_KEY, STITCHED_KEY, UNMATCHED_KEY, stitch_vllm_spans
-from nemo_telemetry.analysis.tree import parent_indices, with_id_keys
+from nemo_telemetry.analysis.model.records import spans_table
+from nemo_telemetry.analysis.views.stitch import AMBIGUOUS_KEY, STITCHED_KEY, UNMATCHED_KEY, stitch_vllm_spans
+from nemo_telemetry.analysis.model.tree import parent_indices, with_id_keys
 
 T1, TA, TB, TC, TD, TE = ("%032x" % (0x1000 + i) for i in range(6))
 

@@ -11,16 +11,17 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from nemo_telemetry.analysis._columns import OtlpTables
-from nemo_telemetry.analysis.dataset import DatasetWriter
-from nemo_telemetry.analysis.goodput import run_goodput
-from nemo_telemetry.analysis.ingest import read_spans
-from nemo_telemetry.analysis.records import spans_table
-from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA
-from nemo_telemetry.analysis import engines, streaming
-from nemo_telemetry.analysis.engines import goodput_with_engine
-from nemo_telemetry.analysis.streaming import stream_goodput
-from nemo_telemetry.analysis.tree import with_id_keys
+from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.store.dataset import DatasetWriter
+from nemo_telemetry.analysis.goodput.steps import run_goodput
+from nemo_telemetry.analysis.ingestion.ingest import read_spans
+from nemo_telemetry.analysis.model.records import spans_table
+from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
+from nemo_telemetry.analysis.engines import choose as engines
+from nemo_telemetry.analysis.goodput import partials as streaming
+from nemo_telemetry.analysis.engines.choose import goodput_with_engine
+from nemo_telemetry.analysis.goodput.partials import stream_goodput
+from nemo_telemetry.analysis.model.tree import with_id_keys
 from nemo_telemetry.errors import NemoTelemetryError
 
 S = 1_000_000_000
@@ -182,9 +183,9 @@ def test_ray_engine_needs_a_dataset_directory(tmp_path):
 
 _MEASURE = """
 import json, sys, pyarrow as pa
-from nemo_telemetry.analysis.ingest import read_spans
-from nemo_telemetry.analysis.goodput import run_goodput
-from nemo_telemetry.analysis.streaming import stream_goodput
+from nemo_telemetry.analysis.ingestion.ingest import read_spans
+from nemo_telemetry.analysis.goodput.steps import run_goodput
+from nemo_telemetry.analysis.goodput.partials import stream_goodput
 root, how = sys.argv[1], sys.argv[2]
 if how == "stream":
     runs = stream_goodput(root, batch_rows=2000)
@@ -227,7 +228,7 @@ def test_walks_climb_inside_a_batch_so_passes_count_partition_hops(tmp_path):
 def test_merge_shuffled_by_step_to_reducers_equals_one_merge(scenario):
     # the Ray engine's map and reduce task bodies, run here: partials split by (run, iteration)
     # to three reducers, each condensing its steps' interval unions to two rows per step
-    from nemo_telemetry.analysis.engine_ray import _partials_by_step, _reduce_steps
+    from nemo_telemetry.analysis.engines.ray_engine import _partials_by_step, _reduce_steps
 
     plan = streaming.attribution(scenario, streaming.local_scan())
     files = [str(f) for f in plan.files]

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from nemo_telemetry.analysis._arrays import read_for_analysis
-from nemo_telemetry.analysis._columns import OtlpTables
-from nemo_telemetry.analysis.dataset import DatasetWriter
-from nemo_telemetry.analysis.findings import check_run
-from nemo_telemetry.analysis.records import spans_table
-from nemo_telemetry.analysis.schema import EVENTS_SCHEMA, LINKS_SCHEMA
-from nemo_telemetry.analysis.streaming_check import stream_check
-from nemo_telemetry.analysis.tree import with_id_keys
+from nemo_telemetry.analysis.model._arrays import read_for_analysis
+from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.store.dataset import DatasetWriter
+from nemo_telemetry.analysis.findings.checks import check_run
+from nemo_telemetry.analysis.model.records import spans_table
+from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
+from nemo_telemetry.analysis.engines.partitioned_check import stream_check
+from nemo_telemetry.analysis.model.tree import with_id_keys
 from nemo_telemetry.errors import NemoTelemetryError
 
 from test_streaming import S, T0, scenario_records

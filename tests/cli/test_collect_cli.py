@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 from typer.testing import CliRunner
 
 from nemo_telemetry.analysis import IncompleteDatasetWarning, read_spans
-from nemo_telemetry.analysis.collect import CollectorServer
+from nemo_telemetry.analysis.ingestion.collect import CollectorServer
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 from nemo_telemetry.cli.app import app
 

@@ -11,7 +11,9 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from nemo_telemetry.analysis import dataset, ingest, read_spans
+from nemo_telemetry.analysis import ingest, read_spans
+
+from nemo_telemetry.analysis.store import dataset
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_json_lines, write_length_prefixed
 from nemo_telemetry.cli.app import app
 

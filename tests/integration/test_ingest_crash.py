@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 
 from nemo_telemetry.analysis import (IncompleteDatasetWarning, ingest, load_traces, read_events, read_links,
                                      read_spans)
-from nemo_telemetry.analysis._arrays import read_for_analysis
-from nemo_telemetry.analysis.commits import COMMITS
-from nemo_telemetry.analysis.metrics import metrics_for_source
-from nemo_telemetry.analysis.streaming import stream_goodput
-from nemo_telemetry.analysis.streaming_check import stream_check
+from nemo_telemetry.analysis.model._arrays import read_for_analysis
+from nemo_telemetry.analysis.store.commits import COMMITS
+from nemo_telemetry.analysis.ingestion.metrics import metrics_for_source
+from nemo_telemetry.analysis.goodput.partials import stream_goodput
+from nemo_telemetry.analysis.engines.partitioned_check import stream_check
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed
 from nemo_telemetry.cli.app import app
 
@@ -135,7 +135,7 @@ def test_kill_9_of_ingest_leaves_the_committed_state_and_the_same_ingest_complet
     assert expected["read_spans"] <= ids
     left = _files(root) - before_files
     assert not [f for f in left if f.endswith(".tmp")], "temporary files of the killed ingest remain"
-    from nemo_telemetry.analysis.commits import dataset_state
+    from nemo_telemetry.analysis.store.commits import dataset_state
 
     state = dataset_state(root, warn=False)
     assert not state.unfinished

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from nemo_telemetry.analysis._arrays import read_for_analysis
-from nemo_telemetry.analysis.findings import check_run
-from nemo_telemetry.analysis.goodput import run_goodput
-from nemo_telemetry.analysis.ingest import ingest, read_spans
+from nemo_telemetry.analysis.model._arrays import read_for_analysis
+from nemo_telemetry.analysis.findings.checks import check_run
+from nemo_telemetry.analysis.goodput.steps import run_goodput
+from nemo_telemetry.analysis.ingestion.ingest import ingest, read_spans
 from nemo_telemetry.analysis.synthetic import synthetic_requests, write_json_lines
 from nemo_telemetry.cli.app import app
 
@@ -42,7 +42,7 @@ def scenario(tmp_path_factory) -> Path:
 
 
 def test_ray_goodput_equals_local(ray_cluster, scenario):
-    from nemo_telemetry.analysis.engine_ray import ray_goodput
+    from nemo_telemetry.analysis.engines.ray_engine import ray_goodput
 
     expected = scenario_tools.as_plain(run_goodput(read_spans(scenario)))
     assert len(expected) == 3 and expected[1]["outside"]["unstamped_spans"] == 4
@@ -57,8 +57,8 @@ def test_ray_engine_reads_the_committed_state_of_an_incomplete_dataset_and_warns
     import shutil
 
     from nemo_telemetry.analysis import IncompleteDatasetWarning
-    from nemo_telemetry.analysis.dataset import DatasetWriter
-    from nemo_telemetry.analysis.engine_ray import ray_check, ray_goodput
+    from nemo_telemetry.analysis.store.dataset import DatasetWriter
+    from nemo_telemetry.analysis.engines.ray_engine import ray_check, ray_goodput
 
     root = tmp_path / "ds"
     shutil.copytree(scenario, root)
@@ -78,7 +78,7 @@ def test_ray_engine_reads_the_committed_state_of_an_incomplete_dataset_and_warns
 def _tables_of(path: Path):
     """The tables of a dump file, as a writer takes them."""
     from nemo_telemetry.analysis import load_traces
-    from nemo_telemetry.analysis._columns import OtlpTables
+    from nemo_telemetry.analysis.ingestion._columns import OtlpTables
 
     loaded = load_traces(path)
     return OtlpTables(loaded.spans, loaded.events, loaded.links)
@@ -95,7 +95,7 @@ def check_scenario(tmp_path_factory) -> Path:
     {"run_id": "run-a"},
 ], ids=["capped", "one-run"])
 def test_ray_check_equals_check_run(ray_cluster, check_scenario, options):
-    from nemo_telemetry.analysis.engine_ray import ray_check
+    from nemo_telemetry.analysis.engines.ray_engine import ray_check
 
     expected = check_run(read_for_analysis(check_scenario), **options).to_dict()
     assert sum(1 for n in expected["counts"]["by_code"].values() if n) >= 10
@@ -136,7 +136,7 @@ def _sorted_spans(root: Path) -> list[dict]:
 
 
 def test_ray_ingest_writes_the_same_dataset_and_summary(ray_cluster, dumps, tmp_path):
-    from nemo_telemetry.analysis.engine_ray import ray_ingest
+    from nemo_telemetry.analysis.engines.ray_engine import ray_ingest
 
     local = ingest(dumps, out=tmp_path / "local")
     seen = []
@@ -157,7 +157,7 @@ overlap_tools = _scenario_module("test_overlap_tolerance")
 
 @pytest.mark.parametrize("tolerance_s", [0.0, 0.001])
 def test_ray_check_honours_the_overlap_tolerance_as_check_run(ray_cluster, tmp_path_factory, tolerance_s):
-    from nemo_telemetry.analysis.engine_ray import ray_check
+    from nemo_telemetry.analysis.engines.ray_engine import ray_check
 
     root = overlap_tools.write_js_dataset(tmp_path_factory.mktemp("ray-js") / "ds")
     expected = check_run(read_for_analysis(root), overlap_tolerance_s=tolerance_s).to_dict()
@@ -169,9 +169,9 @@ def test_ray_check_honours_the_overlap_tolerance_as_check_run(ray_cluster, tmp_p
 def test_an_unknown_run_is_the_same_error_on_every_engine(ray_cluster, scenario):
     """In memory, out of core a few rows at a time, and on Ray: one message naming the runs present,
     and from the CLI exit 2 with that message, for goodput and check alike."""
-    from nemo_telemetry.analysis.engine_ray import ray_check, ray_goodput
-    from nemo_telemetry.analysis.streaming import stream_goodput
-    from nemo_telemetry.analysis.streaming_check import stream_check
+    from nemo_telemetry.analysis.engines.ray_engine import ray_check, ray_goodput
+    from nemo_telemetry.analysis.goodput.partials import stream_goodput
+    from nemo_telemetry.analysis.engines.partitioned_check import stream_check
     from nemo_telemetry.errors import UnknownRunError
 
     attempts = {

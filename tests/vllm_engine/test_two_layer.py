@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from nemo_telemetry.analysis import attributed_iterations, goodput_by_step, parent_indices
-from nemo_telemetry.analysis.stitch import STITCHED_KEY
+from nemo_telemetry.analysis.views.stitch import STITCHED_KEY
 from nemo_telemetry.instrument.vllm import GENERATE_SPAN, GENERATE_TEXT_SPAN, LOAD_MODEL_SPAN, TRACE_PATH_KEY
 from tests.vllm_engine.two_layer import PROMPTS_PER_CALL, STEP_SPAN, VALIDATION_PROMPTS
 

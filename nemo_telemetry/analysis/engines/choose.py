@@ -1,0 +1,106 @@
+"""Choosing an engine (what the CLI calls): the same result from memory, batch by batch, or Ray.
+
+``local`` reads the goodput columns into memory, or streams a dataset a batch at a time
+(:mod:`streaming`, :mod:`streaming_check`) when it would not fit; ``ray`` hands the dataset's
+files to :mod:`engine_ray`, imported only then. Each engine drives the same rules.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from nemo_telemetry.analysis.goodput import steps as _goodput
+from nemo_telemetry.analysis.model._arrays import GOODPUT_COLUMNS as GOODPUT_READ_COLUMNS
+from nemo_telemetry.analysis.model._arrays import read_for_analysis
+from nemo_telemetry.analysis.store.partitions import span_files
+from nemo_telemetry.analysis.store.sources import single_dataset
+from nemo_telemetry.analysis.goodput.partials import stream_goodput
+from nemo_telemetry.errors import NemoTelemetryError
+
+__all__ = ["ENGINES", "goodput_with_engine", "check_with_engine", "ingest_with_engine"]
+
+ENGINES = ("local", "ray")
+_IN_MEMORY_BYTES_PER_SPAN = 200  # decoded goodput columns plus the arrays built from them, measured
+
+
+def _dataset_rows(root: Path) -> int:
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in span_files(root))
+
+
+def _memory_budget() -> int:
+    """A quarter of the memory available now (what the in-memory path may take before streaming)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+    except (ValueError, OSError, AttributeError):  # not Linux: assume a laptop's 4 GB
+        return 4 << 30
+
+
+def _check_engine(engine: str) -> None:
+    if engine not in ENGINES:
+        raise NemoTelemetryError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
+
+
+def _dataset_for(source, engine: str) -> Path:
+    root = single_dataset(source)
+    if root is None:
+        raise NemoTelemetryError(f"--engine {engine} reads a dataset directory: run `nemo-telemetry ingest "
+                                 "DUMPS... --out DATASET` (with --engine ray to decode in parallel) first")
+    return root
+
+
+def goodput_with_engine(source, *, engine: str = "local", run_id: str | None = None, by: str = "step",
+                        memory_budget: int | None = None) -> tuple[_goodput.RunGoodput, ...]:
+    """``run_goodput`` of a dataset or dump files on the chosen engine.
+
+    ``local`` works in memory, or streams the dataset a batch at a time when its goodput
+    columns would take more than ``memory_budget`` bytes (default: a quarter of the memory
+    available); ``ray`` runs Ray tasks over the dataset's files. ``by="rank"`` is in memory only.
+    """
+    _check_engine(engine)
+    from nemo_telemetry.analysis.ingestion.metrics import with_step_metrics
+
+    return with_step_metrics(_goodput_on_engine(source, engine=engine, run_id=run_id, by=by,
+                                                memory_budget=memory_budget), source)
+
+
+def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
+                       memory_budget: int | None) -> tuple[_goodput.RunGoodput, ...]:
+    if engine == "ray":
+        if by != "step":
+            raise NemoTelemetryError(f"--by {by} runs on the local engine only; drop --engine ray")
+        from nemo_telemetry.analysis.engines.ray_engine import ray_goodput
+
+        return ray_goodput(_dataset_for(source, engine), run_id=run_id)
+    root = single_dataset(source)
+    budget = _memory_budget() if memory_budget is None else memory_budget
+    if by == "step" and root is not None and _dataset_rows(root) * _IN_MEMORY_BYTES_PER_SPAN > budget:
+        return stream_goodput(root, run_id=run_id)
+    return _goodput.run_goodput(read_for_analysis(source, columns=GOODPUT_READ_COLUMNS), run_id=run_id, by=by)
+
+
+def check_with_engine(source, *, engine: str = "local", **options):
+    """``check_run`` over a dataset or dump files; on ``ray`` the findings are computed by Ray tasks
+    (:mod:`streaming_check`), the report being the same."""
+    _check_engine(engine)
+    if engine == "ray":
+        from nemo_telemetry.analysis.engines.ray_engine import ray_check
+
+        return ray_check(_dataset_for(source, engine), **options)
+    from nemo_telemetry.analysis.findings.checks import check_run
+
+    return check_run(read_for_analysis(source), **options)
+
+
+def ingest_with_engine(inputs, *, out, engine: str = "local", format: str | None = None, progress=None):
+    """``ingest`` on the chosen engine: ``ray`` decodes the files in parallel Ray tasks."""
+    _check_engine(engine)
+    if engine == "ray":
+        from nemo_telemetry.analysis.engines.ray_engine import ray_ingest
+
+        return ray_ingest(inputs, out=out, format=format, progress=progress)
+    from nemo_telemetry.analysis.ingestion.ingest import ingest
+
+    return ingest(inputs, out=out, format=format, progress=progress)

@@ -1,0 +1,263 @@
+"""The Ray engine: ingest, goodput and check past one machine, as plain Ray tasks.
+
+- :func:`ray_ingest` decodes each dump file in its own Ray task (a streaming generator that
+  yields one batch of tables at a time, so a task never holds a whole file) and this process
+  deduplicates and writes the batches in file order, exactly as :func:`ingest.ingest` does.
+- :func:`ray_goodput` runs :mod:`streaming`'s steps (attribution over the compact edge table,
+  per-batch partials, merge) with plain Ray tasks over groups of the Parquet dataset's files
+  (:func:`map_groups`); the merge is shuffled by (run, iteration) to one reducer per CPU, so
+  this process receives a few rows per step.
+- :func:`ray_check` runs :mod:`streaming_check`'s stages (per-file facts, ancestor walks, per-file
+  offenders, partials and overlap clusters, then the few rows the messages name) as Ray tasks
+  over the same file groups; this process merges them and writes findings.py's messages.
+
+Every result equals the local engine's on the same data. ``ray`` is imported only when an
+engine function is called; :func:`connect` joins the cluster ``RAY_ADDRESS`` names, or starts
+a local one, unless this process is already connected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import deque
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nemo_telemetry.analysis.goodput import partials as streaming
+from nemo_telemetry.analysis.store.dataset import DatasetWriter, drop_duplicates
+from nemo_telemetry.analysis.ingestion.ingest import (BATCH_SPANS, FILE_ROWS, WRITE_AHEAD, IngestSummary, Source, IngestPipeline,
+                                            raw_files, ingest_inputs)
+from nemo_telemetry.errors import NemoTelemetryError
+
+__all__ = ["connect", "map_groups", "map_reduce", "reducer_count", "ray_scan", "ray_ingest", "ray_goodput", "ray_check"]
+
+_FILES_IN_FLIGHT_PER_CPU = 2
+_BATCHES_AHEAD = 2  # decoded batches a file task may hold before this process takes them
+
+
+def connect():
+    """The ``ray`` module, connected: to ``RAY_ADDRESS`` when set, else to a new local cluster."""
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - ray is a dependency of the analysis extra
+        raise NemoTelemetryError("--engine ray needs Ray: pip install ray") from None
+    if not ray.is_initialized():
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
+                 configure_logging=False, log_to_driver=False)
+    return ray
+
+
+# -- plain Ray tasks over the dataset's files -------------------------------------------------
+
+_TASKS_PER_CPU = 2  # file groups per cluster CPU: enough to balance, few enough to keep the fixed cost low
+
+
+def _file_groups(files: Sequence[Path], groups: int) -> list[list[str]]:
+    """``files`` cut into at most ``groups`` contiguous runs of about equal bytes (file order kept)."""
+    sizes = [max(1, f.stat().st_size) for f in files]
+    total, target = sum(sizes), max(1, sum(sizes) // max(1, groups))
+    out: list[list[str]] = [[]]
+    filled = 0
+    for path, size in zip(files, sizes):
+        if out[-1] and filled + size > target * len(out) and len(out) < groups:
+            out.append([])
+        out[-1].append(str(path))
+        filled += size
+    return [g for g in out if g] if total else []
+
+
+def _scan_group(paths: list[str], fn: Callable[[pa.Table], pa.Table], columns: Sequence[str]) -> list[pa.Table]:
+    """Task body: ``fn`` over every batch of the group's files, read here with pyarrow."""
+    scan = streaming.local_scan(streaming.BATCH_ROWS)
+    return [t for t in scan(fn, columns, [Path(p) for p in paths]) if t.num_rows]
+
+
+def map_groups(function: Callable, files: Sequence[Path], *args) -> list:
+    """``function(paths, *args)`` as one Ray task per group of files; the results in file order.
+
+    The arguments are put in the object store once for all the tasks (a lookup index can be
+    large). Plain tasks, not Ray Data: a pass over a small dataset then costs tens of
+    milliseconds per task instead of Ray Data's seconds of planning per pass.
+    """
+    ray = connect()
+    if not files:
+        return []
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    remote = ray.remote(function).options(num_cpus=1)
+    shared = [ray.put(a) for a in args]
+    refs = [remote.remote(group, *shared) for group in _file_groups(files, cpus * _TASKS_PER_CPU)]
+    return ray.get(refs)
+
+
+def map_reduce(map_function: Callable, reduce_function: Callable, files: Sequence[Path], reducers: int,
+               *args) -> tuple[list, list]:
+    """``map_function(paths, reducers, *args)`` per group of files returns (its result for this
+    process, piece 0 .. piece reducers-1); reducer r gets every group's piece r. Returns the
+    groups' results (file order) and the reducers' results; the pieces never reach this process."""
+    ray = connect()
+    if not files:
+        return [], []
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    shared = [ray.put(a) for a in args]
+    mapper = ray.remote(map_function).options(num_cpus=1, num_returns=1 + reducers)
+    outputs = [mapper.remote(group, reducers, *shared) for group in _file_groups(files, cpus * _TASKS_PER_CPU)]
+    reducer = ray.remote(reduce_function).options(num_cpus=1)
+    reduced = [reducer.remote(*[out[1 + r] for out in outputs]) for r in range(reducers)]
+    return ray.get([out[0] for out in outputs]), ray.get(reduced)
+
+
+def reducer_count() -> int:
+    """One reducer per cluster CPU."""
+    return max(1, int(connect().cluster_resources().get("CPU", 1)))
+
+
+def ray_scan() -> streaming.Scan:
+    """A :data:`streaming.Scan` whose batches are mapped by plain Ray tasks, a group of files each."""
+
+    def scan(fn: Callable[[pa.Table], pa.Table], columns: Sequence[str], files: Sequence[Path]) -> Iterator[pa.Table]:
+        for tables in map_groups(_scan_group, files, fn, tuple(columns)):
+            yield from tables
+
+    return scan
+
+
+def ray_goodput(root: str | Path, *, run_id: str | None = None):
+    """``run_goodput`` (by step) of the dataset at ``root``, computed on the Ray cluster.
+
+    The attribution walks as :func:`streaming.partitioned_goodput` does; then the merge is
+    distributed too (:func:`map_reduce`): each map task splits its files' partials by a hash of
+    (run, iteration), one reducer per cluster CPU merges the pieces of its steps and condenses
+    their interval unions (:func:`streaming.condense_unions`), and this process only merges a
+    few rows per step.
+    """
+    connect()
+    plan = streaming.attribution(Path(root), ray_scan(), run_id=run_id)
+    _, reduced = map_reduce(_partials_by_step, _reduce_steps, plan.files, reducer_count(), plan.attributed, run_id)
+    accumulator = streaming.GoodputAccumulator()
+    for table in reduced:
+        accumulator.add(table)
+    return accumulator.result(plan.order)
+
+
+def _partials_by_step(paths: list[str], reducers: int, attributed, run_id: str | None) -> tuple:
+    """Map task: nothing for the driver, and the group's partials in ``reducers`` pieces by their step's owner."""
+    return (None, *streaming.split_by_step(_scan_group(
+        paths, lambda b: streaming.goodput_partial(b, attributed=attributed, run_id=run_id),
+        streaming.GOODPUT_COLUMNS), reducers))
+
+
+def _reduce_steps(*pieces: pa.Table) -> pa.Table:
+    """Reduce task: every partial of its steps merged, the unions condensed to two rows per step."""
+    accumulator = streaming.GoodputAccumulator()
+    for piece in pieces:
+        accumulator.add(piece)
+    return streaming.partial_table(streaming.condense_unions(accumulator.merged()))
+
+
+def ray_check(root: str | Path, **options):
+    """``check_run`` of the dataset at ``root``, its work done by Ray tasks over groups of files
+    (:mod:`streaming_check`: per-file facts, ancestor walks, per-file findings and partials);
+    this process merges what they return and writes the findings' messages."""
+    from nemo_telemetry.analysis.engines.partitioned_check import partitioned_check
+
+    return partitioned_check(root, map_groups, map_reduce=map_reduce, reducers=reducer_count(), **options)
+
+
+# -- ingest ------------------------------------------------------------------------------------
+
+
+def _decode_file(path: str, fmt: str | None, batch_spans: int) -> Iterator[tuple]:
+    """Ray task body: ("tables", OtlpTables) per batch of ``path``, then ("counts", dict)."""
+    batches: list = []
+    # One Ray task per file is already the parallelism: decode in this task's thread, not two more.
+    pipeline = IngestPipeline(lambda tables: batches.append(tables) or tables, batch_spans=batch_spans, decode_ahead=0)
+    pipeline.counts["files"] += 1
+    from nemo_telemetry.analysis.ingestion._detect import iter_records
+
+    for record in iter_records(Path(path), fmt, buffers=pipeline.buffers):
+        pipeline.add_record(record.kind, record.where, record.payload)
+        while batches:
+            yield ("tables", batches.pop(0))
+    summary = pipeline.summary()
+    while batches:
+        yield ("tables", batches.pop(0))
+    yield ("counts", {"rejected_records": summary.rejected_records, "skipped_records": summary.skipped_records,
+                      "warnings": list(summary.warnings)})
+
+
+def ray_ingest(
+    inputs: Source,
+    *,
+    out: str | Path,
+    format: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    batch_spans: int = BATCH_SPANS,
+) -> IngestSummary:
+    """:func:`ingest.ingest` with each file decoded by a Ray task; the dataset and summary are the same.
+
+    Tasks run ahead (two files per cluster CPU), and this process takes their batches file by
+    file, in input order, so the deduplication keeps the same first copy of a repeated span.
+    """
+    ray = connect()
+    files, skipped = raw_files(inputs, format)
+    writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
+    try:
+        writer.start(ingest_inputs(inputs))
+        summary = _ingest_files(ray, files, writer, progress, batch_spans)
+        summary = dataclasses.replace(summary, skipped_files=len(skipped), warnings=tuple(skipped) + summary.warnings)
+    except BaseException:
+        writer.abort()  # nothing of this ingest becomes visible; its start stays recorded
+        raise
+    writer.close()  # the final commit: every file durable and visible at once
+    return summary
+
+
+def _ingest_files(ray, files: list, writer: DatasetWriter, progress, batch_spans: int) -> IngestSummary:
+    """Decode ``files`` on Ray tasks and write their batches in input order."""
+    decode = ray.remote(_decode_file).options(num_cpus=1, _generator_backpressure_num_objects=_BATCHES_AHEAD)
+    limit = max(1, int(ray.cluster_resources().get("CPU", 1)) * _FILES_IN_FLIGHT_PER_CPU)
+    todo = deque(files)
+    running: deque = deque()
+    totals = dict.fromkeys(("spans", "events", "links", "duplicates_dropped", "rejected_records",
+                            "skipped_records"), 0)
+    traces: set = set()
+    runs: set = set()
+    warnings: list[str] = []
+    done_bytes = 0
+    while todo or running:
+        while todo and len(running) < limit:
+            path, fmt = todo.popleft()
+            running.append((path, decode.remote(str(path), fmt, batch_spans)))
+        path, generator = running.popleft()
+        for ref in generator:
+            kind, payload = ray.get(ref)
+            if kind == "counts":
+                totals["rejected_records"] += payload["rejected_records"]
+                totals["skipped_records"] += payload["skipped_records"]
+                warnings.extend(payload["warnings"])
+                continue
+            written = writer.write_fresh(drop_duplicates(payload, writer.dedup))  # as ingest's pipeline
+            totals["duplicates_dropped"] += payload.spans.num_rows - written.spans.num_rows
+            totals["spans"] += written.spans.num_rows
+            totals["events"] += written.events.num_rows
+            totals["links"] += written.links.num_rows
+            traces.update(_distinct(written.spans, "trace_id"))
+            runs.update(v for v in _distinct(written.spans, "run_id") if v)
+            if progress is not None:
+                progress(done_bytes, totals["spans"])
+        done_bytes += path.stat().st_size
+        if progress is not None:
+            progress(done_bytes, totals["spans"])
+    return IngestSummary(files=len(files), traces=len(traces), runs=len(runs), warnings=tuple(warnings), **totals)
+
+
+def _distinct(table: pa.Table, column: str) -> list:
+    values = table.column(column).combine_chunks()
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    return pc.unique(values).to_pylist()

@@ -1,0 +1,1 @@
+"""The findings: what would make a goodput number lie, each with a stable code."""

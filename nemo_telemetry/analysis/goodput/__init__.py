@@ -1,0 +1,1 @@
+"""The goodput rules: per-step bucket sums, windows, unions and the run totals."""

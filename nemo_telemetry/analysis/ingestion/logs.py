@@ -1,0 +1,325 @@
+"""The logs table: OTLP log dumps in, one row per log record out, with the span it was logged in.
+
+Inputs are what :class:`~nemo_telemetry.instrument.DumpLogExporter` and the Collector's file
+exporter write: JSON lines of ``ExportLogsServiceRequest`` (``resourceLogs``), or a single
+OTLP/JSON document, each optionally gzip or zstd compressed. A file is a log dump when its name
+starts with ``logs-`` or its first record is a ``resourceLogs`` request; lines of other signals
+in it are left to their own readers. A malformed line or record is counted and named (file,
+line, field) and costs only itself. ``ingest`` writes the table to ``DATASET/logs/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from nemo_telemetry.analysis.ingestion._columns import text_id_hex
+from nemo_telemetry.analysis.ingestion._detect import open_decompressed
+from nemo_telemetry.analysis.ingestion._otlp_json import any_value_to_python, camel_case, value_to_string
+from nemo_telemetry.errors import IngestError
+
+__all__ = ["LOGS_SCHEMA", "LogReadResult", "DatasetLogFiles", "read_logs", "read_log_dumps", "log_dump_files",
+           "dataset_log_files"]
+
+_dict_str = pa.dictionary(pa.int32(), pa.string())
+_attr_map = pa.map_(pa.string(), pa.string())
+
+LOGS_SCHEMA = pa.schema([
+    pa.field("trace_id", pa.string()),  # lowercase hex; null when logged outside any span
+    pa.field("span_id", pa.string()),
+    pa.field("time_ns", pa.int64(), nullable=False),  # the record's time, else when it was observed
+    pa.field("observed_time_ns", pa.int64()),
+    pa.field("severity_number", pa.int32()),
+    pa.field("severity", _dict_str),  # severity text (INFO, WARN ...), else the number's name
+    pa.field("body", pa.string()),
+    pa.field("attributes", _attr_map),
+    pa.field("service_name", _dict_str),
+    pa.field("run_id", _dict_str),
+    pa.field("rank", pa.int64()),
+    pa.field("scope_name", _dict_str),
+    pa.field("resource_attributes", _attr_map),
+])
+"""One row per log record. ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank`` (from the resource)."""
+
+_HEAD_BYTES = 256
+_SEVERITY_NAMES = {1: "TRACE", 5: "DEBUG", 9: "INFO", 13: "WARN", 17: "ERROR", 21: "FATAL"}
+
+
+@dataclass
+class LogReadResult:
+    """The table of some log dumps, the log requests read, and each problem (file:line: why).
+
+    ``problems`` are bad records inside log requests; ``unreadable`` are lines or files that are
+    not JSON requests at all (the trace reader reports those too, when it reads the same files).
+    """
+
+    table: pa.Table
+    requests: int = 0
+    problems: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DatasetLogFiles:
+    """The dataset files :func:`dataset_log_files` made of log dumps (``(logs/<hash>.parquet,
+    table)`` each, for the ingest's writer to stage), their records, the log requests they came in,
+    and each bad record."""
+
+    files: tuple[tuple[str, pa.Table], ...] = ()
+    records: int = 0
+    requests: int = 0
+    problems: tuple[str, ...] = ()
+
+
+@dataclass
+class _Rows:
+    columns: dict[str, list] = field(default_factory=lambda: {f.name: [] for f in LOGS_SCHEMA})
+
+    def table(self) -> pa.Table:
+        arrays = []
+        for f in LOGS_SCHEMA:
+            values = self.columns[f.name]
+            if pa.types.is_dictionary(f.type):
+                arrays.append(pa.array(values, pa.string()).dictionary_encode())
+            else:
+                arrays.append(pa.array(values, f.type))
+        return pa.Table.from_arrays(arrays, schema=LOGS_SCHEMA)
+
+
+# -- which files ------------------------------------------------------------------------------
+
+
+def _is_log_dump(path: Path) -> bool:
+    if path.name.startswith("logs-"):
+        return True
+    try:
+        stream, _ = open_decompressed(path)
+        with stream:
+            head = stream.peek(_HEAD_BYTES)[:_HEAD_BYTES]
+    except Exception:  # unreadable or not compressed as it claims: the trace reader names it
+        return False
+    return b'"resourceLogs"' in head or b'"resource_logs"' in head
+
+
+def log_dump_files(source: str | Path | Iterable[str | Path]) -> list[Path]:
+    """The log dumps among ``source``: files named, and files under directories (hidden ones skipped)."""
+    items = [source] if isinstance(source, (str, Path)) else list(source)
+    files: list[Path] = []
+    for item in map(Path, items):
+        if item.is_dir():
+            found = sorted(p for p in item.rglob("*") if p.is_file()
+                           and not any(part.startswith(".") for part in p.relative_to(item).parts))
+            files.extend(p for p in found if _is_log_dump(p))
+        elif item.is_file():
+            if _is_log_dump(item):
+                files.append(item)
+        else:
+            raise IngestError(f"{item}: no such file or directory. Pass a log dump (logs-*.jsonl), the "
+                              "directory the dump exporter wrote, or a dataset directory.")
+    return files
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def _documents(path: Path, problems: list[str]) -> Iterator[tuple[str, Any]]:
+    try:
+        stream, _ = open_decompressed(path)
+        with stream:
+            data = stream.read()
+    except Exception as exc:  # OSError, EOFError, zstandard.ZstdError
+        problems.append(f"{path}: cannot be read ({exc})")
+        return
+    try:  # a single document (pretty-printed, or a list of requests); JSON lines fail at line 2
+        doc = orjson.loads(data)
+        yield from ((str(path), d) for d in (doc if isinstance(doc, list) else [doc]))
+        return
+    except orjson.JSONDecodeError:
+        pass
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield f"{path}:{number}", orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            problems.append(f"{path}:{number}: not JSON ({exc})")
+
+
+def _get(obj: dict, key: str, default: Any = None) -> Any:
+    """``obj[key]``, with ``default`` for a missing or null field."""
+    value = obj.get(key)
+    return default if value is None else value
+
+
+def _any_text(value: Any) -> str | None:
+    """An OTLP/JSON ``AnyValue`` as text, encoded as span attributes are (``schema.py``)."""
+    return value_to_string(any_value_to_python(value))
+
+
+def _attributes(kvs: Any) -> list[tuple[str, str | None]]:
+    if not kvs:
+        return []
+    return [(str(kv["key"]), _any_text(kv.get("value"))) for kv in kvs]
+
+
+def _hex_id(value: Any, length: int, what: str) -> str | None:
+    """A trace/span id as lowercase hex (hex in any case, or base64); None when absent or all zero."""
+    if not value:
+        return None
+    text = text_id_hex(str(value), length)
+    if text is None:
+        raise ValueError(f"{what} {value!r} is neither {length * 2} hex digits nor base64 of {length} bytes")
+    return None if not text.strip("0") else text
+
+
+def _int(value: Any, what: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} {value!r} is not an integer") from None
+    if not -(1 << 63) <= number < (1 << 63):
+        raise ValueError(f"{what} {value!r} does not fit in int64")
+    return number
+
+
+def _severity_number(value: Any) -> int | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and value.startswith("SEVERITY_NUMBER_"):
+        name = value[len("SEVERITY_NUMBER_"):]
+        base = {v: k for k, v in _SEVERITY_NAMES.items()}
+        letters, digits = name.rstrip("0123456789"), name[len(name.rstrip("0123456789")):]
+        if letters not in base:
+            raise ValueError(f"severityNumber {value!r} is not a severity")
+        return base[letters] + (int(digits) - 1 if digits else 0)
+    number = _int(value, "severityNumber")
+    if not 0 <= number <= 24:
+        raise ValueError(f"severityNumber {value!r} is outside 0-24")
+    return number
+
+
+def _record_row(record: dict) -> dict:
+    time_ns = _int(_get(record, "timeUnixNano", 0), "timeUnixNano")
+    observed = _int(_get(record, "observedTimeUnixNano", 0), "observedTimeUnixNano")
+    number = _severity_number(_get(record, "severityNumber"))
+    text = _get(record, "severityText") or (
+        _SEVERITY_NAMES.get((number - 1) // 4 * 4 + 1) if number else None)
+    return {
+        "trace_id": _hex_id(_get(record, "traceId"), 16, "traceId"),
+        "span_id": _hex_id(_get(record, "spanId"), 8, "spanId"),
+        "time_ns": time_ns or observed,
+        "observed_time_ns": observed or None,
+        "severity_number": number,
+        "severity": text,
+        "body": _any_text(record.get("body")),
+        "attributes": _attributes(record.get("attributes")),
+    }
+
+
+def _decode(doc: Any, where: str, rows: _Rows, problems: list[str], unreadable: list[str]) -> bool:
+    """Rows for a ``resourceLogs`` request; False when ``doc`` is not one. A bad part is named and skipped."""
+    if not isinstance(doc, dict):
+        unreadable.append(f"{where}: not an OTLP request object")
+        return False
+    if "resource_logs" in doc:  # the protobuf field names, as some exporters write them
+        doc = camel_case(doc)
+    resources = _get(doc, "resourceLogs")
+    if resources is None:
+        return False
+    for r_index, resource_logs in enumerate(resources if isinstance(resources, list) else [resources]):
+        part = f"{where}: resourceLogs[{r_index}]"
+        try:
+            resource = _attributes((resource_logs.get("resource") or {}).get("attributes"))
+            scopes = _get(resource_logs, "scopeLogs") or ()
+            scopes = [(s_index, scope, scope.get("scope") or {}, _get(scope, "logRecords") or ())
+                      for s_index, scope in enumerate(scopes)]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            problems.append(f"{part}: not an OTLP ResourceLogs object ({exc})")
+            continue
+        common = _resource_columns(resource)
+        for s_index, _, scope, records in scopes:
+            for index, record in enumerate(records):
+                try:
+                    row = _record_row(record)
+                    row["scope_name"] = scope.get("name") or None
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    problems.append(f"{part}.scopeLogs[{s_index}].logRecords[{index}]: {exc}")
+                    continue
+                if not row["time_ns"]:
+                    problems.append(f"{part}.scopeLogs[{s_index}].logRecords[{index}]: "
+                                    "no timeUnixNano or observedTimeUnixNano")
+                    continue
+                for key, value in {**row, **common}.items():
+                    rows.columns[key].append(value)
+    return True
+
+
+def _resource_columns(resource: list[tuple[str, str | None]]) -> dict[str, Any]:
+    by_key = dict(resource)
+    try:
+        rank = int(by_key["nv.dl.rank"]) if by_key.get("nv.dl.rank") is not None else None
+    except ValueError:
+        rank = None
+    return {"service_name": by_key.get("service.name"), "run_id": by_key.get("nemo.run.id"), "rank": rank,
+            "resource_attributes": resource}
+
+
+def read_log_dumps(files: Iterable[str | Path]) -> LogReadResult:
+    """The logs table of the given dump files, with the number of log requests and each problem."""
+    rows, problems, unreadable, requests = _Rows(), [], [], 0
+    for path in map(Path, files):
+        for where, doc in _documents(path, unreadable):
+            requests += _decode(doc, where, rows, problems, unreadable)
+    return LogReadResult(rows.table(), requests, problems, unreadable)
+
+
+def read_logs(source: str | Path | Iterable[str | Path]) -> pa.Table:
+    """The logs table (``LOGS_SCHEMA``) of a dataset directory, log dump files, or directories of them.
+
+    Empty (with the schema) when the source has no logs. A malformed record is left out and
+    warned about (a ``UserWarning``), naming the file, line and field.
+    """
+    import warnings
+
+    from nemo_telemetry.analysis.store.commits import committed_files
+    from nemo_telemetry.analysis.store.sources import split_sources
+
+    datasets, raw = split_sources(source)
+    tables: list[pa.Table] = [pq.read_table(f, schema=LOGS_SCHEMA) for d in datasets
+                              for f in committed_files(d, "logs")]
+    if raw:
+        result = read_log_dumps(log_dump_files(raw))
+        problems = result.problems + result.unreadable
+        if problems:
+            warnings.warn(f"{len(problems)} log record(s) left out: {'; '.join(problems[:3])}",
+                          UserWarning, stacklevel=2)
+        tables.append(result.table)
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return LOGS_SCHEMA.empty_table()
+    return pa.concat_tables(tables).sort_by([("time_ns", "ascending")])
+
+
+def dataset_log_files(files: Iterable[Path]) -> DatasetLogFiles:
+    """The records of the log dumps among ``files`` as the dataset files to stage, one per input.
+
+    Named by the input's content hash, so re-ingesting a file replaces its records instead of
+    adding them twice; the writer stages them into the ingest's final commit, so a reader sees
+    them with the spans or not at all.
+    """
+    out, written, requests, problems = [], 0, 0, []
+    for path in log_dump_files(list(files)):
+        result = read_log_dumps([path])
+        requests += result.requests
+        problems += result.problems
+        if not result.table.num_rows:
+            continue
+        out.append((f"logs/{hashlib.sha1(path.read_bytes()).hexdigest()[:20]}.parquet", result.table))
+        written += result.table.num_rows
+    return DatasetLogFiles(tuple(out), written, requests, tuple(problems))

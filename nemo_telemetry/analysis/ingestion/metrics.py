@@ -1,0 +1,542 @@
+"""The metrics table: OTLP metric dumps in, one row per data point out; and metrics per training step.
+
+Inputs are what :class:`~nemo_telemetry.instrument._metrics_dump.DumpMetricExporter` and the
+Collector's file exporter write: JSON lines of ``ExportMetricsServiceRequest`` (``resourceMetrics``),
+a single OTLP/JSON document, or the Collector's length-prefixed protobuf; each optionally gzip or
+zstd compressed. A directory means every ``metrics-*`` file in it. Lines of other signals
+(``resourceSpans``, ``resourceLogs``) are skipped; a malformed line is counted and skipped (or
+raised with ``strict=True``), never the end of the good ones. The counts are in the table's
+schema metadata (:data:`SKIPPED_KEY`, :data:`MALFORMED_KEY`, :data:`FIRST_PROBLEM_KEY`).
+
+Data points carry their *collection* time. :func:`metrics_by_step` attributes a point to the
+latest step of its run that started at or before it, so the values a driver records and flushes
+once per step (``flush_metrics``) land on that step; cumulative sums become per-step increases.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from nemo_telemetry.errors import IngestError
+
+__all__ = [
+    "METRICS_SCHEMA",
+    "STEP_WINDOWS_SCHEMA",
+    "MALFORMED_KEY",
+    "SKIPPED_KEY",
+    "FIRST_PROBLEM_KEY",
+    "read_metrics",
+    "metrics_table",
+    "step_windows",
+    "metrics_by_step",
+    "efficiency_by_step",
+    "with_efficiency_columns",
+    "metrics_for_source",
+    "with_step_metrics",
+    "dataset_metric_files",
+]
+
+_dict_str = pa.dictionary(pa.int32(), pa.string())
+_attr_map = pa.map_(pa.string(), pa.string())
+
+METRICS_SCHEMA = pa.schema([
+    pa.field("run_id", _dict_str),
+    pa.field("service_name", _dict_str),
+    pa.field("rank", pa.int64()),
+    pa.field("name", _dict_str, nullable=False),
+    pa.field("kind", _dict_str, nullable=False),  # gauge | sum | histogram | exponential_histogram | summary
+    pa.field("unit", _dict_str),
+    pa.field("temporality", _dict_str),  # cumulative | delta | unspecified (sums and histograms)
+    pa.field("is_monotonic", pa.bool_()),
+    pa.field("start_time_ns", pa.int64()),
+    pa.field("time_ns", pa.int64(), nullable=False),
+    pa.field("value", pa.float64()),  # gauges and sums: the value; histograms and summaries: the sum
+    pa.field("count", pa.int64()),  # histograms and summaries: the number of observations
+    pa.field("attributes", _attr_map),
+    pa.field("resource_attributes", _attr_map),
+    pa.field("scope_name", _dict_str),
+])
+"""One row per data point. ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank`` (from the resource)."""
+
+STEP_WINDOWS_SCHEMA = pa.schema([
+    pa.field("run_id", pa.string()),
+    pa.field("iteration", pa.int64()),
+    pa.field("start_ns", pa.int64()),
+    pa.field("end_ns", pa.int64()),
+])
+
+MALFORMED_KEY = b"nemo.metrics.malformed_records"
+SKIPPED_KEY = b"nemo.metrics.other_signal_records"
+FIRST_PROBLEM_KEY = b"nemo.metrics.first_problem"
+
+_KINDS = (("gauge", "gauge"), ("sum", "sum"), ("histogram", "histogram"),
+          ("exponential_histogram", "exponential_histogram"), ("summary", "summary"))
+_TEMPORALITY = {0: "unspecified", 1: "delta", 2: "cumulative"}
+_OTHER_SIGNALS = ("resourceSpans", "resource_spans", "resourceLogs", "resource_logs")
+_STEP_NAME = r"^rl\.[^.]+\.step$"
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Counts:
+    malformed: int = 0
+    skipped: int = 0
+    first_problem: str = ""
+
+    def bad(self, where: str, why: str, strict: bool) -> None:
+        if strict:
+            raise IngestError(f"{where}: {why}. Fix or remove that record, or read without strict=True "
+                              "to skip it and keep the others.")
+        self.malformed += 1
+        self.first_problem = self.first_problem or f"{where}: {why}"
+
+
+@dataclass
+class _Columns:
+    rows: dict[str, list] = field(default_factory=lambda: {f.name: [] for f in METRICS_SCHEMA})
+
+    def to_table(self, counts: _Counts) -> pa.Table:
+        arrays = []
+        for f in METRICS_SCHEMA:
+            values = self.rows[f.name]
+            if pa.types.is_dictionary(f.type):
+                arrays.append(pa.array(values, pa.string()).dictionary_encode())
+            else:
+                arrays.append(pa.array(values, f.type))
+        table = pa.Table.from_arrays(arrays, schema=METRICS_SCHEMA)
+        return table.replace_schema_metadata({
+            MALFORMED_KEY: str(counts.malformed).encode(),
+            SKIPPED_KEY: str(counts.skipped).encode(),
+            FIRST_PROBLEM_KEY: counts.first_problem.encode(),
+        })
+
+
+def read_metrics(source: str | Path | Iterable[str | Path], *, strict: bool = False) -> pa.Table:
+    """The metrics table of ``source``: a dump file, a directory of ``metrics-*`` files, or several.
+
+    Raises IngestError for a path that does not exist or cannot be read, and (with ``strict``)
+    for the first malformed record, naming the file and line.
+    """
+    paths = _expand(source)
+    cols, counts = _Columns(), _Counts()
+    for path in paths:
+        for where, request in _requests(path, counts, strict):
+            _decode_request(request, cols, where, counts, strict)
+    return cols.to_table(counts)
+
+
+def metrics_table(requests: Iterable[dict]) -> pa.Table:
+    """The metrics table of OTLP/JSON request objects already in memory (tests, notebooks)."""
+    cols, counts = _Columns(), _Counts()
+    for i, request in enumerate(requests):
+        _decode_request(_parse(request, f"request {i}"), cols, f"request {i}", counts, True)
+    return cols.to_table(counts)
+
+
+def _expand(source: str | Path | Iterable[str | Path]) -> list[Path]:
+    sources = [source] if isinstance(source, (str, Path)) else list(source)
+    paths: list[Path] = []
+    for item in sources:
+        path = Path(item)
+        if path.is_dir():
+            paths.extend(_metric_dump_files(path))
+        elif path.is_file():
+            paths.append(path)
+        else:
+            raise IngestError(f"{path}: no such file or directory. Pass a metrics dump file "
+                              "(metrics-*.jsonl) or the directory the dump exporter wrote.")
+    return paths
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+        if data[:2] == b"\x1f\x8b":
+            return gzip.decompress(data)
+        if data[:4] == b"\x28\xb5\x2f\xfd":
+            import zstandard
+
+            return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+        return data
+    except (OSError, EOFError, ValueError) as exc:
+        raise IngestError(f"{path}: cannot be read ({exc}). Check the file is a complete "
+                          "(optionally gzip/zstd compressed) OTLP metrics dump.") from exc
+    except Exception as exc:  # zstandard.ZstdError
+        raise IngestError(f"{path}: cannot be decompressed ({exc}).") from exc
+
+
+def _requests(path: Path, counts: _Counts, strict: bool) -> Iterator[tuple[str, Any]]:
+    """``(where, ExportMetricsServiceRequest)`` for each metrics record in the file."""
+    data = _read_bytes(path)
+    head = data.lstrip()[:1]
+    if head in (b"{", b"["):
+        yield from _json_requests(path, data, counts, strict)
+    elif data:
+        yield from _proto_requests(path, data, counts, strict)
+
+
+def _json_requests(path: Path, data: bytes, counts: _Counts, strict: bool) -> Iterator[tuple[str, Any]]:
+    text = data.decode("utf-8", errors="replace")
+    try:  # a single document (pretty-printed, or a list of requests)
+        doc = json.loads(text)
+        docs = [(f"{path}", d) for d in (doc if isinstance(doc, list) else [doc])]
+    except json.JSONDecodeError:
+        docs = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                docs.append((f"{path}:{number}", json.loads(line)))
+            except json.JSONDecodeError as exc:
+                counts.bad(f"{path}:{number}", f"not JSON ({exc.msg})", strict)
+    for where, doc in docs:
+        if not isinstance(doc, dict):
+            counts.bad(where, "not an OTLP request object", strict)
+        elif any(key in doc for key in _OTHER_SIGNALS):
+            counts.skipped += 1
+        else:
+            try:
+                yield where, _parse(doc, where)
+            except IngestError as exc:
+                counts.bad(where, str(exc), strict)
+
+
+def _parse(doc: dict, where: str):
+    from google.protobuf.json_format import ParseDict, ParseError
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    if not any(key in doc for key in ("resourceMetrics", "resource_metrics")):
+        raise IngestError("no resourceMetrics: not an OTLP metrics request")
+    try:
+        return ParseDict(_without_exemplars(doc), ExportMetricsServiceRequest(), ignore_unknown_fields=True)
+    except ParseError as exc:
+        raise IngestError(f"not a valid OTLP metrics request ({exc})") from exc
+
+
+def _without_exemplars(doc: Any) -> Any:
+    """Exemplar ids are hex in the Collector's JSON but base64 to the protobuf parser; we drop them."""
+    if isinstance(doc, dict):
+        return {k: _without_exemplars(v) for k, v in doc.items() if k != "exemplars"}
+    if isinstance(doc, list):
+        return [_without_exemplars(v) for v in doc]
+    return doc
+
+
+def _proto_requests(path: Path, data: bytes, counts: _Counts, strict: bool) -> Iterator[tuple[str, Any]]:
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    offset, number = 0, 0
+    while offset + 4 <= len(data):
+        number += 1
+        size = int.from_bytes(data[offset:offset + 4], "big")
+        payload = data[offset + 4:offset + 4 + size]
+        offset += 4 + size
+        where = f"{path}: record {number}"
+        if len(payload) != size:
+            counts.bad(where, "truncated length-prefixed record", strict)
+            return
+        request = ExportMetricsServiceRequest()
+        try:
+            request.ParseFromString(payload)
+        except DecodeError as exc:
+            counts.bad(where, f"not a protobuf ExportMetricsServiceRequest ({exc})", strict)
+            continue
+        if not request.resource_metrics:
+            counts.skipped += 1
+            continue
+        yield where, request
+    if offset != len(data):
+        counts.bad(f"{path}: byte {offset}", "trailing bytes that are not a length-prefixed record", strict)
+
+
+def _any_to_string(value) -> str | None:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return "true" if value.bool_value else "false"
+    if kind == "int_value":
+        return str(value.int_value)
+    if kind == "double_value":
+        return repr(value.double_value)
+    if kind == "bytes_value":
+        return value.bytes_value.hex()
+    return json.dumps(_any_to_python(value), separators=(",", ":"))
+
+
+def _any_to_python(value) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_any_to_python(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _any_to_python(kv.value) for kv in value.kvlist_value.values}
+    if kind == "bytes_value":
+        return value.bytes_value.hex()
+    return getattr(value, kind) if kind else None
+
+
+def _attributes(kvs) -> list[tuple[str, str | None]]:
+    return [(kv.key, _any_to_string(kv.value)) for kv in kvs]
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _decode_request(request, cols: _Columns, where: str, counts: _Counts, strict: bool) -> None:
+    rows = cols.rows
+    for rm in request.resource_metrics:
+        resource = _attributes(rm.resource.attributes)
+        res = dict(resource)
+        common = (res.get("nemo.run.id"), res.get("service.name"), _int_or_none(res.get("nv.dl.rank")))
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                kind = metric.WhichOneof("data")
+                if kind is None:
+                    counts.bad(where, f"metric {metric.name!r} has no data", strict)
+                    continue
+                data = getattr(metric, kind)
+                temporality = _TEMPORALITY.get(getattr(data, "aggregation_temporality", 0), "unspecified")
+                monotonic = data.is_monotonic if kind == "sum" else None
+                for point in data.data_points:
+                    if kind in ("gauge", "sum"):
+                        which = point.WhichOneof("value")
+                        value = float(getattr(point, which)) if which else None
+                        count = None
+                    else:
+                        value = float(point.sum) if point.HasField("sum") or kind == "summary" else None
+                        count = int(point.count)
+                    rows["run_id"].append(common[0])
+                    rows["service_name"].append(common[1])
+                    rows["rank"].append(common[2])
+                    rows["name"].append(metric.name)
+                    rows["kind"].append(kind)
+                    rows["unit"].append(metric.unit or None)
+                    rows["temporality"].append(temporality if kind not in ("gauge", "summary") else None)
+                    rows["is_monotonic"].append(monotonic)
+                    rows["start_time_ns"].append(int(point.start_time_unix_nano) or None)
+                    rows["time_ns"].append(int(point.time_unix_nano))
+                    rows["value"].append(value)
+                    rows["count"].append(count)
+                    rows["attributes"].append(_attributes(point.attributes))
+                    rows["resource_attributes"].append(resource)
+                    rows["scope_name"].append(sm.scope.name or None)
+
+
+# -- per step ---------------------------------------------------------------------------------
+
+
+def step_windows(spans: pa.Table) -> pa.Table:
+    """``(run_id, iteration, start_ns, end_ns)`` of each step: step spans sharing an iteration
+    span from the earliest start to the latest end (the goodput denominator's window)."""
+    names = pc.cast(spans["name"], pa.string())
+    mask = pc.and_(pc.match_substring_regex(names, _STEP_NAME), pc.is_valid(spans["rl.iteration"]))
+    steps = spans.filter(mask)
+    table = pa.table({
+        "run_id": pc.cast(steps["run_id"], pa.string()),
+        "iteration": steps["rl.iteration"],
+        "start_ns": steps["start_ns"],
+        "end_ns": steps["end_ns"],
+    })
+    grouped = table.group_by(["run_id", "iteration"], use_threads=False).aggregate(
+        [("start_ns", "min"), ("end_ns", "max")])
+    out = pa.table({
+        "run_id": grouped["run_id"], "iteration": grouped["iteration"],
+        "start_ns": grouped["start_ns_min"], "end_ns": grouped["end_ns_max"],
+    }, schema=STEP_WINDOWS_SCHEMA)
+    return out.sort_by([("run_id", "ascending"), ("start_ns", "ascending")])
+
+
+def metrics_by_step(metrics: pa.Table, steps: pa.Table, *, names: Iterable[str] | None = None) -> pa.Table:
+    """The value of each series in each step: ``run_id, iteration, name, attributes, value``.
+
+    ``steps`` is a :func:`step_windows` table (or any table with those four columns). A data
+    point belongs to the latest step of its run that started at or before it; points before a
+    run's first step are left out. Per series (run, process, name, attributes) and step: gauges
+    give their last value, cumulative sums their increase since the previous point (the first
+    point counts from zero), delta sums the sum of their points. Histograms are left out.
+    """
+    frame = _point_frame(metrics, names)
+    if frame.empty or steps.num_rows == 0:
+        return _empty_by_step()
+    frame = _with_increments(frame)
+    windows = steps.select(["run_id", "iteration", "start_ns"]).to_pandas()
+    windows = windows.dropna(subset=["run_id"]).sort_values("start_ns", kind="stable")
+    frame = frame.dropna(subset=["run_id"]).sort_values("time_ns", kind="stable")
+    if frame.empty or windows.empty:
+        return _empty_by_step()
+    joined = pd.merge_asof(frame, windows, left_on="time_ns", right_on="start_ns", by="run_id",
+                           direction="backward").dropna(subset=["iteration"])
+    joined["is_gauge"] = joined["kind"] == "gauge"
+    keys = ["run_id", "iteration", "name", "attributes_key"]
+    last = joined[joined["is_gauge"]].groupby(keys, sort=True).agg(value=("value", "last"))
+    summed = joined[~joined["is_gauge"]].groupby(keys, sort=True).agg(value=("increment", "sum"))
+    result = pd.concat([last, summed]).reset_index().sort_values(keys, kind="stable")
+    return pa.table({
+        "run_id": pa.array(result["run_id"].astype(str), pa.string()),
+        "iteration": pa.array(result["iteration"].astype("int64"), pa.int64()),
+        "name": pa.array(result["name"].astype(str), pa.string()),
+        "attributes": pa.array([[tuple(kv) for kv in json.loads(k)] for k in result["attributes_key"]], _attr_map),
+        "value": pa.array(result["value"].astype("float64"), pa.float64()),
+    })
+
+
+def efficiency_by_step(metrics: pa.Table, steps: pa.Table) -> pa.Table:
+    """``rl.efficiency.seconds`` per step: ``run_id, iteration, category, measurement, seconds``.
+
+    Filter on ``measurement`` before adding categories: ``collector_wall_clock`` runs on another
+    timeline and ``thread_seconds`` can exceed wall time.
+    """
+    by_step = metrics_by_step(metrics, steps, names=["rl.efficiency.seconds"])
+    return pa.table({
+        "run_id": by_step["run_id"],
+        "iteration": by_step["iteration"],
+        "category": _map_value(by_step["attributes"], "rl.efficiency.category"),
+        "measurement": _map_value(by_step["attributes"], "rl.efficiency.measurement"),
+        "seconds": by_step["value"],
+    })
+
+
+def with_efficiency_columns(steps: pa.Table, metrics: pa.Table) -> pa.Table:
+    """``steps`` (e.g. ``RunGoodput.steps``) plus one ``efficiency/<category>_s`` column per category.
+
+    What ``goodput`` shows beside a step's span buckets. Each added field's metadata names its
+    ``rl.efficiency.measurement``; a step without a value for a category gets null.
+    """
+    eff = efficiency_by_step(metrics, steps).to_pandas()
+    if eff.empty:
+        return steps
+    wide = eff.pivot_table(index=["run_id", "iteration"], columns="category", values="seconds", aggfunc="last")
+    keys = pd.DataFrame({"run_id": pc.cast(steps["run_id"], pa.string()).to_pandas(),
+                         "iteration": steps["iteration"].to_pandas()})
+    joined = keys.merge(wide.reset_index(), on=["run_id", "iteration"], how="left")
+    measurement = eff.groupby("category")["measurement"].last()
+    out = steps
+    for category in wide.columns:
+        field = pa.field(f"efficiency/{category}_s", pa.float64(),
+                         metadata={b"rl.efficiency.measurement": str(measurement[category]).encode()})
+        out = out.append_column(field, pa.array(joined[category].to_numpy(dtype=float, na_value=np.nan),
+                                                pa.float64(), from_pandas=True))
+    return out
+
+
+def _map_value(maps: pa.ChunkedArray, key: str) -> pa.ChunkedArray:
+    if len(maps) == 0:
+        return pa.chunked_array([], pa.string())
+    return pc.map_lookup(maps, pa.scalar(key, pa.string()), "first")
+
+
+def _point_frame(metrics: pa.Table, names: Iterable[str] | None) -> pd.DataFrame:
+    kind = pc.cast(metrics["kind"], pa.string())
+    mask = pc.is_in(kind, pa.array(["gauge", "sum"]))
+    if names is not None:
+        mask = pc.and_(mask, pc.is_in(pc.cast(metrics["name"], pa.string()), pa.array(list(names), pa.string())))
+    table = metrics.filter(mask)
+    attributes_key = [json.dumps(sorted(a), separators=(",", ":")) if a else "[]"
+                      for a in table["attributes"].to_pylist()]
+    return pd.DataFrame({
+        "run_id": pc.cast(table["run_id"], pa.string()).to_pandas(),
+        "service_name": pc.cast(table["service_name"], pa.string()).to_pandas(),
+        "rank": table["rank"].to_pandas(),
+        "name": pc.cast(table["name"], pa.string()).to_pandas(),
+        "kind": pc.cast(table["kind"], pa.string()).to_pandas(),
+        "temporality": pc.cast(table["temporality"], pa.string()).to_pandas(),
+        "time_ns": table["time_ns"].to_pandas(),
+        "value": table["value"].to_pandas(),
+        "attributes_key": attributes_key,
+    })
+
+
+def _with_increments(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per series, the increase each point adds: cumulative sums differenced, delta sums as they are."""
+    series = ["run_id", "service_name", "rank", "name", "attributes_key"]
+    frame = frame.sort_values("time_ns", kind="stable")
+    previous = frame.groupby(series, dropna=False, sort=False)["value"].shift(1).fillna(0.0)
+    cumulative = (frame["temporality"] == "cumulative").to_numpy()
+    restarted = frame["value"].to_numpy() < previous.to_numpy()  # a counter that went down started over
+    increment = np.where(cumulative & ~restarted, frame["value"] - previous, frame["value"])
+    return frame.assign(increment=increment)
+
+
+def _empty_by_step() -> pa.Table:
+    return pa.table({
+        "run_id": pa.array([], pa.string()), "iteration": pa.array([], pa.int64()),
+        "name": pa.array([], pa.string()), "attributes": pa.array([], _attr_map),
+        "value": pa.array([], pa.float64()),
+    })
+
+
+def _metric_dump_files(path: Path) -> list[Path]:
+    """The dump exporter's metrics files in ``path`` (a directory) or ``path`` itself."""
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.name.startswith("metrics-") and p.is_file())
+    return [path] if path.is_file() and path.name.startswith("metrics-") else []
+
+
+def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | None:
+    """The metrics that came with a spans ``source``, or None when it has none.
+
+    A dataset directory keeps them in ``metrics/`` (written by ``ingest``); raw dumps have them
+    in ``metrics-*`` files beside the ``traces-*`` files.
+    """
+    from nemo_telemetry.analysis.store.commits import committed_files
+    from nemo_telemetry.analysis.store.sources import split_sources
+
+    datasets, others = split_sources(source)
+    tables: list[pa.Table] = []
+    for item in datasets:
+        files = committed_files(item, "metrics")
+        if files:
+            tables.append(pa.concat_tables(pq.read_table(f, schema=METRICS_SCHEMA) for f in files))
+    raw = [f for item in others for f in _metric_dump_files(item)]
+    if raw:
+        tables.append(read_metrics(raw))
+    tables = [t for t in tables if t.num_rows]
+    return pa.concat_tables(tables) if tables else None
+
+
+def dataset_metric_files(files: Iterable[Path]) -> list[tuple[str, pa.Table]]:
+    """The data points of the ``metrics-*`` dump files among ``files``, as the dataset files to
+    write: ``(metrics/<hash>.parquet, points)`` per input with points.
+
+    Named by the input's content hash, so re-ingesting a file replaces its points instead of
+    adding them twice.
+    """
+    import hashlib
+
+    out = []
+    for path in (p for f in files for p in _metric_dump_files(Path(f))):
+        table = read_metrics(path)
+        if table.num_rows:
+            name = f"metrics/{hashlib.sha1(path.read_bytes()).hexdigest()[:20]}.parquet"
+            out.append((name, table.replace_schema_metadata(None)))
+    return out
+
+
+def with_step_metrics(runs: tuple, source) -> tuple:
+    """``run_goodput`` results with each step's efficiency metrics (``efficiency/<category>_s``)
+    beside its buckets, when ``source`` has metrics; unchanged otherwise."""
+    import dataclasses
+
+    metrics = metrics_for_source(source)
+    if metrics is None:
+        return runs
+    return tuple(dataclasses.replace(run, steps=with_efficiency_columns(run.steps, metrics)) for run in runs)

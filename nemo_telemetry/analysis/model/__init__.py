@@ -1,0 +1,1 @@
+"""The tables every analysis reads, and the vectorized pieces over them: schema, records, the span tree, intervals."""

@@ -1,0 +1,623 @@
+"""The spans table as the numpy arrays goodput and the findings compute on, built once per call.
+
+Strings that repeat (names, buckets, runs, services) become integer codes into a small tuple
+of values, so every rule over names is decided once per distinct name and then broadcast by
+code. The walk up the tree starts only from the rows that need it (the bucketed spans), one
+level per numpy step, so a 10-million-span table costs a handful of gathers on small arrays.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from nemo_telemetry.analysis.store.commits import committed_files
+from nemo_telemetry.analysis.ingestion.ingest import read_spans
+from nemo_telemetry.analysis.store.sources import single_dataset
+from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
+from nemo_telemetry.analysis.model.tree import parent_indices, trace_mix, with_id_keys
+from nemo_telemetry.errors import IngestError
+
+__all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS",
+           "isin_sorted", "key_index", "sort_index", "index_parents", "index_orphans", "distinct_parents", "orphan_mask",
+           "GOODPUT_COLUMNS", "read_for_analysis", "read_span_files", "resource_values", "resource_pairs"]
+
+BUCKETS = ("productive", "overhead", "idle", "wasted")
+UNKNOWN_BUCKET = -2
+NO_BUCKET = -1
+_MAX_DEPTH = 1024  # a parent cycle stops here instead of looping forever
+
+# What check reads from a dataset: span and parent ids come from the uint64 keys (hex strings
+# cost more to read than everything else together); trace ids and the resource attribute maps
+# are read as dictionaries, since their values repeat on every span of a process. No finding
+# reads service_name or rank (goodput's by="rank" does: GOODPUT_COLUMNS has them).
+READ_COLUMNS = (
+    "trace_id", "name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION,
+    EFFICIENCY_CATEGORY, "resource_attributes", "trace_key", "span_key", "parent_key",
+)
+# Row-group-sized batches (ingest writes pyarrow's default row groups, 2**20 rows): a few large chunks decode
+# with less overhead per batch than the scanner's default 2**17, and every per-chunk loop
+# over the columns runs a few times instead of a hundred.
+_READ_BATCH_ROWS = 1 << 20
+_DICTIONARY_READS = ("trace_id", "resource_attributes.key_value.key", "resource_attributes.key_value.value")
+
+
+GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "service_name", "run_id", "rank", BUCKET, ITERATION,
+                   "trace_key", "span_key", "parent_key")
+
+
+def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.Table:
+    """The spans columns goodput and check need, from a dataset directory or raw dump files.
+
+    A dataset is projected onto ``columns`` (:data:`READ_COLUMNS`: what check reads;
+    :data:`GOODPUT_COLUMNS`: what goodput reads); raw files are ingested whole in memory.
+    """
+    root = single_dataset(source)
+    if root is None:
+        return read_spans(source)
+    files = [str(p) for p in committed_files(root, "spans")]
+    if not files:
+        return read_spans(source)
+    try:
+        return read_span_files(files, columns=columns)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise IngestError(f"{root}: cannot read the spans table ({exc}); re-run nemo-telemetry ingest") from None
+
+
+def read_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.Table:
+    """``columns`` of the spans Parquet ``files``, the one projection every engine reads: the string
+    columns that repeat as dictionaries, and the hex ids where a file was written before the id keys."""
+    fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
+    dataset = ds.dataset(files, format=fmt)
+    names = dataset.schema.names
+    columns = [c for c in columns if c in names]
+    if not all(key in names for key in ("trace_key", "span_key", "parent_key")):
+        columns += [c for c in ("trace_id", "span_id", "parent_span_id") if c in names and c not in columns]
+    return dataset.to_table(columns=columns, batch_size=_READ_BATCH_ROWS)
+
+
+def _codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:
+    """(int32 codes with -1 for null, the distinct values) of a string or dictionary column.
+
+    Chunk by chunk, into one preallocated array: each chunk's (small) dictionary is mapped
+    onto the shared values once, then its indices go through that map; a chunk whose
+    dictionary lists the shared values in their order (every chunk of a file after the
+    first, usually) is copied as it is.
+    """
+    n = spans.num_rows
+    if column not in spans.column_names or n == 0:
+        return np.full(n, -1, dtype=np.int32), ()
+    values: dict = {}
+    out = np.empty(n, dtype=np.int32)
+    start = 0
+    for chunk in spans.column(column).chunks:
+        if not pa.types.is_dictionary(chunk.type):
+            chunk = pc.dictionary_encode(chunk)
+        local = np.array([values.setdefault(v, len(values)) if v is not None else -1
+                          for v in chunk.dictionary.to_pylist()] + [-1], dtype=np.int32)
+        into = out[start:start + len(chunk)]
+        indices = _filled(chunk.indices, -1)
+        if np.array_equal(local[:-1], np.arange(len(local) - 1)):
+            into[:] = indices
+        else:
+            np.take(local, indices, out=into, mode="wrap")  # wrap: a null's -1 lands on the last slot, -1
+        start += len(chunk)
+    return out, tuple(values)
+
+
+def _row_value(column: pa.ChunkedArray, row: int):
+    """One value of a chunked column without concatenating or taking over the chunks."""
+    for chunk in column.chunks:
+        if row < len(chunk):
+            return chunk[row].as_py()
+        row -= len(chunk)
+    raise IndexError(row)
+
+
+def _filled(column: pa.Array | pa.ChunkedArray, fill: int) -> np.ndarray:
+    """A numeric Arrow column as numpy, nulls replaced by ``fill`` (no copy through Arrow when none)."""
+    if column.null_count:
+        column = pc.fill_null(column, fill)
+    return column.to_numpy() if isinstance(column, pa.ChunkedArray) else column.to_numpy(zero_copy_only=False)
+
+
+def _int_column(spans: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 values with nulls as 0, validity) of an integer column (absent: all null).
+
+    Chunk by chunk into preallocated arrays, so a column with nulls is not copied whole twice.
+    """
+    n = spans.num_rows
+    if column not in spans.column_names or n == 0:
+        return np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+    col = spans.column(column)
+    values = np.empty(n, dtype=np.int64)
+    valid = np.ones(n, dtype=bool)
+    start = 0
+    for chunk in col.chunks:
+        stop = start + len(chunk)
+        if chunk.null_count:
+            valid[start:stop] = pc.is_valid(chunk).to_numpy(zero_copy_only=False)
+        values[start:stop] = _filled(chunk, 0)
+        start = stop
+    return values, valid
+
+
+def code_mask(codes: np.ndarray, chosen, size: int) -> np.ndarray:
+    """``np.isin(codes, chosen)`` for small-integer codes (-1 never chosen), by one table lookup."""
+    table = np.zeros(size + 1, dtype=bool)  # the extra last slot is where code -1 lands: never chosen
+    chosen = np.asarray(chosen, dtype=np.int64)
+    table[chosen[(chosen >= 0) & (chosen < size)]] = True
+    return table[codes]
+
+
+def pairs_present(first: np.ndarray, second: np.ndarray, second_size: int) -> list[tuple[int, int]]:
+    """The distinct (first, second) pairs of two code arrays, by counting; pairs with a -1 are left out."""
+    if first.size == 0:
+        return []
+    width = second_size + 1  # codes shifted by one, so -1 (null) has a slot of its own
+    key = first.astype(np.int64)  # one array, updated in place: these run over every span
+    key += 1
+    key *= width
+    key += second
+    key += 1
+    counts = np.bincount(key)
+    pairs = (divmod(int(k), width) for k in np.flatnonzero(counts))
+    return [(a - 1, b - 1) for a, b in pairs if a > 0 and b > 0]
+
+
+def isin_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """``np.isin(values, sorted_set)`` for uint64 keys and a small sorted set.
+
+    A 65,536-slot table indexed by the top 16 bits holds the set's only member with those
+    bits, so one cache-resident lookup and a comparison decide almost every value, whether
+    it is in the set or not; only values whose slot holds several members are binary-searched.
+    """
+    if sorted_set.size == 0 or len(values) == 0:
+        return np.zeros(len(values), dtype=bool)
+    slot_bits = np.uint64(48)
+    prefix = (sorted_set >> slot_bits).astype(np.intp)
+    members = np.bincount(prefix, minlength=1 << 16)
+    # An empty (or crowded) slot holds a number from the neighbouring slot: no value of its own slot equals it.
+    only = (np.arange(1 << 16, dtype=np.uint64) ^ np.uint64(1)) << slot_bits
+    single = members[prefix] == 1
+    only[prefix[single]] = sorted_set[single]
+    top = (values >> slot_bits).view(np.int64)  # below 2**16: a valid index as it is, without a copy
+    out = only[top] == values
+    crowded = members > 1
+    if crowded.any():
+        maybe = np.flatnonzero(crowded[top])
+        at = np.minimum(np.searchsorted(sorted_set, values[maybe]), sorted_set.size - 1)
+        out[maybe] = sorted_set[at] == values[maybe]
+    return out
+
+
+def codes_matching(values: tuple, regex: str) -> np.ndarray:
+    """Codes of the distinct values that match ``regex`` (decided once per value)."""
+    pattern = re.compile(regex)
+    return np.array([i for i, v in enumerate(values) if v is not None and pattern.search(v)], dtype=np.int32)
+
+
+@dataclass(frozen=True, eq=False)
+class SpanArrays:
+    """Columns of one spans table as numpy arrays; ``table`` is kept to read ids for messages."""
+
+    table: pa.Table
+    name: np.ndarray
+    names: tuple
+    run: np.ndarray
+    runs: tuple
+    start: np.ndarray
+    end: np.ndarray
+    bucket: np.ndarray  # index into BUCKETS, NO_BUCKET, or UNKNOWN_BUCKET
+    bucket_raw: np.ndarray  # code into bucket_values
+    bucket_values: tuple
+    iteration: np.ndarray
+    has_iteration: np.ndarray
+
+    # Decoded on first use only: goodput by step never reads them.
+    @cached_property
+    def _service(self) -> tuple[np.ndarray, tuple]:
+        return _codes(self.table, "service_name")
+
+    @property
+    def service(self) -> np.ndarray:
+        return self._service[0]
+
+    @property
+    def services(self) -> tuple:
+        return self._service[1]
+
+    @cached_property
+    def _category(self) -> tuple[np.ndarray, tuple]:
+        return _codes(self.table, EFFICIENCY_CATEGORY)
+
+    @property
+    def category(self) -> np.ndarray:
+        return self._category[0]
+
+    @property
+    def categories(self) -> tuple:
+        return self._category[1]
+
+    @cached_property
+    def _rank(self) -> tuple[np.ndarray, np.ndarray]:
+        return _int_column(self.table, "rank")
+
+    @property
+    def rank(self) -> np.ndarray:
+        return self._rank[0]
+
+    @property
+    def has_rank(self) -> np.ndarray:
+        return self._rank[1]
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @cached_property
+    def parents(self) -> np.ndarray:
+        """Parent row of every span (-1: root or orphan); the full join, for the findings."""
+        return parent_indices(self.table)
+
+    @cached_property
+    def has_parent(self) -> np.ndarray:
+        return _has_parent(self.table, lambda: self._keys)
+
+    @cached_property
+    def orphan(self) -> np.ndarray:
+        """Spans that name a parent which is not in the table (same trace)."""
+        return orphan_mask(self.has_parent, self._mixed, self._sorted_spans)
+
+    @cached_property
+    def trace_keys(self) -> np.ndarray:
+        if "_keys" in self.__dict__:
+            return self._keys[1]
+        return _filled(self.table.column("trace_key"), 0).astype(np.uint64, copy=False)
+
+    @cached_property
+    def _keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return _id_keys(self.table)
+
+    @cached_property
+    def _index(self) -> dict:
+        if "_keys" in self.__dict__:  # ids handed over as arrays (the partitioned check): one block
+            return sort_index(_build_index([self._keys], len(self), self.has_parent))
+        return key_index(self.table)
+
+    @cached_property
+    def _mixed(self) -> tuple[np.ndarray, np.ndarray]:
+        """(span key, parent key) of every row, each mixed with its trace: one number per (id, trace)."""
+        return self._index["_mixed"]
+
+    @cached_property
+    def _sorted_spans(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """Span keys mixed with their trace, row number packed in the low bits, sorted (for lookups)."""
+        return self._index["_sorted_spans"]
+
+    def adopt_index(self, index: dict) -> None:
+        """Take the key index :func:`key_index` built (in another thread) instead of building it here."""
+        self.__dict__.update(index)
+
+    def parent_of(self, rows: np.ndarray) -> np.ndarray:
+        """Parent row of each of ``rows`` (-1: root or orphan), without joining the whole table."""
+        if len(rows) == 0:
+            return np.zeros(0, dtype=np.int64)
+        if "parents" in self.__dict__:
+            return self.parents[rows]
+        own, packed, bits = self._sorted_spans
+        low = np.uint64((1 << bits) - 1)
+        wanted = self._mixed[1][rows]
+        pos = np.searchsorted(packed, wanted & ~low)
+        out = np.full(len(rows), -1, dtype=np.int64)
+        pending = np.flatnonzero(self.has_parent[rows])
+        while pending.size:  # a second round only for equal high bits or duplicated ids
+            at = pos[pending]
+            pending, at = pending[at < len(packed)], at[at < len(packed)]
+            found = packed[at]
+            same_high = (found & ~low) == (wanted[pending] & ~low)
+            pending, found = pending[same_high], found[same_high]
+            row = (found & low).astype(np.int64)
+            hit = (own[row] == wanted[pending]) & (row != rows[pending])
+            out[pending[hit]] = row[hit]
+            pending = pending[~hit]
+            pos[pending] += 1
+        return out
+
+    @cached_property
+    def valid_interval(self) -> np.ndarray:
+        return self.end >= self.start
+
+    def rows_of_names(self, regex: str) -> np.ndarray:
+        """Boolean mask of the rows whose name matches ``regex``."""
+        return code_mask(self.name, codes_matching(self.names, regex), len(self.names))
+
+    def resource_values(self, key: str, rows: np.ndarray) -> tuple[np.ndarray, tuple]:
+        """(codes, values) of resource attribute ``key`` for ``rows`` (code -1: absent)."""
+        return resource_values(self.table, key, rows)
+
+    def span_id(self, rows) -> list[str]:
+        return self._ids("span_id", "span_key", rows)
+
+    def trace_id(self, rows) -> list[str]:
+        return self._ids("trace_id", "trace_key", rows)
+
+    def _ids(self, column: str, key: str, rows) -> list[str]:
+        """Hex ids of ``rows``: the id column when read, else the uint64 key (span ids are exact)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if column in self.table.column_names:
+            return [str(_row_value(self.table.column(column), r)) for r in rows]
+        keys = self._keys[0 if key == "span_key" else 1] if "_keys" in self.__dict__ or len(rows) > 100 else None
+        if keys is not None:
+            return [f"{int(keys[r]):016x}" for r in rows]
+        return [f"{int(_row_value(self.table.column(key), r)):016x}" for r in rows]
+
+    def walk_up(self, rows: np.ndarray, *, ancestors: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For ``rows``: (attributed iteration, whether one was found, nearest bucketed ancestor or -1).
+
+        The iteration is the row's own ``rl.iteration``, else the nearest stamped ancestor's
+        (parent links join across processes through carriers); a walk stops at a root or orphan.
+        Only rows still missing something climb, so stamped spans cost nothing unless
+        ``ancestors`` asks for every bucketed ancestor (the nested-bucket finding).
+        """
+        iteration = self.iteration[rows].copy()
+        found = self.has_iteration[rows].copy()
+        bucketed_ancestor = np.full(len(rows), -1, dtype=np.int64)
+        bucketed = self.bucket != NO_BUCKET
+        active = np.arange(len(rows)) if ancestors else np.flatnonzero(~found)
+        current = np.full(len(rows), -1, dtype=np.int64)
+        current[active] = self.parent_of(rows[active])
+        active = active[current[active] >= 0]
+        for _ in range(_MAX_DEPTH):
+            if active.size == 0:
+                break
+            at = current[active]
+            take_iter = ~found[active] & self.has_iteration[at]
+            iteration[active[take_iter]] = self.iteration[at[take_iter]]
+            found[active[take_iter]] = True
+            take_bucket = (bucketed_ancestor[active] < 0) & bucketed[at]
+            bucketed_ancestor[active[take_bucket]] = at[take_bucket]
+            current[active] = self.parent_of(at)
+            still = ~found[active] | (ancestors & (bucketed_ancestor[active] < 0))
+            active = active[(current[active] >= 0) & still]
+        return iteration, found, bucketed_ancestor
+
+
+def _id_keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return tuple(_filled(table.column(c), 0).astype(np.uint64, copy=False)
+                 for c in ("span_key", "trace_key", "parent_key"))
+
+
+_SPAN_SPREAD = np.uint64(0xBF58476D1CE4E5B9)  # odd, so multiplying by it permutes uint64 (as in tree.py)
+_BLOCK_ROWS = 1 << 16  # the index is built this many rows at a time, so its temporaries stay in cache
+
+
+def _mix_into(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.ndarray,
+              own: np.ndarray, wanted: np.ndarray) -> None:
+    """One uint64 per (span id, trace id), into ``own`` (the span) and ``wanted`` (its parent).
+
+    Span ids are spread by an odd multiplier first: hand-built traces number spans 1, 2, 3...,
+    which would otherwise share their high bits and turn every lookup in the sorted index
+    into a linear walk.
+    """
+    mix = trace_mix(trace_key)
+    with np.errstate(over="ignore"):
+        np.multiply(span_key, _SPAN_SPREAD, out=own)
+        np.multiply(parent_key, _SPAN_SPREAD, out=wanted)
+    own ^= mix
+    wanted ^= mix
+
+
+def _has_parent(table: pa.Table, keys) -> np.ndarray:
+    """Whether each span names a parent: ``parent_span_id`` is set, else (a key-only read) ``parent_key`` != 0."""
+    if "parent_span_id" in table.column_names:
+        return pc.is_valid(table.column("parent_span_id")).to_numpy(zero_copy_only=False)
+    return keys()[2] != 0
+
+
+def distinct_parents(has_parent: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The distinct parent references (mixed keys), sorted: many children share a parent."""
+    ordered = wanted[has_parent]
+    ordered.sort()
+    if ordered.size:
+        distinct = np.empty(len(ordered), dtype=bool)
+        distinct[0] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=distinct[1:])
+        ordered = ordered[distinct]
+    return ordered
+
+
+def orphan_mask(has_parent: np.ndarray, mixed: tuple[np.ndarray, np.ndarray],
+                sorted_spans: tuple[np.ndarray, np.ndarray, int], ordered: np.ndarray | None = None) -> np.ndarray:
+    """Spans that name a parent which is not in the table (same trace), from the key index.
+
+    Each distinct parent reference (``ordered``: :func:`distinct_parents`, which a caller may
+    have sorted in another thread meanwhile) is looked up once, in sorted order, in the sorted
+    span index the walks use; the full mixed key confirms what the high bits propose. Only
+    references whose first candidate shares its high bits without being it (duplicated ids,
+    equal high bits) take further rounds.
+    """
+    own, packed, bits = sorted_spans
+    out = np.zeros(len(has_parent), dtype=bool)
+    if len(packed) == 0:
+        return out
+    high = ~np.uint64((1 << bits) - 1)
+    ordered = distinct_parents(has_parent, mixed[1]) if ordered is None else ordered
+    ordered_high = ordered & high
+    pos = np.searchsorted(packed, ordered_high)
+    np.minimum(pos, len(packed) - 1, out=pos)
+    candidate = packed[pos]
+    same_high = (candidate & high) == ordered_high
+    del ordered_high
+    found = same_high & (own[(candidate & ~high).astype(np.intp)] == ordered)
+    pending = np.flatnonzero(same_high & ~found)
+    del candidate, same_high
+    while pending.size:  # further rounds only for equal high bits or duplicated ids
+        pos[pending] += 1
+        pending = pending[pos[pending] < len(packed)]
+        candidate = packed[pos[pending]]
+        same_high = (candidate & high) == (ordered[pending] & high)
+        pending, candidate = pending[same_high], candidate[same_high]
+        hit = own[(candidate & ~high).astype(np.intp)] == ordered[pending]
+        found[pending[hit]] = True
+        pending = pending[~hit]
+    missing = ordered[~found]
+    if missing.size:  # rare: back from the distinct parents to the spans that name them
+        out = has_parent & isin_sorted(mixed[1], missing)
+    return out
+
+
+def key_index(table: pa.Table, *, sort: bool = True) -> dict:
+    """The mixed id keys, the sorted span index, the trace keys and which spans name a parent,
+    of a table that already has its key columns (for :meth:`SpanArrays.adopt_index`).
+
+    Independent of the other columns, so a caller can build it in a second thread while
+    :func:`span_arrays` decodes the rest (numpy sorts without the GIL). Built a block of rows
+    at a time straight from the Arrow key columns: the three key columns are never copied
+    whole, and no temporary is larger than a block. ``sort=False`` leaves the span index
+    unsorted, for :func:`sort_index` to finish while another thread uses the mixed keys.
+    """
+    keys = table.select(["span_key", "trace_key", "parent_key"])
+    blocks = ([_filled(column, 0).astype(np.uint64, copy=False) for column in batch.columns]
+              for batch in keys.to_batches(max_chunksize=_BLOCK_ROWS))
+    has_parent = (pc.is_valid(table.column("parent_span_id")).to_numpy(zero_copy_only=False)
+                  if "parent_span_id" in table.column_names else None)
+    index = _build_index(blocks, table.num_rows, has_parent)
+    return sort_index(index) if sort else index
+
+
+def sort_index(index: dict) -> dict:
+    """Sort the span index of a ``key_index(..., sort=False)`` in place; the index, for chaining."""
+    index["_sorted_spans"][1].sort()
+    return index
+
+
+def _build_index(blocks, n: int, has_parent: np.ndarray | None) -> dict:
+    """:func:`key_index` from (span, trace, parent) key blocks in row order; ``has_parent``
+    None: a span has a parent when its parent key is not 0."""
+    own, wanted, trace = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.uint64)
+    packed = np.empty(n, np.uint64)
+    named = np.empty(n, dtype=bool) if has_parent is None else has_parent
+    bits = max(1, (n - 1).bit_length())
+    high = ~np.uint64((1 << bits) - 1)
+    start = 0
+    for span_key, trace_key, parent_key in blocks:
+        for lo in range(0, len(span_key), _BLOCK_ROWS):
+            at = slice(start + lo, start + min(lo + _BLOCK_ROWS, len(span_key)))
+            block = slice(lo, lo + _BLOCK_ROWS)
+            _mix_into(span_key[block], trace_key[block], parent_key[block], own[at], wanted[at])
+            trace[at] = trace_key[block]
+            if has_parent is None:
+                np.not_equal(parent_key[block], 0, out=named[at])
+            np.bitwise_and(own[at], high, out=packed[at])  # row number in the low bits
+            packed[at] |= np.arange(at.start, at.stop, dtype=np.uint64)
+        start += len(span_key)
+    return {"_mixed": (own, wanted), "_sorted_spans": (own, packed, bits), "trace_keys": trace,
+            "has_parent": named}
+
+
+def index_parents(index: dict) -> np.ndarray:
+    """:func:`distinct_parents` of a :func:`key_index` (sorted or not)."""
+    return distinct_parents(index["has_parent"], index["_mixed"][1])
+
+
+def index_orphans(index: dict, parents: np.ndarray | None = None) -> dict:
+    """The orphan test over a sorted :func:`key_index` (for :meth:`SpanArrays.adopt_index`, like the
+    index); ``parents`` from :func:`index_parents`, when another thread has sorted them already.
+
+    The costliest step of ``check``, and it needs nothing but the index: a caller runs it in
+    other threads while the rest is decoded and analysed.
+    """
+    return {"orphan": orphan_mask(index["has_parent"], index["_mixed"], index["_sorted_spans"], parents)}
+
+
+def span_arrays(spans: pa.Table) -> SpanArrays:
+    """Decode the columns goodput and the findings use (ids stay in ``table`` until a message needs them)."""
+    spans = with_id_keys(spans)
+    name, names = _codes(spans, "name")
+    run, runs = _codes(spans, "run_id")
+    bucket_raw, bucket_values = _codes(spans, BUCKET)
+    lookup = np.array([BUCKETS.index(v) if v in BUCKETS else UNKNOWN_BUCKET for v in bucket_values] + [NO_BUCKET],
+                      dtype=np.int8)
+    start, _ = _int_column(spans, "start_ns")
+    end, _ = _int_column(spans, "end_ns")
+    iteration, has_iteration = _int_column(spans, ITERATION)
+    return SpanArrays(
+        table=spans, name=name, names=names, run=run, runs=runs, start=start, end=end, bucket=lookup[bucket_raw],
+        bucket_raw=bucket_raw, bucket_values=bucket_values, iteration=iteration, has_iteration=has_iteration,
+    )
+
+
+def resource_values(spans: pa.Table, key: str, rows: np.ndarray) -> tuple[np.ndarray, tuple]:
+    """(int codes, distinct values) of one resource attribute for each of ``rows`` (-1: absent).
+
+    Works on the map column as read, with plain or dictionary-encoded keys and values, one
+    chunk at a time, without building a Python object per span.
+    """
+    n = spans.num_rows
+    codes = np.full(n, -1, dtype=np.int64)
+    values: dict[str, int] = {}
+    for start, chunk, is_key, item_codes, local in _resource_chunks(spans, key, values):
+        match = np.flatnonzero(is_key)
+        owner = np.searchsorted(chunk.offsets.to_numpy(), match + int(chunk.offsets[0].as_py()), side="right") - 1
+        codes[owner + start] = local[item_codes[match]]
+    return codes[rows], tuple(values)
+
+
+def resource_pairs(spans: pa.Table, key: str, group: np.ndarray, keep: np.ndarray) -> set[tuple[int, str]]:
+    """The distinct (group code, value) pairs of one resource attribute over the ``keep`` rows.
+
+    A process's resource is the same on every one of its spans, so a chunk whose kept rows all
+    share one group (ingest writes one run per file) only needs the distinct values in it.
+    """
+    pairs: set[tuple[int, str]] = set()
+    values: dict[str, int] = {}
+    for start, chunk, is_key, item_codes, local in _resource_chunks(spans, key, values):
+        here, kept = group[start:start + len(chunk)], keep[start:start + len(chunk)]
+        if kept.all() and here.size and here.min() == here.max():
+            present = np.zeros(len(local), dtype=bool)  # the last slot is where null values (-1) land
+            present[item_codes[is_key]] = True
+            pairs.update((int(here[0]), int(v)) for v in local[np.flatnonzero(present)] if v >= 0 and here[0] >= 0)
+            continue
+        match = np.flatnonzero(is_key)
+        found = local[item_codes[match]]
+        owner = np.searchsorted(chunk.offsets.to_numpy(), match + int(chunk.offsets[0].as_py()), side="right") - 1
+        sel = kept[owner] & (found >= 0)
+        for g, v in pairs_present(here[owner][sel], found[sel], len(values)):
+            pairs.add((g, v))
+    names = {code: value for value, code in values.items()}
+    return {(g, names[v]) for g, v in pairs}
+
+
+def _resource_chunks(spans: pa.Table, key: str, values: dict):
+    """Per chunk of ``resource_attributes``: (first row, chunk, which entries have key ``key``,
+    value code of every entry, map from those codes to codes shared across chunks in ``values``)."""
+    if "resource_attributes" not in spans.column_names or spans.num_rows == 0:
+        return
+    start = 0
+    for chunk in spans.column("resource_attributes").chunks:
+        offsets = chunk.offsets.to_numpy()
+        first, count = int(offsets[0]), int(offsets[-1] - offsets[0])
+        keys, items = chunk.keys.slice(first, count), chunk.items.slice(first, count)
+        is_key = _equals(keys, key)
+        item_codes, item_values = _dictionary(items)
+        local = np.array([values.setdefault(v, len(values)) if v is not None else -1 for v in item_values] + [-1],
+                         dtype=np.int64)
+        yield start, chunk, is_key, item_codes, local
+        start += len(chunk)
+
+
+def _dictionary(arr: pa.Array) -> tuple[np.ndarray, list]:
+    if not pa.types.is_dictionary(arr.type):
+        arr = pc.dictionary_encode(arr)
+    return _filled(arr.indices, -1), arr.dictionary.to_pylist()
+
+
+def _equals(arr: pa.Array, value: str) -> np.ndarray:
+    codes, values = _dictionary(arr)
+    return code_mask(codes, [i for i, v in enumerate(values) if v == value], len(values))

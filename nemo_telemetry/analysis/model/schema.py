@@ -1,0 +1,109 @@
+"""The spans, events and links tables: the one shape every analysis reads.
+
+One row per span. Ids are lowercase hex strings; times are int64 Unix nanoseconds. The
+promoted columns (``rl.bucket``, ``rl.iteration``, ``rl.efficiency.category``, and from the
+resource ``service_name``, ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank``) are taken
+out of the attribute maps; every other span attribute is in ``attributes`` and every other
+resource attribute in ``resource_attributes``. Attribute values are strings: OTLP string
+values as they are, ints in decimal, doubles as Python's ``repr``, bools ``true``/``false``,
+bytes as lowercase hex, arrays and key-value lists as compact JSON.
+Strings that repeat are dictionary-encoded.
+
+The optional trailing columns ``trace_key``, ``span_key`` and ``parent_key`` (uint64: the
+first 16 hex digits of each id; 0 for no parent) are what tree walks join on. Ingest writes
+them so that analyses over large datasets never decode hex; a table without them gets them
+from :func:`nemo_telemetry.analysis.model.tree.with_id_keys`.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+__all__ = [
+    "SPANS_SCHEMA",
+    "EVENTS_SCHEMA",
+    "LINKS_SCHEMA",
+    "BUCKET",
+    "ITERATION",
+    "EFFICIENCY_CATEGORY",
+    "PROMOTED_SPAN_ATTRIBUTES",
+    "PROMOTED_RESOURCE_ATTRIBUTES",
+    "SPAN_KINDS",
+    "STATUS_CODES",
+    "empty_spans",
+    "ID_KEY_FIELDS",
+]
+
+_dict_str = pa.dictionary(pa.int32(), pa.string())
+_attr_map = pa.map_(pa.string(), pa.string())
+
+BUCKET = "rl.bucket"
+ITERATION = "rl.iteration"
+EFFICIENCY_CATEGORY = "rl.efficiency.category"
+
+# span attribute -> column
+PROMOTED_SPAN_ATTRIBUTES = (BUCKET, ITERATION, EFFICIENCY_CATEGORY)
+# resource attribute -> column
+PROMOTED_RESOURCE_ATTRIBUTES = {"service.name": "service_name", "nemo.run.id": "run_id", "nv.dl.rank": "rank"}
+
+# OTLP enum values, in enum order (index = OTLP integer value).
+SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
+STATUS_CODES = ("unset", "ok", "error")
+
+SPANS_SCHEMA = pa.schema(
+    [
+        pa.field("trace_id", pa.string(), nullable=False),
+        pa.field("span_id", pa.string(), nullable=False),
+        pa.field("parent_span_id", pa.string()),  # null for roots
+        pa.field("name", _dict_str, nullable=False),
+        pa.field("kind", _dict_str),  # one of SPAN_KINDS
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("duration_ns", pa.int64(), nullable=False),  # end - start; negative is kept and flagged
+        pa.field("status_code", _dict_str),  # one of STATUS_CODES
+        pa.field("status_message", pa.string()),
+        pa.field("service_name", _dict_str),
+        pa.field("run_id", _dict_str),
+        pa.field("rank", pa.int64()),
+        pa.field(BUCKET, _dict_str),
+        pa.field(ITERATION, pa.int64()),
+        pa.field(EFFICIENCY_CATEGORY, _dict_str),
+        pa.field("trace_state", pa.string()),
+        pa.field("scope_name", _dict_str),
+        pa.field("scope_version", _dict_str),
+        pa.field("attributes", _attr_map),
+        pa.field("resource_attributes", _attr_map),
+    ]
+)
+
+ID_KEY_FIELDS = (
+    pa.field("trace_key", pa.uint64()),
+    pa.field("span_key", pa.uint64()),
+    pa.field("parent_key", pa.uint64()),
+)
+
+EVENTS_SCHEMA = pa.schema(
+    [
+        pa.field("trace_id", pa.string(), nullable=False),
+        pa.field("span_id", pa.string(), nullable=False),
+        pa.field("time_ns", pa.int64()),
+        pa.field("name", _dict_str),
+        pa.field("attributes", _attr_map),
+    ]
+)
+
+LINKS_SCHEMA = pa.schema(
+    [
+        pa.field("trace_id", pa.string(), nullable=False),
+        pa.field("span_id", pa.string(), nullable=False),
+        pa.field("linked_trace_id", pa.string(), nullable=False),
+        pa.field("linked_span_id", pa.string(), nullable=False),
+        pa.field("trace_state", pa.string()),
+        pa.field("attributes", _attr_map),
+    ]
+)
+
+
+def empty_spans() -> pa.Table:
+    """A spans table with no rows (what an empty input gives)."""
+    return SPANS_SCHEMA.empty_table()

@@ -1,0 +1,1 @@
+"""What people look at: waterfalls, Perfetto traces, the HTML page, plots, vLLM span stitching."""

@@ -1,0 +1,94 @@
+"""Stacked bar charts of goodput per step: a PNG (matplotlib) or a self-contained HTML page (SVG).
+
+One bar per step, its height the step's wall clock, stacked by bucket with the unattributed
+gap on top; one panel per run. The HTML page needs nothing but a browser: inline SVG, every
+run id and label escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from nemo_telemetry.analysis.goodput.steps import BUCKETS, RunGoodput
+from nemo_telemetry.errors import NemoTelemetryError
+
+__all__ = ["BUCKET_COLOURS", "write_goodput_plot"]
+
+BUCKET_COLOURS = {"productive": "#2ca02c", "overhead": "#ffbf00", "idle": "#1f77b4", "wasted": "#d62728",
+                  "unattributed": "#bbbbbb"}
+_LAYERS = (*BUCKETS, "unattributed")
+
+
+def _layers(run: RunGoodput) -> tuple[list[int], dict[str, list[float]]]:
+    rows = run.steps.to_pylist()
+    return [r["iteration"] for r in rows], {k: [r[f"{k}_s"] for r in rows] for k in _LAYERS}
+
+
+def write_goodput_plot(runs: tuple[RunGoodput, ...], path: Path) -> Path:
+    """Write the chart to ``path`` (``.png`` or ``.html``) and return it."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".png":
+        _png(runs, path)
+    elif suffix == ".html":
+        path.write_text(_html(runs), encoding="utf-8")
+    else:
+        raise NemoTelemetryError(f"{path}: a goodput plot is written as .png or .html")
+    return path
+
+
+def _png(runs: tuple[RunGoodput, ...], path: Path) -> None:
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        raise NemoTelemetryError("a .png plot needs matplotlib: pip install 'nemo-telemetry[plot]', "
+                                 "or write .html instead") from None
+    fig, axes = plt.subplots(max(len(runs), 1), 1, figsize=(10, 3 * max(len(runs), 1)), squeeze=False)
+    for ax, run in zip(axes[:, 0], runs):
+        steps, layers = _layers(run)
+        bottom = [0.0] * len(steps)
+        for key in _LAYERS:
+            ax.bar(steps, layers[key], bottom=bottom, color=BUCKET_COLOURS[key], label=key, width=0.8)
+            bottom = [b + v for b, v in zip(bottom, layers[key])]
+        goodput = run.total.get("goodput")
+        ax.set_title(f"run {run.run_id}: goodput {goodput:.1%}" if goodput is not None else f"run {run.run_id}")
+        ax.set_xlabel("step (rl.iteration)")
+        ax.set_ylabel("seconds")
+        ax.legend(loc="upper right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _html(runs: tuple[RunGoodput, ...]) -> str:
+    panels = "\n".join(_svg_panel(run) for run in runs) or "<p>no steps</p>"
+    legend = " ".join(f'<span style="background:{c};padding:0 .6em;margin-right:.3em"></span>{k}'
+                      for k, c in BUCKET_COLOURS.items())
+    return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>goodput per step</title>"
+            "<style>body{font-family:sans-serif;margin:1em} svg{background:#fafafa}</style></head><body>"
+            f"<h1>goodput per step</h1><p>{legend}</p>{panels}</body></html>\n")
+
+
+def _svg_panel(run: RunGoodput, width: int = 900, height: int = 240) -> str:
+    steps, layers = _layers(run)
+    tallest = max([sum(layers[k][i] for k in _LAYERS) for i in range(len(steps))] or [1.0]) or 1.0
+    slot = width / max(len(steps), 1)
+    rects = []
+    for i, step in enumerate(steps):
+        y = float(height)
+        for key in _LAYERS:
+            h = layers[key][i] / tallest * (height - 10)
+            if h <= 0:
+                continue
+            y -= h
+            title = html.escape(f"step {step}: {key} {layers[key][i]:.3f} s")
+            rects.append(f'<rect class="{key}" x="{i * slot + 1:.1f}" y="{y:.1f}" width="{max(slot - 2, 1):.1f}" '
+                         f'height="{h:.1f}" fill="{BUCKET_COLOURS[key]}"><title>{title}</title></rect>')
+    goodput = run.total.get("goodput")
+    caption = f"run {run.run_id}: goodput {goodput:.1%}" if goodput is not None else f"run {run.run_id}"
+    return (f'<h2>{html.escape(caption)}</h2><svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+            f'height="{height}" data-run="{html.escape(str(run.run_id), quote=True)}">{"".join(rects)}</svg>')
