@@ -13,6 +13,8 @@ Kept free of heavy imports so :mod:`nemo_telemetry.instrument` can raise them ch
      └── DemoError        a demo asked for a bad mode, step count or output directory
 
     IncompleteDatasetWarning  (a UserWarning) a dataset an ingest began writing and did not finish
+    IngestWarning             (a UserWarning) records rejected while raw files were read on the fly
+    CompiledPathWarning       (a UserWarning) the compiled kernels compile first, or one fell back
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ __all__ = [
     "LintError",
     "DemoError",
     "IncompleteDatasetWarning",
+    "IngestWarning",
+    "CompiledPathWarning",
 ]
 
 
@@ -84,6 +88,10 @@ class DemoError(NemoTelemetryError, ValueError):
 class IncompleteDatasetWarning(UserWarning):
     """A dataset is read whose ingest began and did not finish: the spans of that ingest are
     not in it. The message names the ingest's inputs and the command that finishes it."""
+
+
+class IngestWarning(UserWarning):
+    """Records were rejected while reading raw files on the fly (details in the message)."""
 
 
 class CompiledPathWarning(UserWarning):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from nemo_telemetry.analysis.choices import ENGINES
 from nemo_telemetry.analysis.goodput import steps as _goodput
 from nemo_telemetry.analysis.model._arrays import GOODPUT_COLUMNS as GOODPUT_READ_COLUMNS
 from nemo_telemetry.analysis.model._arrays import read_for_analysis
@@ -22,7 +23,6 @@ from nemo_telemetry.errors import NemoTelemetryError
 
 __all__ = ["ENGINES", "goodput_with_engine", "check_with_engine", "ingest_with_engine"]
 
-ENGINES = ("local", "ray")
 _IN_MEMORY_BYTES_PER_SPAN = 200  # decoded goodput columns plus the arrays built from them, measured
 
 

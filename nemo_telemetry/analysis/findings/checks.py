@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from nemo_telemetry.analysis.choices import SEVERITIES
 from nemo_telemetry.analysis.model._arrays import (
     BUCKETS,
     NO_BUCKET,
@@ -67,7 +68,6 @@ from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 __all__ = ["FINDING_CODES", "SEVERITIES", "Finding", "CheckReport", "check_run", "SPAN_GROUPS_ATTRIBUTE",
            "DEFAULT_OVERLAP_TOLERANCE_S", "overlap_tolerance_ns", "report"]
 
-SEVERITIES = ("error", "warning", "info")
 FINDING_CODES: dict[str, str] = {  # code -> severity (missing-group-spans is info for a known gap)
     "bucketed-overlap": "error",
     "nested-bucket": "error",

@@ -26,6 +26,7 @@ import numpy as np
 import orjson
 import zstandard
 
+from nemo_telemetry.analysis.choices import FORMATS
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
@@ -42,7 +43,6 @@ __all__ = [
     "classify_json_line",
 ]
 
-FORMATS = ("jsonl", "proto", "json")
 ACCEPTED_FORMATS = (
     "Collector file-exporter JSON lines, the Collector's length-prefixed protobuf (optionally "
     "zstd per message), or a single OTLP/JSON document (e.g. a /v1/traces request body); "

@@ -41,6 +41,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+from nemo_telemetry.analysis.choices import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
 from nemo_telemetry.analysis.kernels import _compiled
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables, SpanColumns
 from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
@@ -62,8 +63,6 @@ __all__ = [
 ]
 
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
-DEFAULT_MAX_CONNECTIONS = 256
-DEFAULT_READ_TIMEOUT_S = 10.0  # one socket read; also how long an idle keep-alive connection stays
 DEFAULT_REQUEST_TIMEOUT_S = 60.0  # reading one request, from its first line to its last byte
 LISTEN_BACKLOG = 1024  # the kernel caps it at net.core.somaxconn
 RETRY_AFTER_S = 1  # sent with every 503

@@ -45,7 +45,7 @@ from nemo_telemetry.analysis.store.dataset import (
     span_keys,
 )
 from nemo_telemetry.analysis.store.sources import Source, split_sources
-from nemo_telemetry.errors import IngestError
+from nemo_telemetry.errors import IngestError, IngestWarning
 
 __all__ = [
     "IngestSummary",
@@ -71,10 +71,6 @@ BATCH_JSON_BYTES = 8 << 20
 DECODE_AHEAD = 2  # batches decoding on worker threads while the next one is read
 WRITE_AHEAD = 2  # Parquet files written on worker threads while the next batches decode
 FILE_ROWS = 1 << 17  # spans of a (run, rank) partition gathered into one Parquet file
-
-
-class IngestWarning(UserWarning):
-    """Records were rejected while reading raw files on the fly (details in the message)."""
 
 
 @dataclass(frozen=True)
