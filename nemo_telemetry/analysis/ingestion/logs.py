@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 
 from nemo_telemetry.analysis.ingestion._columns import text_id_hex
 from nemo_telemetry.analysis.ingestion._detect import open_decompressed
-from nemo_telemetry.analysis.ingestion._otlp_json import any_value_to_python, camel_case, value_to_string
+from nemo_telemetry.analysis.ingestion._otlp_json import camel_case
+from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string
 from nemo_telemetry.errors import IngestError
 
 __all__ = ["LOGS_SCHEMA", "LogReadResult", "DatasetLogFiles", "read_logs", "read_log_dumps", "log_dump_files",
@@ -159,7 +160,7 @@ def _get(obj: dict, key: str, default: Any = None) -> Any:
 
 def _any_text(value: Any) -> str | None:
     """An OTLP/JSON ``AnyValue`` as text, encoded as span attributes are (``schema.py``)."""
-    return value_to_string(any_value_to_python(value))
+    return json_value_string(value)
 
 
 def _attributes(kvs: Any) -> list[tuple[str, str | None]]:

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from nemo_telemetry.analysis.ingestion.anyvalue import json_flag, proto_value_string
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
@@ -82,6 +83,7 @@ FIRST_PROBLEM_KEY = b"nemo.metrics.first_problem"
 _KINDS = (("gauge", "gauge"), ("sum", "sum"), ("histogram", "histogram"),
           ("exponential_histogram", "exponential_histogram"), ("summary", "summary"))
 _TEMPORALITY = {0: "unspecified", 1: "delta", 2: "cumulative"}
+_BOOL_VALUE_KEYS = ("boolValue", "bool_value")
 _OTHER_SIGNALS = ("resourceSpans", "resource_spans", "resourceLogs", "resource_logs")
 _STEP_NAME = r"^rl\.[^.]+\.step$"
 
@@ -220,17 +222,20 @@ def _parse(doc: dict, where: str):
     if not any(key in doc for key in ("resourceMetrics", "resource_metrics")):
         raise IngestError("no resourceMetrics: not an OTLP metrics request")
     try:
-        return ParseDict(_without_exemplars(doc), ExportMetricsServiceRequest(), ignore_unknown_fields=True)
+        return ParseDict(_for_parse_dict(doc), ExportMetricsServiceRequest(), ignore_unknown_fields=True)
     except ParseError as exc:
         raise IngestError(f"not a valid OTLP metrics request ({exc})") from exc
 
 
-def _without_exemplars(doc: Any) -> Any:
-    """Exemplar ids are hex in the Collector's JSON but base64 to the protobuf parser; we drop them."""
+def _for_parse_dict(doc: Any) -> Any:
+    """``doc`` as protobuf's JSON parser takes it: without exemplars (their ids are hex in the
+    Collector's JSON, base64 to the parser), and a ``boolValue`` given as text made a bool, as
+    the span and log readers take it (:func:`.anyvalue.json_flag`)."""
     if isinstance(doc, dict):
-        return {k: _without_exemplars(v) for k, v in doc.items() if k != "exemplars"}
+        return {k: json_flag(v) if k in _BOOL_VALUE_KEYS else _for_parse_dict(v)
+                for k, v in doc.items() if k != "exemplars"}
     if isinstance(doc, list):
-        return [_without_exemplars(v) for v in doc]
+        return [_for_parse_dict(v) for v in doc]
     return doc
 
 
@@ -262,36 +267,8 @@ def _proto_requests(path: Path, data: bytes, counts: _Counts, strict: bool) -> I
         counts.bad(f"{path}: byte {offset}", "trailing bytes that are not a length-prefixed record", strict)
 
 
-def _any_to_string(value) -> str | None:
-    kind = value.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "string_value":
-        return value.string_value
-    if kind == "bool_value":
-        return "true" if value.bool_value else "false"
-    if kind == "int_value":
-        return str(value.int_value)
-    if kind == "double_value":
-        return repr(value.double_value)
-    if kind == "bytes_value":
-        return value.bytes_value.hex()
-    return json.dumps(_any_to_python(value), separators=(",", ":"))
-
-
-def _any_to_python(value) -> Any:
-    kind = value.WhichOneof("value")
-    if kind == "array_value":
-        return [_any_to_python(v) for v in value.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: _any_to_python(kv.value) for kv in value.kvlist_value.values}
-    if kind == "bytes_value":
-        return value.bytes_value.hex()
-    return getattr(value, kind) if kind else None
-
-
 def _attributes(kvs) -> list[tuple[str, str | None]]:
-    return [(kv.key, _any_to_string(kv.value)) for kv in kvs]
+    return [(kv.key, proto_value_string(kv.value)) for kv in kvs]
 
 
 def _int_or_none(text: str | None) -> int | None:
@@ -302,6 +279,18 @@ def _int_or_none(text: str | None) -> int | None:
 
 
 def _decode_request(request, cols: _Columns, where: str, counts: _Counts, strict: bool) -> None:
+    """Append the data points of one request; one whose attribute values cannot be encoded
+    (nested too deep) costs only that request, counted and named like any malformed record."""
+    kept = len(cols.rows["name"])
+    try:
+        _append_points(request, cols, where, counts, strict)
+    except ValueError as exc:
+        for values in cols.rows.values():
+            del values[kept:]
+        counts.bad(where, str(exc), strict)
+
+
+def _append_points(request, cols: _Columns, where: str, counts: _Counts, strict: bool) -> None:
     rows = cols.rows
     for rm in request.resource_metrics:
         resource = _attributes(rm.resource.attributes)
