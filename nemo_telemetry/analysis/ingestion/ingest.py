@@ -39,7 +39,6 @@ from nemo_telemetry.analysis.store.commits import dataset_state
 from nemo_telemetry.analysis.store.dataset import (
     DatasetWriter,
     SpanDeduplicator,
-    _owned_by,
     drop_duplicates,
     read_dataset,
     span_keys,
@@ -342,9 +341,7 @@ def drop_malformed_ids(tables: OtlpTables, report: Callable[[int], None]) -> Otl
     if not bad:
         return tables
     report(bad)
-    spans = spans.filter(pa.array(ok))
-    words = tables.span_words[ok] if tables.span_words is not None else None
-    return OtlpTables(spans, _owned_by(tables.events, spans), _owned_by(tables.links, spans), words)
+    return tables.keep_spans(ok)
 
 
 def _has_length(column: pa.ChunkedArray, length: int) -> np.ndarray:

@@ -250,7 +250,7 @@ class DatasetWriter:
         keys = span_keys(tables.spans)
         fresh = self.dedup.admit(tables.spans, keys)
         self._uncommitted_keys.append(keys[fresh])
-        return self.write_fresh(_fresh_rows(tables, fresh))
+        return self.write_fresh(tables.keep_spans(fresh))
 
     def write_fresh(self, fresh: OtlpTables) -> OtlpTables:
         """Stage tables already filtered by ``self.dedup`` (the ingest pipeline filters them; a
@@ -475,23 +475,5 @@ def _fsync(path: Path) -> None:
 
 def drop_duplicates(tables: OtlpTables, dedup: SpanDeduplicator, keys: np.ndarray | None = None) -> OtlpTables:
     """``tables`` without spans ``dedup`` has seen (and without those spans' events and links)."""
-    return _fresh_rows(tables, dedup.admit(tables.spans, keys))
-
-
-def _fresh_rows(tables: OtlpTables, mask: np.ndarray) -> OtlpTables:
-    """``tables`` with only the spans ``mask`` marks (and those spans' events and links)."""
-    if mask.all():
-        return tables
-    spans = tables.spans.filter(pa.array(mask))
-    return OtlpTables(spans, _owned_by(tables.events, spans), _owned_by(tables.links, spans))
-
-
-def _owned_by(table: pa.Table, spans: pa.Table) -> pa.Table:
-    """Rows of an events/links table whose span is in ``spans`` (all rows are new then)."""
-    if table.num_rows == 0:
-        return table
-    # The duplicate spans' events were stored with them the first time: keep only
-    # rows whose span row survived, matched on (trace_id, span_id).
-    owners = pc.binary_join_element_wise(spans.column("trace_id"), spans.column("span_id"), "/")
-    keys = pc.binary_join_element_wise(table.column("trace_id"), table.column("span_id"), "/")
-    return table.filter(pc.is_in(keys, value_set=owners.combine_chunks()))
+    # the duplicate spans' events and links were stored with them the first time
+    return tables.keep_spans(dedup.admit(tables.spans, keys))
