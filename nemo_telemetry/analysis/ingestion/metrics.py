@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from nemo_telemetry.analysis.ingestion._detect import is_metrics_dump
 from nemo_telemetry.analysis.ingestion.anyvalue import json_flag, proto_value_string
 from nemo_telemetry.errors import IngestError
 
@@ -44,7 +44,7 @@ __all__ = [
     "with_efficiency_columns",
     "metrics_for_source",
     "with_step_metrics",
-    "dataset_metric_files",
+    "dataset_metric_file",
 ]
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
@@ -125,7 +125,8 @@ class _Columns:
         })
 
 
-def read_metrics(source: str | Path | Iterable[str | Path], *, strict: bool = False) -> pa.Table:
+def read_metrics(source: str | Path | Iterable[str | Path], *, strict: bool = False,
+                 contents: Iterable[bytes | None] | None = None) -> pa.Table:
     """The metrics table of ``source``: a dump file, a directory of ``metrics-*`` files, or several.
 
     Raises IngestError for a path that does not exist or cannot be read, and (with ``strict``)
@@ -133,8 +134,8 @@ def read_metrics(source: str | Path | Iterable[str | Path], *, strict: bool = Fa
     """
     paths = _expand(source)
     cols, counts = _Columns(), _Counts()
-    for path in paths:
-        for where, request in _requests(path, counts, strict):
+    for path, raw in zip(paths, [None] * len(paths) if contents is None else contents):
+        for where, request in _requests(path, counts, strict, raw):
             _decode_request(request, cols, where, counts, strict)
     return cols.to_table(counts)
 
@@ -162,9 +163,10 @@ def _expand(source: str | Path | Iterable[str | Path]) -> list[Path]:
     return paths
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path, data: bytes | None = None) -> bytes:
+    """The decompressed contents of ``path`` (``data``: its bytes, read already)."""
     try:
-        data = path.read_bytes()
+        data = path.read_bytes() if data is None else data
         if data[:2] == b"\x1f\x8b":
             return gzip.decompress(data)
         if data[:4] == b"\x28\xb5\x2f\xfd":
@@ -179,9 +181,9 @@ def _read_bytes(path: Path) -> bytes:
         raise IngestError(f"{path}: cannot be decompressed ({exc}).") from exc
 
 
-def _requests(path: Path, counts: _Counts, strict: bool) -> Iterator[tuple[str, Any]]:
-    """``(where, ExportMetricsServiceRequest)`` for each metrics record in the file."""
-    data = _read_bytes(path)
+def _requests(path: Path, counts: _Counts, strict: bool, raw: bytes | None = None) -> Iterator[tuple[str, Any]]:
+    """``(where, ExportMetricsServiceRequest)`` for each metrics record in the file (``raw``: its bytes, read already)."""
+    data = _read_bytes(path, raw)
     head = data.lstrip()[:1]
     if head in (b"{", b"["):
         yield from _json_requests(path, data, counts, strict)
@@ -476,8 +478,8 @@ def _empty_by_step() -> pa.Table:
 def _metric_dump_files(path: Path) -> list[Path]:
     """The dump exporter's metrics files in ``path`` (a directory) or ``path`` itself."""
     if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.name.startswith("metrics-") and p.is_file())
-    return [path] if path.is_file() and path.name.startswith("metrics-") else []
+        return sorted(p for p in path.iterdir() if is_metrics_dump(p) and p.is_file())
+    return [path] if path.is_file() and is_metrics_dump(path) else []
 
 
 def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | None:
@@ -486,15 +488,11 @@ def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | 
     A dataset directory keeps them in ``metrics/`` (written by ``ingest``); raw dumps have them
     in ``metrics-*`` files beside the ``traces-*`` files.
     """
-    from nemo_telemetry.analysis.store.commits import committed_files
+    from nemo_telemetry.analysis.store.dataset import read_dataset
     from nemo_telemetry.analysis.store.sources import split_sources
 
     datasets, others = split_sources(source)
-    tables: list[pa.Table] = []
-    for item in datasets:
-        files = committed_files(item, "metrics")
-        if files:
-            tables.append(pa.concat_tables(pq.read_table(f, schema=METRICS_SCHEMA) for f in files))
+    tables = [read_dataset(item, "metrics", schema=METRICS_SCHEMA) for item in datasets]
     raw = [f for item in others for f in _metric_dump_files(item)]
     if raw:
         tables.append(read_metrics(raw))
@@ -502,22 +500,20 @@ def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | 
     return pa.concat_tables(tables) if tables else None
 
 
-def dataset_metric_files(files: Iterable[Path]) -> list[tuple[str, pa.Table]]:
-    """The data points of the ``metrics-*`` dump files among ``files``, as the dataset files to
-    write: ``(metrics/<hash>.parquet, points)`` per input with points.
+def dataset_metric_file(path: Path, data: bytes) -> tuple[str, pa.Table] | None:
+    """The data points of one metrics dump (``data``: its bytes, read once by the ingest for
+    its spans and metrics) as the dataset file to write, ``(metrics/<hash>.parquet, points)``;
+    None when it has none.
 
     Named by the input's content hash, so re-ingesting a file replaces its points instead of
     adding them twice.
     """
     import hashlib
 
-    out = []
-    for path in (p for f in files for p in _metric_dump_files(Path(f))):
-        table = read_metrics(path)
-        if table.num_rows:
-            name = f"metrics/{hashlib.sha1(path.read_bytes()).hexdigest()[:20]}.parquet"
-            out.append((name, table.replace_schema_metadata(None)))
-    return out
+    table = read_metrics(path, contents=[data])
+    if not table.num_rows:
+        return None
+    return f"metrics/{hashlib.sha1(data).hexdigest()[:20]}.parquet", table.replace_schema_metadata(None)
 
 
 def with_step_metrics(runs: tuple, source) -> tuple:
