@@ -81,10 +81,11 @@ def is_dataset(path: Path) -> bool:
 
 
 def read_dataset(root: Path, table: str = "spans", *, columns: list[str] | None = None,
-                 state: commits.DatasetState | None = None) -> pa.Table:
+                 state: commits.DatasetState | None = None, schema: pa.Schema | None = None) -> pa.Table:
     """One table of the dataset at ``root`` (empty with the right schema when it has no rows):
-    its committed files only. ``state``: read from it, without another warning."""
-    schema = _SCHEMAS[table]
+    its committed files only, in their sorted order. ``state``: read from it, without another
+    warning. ``schema``: the table's, for ``metrics`` and ``logs`` (their readers own it)."""
+    schema = _SCHEMAS[table] if schema is None else schema
     state = commits.dataset_state(root) if state is None else state
     files = [str(p) for p in state.files(table)]
     if not files:
