@@ -52,7 +52,18 @@ from nemo_telemetry.analysis.engines.choose import ENGINES, check_with_engine, g
 from nemo_telemetry.analysis.views.waterfall import DEFAULT_COLLAPSE_THRESHOLD
 from nemo_telemetry.analysis.views.plots import write_goodput_plot
 from nemo_telemetry.analysis.lint import lint_paths
-from nemo_telemetry.errors import CompiledPathWarning, IncompleteDatasetWarning, IngestError, LintError, UnknownRunError
+from nemo_telemetry.analysis.ingestion.follow import DumpFollower, FollowCounts
+from nemo_telemetry.analysis.monitor.state import MonitorState, RunStatus, StepRecord
+from nemo_telemetry.analysis.monitor.run import Alert, MonitorSummary, MonitorView, run_monitor
+from nemo_telemetry.analysis.monitor.export import SERIES as MONITOR_SERIES
+from nemo_telemetry.errors import (
+    CompiledPathWarning,
+    IncompleteDatasetWarning,
+    IngestError,
+    LintError,
+    MonitorError,
+    UnknownRunError,
+)
 
 __all__ = [
     "SPANS_SCHEMA",
@@ -121,4 +132,15 @@ __all__ = [
     "lint_paths",
     "LintError",
     "UnknownRunError",
+    "DumpFollower",
+    "FollowCounts",
+    "MonitorState",
+    "RunStatus",
+    "StepRecord",
+    "Alert",
+    "MonitorSummary",
+    "MonitorView",
+    "run_monitor",
+    "MONITOR_SERIES",
+    "MonitorError",
 ]

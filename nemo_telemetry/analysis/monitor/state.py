@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.goodput.steps import BUCKETS
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.monitor import rules
-from nemo_telemetry.errors import NemoTelemetryError
+from nemo_telemetry.errors import MonitorError
 
 __all__ = ["StepRecord", "RunStatus", "MonitorState", "SUM_FIELDS"]
 
@@ -80,7 +80,7 @@ class _Run:
 
 def _check_seconds(name: str, value: float) -> float:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-        raise NemoTelemetryError(f"{name}={value!r}: give a finite number of seconds >= 0")
+        raise MonitorError(f"{name}={value!r}: give a finite number of seconds >= 0")
     return float(value)
 
 
@@ -92,7 +92,7 @@ class MonitorState:
         self.grace_ns = int(_check_seconds("grace_s", grace_s) * _NS)
         self.horizon_ns = int(_check_seconds("horizon_s", horizon_s) * _NS)
         if rolling_steps < 1 or keep_steps < rolling_steps:
-            raise NemoTelemetryError(f"rolling_steps={rolling_steps}, keep_steps={keep_steps}: keep at least "
+            raise MonitorError(f"rolling_steps={rolling_steps}, keep_steps={keep_steps}: keep at least "
                                      "1 rolling step and at least as many kept steps as rolling ones")
         self.keep_steps, self.rolling_steps, self.max_pending = int(keep_steps), int(rolling_steps), int(max_pending)
         empty = rules.goodput_columns(pa.table({"trace_id": pa.array([], pa.string()),
