@@ -1,0 +1,144 @@
+"""``nemo-telemetry monitor`` as a real process: a followed directory, alerts and exit codes, and the
+receiver fed by the real SDK exporter, killed with SIGKILL and restarted on the dataset it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from typer.testing import CliRunner
+
+from nemo_telemetry.analysis import goodput_document, load_traces, read_spans, run_goodput
+from nemo_telemetry.analysis.synthetic import synthetic_requests, write_json_lines
+from nemo_telemetry.cli.app import app
+
+runner = CliRunner()
+
+
+class _Monitor:
+    """A ``nemo-telemetry monitor`` process; its stdout lines are collected as they come."""
+
+    def __init__(self, *options: str) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+        command = [sys.executable, "-c", "from nemo_telemetry.cli.app import main; main()", "monitor", *options]
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        self.lines: list[dict] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(json.loads(line))
+
+    def traces_url(self) -> str:
+        line = self.proc.stderr.readline()
+        match = re.search(r"(http://\S+/v1/traces)", line)
+        assert match, line + self.proc.stderr.read()
+        return match.group(1)
+
+    def wait_for(self, iterations: set[int], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not iterations <= {line["iteration"] for line in self.lines}:
+            assert time.monotonic() < deadline, self.lines
+            time.sleep(0.1)
+
+    def finish(self, timeout: float = 120.0) -> tuple[int, str]:
+        rc = self.proc.wait(timeout)
+        self._reader.join(10)
+        return rc, self.proc.stderr.read()
+
+
+def _final(lines: list[dict]) -> dict:
+    out = {}
+    for line in lines:
+        line = dict(line)
+        line.pop("revised", None)
+        out[(line.pop("run_id"), line["iteration"])] = line
+    return out
+
+
+def _offline(spans) -> dict:
+    return {(run["run_id"], step["iteration"]): step for run in goodput_document(run_goodput(spans))["runs"]
+            for step in run["steps"]}
+
+
+def test_follow_prints_one_json_line_per_step_equal_to_offline_goodput(tmp_path):
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    path = write_json_lines(dumps / "traces-0.jsonl", synthetic_requests(600, ranks=2, spans_per_request=30))
+    result = runner.invoke(app, ["monitor", "--follow", str(dumps), "--until-idle", "0.5", "--format", "json",
+                                 "--grace", "0"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert _final(lines) == _offline(load_traces(path).spans)
+    offline_keys = list(goodput_document(run_goodput(load_traces(path).spans))["runs"][0]["steps"][0])
+    assert list(lines[0]) == ["run_id", *offline_keys]
+
+
+def test_alert_below_with_exit_on_alert_exits_1_with_a_clear_message(tmp_path):
+    write_json_lines(tmp_path / "traces.jsonl", synthetic_requests(400, ranks=1, spans_per_request=20))
+    result = runner.invoke(app, ["monitor", "--follow", str(tmp_path), "--until-idle", "0.5", "--format", "json",
+                                 "--grace", "0", "--alert-below", "0.95", "--over", "3", "--exit-on-alert"])
+    assert result.exit_code == 1, result.output
+    assert re.search(r"ALERT: run synthetic-run: goodput over the last 3 steps is 0\.\d+, below 0\.95",
+                     result.stderr)
+    quiet = runner.invoke(app, ["monitor", "--follow", str(tmp_path), "--until-idle", "0.5", "--format", "json",
+                                "--grace", "0", "--alert-below", "0.1", "--over", "3", "--exit-on-alert"])
+    assert quiet.exit_code == 0 and "ALERT" not in quiet.stderr
+
+
+def test_bad_usage_exits_2_and_says_what_to_give(tmp_path):
+    both = runner.invoke(app, ["monitor", "--follow", str(tmp_path), "--port", "0"])
+    assert both.exit_code == 2 and "exactly one source" in both.stderr
+    out_without_port = runner.invoke(app, ["monitor", "--follow", str(tmp_path), "--out", str(tmp_path / "ds")])
+    assert out_without_port.exit_code == 2 and "use it with --port" in out_without_port.stderr
+    bad_format = runner.invoke(app, ["monitor", "--follow", str(tmp_path), "--format", "xml"])
+    assert bad_format.exit_code == 2 and "choose table or json" in bad_format.stderr
+
+
+def _train(url: str, iterations: range, run_id: str) -> None:
+    """Steps with bucketed children (one unstamped, attributed through its parent), exported by the SDK."""
+    exporter = OTLPSpanExporter(endpoint=url, timeout=5)
+    provider = TracerProvider(resource=Resource.create({"service.name": "trainer", "nemo.run.id": run_id}))
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
+    tracer = provider.get_tracer("test")
+    for i in iterations:
+        with tracer.start_as_current_span("rl.grpo.step", attributes={"rl.iteration": i}):
+            with tracer.start_as_current_span("rl.policy.generate", attributes={"rl.bucket": "productive",
+                                                                               "rl.iteration": i}):
+                time.sleep(0.03)
+            with tracer.start_as_current_span("rl.actor.call"):
+                with tracer.start_as_current_span("rl.policy.train", attributes={"rl.bucket": "productive"}):
+                    time.sleep(0.02)
+            with tracer.start_as_current_span("rl.weights.refit", attributes={"rl.bucket": "overhead",
+                                                                             "rl.iteration": i}):
+                time.sleep(0.01)
+    provider.force_flush(10_000)
+    provider.shutdown()
+
+
+def test_receiver_killed_with_sigkill_then_restarted_resumes_from_its_dataset(tmp_path):
+    dataset = tmp_path / "ds"
+    first = _Monitor("--port", "0", "--out", str(dataset), "--format", "json", "--grace", "0")
+    _train(first.traces_url(), range(0, 4), "run-kill")
+    first.wait_for({0, 1, 2, 3})
+    first.proc.send_signal(signal.SIGKILL)
+    first.finish()
+    second = _Monitor("--port", "0", "--out", str(dataset), "--format", "json", "--grace", "0", "--until-idle", "3")
+    _train(second.traces_url(), range(4, 7), "run-kill")
+    rc, stderr = second.finish()
+    assert rc == 0, stderr
+    final = _final(second.lines)
+    assert {it for _, it in final} == set(range(7))
+    assert final == _offline(read_spans(dataset))
+    assert final[("run-kill", 0)]["productive_s"] > 0.04  # the unstamped train span counts in its step
