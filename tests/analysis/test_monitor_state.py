@@ -177,3 +177,46 @@ def test_prometheus_endpoint_serves_rl_goodput_series(tmp_path, synthetic_spans)
     assert families["rl_goodput_rolling_ratio"].samples[0].value > 0
     assert families["rl_goodput_spans"].samples[0].value > 0
     assert summary.steps_reported == len(_offline(load_traces(path).spans))
+
+
+def test_otlp_metrics_push_reaches_the_standard_endpoint(tmp_path, monkeypatch):
+    """A real HTTP server on 127.0.0.1 receives the SDK's OTLP/HTTP metrics push."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    bodies = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            bodies.append((self.path, self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    (tmp_path / "dumps").mkdir()
+    write_json_lines(tmp_path / "dumps" / "traces.jsonl", synthetic_requests(200, ranks=1, spans_per_request=20))
+    try:
+        run_monitor(follow=tmp_path / "dumps", until_idle_s=0.3, grace_s=0, poll_s=0.1, otlp_metrics=True,
+                    otlp_interval_s=60)
+    finally:
+        server.shutdown()
+    assert bodies and {path for path, _ in bodies} == {"/v1/metrics"}
+    names, points = set(), {}
+    for _, body in bodies:
+        request = ExportMetricsServiceRequest.FromString(body)
+        for rm in request.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    names.add(metric.name)
+                    data = metric.gauge if metric.HasField("gauge") else metric.sum
+                    points[metric.name] = [{a.key: a.value.string_value for a in p.attributes} for p in data.data_points]
+    assert {"rl.goodput.step.ratio", "rl.goodput.rolling.ratio", "rl.goodput.steps", "rl.goodput.spans"} <= names
+    assert {"run_id", "iteration"} <= set(points["rl.goodput.step.ratio"][0])

@@ -142,3 +142,40 @@ def test_receiver_killed_with_sigkill_then_restarted_resumes_from_its_dataset(tm
     assert {it for _, it in final} == set(range(7))
     assert final == _offline(read_spans(dataset))
     assert final[("run-kill", 0)]["productive_s"] > 0.04  # the unstamped train span counts in its step
+
+
+def _request(spans: list[dict]) -> dict:
+    resource = {"attributes": [{"key": "nemo.run.id", "value": {"stringValue": "run-late"}}]}
+    return {"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": spans}]}]}
+
+
+def _span(span_id: str, name: str, start_s: float, end_s: float, **attributes) -> dict:
+    base = 1_767_225_600_000_000_000
+    attrs = [{"key": k.replace("_", "."), "value": {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}}
+             for k, v in attributes.items()]
+    return {"traceId": "ab" * 16, "spanId": span_id, "parentSpanId": "" if name.endswith(".step") else "1" * 16,
+            "name": name, "kind": 1, "startTimeUnixNano": str(base + int(start_s * 1e9)),
+            "endTimeUnixNano": str(base + int(end_s * 1e9)), "attributes": attrs}
+
+
+def test_a_late_span_appended_to_a_followed_file_prints_the_step_again_revised(tmp_path):
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    live = dumps / "traces-trainer-1.jsonl"
+    step = [_span("1" * 16, "rl.grpo.step", 0, 10, rl_iteration=1),
+            _span("2" * 16, "rl.policy.train", 0, 6, rl_iteration=1, rl_bucket="productive")]
+    live.write_text(json.dumps(_request(step)) + "\n")
+    monitor = _Monitor("--follow", str(dumps), "--format", "json", "--grace", "0", "--until-idle", "4")
+    monitor.wait_for({1})
+    late = [_span("3" * 16, "rl.checkpoint.save", 9, 12, rl_iteration=1, rl_bucket="overhead")]
+    with open(live, "a") as handle:
+        handle.write(json.dumps(_request(late))[:40])  # the writer mid-line: waited for, not rejected
+        handle.flush()
+        time.sleep(1.0)
+        handle.write(json.dumps(_request(late))[40:] + "\n")
+    rc, stderr = monitor.finish()
+    assert rc == 0, stderr
+    assert [(line["iteration"], line.get("revised", False)) for line in monitor.lines] == [(1, False), (1, True)]
+    assert monitor.lines[0]["overhead_s"] == 0.0 and monitor.lines[1]["overhead_s"] == 3.0
+    assert _final(monitor.lines) == _offline(load_traces(live).spans)
+    assert "rejected" not in stderr
