@@ -90,13 +90,17 @@ def main() -> None:
         state.add(batch(base, done, steps))
         reported += len(state.finished_steps(LATER))  # synthetic time runs past the clock: close by span time
         done += steps
-        if done in checkpoints:
-            elapsed = time.perf_counter() - started
-            rows.append((done, state.spans, state.spans / elapsed, peak_rss_mib(), state.size(), reported))
+        if done in checkpoints:  # the rate since the last checkpoint: does it fall as the run grows?
+            now = time.perf_counter()
+            before = rows[-1] if rows else (0, 0, 0.0, 0.0, {}, 0, started)
+            rate = (state.spans - before[1]) / (now - before[6])
+            rows.append((done, state.spans, rate, peak_rss_mib(), state.size(), reported, now))
+            print(f"  {done} steps  load {open('/proc/loadavg').read().split()[0]}", flush=True)
     reported += len(state.finish())
     baseline = rows[0]
-    print(f"{'steps':>9} {'spans':>11} {'spans/s':>9} {'x base':>6} {'peak RSS MiB':>12} {'x base':>6}  state")
-    for steps, spans, rate, rss, size, _ in rows:
+    print(f"{'steps':>9} {'spans':>11} {'spans/s':>9} {'x base':>6} {'peak RSS MiB':>12} {'x base':>6}  state"
+          "   (spans/s: since the previous checkpoint)")
+    for steps, spans, rate, rss, size, _, _ in rows:
         print(f"{steps:>9} {spans:>11} {rate:>9,.0f} {rate / baseline[2]:>6.2f} {rss:>12.0f} "
               f"{rss / baseline[3]:>6.2f}  {size}")
     print(f"steps reported: {reported} of {args.steps}; streaming rate / offline rate at the first checkpoint: "

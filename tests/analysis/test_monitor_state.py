@@ -220,3 +220,16 @@ def test_otlp_metrics_push_reaches_the_standard_endpoint(tmp_path, monkeypatch):
                     points[metric.name] = [{a.key: a.value.string_value for a in p.attributes} for p in data.data_points]
     assert {"rl.goodput.step.ratio", "rl.goodput.rolling.ratio", "rl.goodput.steps", "rl.goodput.spans"} <= names
     assert {"run_id", "iteration"} <= set(points["rl.goodput.step.ratio"][0])
+
+
+def test_iterations_without_a_step_span_stay_bounded():
+    """A run whose step group is off: bucketed stamped spans, no step span; the state keeps the newest
+    ``keep_steps`` such iterations and counts the spans it dropped."""
+    rows = [{"trace_id": f"{i + 1:032x}", "span_id": f"{i + 1:016x}", "name": "rl.policy.train", "run_id": "r",
+             "start_ns": i * S, "end_ns": i * S + S // 2, "iteration": i, "bucket": "productive"} for i in range(60)]
+    state = MonitorState(grace_s=0, keep_steps=10, rolling_steps=2)
+    for i in range(0, 60, 5):
+        state.add(spans_table(rows[i:i + 5]))
+        assert state.finished_steps() == []
+    assert state.size()["merged_rows"] <= 2 * 10 + 2
+    assert state.outside_spans_dropped == 50

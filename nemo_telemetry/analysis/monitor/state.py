@@ -11,7 +11,9 @@ Each batch goes through the goodput rules (``rules``) once:
 - *steps*: a step whose window ended ``grace_s`` ago is reported; a later partial of the same step
   (a checkpoint finalize, a slow worker's flush) reports it again, ``revised``;
 - *folding*: past ``keep_steps`` reported steps per run the oldest are folded into the run's totals
-  and leave the state; a span of a folded step that still arrives is counted, not applied.
+  and leave the state; a span of a folded step that still arrives is counted, not applied. Rows of
+  iterations with no step span (validation at iteration 0, a run whose step group is off) are
+  kept for the newest ``keep_steps`` such iterations only, and counted when dropped.
 
 Every span is in exactly one partial, so once every step is reported (:meth:`MonitorState.finish`)
 the per-step figures equal offline ``goodput`` on the same spans (while no step was folded away
@@ -108,6 +110,7 @@ class MonitorState:
         self.spans = 0
         self.late_spans = 0  # spans of steps already folded away: counted, not applied
         self.released_unresolved = 0  # pending spans that waited past the horizon
+        self.outside_spans_dropped = 0  # spans of iterations without a step span, past keep_steps of them
 
     # -- input ---------------------------------------------------------------------------------
 
@@ -180,6 +183,7 @@ class MonitorState:
                if int(it) not in self._runs[run].reported or (run, int(it)) in self._touched]
         self._touched.clear()
         if not due:
+            self._fold(frame)
             return []
         wanted = pd.MultiIndex.from_tuples(due)
         keys = pd.MultiIndex.from_arrays([frame["run"], frame["iteration"].fillna(-1).astype(np.int64)])
@@ -193,7 +197,7 @@ class MonitorState:
                 continue
             state.reported[iteration] = document
             out.append(StepRecord(run, iteration, document, revised=before is not None))
-        self._fold()
+        self._fold(frame)
         return sorted(out, key=lambda r: (self._order.index(r.run_id) if r.run_id in self._order else len(self._order),
                                           r.iteration))
 
@@ -206,29 +210,34 @@ class MonitorState:
             self.released_unresolved = counted
         return self.finished_steps(np.iinfo(np.int64).max // 2)
 
-    def _fold(self) -> None:
-        """Fold the oldest reported steps of each run past ``keep_steps`` into its totals."""
-        drop = []
+    def _fold(self, frame: pd.DataFrame) -> None:
+        """Fold the oldest reported steps of each run past ``keep_steps`` into its totals, and drop
+        the rows of iterations that have no step span (no step to report them in) past the newest
+        ``keep_steps`` of them; ``frame`` is the merged state."""
+        stamped = frame["iteration"].notna().to_numpy() & (frame["kind"] != rules.JOB).to_numpy()
+        iteration = frame["iteration"].fillna(0).astype(np.int64).to_numpy()
+        run_of = frame["run"].to_numpy(object)
+        gone = np.zeros(len(frame), bool)
         for run, state in self._runs.items():
+            mine = stamped & np.array([r == run for r in run_of], bool)
             extra = len(state.reported) - self.keep_steps
-            if extra <= 0:
-                continue
-            for iteration in sorted(state.reported)[:extra]:
-                figures = state.reported.pop(iteration)
+            for old in sorted(state.reported)[:max(extra, 0)]:
+                figures = state.reported.pop(old)
                 for key in SUM_FIELDS:
                     state.folded[key] += figures[key]
                 state.folded_steps += 1
-                state.folded_below = iteration if state.folded_below is None else max(state.folded_below, iteration)
-            drop.append((run, state.folded_below))
-        if not drop:
-            return
-        frame = self._merged.frame()
-        gone = np.zeros(len(frame), bool)
-        stamped = frame["iteration"].notna().to_numpy() & (frame["kind"] != rules.JOB).to_numpy()
-        iteration = frame["iteration"].fillna(0).astype(np.int64).to_numpy()
-        for run, below in drop:
-            gone |= stamped & (frame["run"].to_numpy(object) == run) & (iteration <= below)
-        self._merged.replace(frame[~gone])
+                state.folded_below = old if state.folded_below is None else max(state.folded_below, old)
+            if state.folded_below is not None:
+                gone |= mine & (iteration <= state.folded_below)
+            with_step = set(iteration[mine & (frame["kind"] == rules.STEP).to_numpy()].tolist())
+            stepless = sorted(set(iteration[mine & ~gone].tolist()) - with_step)
+            if len(stepless) > self.keep_steps:
+                dropped = np.isin(iteration, stepless[:-self.keep_steps]) & mine
+                self.outside_spans_dropped += int(frame.loc[dropped & (frame["kind"] == rules.SUM).to_numpy(),
+                                                            "count"].sum())
+                gone |= dropped
+        if gone.any():
+            self._merged.replace(frame[~gone])
 
     def runs(self) -> tuple[RunStatus, ...]:
         """Every run seen, in order of appearance (spans with no run id last)."""
