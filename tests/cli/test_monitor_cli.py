@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -104,6 +105,15 @@ def test_bad_usage_exits_2_and_says_what_to_give(tmp_path):
     assert out_without_port.exit_code == 2 and "use it with --port" in out_without_port.stderr
     bad_format = runner.invoke(app, ["monitor", "--follow", str(tmp_path), "--format", "xml"])
     assert bad_format.exit_code == 2 and "choose table or json" in bad_format.stderr
+    a_file = tmp_path / "not-a-dir"
+    a_file.write_text("x")
+    not_dir = runner.invoke(app, ["monitor", "--follow", str(a_file), "--until-idle", "1"])
+    assert not_dir.exit_code == 2 and "not a directory" in not_dir.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = runner.invoke(app, ["monitor", "--port", str(taken.getsockname()[1]), "--until-idle", "1"])
+    assert busy.exit_code == 2 and "cannot listen on 127.0.0.1" in busy.stderr
 
 
 def _train(url: str, iterations: range, run_id: str) -> None:
@@ -179,3 +189,12 @@ def test_a_late_span_appended_to_a_followed_file_prints_the_step_again_revised(t
     assert monitor.lines[0]["overhead_s"] == 0.0 and monitor.lines[1]["overhead_s"] == 3.0
     assert _final(monitor.lines) == _offline(load_traces(live).spans)
     assert "rejected" not in stderr
+
+
+def test_help_names_both_sources_and_shows_an_example():
+    result = runner.invoke(app, ["monitor", "--help"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0
+    for option in ("--follow", "--port", "--out", "--until-idle", "--format", "--alert-below", "--over",
+                   "--exit-on-alert", "--metrics-port", "--otlp-metrics"):
+        assert option in result.stdout
+    assert "Example: nemo-telemetry monitor --follow" in result.stdout
