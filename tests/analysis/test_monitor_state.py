@@ -4,6 +4,7 @@ a followed directory, the Prometheus text (parsed with prometheus_client's parse
 from __future__ import annotations
 
 import os
+import time
 import urllib.request
 
 import numpy as np
@@ -233,3 +234,14 @@ def test_iterations_without_a_step_span_stay_bounded():
         assert state.finished_steps() == []
     assert state.size()["merged_rows"] <= 2 * 10 + 2
     assert state.outside_spans_dropped == 50
+
+
+def test_a_span_whose_ancestor_never_comes_is_released_unstamped_after_the_horizon():
+    tree = _tree()  # row 3's parent is in no batch
+    state = MonitorState(grace_s=0, horizon_s=0.2)
+    state.add(tree.slice(3, 1))
+    assert state.size()["pending_rows"] == 1
+    time.sleep(0.3)
+    state.add(tree.slice(0, 3))
+    assert state.size()["pending_rows"] == 0 and state.released_unresolved == 1
+    assert _latest(state.finished_steps() + state.finish()) == _offline(tree)

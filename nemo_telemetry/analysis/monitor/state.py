@@ -4,9 +4,10 @@ Spans come in batches, in any order (a child usually ends, and so arrives, befor
 Each batch goes through the goodput rules (``rules``) once:
 
 - *walks*: an unstamped bucketed span takes its nearest stamped ancestor's iteration. The walk is
-  climbed over the recent spans (``context``, kept for ``horizon_s`` of span time) plus the batch;
-  a span whose walk stops at an ancestor that has not arrived yet is *pending* and waits (at most
-  ``horizon_s``, then it counts as unstamped, as offline when the ancestor never comes);
+  climbed over the recent spans (``context``: those that end within ``horizon_s`` of the newest
+  end seen) plus the batch; a span whose walk stops at an ancestor that has not arrived yet is
+  *pending* and waits (``horizon_s`` of the clock at most, and at most ``max_pending`` spans; then
+  it counts as unstamped, as offline when the ancestor never comes);
 - *partials*: the settled spans give one partial each batch, merged per (run, iteration);
 - *steps*: a step whose window ended ``grace_s`` ago is reported; a later partial of the same step
   (a checkpoint finalize, a slow worker's flush) reports it again, ``revised``;
@@ -95,13 +96,14 @@ class MonitorState:
         self.horizon_ns = int(_check_seconds("horizon_s", horizon_s) * _NS)
         if rolling_steps < 1 or keep_steps < rolling_steps:
             raise MonitorError(f"rolling_steps={rolling_steps}, keep_steps={keep_steps}: keep at least "
-                                     "1 rolling step and at least as many kept steps as rolling ones")
+                               "1 rolling step and at least as many kept steps as rolling ones")
         self.keep_steps, self.rolling_steps, self.max_pending = int(keep_steps), int(rolling_steps), int(max_pending)
         empty = rules.goodput_columns(pa.table({"trace_id": pa.array([], pa.string()),
                                                 "span_id": pa.array([], pa.string()),
                                                 "parent_span_id": pa.array([], pa.string())}))
         self._context = empty  # recent spans with rl.bucket cleared: ancestors only
         self._pending = empty  # bucketed spans whose walk waits for an ancestor
+        self._pending_since = np.zeros(0)  # when each pending span arrived (time.monotonic)
         self._merged = rules.Merged()
         self._touched: set[tuple] = set()  # (run, iteration) given a partial since the last report
         self._runs: dict[str | None, _Run] = {}
@@ -126,15 +128,19 @@ class MonitorState:
                 self._runs[run] = _Run()
                 if run is not None:
                     self._order.append(run)
+        now = time.monotonic()
         candidates = pa.concat_tables([self._pending, batch])
+        since = np.concatenate([self._pending_since, np.full(batch.num_rows, now)])
         found = rules.walks(pa.concat_tables([self._context, candidates]))
         waiting = found.is_waiting(candidates)
-        waiting &= ~self._expired(candidates)
-        self._pending = candidates.filter(pa.array(waiting))
+        expired = waiting & (now - since >= self.horizon_ns / _NS)  # waited horizon_s: its ancestor is not coming
+        self.released_unresolved += int(expired.sum())
+        waiting &= ~expired
+        self._pending, self._pending_since = candidates.filter(pa.array(waiting)), since[waiting]
         self._settle(candidates.filter(pa.array(~waiting)), found)
         if self._pending.num_rows > self.max_pending:
-            oldest = np.argsort(self._pending.column("end_ns").to_numpy())[: self._pending.num_rows - self.max_pending]
-            self._release(oldest, found)
+            self._release(np.argsort(self._pending_since, kind="stable")[: self._pending.num_rows - self.max_pending],
+                          found)
         ancestors = batch.set_column(batch.schema.get_field_index(BUCKET), BUCKET, pa.nulls(batch.num_rows, pa.string()))
         self._context = pa.concat_tables([self._context, ancestors]).combine_chunks()
         self._context = self._context.filter(pa.array(~self._expired(self._context)))
@@ -147,7 +153,7 @@ class MonitorState:
         keep[rows] = False
         self.released_unresolved += int(len(rows))
         released = self._pending.filter(pa.array(~keep))
-        self._pending = self._pending.filter(pa.array(keep))
+        self._pending, self._pending_since = self._pending.filter(pa.array(keep)), self._pending_since[keep]
         self._settle(released, found)
 
     def _settle(self, spans: pa.Table, found: rules.Walks) -> None:
