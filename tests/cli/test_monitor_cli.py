@@ -198,3 +198,24 @@ def test_help_names_both_sources_and_shows_an_example():
                    "--exit-on-alert", "--metrics-port", "--otlp-metrics"):
         assert option in result.stdout
     assert "Example: nemo-telemetry monitor --follow" in result.stdout
+
+
+def test_live_view_renders_the_last_steps_with_run_and_rolling_goodput(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from nemo_telemetry.analysis import run_monitor
+    from nemo_telemetry.cli.render import render_monitor
+
+    write_json_lines(tmp_path / "traces.jsonl", synthetic_requests(200, ranks=1, spans_per_request=20))
+    views = []
+    run_monitor(follow=tmp_path, until_idle_s=0.3, grace_s=0, poll_s=0.1, rolling_steps=3, on_view=views.append)
+    out = io.StringIO()
+    Console(file=out, width=100, color_system=None).print(render_monitor(views[-1], bar_width=10))
+    text = out.getvalue()
+    run = views[-1].runs[0]
+    assert f"run synthetic-run: {run.steps} steps, goodput {run.total['goodput']:.1%}, last 3 steps " \
+           f"{run.rolling_goodput:.1%}" in text
+    assert re.search(r"^\s+17\s+30\.00\s+\d+\.\d+", text, re.M)  # the newest step, its wall and productive time
+    assert "spans received" in text
