@@ -10,7 +10,8 @@ Kept free of heavy imports so :mod:`nemo_telemetry.instrument` can raise them ch
      ├── ListenError      a receiver that cannot bind its address
      ├── WaterfallError   a waterfall or critical path asked for a run, trace or step not there
      ├── LintError        a path given to lint that does not exist, or a file that does not parse
-     └── DemoError        a demo asked for a bad mode, step count or output directory
+     ├── DemoError        a demo asked for a bad mode, step count or output directory
+     └── MonitorError     a monitor asked for a bad source, threshold or period
 
     IncompleteDatasetWarning  (a UserWarning) a dataset an ingest began writing and did not finish
     IngestWarning             (a UserWarning) records rejected while raw files were read on the fly
@@ -29,6 +30,7 @@ __all__ = [
     "WaterfallError",
     "LintError",
     "DemoError",
+    "MonitorError",
     "IncompleteDatasetWarning",
     "IngestWarning",
     "CompiledPathWarning",
@@ -83,6 +85,10 @@ class LintError(NemoTelemetryError):
 
 class DemoError(NemoTelemetryError, ValueError):
     """The demo was asked for something it cannot run (a bad mode, step count or output directory)."""
+
+
+class MonitorError(NemoTelemetryError, ValueError):
+    """A monitor was asked for something it cannot do (no source or two, a bad threshold or period)."""
 
 
 class IncompleteDatasetWarning(UserWarning):

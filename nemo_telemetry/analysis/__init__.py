@@ -80,12 +80,23 @@ __all__ = [
     "UnknownRunError",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_READ_TIMEOUT_S",
+    "DumpFollower",
+    "FollowCounts",
+    "MonitorState",
+    "RunStatus",
+    "StepRecord",
+    "Alert",
+    "MonitorSummary",
+    "MonitorView",
+    "run_monitor",
+    "MONITOR_SERIES",
+    "MonitorError",
 ]
 
 _MODULE_NAMES = {  # each module and the public names it defines, in the pipeline's order
     "nemo_telemetry.errors": (
         "IngestError", "IncompleteDatasetWarning", "IngestWarning", "CompiledPathWarning", "LintError",
-        "UnknownRunError", "WaterfallError",
+        "UnknownRunError", "WaterfallError", "MonitorError",
     ),
     "nemo_telemetry.analysis.choices": (
         "FORMATS", "SEVERITIES", "ENGINES", "DEFAULT_COLLAPSE_THRESHOLD", "DEFAULT_MAX_CONNECTIONS",
@@ -119,6 +130,10 @@ _MODULE_NAMES = {  # each module and the public names it defines, in the pipelin
     "nemo_telemetry.analysis.views.stitch": ("stitch_vllm_spans",),
     "nemo_telemetry.analysis.views.plots": ("write_goodput_plot",),
     "nemo_telemetry.analysis.lint": ("lint_paths",),
+    "nemo_telemetry.analysis.ingestion.follow": ("DumpFollower", "FollowCounts"),
+    "nemo_telemetry.analysis.monitor.state": ("MonitorState", "RunStatus", "StepRecord"),
+    "nemo_telemetry.analysis.monitor.run": ("Alert", "MonitorSummary", "MonitorView", "run_monitor"),
+    "nemo_telemetry.analysis.monitor.export": ("MONITOR_SERIES",),
 }
 _HOMES = {name: module for module, names in _MODULE_NAMES.items() for name in names}
 
