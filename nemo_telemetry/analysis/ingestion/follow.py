@@ -21,7 +21,7 @@ import pyarrow as pa
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
 from nemo_telemetry.analysis.ingestion._detect import classify_json_line, iter_records
 from nemo_telemetry.analysis.ingestion.ingest import IngestPipeline
-from nemo_telemetry.analysis.store.dataset import SpanDeduplicator
+from nemo_telemetry.analysis.store.dataset import RecentSpanDeduplicator
 from nemo_telemetry.errors import IngestError
 
 __all__ = ["DumpFollower", "FollowCounts"]
@@ -66,7 +66,7 @@ class DumpFollower:
         self.root = Path(self.root)
         if self.root.exists() and not self.root.is_dir():
             raise IngestError(f"{self.root}: not a directory; --follow takes the dump directory the run writes")
-        self._pipeline = IngestPipeline(sink=self._keep, dedup=SpanDeduplicator(), decode_ahead=0)
+        self._pipeline = IngestPipeline(sink=self._keep, dedup=RecentSpanDeduplicator(), decode_ahead=0)
 
     def _keep(self, tables: OtlpTables) -> OtlpTables:
         if tables.spans.num_rows:

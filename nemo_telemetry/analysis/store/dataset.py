@@ -47,6 +47,7 @@ from nemo_telemetry.errors import IngestError
 __all__ = [
     "DatasetWriter",
     "SpanDeduplicator",
+    "RecentSpanDeduplicator",
     "is_dataset",
     "read_dataset",
     "NO_RUN_PARTITION",
@@ -112,6 +113,10 @@ class SpanDeduplicator:
         self._used = np.zeros(1024, dtype=np.bool_)
         self._count = 0
 
+    def __len__(self) -> int:
+        """Keys held."""
+        return self._count
+
     def remember(self, spans: pa.Table) -> None:
         """Add the keys of spans already stored (an existing dataset) without filtering."""
         self.admit(spans)
@@ -143,6 +148,48 @@ class SpanDeduplicator:
         table, used = np.zeros((capacity, 3), dtype=np.uint64), np.zeros(capacity, dtype=np.bool_)
         _dedup("rehash", self._count, self._table, self._used, table, used)
         self._table, self._used = table, used
+
+
+
+class RecentSpanDeduplicator:
+    """Drops repeats among the last ``window`` to ``2 * window`` spans admitted, in bounded memory.
+
+    For a process that reads spans for as long as a run trains (``monitor --follow``): two
+    generations of :class:`SpanDeduplicator`; once the newer holds ``window`` keys, the older is
+    dropped and a fresh one started. A repeat further back than that (a file truncated and
+    rewritten with more than ``window`` spans before its copy) is admitted again; a dataset's
+    writer keeps the full set instead.
+    """
+
+    def __init__(self, window: int = 1 << 20) -> None:
+        self.window = window
+        self._older, self._newer = SpanDeduplicator(), SpanDeduplicator()
+
+    def remember(self, spans: pa.Table) -> None:
+        """As :meth:`SpanDeduplicator.remember`."""
+        self.admit(spans)
+
+    def admit(self, spans: pa.Table, keys: np.ndarray | None = None) -> np.ndarray:
+        """As :meth:`SpanDeduplicator.admit`, over the spans of both generations."""
+        keys = span_keys(spans) if keys is None else keys
+        fresh = self._newer.admit(spans, keys)
+        if len(self._older):
+            unseen = self._older.admit(spans, keys)  # a probe: what it inserted is taken out again
+            self._older.forget(keys[unseen])
+            fresh &= unseen
+        if len(self._newer) >= self.window:
+            self._older, self._newer = self._newer, SpanDeduplicator()
+        return fresh
+
+    def forget(self, keys: np.ndarray) -> None:
+        """As :meth:`SpanDeduplicator.forget`."""
+        self._newer.forget(keys)
+        self._older.forget(keys)
+
+    @property
+    def keys_held(self) -> int:
+        """Keys in memory: at most ``2 * window``."""
+        return len(self._older) + len(self._newer)
 
 
 def _dedup(function: str, rows: int, *args):
