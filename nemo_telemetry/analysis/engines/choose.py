@@ -13,8 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from nemo_telemetry.analysis.goodput import steps as _goodput
-from nemo_telemetry.analysis.model._arrays import GOODPUT_COLUMNS as GOODPUT_READ_COLUMNS
-from nemo_telemetry.analysis.model._arrays import read_for_analysis
+from nemo_telemetry.analysis.model._arrays import GOODPUT_COLUMNS, STEP_GOODPUT_COLUMNS, read_for_analysis
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.store.sources import single_dataset
 from nemo_telemetry.analysis.goodput.partials import stream_goodput
@@ -78,7 +77,8 @@ def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
     budget = _memory_budget() if memory_budget is None else memory_budget
     if by == "step" and root is not None and _dataset_rows(root) * _IN_MEMORY_BYTES_PER_SPAN > budget:
         return stream_goodput(root, run_id=run_id)
-    return _goodput.run_goodput(read_for_analysis(source, columns=GOODPUT_READ_COLUMNS), run_id=run_id, by=by)
+    columns = STEP_GOODPUT_COLUMNS if by == "step" else GOODPUT_COLUMNS
+    return _goodput.run_goodput(read_for_analysis(source, columns=columns), run_id=run_id, by=by)
 
 
 def check_with_engine(source, *, engine: str = "local", **options):

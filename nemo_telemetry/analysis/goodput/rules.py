@@ -367,8 +367,8 @@ def merged_steps(merged: pd.DataFrame, run_order: Sequence[str | None]) -> Merge
     merged = merged.copy()
     merged["stamped"] = merged["iteration"].notna()
     merged["iteration"] = merged["iteration"].fillna(0).astype(np.int64)
-    code_of = {run: (-1 if run is None else i) for i, run in enumerate(run_order)}
-    merged["code"] = [code_of.get(r if isinstance(r, str) else None, -1) for r in merged["run"]]
+    runs = merged["run"].to_numpy(object)
+    merged["code"] = pd.Index(list(run_order), dtype=object).get_indexer(np.where(pd.isna(runs), None, runs))
     steps_part = merged[merged["kind"] == STEP].sort_values(["code", "iteration"], kind="stable")
     steps = Steps(*(steps_part[c].to_numpy(np.int64) for c in ("code", "iteration", "a", "b")),
                             np.zeros(len(steps_part), np.int64))

@@ -9,17 +9,19 @@ one-batch case, its walks done inside the batch (:mod:`model.walk`). :func:`anal
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.goodput.rules import (
     BUCKETS, JOB_SPAN_REGEX, STEP_COLUMNS, STEP_SPAN_REGEX, GoodputAccumulator, RunGoodput, Steps, StepOutlier,
     finish, merged_steps, partial_of, ranks_table, step_outliers, step_windows, steps_table,
 )
-from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, span_arrays
+from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, code_values, span_arrays
+from nemo_telemetry.analysis.model.schema import BUCKET
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.errors import NemoTelemetryError, UnknownRunError
 
@@ -72,22 +74,71 @@ class _OneBatch:
     ancestor: np.ndarray
     pick: np.ndarray  # which walked rows are bucketed (known bucket, valid interval)
     merged: pd.DataFrame
+    run_order: tuple  # the whole table's runs, in the order its runs are reported
 
     @property
     def bucketed(self) -> np.ndarray:
         return self.walked[self.pick]
 
 
-def _one_batch(spans: pa.Table, run_id: str | None, ancestors: bool, arrays: SpanArrays | None) -> _OneBatch:
-    arrays = span_arrays(spans) if arrays is None else arrays
-    keep = run_filter(arrays, run_id)
+def _one_batch(arrays: SpanArrays, keep: np.ndarray, run_order: tuple, *, ancestors: bool = False,
+               whole: Callable[[], tuple[SpanArrays, np.ndarray]] | None = None) -> _OneBatch:
+    """The rules over ``arrays`` as one batch. ``whole`` (for arrays of only the rows goodput reads)
+    gives the whole table's arrays and each row's position in it, for walks that leave those rows."""
     steps = step_windows(arrays, keep)
     walked = np.flatnonzero((arrays.bucket != NO_BUCKET) & keep)  # few rows: the rest is decided on them
-    iteration, stamped, ancestor = arrays.walk_up(walked, ancestors=ancestors)
+    if whole is None:
+        iteration, stamped, ancestor = arrays.walk_up(walked, ancestors=ancestors)
+    else:
+        iteration, stamped = _walk_in_whole(arrays, walked, whole)
+        ancestor = np.full(len(walked), -1, np.int64)
     pick = (arrays.bucket[walked] >= 0) & arrays.valid_interval[walked]
     accumulator = GoodputAccumulator()
     accumulator.add(partial_of(arrays, keep, walked[pick], iteration[pick], stamped[pick], steps=steps))
-    return _OneBatch(arrays, keep, steps, walked, iteration, stamped, ancestor, pick, accumulator.merged())
+    return _OneBatch(arrays, keep, steps, walked, iteration, stamped, ancestor, pick, accumulator.merged(), run_order)
+
+
+def _walk_in_whole(arrays: SpanArrays, walked: np.ndarray, whole) -> tuple[np.ndarray, np.ndarray]:
+    """Attributed iterations of ``walked``: their own, else the walk over the whole table (decoded
+    only when some row needs it)."""
+    iteration, stamped = arrays.iteration[walked].copy(), arrays.has_iteration[walked].copy()
+    pending = np.flatnonzero(~stamped)
+    if pending.size:
+        table_arrays, position = whole()
+        iteration[pending], stamped[pending], _ = table_arrays.walk_up(position[walked[pending]])
+    return iteration, stamped
+
+
+def _goodput_rows(spans: pa.Table) -> np.ndarray:
+    """The rows goodput reads: spans with an ``rl.bucket``, step spans and job spans (a few percent of
+    a run's spans; the per-prompt and worker spans without a bucket are only walked through)."""
+    mask = np.zeros(spans.num_rows, dtype=bool)
+    if BUCKET in spans.column_names:
+        mask |= pc.is_valid(spans.column(BUCKET)).to_numpy(zero_copy_only=False)
+    if "name" in spans.column_names:
+        at = 0
+        for chunk in spans.column("name").chunks:
+            if not pa.types.is_dictionary(chunk.type):
+                chunk = pc.dictionary_encode(chunk)
+            named = pc.match_substring_regex(chunk.dictionary, _STEP_OR_JOB)
+            hit = pc.fill_null(pc.take(named, chunk.indices), False).to_numpy(zero_copy_only=False)
+            mask[at:at + len(chunk)] |= hit
+            at += len(chunk)
+    return np.flatnonzero(mask)
+
+
+_STEP_OR_JOB = f"{STEP_SPAN_REGEX}|{JOB_SPAN_REGEX}"
+
+
+def _take(spans: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``spans.take(rows)`` (``rows`` sorted) batch by batch: no column is concatenated whole first."""
+    batches, at = [], 0
+    for batch in spans.to_batches():
+        lo, hi = np.searchsorted(rows, [at, at + batch.num_rows])
+        if hi > lo:
+            batches.append(batch.take(pa.array(rows[lo:hi] - at, pa.int64())))
+        at += batch.num_rows
+    return pa.Table.from_batches(batches, schema=spans.schema) if batches else spans.slice(0, 0)
 
 
 def analyse(spans: pa.Table, *, run_id: str | None = None, ancestors: bool = False,
@@ -97,7 +148,8 @@ def analyse(spans: pa.Table, *, run_id: str | None = None, ancestors: bool = Fal
     ``ancestors`` also finds each bucketed span's nearest bucketed ancestor (for the findings);
     ``arrays`` are ``spans`` already decoded (check_run decodes them beside a second thread).
     """
-    one = _one_batch(spans, run_id, ancestors, arrays)
+    arrays = span_arrays(spans) if arrays is None else arrays
+    one = _one_batch(arrays, run_filter(arrays, run_id), arrays.runs, ancestors=ancestors)
     arrays, steps, pick, bucketed = one.arrays, one.steps, one.pick, one.bucketed
     step_of = steps.index_of(arrays.run[bucketed], one.iteration[pick], one.stamped[pick])
     table = merged_steps(one.merged, arrays.runs).table
@@ -144,14 +196,32 @@ def run_goodput(spans: pa.Table, *, run_id: str | None = None, by: str = "step")
     """
     if by not in ("step", "rank"):
         raise NemoTelemetryError(f"by={by!r}: choose 'step' or 'rank'")
-    one = _one_batch(spans, run_id, False, None)
-    runs = finish(one.merged, one.arrays.runs)
     if by == "step":
-        return runs
-    arrays, bucketed = one.arrays, one.bucketed
+        one = _narrow_batch(spans, run_id)
+        return finish(one.merged, one.run_order)
+    arrays = span_arrays(spans)
+    one = _one_batch(arrays, run_filter(arrays, run_id), arrays.runs)
+    runs = finish(one.merged, one.run_order)
+    bucketed = one.bucketed
     step_of = one.steps.index_of(arrays.run[bucketed], one.iteration[one.pick], one.stamped[one.pick])
     return tuple(replace(run, ranks=ranks_table(arrays, one.steps, one.keep, bucketed, step_of, _code(arrays, run),
                                                 run.run_id)) for run in runs)
+
+
+def _narrow_batch(spans: pa.Table, run_id: str | None) -> _OneBatch:
+    """The one batch of only the rows goodput reads (:func:`_goodput_rows`), so the columns of the
+    many spans without a bucket are never decoded; runs keep the whole table's order."""
+    run_order = code_values(spans, "run_id")
+    UnknownRunError.unless_present(run_id, run_order)
+    rows = _goodput_rows(spans)
+    arrays = span_arrays(_take(spans, rows))
+    keep = np.ones(len(arrays), bool) if run_id is None else (
+        arrays.run == arrays.runs.index(run_id) if run_id in arrays.runs else np.zeros(len(arrays), bool))
+
+    def whole() -> tuple[SpanArrays, np.ndarray]:
+        return span_arrays(spans), rows
+
+    return _one_batch(arrays, keep, run_order, whole=whole)
 
 
 def _code(arrays: SpanArrays, run: RunGoodput) -> int:
