@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 # Names the findings and the partitioned check read from this module (the rules are rules.py's).
-_Steps, _step_windows, _step_outliers = Steps, step_windows, step_outliers
+_Steps, _step_windows = Steps, step_windows  # and step_outliers, imported above
 
 
 @dataclass(frozen=True, eq=False)
