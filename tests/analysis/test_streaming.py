@@ -13,7 +13,7 @@ import pytest
 
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
 from nemo_telemetry.analysis.store.dataset import DatasetWriter
-from nemo_telemetry.analysis.goodput.steps import run_goodput
+from nemo_telemetry.analysis.goodput.steps import analyse, run_goodput
 from nemo_telemetry.analysis.ingestion.ingest import read_spans
 from nemo_telemetry.analysis.model.records import spans_table
 from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
@@ -140,6 +140,19 @@ def test_the_scenario_exercises_what_the_engine_must_merge(scenario):
 def test_streaming_equals_in_memory_whatever_the_batch(scenario, batch_rows):
     expected = as_plain(run_goodput(read_spans(scenario)))
     assert as_plain(stream_goodput(scenario, batch_rows=batch_rows)) == expected
+
+
+@pytest.mark.parametrize("run_id", [None, "run-a"])
+def test_reading_only_goodputs_rows_equals_decoding_the_whole_table(scenario, run_id):
+    # by step decodes only bucketed, step and job spans (walking through the rest when it must);
+    # by rank and the findings' analyse decode every span: the rules must give them the same numbers
+    spans = read_spans(scenario)
+    by_rank = run_goodput(spans, run_id=run_id, by="rank")
+    assert as_plain(run_goodput(spans, run_id=run_id)) == as_plain(by_rank)
+    table = analyse(spans, run_id=run_id).table
+    steps = pa.concat_tables([r.steps for r in by_rank])
+    assert table["productive_s"].tolist() == steps.column("productive_s").to_pylist()
+    assert table["covered_s"].tolist() == steps.column("covered_s").to_pylist()
 
 
 def test_streaming_one_run(scenario):
