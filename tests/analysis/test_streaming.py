@@ -13,7 +13,7 @@ import pytest
 
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
 from nemo_telemetry.analysis.store.dataset import DatasetWriter
-from nemo_telemetry.analysis.goodput.steps import analyse, run_goodput
+from nemo_telemetry.analysis.goodput.steps import analyse, goodput_document, run_goodput
 from nemo_telemetry.analysis.ingestion.ingest import read_spans
 from nemo_telemetry.analysis.model.records import spans_table
 from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
@@ -155,6 +155,14 @@ def test_reading_only_goodputs_rows_equals_decoding_the_whole_table(scenario, ru
     assert table["covered_s"].tolist() == steps.column("covered_s").to_pylist()
 
 
+@pytest.mark.parametrize("batch_rows", [5, 64])
+@pytest.mark.parametrize("run_id", [None, "run-b"])
+def test_streaming_by_rank_gives_the_in_memory_json(scenario, batch_rows, run_id):
+    expected = goodput_document(run_goodput(read_spans(scenario), run_id=run_id, by="rank"))
+    assert all(run["ranks"] for run in expected["runs"])
+    assert goodput_document(stream_goodput(scenario, run_id=run_id, batch_rows=batch_rows, by="rank")) == expected
+
+
 def test_streaming_one_run(scenario):
     expected = as_plain(run_goodput(read_spans(scenario), run_id="run-b"))
     assert [r["run_id"] for r in expected] == ["run-b"]
@@ -180,7 +188,7 @@ def test_local_engine_streams_when_the_dataset_is_over_the_memory_budget(scenari
     assert as_plain(goodput_with_engine(scenario, engine="local", memory_budget=1)) == expected
     assert len(calls) == 1
     by_rank = goodput_with_engine(scenario, engine="local", by="rank", memory_budget=1)
-    assert all(r.ranks is not None for r in by_rank)  # per rank is in memory only, whatever the size
+    assert len(calls) == 2 and all(r.ranks is not None for r in by_rank)  # per rank streams too
 
 
 def test_unknown_engine_is_a_typed_error(scenario):

@@ -127,8 +127,8 @@ def ray_scan() -> streaming.Scan:
     return scan
 
 
-def ray_goodput(root: str | Path, *, run_id: str | None = None):
-    """``run_goodput`` (by step) of the dataset at ``root``, computed on the Ray cluster.
+def ray_goodput(root: str | Path, *, run_id: str | None = None, by: str = "step"):
+    """``run_goodput`` of the dataset at ``root``, computed on the Ray cluster.
 
     The attribution walks as :func:`streaming.partitioned_goodput` does; then the merge is
     distributed too (:func:`map_reduce`): each map task splits its files' partials by a hash of
@@ -142,7 +142,8 @@ def ray_goodput(root: str | Path, *, run_id: str | None = None):
     accumulator = streaming.GoodputAccumulator()
     for table in reduced:
         accumulator.add(table)
-    return accumulator.result(plan.order)
+    runs = accumulator.result(plan.order)
+    return streaming.with_ranks(runs, accumulator.merged(), ray_scan(), plan, run_id=run_id) if by == "rank" else runs
 
 
 def _partials_by_step(paths: list[str], reducers: int, attributed, run_id: str | None) -> tuple:

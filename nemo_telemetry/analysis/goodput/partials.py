@@ -21,7 +21,7 @@ never by the dataset: ``batch_rows`` sets the batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_batch_partial, ranks_tables
 from nemo_telemetry.analysis.goodput.rules import (
     PARTIAL_SCHEMA, STEP, UNION, GoodputAccumulator, MergedSteps, RunGoodput, bucketed_rows, goodput_partial,
     merged_steps,
@@ -64,12 +65,14 @@ __all__ = [
     "MergedSteps",
     "merged_steps",
     "partitioned_goodput",
+    "with_ranks",
     "stream_goodput",
 ]
 
 BATCH_ROWS = 1 << 18
 GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION, "trace_key", "span_key", "parent_key")
 EDGE_COLUMNS = ("trace_key", "span_key", "parent_key", ITERATION)
+RANK_READ_COLUMNS = (*GOODPUT_COLUMNS, "service_name", "rank")
 _NO_RUN = "\x00"  # stands for "no run" where a value must hash or index
 
 _WALK_SCHEMA = pa.schema([pa.field("trace_key", pa.uint64()), pa.field("parent_key", pa.uint64()),
@@ -220,15 +223,26 @@ def attribution(root: Path, scan: Scan, *, run_id: str | None = None) -> Attribu
     return Attribution(order, span_files(root, run_id=run_id) if run_id is not None else files, attributed)
 
 
-def partitioned_goodput(root: Path, scan: Scan, *, run_id: str | None = None,
-                        compact_rows: int = 1 << 20) -> tuple[RunGoodput, ...]:
-    """``run_goodput`` (by step) of the dataset at ``root``, computed batch by batch through ``scan``."""
+def partitioned_goodput(root: Path, scan: Scan, *, run_id: str | None = None, compact_rows: int = 1 << 20,
+                        by: str = "step") -> tuple[RunGoodput, ...]:
+    """``run_goodput`` of the dataset at ``root``, computed batch by batch through ``scan``."""
     plan = attribution(Path(root), scan, run_id=run_id)
     accumulator = GoodputAccumulator(compact_rows)
     for partial in scan(lambda b: goodput_partial(b, attributed=plan.attributed, run_id=run_id), GOODPUT_COLUMNS,
                         plan.files):
         accumulator.add(partial)
-    return accumulator.result(plan.order)
+    runs = accumulator.result(plan.order)
+    return with_ranks(runs, accumulator.merged(), scan, plan, run_id=run_id) if by == "rank" else runs
+
+
+def with_ranks(runs: tuple[RunGoodput, ...], merged: pd.DataFrame, scan: Scan, plan: Attribution, *,
+               run_id: str | None = None) -> tuple[RunGoodput, ...]:
+    """``runs`` with their ``--by rank`` tables: one more scan for the rank partials, merged here,
+    finished over the steps of ``merged`` (goodput's merged partials)."""
+    pieces = list(scan(lambda b: rank_batch_partial(b, attributed=plan.attributed, run_id=run_id), RANK_READ_COLUMNS,
+                       plan.files))
+    tables = ranks_tables(merge_ranks(pieces), merged_steps(merged, plan.order), plan.order)
+    return tuple(replace(run, ranks=tables[run.run_id]) for run in runs)
 
 
 def condense_unions(merged: pd.DataFrame) -> pd.DataFrame:
@@ -277,6 +291,6 @@ def partial_table(frame: pd.DataFrame) -> pa.Table:
     return pa.Table.from_pandas(frame[PARTIAL_SCHEMA.names], schema=PARTIAL_SCHEMA, preserve_index=False)
 
 
-def stream_goodput(root: str | Path, *, run_id: str | None = None, batch_rows: int = BATCH_ROWS):
+def stream_goodput(root: str | Path, *, run_id: str | None = None, batch_rows: int = BATCH_ROWS, by: str = "step"):
     """``run_goodput`` of a dataset too large for memory: one batch of ``batch_rows`` rows at a time."""
-    return partitioned_goodput(Path(root), local_scan(batch_rows), run_id=run_id, compact_rows=4 * batch_rows)
+    return partitioned_goodput(Path(root), local_scan(batch_rows), run_id=run_id, compact_rows=4 * batch_rows, by=by)

@@ -27,7 +27,7 @@ The three stages, so that every engine gets the same numbers by only scheduling 
 2. :class:`GoodputAccumulator` merges partials by min / max / sum / union, as they arrive.
 3. :func:`finish` turns the merged rows into each run's :class:`RunGoodput`.
 
-The in-memory path is the one-batch case; ``--by rank`` (:func:`ranks_table`) runs on that case only.
+The in-memory path is the one-batch case; ``--by rank`` is :mod:`goodput.ranks`, in the same three stages.
 """
 
 from __future__ import annotations
@@ -43,12 +43,13 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.model._arrays import BUCKETS, SpanArrays, span_arrays
 from nemo_telemetry.analysis.model.intervals import clipped_union_length, merge_intervals, union_length
 from nemo_telemetry.analysis.model.walk import KeyIndex
+from nemo_telemetry.errors import NemoTelemetryError
 
 __all__ = [
-    "STEP_SPAN_REGEX", "JOB_SPAN_REGEX", "BUCKETS", "STEP_COLUMNS", "RANK_COLUMNS", "StepOutlier", "RunGoodput",
-    "Steps", "step_windows", "bucketed_rows", "PARTIAL_SCHEMA", "STEP", "SUM", "UNION", "JOB", "goodput_partial", "partial_of",
-    "GoodputAccumulator", "MergedSteps", "merged_steps", "finish", "step_frame", "steps_table", "run_total",
-    "outside_summary", "step_outliers", "ranks_table",
+    "STEP_SPAN_REGEX", "JOB_SPAN_REGEX", "BUCKETS", "STEP_COLUMNS", "RANK_COLUMNS", "BY", "check_by", "StepOutlier", "RunGoodput",
+    "Steps", "step_windows", "bucketed_rows", "PARTIAL_SCHEMA", "STEP", "SUM", "UNION", "JOB", "goodput_partial", "batch_attribution", "partial_of",
+    "coalesced_union", "GoodputAccumulator", "MergedSteps", "merged_steps", "finish", "step_frame", "steps_table", "run_total",
+    "outside_summary", "step_outliers",
 ]
 
 STEP_SPAN_REGEX = r"^rl\.[^.]+\.step$"
@@ -58,6 +59,15 @@ _SUM_KEYS = ("wall_s", *(f"{b}_s" for b in BUCKETS), "covered_s", "unattributed_
 STEP_COLUMNS = ("run_id", "iteration", "start_ns", "end_ns", *_SUM_KEYS, "goodput")
 RANK_COLUMNS = ("run_id", "service_name", "rank", "steps", *_SUM_KEYS, "goodput")
 _GREW_CANDIDATES = (*(f"{b}_s" for b in BUCKETS), "unattributed_s")
+
+
+BY = ("step", "rank")  # what run_goodput's ``by`` may say
+
+
+def check_by(by: str) -> None:
+    """A ``by`` other than :data:`BY` is a clear error, before any data is read."""
+    if by not in BY:
+        raise NemoTelemetryError(f"by={by!r}: choose 'step' or 'rank'")
 
 
 @dataclass(frozen=True)
@@ -152,11 +162,16 @@ def goodput_partial(batch: pa.Table, *, attributed: KeyIndex, run_id: str | None
     """The partial aggregates (``PARTIAL_SCHEMA``) of one batch of spans; ``attributed`` maps the
     (trace_key, parent_key) of each unstamped bucketed span's walk to the iteration it met
     (:func:`partials.resolve_attribution`)."""
+    return partial_of(*batch_attribution(batch, attributed=attributed, run_id=run_id))
+
+
+def batch_attribution(batch: pa.Table, *, attributed: KeyIndex, run_id: str | None = None) -> tuple:
+    """(arrays, keep, bucketed rows, their iteration, stamped) of one batch, what a partial reads:
+    each unstamped bucketed span takes the iteration ``attributed`` holds for its walk."""
     arrays = span_arrays(batch)
-    keep = _keep_run(arrays, run_id)
     rows = np.flatnonzero(bucketed_rows(arrays, run_id))
     iteration, stamped = _attributed(arrays, rows, attributed)
-    return partial_of(arrays, keep, rows, iteration, stamped)
+    return arrays, _keep_run(arrays, run_id), rows, iteration, stamped
 
 
 def partial_of(arrays: SpanArrays, keep: np.ndarray, rows: np.ndarray, iteration: np.ndarray, stamped: np.ndarray,
@@ -253,11 +268,12 @@ def _reduce(ufunc, values: np.ndarray, heads: np.ndarray) -> np.ndarray:
 def _union_rows(run: np.ndarray, iteration: np.ndarray, start: np.ndarray, end: np.ndarray) -> pa.Table:
     """The union of the intervals of each (run, iteration), touching intervals coalesced."""
     codes, runs, iterations = _pair_codes(run, iteration)
-    group, lo, hi = _coalesced_union(codes, start, end)
+    group, lo, hi = coalesced_union(codes, start, end)
     return _rows(UNION, runs[group], iterations[group], np.ones(len(group), bool), a=lo, b=hi)
 
 
-def _coalesced_union(group: np.ndarray, start: np.ndarray, end: np.ndarray):
+def coalesced_union(group: np.ndarray, start: np.ndarray, end: np.ndarray):
+    """(group, start, end) of the union of each group's intervals, touching intervals coalesced."""
     merged = merge_intervals(start, end, group)
     if len(merged) == 0:
         return merged.group, merged.start, merged.end
@@ -338,7 +354,7 @@ def _merge(table: pa.Table) -> pd.DataFrame:
     merged = [part.reset_index().assign(kind=k) for part, k in zip(out, (STEP, SUM, JOB))]
     unions = by_kind[UNION]
     codes, runs, iterations = _pair_codes(unions["run"].to_numpy(object), unions["iteration"].to_numpy(np.int64))
-    group, lo, hi = _coalesced_union(codes, unions["a"].to_numpy(np.int64), unions["b"].to_numpy(np.int64))
+    group, lo, hi = coalesced_union(codes, unions["a"].to_numpy(np.int64), unions["b"].to_numpy(np.int64))
     merged.append(pd.DataFrame({"kind": UNION, "run": runs[group], "stamped": True, "iteration": iterations[group],
                                 "bucket": 0, "a": lo, "b": hi, "count": 0}))
     columns = ["kind", "run", "iteration", "stamped", "bucket", "a", "b", "count"]
@@ -483,45 +499,3 @@ def step_outliers(frame: pd.DataFrame) -> tuple[StepOutlier, ...]:
         out.append(StepOutlier(int(step["iteration"]), float(step["wall_s"]), median, threshold,
                                grown.removesuffix("_s"), growth[grown]))
     return tuple(out)
-
-
-def ranks_table(arrays: SpanArrays, steps: Steps, keep: np.ndarray, bucketed: np.ndarray, bucketed_step: np.ndarray,
-                run_code: int, run_name: str | None) -> pa.Table:
-    """Per (service, rank) of the run: its bucketed spans' sums and coverage over all the run's steps.
-
-    Every (service, rank) with a span in the run has a row, sorted by service name then rank, so a
-    worker whose spans carry no bucket shows as zeros rather than missing.
-    """
-    pick = (bucketed_step >= 0) & (arrays.run[bucketed] == run_code)
-    rows, step = bucketed[pick], bucketed_step[pick]
-    in_run = np.flatnonzero((arrays.run == run_code) & keep)
-    everyone = pd.DataFrame({"service": arrays.service[in_run],
-                             "rank": np.where(arrays.has_rank[in_run], arrays.rank[in_run], -1)}).drop_duplicates()
-    names = np.array([*arrays.services, ""], dtype=object)  # code -1 (no service) sorts first, as ""
-    everyone = everyone.assign(name=names[everyone["service"].to_numpy()]).sort_values(["name", "rank"])
-    who_values = pd.MultiIndex.from_frame(everyone[["service", "rank"]])
-    who_code = who_values.get_indexer(pd.MultiIndex.from_arrays(
-        [arrays.service[rows], np.where(arrays.has_rank[rows], arrays.rank[rows], -1)]))
-    n_who, n_steps = len(who_values), len(steps)
-    group = step * n_who + who_code
-    start, end = arrays.start[rows], arrays.end[rows]
-    sums = np.bincount(who_code * len(BUCKETS) + arrays.bucket[rows], weights=(end - start).astype(np.float64),
-                       minlength=n_who * len(BUCKETS)).reshape(n_who, len(BUCKETS))
-    merged = merge_intervals(start, end, group)
-    union = union_length(merged, n_steps * n_who).reshape(n_steps, n_who).sum(axis=0)
-    covered_by_group = clipped_union_length(merged, np.repeat(steps.start, n_who), np.repeat(steps.end, n_who))
-    covered = covered_by_group.reshape(n_steps, n_who).sum(axis=0)
-    present = np.bincount(np.unique(group) % max(n_who, 1), minlength=n_who) if n_who else np.zeros(0)
-    run_wall = float((steps.end - steps.start)[steps.run == run_code].sum())
-    services = [arrays.services[s] if s >= 0 else None for s, _ in who_values]
-    ranks = [int(r) if r >= 0 else None for _, r in who_values]
-    columns: dict[str, Any] = {"run_id": pa.array([run_name] * n_who, pa.string()),
-                               "service_name": pa.array(services, pa.string()), "rank": pa.array(ranks, pa.int64()),
-                               "steps": pa.array(present, pa.int64()), "wall_s": pa.array([run_wall / _NS] * n_who, pa.float64())}
-    for i, b in enumerate(BUCKETS):
-        columns[f"{b}_s"] = pa.array(sums[:, i] / _NS, pa.float64())
-    columns["covered_s"] = pa.array(covered / _NS, pa.float64())
-    columns["unattributed_s"] = pa.array((run_wall - covered) / _NS, pa.float64())
-    columns["double_counted_s"] = pa.array((sums.sum(axis=1) - union) / _NS, pa.float64())
-    columns["goodput"] = pa.array(sums[:, 0] / run_wall if run_wall > 0 else [None] * n_who, pa.float64())
-    return pa.table(columns)

@@ -18,12 +18,13 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.goodput.rules import (
     BUCKETS, JOB_SPAN_REGEX, STEP_COLUMNS, STEP_SPAN_REGEX, GoodputAccumulator, RunGoodput, Steps, StepOutlier,
-    finish, merged_steps, partial_of, ranks_table, step_outliers, step_windows, steps_table,
+    check_by, finish, merged_steps, partial_of, step_outliers, step_windows, steps_table,
 )
+from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_partial, ranks_tables
 from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, code_values, span_arrays
 from nemo_telemetry.analysis.model.schema import BUCKET
 from nemo_telemetry.analysis.model.intervals import merge_intervals
-from nemo_telemetry.errors import NemoTelemetryError, UnknownRunError
+from nemo_telemetry.errors import UnknownRunError
 
 __all__ = [
     "STEP_SPAN_REGEX",
@@ -194,18 +195,15 @@ def run_goodput(spans: pa.Table, *, run_id: str | None = None, by: str = "step")
 
     ``by="rank"`` adds ``ranks``: the same sums per (service, rank) over all of the run's steps.
     """
-    if by not in ("step", "rank"):
-        raise NemoTelemetryError(f"by={by!r}: choose 'step' or 'rank'")
+    check_by(by)
     if by == "step":
         one = _narrow_batch(spans, run_id)
         return finish(one.merged, one.run_order)
     arrays = span_arrays(spans)
     one = _one_batch(arrays, run_filter(arrays, run_id), arrays.runs)
-    runs = finish(one.merged, one.run_order)
-    bucketed = one.bucketed
-    step_of = one.steps.index_of(arrays.run[bucketed], one.iteration[one.pick], one.stamped[one.pick])
-    return tuple(replace(run, ranks=ranks_table(arrays, one.steps, one.keep, bucketed, step_of, _code(arrays, run),
-                                                run.run_id)) for run in runs)
+    ranks = merge_ranks([rank_partial(arrays, one.keep, one.bucketed, one.iteration[one.pick], one.stamped[one.pick])])
+    tables = ranks_tables(ranks, merged_steps(one.merged, one.run_order), one.run_order)
+    return tuple(replace(run, ranks=tables[run.run_id]) for run in finish(one.merged, one.run_order))
 
 
 def _narrow_batch(spans: pa.Table, run_id: str | None) -> _OneBatch:
@@ -222,10 +220,6 @@ def _narrow_batch(spans: pa.Table, run_id: str | None) -> _OneBatch:
         return span_arrays(spans), rows
 
     return _one_batch(arrays, keep, run_order, whole=whole)
-
-
-def _code(arrays: SpanArrays, run: RunGoodput) -> int:
-    return arrays.runs.index(run.run_id) if run.run_id is not None else -1
 
 
 # -- comparing and serialising -----------------------------------------------------------------
