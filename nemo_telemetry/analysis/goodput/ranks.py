@@ -112,24 +112,22 @@ def ranks_tables(merged: pd.DataFrame, steps: MergedSteps, run_order) -> dict[st
     """Per run of ``run_order`` (and None), its ranks table (``RANK_COLUMNS``) from merged rank
     partials and goodput's merged steps (their windows; ``run_order[i]`` is step run code i)."""
     windows = steps.steps
-    names = [*run_order, None]
-    code_of = {name: (i if name is not None else -1) for i, name in enumerate(names)}
-    merged = merged.assign(code=[code_of.get(r, -1) for r in merged["run"]])
+    runs = merged["run"].to_numpy(object)
+    merged = merged.assign(code=pd.Index(list(run_order), dtype=object).get_indexer(runs),  # no run: -1
+                           name=merged["service"].fillna(""))  # no service sorts first
     step = windows.index_of(merged["code"].to_numpy(np.int64), merged["iteration"].to_numpy(np.int64),
                             merged["iteration"].to_numpy(np.int64) >= 0)
     merged = merged.assign(step=np.where(merged["kind"] == WHO, -1, step))
-    return {run: _run_ranks(merged[merged["code"] == code], windows, code, run)
-            for run, code in code_of.items() if (merged["code"] == code).any()}
+    codes = {(run_order[c] if c >= 0 else None): int(c) for c in np.unique(merged["code"])}
+    return {run: _run_ranks(merged[merged["code"] == code], windows, code, run) for run, code in codes.items()}
 
 
 def _run_ranks(rows: pd.DataFrame, windows, code: int, run: str | None) -> pa.Table:
-    who = rows[rows["kind"] == WHO].assign(name=lambda f: f["service"].map(lambda s: "" if s is None else s))
-    who = who.sort_values(["name", "rank"], kind="stable")
+    who = rows[rows["kind"] == WHO].sort_values(["name", "rank"], kind="stable")
     index = pd.MultiIndex.from_frame(who[["name", "rank"]])
     n = len(who)
     inside = rows[(rows["kind"] != WHO) & (rows["step"] >= 0)]
-    at = index.get_indexer(pd.MultiIndex.from_arrays([inside["service"].map(lambda s: "" if s is None else s),
-                                                      inside["rank"]]))
+    at = index.get_indexer(pd.MultiIndex.from_frame(inside[["name", "rank"]]))
     sums_rows, union_rows = inside["kind"].to_numpy() == SUM, inside["kind"].to_numpy() == UNION
     sums = np.zeros((n, len(BUCKETS)), np.int64)
     np.add.at(sums, (at[sums_rows], inside["bucket"].to_numpy(np.int64)[sums_rows]),
