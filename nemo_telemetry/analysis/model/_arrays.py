@@ -22,16 +22,16 @@ from nemo_telemetry.analysis.ingestion.ingest import read_spans
 from nemo_telemetry.analysis.store.sources import single_dataset
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
 from nemo_telemetry.analysis.model.tree import parent_indices, trace_mix, with_id_keys
+from nemo_telemetry.analysis.model.walk import climb
 from nemo_telemetry.errors import IngestError
 
-__all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS",
+__all__ = ["BUCKETS", "SpanArrays", "span_arrays", "code_values", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS",
            "isin_sorted", "key_index", "sort_index", "index_parents", "index_orphans", "distinct_parents", "orphan_mask",
-           "GOODPUT_COLUMNS", "read_for_analysis", "read_span_files", "resource_values", "resource_pairs"]
+           "GOODPUT_COLUMNS", "STEP_GOODPUT_COLUMNS", "read_for_analysis", "read_span_files", "resource_values", "resource_pairs"]
 
 BUCKETS = ("productive", "overhead", "idle", "wasted")
 UNKNOWN_BUCKET = -2
 NO_BUCKET = -1
-_MAX_DEPTH = 1024  # a parent cycle stops here instead of looping forever
 
 # What check reads from a dataset: span and parent ids come from the uint64 keys (hex strings
 # cost more to read than everything else together); trace ids and the resource attribute maps
@@ -50,6 +50,8 @@ _DICTIONARY_READS = ("trace_id", "resource_attributes.key_value.key", "resource_
 
 GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "service_name", "run_id", "rank", BUCKET, ITERATION,
                    "trace_key", "span_key", "parent_key")
+# goodput by step reads no service_name or rank (only by="rank" does): two columns fewer to read.
+STEP_GOODPUT_COLUMNS = tuple(c for c in GOODPUT_COLUMNS if c not in ("service_name", "rank"))
 
 
 def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.Table:
@@ -109,6 +111,22 @@ def _codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:
             np.take(local, indices, out=into, mode="wrap")  # wrap: a null's -1 lands on the last slot, -1
         start += len(chunk)
     return out, tuple(values)
+
+
+def code_values(spans: pa.Table, column: str) -> tuple:
+    """The distinct values of a column in the order :func:`span_arrays` numbers them (its ``runs``,
+    ``names``...), from the chunks' dictionaries alone when the column is dictionary-encoded."""
+    if column not in spans.column_names or spans.num_rows == 0:
+        return ()
+    chunks = spans.column(column).chunks
+    if not all(pa.types.is_dictionary(chunk.type) for chunk in chunks):
+        return _codes(spans, column)[1]
+    values: dict = {}
+    for chunk in chunks:
+        for value in chunk.dictionary.to_pylist():
+            if value is not None:
+                values.setdefault(value, len(values))
+    return tuple(values)
 
 
 def _row_value(column: pa.ChunkedArray, row: int):
@@ -365,26 +383,15 @@ class SpanArrays:
         Only rows still missing something climb, so stamped spans cost nothing unless
         ``ancestors`` asks for every bucketed ancestor (the nested-bucket finding).
         """
-        iteration = self.iteration[rows].copy()
-        found = self.has_iteration[rows].copy()
+        own = self.has_iteration[rows]
+        need = np.arange(len(rows)) if ancestors else np.flatnonzero(~own)
+        walked = climb(self.parent_of(rows[need]), self.parent_of, self.has_iteration, self.iteration,
+                       bucketed=(self.bucket != NO_BUCKET) if ancestors else None, stamped=own[need])
+        iteration, found = self.iteration[rows].copy(), own.copy()
+        take = walked.stamped & ~own[need]
+        iteration[need[take]], found[need[take]] = walked.iteration[take], True
         bucketed_ancestor = np.full(len(rows), -1, dtype=np.int64)
-        bucketed = self.bucket != NO_BUCKET
-        active = np.arange(len(rows)) if ancestors else np.flatnonzero(~found)
-        current = np.full(len(rows), -1, dtype=np.int64)
-        current[active] = self.parent_of(rows[active])
-        active = active[current[active] >= 0]
-        for _ in range(_MAX_DEPTH):
-            if active.size == 0:
-                break
-            at = current[active]
-            take_iter = ~found[active] & self.has_iteration[at]
-            iteration[active[take_iter]] = self.iteration[at[take_iter]]
-            found[active[take_iter]] = True
-            take_bucket = (bucketed_ancestor[active] < 0) & bucketed[at]
-            bucketed_ancestor[active[take_bucket]] = at[take_bucket]
-            current[active] = self.parent_of(at)
-            still = ~found[active] | (ancestors & (bucketed_ancestor[active] < 0))
-            active = active[(current[active] >= 0) & still]
+        bucketed_ancestor[need] = walked.ancestor
         return iteration, found, bucketed_ancestor
 
 

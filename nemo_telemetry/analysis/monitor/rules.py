@@ -1,4 +1,4 @@
-"""The monitor's one door to the goodput rules (``goodput.partials``): nothing else here calls them.
+"""The monitor's one door to the goodput rules (``goodput.rules``, ``goodput.partials``): nothing else here calls them.
 
 The monitor applies the same partial -> merge -> finish rules as the offline engines, only a
 batch at a time: walks of unstamped spans (``walk_starts``), one partial per batch of settled
@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.goodput import partials
+from nemo_telemetry.analysis.goodput import partials, rules
 from nemo_telemetry.analysis.goodput.steps import goodput_document
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.model.tree import with_id_keys
@@ -24,7 +24,7 @@ __all__ = ["COLUMNS", "STEP", "SUM", "UNION", "JOB", "goodput_columns", "Walks",
            "Merged", "step_documents"]
 
 COLUMNS = partials.GOODPUT_COLUMNS
-STEP, SUM, UNION, JOB = partials.STEP, partials.SUM, partials.UNION, partials.JOB
+STEP, SUM, UNION, JOB = rules.STEP, rules.SUM, rules.UNION, rules.JOB
 _SCHEMA = pa.schema([pa.field("name", pa.string()), pa.field("start_ns", pa.int64()), pa.field("end_ns", pa.int64()),
                      pa.field("run_id", pa.string()), pa.field(BUCKET, pa.string()), pa.field(ITERATION, pa.int64()),
                      pa.field("trace_key", pa.uint64()), pa.field("span_key", pa.uint64()),
@@ -55,7 +55,7 @@ class Walks:
         iteration = pc.fill_null(table.column(ITERATION), 0).to_numpy().astype(np.int64)
         self.trace, self.parent, self.iteration = trace[stamped], parent[stamped], iteration[stamped]
         waiting = ~stamped & (at != 0)
-        self._waiting = partials._KeyIndex.of(trace[waiting], parent[waiting])
+        self._waiting = partials.AttributionIndex.of(trace[waiting], parent[waiting])
         self.waiting = int(waiting.sum())
 
     def is_waiting(self, spans: pa.Table) -> np.ndarray:
@@ -73,15 +73,15 @@ def walks(context: pa.Table) -> Walks:
 
 def partial(spans: pa.Table, found: Walks) -> pa.Table:
     """The partial (``PARTIAL_SCHEMA``) of settled ``spans``; their walks' iterations are in ``found``."""
-    index = partials._KeyIndex.of(found.trace, found.parent, found.iteration)
-    return partials.goodput_partial(spans, attributed=index)
+    index = partials.AttributionIndex.of(found.trace, found.parent, found.iteration)
+    return rules.goodput_partial(spans, attributed=index)
 
 
 class Merged:
     """Partials merged as they arrive (the offline engines' accumulator)."""
 
     def __init__(self) -> None:
-        self._accumulator = partials.GoodputAccumulator()
+        self._accumulator = rules.GoodputAccumulator()
 
     def add(self, table: pa.Table) -> None:
         self._accumulator.add(table)
@@ -92,13 +92,13 @@ class Merged:
 
     def replace(self, frame: pd.DataFrame) -> None:
         """Keep only ``frame`` (merged rows): what the monitor folds away leaves the state."""
-        self._accumulator = partials.GoodputAccumulator()
+        self._accumulator = rules.GoodputAccumulator()
         self._accumulator.add(partials.partial_table(frame))
 
 
 def step_documents(frame: pd.DataFrame, run_order: Sequence[str | None]) -> Iterable[dict]:
     """Each step of merged rows ``frame`` as a step of ``goodput --format json``, with ``run_id``."""
-    accumulator = partials.GoodputAccumulator()
+    accumulator = rules.GoodputAccumulator()
     accumulator.add(partials.partial_table(frame))
     for run in goodput_document(accumulator.result(run_order))["runs"]:
         for step in run["steps"]:
