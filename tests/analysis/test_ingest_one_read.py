@@ -14,14 +14,14 @@ RESOURCE = {"attributes": [{"key": "service.name", "value": {"stringValue": "svc
                            {"key": "nemo.run.id", "value": {"stringValue": "run-1"}}]}
 
 
-def _metrics_line(i: int) -> str:
+def metrics_dump_line(i: int) -> str:
     point = {"timeUnixNano": str(1_000 + i), "asDouble": float(i),
              "attributes": [{"key": "rl.efficiency.category", "value": {"stringValue": f"idle/c{i % 7}"}}]}
     return json.dumps({"resourceMetrics": [{"resource": RESOURCE, "scopeMetrics": [
         {"scope": {"name": "t"}, "metrics": [{"name": "rl.efficiency.seconds", "gauge": {"dataPoints": [point]}}]}]}]})
 
 
-def _logs_line(i: int) -> str:
+def logs_dump_line(i: int) -> str:
     record = {"timeUnixNano": str(2_000 + i), "severityText": "INFO", "body": {"stringValue": f"line {i} " + "x" * 200}}
     return json.dumps({"resourceLogs": [{"resource": RESOURCE, "scopeLogs": [{"logRecords": [record]}]}]})
 
@@ -38,8 +38,8 @@ def test_a_metrics_and_a_log_dump_are_each_read_once(tmp_path):
     dumps = tmp_path / "dumps"
     dumps.mkdir()
     (dumps / "traces-1.jsonl").write_text("\n".join(json.dumps(r) for r in synthetic_requests(20)) + "\n")
-    (dumps / "metrics-1.jsonl").write_text("\n".join(_metrics_line(i) for i in range(4000)) + "\n")
-    (dumps / "logs-1.jsonl").write_text("\n".join(_logs_line(i) for i in range(8000)) + "\n")
+    (dumps / "metrics-1.jsonl").write_text("\n".join(metrics_dump_line(i) for i in range(4000)) + "\n")
+    (dumps / "logs-1.jsonl").write_text("\n".join(logs_dump_line(i) for i in range(8000)) + "\n")
     ingest([dumps / "traces-1.jsonl"], out=tmp_path / "warm")  # kernels and imports loaded before measuring
     signal_bytes = sum((dumps / name).stat().st_size for name in ("metrics-1.jsonl", "logs-1.jsonl"))
     trace_bytes = (dumps / "traces-1.jsonl").stat().st_size

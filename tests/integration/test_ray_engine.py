@@ -154,6 +154,27 @@ def test_ray_ingest_writes_the_same_dataset_and_summary(ray_cluster, dumps, tmp_
     assert folders == {f"run_id=synthetic-run/rank={r}" for r in range(4)}
 
 
+
+def test_ray_ingest_writes_the_metrics_and_logs_tables_as_ingest_does(ray_cluster, tmp_path):
+    """A metrics dump and a log dump among the inputs: the same metrics and logs tables and summary."""
+    from nemo_telemetry.analysis import read_logs
+    from nemo_telemetry.analysis.engines.ray_engine import ray_ingest
+    from nemo_telemetry.analysis.ingestion.metrics import metrics_for_source
+
+    signals = _scenario_module("test_ingest_one_read")
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    write_json_lines(folder / "traces-0.jsonl", list(synthetic_requests(400, spans_per_request=100)))
+    (folder / "metrics-1.jsonl").write_text("\n".join(signals.metrics_dump_line(i) for i in range(300)) + "\n")
+    (folder / "logs-1.jsonl").write_text("\n".join(signals.logs_dump_line(i) for i in range(500)) + "\n")
+    local = ingest(folder, out=tmp_path / "local")
+    remote = ray_ingest(folder, out=tmp_path / "ray", batch_spans=700)
+    assert (local.metric_points, local.logs) == (300, 500)
+    assert remote == local
+    assert metrics_for_source(tmp_path / "ray").to_pylist() == metrics_for_source(tmp_path / "local").to_pylist()
+    assert read_logs(tmp_path / "ray").to_pylist() == read_logs(tmp_path / "local").to_pylist()
+
+
 overlap_tools = _scenario_module("test_overlap_tolerance")
 
 

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.goodput import partials as streaming
 from nemo_telemetry.analysis.store.dataset import DatasetWriter, drop_duplicates
 from nemo_telemetry.analysis.ingestion.ingest import (BATCH_SPANS, FILE_ROWS, WRITE_AHEAD, IngestSummary, Source, IngestPipeline,
-                                            raw_files, ingest_inputs)
+                                            SignalDumps, dump_files_detected, ingest_inputs)
 from nemo_telemetry.errors import NemoTelemetryError
 
 __all__ = ["connect", "map_groups", "map_reduce", "reducer_count", "ray_scan", "ray_ingest", "ray_goodput", "ray_check"]
@@ -173,15 +173,16 @@ def ray_check(root: str | Path, **options):
 # -- ingest ------------------------------------------------------------------------------------
 
 
-def _decode_file(path: str, fmt: str | None, batch_spans: int) -> Iterator[tuple]:
-    """Ray task body: ("tables", OtlpTables) per batch of ``path``, then ("counts", dict)."""
+def _decode_file(path: str, fmt: str | None, batch_spans: int, data: bytes | None = None) -> Iterator[tuple]:
+    """Ray task body: ("tables", OtlpTables) per batch of ``path`` (``data``: its bytes, read
+    already by the driver for a metrics or log dump), then ("counts", dict)."""
     batches: list = []
     # One Ray task per file is already the parallelism: decode in this task's thread, not two more.
     pipeline = IngestPipeline(lambda tables: batches.append(tables) or tables, batch_spans=batch_spans, decode_ahead=0)
     pipeline.counts["files"] += 1
     from nemo_telemetry.analysis.ingestion._detect import iter_records
 
-    for record in iter_records(Path(path), fmt, buffers=pipeline.buffers):
+    for record in iter_records(Path(path), fmt, buffers=pipeline.buffers, data=data):
         pipeline.add_record(record.kind, record.where, record.payload)
         while batches:
             yield ("tables", batches.pop(0))
@@ -206,12 +207,14 @@ def ray_ingest(
     file, in input order, so the deduplication keeps the same first copy of a repeated span.
     """
     ray = connect()
-    files, skipped = raw_files(inputs, format)
+    files, skipped = dump_files_detected(inputs, format)
     writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
     try:
         writer.start(ingest_inputs(inputs))
-        summary = _ingest_files(ray, files, writer, progress, batch_spans)
+        signals = SignalDumps()
+        summary = _ingest_files(ray, [(dump, signals.read(dump)) for dump in files], writer, progress, batch_spans)
         summary = dataclasses.replace(summary, skipped_files=len(skipped), warnings=tuple(skipped) + summary.warnings)
+        summary = signals.stage(writer, summary)  # the metrics and logs tables, as ingest stages them
     except BaseException:
         writer.abort()  # nothing of this ingest becomes visible; its start stays recorded
         raise
@@ -220,7 +223,8 @@ def ray_ingest(
 
 
 def _ingest_files(ray, files: list, writer: DatasetWriter, progress, batch_spans: int) -> IngestSummary:
-    """Decode ``files`` on Ray tasks and write their batches in input order."""
+    """Decode ``files`` ((DumpFile, its bytes or None) pairs) on Ray tasks and write their batches
+    in input order."""
     decode = ray.remote(_decode_file).options(num_cpus=1, _generator_backpressure_num_objects=_BATCHES_AHEAD)
     limit = max(1, int(ray.cluster_resources().get("CPU", 1)) * _FILES_IN_FLIGHT_PER_CPU)
     todo = deque(files)
@@ -233,8 +237,8 @@ def _ingest_files(ray, files: list, writer: DatasetWriter, progress, batch_spans
     done_bytes = 0
     while todo or running:
         while todo and len(running) < limit:
-            path, fmt = todo.popleft()
-            running.append((path, decode.remote(str(path), fmt, batch_spans)))
+            dump, data = todo.popleft()
+            running.append((dump.path, decode.remote(str(dump.path), dump.format, batch_spans, data)))
         path, generator = running.popleft()
         for ref in generator:
             kind, payload = ray.get(ref)

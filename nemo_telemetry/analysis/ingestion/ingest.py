@@ -58,7 +58,9 @@ __all__ = [
     "read_links",
     "FORMATS",
     "dump_files",
+    "dump_files_detected",
     "ingest_inputs",
+    "SignalDumps",
 ]
 
 ProgressCallback = Callable[[int, int], None]
@@ -417,28 +419,46 @@ def ingest(
         writer.start(ingest_inputs(inputs))
         pipeline = IngestPipeline(writer.write_fresh, dedup=writer.dedup, progress=progress)
         pipeline.skip_files(skipped)
-        metric_files, log_dumps = [], []
+        signals = SignalDumps()
         for dump in files:
-            # a metrics or log dump is read once, for its spans and its metrics or logs
-            data = dump.path.read_bytes() if dump.metrics or dump.logs else None
-            pipeline.add_file(dump.path, dump.format, data)
-            if dump.metrics and (metric_file := dataset_metric_file(dump.path, data)) is not None:
-                metric_files.append(metric_file)
-            if dump.logs:
-                log_dumps.append((dump.path, data))
-        summary = pipeline.summary()
-        points = 0
-        for relative, table in metric_files:
-            writer.stage_table(relative, table)
-            points += table.num_rows
-        logs = dataset_log_files(log_dumps)
-        for relative, table in logs.files:
-            writer.stage_table(relative, table)
+            pipeline.add_file(dump.path, dump.format, signals.read(dump))
+        summary = signals.stage(writer, pipeline.summary())
     except BaseException:
         writer.abort()  # nothing of this ingest becomes visible; its start stays recorded
         raise
     writer.close()  # the final commit: every file durable and visible at once
-    return _with_logs(dataclasses.replace(summary, metric_points=points), logs)
+    return summary
+
+
+@dataclass
+class SignalDumps:
+    """The metrics and log dumps among an ingest's inputs: each read once (its bytes serve its
+    spans too), their tables staged into the ingest's final commit. Every engine's ingest uses it."""
+
+    metric_files: list = field(default_factory=list)
+    log_dumps: list = field(default_factory=list)
+
+    def read(self, dump: DumpFile) -> bytes | None:
+        """The bytes of ``dump`` when it is a metrics or log dump (its tables kept), else None."""
+        if not (dump.metrics or dump.logs):
+            return None
+        data = dump.path.read_bytes()
+        if dump.metrics and (metric_file := dataset_metric_file(dump.path, data)) is not None:
+            self.metric_files.append(metric_file)
+        if dump.logs:
+            self.log_dumps.append((dump.path, data))
+        return data
+
+    def stage(self, writer: DatasetWriter, summary: IngestSummary) -> IngestSummary:
+        """Stage the metrics and logs tables with ``writer``; ``summary`` with their counts."""
+        points = 0
+        for relative, table in self.metric_files:
+            writer.stage_table(relative, table)
+            points += table.num_rows
+        logs = dataset_log_files(self.log_dumps)
+        for relative, table in logs.files:
+            writer.stage_table(relative, table)
+        return _with_logs(dataclasses.replace(summary, metric_points=points), logs)
 
 
 def _with_logs(summary: IngestSummary, logs) -> IngestSummary:
