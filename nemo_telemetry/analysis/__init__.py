@@ -19,7 +19,8 @@ from nemo_telemetry.analysis.ingestion.ingest import (
 )
 from nemo_telemetry.analysis.model.records import spans_table
 from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA, SPANS_SCHEMA
-from nemo_telemetry.analysis.model.tree import attributed_iterations, parent_indices, with_id_keys
+from nemo_telemetry.analysis.model.tree import parent_indices, with_id_keys
+from nemo_telemetry.analysis.model.walk import attributed_iterations
 from nemo_telemetry.analysis.views.waterfall import Waterfall, WaterfallError, critical_path, waterfall
 from nemo_telemetry.analysis.views.perfetto import to_chrome_trace
 from nemo_telemetry.analysis.views.html_view import to_html

@@ -39,7 +39,7 @@ from nemo_telemetry.analysis.model._arrays import BUCKETS, span_arrays
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.analysis.store.partitions import span_files, span_partitions
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
-from nemo_telemetry.analysis.model.tree import trace_mix
+from nemo_telemetry.analysis.model.walk import KeyIndex, climb_batch, resolve_walks
 from nemo_telemetry.errors import UnknownRunError
 
 __all__ = [
@@ -70,7 +70,6 @@ __all__ = [
 BATCH_ROWS = 1 << 18
 GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION, "trace_key", "span_key", "parent_key")
 EDGE_COLUMNS = ("trace_key", "span_key", "parent_key", ITERATION)
-_MAX_DEPTH = 1024  # as _arrays.SpanArrays.walk_up: a parent cycle stops here
 _NO_RUN = "\x00"  # stands for "no run" where a value must hash or index
 
 # One table shape for every partial row; ``kind`` says which fields mean what.
@@ -128,42 +127,10 @@ def _candidates(arrays, run_id: str | None) -> np.ndarray:
 
 def climb(batch: pa.Table, rows: np.ndarray, *, bucketed: np.ndarray | None = None
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """From each of ``rows``, up the tree as far as ``batch`` holds it (the one climb both partitioned
-    engines make): (stamped, iteration, the next ancestor's key when the walk leaves the batch, else 0,
-    the row of the nearest span that ``bucketed`` marks or -1). A walk starts at its own row and stops
-    at a root, or once it met a stamped span (and, with ``bucketed``, a bucketed one)."""
-    trace, span, parent = _u64(batch, "trace_key"), _u64(batch, "span_key"), _u64(batch, "parent_key")
-    if ITERATION in batch.column_names:
-        has = pc.is_valid(batch.column(ITERATION)).to_numpy(zero_copy_only=False)
-        values = pc.fill_null(batch.column(ITERATION), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    else:
-        has, values = np.zeros(len(span), bool), np.zeros(len(span), np.int64)
-    stamped = has[rows].copy()
-    iteration = np.where(stamped, values[rows], 0)
-    ancestor = np.where(bucketed[rows], rows, -1) if bucketed is not None else np.full(len(rows), -1, np.int64)
-
-    def done(walks: np.ndarray) -> np.ndarray:
-        return stamped[walks] & (ancestor[walks] >= 0) if bucketed is not None else stamped[walks]
-
-    after = np.where(done(np.arange(len(rows))) | (parent[rows] == span[rows]), np.uint64(0), parent[rows])
-    at = rows.copy()
-    active = np.flatnonzero(after != 0)
-    index = _KeyIndex.of(trace, span, np.arange(len(span))) if active.size else None
-    for _ in range(_MAX_DEPTH):
-        if active.size == 0:
-            break
-        hit = index.find(trace[at[active]], after[active])
-        moved, row = active[hit >= 0], index.values[hit[hit >= 0]]
-        at[moved] = row
-        take = ~stamped[moved] & has[row]
-        stamped[moved[take]], iteration[moved[take]] = True, values[row[take]]
-        if bucketed is not None:
-            take = (ancestor[moved] < 0) & bucketed[row]
-            ancestor[moved[take]] = row[take]
-        up = np.where(done(moved) | (parent[row] == span[row]), np.uint64(0), parent[row])  # its own parent: a root
-        after[moved] = up
-        active = moved[up != 0]
-    return stamped, iteration, after, ancestor
+    """:func:`walk.climb_batch` as a tuple: (stamped, iteration, the next ancestor's key when the walk
+    leaves the batch else 0, the row of the nearest span ``bucketed`` marks or -1)."""
+    walked = climb_batch(batch, rows, bucketed=bucketed)
+    return walked.stamped, walked.iteration, walked.exit, walked.ancestor
 
 
 def walk_starts(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
@@ -206,39 +173,35 @@ def resolve_attribution(scan: Scan, files: Sequence[Path], *, run_id: str | None
     (only the walks that met a stamped ancestor).
 
     One scan finds the walks (one per distinct parent) and climbs each as far as its batch holds
-    the tree; then each scan looks the pending ancestors up in every batch and climbs again, until
-    each walk has met a stamped span, a root, or a parent that is not in the data. The passes
-    are the walks' hops between batches (between partitions, mostly), not the tree's depth.
+    the tree; :func:`walk.resolve_walks` then looks the pending ancestors up in every batch (a scan
+    of :func:`ancestor_rows` per round) until each walk has met a stamped span, a root, or a parent
+    that is not in the data.
     """
     starts = _concat(scan(lambda b: walk_starts(b, run_id=run_id), GOODPUT_COLUMNS, files), _WALK_SCHEMA)
-    first = pd.DataFrame({"trace_key": _u64(starts, "trace_key"), "parent_key": _u64(starts, "parent_key"),
-                          "at": _u64(starts, "at"),
-                          "stamped": pc.is_valid(starts.column(ITERATION)).to_numpy(zero_copy_only=False),
-                          "iteration": pc.fill_null(starts.column(ITERATION), 0).to_numpy()})
-    # a walk seen from several batches: a stamped end wins, then a root, then any pending copy (they converge)
-    first["rank"] = np.where(first["stamped"], 0, np.where(first["at"] == 0, 1, 2))
-    first = first.sort_values("rank", kind="stable").drop_duplicates(["trace_key", "parent_key"])
-    resolved = [first.loc[first["stamped"], ["trace_key", "parent_key", "iteration"]]]
-    pending = first.loc[~first["stamped"] & (first["at"] != 0), ["trace_key", "parent_key", "at"]]
-    for _ in range(_MAX_DEPTH):
-        if pending.empty:
-            break
-        wanted = pending[["trace_key", "at"]].drop_duplicates()
-        targets = _KeyIndex.of(wanted["trace_key"].to_numpy(np.uint64), wanted["at"].to_numpy(np.uint64))
+    first = _best_copy(pd.DataFrame({
+        "trace": _u64(starts, "trace_key"), "start": _u64(starts, "parent_key"), "at": _u64(starts, "at"),
+        "stamped": pc.is_valid(starts.column(ITERATION)).to_numpy(zero_copy_only=False),
+        "iteration": pc.fill_null(starts.column(ITERATION), 0).to_numpy()}), ["trace", "start"], "at")
+
+    def lookup(wanted: pd.DataFrame) -> pd.DataFrame:
+        targets = KeyIndex.of(wanted["trace"].to_numpy(np.uint64), wanted["at"].to_numpy(np.uint64))
         edges = _concat(scan(lambda b: ancestor_rows(b, targets=targets), EDGE_COLUMNS, files), _EDGE_SCHEMA)
-        found = pd.DataFrame({"trace_key": _u64(edges, "trace_key"), "at": _u64(edges, "span_key"),
-                              "parent": _u64(edges, "parent_key"),
-                              "stamped": pc.is_valid(edges.column(ITERATION)).to_numpy(zero_copy_only=False),
-                              "iteration": pc.fill_null(edges.column(ITERATION), 0).to_numpy()})
-        found["rank"] = np.where(found["stamped"], 0, np.where(found["parent"] == 0, 1, 2))
-        found = found.sort_values("rank", kind="stable").drop_duplicates(["trace_key", "at"])
-        step = pending.merge(found, on=["trace_key", "at"], how="inner")
-        resolved.append(step.loc[step["stamped"], ["trace_key", "parent_key", "iteration"]])
-        up = step[~step["stamped"] & (step["parent"] != 0) & (step["parent"] != step["at"])
-                  & (step["parent"] != step["parent_key"])]  # back at the start: a cycle
-        pending = pd.DataFrame({"trace_key": up["trace_key"], "parent_key": up["parent_key"], "at": up["parent"]})
-    out = pd.concat(resolved, ignore_index=True)
-    return out.astype({"trace_key": np.uint64, "parent_key": np.uint64, "iteration": np.int64})
+        return _best_copy(pd.DataFrame({
+            "trace": _u64(edges, "trace_key"), "at": _u64(edges, "span_key"), "parent": _u64(edges, "parent_key"),
+            "stamped": pc.is_valid(edges.column(ITERATION)).to_numpy(zero_copy_only=False),
+            "iteration": pc.fill_null(edges.column(ITERATION), 0).to_numpy()}), ["trace", "at"], "parent")
+
+    walks = resolve_walks(first, lookup)
+    out = walks.loc[walks["stamped"], ["trace", "start", "iteration"]].rename(
+        columns={"trace": "trace_key", "start": "parent_key"})
+    return out.reset_index(drop=True).astype({"trace_key": np.uint64, "parent_key": np.uint64, "iteration": np.int64})
+
+
+def _best_copy(frame: pd.DataFrame, key: list[str], onward: str) -> pd.DataFrame:
+    """One row per ``key`` where several batches saw the same walk: a stamped end wins, then a root
+    (``onward`` 0), then any pending copy (they converge)."""
+    rank = np.where(frame["stamped"], 0, np.where(frame[onward] == 0, 1, 2))
+    return frame.assign(rank=rank).sort_values("rank", kind="stable").drop_duplicates(key).drop(columns="rank")
 
 
 def _concat(tables: Iterable[pa.Table], schema: pa.Schema) -> pa.Table:
@@ -246,37 +209,7 @@ def _concat(tables: Iterable[pa.Table], schema: pa.Schema) -> pa.Table:
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
-_SPREAD = np.uint64(0xBF58476D1CE4E5B9)  # as _arrays: hand-built sequential ids must not share high bits
-
-
-def _mixed(trace: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """One uint64 per (trace, key), as the in-memory index mixes them: a key repeated in
-    another trace (a hand-built id, a made-up parent) is another entry."""
-    with np.errstate(over="ignore"):
-        return (np.asarray(key, np.uint64) * _SPREAD) ^ trace_mix(np.asarray(trace, np.uint64))
-
-
-@dataclass(frozen=True, eq=False)
-class _KeyIndex:
-    """(trace_key, key) pairs, mixed into one number and sorted once, for many lookups."""
-
-    key: np.ndarray  # mixed, sorted
-    values: np.ndarray
-
-    @classmethod
-    def of(cls, trace: np.ndarray, key: np.ndarray, values: np.ndarray | None = None) -> "_KeyIndex":
-        mixed = _mixed(trace, key)
-        order = np.argsort(mixed, kind="stable")
-        values = np.zeros(len(mixed), np.int64) if values is None else np.asarray(values)
-        return cls(mixed[order], values[order])
-
-    def find(self, trace: np.ndarray, key: np.ndarray) -> np.ndarray:
-        """Position of each (trace, key) in the index (the first, if repeated), or -1."""
-        if len(self.key) == 0 or len(key) == 0:
-            return np.full(len(key), -1, dtype=np.int64)
-        mixed = _mixed(trace, key)
-        pos = np.minimum(np.searchsorted(self.key, mixed), len(self.key) - 1)
-        return np.where(self.key[pos] == mixed, pos, -1).astype(np.int64)
+_KeyIndex = AttributionIndex = KeyIndex  # (trace_key, parent_key) -> iteration: what goodput_partial reads
 
 
 def _group_starts(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

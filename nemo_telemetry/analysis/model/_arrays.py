@@ -22,6 +22,7 @@ from nemo_telemetry.analysis.ingestion.ingest import read_spans
 from nemo_telemetry.analysis.store.sources import single_dataset
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
 from nemo_telemetry.analysis.model.tree import parent_indices, trace_mix, with_id_keys
+from nemo_telemetry.analysis.model.walk import climb
 from nemo_telemetry.errors import IngestError
 
 __all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS",
@@ -31,7 +32,6 @@ __all__ = ["BUCKETS", "SpanArrays", "span_arrays", "codes_matching", "code_mask"
 BUCKETS = ("productive", "overhead", "idle", "wasted")
 UNKNOWN_BUCKET = -2
 NO_BUCKET = -1
-_MAX_DEPTH = 1024  # a parent cycle stops here instead of looping forever
 
 # What check reads from a dataset: span and parent ids come from the uint64 keys (hex strings
 # cost more to read than everything else together); trace ids and the resource attribute maps
@@ -365,26 +365,15 @@ class SpanArrays:
         Only rows still missing something climb, so stamped spans cost nothing unless
         ``ancestors`` asks for every bucketed ancestor (the nested-bucket finding).
         """
-        iteration = self.iteration[rows].copy()
-        found = self.has_iteration[rows].copy()
+        own = self.has_iteration[rows]
+        need = np.arange(len(rows)) if ancestors else np.flatnonzero(~own)
+        walked = climb(self.parent_of(rows[need]), self.parent_of, self.has_iteration, self.iteration,
+                       bucketed=(self.bucket != NO_BUCKET) if ancestors else None, stamped=own[need])
+        iteration, found = self.iteration[rows].copy(), own.copy()
+        take = walked.stamped & ~own[need]
+        iteration[need[take]], found[need[take]] = walked.iteration[take], True
         bucketed_ancestor = np.full(len(rows), -1, dtype=np.int64)
-        bucketed = self.bucket != NO_BUCKET
-        active = np.arange(len(rows)) if ancestors else np.flatnonzero(~found)
-        current = np.full(len(rows), -1, dtype=np.int64)
-        current[active] = self.parent_of(rows[active])
-        active = active[current[active] >= 0]
-        for _ in range(_MAX_DEPTH):
-            if active.size == 0:
-                break
-            at = current[active]
-            take_iter = ~found[active] & self.has_iteration[at]
-            iteration[active[take_iter]] = self.iteration[at[take_iter]]
-            found[active[take_iter]] = True
-            take_bucket = (bucketed_ancestor[active] < 0) & bucketed[at]
-            bucketed_ancestor[active[take_bucket]] = at[take_bucket]
-            current[active] = self.parent_of(at)
-            still = ~found[active] | (ancestors & (bucketed_ancestor[active] < 0))
-            active = active[(current[active] >= 0) & still]
+        bucketed_ancestor[need] = walked.ancestor
         return iteration, found, bucketed_ancestor
 
 

@@ -1,13 +1,8 @@
-"""Parent links and iteration attribution over a spans table, vectorized.
+"""Parent links over a spans table, vectorized (the walk up them is :mod:`model.walk`).
 
-Every analysis that walks the span tree (goodput, findings, waterfalls) starts here, so the
-rules live in one place:
-
-- a span's parent is the row with the same ``trace_id`` whose ``span_id`` is its
-  ``parent_span_id`` (a carrier keeps the trace id across threads, actors and HTTP, so this
-  walks across processes); a parent that is not in the table makes the span an orphan;
-- a span's *attributed iteration* is its own ``rl.iteration``, else the nearest ancestor's,
-  else null (*unstamped*).
+A span's parent is the row with the same ``trace_id`` whose ``span_id`` is its
+``parent_span_id`` (a carrier keeps the trace id across threads, actors and HTTP, so this
+walks across processes); a parent that is not in the table makes the span an orphan.
 
 Ids are 64-bit random numbers, so rows are keyed on the span id as ``uint64`` and the trace
 is checked separately; both conversions read the Arrow string buffer directly.
@@ -21,9 +16,7 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.model.schema import ID_KEY_FIELDS, ITERATION
 
-__all__ = ["hex_to_uint64", "with_id_keys", "parent_indices", "attributed_iterations", "trace_mix"]
-
-_MAX_DEPTH_DOUBLINGS = 64  # pointer doubling: 2**64 levels; only a parent cycle gets near it
+__all__ = ["hex_to_uint64", "with_id_keys", "parent_indices", "trace_mix"]
 
 
 def hex_to_uint64(ids: pa.Array | pa.ChunkedArray, *, width: int = 16) -> np.ndarray:
@@ -156,26 +149,3 @@ def _join_parents(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.nd
 
 def _uint64(spans: pa.Table, column: str) -> np.ndarray:
     return pc.fill_null(spans.column(column), 0).to_numpy().astype(np.uint64, copy=False)
-
-
-def attributed_iterations(spans: pa.Table, parents: np.ndarray | None = None) -> pa.Array:
-    """Each span's own ``rl.iteration``, else its nearest stamped ancestor's, else null."""
-    if parents is None:
-        parents = parent_indices(spans)
-    own = spans.column(ITERATION).combine_chunks() if spans.num_rows else pa.array([], pa.int64())
-    valid = pc.is_valid(own).to_numpy(zero_copy_only=False).copy()
-    values = pc.fill_null(own, 0).to_numpy(zero_copy_only=False).astype(np.int64).copy()
-    ancestor = parents.copy()
-    for _ in range(_MAX_DEPTH_DOUBLINGS):
-        pending = np.nonzero(~valid & (ancestor >= 0))[0]
-        if pending.size == 0:
-            break
-        target = ancestor[pending]
-        hit = valid[target]
-        values[pending[hit]] = values[target[hit]]
-        valid[pending[hit]] = True
-        miss = pending[~hit]
-        # Jump over an unstamped ancestor. Its own ancestor pointer only ever moves past
-        # unstamped spans, so the first stamped span reached is still the nearest one.
-        ancestor[miss] = ancestor[ancestor[miss]]
-    return pa.array(values, pa.int64(), mask=~valid)

@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
-from nemo_telemetry.analysis.model.tree import attributed_iterations, parent_indices
+from nemo_telemetry.analysis.model.tree import parent_indices
+from nemo_telemetry.analysis.model.walk import attributed_iterations
 from nemo_telemetry.errors import WaterfallError
 
 __all__ = [

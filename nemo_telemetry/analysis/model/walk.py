@@ -1,0 +1,225 @@
+"""The iteration-attribution walk, written once: up the parent links to the nearest stamped span.
+
+A bucketed span's iteration is its own ``rl.iteration``, else its nearest stamped ancestor's
+(DESIGN.md, "analysis: semantics"). Two functions hold that rule for every engine:
+
+- :func:`climb` walks from start rows up through a batch's own parent links, one level per
+  numpy step over the walks still going, until each met a stamped span (and, when asked, a
+  bucketed one), a root, or a parent the batch does not hold; in memory the batch is the table.
+- :func:`resolve_walks` continues the walks that left their batch: each round looks the pending
+  ancestors up in every batch (the caller's ``lookup``, which climbs there with :func:`climb`)
+  until each walk is done. Rounds count the walks' hops between batches, not the tree's depth.
+
+A parent cycle stops after :data:`MAX_DEPTH` levels (in a batch) or when the walk is back at
+its start (across batches), instead of looping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nemo_telemetry.analysis.model.schema import ITERATION
+from nemo_telemetry.analysis.model.tree import parent_indices, trace_mix
+
+__all__ = ["MAX_DEPTH", "KeyIndex", "Climb", "climb", "climb_batch", "attributed_iterations", "WALK_COLUMNS",
+           "resolve_walks"]
+
+MAX_DEPTH = 1024
+_SPREAD = np.uint64(0xBF58476D1CE4E5B9)  # odd: hand-built sequential ids must not share high bits
+
+
+def _mixed(trace: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """One uint64 per (trace, key): a key repeated in another trace (a hand-built id, a made-up
+    parent) is another entry."""
+    with np.errstate(over="ignore"):
+        return (np.asarray(key, np.uint64) * _SPREAD) ^ trace_mix(np.asarray(trace, np.uint64))
+
+
+@dataclass(frozen=True, eq=False)
+class KeyIndex:
+    """(trace_key, key) pairs mixed into one number and sorted once, for many lookups; ``values``
+    holds what each pair stands for (a row, an iteration)."""
+
+    key: np.ndarray  # mixed, sorted
+    values: np.ndarray
+
+    @classmethod
+    def of(cls, trace: np.ndarray, key: np.ndarray, values: np.ndarray | None = None) -> "KeyIndex":
+        mixed = _mixed(trace, key)
+        order = np.argsort(mixed, kind="stable")
+        values = np.zeros(len(mixed), np.int64) if values is None else np.asarray(values)
+        return cls(mixed[order], values[order])
+
+    def find(self, trace: np.ndarray, key: np.ndarray) -> np.ndarray:
+        """Position of each (trace, key) in the index (the first, if repeated), or -1."""
+        if len(self.key) == 0 or len(key) == 0:
+            return np.full(len(key), -1, dtype=np.int64)
+        mixed = _mixed(trace, key)
+        pos = np.minimum(np.searchsorted(self.key, mixed), len(self.key) - 1)
+        return np.where(self.key[pos] == mixed, pos, -1).astype(np.int64)
+
+    def lookup(self, trace: np.ndarray, key: np.ndarray, missing: int = -1) -> np.ndarray:
+        """The value of each (trace, key), or ``missing``."""
+        hit = self.find(trace, key)
+        out = np.full(len(hit), missing, dtype=self.values.dtype if len(self.values) else np.int64)
+        out[hit >= 0] = self.values[hit[hit >= 0]]
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class Climb:
+    """What each walk met, one entry per start row."""
+
+    stamped: np.ndarray  # bool: a stamped span was met (the start included), or the start was given as stamped
+    iteration: np.ndarray  # int64: that span's rl.iteration (0 where none was met, or given as stamped)
+    ancestor: np.ndarray  # int64: row of the nearest span ``bucketed`` marks (the start included), else -1
+    exit: np.ndarray  # uint64: key of the parent to look up in other batches (unfinished walk), else 0
+
+
+def climb(start: np.ndarray, parent_of: Callable[[np.ndarray], np.ndarray], has_iteration: np.ndarray,
+          iteration: np.ndarray, *, bucketed: np.ndarray | None = None, stamped: np.ndarray | None = None,
+          parent_key: np.ndarray | None = None, max_depth: int = MAX_DEPTH) -> Climb:
+    """From each row of ``start`` (-1: no walk) up the tree as far as the batch holds it.
+
+    ``parent_of(rows)`` gives each row's parent row in the batch (-1: a root, or a parent the batch
+    does not hold); ``has_iteration`` / ``iteration`` are the rows' own ``rl.iteration``. A walk
+    stops once it met a stamped span, or with ``bucketed`` (a row mask) once it met both a stamped
+    and a bucketed span. ``stamped`` marks starts whose iteration is already known (they look only
+    for the bucketed ancestor). ``parent_key`` (uint64 per row, 0 for a root) names, in ``exit``,
+    the missing parent where an unfinished walk left the batch.
+    """
+    start = np.asarray(start, dtype=np.int64)
+    n = len(start)
+    real = start >= 0
+    at = np.where(real, start, 0)
+    met = np.zeros(n, bool) if stamped is None else np.asarray(stamped, bool).copy()
+    own = real & ~met & has_iteration[at]
+    value = np.where(own, iteration[at], 0).astype(np.int64)
+    met |= own
+    ancestor = np.full(n, -1, np.int64)
+    if bucketed is not None:
+        ancestor[real & bucketed[at]] = start[real & bucketed[at]]
+
+    def going(walks: np.ndarray) -> np.ndarray:
+        return ~met[walks] | (ancestor[walks] < 0) if bucketed is not None else ~met[walks]
+
+    active = np.flatnonzero(real)
+    active = active[going(active)]
+    exit_key = np.zeros(n, np.uint64)
+    for _ in range(max_depth):
+        if active.size == 0:
+            break
+        parent = parent_of(at[active])
+        if parent_key is not None:
+            left = parent < 0
+            exit_key[active[left]] = parent_key[at[active[left]]]
+        moved, row = active[parent >= 0], parent[parent >= 0]
+        at[moved] = row
+        take = ~met[moved] & has_iteration[row]
+        value[moved[take]], met[moved[take]] = iteration[row[take]], True
+        if bucketed is not None:
+            take = (ancestor[moved] < 0) & bucketed[row]
+            ancestor[moved[take]] = row[take]
+        active = moved[going(moved)]
+    return Climb(met, value, ancestor, exit_key)
+
+
+def _u64(table: pa.Table, column: str) -> np.ndarray:
+    return pc.fill_null(table.column(column), 0).to_numpy().astype(np.uint64, copy=False)
+
+
+def climb_batch(batch: pa.Table, rows: np.ndarray, *, bucketed: np.ndarray | None = None) -> Climb:
+    """:func:`climb` from ``rows`` of a batch with ``trace_key`` / ``span_key`` / ``parent_key``
+    (and ``rl.iteration``) columns: parents are found by key in the batch, a span that names
+    itself as parent is a root."""
+    trace, span, parent = _u64(batch, "trace_key"), _u64(batch, "span_key"), _u64(batch, "parent_key")
+    parent = np.where(parent == span, np.uint64(0), parent)
+    if ITERATION in batch.column_names:
+        has = pc.is_valid(batch.column(ITERATION)).to_numpy(zero_copy_only=False)
+        values = pc.fill_null(batch.column(ITERATION), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    else:
+        has, values = np.zeros(len(span), bool), np.zeros(len(span), np.int64)
+    index = KeyIndex.of(trace, span, np.arange(len(span))) if len(rows) else KeyIndex.of(trace[:0], span[:0])
+
+    def parent_of(at: np.ndarray) -> np.ndarray:
+        return np.where(parent[at] != 0, index.lookup(trace[at], parent[at]), -1)
+
+    return climb(rows, parent_of, has, values, bucketed=bucketed, parent_key=parent)
+
+
+def attributed_iterations(spans: pa.Table, parents: np.ndarray | None = None) -> pa.Array:
+    """Each span's own ``rl.iteration``, else its nearest stamped ancestor's, else null."""
+    if parents is None:
+        parents = parent_indices(spans)
+    own = spans.column(ITERATION).combine_chunks() if spans.num_rows else pa.array([], pa.int64())
+    valid = pc.is_valid(own).to_numpy(zero_copy_only=False)
+    values = pc.fill_null(own, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    walked = climb(np.arange(len(parents)), parents.__getitem__, valid, values)
+    return pa.array(walked.iteration, pa.int64(), mask=~walked.stamped)
+
+
+# A walk's state between rounds, and what ``lookup`` returns per ancestor found (``at`` its key,
+# ``parent`` the key of the next ancestor to look up, 0 when the walk ended in that batch).
+WALK_COLUMNS = ("trace", "start", "at", "stamped", "iteration")
+_FOUND_COLUMNS = ("trace", "at", "parent", "stamped", "iteration")
+
+
+def resolve_walks(walks: pd.DataFrame, lookup: Callable[[pd.DataFrame], pd.DataFrame], *,
+                  ancestors: bool = False, max_depth: int = MAX_DEPTH) -> pd.DataFrame:
+    """Every walk of ``walks`` to its end, across batches; the walks with what they met.
+
+    ``walks`` has :data:`WALK_COLUMNS` (uint64 ``trace``, ``start``: the walk's key, ``at``: the
+    ancestor to look up next, 0 when the walk already ended; ``stamped``, ``iteration``: what it
+    met so far), and with ``ancestors`` an ``ancestor`` column (the nearest bucketed ancestor met,
+    None when none). ``lookup(wanted)`` gets the distinct (``trace``, ``at``) keys to look up and
+    returns, per key found in the data (one row per key: the caller picks among copies), the
+    climb from that ancestor: ``trace``, ``at``, ``parent`` (the next key, 0: the walk ended),
+    ``stamped``, ``iteration`` and with ``ancestors`` ``ancestor``. A walk is done once it met
+    a stamped span (and with ``ancestors`` a bucketed one), a root, a key found nowhere, or its
+    own start again (a cycle). Returns ``walks`` with ``at`` dropped, one row per walk.
+    """
+    columns = [*WALK_COLUMNS, *(("ancestor",) if ancestors else ())]
+    pending = walks[columns].reset_index(drop=True)
+    done = [pending[~_going(pending, ancestors)]]
+    pending = pending[_going(pending, ancestors)]
+    for _ in range(max_depth):
+        if pending.empty:
+            break
+        wanted = pending[["trace", "at"]].drop_duplicates(ignore_index=True)
+        found = lookup(wanted)
+        index = KeyIndex.of(found["trace"].to_numpy(np.uint64), found["at"].to_numpy(np.uint64), np.arange(len(found)))
+        row = index.lookup(pending["trace"].to_numpy(np.uint64), pending["at"].to_numpy(np.uint64))
+        present, row = row >= 0, np.maximum(row, 0)
+        step = pending.copy()
+        if len(found):
+            take = present & ~step["stamped"].to_numpy(bool) & found["stamped"].to_numpy(bool)[row]
+            step.loc[take, "iteration"] = found["iteration"].to_numpy(np.int64)[row][take]
+            step.loc[take, "stamped"] = True
+            if ancestors:
+                met = found["ancestor"].to_numpy(object)[row]
+                take = present & step["ancestor"].isna().to_numpy() & pd.notna(met)
+                step.loc[take, "ancestor"] = met[take]
+            parent = np.where(present, found["parent"].to_numpy(np.uint64)[row], np.uint64(0))
+        else:
+            parent = np.zeros(len(step), np.uint64)
+        at, start = step["at"].to_numpy(np.uint64), step["start"].to_numpy(np.uint64)
+        step["at"] = np.where((parent == at) | (parent == start), np.uint64(0), parent)
+        going = _going(step, ancestors)
+        done.append(step[~going])
+        pending = step[going]
+    done.append(pending)  # past max_depth: what they met so far
+    out = pd.concat(done, ignore_index=True).drop(columns="at")
+    return out.astype({"trace": np.uint64, "start": np.uint64, "stamped": bool, "iteration": np.int64})
+
+
+def _going(walks: pd.DataFrame, ancestors: bool) -> np.ndarray:
+    unfinished = ~walks["stamped"].to_numpy(bool)
+    if ancestors:
+        unfinished |= walks["ancestor"].isna().to_numpy()
+    return unfinished & (walks["at"].to_numpy(np.uint64) != 0)
