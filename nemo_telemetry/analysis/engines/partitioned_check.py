@@ -46,6 +46,7 @@ from nemo_telemetry.analysis.model._arrays import (
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.model.tree import with_id_keys
+from nemo_telemetry.analysis.model.walk import KeyIndex, climb_batch, resolve_walks
 from nemo_telemetry.errors import UnknownRunError
 
 __all__ = ["FileMap", "MapReduce", "local_map", "local_map_reduce", "partitioned_check", "stream_check"]
@@ -57,7 +58,6 @@ FileMap = Callable[..., list]
 # map_function(paths, reducers, *args) returns (its result, piece 0 .. piece reducers-1); reducer r gets every piece r.
 MapReduce = Callable[..., tuple]
 
-_MAX_DEPTH = 1024  # as _arrays.SpanArrays.walk_up
 _LOOKUP_COLUMNS = ("trace_key", "span_key", "parent_key", ITERATION, BUCKET, "name")
 
 _NO_RUN = "\x00"  # stands for "no run" in keys that cross tasks (None does not compare or index well)
@@ -115,7 +115,7 @@ def _facts_of(table: pa.Table, run_id: str | None) -> dict:
     walked = np.flatnonzero((a.bucket != NO_BUCKET) & keep)
     walks = walked[(parent[walked] != 0) & (parent[walked] != span[walked])]
     children = np.flatnonzero(keep & (parent != 0))
-    here = streaming._KeyIndex.of(trace, span)
+    here = KeyIndex.of(trace, span)
     outside = children[here.find(trace[children], parent[children]) < 0]
     anchors = rules.anchor_rows(a, keep)
     first_anchor = pd.DataFrame({"run": a.run[anchors], "row": anchors}).drop_duplicates("run")
@@ -152,10 +152,10 @@ def _pairs(trace: np.ndarray, key: np.ndarray) -> pd.DataFrame:
 # -- 2. walks ----------------------------------------------------------------------------------
 
 
-def _lookup(paths: list[str], targets: streaming._KeyIndex) -> list[pd.DataFrame]:
+def _lookup(paths: list[str], targets: KeyIndex) -> list[pd.DataFrame]:
     """Per file: the rows whose (trace, span) is a target, climbed as far as the file holds the tree
-    (until both an iteration and a bucketed ancestor were met): what the walk met, and in
-    ``parent`` the key of the ancestor to look up elsewhere (0: the walk ended at a root)."""
+    (:func:`walk.climb_batch`, until both an iteration and a bucketed ancestor were met): what the
+    walk met, and in ``parent`` the key of the ancestor to look up elsewhere (0: it ended here)."""
     out = []
     for path in paths:
         table = _read(path, _LOOKUP_COLUMNS)
@@ -163,19 +163,13 @@ def _lookup(paths: list[str], targets: streaming._KeyIndex) -> list[pd.DataFrame
         bucketed = (pc.is_valid(table.column(BUCKET)).to_numpy(zero_copy_only=False) if BUCKET in table.column_names
                     else np.zeros(len(span), bool))
         rows = np.flatnonzero(targets.find(trace, span) >= 0)
-        found, found_iteration, after, ancestor = streaming.climb(table, rows, bucketed=bucketed)
-        met = np.flatnonzero(ancestor >= 0)
+        met = climb_batch(table, rows, bucketed=bucketed)
         names = np.full(len(rows), None, dtype=object)
-        names[met] = table.column("name").take(pa.array(ancestor[met])).to_pylist()  # only the names met
-        out.append(pd.DataFrame({"trace": trace[rows], "at": span[rows], "parent": after, "has_iteration": found,
-                                 "found_iteration": found_iteration, "bucketed": ancestor >= 0, "name": names}))
+        has = np.flatnonzero(met.ancestor >= 0)
+        names[has] = table.column("name").take(pa.array(met.ancestor[has])).to_pylist()  # only the names met
+        out.append(pd.DataFrame({"trace": trace[rows], "at": span[rows], "parent": met.exit, "stamped": met.stamped,
+                                 "iteration": met.iteration, "ancestor": names}))
     return out
-
-
-_NOT_FOUND = pd.DataFrame({"trace": np.zeros(0, np.uint64), "at": np.zeros(0, np.uint64),
-                           "parent": np.zeros(0, np.uint64), "has_iteration": np.zeros(0, bool),
-                           "found_iteration": np.zeros(0, np.int64), "bucketed": np.zeros(0, bool),
-                           "name": np.zeros(0, object)})
 
 
 @dataclass(frozen=True, eq=False)
@@ -183,7 +177,7 @@ class _Walks:
     """Per walk start (trace, parent): the nearest stamped iteration and bucketed ancestor name at or
     above it. The arrays end with one extra "no walk" entry, at position ``len(index.key)``."""
 
-    index: streaming._KeyIndex  # values: position in the arrays below
+    index: KeyIndex  # values: position in the arrays below
     found: np.ndarray
     iteration: np.ndarray
     ancestor: np.ndarray  # object: name of the nearest bucketed ancestor, or None
@@ -191,9 +185,9 @@ class _Walks:
     @classmethod
     def of(cls, walks: pd.DataFrame) -> "_Walks":
         n = len(walks)
-        return cls(streaming._KeyIndex.of(walks["trace"].to_numpy(np.uint64), walks["start"].to_numpy(np.uint64),
-                                          np.arange(n)),
-                   np.append(walks["found"].to_numpy(bool), False), np.append(walks["iteration"].to_numpy(np.int64), 0),
+        return cls(KeyIndex.of(walks["trace"].to_numpy(np.uint64), walks["start"].to_numpy(np.uint64), np.arange(n)),
+                   np.append(walks["stamped"].to_numpy(bool), False),
+                   np.append(walks["iteration"].to_numpy(np.int64), 0),
                    np.append(walks["ancestor"].to_numpy(object), None))
 
     def position(self, trace: np.ndarray, start: np.ndarray, walking: np.ndarray) -> np.ndarray:
@@ -205,56 +199,37 @@ class _Walks:
 
 def _walk(file_map: FileMap, files: Sequence[Path], starts: pd.DataFrame,
           candidates: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Every walk to its end; and which orphan ``candidates`` name a parent found nowhere."""
-    trace, start = starts["trace"].to_numpy(np.uint64), starts["key"].to_numpy(np.uint64)
-    pending = {"trace": trace, "start": start, "at": start.copy(), "found": np.zeros(len(trace), bool),
-               "iteration": np.zeros(len(trace), np.int64), "ancestor": np.full(len(trace), None, dtype=object)}
-    done = []
-    missing = candidates
-    for depth in range(_MAX_DEPTH):
-        wanted = pd.DataFrame({"trace": pending["trace"], "at": pending["at"]})
-        if depth == 0:
-            wanted = pd.concat([wanted, candidates.rename(columns={"key": "at"})], ignore_index=True)
-        wanted = wanted.drop_duplicates()
-        if wanted.empty:
-            break
-        targets = streaming._KeyIndex.of(wanted["trace"].to_numpy(np.uint64), wanted["at"].to_numpy(np.uint64))
+    """Every walk to its end (:func:`walk.resolve_walks`, a pass over the files per hop between
+    them); and which orphan ``candidates`` name a parent found nowhere (looked up in the first pass)."""
+    first = {"candidates": candidates.rename(columns={"key": "at"})}
+
+    def lookup(wanted: pd.DataFrame) -> pd.DataFrame:
+        extra = first.pop("candidates", None)
+        if extra is not None:
+            wanted = pd.concat([wanted, extra], ignore_index=True).drop_duplicates(ignore_index=True)
+        targets = KeyIndex.of(wanted["trace"].to_numpy(np.uint64), wanted["at"].to_numpy(np.uint64))
         parts = [f for group in file_map(_lookup, files, targets) for f in group if len(f)]
         found = pd.concat(parts, ignore_index=True) if parts else _NOT_FOUND
         # a repeated span id: the first copy in dataset order, as the in-memory index
         found = found.drop_duplicates(["trace", "at"], ignore_index=True)
-        index = streaming._KeyIndex.of(found["trace"].to_numpy(np.uint64), found["at"].to_numpy(np.uint64),
-                                       np.arange(len(found)))
-        if depth == 0:
-            missing = candidates[index.find(candidates["trace"].to_numpy(np.uint64),
-                                            candidates["key"].to_numpy(np.uint64)) < 0]
-        hit = index.find(pending["trace"], pending["at"])
-        present = hit >= 0
-        row = index.values[hit[present]] if present.any() else np.zeros(0, np.int64)
-        at = np.flatnonzero(present)
-        take = ~pending["found"][at] & found["has_iteration"].to_numpy(bool)[row]
-        pending["iteration"][at[take]] = found["found_iteration"].to_numpy(np.int64)[row[take]]
-        pending["found"][at[take]] = True
-        none = np.array([a is None for a in pending["ancestor"][at]], dtype=bool)
-        take = none & found["bucketed"].to_numpy(bool)[row]
-        pending["ancestor"][at[take]] = found["name"].to_numpy(object)[row[take]]
-        parent = np.zeros(len(present), np.uint64)
-        parent[at] = found["parent"].to_numpy(np.uint64)[row]
-        complete = pending["found"] & np.array([a is not None for a in pending["ancestor"]], dtype=bool)
-        moving = (present & (parent != 0) & (parent != pending["at"])
-                  & (parent != pending["start"])  # back at the start: a cycle
-                  & ~complete)
-        done.append(pd.DataFrame({k: v[~moving] for k, v in pending.items()}))
-        pending = {k: v[moving] for k, v in pending.items()}
-        pending["at"] = parent[moving]
-        if not moving.any():
-            break
-    done.append(pd.DataFrame({k: v for k, v in pending.items()}) if len(pending["trace"]) else None)
-    walks = pd.concat([d for d in done if d is not None], ignore_index=True) if any(
-        d is not None for d in done) else pd.DataFrame({"trace": np.zeros(0, np.uint64), "start": np.zeros(0, np.uint64),
-                                                        "found": np.zeros(0, bool), "iteration": np.zeros(0, np.int64),
-                                                        "ancestor": np.zeros(0, object)})
-    return walks, missing
+        if extra is not None:
+            index = KeyIndex.of(found["trace"].to_numpy(np.uint64), found["at"].to_numpy(np.uint64))
+            first["missing"] = candidates[index.find(candidates["trace"].to_numpy(np.uint64),
+                                                     candidates["key"].to_numpy(np.uint64)) < 0]
+        return found
+
+    trace, start = starts["trace"].to_numpy(np.uint64), starts["key"].to_numpy(np.uint64)
+    walks = pd.DataFrame({"trace": trace, "start": start, "at": start, "stamped": np.zeros(len(trace), bool),
+                          "iteration": np.zeros(len(trace), np.int64), "ancestor": np.full(len(trace), None, object)})
+    walked = resolve_walks(walks, lookup, ancestors=True)
+    if "missing" not in first:  # no walk to make: the orphan candidates still need their lookup
+        lookup(pd.DataFrame({"trace": np.zeros(0, np.uint64), "at": np.zeros(0, np.uint64)}))
+    return walked, first["missing"]
+
+
+_NOT_FOUND = pd.DataFrame({"trace": np.zeros(0, np.uint64), "at": np.zeros(0, np.uint64),
+                           "parent": np.zeros(0, np.uint64), "stamped": np.zeros(0, bool),
+                           "iteration": np.zeros(0, np.int64), "ancestor": np.zeros(0, object)})
 
 
 # -- 3. partials ------------------------------------------------------------------------------
@@ -266,8 +241,8 @@ class _Shared:
 
     run_id: str | None
     walks: _Walks
-    missing: streaming._KeyIndex  # (trace, parent) pairs found in no file
-    attributed: streaming._KeyIndex  # (trace, parent) -> iteration, for goodput's partials
+    missing: KeyIndex  # (trace, parent) pairs found in no file
+    attributed: KeyIndex  # (trace, parent) -> iteration, for goodput's partials
     step_run: np.ndarray  # object: run name of each step (global step order)
     step_iteration: np.ndarray
     anchored_traces: np.ndarray  # sorted uint64
@@ -312,7 +287,7 @@ def _view(table: pa.Table, shared: _Shared) -> _View:
         local = {run: i for i, run in enumerate(a.runs)}
         step_code = np.array([local.get(r, -1) if r != _NO_RUN else -1 for r in shared.step_run], np.int64)
         here = (step_code >= 0) | (shared.step_run == _NO_RUN)  # steps of runs this file holds
-        index = streaming._KeyIndex.of(step_code[here].astype(np.uint64), shared.step_iteration[here].astype(np.uint64),
+        index = KeyIndex.of(step_code[here].astype(np.uint64), shared.step_iteration[here].astype(np.uint64),
                                        np.flatnonzero(here))
         hit = index.find(a.run[rows].astype(np.int64).astype(np.uint64), attributed[rows].astype(np.uint64))
         if len(index.values):
@@ -570,12 +545,12 @@ def _shared(facts: list[dict], codes: _Codes, walked: pd.DataFrame, missing: pd.
             run_id: str | None, files: Sequence[Path], tolerance_ns: int) -> _Shared:
     steps = pd.concat([f["steps"] for f in facts], ignore_index=True).drop_duplicates(["run", "iteration"])
     steps = steps.assign(code=codes.code("runs", steps["run"])).sort_values(["code", "iteration"])  # goodput's order
-    found = walked[walked["found"].to_numpy(bool)]
+    found = walked[walked["stamped"].to_numpy(bool)]
     anchored = pd.concat([f["first_anchor"] for f in facts], ignore_index=True)
     return _Shared(
         run_id=run_id, walks=_Walks.of(walked),
-        missing=streaming._KeyIndex.of(missing["trace"].to_numpy(np.uint64), missing["key"].to_numpy(np.uint64)),
-        attributed=streaming._KeyIndex.of(found["trace"].to_numpy(np.uint64), found["start"].to_numpy(np.uint64),
+        missing=KeyIndex.of(missing["trace"].to_numpy(np.uint64), missing["key"].to_numpy(np.uint64)),
+        attributed=KeyIndex.of(found["trace"].to_numpy(np.uint64), found["start"].to_numpy(np.uint64),
                                           found["iteration"].to_numpy(np.int64)),
         step_run=steps["run"].to_numpy(object), step_iteration=steps["iteration"].to_numpy(np.int64),
         anchored_traces=np.unique(np.concatenate([f["anchor_traces"] for f in facts])).astype(np.uint64),
