@@ -257,6 +257,7 @@ class _View:
     """One file's rows with the dataset-wide facts applied (walks, orphans, steps)."""
 
     facts: rules.RowFacts  # walked_ancestor in the dataset's name codes
+    walked: np.ndarray  # mask of facts.walked
     span: np.ndarray
     parent: np.ndarray
     iteration: np.ndarray  # per row, as checks.Merged.iteration
@@ -294,8 +295,9 @@ def _view(table: pa.Table, shared: _Shared) -> _View:
             step[rows] = np.where(hit >= 0, index.values[np.maximum(hit, 0)], -1)
     rows = np.flatnonzero(walked)
     facts = rules.RowFacts(arrays=a, keep=keep, walked=rows, walked_stamped=stamped[rows],
-                           walked_ancestor=ancestor[rows], orphan=orphan, trace=trace)
-    return _View(facts, span, parent, iteration, stamped, ancestor, step)
+                           walked_iteration=attributed[rows], walked_ancestor=ancestor[rows], orphan=orphan,
+                           trace=trace)
+    return _View(facts, walked, span, parent, iteration, stamped, ancestor, step)
 
 
 def _rows(view: _View, rows: np.ndarray, **extra) -> pd.DataFrame:
@@ -308,7 +310,7 @@ def _rows(view: _View, rows: np.ndarray, **extra) -> pd.DataFrame:
         "has_iteration": a.has_iteration[rows], "iteration": view.iteration[rows], "stamped": view.stamped[rows],
         "ancestor": view.ancestor[rows], "orphan": view.facts.orphan[rows], "trace_id": _trace_ids(a, rows),
         "span_key": view.span[rows], "trace_key": view.facts.trace[rows], "parent_key": view.parent[rows],
-        "step": view.step[rows]})
+        "step": view.step[rows], "walked": view.walked[rows]})
     for key, value in extra.items():
         frame[key] = value
     return frame
@@ -437,7 +439,7 @@ _EMPTY_ROWS = pd.DataFrame({c: pd.Series(dtype=t) for c, t in (
     ("bucket", object), ("category", object), ("own_iteration", np.int64), ("has_iteration", bool),
     ("iteration", np.int64), ("stamped", bool), ("ancestor", np.int64), ("orphan", bool), ("trace_id", object),
     ("span_key", np.uint64), ("trace_key", np.uint64), ("parent_key", np.uint64), ("step", np.int64),
-    ("flags", np.int64), ("part", object))})
+    ("flags", np.int64), ("part", object), ("walked", bool))})
 
 
 def _ordered(parts: list[pd.DataFrame]) -> pd.DataFrame:
@@ -448,6 +450,7 @@ def _ordered(parts: list[pd.DataFrame]) -> pd.DataFrame:
     frame = pd.concat([_EMPTY_ROWS] + frames, ignore_index=True)
     frame["flags"] = frame["flags"].fillna(0).astype(np.int64)
     frame["step"] = frame["step"].fillna(-1).astype(np.int64)
+    frame["walked"] = frame["walked"].fillna(False).astype(bool)
     return frame.sort_values(["file", "row"], kind="stable", ignore_index=True)
 
 
@@ -504,9 +507,10 @@ def _merged(rows: pd.DataFrame, codes: _Codes, analysis, facts: list[dict], over
     arrays = _arrays(rows, codes)
     part, flags = rows["part"].to_numpy(object), rows["flags"].to_numpy(np.int64)
     offender = part == "offender"
-    walked = np.flatnonzero(offender & ((flags & (_FLAGS["nested-bucket"] | _FLAGS["unstamped-span"])) != 0))
+    walked = np.flatnonzero(rows["walked"].to_numpy(bool))
     fact = rules.RowFacts(arrays=arrays, keep=np.ones(len(rows), bool), walked=walked,
                           walked_stamped=rows["stamped"].to_numpy(bool)[walked],
+                          walked_iteration=rows["iteration"].to_numpy(np.int64)[walked],
                           walked_ancestor=rows["ancestor"].to_numpy(np.int64)[walked],
                           orphan=rows["orphan"].to_numpy(bool), trace=rows["trace_key"].to_numpy(np.uint64))
     step = rows["step"].to_numpy(np.int64)
@@ -528,7 +532,7 @@ def _merged(rows: pd.DataFrame, codes: _Codes, analysis, facts: list[dict], over
         presence = (presence[0], sorted(pairs))
     return checks.Merged(
         facts=fact, offenders={code: np.flatnonzero(offender & ((flags & bit) != 0)) for code, bit in _FLAGS.items()},
-        iteration=rows["iteration"].to_numpy(np.int64), steps=steps, table=analysis.table, overlapping=overlapping,
+        steps=steps, table=analysis.table, overlapping=overlapping,
         deep=deep, overlap_rows=overlap_rows, overlap_step=step[overlap_rows], detached=detached,
         detached_rows=np.flatnonzero(part == "detached"),
         anchor_trace={int(c): t for c, t in zip(first_codes, first["trace_id"])}, presence=presence)
@@ -577,7 +581,8 @@ def _step_heads(facts: list[dict], steps, codes: _Codes) -> pd.DataFrame:
                          "has_iteration": True, "iteration": heads["iteration"].to_numpy(np.int64), "stamped": True,
                          "ancestor": -1, "orphan": False, "trace_id": heads["trace_id"].to_numpy(object),
                          "span_key": heads["span_key"].to_numpy(np.uint64), "trace_key": np.zeros(n, np.uint64),
-                         "parent_key": np.zeros(n, np.uint64), "step": np.arange(n), "flags": 0, "part": "head"})
+                         "parent_key": np.zeros(n, np.uint64), "step": np.arange(n), "flags": 0, "part": "head",
+                         "walked": False})
 
 
 def stream_check(root: str | Path, **options) -> checks.CheckReport:

@@ -167,7 +167,6 @@ class Merged:
 
     facts: RowFacts
     offenders: dict[str, np.ndarray]  # span-level code -> its rows
-    iteration: np.ndarray  # per row: attributed where walked, else own; -1 where none
     steps: Any  # goodput's step windows (run, iteration, row of one step span)
     table: pd.DataFrame  # goodput's finished per-step table (STEP_COLUMNS as numbers)
     overlapping: np.ndarray  # steps with a cluster of overlapping bucketed spans
@@ -203,7 +202,7 @@ class _Context:
         return tuple(self.arrays.span_id(shown)), more
 
     def common_iteration(self, rows: np.ndarray) -> int | None:
-        values = np.unique(self.merged.iteration[rows])
+        values = np.unique(self.merged.facts.iteration_of(rows))
         return int(values[0]) if len(values) == 1 and values[0] >= 0 else None
 
     def finding(self, code: str, message: str, rows: np.ndarray, run: int, *, iteration: int | None = None,
@@ -571,10 +570,9 @@ def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: tuple) -> M
     a = analysis.arrays
     ancestor = analysis.walked_ancestor
     facts = RowFacts(arrays=a, keep=analysis.keep, walked=analysis.walked, walked_stamped=analysis.walked_stamped,
+                     walked_iteration=analysis.walked_iteration,
                      walked_ancestor=np.where(ancestor >= 0, a.name[np.maximum(ancestor, 0)], -1),
                      orphan=a.orphan, trace=a.trace_keys)
-    iteration = np.where(a.has_iteration, a.iteration, -1)
-    iteration[analysis.walked] = np.where(analysis.walked_stamped, analysis.walked_iteration, -1)
     inside = analysis.bucketed_step >= 0
     rows, step = analysis.bucketed[inside], analysis.bucketed_step[inside]
     clusters, deep = overlap_partial(a.start[rows], a.end[rows], step, rows, tolerance_ns)
@@ -582,7 +580,7 @@ def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: tuple) -> M
     anchored_runs = np.unique(a.run[anchors])
     loose, counts = detached_partial(facts, np.unique(a.trace_keys[anchors]), anchored_runs)
     first_anchor = {int(r): int(anchors[a.run[anchors] == r][0]) for r in anchored_runs}
-    return Merged(facts=facts, offenders=offenders(facts), iteration=iteration, steps=analysis.steps,
+    return Merged(facts=facts, offenders=offenders(facts), steps=analysis.steps,
                   table=analysis.table, overlapping=overlapping_steps([clusters]), deep=overlapping_steps([deep]),
                   overlap_rows=rows, overlap_step=step, detached=detached_traces(counts), detached_rows=loose,
                   anchor_trace={r: a.trace_id([row])[0] for r, row in first_anchor.items()}, presence=presence)

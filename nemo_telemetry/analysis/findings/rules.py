@@ -62,9 +62,20 @@ class RowFacts:
     keep: np.ndarray  # mask: rows of the selected run
     walked: np.ndarray  # rows with an rl.bucket (known, unknown or invalid interval) in the selected run
     walked_stamped: np.ndarray  # own or attributed iteration found
+    walked_iteration: np.ndarray  # that iteration (meaningful where stamped)
     walked_ancestor: np.ndarray  # name code of the nearest row with an rl.bucket above, -1: none
     orphan: np.ndarray  # mask: names a parent found in no batch
     trace: np.ndarray  # uint64 trace key of every row
+
+    def iteration_of(self, rows: np.ndarray) -> np.ndarray:
+        """Each row's iteration: attributed where walked, else its own; -1 where none."""
+        a = self.arrays
+        out = np.where(a.has_iteration[rows], a.iteration[rows], -1)
+        if len(self.walked) and len(rows):
+            pos = np.minimum(np.searchsorted(self.walked, rows), len(self.walked) - 1)
+            hit = self.walked[pos] == rows
+            out[hit] = np.where(self.walked_stamped[pos[hit]], self.walked_iteration[pos[hit]], -1)
+        return out
 
 
 def offenders(facts: RowFacts) -> dict[str, np.ndarray]:
