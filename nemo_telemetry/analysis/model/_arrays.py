@@ -160,17 +160,19 @@ def code_mask(codes: np.ndarray, chosen, size: int) -> np.ndarray:
 
 
 def pairs_present(first: np.ndarray, second: np.ndarray, second_size: int) -> list[tuple[int, int]]:
-    """The distinct (first, second) pairs of two code arrays, by counting; pairs with a -1 are left out."""
+    """The distinct (first, second) pairs of two code arrays, by marking; pairs with a -1 are left out."""
     if first.size == 0:
         return []
     width = second_size + 1  # codes shifted by one, so -1 (null) has a slot of its own
-    key = first.astype(np.int64)  # one array, updated in place: these run over every span
-    key += 1
-    key *= width
-    key += second
-    key += 1
-    counts = np.bincount(key)
-    pairs = (divmod(int(k), width) for k in np.flatnonzero(counts))
+    seen = np.zeros((int(first.max()) + 2) * width, dtype=bool)
+    for lo in range(0, len(first), _LOOKUP_ROWS):  # a block at a time: the keys stay in cache
+        key = first[lo:lo + _LOOKUP_ROWS].astype(np.int64)
+        key += 1
+        key *= width
+        key += second[lo:lo + _LOOKUP_ROWS]
+        key += 1
+        seen[key] = True
+    pairs = (divmod(int(k), width) for k in np.flatnonzero(seen))
     return [(a - 1, b - 1) for a, b in pairs if a > 0 and b > 0]
 
 
