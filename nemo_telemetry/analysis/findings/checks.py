@@ -1,9 +1,12 @@
 """What would make a goodput breakdown lie, as findings with stable codes.
 
 Each finding names the run, trace, iteration and (up to ``max_span_ids``) spans it concerns and
-says in one sentence what to do. Offending spans are found with vectorized masks over the whole
-table; Python only loops over the groups of offending spans to write their messages, and at
-most ``max_findings_per_code`` findings of one code are written (``counts`` has them all).
+says in one sentence what to do. The rules are :mod:`findings.rules`' partials over a batch of
+rows, merged; this module finishes them (:func:`finish` over a :class:`Merged`): Python only
+loops over the groups of offending spans to write their messages, and at most
+``max_findings_per_code`` findings of one code are written (``counts`` has them all). The
+step-level codes read goodput's finished per-step table. :func:`check_run` is the one-batch case
+(the whole table); :mod:`engines.partitioned_check` merges one batch per file, locally or on Ray.
 
 Which span names are umbrellas and which are declared unbucketed comes from the span-group
 catalogue (:func:`nemo_telemetry.instrument.REGISTRY.catalogue`), the same declaration the
