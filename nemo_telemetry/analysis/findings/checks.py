@@ -34,7 +34,6 @@ Decisions where the design leaves room:
 
 from __future__ import annotations
 
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -43,6 +42,16 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from nemo_telemetry.analysis.findings.groups import SPAN_GROUPS_ATTRIBUTE, group_presence, missing_group_findings
+from nemo_telemetry.analysis.findings.report import (
+    DEFAULT_OVERLAP_TOLERANCE_S,
+    FINDING_CODES,
+    SEVERITIES,
+    CheckReport,
+    Finding,
+    overlap_tolerance_ns,
+    report,
+)
 from nemo_telemetry.analysis.findings.rules import (
     RowFacts,
     anchor_rows,
@@ -54,107 +63,23 @@ from nemo_telemetry.analysis.findings.rules import (
     overlap_partial,
     overlapping_steps,
 )
-from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX, Analysis, analyse, run_filter
+from nemo_telemetry.analysis.goodput.steps import Analysis, analyse, run_filter
 from nemo_telemetry.analysis.goodput.steps import step_outliers
 from nemo_telemetry.analysis.model._arrays import (
     BUCKETS,
-    SpanArrays,
     code_mask,
     index_orphans,
     index_parents,
     key_index,
-    pairs_present,
-    resource_pairs,
     sort_index,
     span_arrays,
 )
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.analysis.model.tree import with_id_keys
-from nemo_telemetry.errors import NemoTelemetryError
-from nemo_telemetry.instrument import REGISTRY, span_name_regex
 
 __all__ = ["FINDING_CODES", "SEVERITIES", "Finding", "CheckReport", "check_run", "SPAN_GROUPS_ATTRIBUTE",
            "DEFAULT_OVERLAP_TOLERANCE_S", "overlap_tolerance_ns", "report", "Merged", "finish", "merge_in_memory",
            "group_presence"]
-
-SEVERITIES = ("error", "warning", "info")
-FINDING_CODES: dict[str, str] = {  # code -> severity (missing-group-spans is info for a known gap)
-    "bucketed-overlap": "error",
-    "nested-bucket": "error",
-    "umbrella-bucket": "error",
-    "bucket-exceeds-wall": "error",
-    "unknown-bucket": "error",
-    "invalid-interval": "error",
-    "unstamped-span": "warning",
-    "orphan-span": "warning",
-    "detached-trace": "warning",
-    "unattributed-step-time": "warning",
-    "missing-group-spans": "warning",
-    "step-time-outlier": "info",
-}
-SPAN_GROUPS_ATTRIBUTE = "nemo.telemetry.span_groups"
-# Overlaps of bucketed spans up to this long are clock granularity (the OpenTelemetry JS SDK records
-# start times in whole milliseconds), reported at info severity.
-DEFAULT_OVERLAP_TOLERANCE_S = 0.001
-
-# Known coverage gaps (seed 000, "Coverage gaps"): an enabled group that is legitimately empty.
-_KNOWN_GAPS = {
-    "generation": "only vLLM's synchronous generate path emits rl.vllm.generate; async runs (generate_async) "
-                  "and SGLang / TRT-LLM / Megatron generation workers have no generation span",
-    "per_prompt": "per-prompt spans exist only on the single-controller path (rl.sc.generate_and_push and its "
-                  "rl.data_plane.put) and the Gym HTTP hop; the token-capture dispatch opens none",
-    "efficiency": "efficiency spans are emitted only by async GRPO and the single controller's rollout pump",
-    "data_plane": "data-plane spans come only from a transfer-queue client (single-controller actor, "
-                  "TQPolicy / TQValue workers)",
-    "model_init": "only vLLM, policy and value workers open rl.*.load_model; other backends are uninstrumented",
-    "rollout": "rollout spans come from the driver's sync rollout or the async collector; SyncRolloutActor and "
-               "grpo_sync.py emit none",
-    "setup": "only some launchers open rl.startup; the others leave rl.setup.ray_init as a lone root, or nothing",
-    "server": "a Gym server adopts traceparent only once its app calls instrument_fastapi",
-    "http_client": "the aiohttp hop is instrumented by the NemoGym actor only, and gated on per_prompt",
-    "checkpoint": "no checkpoint may have been due in the traced range (save_period, or checkpointing off)",
-    "evaluate": "no validation may have been due in the traced range (val_period, val_at_start)",
-}
-# Groups an algorithm's loop never opens (seed 000, "Per-algorithm span names").
-_ALGORITHM_GROUPS = {
-    "sft": {"job", "step", "data_processing", "policy_update", "checkpoint", "evaluate", "setup", "model_init"},
-    "dpo": {"job", "step", "policy_update", "checkpoint", "evaluate", "setup", "model_init"},
-    "rm": {"job", "step", "checkpoint", "evaluate", "setup", "model_init"},
-}
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One reason the breakdown might be wrong, and what to do about it."""
-
-    code: str
-    severity: str
-    message: str
-    trace_id: str | None
-    span_ids: tuple[str, ...]
-    iteration: int | None
-    run_id: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "severity": self.severity, "message": self.message, "trace_id": self.trace_id,
-                "span_ids": list(self.span_ids), "iteration": self.iteration, "run_id": self.run_id}
-
-
-@dataclass(frozen=True)
-class CheckReport:
-    """Every finding (at most ``max_findings_per_code`` written per code) and the full counts."""
-
-    findings: tuple[Finding, ...]
-    counts: dict[str, Any]  # {"error": n, "warning": n, "info": n, "by_code": {code: n}}
-
-    def has(self, severity: str) -> bool:
-        """Whether a finding at ``severity`` or worse exists."""
-        worse = SEVERITIES[: SEVERITIES.index(severity) + 1]
-        return any(self.counts[s] for s in worse)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"findings": [f.to_dict() for f in self.findings], "counts": self.counts}
-
 
 # -- what the finish reads ---------------------------------------------------------------------
 
@@ -246,95 +171,74 @@ def _bucket_name(ctx: _Context, rows: np.ndarray) -> str:
 # -- span-level findings -----------------------------------------------------------------------
 
 
+def _per_group(ctx: _Context, code: str, keys, message, *, iteration: bool = True) -> tuple[int, list[Finding]]:
+    """``code``'s offending rows grouped by ``keys(rows)`` (the run first): how many groups, and a
+    finding for each of the first ``limit``, worded by ``message(key, members, more)``."""
+    rows = ctx.merged.offenders[code]
+    count, groups = _groups(rows, *keys(rows))
+    out = []
+    for key, members in _take(groups, ctx.limit):
+        _, more = ctx.ids(members)
+        out.append(ctx.finding(code, message(key, members, more), members, key[0],
+                               iteration=ctx.common_iteration(members) if iteration else None))
+    return count, out
+
+
 def _invalid_interval(ctx: _Context) -> tuple[int, list[Finding]]:
     a = ctx.arrays
-    rows = ctx.merged.offenders["invalid-interval"]
-    count, groups = _groups(rows, a.run[rows], a.name[rows])
-    out = []
-    for (run, name), members in _take(groups, ctx.limit):
-        _, more = ctx.ids(members)
-        out.append(ctx.finding("invalid-interval", (
-            f"{len(members)} span(s) named {ctx.name(name)!r} end before they start{more}; they are left out of "
-            "every sum: check the clock of the process that emitted them and that start/end are Unix nanoseconds"),
-            members, run, iteration=ctx.common_iteration(members)))
-    return count, out
+    return _per_group(ctx, "invalid-interval", lambda rows: (a.run[rows], a.name[rows]), lambda key, members, more: (
+        f"{len(members)} span(s) named {ctx.name(key[1])!r} end before they start{more}; they are left out of "
+        "every sum: check the clock of the process that emitted them and that start/end are Unix nanoseconds"))
 
 
 def _unknown_bucket(ctx: _Context) -> tuple[int, list[Finding]]:
     a = ctx.arrays
-    rows = ctx.merged.offenders["unknown-bucket"]
-    count, groups = _groups(rows, a.run[rows], a.bucket_raw[rows])
-    out = []
-    for (run, raw), members in _take(groups, ctx.limit):
-        _, more = ctx.ids(members)
-        out.append(ctx.finding("unknown-bucket", (
-            f"{len(members)} span(s) carry rl.bucket={a.bucket_values[raw]!r}{more}, which no rollup knows; "
-            f"use one of {', '.join(BUCKETS)} (the Bucket enum) so their time is counted"),
-            members, run, iteration=ctx.common_iteration(members)))
-    return count, out
+    return _per_group(ctx, "unknown-bucket", lambda rows: (a.run[rows], a.bucket_raw[rows]), lambda key, members, more: (
+        f"{len(members)} span(s) carry rl.bucket={a.bucket_values[key[1]]!r}{more}, which no rollup knows; "
+        f"use one of {', '.join(BUCKETS)} (the Bucket enum) so their time is counted"))
 
 
 def _umbrella_bucket(ctx: _Context) -> tuple[int, list[Finding]]:
     a = ctx.arrays
     umbrella_only, _ = catalogue_name_sets(a.names)
-    rows = ctx.merged.offenders["umbrella-bucket"]
-    count, groups = _groups(rows, a.run[rows], a.name[rows])
-    out = []
-    for (run, name), members in _take(groups, ctx.limit):
-        _, more = ctx.ids(members)
-        why = ("only umbrella groups claim that name" if np.isin(name, umbrella_only)
+
+    def message(key, members, more):
+        why = ("only umbrella groups claim that name" if np.isin(key[1], umbrella_only)
                else "the catalogue declares it unbucketed (it runs concurrently with bucketed work)")
-        out.append(ctx.finding("umbrella-bucket", (
-            f"{len(members)} span(s) named {ctx.name(name)!r} carry rl.bucket={_bucket_name(ctx, members)}{more}, "
-            f"but {why}: open it with umbrella_span (or drop the rl.bucket kwarg) so only the leaves inside "
-            "carry time"), members, run, iteration=ctx.common_iteration(members)))
-    return count, out
+        return (f"{len(members)} span(s) named {ctx.name(key[1])!r} carry rl.bucket={_bucket_name(ctx, members)}"
+                f"{more}, but {why}: open it with umbrella_span (or drop the rl.bucket kwarg) so only the leaves "
+                "inside carry time")
+
+    return _per_group(ctx, "umbrella-bucket", lambda rows: (a.run[rows], a.name[rows]), message)
 
 
 def _nested_bucket(ctx: _Context) -> tuple[int, list[Finding]]:
     a, facts = ctx.arrays, ctx.merged.facts
-    rows = ctx.merged.offenders["nested-bucket"]
-    above = facts.walked_ancestor[np.searchsorted(facts.walked, rows)]
-    count, groups = _groups(np.arange(len(rows)), a.run[rows], a.name[rows], above)
-    out = []
-    for (run, name, holder), idx in _take(groups, ctx.limit):
-        members = rows[idx]
-        _, more = ctx.ids(members)
-        out.append(ctx.finding("nested-bucket", (
-            f"{len(members)} bucketed span(s) named {ctx.name(name)!r} sit under the bucketed "
-            f"{ctx.name(holder)!r}{more}, so their time is counted twice: make the outer span an umbrella "
-            "(umbrella_span) or drop the inner span's bucket"), members, run,
-            iteration=ctx.common_iteration(members)))
-    return count, out
+
+    def keys(rows):  # the nearest bucketed ancestor's name, from the walk
+        return a.run[rows], a.name[rows], facts.walked_ancestor[np.searchsorted(facts.walked, rows)]
+
+    return _per_group(ctx, "nested-bucket", keys, lambda key, members, more: (
+        f"{len(members)} bucketed span(s) named {ctx.name(key[1])!r} sit under the bucketed "
+        f"{ctx.name(key[2])!r}{more}, so their time is counted twice: make the outer span an umbrella "
+        "(umbrella_span) or drop the inner span's bucket"))
 
 
 def _unstamped(ctx: _Context) -> tuple[int, list[Finding]]:
     a = ctx.arrays
-    rows = ctx.merged.offenders["unstamped-span"]
-    count, groups = _groups(rows, a.run[rows], a.name[rows])
-    out = []
-    for (run, name), members in _take(groups, ctx.limit):
-        _, more = ctx.ids(members)
-        out.append(ctx.finding("unstamped-span", (
-            f"{len(members)} bucketed span(s) named {ctx.name(name)!r} have no rl.iteration, on themselves or "
-            f"any ancestor{more}, so their time is reported outside the steps: open them inside "
-            "iteration_scope(n), or carry the trace context from a stamped span (dispatch_with_trace_context)"),
-            members, run))
-    return count, out
+    return _per_group(ctx, "unstamped-span", lambda rows: (a.run[rows], a.name[rows]), lambda key, members, more: (
+        f"{len(members)} bucketed span(s) named {ctx.name(key[1])!r} have no rl.iteration, on themselves or "
+        f"any ancestor{more}, so their time is reported outside the steps: open them inside "
+        "iteration_scope(n), or carry the trace context from a stamped span (dispatch_with_trace_context)"),
+        iteration=False)
 
 
 def _orphans(ctx: _Context) -> tuple[int, list[Finding]]:
     a, facts = ctx.arrays, ctx.merged.facts
-    rows = ctx.merged.offenders["orphan-span"]
-    count, groups = _groups(rows, a.run[rows], facts.trace[rows])
-    out = []
-    for (run, _), members in _take(groups, ctx.limit):
-        _, more = ctx.ids(members)
-        out.append(ctx.finding("orphan-span", (
-            f"{len(members)} span(s) of this trace name a parent that is not in the data{more} (first: "
-            f"{ctx.name(a.name[members[0]])!r}): include every process's dump file, and flush workers "
-            "(flush_telemetry) before they exit"), members, run, iteration=ctx.common_iteration(members)))
-    return count, out
+    return _per_group(ctx, "orphan-span", lambda rows: (a.run[rows], facts.trace[rows]), lambda key, members, more: (
+        f"{len(members)} span(s) of this trace name a parent that is not in the data{more} (first: "
+        f"{ctx.name(a.name[members[0]])!r}): include every process's dump file, and flush workers "
+        "(flush_telemetry) before they exit"))
 
 
 def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
@@ -447,56 +351,6 @@ def _outliers(ctx: _Context) -> tuple[int, list[Finding]]:
     return len(out), out[: ctx.limit]
 
 
-# -- missing groups ----------------------------------------------------------------------------
-
-
-def group_presence(a: SpanArrays, keep: np.ndarray) -> tuple[dict[int, set[str]], list[tuple[int, int]]]:
-    """``missing-group-spans``' partial: per run code, the union of the span groups its processes
-    had enabled (resource attribute), and the (run, name) code pairs present. Merging is the union."""
-    enabled: dict[int, set[str]] = {}
-    for run, spec in resource_pairs(a.table, SPAN_GROUPS_ATTRIBUTE, a.run, keep):
-        enabled.setdefault(run, set()).update(g.strip().lower() for g in spec.split(",") if g.strip())
-    if not enabled:
-        return enabled, []
-    pairs = (pairs_present(a.run, a.name, len(a.names)) if keep.all()
-             else pairs_present(a.run[keep], a.name[keep], len(a.names)))
-    return enabled, pairs
-
-
-def _missing_groups(ctx: _Context) -> tuple[int, list[Finding]]:
-    a = ctx.arrays
-    enabled, pairs = ctx.merged.presence
-    if not enabled:
-        return 0, []
-    catalogue = {info.name: info for info in REGISTRY.catalogue()}
-    regexes = {g: re.compile("|".join(span_name_regex(p) for p in info.spans)) for g, info in catalogue.items()
-               if info.spans}
-    out = []
-    count = 0
-    for run, groups_on in sorted(enabled.items()):
-        present_names = [a.names[name] for r, name in pairs if r == run]
-        present = {g for g, rx in regexes.items() if any(n is not None and rx.match(n) for n in present_names)}
-        algorithms = {n.split(".")[1] for n in present_names if n and re.match(f"{STEP_SPAN_REGEX}|{JOB_SPAN_REGEX}", n)}
-        for group_name in sorted((groups_on & catalogue.keys()) - present):
-            count += 1
-            if len(out) >= ctx.limit:
-                continue
-            never = [alg for alg in algorithms if alg in _ALGORITHM_GROUPS and group_name not in _ALGORITHM_GROUPS[alg]]
-            if never:
-                note, severity = f"rl.{never[0]} runs never open {group_name} spans (per-algorithm span names)", "info"
-            elif group_name in _KNOWN_GAPS:
-                note, severity = f"known coverage gap: {_KNOWN_GAPS[group_name]}", "info"
-            else:
-                note, severity = ("check that the code path that opens them ran and that its process initialised "
-                                  "telemetry and flushed before exit"), "warning"
-            patterns = ", ".join(catalogue[group_name].spans)
-            out.append(Finding(
-                code="missing-group-spans", severity=severity,
-                message=f"group {group_name!r} was enabled but the run has none of its spans ({patterns}); {note}",
-                trace_id=None, span_ids=(), iteration=None, run_id=ctx.run_name(run)))
-    return count, out
-
-
 # -- entry points ------------------------------------------------------------------------------
 
 
@@ -513,7 +367,8 @@ def finish(merged: Merged, *, unattributed_threshold: float = 0.2, tolerance_ns:
         "bucket-exceeds-wall": lambda: _steps_over_wall(ctx),
         "unstamped-span": lambda: _unstamped(ctx),
         "unattributed-step-time": lambda: _unattributed(ctx, unattributed_threshold),
-        "missing-group-spans": lambda: _missing_groups(ctx),
+        "missing-group-spans": lambda: missing_group_findings(merged.presence, ctx.arrays.names, ctx.arrays.runs,
+                                                              max_findings_per_code),
         "step-time-outlier": lambda: _outliers(ctx),
         "orphan-span": lambda: _orphans(ctx),
         "detached-trace": lambda: _detached(ctx),
@@ -589,30 +444,3 @@ def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: tuple) -> M
                   anchor_trace={r: a.trace_id([row])[0] for r, row in first_anchor.items()}, presence=presence)
 
 
-def overlap_tolerance_ns(overlap_tolerance_s: float) -> int:
-    """The tolerance in ns; a negative or non-finite value is a clear error, not a silent zero."""
-    if not (overlap_tolerance_s >= 0 and np.isfinite(overlap_tolerance_s)):
-        raise NemoTelemetryError(f"overlap tolerance {overlap_tolerance_s!r} s: give a finite number of seconds >= 0 "
-                                 f"(default {DEFAULT_OVERLAP_TOLERANCE_S})")
-    return int(round(overlap_tolerance_s * 1e9))
-
-
-def report(findings: list[Finding], counted: dict[str, Any]) -> CheckReport:
-    """The report from each code's findings as written and its full count (errors first).
-
-    ``counted[code]`` is a number at the code's severity, or ``{severity: number}`` for a code
-    whose findings differ in severity; findings past the per-code cap still count, at theirs.
-    """
-    findings = sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
-    counts: dict[str, Any] = {s: 0 for s in SEVERITIES}
-    for f in findings:
-        counts[f.severity] += 1
-    by_code: dict[str, int] = {code: 0 for code in FINDING_CODES}
-    for code, n in counted.items():
-        per_severity = n if isinstance(n, dict) else {FINDING_CODES[code]: n}
-        by_code[code] = sum(per_severity.values())
-        for severity, total in per_severity.items():
-            written = sum(1 for f in findings if f.code == code and f.severity == severity)
-            counts[severity] += max(0, total - written)
-    counts["by_code"] = by_code
-    return CheckReport(findings=tuple(findings), counts=counts)
