@@ -26,8 +26,7 @@ dataset's global codes and in dataset order, and :func:`checks.finish` writes th
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -36,12 +35,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nemo_telemetry.analysis.engines.check_rows import (
+    NO_RUN, SPAN_FLAGS, Codes, in_dataset_order, merged_partials, step_heads,
+)
 from nemo_telemetry.analysis.findings import checks, rules
 from nemo_telemetry.analysis.goodput import steps as _goodput
 from nemo_telemetry.analysis.goodput import partials as streaming
 from nemo_telemetry.analysis.model._arrays import (
-    BUCKETS, NO_BUCKET, READ_COLUMNS, UNKNOWN_BUCKET, SpanArrays, pairs_present, read_span_files, resource_pairs,
-    span_arrays,
+    NO_BUCKET, READ_COLUMNS, SpanArrays, pairs_present, read_span_files, resource_pairs, span_arrays,
 )
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
@@ -60,7 +61,6 @@ MapReduce = Callable[..., tuple]
 
 _LOOKUP_COLUMNS = ("trace_key", "span_key", "parent_key", ITERATION, BUCKET, "name")
 
-_NO_RUN = "\x00"  # stands for "no run" in keys that cross tasks (None does not compare or index well)
 
 
 
@@ -122,13 +122,13 @@ def _facts_of(table: pa.Table, run_id: str | None) -> dict:
     first_rows = first_anchor["row"].to_numpy(np.int64)
     return {
         "rows": len(a), "names": a.names, "runs": a.runs, "buckets": a.bucket_values, "categories": a.categories,
-        "steps": pd.DataFrame({"run": _values(steps.run, a.runs, _NO_RUN), "iteration": steps.iteration, "start": steps.start,
+        "steps": pd.DataFrame({"run": _values(steps.run, a.runs, NO_RUN), "iteration": steps.iteration, "start": steps.start,
                                "end": steps.end, "row": heads, "span_key": span[heads],
                                "trace_id": _trace_ids(a, heads)}),
         "walks": _pairs(trace[walks], parent[walks]),
         "missing": _pairs(trace[outside], parent[outside]),
         "anchor_traces": np.unique(trace[anchors]),
-        "first_anchor": pd.DataFrame({"run": _values(first_anchor["run"].to_numpy(), a.runs, _NO_RUN),
+        "first_anchor": pd.DataFrame({"run": _values(first_anchor["run"].to_numpy(), a.runs, NO_RUN),
                                       "row": first_rows, "name": _values(a.name[first_rows], a.names),
                                       "trace_id": _trace_ids(a, first_rows)}),
         "names_present": [(a.runs[r] if r >= 0 else None, a.names[n])
@@ -286,8 +286,8 @@ def _view(table: pa.Table, shared: _Shared) -> _View:
     if len(shared.step_run) and candidate.any():
         rows = np.flatnonzero(candidate)
         local = {run: i for i, run in enumerate(a.runs)}
-        step_code = np.array([local.get(r, -1) if r != _NO_RUN else -1 for r in shared.step_run], np.int64)
-        here = (step_code >= 0) | (shared.step_run == _NO_RUN)  # steps of runs this file holds
+        step_code = np.array([local.get(r, -1) if r != NO_RUN else -1 for r in shared.step_run], np.int64)
+        here = (step_code >= 0) | (shared.step_run == NO_RUN)  # steps of runs this file holds
         index = KeyIndex.of(step_code[here].astype(np.uint64), shared.step_iteration[here].astype(np.uint64),
                                        np.flatnonzero(here))
         hit = index.find(a.run[rows].astype(np.int64).astype(np.uint64), attributed[rows].astype(np.uint64))
@@ -339,24 +339,21 @@ def _reduce_findings(*pieces: tuple) -> tuple[pa.Table, np.ndarray, np.ndarray]:
             rules.overlapping_steps([d for _, _, d in pieces]))
 
 
-_FLAGS = {code: 1 << i for i, code in enumerate(rules.SPAN_CODES)}  # span-level code -> its bit in "flags"
-
-
 def _findings_of(table: pa.Table, shared: _Shared) -> dict:
     view = _view(table, shared)
     facts = view.facts
     a = facts.arrays
     flags = np.zeros(len(a), np.int64)
     for code, rows in rules.offenders(facts).items():
-        flags[rows] |= _FLAGS[code]
+        flags[rows] |= SPAN_FLAGS[code]
     offenders = np.flatnonzero(flags)
     inside = np.flatnonzero(view.step >= 0)
     clusters, deep = rules.overlap_partial(a.start[inside], a.end[inside], view.step[inside], inside,
                                            shared.tolerance_ns)
     anchored_runs = np.array([i for i, r in enumerate(a.runs) if r in shared.anchored_runs]
-                             + ([-1] if _NO_RUN in shared.anchored_runs else []), np.int64)
+                             + ([-1] if NO_RUN in shared.anchored_runs else []), np.int64)
     _, detached = rules.detached_partial(facts, shared.anchored_traces, anchored_runs)
-    detached["run"] = _values(detached["run"].to_numpy(np.int64), a.runs, _NO_RUN)
+    detached["run"] = _values(detached["run"].to_numpy(np.int64), a.runs, NO_RUN)
     return {
         "offenders": _rows(view, offenders, flags=flags[offenders]),
         "partial": streaming.goodput_partial(table, attributed=shared.attributed, run_id=shared.run_id),
@@ -376,7 +373,7 @@ def _collect(paths: list[str], shared: _Shared, steps: np.ndarray, traces: pd.Da
         view = _view(_read(path), shared)
         a = view.facts.arrays
         inside = np.isin(view.step, steps) & (view.step >= 0)
-        runs = _values(a.run, a.runs, _NO_RUN)
+        runs = _values(a.run, a.runs, NO_RUN)
         wanted = pd.MultiIndex.from_frame(traces[["run", "trace"]]) if len(traces) else None
         member = np.zeros(len(a), bool)
         if wanted is not None:
@@ -387,71 +384,6 @@ def _collect(paths: list[str], shared: _Shared, steps: np.ndarray, traces: pd.Da
 
 
 # -- the driver --------------------------------------------------------------------------------
-
-
-@dataclass
-class _Codes:
-    """The dataset's value tuples in the order the in-memory read would code them."""
-
-    names: dict = field(default_factory=dict)
-    runs: dict = field(default_factory=dict)
-    buckets: dict = field(default_factory=dict)
-    categories: dict = field(default_factory=dict)
-
-    def add(self, facts: dict) -> None:
-        for key in ("names", "runs", "buckets", "categories"):
-            values = getattr(self, key)
-            for v in facts[key]:
-                values.setdefault(v, len(values))
-
-    def code(self, key: str, values) -> np.ndarray:
-        lookup = getattr(self, key)
-        return np.array([lookup.get(v, -1) if isinstance(v, str) else -1 for v in values], dtype=np.int32)
-
-    def tuple(self, key: str) -> tuple:
-        return tuple(getattr(self, key))
-
-
-def _arrays(rows: pd.DataFrame, codes: _Codes) -> SpanArrays:
-    """A SpanArrays over ``rows`` (dataset order) with the dataset's codes, as check_run would see them."""
-    n = len(rows)
-    bucket_values = codes.tuple("buckets")
-    lookup = np.array([BUCKETS.index(v) if v in BUCKETS else UNKNOWN_BUCKET for v in bucket_values] + [NO_BUCKET],
-                      dtype=np.int8)
-    keys = tuple(rows[c].to_numpy(np.uint64) if n else np.zeros(0, np.uint64)
-                 for c in ("span_key", "trace_key", "parent_key"))
-    columns = {"trace_id": pa.array(rows["trace_id"].tolist() if n else [], pa.string()),
-               "span_key": pa.array(keys[0]), "trace_key": pa.array(keys[1]), "parent_key": pa.array(keys[2])}
-    bucket_raw = codes.code("buckets", rows["bucket"]) if n else np.zeros(0, np.int32)
-    arrays = SpanArrays(
-        table=pa.table(columns), name=codes.code("names", rows["name"]), names=codes.tuple("names"),
-        run=codes.code("runs", rows["run"]), runs=codes.tuple("runs"), start=rows["start"].to_numpy(np.int64),
-        end=rows["end"].to_numpy(np.int64), bucket=lookup[bucket_raw], bucket_raw=bucket_raw,
-        bucket_values=bucket_values, iteration=rows["own_iteration"].to_numpy(np.int64),
-        has_iteration=rows["has_iteration"].to_numpy(bool))
-    arrays.__dict__.update(_keys=keys, orphan=rows["orphan"].to_numpy(bool),
-                           _category=(codes.code("categories", rows["category"]), codes.tuple("categories")))
-    return arrays
-
-
-_EMPTY_ROWS = pd.DataFrame({c: pd.Series(dtype=t) for c, t in (
-    ("file", np.int64), ("row", np.int64), ("name", object), ("run", object), ("start", np.int64), ("end", np.int64),
-    ("bucket", object), ("category", object), ("own_iteration", np.int64), ("has_iteration", bool),
-    ("iteration", np.int64), ("stamped", bool), ("ancestor", np.int64), ("orphan", bool), ("trace_id", object),
-    ("span_key", np.uint64), ("trace_key", np.uint64), ("parent_key", np.uint64), ("step", np.int64),
-    ("flags", np.int64), ("part", object), ("walked", bool))})
-
-
-def _ordered(parts: list[pd.DataFrame]) -> pd.DataFrame:
-    """Rows of many files (each with its ``file``) in dataset order (file, then row)."""
-    frames = [p for p in parts if len(p)]
-    if not frames:
-        return _EMPTY_ROWS.copy()
-    frame = pd.concat([_EMPTY_ROWS] + frames, ignore_index=True)
-    frame["flags"] = frame["flags"].fillna(0).astype(np.int64)
-    frame["step"] = frame["step"].fillna(-1).astype(np.int64)
-    frame["walked"] = frame["walked"].fillna(False).astype(bool)
-    return frame.sort_values(["file", "row"], kind="stable", ignore_index=True)
 
 
 def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapReduce = local_map_reduce,
@@ -471,7 +403,7 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
         return checks.check_run(read_for_analysis(root), run_id=run_id, unattributed_threshold=unattributed_threshold,
                                 overlap_tolerance_s=overlap_tolerance_s, **options)
     facts = [f for group in file_map(_facts, files, run_id) for f in group]
-    codes = _Codes()
+    codes = Codes()
     for f in facts:
         codes.add(f)
     UnknownRunError.unless_present(run_id, codes.runs)
@@ -486,56 +418,19 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
     overlapping = np.unique(np.concatenate([np.zeros(0, np.int64)] + [c for _, c, _ in reduced]))
     deep = np.unique(np.concatenate([np.zeros(0, np.int64)] + [d for _, _, d in reduced]))
     counts = pd.concat([r["detached"] for r in results], ignore_index=True)
-    counts["run"] = codes.code("runs", counts["run"].where(counts["run"] != _NO_RUN, None))
+    counts["run"] = codes.code("runs", counts["run"].where(counts["run"] != NO_RUN, None))
     detached = rules.detached_traces(counts)
     shown = detached.head(max_findings_per_code)
-    traces = pd.DataFrame({"run": _values(shown["run"].to_numpy(np.int64), codes.tuple("runs"), _NO_RUN),
+    traces = pd.DataFrame({"run": _values(shown["run"].to_numpy(np.int64), codes.tuple("runs"), NO_RUN),
                            "trace": shown["trace"].to_numpy(np.uint64)})
     overlap_steps = overlapping[:max_findings_per_code]
     collected = [c.assign(file=i) for i, c in enumerate(
         c for group in file_map(_collect, files, shared, overlap_steps, traces) for c in group)] \
         if len(overlap_steps) or len(traces) else []
     offenders = [r["offenders"].assign(file=i, part="offender") for i, r in enumerate(results)]
-    rows = _ordered(offenders + collected + [_step_heads(facts, analysis.steps, codes)])
-    merged = _merged(rows, codes, analysis, facts, overlapping, deep, detached)
+    rows = in_dataset_order(offenders + collected + [step_heads(facts, analysis.steps, codes)])
+    merged = merged_partials(rows, codes, analysis, facts, overlapping, deep, detached)
     return checks.finish(merged, unattributed_threshold=unattributed_threshold, tolerance_ns=tolerance_ns, **options)
-
-
-def _merged(rows: pd.DataFrame, codes: _Codes, analysis, facts: list[dict], overlapping: np.ndarray,
-            deep: np.ndarray, detached: pd.DataFrame) -> checks.Merged:
-    """The merged partials over the rows they name (``rows``, dataset order, global codes)."""
-    arrays = _arrays(rows, codes)
-    part, flags = rows["part"].to_numpy(object), rows["flags"].to_numpy(np.int64)
-    offender = part == "offender"
-    walked = np.flatnonzero(rows["walked"].to_numpy(bool))
-    fact = rules.RowFacts(arrays=arrays, keep=np.ones(len(rows), bool), walked=walked,
-                          walked_stamped=rows["stamped"].to_numpy(bool)[walked],
-                          walked_iteration=rows["iteration"].to_numpy(np.int64)[walked],
-                          walked_ancestor=rows["ancestor"].to_numpy(np.int64)[walked],
-                          orphan=rows["orphan"].to_numpy(bool), trace=rows["trace_key"].to_numpy(np.uint64))
-    step = rows["step"].to_numpy(np.int64)
-    heads = np.flatnonzero(part == "head")
-    head_of = np.zeros(len(analysis.steps), np.int64)
-    head_of[step[heads]] = heads
-    steps = dataclasses.replace(analysis.steps, row=head_of)  # each step's first step span, among ``rows``
-    overlap_rows = np.flatnonzero(part == "overlap")
-    first = pd.concat([f["first_anchor"] for f in facts], ignore_index=True).drop_duplicates("run")
-    first_codes = codes.code("runs", first["run"].where(first["run"] != _NO_RUN, None))
-    presence = ({}, [])
-    for f in facts:
-        for run, spec in f["span_groups"]:
-            presence[0].setdefault(int(codes.code("runs", [run])[0]), set()).update(
-                g.strip().lower() for g in spec.split(",") if g.strip())
-    if presence[0]:
-        pairs = {(int(r), int(n)) for f in facts for r, n in zip(codes.code("runs", [p[0] for p in f["names_present"]]),
-                                                                 codes.code("names", [p[1] for p in f["names_present"]]))}
-        presence = (presence[0], sorted(pairs))
-    return checks.Merged(
-        facts=fact, offenders={code: np.flatnonzero(offender & ((flags & bit) != 0)) for code, bit in _FLAGS.items()},
-        steps=steps, table=analysis.table, overlapping=overlapping,
-        deep=deep, overlap_rows=overlap_rows, overlap_step=step[overlap_rows], detached=detached,
-        detached_rows=np.flatnonzero(part == "detached"),
-        anchor_trace={int(c): t for c, t in zip(first_codes, first["trace_id"])}, presence=presence)
 
 
 def _concat(frames) -> pd.DataFrame:
@@ -545,7 +440,7 @@ def _concat(frames) -> pd.DataFrame:
     return out.astype({"trace": np.uint64, "key": np.uint64})
 
 
-def _shared(facts: list[dict], codes: _Codes, walked: pd.DataFrame, missing: pd.DataFrame,
+def _shared(facts: list[dict], codes: Codes, walked: pd.DataFrame, missing: pd.DataFrame,
             run_id: str | None, files: Sequence[Path], tolerance_ns: int) -> _Shared:
     steps = pd.concat([f["steps"] for f in facts], ignore_index=True).drop_duplicates(["run", "iteration"])
     steps = steps.assign(code=codes.code("runs", steps["run"])).sort_values(["code", "iteration"])  # goodput's order
@@ -560,29 +455,6 @@ def _shared(facts: list[dict], codes: _Codes, walked: pd.DataFrame, missing: pd.
         anchored_traces=np.unique(np.concatenate([f["anchor_traces"] for f in facts])).astype(np.uint64),
         anchored_runs=frozenset(anchored["run"].tolist()), names=codes.tuple("names"),
         file_index={str(f): i for i, f in enumerate(files)}, tolerance_ns=tolerance_ns)
-
-
-def _step_heads(facts: list[dict], steps, codes: _Codes) -> pd.DataFrame:
-    """One row per step (steps' order): its first step span (earliest start, then dataset order)."""
-    parts = [f["steps"].assign(file=i) for i, f in enumerate(facts) if len(f["steps"])]
-    if not parts:
-        return _EMPTY_ROWS.iloc[:0]
-    frame = pd.concat(parts, ignore_index=True)
-    frame = frame.sort_values(["start", "file", "row"], kind="stable").drop_duplicates(["run", "iteration"])
-    frame["code"] = codes.code("runs", frame["run"])
-    index = pd.MultiIndex.from_arrays([frame["code"].to_numpy(np.int64), frame["iteration"].to_numpy(np.int64)])
-    at = index.get_indexer(pd.MultiIndex.from_arrays([steps.run, steps.iteration]))
-    heads = frame.iloc[at].reset_index(drop=True)
-    n = len(heads)
-    return pd.DataFrame({"file": heads["file"].to_numpy(np.int64), "row": heads["row"].to_numpy(np.int64),
-                         "name": None, "run": heads["run"].where(heads["run"] != _NO_RUN, None).to_numpy(object),
-                         "start": heads["start"].to_numpy(np.int64), "end": heads["end"].to_numpy(np.int64),
-                         "bucket": None, "category": None, "own_iteration": heads["iteration"].to_numpy(np.int64),
-                         "has_iteration": True, "iteration": heads["iteration"].to_numpy(np.int64), "stamped": True,
-                         "ancestor": -1, "orphan": False, "trace_id": heads["trace_id"].to_numpy(object),
-                         "span_key": heads["span_key"].to_numpy(np.uint64), "trace_key": np.zeros(n, np.uint64),
-                         "parent_key": np.zeros(n, np.uint64), "step": np.arange(n), "flags": 0, "part": "head",
-                         "walked": False})
 
 
 def stream_check(root: str | Path, **options) -> checks.CheckReport:
