@@ -101,7 +101,7 @@ def merged_partials(rows: pd.DataFrame, codes: Codes, analysis, facts: list[dict
                           walked_stamped=rows["stamped"].to_numpy(bool)[walked],
                           walked_iteration=rows["iteration"].to_numpy(np.int64)[walked],
                           walked_ancestor=rows["ancestor"].to_numpy(np.int64)[walked],
-                          orphan=rows["orphan"].to_numpy(bool), trace=rows["trace_key"].to_numpy(np.uint64))
+                          orphan=rows["orphan"].to_numpy(bool))
     step = rows["step"].to_numpy(np.int64)
     heads = np.flatnonzero(part == "head")
     head_of = np.zeros(len(analysis.steps), np.int64)

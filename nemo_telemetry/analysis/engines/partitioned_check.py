@@ -258,6 +258,7 @@ class _View:
 
     facts: rules.RowFacts  # walked_ancestor in the dataset's name codes
     walked: np.ndarray  # mask of facts.walked
+    trace: np.ndarray
     span: np.ndarray
     parent: np.ndarray
     iteration: np.ndarray  # per row, as checks.Merged.iteration
@@ -295,9 +296,8 @@ def _view(table: pa.Table, shared: _Shared) -> _View:
             step[rows] = np.where(hit >= 0, index.values[np.maximum(hit, 0)], -1)
     rows = np.flatnonzero(walked)
     facts = rules.RowFacts(arrays=a, keep=keep, walked=rows, walked_stamped=stamped[rows],
-                           walked_iteration=attributed[rows], walked_ancestor=ancestor[rows], orphan=orphan,
-                           trace=trace)
-    return _View(facts, walked, span, parent, iteration, stamped, ancestor, step)
+                           walked_iteration=attributed[rows], walked_ancestor=ancestor[rows], orphan=orphan)
+    return _View(facts, walked, trace, span, parent, iteration, stamped, ancestor, step)
 
 
 def _rows(view: _View, rows: np.ndarray, **extra) -> pd.DataFrame:
@@ -309,7 +309,7 @@ def _rows(view: _View, rows: np.ndarray, **extra) -> pd.DataFrame:
         "category": _values(a.category[rows], a.categories), "own_iteration": a.iteration[rows],
         "has_iteration": a.has_iteration[rows], "iteration": view.iteration[rows], "stamped": view.stamped[rows],
         "ancestor": view.ancestor[rows], "orphan": view.facts.orphan[rows], "trace_id": _trace_ids(a, rows),
-        "span_key": view.span[rows], "trace_key": view.facts.trace[rows], "parent_key": view.parent[rows],
+        "span_key": view.span[rows], "trace_key": view.trace[rows], "parent_key": view.parent[rows],
         "step": view.step[rows], "walked": view.walked[rows]})
     for key, value in extra.items():
         frame[key] = value
@@ -377,7 +377,7 @@ def _collect(paths: list[str], shared: _Shared, steps: np.ndarray, traces: pd.Da
         wanted = pd.MultiIndex.from_frame(traces[["run", "trace"]]) if len(traces) else None
         member = np.zeros(len(a), bool)
         if wanted is not None:
-            member = view.facts.keep & (wanted.get_indexer(pd.MultiIndex.from_arrays([runs, view.facts.trace])) >= 0)
+            member = view.facts.keep & (wanted.get_indexer(pd.MultiIndex.from_arrays([runs, view.trace])) >= 0)
         out.append(pd.concat([_rows(view, np.flatnonzero(inside), part="overlap"),
                               _rows(view, np.flatnonzero(member), part="detached")], ignore_index=True))
     return out

@@ -235,7 +235,7 @@ def _unstamped(ctx: _Context) -> tuple[int, list[Finding]]:
 
 def _orphans(ctx: _Context) -> tuple[int, list[Finding]]:
     a, facts = ctx.arrays, ctx.merged.facts
-    return _per_group(ctx, "orphan-span", lambda rows: (a.run[rows], facts.trace[rows]), lambda key, members, more: (
+    return _per_group(ctx, "orphan-span", lambda rows: (a.run[rows], facts.trace_of(rows)), lambda key, members, more: (
         f"{len(members)} span(s) of this trace name a parent that is not in the data{more} (first: "
         f"{ctx.name(a.name[members[0]])!r}): include every process's dump file, and flush workers "
         "(flush_telemetry) before they exit"))
@@ -248,8 +248,8 @@ def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
     wanted = pd.MultiIndex.from_arrays([shown_traces["run"].to_numpy(np.int64),
                                         shown_traces["trace"].to_numpy(np.uint64)])
     rows = rows[wanted.get_indexer(pd.MultiIndex.from_arrays([a.run[rows].astype(np.int64),
-                                                              facts.trace[rows]])) >= 0] if len(rows) else rows
-    _, groups = _groups(rows, a.run[rows], facts.trace[rows])
+                                                              facts.trace_of(rows)])) >= 0] if len(rows) else rows
+    _, groups = _groups(rows, a.run[rows], facts.trace_of(rows))
     collector = np.concatenate([group_name_codes(a.names, g) for g in ("rollout", "efficiency")])
     out = []
     for (run, _), members in groups:
@@ -430,13 +430,13 @@ def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: tuple) -> M
     facts = RowFacts(arrays=a, keep=analysis.keep, walked=analysis.walked, walked_stamped=analysis.walked_stamped,
                      walked_iteration=analysis.walked_iteration,
                      walked_ancestor=np.where(ancestor >= 0, a.name[np.maximum(ancestor, 0)], -1),
-                     orphan=a.orphan, trace=a.trace_keys)
+                     orphan=a.orphan)
     inside = analysis.bucketed_step >= 0
     rows, step = analysis.bucketed[inside], analysis.bucketed_step[inside]
     clusters, deep = overlap_partial(a.start[rows], a.end[rows], step, rows, tolerance_ns)
     anchors = anchor_rows(a, analysis.keep)
     anchored_runs = np.unique(a.run[anchors])
-    loose, counts = detached_partial(facts, np.unique(a.trace_keys[anchors]), anchored_runs)
+    loose, counts = detached_partial(facts, np.unique(facts.trace_of(anchors)), anchored_runs)
     first_anchor = {int(r): int(anchors[a.run[anchors] == r][0]) for r in anchored_runs}
     return Merged(facts=facts, offenders=offenders(facts), steps=analysis.steps,
                   table=analysis.table, overlapping=overlapping_steps([clusters]), deep=overlapping_steps([deep]),

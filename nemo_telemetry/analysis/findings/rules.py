@@ -28,10 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX
 from nemo_telemetry.analysis.model._arrays import (
-    NO_BUCKET, UNKNOWN_BUCKET, SpanArrays, code_mask, codes_matching, isin_sorted,
+    NO_BUCKET, UNKNOWN_BUCKET, SpanArrays, code_mask, codes_matching,
 )
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
@@ -65,7 +67,16 @@ class RowFacts:
     walked_iteration: np.ndarray  # that iteration (meaningful where stamped)
     walked_ancestor: np.ndarray  # name code of the nearest row with an rl.bucket above, -1: none
     orphan: np.ndarray  # mask: names a parent found in no batch
-    trace: np.ndarray  # uint64 trace key of every row
+
+    def trace_of(self, rows: np.ndarray) -> np.ndarray:
+        """The uint64 trace key of each of ``rows`` (taken from the batch, never decoded whole)."""
+        taken = self.arrays.table.column("trace_key").take(pa.array(rows, pa.int64()))
+        return pc.fill_null(taken, 0).to_numpy().astype(np.uint64, copy=False)
+
+    def in_traces(self, traces: np.ndarray) -> np.ndarray:
+        """Mask of the rows whose trace key is one of ``traces``."""
+        found = pc.is_in(self.arrays.table.column("trace_key"), value_set=pa.array(traces, pa.uint64()))
+        return found.to_numpy(zero_copy_only=False) if len(self.arrays) else np.zeros(0, bool)
 
     def iteration_of(self, rows: np.ndarray) -> np.ndarray:
         """Each row's iteration: attributed where walked, else its own; -1 where none."""
@@ -181,12 +192,12 @@ def detached_partial(facts: RowFacts, anchored_traces: np.ndarray, anchored_runs
     many rows it holds and how many are not a root, or are a root by design (startup, model load)."""
     a = facts.arrays
     loose = facts.keep & code_mask(a.run, anchored_runs, len(a.runs))
-    loose &= ~isin_sorted(facts.trace, anchored_traces)  # over every row: cheaper than gathering the run's rows
+    loose &= ~facts.in_traces(anchored_traces)
     rows = np.flatnonzero(loose)
     standalone = code_mask(a.name[rows], np.concatenate([group_name_codes(a.names, g) for g in STANDALONE_GROUPS]),
                            len(a.names))
     designed = (a.has_parent[rows] & ~facts.orphan[rows]) | standalone
-    frame = pd.DataFrame({"run": a.run[rows], "trace": facts.trace[rows], "designed": designed})
+    frame = pd.DataFrame({"run": a.run[rows], "trace": facts.trace_of(rows), "designed": designed})
     counts = frame.groupby(["run", "trace"], sort=False).agg(rows=("designed", "size"),
                                                              designed=("designed", "sum")).reset_index()
     return rows, counts

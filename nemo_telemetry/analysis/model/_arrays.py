@@ -480,7 +480,7 @@ def _missing_parents(ordered: np.ndarray, own: np.ndarray, packed: np.ndarray, h
 
 
 def key_index(table: pa.Table, *, sort: bool = True) -> dict:
-    """The mixed id keys, the sorted span index, the trace keys and which spans name a parent,
+    """The mixed id keys, the sorted span index and which spans name a parent,
     of a table that already has its key columns (for :meth:`SpanArrays.adopt_index`).
 
     Independent of the other columns, so a caller can build it in a second thread while
@@ -507,7 +507,7 @@ def sort_index(index: dict) -> dict:
 def _build_index(blocks, n: int, has_parent: np.ndarray | None) -> dict:
     """:func:`key_index` from (span, trace, parent) key blocks in row order; ``has_parent``
     None: a span has a parent when its parent key is not 0."""
-    own, wanted, trace = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.uint64)
+    own, wanted = np.empty(n, np.uint64), np.empty(n, np.uint64)
     packed = np.empty(n, np.uint64)
     named = np.empty(n, dtype=bool) if has_parent is None else has_parent
     bits = max(1, (n - 1).bit_length())
@@ -518,14 +518,12 @@ def _build_index(blocks, n: int, has_parent: np.ndarray | None) -> dict:
             at = slice(start + lo, start + min(lo + _BLOCK_ROWS, len(span_key)))
             block = slice(lo, lo + _BLOCK_ROWS)
             _mix_into(span_key[block], trace_key[block], parent_key[block], own[at], wanted[at])
-            trace[at] = trace_key[block]
             if has_parent is None:
                 np.not_equal(parent_key[block], 0, out=named[at])
             np.bitwise_and(own[at], high, out=packed[at])  # row number in the low bits
             packed[at] |= np.arange(at.start, at.stop, dtype=np.uint64)
         start += len(span_key)
-    return {"_mixed": (own, wanted), "_sorted_spans": (own, packed, bits), "trace_keys": trace,
-            "has_parent": named}
+    return {"_mixed": (own, wanted), "_sorted_spans": (own, packed, bits), "has_parent": named}
 
 
 def index_parents(index: dict) -> np.ndarray:
