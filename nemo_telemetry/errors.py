@@ -10,9 +10,12 @@ Kept free of heavy imports so :mod:`nemo_telemetry.instrument` can raise them ch
      ├── ListenError      a receiver that cannot bind its address
      ├── WaterfallError   a waterfall or critical path asked for a run, trace or step not there
      ├── LintError        a path given to lint that does not exist, or a file that does not parse
-     └── DemoError        a demo asked for a bad mode, step count or output directory
+     ├── DemoError        a demo asked for a bad mode, step count or output directory
+     └── MonitorError     a monitor asked for a bad source, threshold or period
 
     IncompleteDatasetWarning  (a UserWarning) a dataset an ingest began writing and did not finish
+    IngestWarning             (a UserWarning) records rejected while raw files were read on the fly
+    CompiledPathWarning       (a UserWarning) the compiled kernels compile first, or one fell back
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ __all__ = [
     "WaterfallError",
     "LintError",
     "DemoError",
+    "MonitorError",
     "IncompleteDatasetWarning",
+    "IngestWarning",
+    "CompiledPathWarning",
 ]
 
 
@@ -81,9 +87,17 @@ class DemoError(NemoTelemetryError, ValueError):
     """The demo was asked for something it cannot run (a bad mode, step count or output directory)."""
 
 
+class MonitorError(NemoTelemetryError, ValueError):
+    """A monitor was asked for something it cannot do (no source or two, a bad threshold or period)."""
+
+
 class IncompleteDatasetWarning(UserWarning):
     """A dataset is read whose ingest began and did not finish: the spans of that ingest are
     not in it. The message names the ingest's inputs and the command that finishes it."""
+
+
+class IngestWarning(UserWarning):
+    """Records were rejected while reading raw files on the fly (details in the message)."""
 
 
 class CompiledPathWarning(UserWarning):

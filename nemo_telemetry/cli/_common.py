@@ -1,5 +1,7 @@
 """Helpers every command shares: one console, library errors and OS errors turned into one line
-and exit code 2, our warnings as one line each on stderr."""
+and exit code 2, our warnings as one line each on stderr.
+
+rich is imported when a command first prints, so that ``--help`` does not pay for it."""
 
 from __future__ import annotations
 
@@ -9,14 +11,15 @@ import json
 import os
 import sys
 import warnings
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from nemo_telemetry.analysis import CompiledPathWarning, IncompleteDatasetWarning, IngestWarning
 from nemo_telemetry.errors import NemoTelemetryError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -25,6 +28,8 @@ EXIT_USAGE = 2
 
 def console(*, stderr: bool = False, width: int | None = None) -> Console:
     """A console for one command; stdout unless told otherwise; the terminal's width unless given."""
+    from rich.console import Console  # noqa: PLC0415 (only a command that prints loads rich)
+
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
@@ -35,6 +40,8 @@ def print_json(payload: Any) -> None:
 
 def fail(message: str, code: int = EXIT_USAGE) -> "typer.Exit":
     """Print an error on stderr and return the Exit to raise."""
+    from rich.markup import escape  # noqa: PLC0415
+
     # soft_wrap: an error is one line a user can grep, not a paragraph wrapped at the terminal width
     console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
@@ -54,6 +61,8 @@ _OS_ERROR_HINTS = {
 
 def warn_line(message: str) -> None:
     """One warning on stderr, one line a user can grep."""
+    from rich.markup import escape  # noqa: PLC0415
+
     console(stderr=True).print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
 
 

@@ -24,6 +24,7 @@ from nemo_telemetry.cli import demo_cmds  # noqa: E402,F401
 from nemo_telemetry.cli import goodput_cmds  # noqa: E402,F401
 from nemo_telemetry.cli import ingest_cmds  # noqa: E402,F401
 from nemo_telemetry.cli import lint_cmds  # noqa: E402,F401
+from nemo_telemetry.cli import monitor_cmds  # noqa: E402,F401
 from nemo_telemetry.cli import registry_cmds  # noqa: E402,F401
 from nemo_telemetry.cli import waterfall_cmds  # noqa: E402,F401
 

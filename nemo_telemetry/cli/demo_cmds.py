@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 
 from nemo_telemetry.cli._common import EXIT_FINDINGS, console, library_errors
 from nemo_telemetry.cli.app import app
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEFAULT_OUT = Path("demo-out")
 

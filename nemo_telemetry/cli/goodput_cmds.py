@@ -6,16 +6,18 @@ import csv
 import re
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
-from rich.measure import Measurement
 
-from nemo_telemetry.analysis import (GOODPUT_COLUMNS, STEP_COLUMNS, RunGoodput, check_with_engine, goodput_document,
-                                     goodput_with_engine, read_for_analysis, run_goodput)
 from nemo_telemetry.cli._common import EXIT_FINDINGS, console, fail, library_errors, print_json
 from nemo_telemetry.cli.app import app
-from nemo_telemetry.cli.render import bar_width_for, render_report, render_run
+
+if TYPE_CHECKING:
+    from nemo_telemetry.analysis import RunGoodput
+
+# The analysis and the renderings (numpy, pyarrow, rich) are imported inside each command, so
+# that defining the commands, and so `--help`, loads none of them.
 
 _SOURCE_HELP = "A dataset directory (from `ingest`) or OTLP dump files."
 _ENGINE_HELP = ("local: this process (streams a dataset larger than memory); ray: Ray tasks on the cluster "
@@ -46,6 +48,10 @@ def goodput_command(
         raise fail(f"--by {by}: choose step or rank")
     if plot is not None and plot.suffix.lower() not in (".png", ".html"):
         raise fail(f"--plot {plot}: the file name must end in .png or .html")
+    from nemo_telemetry.analysis import (GOODPUT_COLUMNS, goodput_document, goodput_with_engine,  # noqa: PLC0415
+                                         read_for_analysis, run_goodput)
+    from nemo_telemetry.cli.render import bar_width_for, render_run  # noqa: PLC0415
+
     with library_errors():
         runs = goodput_with_engine(source, engine=engine, run_id=run, by=by)
         base = run_goodput(read_for_analysis(baseline, columns=GOODPUT_COLUMNS)) if baseline is not None else ()
@@ -74,10 +80,14 @@ def goodput_command(
 
 def _natural_width(out, renderable) -> int:
     """The width ``renderable`` takes when nothing has to be shortened."""
+    from rich.measure import Measurement  # noqa: PLC0415
+
     return Measurement.get(out, out.options.update(width=10_000), renderable).maximum
 
 
 def _write_csv(runs: tuple[RunGoodput, ...], by: str) -> None:
+    from nemo_telemetry.analysis import STEP_COLUMNS  # noqa: PLC0415
+
     writer = csv.writer(sys.stdout, lineterminator="\n")
     tables = [r.ranks if by == "rank" else r.steps for r in runs]
     columns = tables[0].column_names if tables else list(STEP_COLUMNS)
@@ -113,6 +123,9 @@ def check_command(
     if tolerance_s is None:
         raise fail(f"--overlap-tolerance {overlap_tolerance}: give a duration >= 0 such as 1ms, 500us or 0.002 "
                    "(seconds)")
+    from nemo_telemetry.analysis import check_with_engine  # noqa: PLC0415
+    from nemo_telemetry.cli.render import render_report  # noqa: PLC0415
+
     with library_errors():
         report = check_with_engine(source, engine=engine, run_id=run, unattributed_threshold=unattributed_threshold,
                                    overlap_tolerance_s=tolerance_s)

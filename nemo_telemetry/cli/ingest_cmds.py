@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
-from rich.text import Text
 
-from nemo_telemetry.analysis import (FORMATS, CollectorServer, CollectSummary, IngestSummary, dump_files,
-                                     ingest_with_engine, kernels_compiling, run_collector, warm_up_kernels)
+from nemo_telemetry.analysis import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, FORMATS
 from nemo_telemetry.cli._common import console, fail, library_errors, print_json
 from nemo_telemetry.cli.app import app
 from nemo_telemetry.errors import ListenError
+
+if TYPE_CHECKING:
+    from nemo_telemetry.analysis import CollectorServer, CollectSummary, IngestSummary
+
+# The ingest, the receiver and rich are imported inside each command, so that defining the
+# commands, and so `--help`, loads none of them.
 
 _WARNINGS_SHOWN = 20
 
@@ -36,6 +38,8 @@ def ingest(
 
     Example: nemo-telemetry ingest otel-dumps/ --out run.dataset
     """
+    from nemo_telemetry.analysis import dump_files, ingest_with_engine  # noqa: PLC0415
+
     with library_errors():
         total = sum(path.stat().st_size for path in dump_files(inputs))
         if quiet or as_json:
@@ -50,13 +54,17 @@ def ingest(
 
 def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], total: int,
                           engine: str = "local") -> IngestSummary:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    from nemo_telemetry.analysis import ingest_with_engine  # noqa: PLC0415
+
     columns = (
         TextColumn("[bold]ingest"),
         BarColumn(),
         DownloadColumn(),
         TextColumn("{task.fields[spans]:,} spans"),
         TimeElapsedColumn(),
-        _CompilingColumn(),
+        _compiling_column(),
     )
     with Progress(*columns, console=console(stderr=True), transient=True) as progress:
         task = progress.add_task("ingest", total=total or None, spans=0)
@@ -67,15 +75,24 @@ def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], tot
         return ingest_with_engine(inputs, out=out, engine=engine, format=fmt, progress=update)
 
 
-class _CompilingColumn(ProgressColumn):
-    """Says so while the compiled kernels compile (no bytes move meanwhile); rendered on rich's
-    refresh thread, so it shows during the compilation itself."""
+def _compiling_column():
+    """A progress column that says so while the compiled kernels compile (no bytes move
+    meanwhile); rendered on rich's refresh thread, so it shows during the compilation itself."""
+    from rich.progress import ProgressColumn  # noqa: PLC0415
+    from rich.text import Text  # noqa: PLC0415
 
-    def render(self, task) -> Text:
-        return Text("compiling the ingest kernels (once)", style="yellow") if kernels_compiling() else Text("")
+    from nemo_telemetry.analysis import kernels_compiling  # noqa: PLC0415
+
+    class CompilingColumn(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text("compiling the ingest kernels (once)", style="yellow") if kernels_compiling() else Text("")
+
+    return CompilingColumn()
 
 
 def _print_summary(summary: IngestSummary, out: Path) -> None:
+    from rich.table import Table  # noqa: PLC0415
+
     table = Table(title=f"ingested into {out}", show_header=False)
     table.add_column("what")
     table.add_column("count", justify="right")
@@ -102,9 +119,9 @@ def collect(
     port: int = typer.Option(4318, "--port", "-p", help="Port (4318 is OTLP/HTTP's); 0 picks a free one."),
     max_request_mib: float = typer.Option(64.0, "--max-request-mib", help="Larger requests (a Content-Length, "
                                           "chunked or inflated gzip body) get 413."),
-    max_connections: int = typer.Option(CollectorServer.max_connections, "--max-connections",
+    max_connections: int = typer.Option(DEFAULT_MAX_CONNECTIONS, "--max-connections",
                                         help="Concurrent connections served; more get 503 with Retry-After."),
-    read_timeout_s: float = typer.Option(CollectorServer.read_timeout_s, "--read-timeout-s",
+    read_timeout_s: float = typer.Option(DEFAULT_READ_TIMEOUT_S, "--read-timeout-s",
                                          help="A connection silent this long is closed (idle keep-alive, or "
                                               "408 inside a request)."),
 ) -> None:
@@ -121,6 +138,8 @@ def collect(
     """
     if max_request_mib <= 0 or max_connections <= 0 or read_timeout_s <= 0:
         raise fail("--max-request-mib, --max-connections and --read-timeout-s must be positive")
+    from nemo_telemetry.analysis import run_collector  # noqa: PLC0415
+
     err = console(stderr=True)
 
     def ready(server: CollectorServer) -> None:
@@ -141,6 +160,8 @@ def collect(
 
 
 def _print_collect_summary(summary: CollectSummary, out: Path) -> None:
+    from rich.table import Table  # noqa: PLC0415
+
     table = Table(title=f"collected into {out}", show_header=False)
     table.add_column("what")
     table.add_column("count", justify="right")
@@ -160,6 +181,8 @@ def warmup() -> None:
 
     Example (Dockerfile): RUN NEMO_TELEMETRY_KERNEL_CACHE_DIR=/opt/kernels nemo-telemetry warmup
     """
+    from nemo_telemetry.analysis import warm_up_kernels  # noqa: PLC0415
+
     with library_errors():
         result = warm_up_kernels()
     out = console()

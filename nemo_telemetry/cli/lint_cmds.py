@@ -8,7 +8,6 @@ from typing import List
 
 import typer
 
-from nemo_telemetry.analysis import lint_paths
 from nemo_telemetry.cli._common import EXIT_FINDINGS, console, library_errors, print_json
 from nemo_telemetry.cli.app import app
 
@@ -32,6 +31,8 @@ def lint(
 
     Example: nemo-telemetry lint src/ --format json
     """
+    from nemo_telemetry.analysis import lint_paths  # noqa: PLC0415
+
     with library_errors():
         findings = lint_paths(paths)
     if output_format is LintFormat.json:

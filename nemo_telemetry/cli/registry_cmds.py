@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
-from rich.table import Table
 
 from nemo_telemetry.cli._common import EXIT_USAGE, console, fail, library_errors, print_json
 from nemo_telemetry.cli.app import app
 from nemo_telemetry.instrument import REGISTRY, TelemetryConfig
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 DRIVER_NAMESPACE = TelemetryConfig().namespace
 ALL_NAMESPACES = "all"
@@ -65,6 +67,8 @@ _BUCKET_STYLE = {"productive": "green", "overhead": "yellow", "idle": "blue", "w
 
 
 def _groups_table(title: str, names: list[str]) -> Table:
+    from rich.table import Table  # noqa: PLC0415
+
     catalogue = {info.name: info for info in REGISTRY.catalogue()}
     table = Table(title=title, show_lines=False)
     for column in ("group", "bucket", "presets", "spans", "what it covers"):

@@ -20,7 +20,7 @@ from nemo_telemetry.analysis import BUCKETS, SEVERITIES, CheckReport, RunGoodput
 
 __all__ = ["BUCKET_STYLES", "UNATTRIBUTED_STYLE", "UNBUCKETED_STYLE", "SEVERITY_STYLES", "CRITICAL_MARK", "BAR_WIDTH",
            "NO_STEPS_NOTE", "step_bar", "bar_width_for", "render_run", "render_report", "format_duration",
-           "render_waterfall", "print_waterfall"]
+           "render_waterfall", "print_waterfall", "render_monitor"]
 
 BUCKET_STYLES = {"productive": "green", "overhead": "yellow", "idle": "blue", "wasted": "red"}
 UNATTRIBUTED_STYLE = "grey50"
@@ -379,3 +379,31 @@ def print_waterfall(shown: Waterfall, out: Console) -> None:
     """Render ``shown`` on ``out`` (notebooks and benchmarks use this too); long lines are
     left to the terminal rather than wrapped mid-row."""
     out.print(render_waterfall(shown, width=out.width), soft_wrap=True)
+
+
+def render_monitor(view, *, bar_width: int = BAR_WIDTH) -> Group:
+    """``monitor``'s live view: per run its last steps with bars, run and rolling goodput; the newest
+    findings; spans received and their rate."""
+    parts: list = []
+    for run in view.runs:
+        table = Table(title=f"run {run.run_id}: {run.steps} steps, goodput {_pct(run.total['goodput'])}, "
+                            f"last {run.rolling_steps} steps {_pct(run.rolling_goodput)}",
+                      title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+        for name in ("step", "wall", *BUCKETS, "unattr", "goodput"):
+            table.add_column(_HEADERS.get(name, name), justify="right", style=BUCKET_STYLES.get(name), no_wrap=True)
+        table.add_column("", no_wrap=True, overflow="crop")
+        steps = view.recent.get(run.run_id, [])
+        longest = max([s.figures["wall_s"] for s in steps] or [0.0])
+        for step in steps:
+            f = step.figures
+            table.add_row(str(step.iteration), _fmt(f["wall_s"]), *(_fmt(f[f"{b}_s"]) for b in BUCKETS),
+                          _fmt(f["unattributed_s"]), _pct(f["goodput"]), step_bar(f, longest, bar_width))
+        parts.append(table)
+    if not view.runs:
+        parts.append(Text("waiting for the first step ...", style=UNATTRIBUTED_STYLE))
+    for finding in view.findings:
+        parts.append(Text(f"{finding.severity} {finding.code}: {finding.message}",
+                          style=SEVERITY_STYLES.get(finding.severity, "")))
+    parts.append(Text(f"{view.spans} spans received, {view.spans_per_s:.0f}/s; {view.pending_spans} waiting "
+                      "for an ancestor", style=UNATTRIBUTED_STYLE))
+    return Group(*parts)

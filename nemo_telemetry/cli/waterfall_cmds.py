@@ -8,11 +8,12 @@ from typing import Optional
 
 import typer
 
-from nemo_telemetry.analysis import (DEFAULT_COLLAPSE_THRESHOLD, read_logs, read_spans, to_chrome_trace, to_html,
-                                     waterfall)
+from nemo_telemetry.analysis import DEFAULT_COLLAPSE_THRESHOLD
 from nemo_telemetry.cli._common import console, fail, library_errors
 from nemo_telemetry.cli.app import app
-from nemo_telemetry.cli.render import print_waterfall
+
+# The analysis and the renderings (numpy, pyarrow, rich) are imported inside the command, so that
+# defining it, and so `--help`, loads none of them.
 
 _UNITS_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000,
              "m": 60_000_000_000, "min": 60_000_000_000, "h": 3_600_000_000_000}
@@ -41,6 +42,9 @@ def waterfall_command(
     min_ns = parse_duration(min_duration)
     if export is not None and export.suffix.lower() not in (".json", ".html"):
         raise fail(f"--export {export}: the file name must end in .json (Perfetto) or .html (browser view)")
+    from nemo_telemetry.analysis import read_spans, waterfall  # noqa: PLC0415
+    from nemo_telemetry.cli.render import print_waterfall  # noqa: PLC0415
+
     with library_errors():
         spans = read_spans(source)
         if export is not None:
@@ -52,6 +56,8 @@ def waterfall_command(
 
 
 def _export(spans, path: Path, *, run, trace, step, source) -> None:
+    from nemo_telemetry.analysis import read_logs, to_chrome_trace, to_html  # noqa: PLC0415
+
     if path.suffix.lower() == ".json":
         import json  # noqa: PLC0415
 

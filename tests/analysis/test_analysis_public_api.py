@@ -22,6 +22,10 @@ PINNED = {
 PINNED |= {"ENGINES", "goodput_with_engine", "check_with_engine", "ingest_with_engine", "read_for_analysis",
            "GOODPUT_COLUMNS", "SEVERITIES", "BUCKETS", "STEP_COLUMNS", "FORMATS", "dump_files", "lint_paths",
            "DEFAULT_COLLAPSE_THRESHOLD", "write_goodput_plot", "UnknownRunError", "LintError"}
+# the receiver's bounds `collect --help` shows, from the light module the CLI's options are defined with
+PINNED |= {"DEFAULT_MAX_CONNECTIONS", "DEFAULT_READ_TIMEOUT_S"}
+PINNED |= {"run_monitor", "MonitorState", "MonitorSummary", "MonitorView", "StepRecord", "RunStatus", "Alert",
+           "DumpFollower", "FollowCounts", "MONITOR_SERIES", "MonitorError"}
 
 CLI = Path(analysis.__file__).resolve().parent.parent / "cli"
 

@@ -32,8 +32,10 @@ def tables(tmp_path_factory) -> OtlpTables:
 
 
 def _batch(loaded, start: int, stop: int) -> OtlpTables:
-    spans = loaded.spans.slice(start, stop - start)
-    return OtlpTables(spans, dataset._owned_by(loaded.events, spans), dataset._owned_by(loaded.links, spans))
+    """Spans ``start:stop`` with their events and links."""
+    mask = np.zeros(loaded.spans.num_rows, dtype=bool)
+    mask[start:stop] = True
+    return OtlpTables(loaded.spans, loaded.events, loaded.links).keep_spans(mask)
 
 
 def _ids(spans: pa.Table) -> list:

@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from nemo_telemetry.analysis import ingest, load_traces
-from nemo_telemetry.analysis.ingestion._otlp_json import MAX_VALUE_DEPTH
+from nemo_telemetry.analysis.ingestion.anyvalue import MAX_VALUE_DEPTH
 from nemo_telemetry.analysis.ingestion._otlp_json_fast import LINE_FALLBACK, decode_json_lines
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_json_lines, write_length_prefixed
 

@@ -33,7 +33,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from nemo_telemetry.analysis import load_traces
-from nemo_telemetry.analysis.ingestion._otlp_json import MAX_VALUE_DEPTH
+from nemo_telemetry.analysis.ingestion.anyvalue import MAX_VALUE_DEPTH
 from nemo_telemetry.analysis.synthetic import to_protobuf
 from nemo_telemetry.errors import IngestError
 

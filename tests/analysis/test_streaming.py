@@ -13,7 +13,7 @@ import pytest
 
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
 from nemo_telemetry.analysis.store.dataset import DatasetWriter
-from nemo_telemetry.analysis.goodput.steps import run_goodput
+from nemo_telemetry.analysis.goodput.steps import analyse, goodput_document, run_goodput
 from nemo_telemetry.analysis.ingestion.ingest import read_spans
 from nemo_telemetry.analysis.model.records import spans_table
 from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
@@ -129,6 +129,7 @@ def test_the_scenario_exercises_what_the_engine_must_merge(scenario):
     assert a.outside_steps["unstamped_spans"] == 4  # 2 unstamped roots + 2 orphans
     assert a.outside_steps["iterations"] == [0, 13]
     assert a.steps.column("double_counted_s").to_pylist()[2] > 0
+    assert a.outliers and a.job_wall_s is not None  # the later second step spans stretch a few windows
     # the micro-batches walked two levels up across ranks: productive time is more than the driver's phases
     assert min(a.steps.column("productive_s").to_pylist()) > 11.0
     parts = {p.parent.relative_to(scenario / "spans").as_posix() for p in (scenario / "spans").rglob("*.parquet")}
@@ -139,6 +140,27 @@ def test_the_scenario_exercises_what_the_engine_must_merge(scenario):
 def test_streaming_equals_in_memory_whatever_the_batch(scenario, batch_rows):
     expected = as_plain(run_goodput(read_spans(scenario)))
     assert as_plain(stream_goodput(scenario, batch_rows=batch_rows)) == expected
+
+
+@pytest.mark.parametrize("run_id", [None, "run-a"])
+def test_reading_only_goodputs_rows_equals_decoding_the_whole_table(scenario, run_id):
+    # by step decodes only bucketed, step and job spans (walking through the rest when it must);
+    # by rank and the findings' analyse decode every span: the rules must give them the same numbers
+    spans = read_spans(scenario)
+    by_rank = run_goodput(spans, run_id=run_id, by="rank")
+    assert as_plain(run_goodput(spans, run_id=run_id)) == as_plain(by_rank)
+    table = analyse(spans, run_id=run_id).table
+    steps = pa.concat_tables([r.steps for r in by_rank])
+    assert table["productive_s"].tolist() == steps.column("productive_s").to_pylist()
+    assert table["covered_s"].tolist() == steps.column("covered_s").to_pylist()
+
+
+@pytest.mark.parametrize("batch_rows", [5, 64])
+@pytest.mark.parametrize("run_id", [None, "run-b"])
+def test_streaming_by_rank_gives_the_in_memory_json(scenario, batch_rows, run_id):
+    expected = goodput_document(run_goodput(read_spans(scenario), run_id=run_id, by="rank"))
+    assert all(run["ranks"] for run in expected["runs"])
+    assert goodput_document(stream_goodput(scenario, run_id=run_id, batch_rows=batch_rows, by="rank")) == expected
 
 
 def test_streaming_one_run(scenario):
@@ -166,7 +188,7 @@ def test_local_engine_streams_when_the_dataset_is_over_the_memory_budget(scenari
     assert as_plain(goodput_with_engine(scenario, engine="local", memory_budget=1)) == expected
     assert len(calls) == 1
     by_rank = goodput_with_engine(scenario, engine="local", by="rank", memory_budget=1)
-    assert all(r.ranks is not None for r in by_rank)  # per rank is in memory only, whatever the size
+    assert len(calls) == 2 and all(r.ranks is not None for r in by_rank)  # per rank streams too
 
 
 def test_unknown_engine_is_a_typed_error(scenario):

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from nemo_telemetry.analysis.model._arrays import read_for_analysis
 from nemo_telemetry.analysis.findings.checks import check_run
-from nemo_telemetry.analysis.goodput.steps import run_goodput
+from nemo_telemetry.analysis.goodput.steps import goodput_document, run_goodput
 from nemo_telemetry.analysis.ingestion.ingest import ingest, read_spans
 from nemo_telemetry.analysis.synthetic import synthetic_requests, write_json_lines
 from nemo_telemetry.cli.app import app
@@ -49,6 +49,8 @@ def test_ray_goodput_equals_local(ray_cluster, scenario):
     assert scenario_tools.as_plain(ray_goodput(scenario)) == expected
     one_run = scenario_tools.as_plain(run_goodput(read_spans(scenario), run_id="run-b"))
     assert scenario_tools.as_plain(ray_goodput(scenario, run_id="run-b")) == one_run
+    by_rank = goodput_document(run_goodput(read_spans(scenario), by="rank"))
+    assert goodput_document(ray_goodput(scenario, by="rank")) == by_rank
 
 
 def test_ray_engine_reads_the_committed_state_of_an_incomplete_dataset_and_warns(ray_cluster, scenario, tmp_path):

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from nemo_telemetry.analysis.choices import ENGINES
 from nemo_telemetry.analysis.goodput import steps as _goodput
-from nemo_telemetry.analysis.model._arrays import GOODPUT_COLUMNS as GOODPUT_READ_COLUMNS
-from nemo_telemetry.analysis.model._arrays import read_for_analysis
+from nemo_telemetry.analysis.goodput.rules import check_by
+from nemo_telemetry.analysis.model._arrays import GOODPUT_COLUMNS, STEP_GOODPUT_COLUMNS, read_for_analysis
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.store.sources import single_dataset
 from nemo_telemetry.analysis.goodput.partials import stream_goodput
@@ -22,7 +23,6 @@ from nemo_telemetry.errors import NemoTelemetryError
 
 __all__ = ["ENGINES", "goodput_with_engine", "check_with_engine", "ingest_with_engine"]
 
-ENGINES = ("local", "ray")
 _IN_MEMORY_BYTES_PER_SPAN = 200  # decoded goodput columns plus the arrays built from them, measured
 
 
@@ -57,7 +57,8 @@ def goodput_with_engine(source, *, engine: str = "local", run_id: str | None = N
 
     ``local`` works in memory, or streams the dataset a batch at a time when its goodput
     columns would take more than ``memory_budget`` bytes (default: a quarter of the memory
-    available); ``ray`` runs Ray tasks over the dataset's files. ``by="rank"`` is in memory only.
+    available); ``ray`` runs Ray tasks over the dataset's files. ``by="rank"`` reads the dataset once
+    more on the streaming and Ray engines (the rank partials).
     """
     _check_engine(engine)
     from nemo_telemetry.analysis.ingestion.metrics import with_step_metrics
@@ -68,17 +69,17 @@ def goodput_with_engine(source, *, engine: str = "local", run_id: str | None = N
 
 def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
                        memory_budget: int | None) -> tuple[_goodput.RunGoodput, ...]:
+    check_by(by)
     if engine == "ray":
-        if by != "step":
-            raise NemoTelemetryError(f"--by {by} runs on the local engine only; drop --engine ray")
         from nemo_telemetry.analysis.engines.ray_engine import ray_goodput
 
-        return ray_goodput(_dataset_for(source, engine), run_id=run_id)
+        return ray_goodput(_dataset_for(source, engine), run_id=run_id, by=by)
     root = single_dataset(source)
     budget = _memory_budget() if memory_budget is None else memory_budget
-    if by == "step" and root is not None and _dataset_rows(root) * _IN_MEMORY_BYTES_PER_SPAN > budget:
-        return stream_goodput(root, run_id=run_id)
-    return _goodput.run_goodput(read_for_analysis(source, columns=GOODPUT_READ_COLUMNS), run_id=run_id, by=by)
+    if root is not None and _dataset_rows(root) * _IN_MEMORY_BYTES_PER_SPAN > budget:
+        return stream_goodput(root, run_id=run_id, by=by)
+    columns = STEP_GOODPUT_COLUMNS if by == "step" else GOODPUT_COLUMNS
+    return _goodput.run_goodput(read_for_analysis(source, columns=columns), run_id=run_id, by=by)
 
 
 def check_with_engine(source, *, engine: str = "local", **options):

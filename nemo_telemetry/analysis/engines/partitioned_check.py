@@ -39,7 +39,7 @@ from nemo_telemetry.analysis.engines.check_rows import (
     NO_RUN, SPAN_FLAGS, Codes, in_dataset_order, merged_partials, step_heads,
 )
 from nemo_telemetry.analysis.findings import checks, rules
-from nemo_telemetry.analysis.goodput import steps as _goodput
+from nemo_telemetry.analysis.goodput.rules import step_windows
 from nemo_telemetry.analysis.goodput import partials as streaming
 from nemo_telemetry.analysis.model._arrays import (
     NO_BUCKET, READ_COLUMNS, SpanArrays, pairs_present, read_span_files, resource_pairs, span_arrays,
@@ -110,7 +110,7 @@ def _facts_of(table: pa.Table, run_id: str | None) -> dict:
     a = span_arrays(table)
     keep = _keep(a, run_id)
     trace, span, parent = _u64(table, "trace_key"), _u64(table, "span_key"), _u64(table, "parent_key")
-    steps = _goodput._step_windows(a, keep)
+    steps = step_windows(a, keep)
     heads = steps.row
     walked = np.flatnonzero((a.bucket != NO_BUCKET) & keep)
     walks = walked[(parent[walked] != 0) & (parent[walked] != span[walked])]

@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from nemo_telemetry.analysis.choices import SEVERITIES
 from nemo_telemetry.errors import NemoTelemetryError
 
 __all__ = ["SEVERITIES", "FINDING_CODES", "DEFAULT_OVERLAP_TOLERANCE_S", "Finding", "CheckReport", "report",
            "overlap_tolerance_ns"]
 
-SEVERITIES = ("error", "warning", "info")
 FINDING_CODES: dict[str, str] = {  # code -> severity (missing-group-spans is info for a known gap)
     "bucketed-overlap": "error",
     "nested-bucket": "error",

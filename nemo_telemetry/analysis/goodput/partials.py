@@ -1,22 +1,19 @@
 """Goodput over a dataset larger than memory: batches in, small partial aggregates out, merged.
 
-The per-step semantics are goodput.py's; this module only splits them into steps that each
-see one batch of rows at a time, so that any engine that can map a function over the batches
-of the Parquet dataset (this module's local loop, or Ray tasks in :mod:`engine_ray`) gets the
-same numbers as :func:`goodput.run_goodput` on the whole table:
+The rules are :mod:`goodput.rules`' (partial -> merge -> finish, re-exported here); this module
+schedules them over the batches of the Parquet dataset, through any engine that can map a
+function over them (this module's local loop, or Ray tasks in :mod:`engines.ray_engine`), and
+gets the numbers :func:`goodput.steps.run_goodput` gives on the whole table:
 
 1. *Attribution.* A bucketed span without its own ``rl.iteration`` takes its nearest stamped
    ancestor's, and its parent may be in another partition (another rank's process). The walk
-   is done over a compact edge table: the walk starts (unstamped bucketed spans) are collected
-   first, each climbed as far as its own batch holds the tree; then each round looks up the
-   pending ancestors in every batch (a semi-join on ``trace_key``/``span_key``) and climbs
-   again, so the rounds count the walks' hops between batches, not the tree's levels.
-2. *Partials.* Each batch gives, per (run, iteration): the step window (min start, max end of
-   its step spans), per-bucket duration sums in integer nanoseconds, and the union of its
-   bucketed intervals (touching intervals coalesced; only the union's length is ever used);
-   per run, the job spans' bounds. All of it merges by min / max / sum / union across batches.
-3. *Finish.* The merged sums and unions go through ``goodput.step_frame`` and the run totals,
-   outliers and outside-step summaries through the very functions the in-memory path uses.
+   starts (unstamped bucketed spans) are collected first, each climbed as far as its own batch
+   holds the tree (:func:`walk.climb_batch`); then :func:`walk.resolve_walks` looks the pending
+   ancestors up in every batch and climbs again, so the rounds count the walks' hops between
+   batches, not the tree's levels. The result is an :data:`AttributionIndex`.
+2. *Partials* per batch (:func:`goodput_partial`), *merge* (:class:`GoodputAccumulator`) and
+   *finish* (``.result``): the rules' own functions. For Ray, :func:`split_by_step` and
+   :func:`condense_unions` let reducers merge the steps they own.
 
 Memory is bounded by one batch plus the merged state (a few rows per step, the pending walks),
 never by the dataset: ``batch_rows`` sets the batch.
@@ -24,7 +21,7 @@ never by the dataset: ``batch_rows`` sets the batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -34,9 +31,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from nemo_telemetry.analysis.goodput import steps as _goodput
-from nemo_telemetry.analysis.model._arrays import BUCKETS, span_arrays
-from nemo_telemetry.analysis.model.intervals import merge_intervals
+from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_batch_partial, ranks_tables
+from nemo_telemetry.analysis.goodput.rules import (
+    PARTIAL_SCHEMA, STEP, UNION, GoodputAccumulator, MergedSteps, RunGoodput, bucketed_rows, goodput_partial,
+    merged_steps,
+)
+from nemo_telemetry.analysis.model._arrays import span_arrays
 from nemo_telemetry.analysis.store.partitions import span_files, span_partitions
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.model.walk import KeyIndex, climb_batch, resolve_walks
@@ -50,6 +50,7 @@ __all__ = [
     "Scan",
     "local_scan",
     "goodput_partial",
+    "AttributionIndex",
     "climb",
     "walk_starts",
     "ancestor_rows",
@@ -64,25 +65,16 @@ __all__ = [
     "MergedSteps",
     "merged_steps",
     "partitioned_goodput",
+    "with_ranks",
     "stream_goodput",
 ]
 
 BATCH_ROWS = 1 << 18
 GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION, "trace_key", "span_key", "parent_key")
 EDGE_COLUMNS = ("trace_key", "span_key", "parent_key", ITERATION)
+RANK_READ_COLUMNS = (*GOODPUT_COLUMNS, "service_name", "rank")
 _NO_RUN = "\x00"  # stands for "no run" where a value must hash or index
 
-# One table shape for every partial row; ``kind`` says which fields mean what.
-STEP, SUM, UNION, JOB = 0, 1, 2, 3
-PARTIAL_SCHEMA = pa.schema([
-    pa.field("kind", pa.int8()),  # STEP: a=min start, b=max end | SUM: a=ns, count=spans
-    pa.field("run", pa.string()),  # UNION: [a, b) one interval  | JOB: a=min start, b=max end (valid), count=spans
-    pa.field("iteration", pa.int64()),  # null: unstamped (SUM) or not applicable (JOB)
-    pa.field("bucket", pa.int8()),
-    pa.field("a", pa.int64()),
-    pa.field("b", pa.int64()),
-    pa.field("count", pa.int64()),
-])
 _WALK_SCHEMA = pa.schema([pa.field("trace_key", pa.uint64()), pa.field("parent_key", pa.uint64()),
                           pa.field("at", pa.uint64()), pa.field(ITERATION, pa.int64())])
 _EDGE_SCHEMA = pa.schema([pa.field("trace_key", pa.uint64()), pa.field("span_key", pa.uint64()),
@@ -112,19 +104,6 @@ def _u64(table: pa.Table, column: str) -> np.ndarray:
     return pc.fill_null(table.column(column), 0).to_numpy().astype(np.uint64, copy=False)
 
 
-def _keep_run(arrays, run_id: str | None) -> np.ndarray:
-    if run_id is None:
-        return np.ones(len(arrays), dtype=bool)
-    if run_id not in arrays.runs:
-        return np.zeros(len(arrays), dtype=bool)
-    return arrays.run == arrays.runs.index(run_id)
-
-
-def _candidates(arrays, run_id: str | None) -> np.ndarray:
-    """goodput's bucketed rows: a known bucket, a valid interval, in the selected run."""
-    return (arrays.bucket >= 0) & arrays.valid_interval & _keep_run(arrays, run_id)
-
-
 def climb(batch: pa.Table, rows: np.ndarray, *, bucketed: np.ndarray | None = None
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`walk.climb_batch` as a tuple: (stamped, iteration, the next ancestor's key when the walk
@@ -139,7 +118,7 @@ def walk_starts(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
     stamped ancestor was met (``iteration``) or the key of the ancestor to look up elsewhere (``at``,
     0 when the walk ended at a root)."""
     arrays = span_arrays(batch)
-    rows = np.flatnonzero(_candidates(arrays, run_id) & ~arrays.has_iteration)
+    rows = np.flatnonzero(bucketed_rows(arrays, run_id) & ~arrays.has_iteration)
     table = arrays.table
     trace, span = _u64(table, "trace_key"), _u64(table, "span_key")
     parent = _u64(table, "parent_key")[rows]
@@ -212,264 +191,6 @@ def _concat(tables: Iterable[pa.Table], schema: pa.Schema) -> pa.Table:
 _KeyIndex = AttributionIndex = KeyIndex  # (trace_key, parent_key) -> iteration: what goodput_partial reads
 
 
-def _group_starts(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(row order, start of each group in that order) of rows grouped by equal ``keys``."""
-    n = len(keys[0])
-    order = np.lexsort(keys[::-1])
-    change = np.zeros(n, dtype=bool)
-    if n:
-        change[0] = True
-        for key in keys:
-            k = key[order]
-            change[1:] |= k[1:] != k[:-1]
-    return order, np.flatnonzero(change)
-
-
-# -- 2. partials per batch ---------------------------------------------------------------------
-
-
-def goodput_partial(batch: pa.Table, *, attributed: _KeyIndex, run_id: str | None = None) -> pa.Table:
-    """The partial aggregates (``PARTIAL_SCHEMA``) of one batch of spans."""
-    arrays = span_arrays(batch)
-    keep = _keep_run(arrays, run_id)
-    runs = np.array(list(arrays.runs) + [None], dtype=object)  # code -1 -> None
-    parts = [_step_rows(arrays, keep, runs), _job_rows(arrays, keep, runs)]
-    rows = np.flatnonzero(_candidates(arrays, run_id))
-    iteration, stamped = _attributed(arrays, rows, attributed)
-    run, bucket = arrays.run[rows].astype(np.int64), arrays.bucket[rows].astype(np.int64)
-    iteration = np.where(stamped, iteration, 0)
-    order, heads = _group_starts(run, stamped, iteration, bucket)
-    first = order[heads]
-    parts.append(_rows(SUM, runs[run[first]], iteration[first], stamped[first], bucket=bucket[first],
-                       a=_reduce(np.add, (arrays.end[rows] - arrays.start[rows])[order], heads),
-                       count=np.diff(np.append(heads, len(order)))))
-    parts.append(_union_rows(runs[arrays.run[rows][stamped]], iteration[stamped], arrays.start[rows][stamped],
-                             arrays.end[rows][stamped]))
-    return pa.concat_tables(parts)
-
-
-def _pair_codes(run: np.ndarray, iteration: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Codes of the (run, iteration) pairs, and each code's run and iteration (``None`` is a run)."""
-    run_codes, run_values = pd.factorize(pd.Series(run, dtype=object), use_na_sentinel=False)
-    if len(run_codes) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0, np.int64)
-    run_codes, iteration = run_codes.astype(np.int64), np.asarray(iteration, np.int64)
-    values = np.asarray(run_values, dtype=object)
-    low = int(iteration.min())
-    if int(iteration.max()) - low < (1 << 47) and len(values) < (1 << 15):  # one int64 key: hash, no sort
-        codes, keys = pd.factorize((run_codes << 47) | (iteration - low))
-        keys = np.asarray(keys, np.int64)
-        return codes.astype(np.int64), values[keys >> 47], (keys & ((1 << 47) - 1)) + low
-    pairs, codes = np.unique(np.stack([run_codes, iteration], axis=1), axis=0, return_inverse=True)
-    return codes.ravel().astype(np.int64), values[pairs[:, 0]], pairs[:, 1]
-
-
-def _attributed(arrays, rows: np.ndarray, attributed: _KeyIndex) -> tuple[np.ndarray, np.ndarray]:
-    iteration = arrays.iteration[rows].copy()
-    stamped = arrays.has_iteration[rows].copy()
-    walked = np.flatnonzero(~stamped)
-    if walked.size and len(attributed.key):
-        table = arrays.table
-        parent = _u64(table, "parent_key")[rows[walked]]
-        parent = np.where(parent == _u64(table, "span_key")[rows[walked]], 0, parent)  # its own parent: no walk
-        hit = attributed.find(_u64(table, "trace_key")[rows[walked]], parent)
-        found = hit >= 0
-        iteration[walked[found]] = attributed.values[hit[found]]
-        stamped[walked[found]] = True
-    return iteration, stamped
-
-
-def _step_rows(arrays, keep: np.ndarray, runs: np.ndarray) -> pa.Table:
-    if not (arrays.has_iteration & keep).any():  # no step span can be here: skip the pandas groupby
-        return PARTIAL_SCHEMA.empty_table()
-    steps = _goodput._step_windows(arrays, keep)
-    return _rows(STEP, runs[steps.run], steps.iteration, np.ones(len(steps), bool), a=steps.start, b=steps.end)
-
-
-def _job_rows(arrays, keep: np.ndarray, runs: np.ndarray) -> pa.Table:
-    # As goodput: a job span names its run as present; the wall comes from valid ones.
-    rows = np.flatnonzero(arrays.rows_of_names(_goodput.JOB_SPAN_REGEX) & keep)
-    valid = arrays.valid_interval[rows]
-    start = np.where(valid, arrays.start[rows], np.iinfo(np.int64).max)
-    end = np.where(valid, arrays.end[rows], np.iinfo(np.int64).min)
-    run = arrays.run[rows].astype(np.int64)
-    order, heads = _group_starts(run)
-    return _rows(JOB, runs[run[order[heads]]], np.zeros(len(heads), np.int64), np.zeros(len(heads), bool),
-                 bucket=_reduce(np.maximum, valid[order].astype(np.int64), heads), a=_reduce(np.minimum, start[order], heads),
-                 b=_reduce(np.maximum, end[order], heads), count=np.diff(np.append(heads, len(order))))
-
-
-def _reduce(ufunc, values: np.ndarray, heads: np.ndarray) -> np.ndarray:
-    return ufunc.reduceat(values, heads) if len(heads) else np.zeros(0, values.dtype)
-
-
-def _union_rows(run: np.ndarray, iteration: np.ndarray, start: np.ndarray, end: np.ndarray) -> pa.Table:
-    """The union of the intervals of each (run, iteration), touching intervals coalesced."""
-    codes, runs, iterations = _pair_codes(run, iteration)
-    group, lo, hi = _coalesced_union(codes, start, end)
-    return _rows(UNION, runs[group], iterations[group], np.ones(len(group), bool), a=lo, b=hi)
-
-
-def _coalesced_union(group: np.ndarray, start: np.ndarray, end: np.ndarray):
-    merged = merge_intervals(start, end, group)
-    if len(merged) == 0:
-        return merged.group, merged.start, merged.end
-    new = np.ones(len(merged), dtype=bool)
-    new[1:] = (merged.group[1:] != merged.group[:-1]) | (merged.start[1:] != merged.end[:-1])
-    heads = np.flatnonzero(new)
-    return merged.group[heads], merged.start[heads], np.maximum.reduceat(merged.end, heads)
-
-
-def _rows(kind: int, run, iteration, has_iteration, *, bucket=None, a=None, b=None, count=None) -> pa.Table:
-    n = len(iteration)
-    zeros = np.zeros(n, np.int64)
-    return pa.table([
-        pa.array(np.full(n, kind, np.int8)), pa.array(np.asarray(run, dtype=object), pa.string(), from_pandas=True),
-        pa.array(np.asarray(iteration, np.int64), mask=~np.asarray(has_iteration, bool)),
-        pa.array(np.asarray(zeros if bucket is None else bucket).astype(np.int8)),
-        pa.array(np.asarray(zeros if a is None else a, np.int64)), pa.array(np.asarray(zeros if b is None else b, np.int64)),
-        pa.array(np.asarray(zeros if count is None else count, np.int64)),
-    ], schema=PARTIAL_SCHEMA)
-
-
-# -- 3. merge and finish -----------------------------------------------------------------------
-
-
-@dataclass
-class GoodputAccumulator:
-    """Merges partial tables as they arrive; its state stays a few rows per step."""
-
-    compact_rows: int = 1 << 20
-    _state: list = field(default_factory=list)
-    _pending_rows: int = 0
-    _state_rows: int = 0
-    partials: int = 0
-
-    def add(self, partial: pa.Table) -> None:
-        self._state.append(partial)
-        self._pending_rows += partial.num_rows
-        self.partials += 1
-        if self._pending_rows >= max(self.compact_rows, 2 * self._state_rows):
-            self._compact()
-
-    def _compact(self) -> pd.DataFrame:
-        frame = _merge(pa.concat_tables(self._state) if self._state else PARTIAL_SCHEMA.empty_table())
-        self._state = [pa.Table.from_pandas(frame, schema=PARTIAL_SCHEMA, preserve_index=False)]
-        self._pending_rows = self._state_rows = len(frame)
-        return frame
-
-    def merged(self) -> pd.DataFrame:
-        """Every partial added so far, merged: one STEP / SUM / JOB row per key, disjoint UNIONs."""
-        return self._compact()
-
-    def result(self, run_order: Sequence[str | None]) -> tuple[_goodput.RunGoodput, ...]:
-        """The runs' goodput; ``run_order`` is the order the in-memory path reports runs in."""
-        return _finish(self._compact(), run_order)
-
-
-def _frame(table: pa.Table) -> pd.DataFrame:
-    frame = pd.DataFrame({
-        "kind": table.column("kind").to_numpy(), "run": table.column("run").to_numpy(zero_copy_only=False),
-        "stamped": pc.is_valid(table.column("iteration")).to_numpy(zero_copy_only=False),
-        "iteration": pc.fill_null(table.column("iteration"), 0).to_numpy(),
-        "bucket": table.column("bucket").to_numpy(), "a": table.column("a").to_numpy(),
-        "b": table.column("b").to_numpy(), "count": table.column("count").to_numpy()})
-    frame["run"] = frame["run"].astype(object)
-    return frame
-
-
-def _merge(table: pa.Table) -> pd.DataFrame:
-    """Partial rows merged: one STEP / SUM / JOB row per key, UNION rows disjoint per key."""
-    frame = _frame(table)
-    keys = ["run", "stamped", "iteration", "bucket"]
-    by_kind = {k: frame[frame["kind"] == k] for k in (STEP, SUM, UNION, JOB)}
-    out = [
-        by_kind[STEP].groupby(keys, dropna=False, sort=False).agg(a=("a", "min"), b=("b", "max"), count=("count", "sum")),
-        by_kind[SUM].groupby(keys, dropna=False, sort=False).agg(a=("a", "sum"), b=("b", "sum"), count=("count", "sum")),
-        by_kind[JOB].groupby(["run", "stamped", "iteration"], dropna=False, sort=False).agg(
-            bucket=("bucket", "max"), a=("a", "min"), b=("b", "max"), count=("count", "sum")),
-    ]
-    merged = [part.reset_index().assign(kind=k) for part, k in zip(out, (STEP, SUM, JOB))]
-    unions = by_kind[UNION]
-    codes, runs, iterations = _pair_codes(unions["run"].to_numpy(object), unions["iteration"].to_numpy(np.int64))
-    group, lo, hi = _coalesced_union(codes, unions["a"].to_numpy(np.int64), unions["b"].to_numpy(np.int64))
-    merged.append(pd.DataFrame({"kind": UNION, "run": runs[group], "stamped": True, "iteration": iterations[group],
-                                "bucket": 0, "a": lo, "b": hi, "count": 0}))
-    columns = ["kind", "run", "iteration", "stamped", "bucket", "a", "b", "count"]
-    result = pd.concat([m[columns] for m in merged], ignore_index=True)
-    result["iteration"] = result["iteration"].astype(np.int64).where(result["stamped"].astype(bool), None)
-    return result.drop(columns="stamped").astype({"kind": np.int8, "bucket": np.int8, "a": np.int64, "b": np.int64,
-                                                  "count": np.int64})
-
-
-@dataclass(frozen=True, eq=False)
-class MergedSteps:
-    """The merged partials as goodput's per-step analysis: step windows (runs coded by the
-    caller's run order), the per-step table, and the SUM rows with the step each belongs to."""
-
-    merged: pd.DataFrame
-    steps: _goodput._Steps
-    table: pd.DataFrame
-    sums: pd.DataFrame
-    inside: np.ndarray
-
-
-def merged_steps(merged: pd.DataFrame, run_order: Sequence[str | None]) -> MergedSteps:
-    """Steps and ``step_frame`` from merged partials (``run_order[i]`` gets code i, no run -1)."""
-    merged = merged.copy()
-    merged["stamped"] = merged["iteration"].notna()
-    merged["iteration"] = merged["iteration"].fillna(0).astype(np.int64)
-    code_of = {run: (-1 if run is None else i) for i, run in enumerate(run_order)}
-    merged["code"] = [code_of.get(r if isinstance(r, str) else None, -1) for r in merged["run"]]
-    steps_part = merged[merged["kind"] == STEP].sort_values(["code", "iteration"], kind="stable")
-    steps = _goodput._Steps(*(steps_part[c].to_numpy(np.int64) for c in ("code", "iteration", "a", "b")),
-                            np.zeros(len(steps_part), np.int64))
-    sums_part = merged[merged["kind"] == SUM]
-    step_of_sum = steps.index_of(sums_part["code"].to_numpy(np.int64), sums_part["iteration"].to_numpy(np.int64),
-                                 sums_part["stamped"].to_numpy(bool))
-    inside = step_of_sum >= 0
-    sums = np.zeros((len(steps), len(BUCKETS)), dtype=np.int64)
-    np.add.at(sums, (step_of_sum[inside], sums_part["bucket"].to_numpy(np.int64)[inside]),
-              sums_part["a"].to_numpy(np.int64)[inside])
-    unions = merged[merged["kind"] == UNION]
-    step_of_union = steps.index_of(unions["code"].to_numpy(np.int64), unions["iteration"].to_numpy(np.int64),
-                                   np.ones(len(unions), bool))
-    keep = step_of_union >= 0
-    intervals = merge_intervals(unions["a"].to_numpy(np.int64)[keep], unions["b"].to_numpy(np.int64)[keep],
-                                step_of_union[keep])
-    table = _goodput.step_frame(steps, sums.astype(np.float64), intervals)
-    return MergedSteps(merged, steps, table, sums_part, inside)
-
-
-def _finish(merged: pd.DataFrame, run_order: Sequence[str | None]) -> tuple[_goodput.RunGoodput, ...]:
-    analysis = merged_steps(merged, run_order)
-    merged, steps, table, sums_part, inside = (analysis.merged, analysis.steps, analysis.table, analysis.sums,
-                                               analysis.inside)
-    jobs = merged[merged["kind"] == JOB]
-    present = set(steps.run.tolist()) | set(sums_part["code"].tolist()) | set(jobs["code"].tolist())
-    out = []
-    for code in sorted(present):
-        name = run_order[code] if code >= 0 else None
-        frame = table[table["run"] == code]
-        outside = sums_part[(sums_part["code"] == code) & ~inside]
-        outside_sums = np.zeros(len(BUCKETS), np.int64)
-        np.add.at(outside_sums, outside["bucket"].to_numpy(np.int64), outside["a"].to_numpy(np.int64))
-        out.append(_goodput.RunGoodput(
-            run_id=name, steps=_goodput._steps_table(frame, name), total=_goodput._total(frame),
-            outside_steps=_goodput.outside_summary(
-                outside_sums, int(outside["count"].sum()), int(outside.loc[~outside["stamped"], "count"].sum()),
-                np.unique(outside.loc[outside["stamped"], "iteration"].to_numpy(np.int64))),
-            job_wall_s=_job_wall(jobs[jobs["code"] == code]), outliers=_goodput.step_outliers(frame)))
-    return tuple(out)
-
-
-def _job_wall(jobs: pd.DataFrame) -> float | None:
-    valid = jobs[jobs["bucket"] > 0]
-    if valid.empty:
-        return None
-    return float((np.int64(valid["b"].max()) - np.int64(valid["a"].min())) / _goodput._NS)
-
-
 # -- engines -----------------------------------------------------------------------------------
 
 
@@ -502,15 +223,26 @@ def attribution(root: Path, scan: Scan, *, run_id: str | None = None) -> Attribu
     return Attribution(order, span_files(root, run_id=run_id) if run_id is not None else files, attributed)
 
 
-def partitioned_goodput(root: Path, scan: Scan, *, run_id: str | None = None,
-                        compact_rows: int = 1 << 20) -> tuple[_goodput.RunGoodput, ...]:
-    """``run_goodput`` (by step) of the dataset at ``root``, computed batch by batch through ``scan``."""
+def partitioned_goodput(root: Path, scan: Scan, *, run_id: str | None = None, compact_rows: int = 1 << 20,
+                        by: str = "step") -> tuple[RunGoodput, ...]:
+    """``run_goodput`` of the dataset at ``root``, computed batch by batch through ``scan``."""
     plan = attribution(Path(root), scan, run_id=run_id)
     accumulator = GoodputAccumulator(compact_rows)
     for partial in scan(lambda b: goodput_partial(b, attributed=plan.attributed, run_id=run_id), GOODPUT_COLUMNS,
                         plan.files):
         accumulator.add(partial)
-    return accumulator.result(plan.order)
+    runs = accumulator.result(plan.order)
+    return with_ranks(runs, accumulator.merged(), scan, plan, run_id=run_id) if by == "rank" else runs
+
+
+def with_ranks(runs: tuple[RunGoodput, ...], merged: pd.DataFrame, scan: Scan, plan: Attribution, *,
+               run_id: str | None = None) -> tuple[RunGoodput, ...]:
+    """``runs`` with their ``--by rank`` tables: one more scan for the rank partials, merged here,
+    finished over the steps of ``merged`` (goodput's merged partials)."""
+    pieces = list(scan(lambda b: rank_batch_partial(b, attributed=plan.attributed, run_id=run_id), RANK_READ_COLUMNS,
+                       plan.files))
+    tables = ranks_tables(merge_ranks(pieces), merged_steps(merged, plan.order), plan.order)
+    return tuple(replace(run, ranks=tables[run.run_id]) for run in runs)
 
 
 def condense_unions(merged: pd.DataFrame) -> pd.DataFrame:
@@ -559,6 +291,6 @@ def partial_table(frame: pd.DataFrame) -> pa.Table:
     return pa.Table.from_pandas(frame[PARTIAL_SCHEMA.names], schema=PARTIAL_SCHEMA, preserve_index=False)
 
 
-def stream_goodput(root: str | Path, *, run_id: str | None = None, batch_rows: int = BATCH_ROWS):
+def stream_goodput(root: str | Path, *, run_id: str | None = None, batch_rows: int = BATCH_ROWS, by: str = "step"):
     """``run_goodput`` of a dataset too large for memory: one batch of ``batch_rows`` rows at a time."""
-    return partitioned_goodput(Path(root), local_scan(batch_rows), run_id=run_id, compact_rows=4 * batch_rows)
+    return partitioned_goodput(Path(root), local_scan(batch_rows), run_id=run_id, compact_rows=4 * batch_rows, by=by)

@@ -1,42 +1,30 @@
-"""Goodput per training step: where each step's wall clock went, by ``rl.bucket``.
+"""Goodput per training step in memory, and what goodput and the findings share about a spans table.
 
-The rules (DESIGN.md, "analysis: semantics"):
-
-- a *step span* is named ``rl.<algo>.step`` and carries ``rl.iteration``; a step's window runs
-  from the earliest start to the latest end of its step spans;
-- a bucketed span's iteration is its own ``rl.iteration``, else its nearest stamped ancestor's
-  (walking parent links across processes), else it is *unstamped*;
-- per step: ``<bucket>_s`` are plain sums of the durations of the bucketed spans attributed to
-  it (no clipping: a checkpoint staging span that ends after its step still counts whole);
-  ``wall_s`` is the window; ``covered_s`` the union of their intervals inside the window;
-  ``unattributed_s = wall_s - covered_s``; ``double_counted_s`` = (sum over buckets) - (length
-  of the union of their intervals); ``goodput = productive_s / wall_s``.
-
-Per run (``nemo.run.id``; several runs in one dataset are reported separately) the total sums
-the steps (``goodput = sum(productive) / sum(wall)``). Bucketed time that no step window takes
-is reported apart, in ``outside_steps``: unstamped spans, and spans attributed to an iteration
-that has no step span (validation at iteration 0, or a run whose step group was off). A span
-attributed to step *i* that runs past *i*'s window stays in step *i*'s sums and is simply not
-``covered``; the unbucketed ``rl.checkpoint.finalize`` tail adds nothing anywhere. The job span
-(``rl.<algo>.job``) gives ``job_wall_s``, the run's whole wall clock.
-
-Step-time outliers follow Google's ml-goodput-measurement: a step is anomalous when its wall
-exceeds the median plus 3 median absolute deviations of the run's step walls; the bucket
-(or the unattributed gap) that grew most over its median names the cause.
+The rules are :mod:`goodput.rules`' (partial -> merge -> finish); a table in memory is their
+one-batch case, its walks done inside the batch (:mod:`model.walk`). :func:`analyse` keeps what
+``check_run`` reads besides the per-step table: the walk of every span with an ``rl.bucket``
+(iteration and nearest bucketed ancestor) and the bucketed spans' step and intervals.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.model._arrays import BUCKETS, SpanArrays, span_arrays
-from nemo_telemetry.analysis.model.intervals import clipped_union_length, merge_intervals, union_length
-from nemo_telemetry.errors import NemoTelemetryError, UnknownRunError
+from nemo_telemetry.analysis.goodput.rules import (
+    BUCKETS, JOB_SPAN_REGEX, STEP_COLUMNS, STEP_SPAN_REGEX, GoodputAccumulator, RunGoodput, Steps, StepOutlier,
+    check_by, finish, merged_steps, partial_of, step_outliers, step_windows, steps_table,
+)
+from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_partial, ranks_tables
+from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, code_values, span_arrays
+from nemo_telemetry.analysis.model.schema import BUCKET
+from nemo_telemetry.analysis.model.intervals import merge_intervals
+from nemo_telemetry.errors import UnknownRunError
 
 __all__ = [
     "STEP_SPAN_REGEX",
@@ -51,63 +39,8 @@ __all__ = [
     "goodput_document",
 ]
 
-STEP_SPAN_REGEX = r"^rl\.[^.]+\.step$"
-JOB_SPAN_REGEX = r"^rl\.[^.]+\.job$"
-_NS = 1e9
-_SUM_KEYS = ("wall_s", *(f"{b}_s" for b in BUCKETS), "covered_s", "unattributed_s", "double_counted_s")
-STEP_COLUMNS = ("run_id", "iteration", "start_ns", "end_ns", *_SUM_KEYS, "goodput")
-RANK_COLUMNS = ("run_id", "service_name", "rank", "steps", *_SUM_KEYS, "goodput")
-_GREW_CANDIDATES = (*(f"{b}_s" for b in BUCKETS), "unattributed_s")
-
-
-@dataclass(frozen=True)
-class StepOutlier:
-    """A step slower than median + 3 MAD of its run's steps, and the bucket that grew most."""
-
-    iteration: int
-    wall_s: float
-    median_s: float
-    threshold_s: float
-    bucket: str  # "productive" ... "wasted", or "unattributed"
-    grew_by_s: float
-
-
-@dataclass(frozen=True)
-class RunGoodput:
-    """One run's goodput: a row per step, the total, what fell outside the steps, the job's wall."""
-
-    run_id: str | None
-    steps: pa.Table  # STEP_COLUMNS
-    total: dict[str, Any]
-    outside_steps: dict[str, Any]
-    job_wall_s: float | None
-    outliers: tuple[StepOutlier, ...] = ()
-    ranks: pa.Table | None = None  # RANK_COLUMNS, when asked for by="rank"
-
-
-# -- the computation ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class _Steps:
-    """Step windows, one per (run, iteration), sorted; ``row`` is one step span of each (for ids)."""
-
-    run: np.ndarray
-    iteration: np.ndarray
-    start: np.ndarray
-    end: np.ndarray
-    row: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.start)
-
-    def index_of(self, run: np.ndarray, iteration: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        """Step index of each (run, iteration), -1 where there is no such step or ``valid`` is False."""
-        if len(self) == 0 or len(run) == 0:
-            return np.full(len(run), -1, dtype=np.int64)
-        index = pd.MultiIndex.from_arrays([self.run, self.iteration])
-        found = index.get_indexer(pd.MultiIndex.from_arrays([run, iteration]))
-        return np.where(valid, found, -1).astype(np.int64)
+# Names the findings and the partitioned check read from this module (the rules are rules.py's).
+_Steps, _step_windows = Steps, step_windows  # and step_outliers, imported above
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,7 +49,7 @@ class Analysis:
 
     arrays: SpanArrays
     keep: np.ndarray  # rows of the selected run (all rows when no run was asked for)
-    steps: _Steps
+    steps: Steps
     bucketed: np.ndarray  # rows with a known bucket and a valid interval
     bucketed_iteration: np.ndarray
     bucketed_stamped: np.ndarray
@@ -129,6 +62,86 @@ class Analysis:
     merged: Any  # MergedIntervals of the bucketed rows, grouped by step
 
 
+@dataclass(frozen=True, eq=False)
+class _OneBatch:
+    """A table as the rules' one batch: its walks, its partial, the partial merged."""
+
+    arrays: SpanArrays
+    keep: np.ndarray
+    steps: Steps
+    walked: np.ndarray
+    iteration: np.ndarray
+    stamped: np.ndarray
+    ancestor: np.ndarray
+    pick: np.ndarray  # which walked rows are bucketed (known bucket, valid interval)
+    merged: pd.DataFrame
+    run_order: tuple  # the whole table's runs, in the order its runs are reported
+
+    @property
+    def bucketed(self) -> np.ndarray:
+        return self.walked[self.pick]
+
+
+def _one_batch(arrays: SpanArrays, keep: np.ndarray, run_order: tuple, *, ancestors: bool = False,
+               whole: Callable[[], tuple[SpanArrays, np.ndarray]] | None = None) -> _OneBatch:
+    """The rules over ``arrays`` as one batch. ``whole`` (for arrays of only the rows goodput reads)
+    gives the whole table's arrays and each row's position in it, for walks that leave those rows."""
+    steps = step_windows(arrays, keep)
+    walked = np.flatnonzero((arrays.bucket != NO_BUCKET) & keep)  # few rows: the rest is decided on them
+    if whole is None:
+        iteration, stamped, ancestor = arrays.walk_up(walked, ancestors=ancestors)
+    else:
+        iteration, stamped = _walk_in_whole(arrays, walked, whole)
+        ancestor = np.full(len(walked), -1, np.int64)
+    pick = (arrays.bucket[walked] >= 0) & arrays.valid_interval[walked]
+    accumulator = GoodputAccumulator()
+    accumulator.add(partial_of(arrays, keep, walked[pick], iteration[pick], stamped[pick], steps=steps))
+    return _OneBatch(arrays, keep, steps, walked, iteration, stamped, ancestor, pick, accumulator.merged(), run_order)
+
+
+def _walk_in_whole(arrays: SpanArrays, walked: np.ndarray, whole) -> tuple[np.ndarray, np.ndarray]:
+    """Attributed iterations of ``walked``: their own, else the walk over the whole table (decoded
+    only when some row needs it)."""
+    iteration, stamped = arrays.iteration[walked].copy(), arrays.has_iteration[walked].copy()
+    pending = np.flatnonzero(~stamped)
+    if pending.size:
+        table_arrays, position = whole()
+        iteration[pending], stamped[pending], _ = table_arrays.walk_up(position[walked[pending]])
+    return iteration, stamped
+
+
+def _goodput_rows(spans: pa.Table) -> np.ndarray:
+    """The rows goodput reads: spans with an ``rl.bucket``, step spans and job spans (a few percent of
+    a run's spans; the per-prompt and worker spans without a bucket are only walked through)."""
+    mask = np.zeros(spans.num_rows, dtype=bool)
+    if BUCKET in spans.column_names:
+        mask |= pc.is_valid(spans.column(BUCKET)).to_numpy(zero_copy_only=False)
+    if "name" in spans.column_names:
+        at = 0
+        for chunk in spans.column("name").chunks:
+            if not pa.types.is_dictionary(chunk.type):
+                chunk = pc.dictionary_encode(chunk)
+            named = pc.match_substring_regex(chunk.dictionary, _STEP_OR_JOB)
+            hit = pc.fill_null(pc.take(named, chunk.indices), False).to_numpy(zero_copy_only=False)
+            mask[at:at + len(chunk)] |= hit
+            at += len(chunk)
+    return np.flatnonzero(mask)
+
+
+_STEP_OR_JOB = f"{STEP_SPAN_REGEX}|{JOB_SPAN_REGEX}"
+
+
+def _take(spans: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``spans.take(rows)`` (``rows`` sorted) batch by batch: no column is concatenated whole first."""
+    batches, at = [], 0
+    for batch in spans.to_batches():
+        lo, hi = np.searchsorted(rows, [at, at + batch.num_rows])
+        if hi > lo:
+            batches.append(batch.take(pa.array(rows[lo:hi] - at, pa.int64())))
+        at += batch.num_rows
+    return pa.Table.from_batches(batches, schema=spans.schema) if batches else spans.slice(0, 0)
+
+
 def analyse(spans: pa.Table, *, run_id: str | None = None, ancestors: bool = False,
             arrays: SpanArrays | None = None) -> Analysis:
     """Decode, attribute and sum once; goodput and check_run both read the result.
@@ -137,16 +150,14 @@ def analyse(spans: pa.Table, *, run_id: str | None = None, ancestors: bool = Fal
     ``arrays`` are ``spans`` already decoded (check_run decodes them beside a second thread).
     """
     arrays = span_arrays(spans) if arrays is None else arrays
-    keep_run = run_filter(arrays, run_id)
-    steps = _step_windows(arrays, keep_run)
-    any_bucket = np.flatnonzero((arrays.bucket != -1) & keep_run)  # few rows: the rest is decided on them
-    iteration, stamped, ancestor = arrays.walk_up(any_bucket, ancestors=ancestors)
-    pick = (arrays.bucket[any_bucket] >= 0) & arrays.valid_interval[any_bucket]
-    bucketed = any_bucket[pick]
-    step_of = steps.index_of(arrays.run[bucketed], iteration[pick], stamped[pick])
-    table, merged = _per_step(arrays, steps, bucketed, step_of)
-    return Analysis(arrays, keep_run, steps, bucketed, iteration[pick], stamped[pick], any_bucket, iteration, stamped,
-                     ancestor, step_of, table, merged)
+    one = _one_batch(arrays, run_filter(arrays, run_id), arrays.runs, ancestors=ancestors)
+    arrays, steps, pick, bucketed = one.arrays, one.steps, one.pick, one.bucketed
+    step_of = steps.index_of(arrays.run[bucketed], one.iteration[pick], one.stamped[pick])
+    table = merged_steps(one.merged, arrays.runs).table
+    inside = step_of >= 0
+    merged = merge_intervals(arrays.start[bucketed[inside]], arrays.end[bucketed[inside]], step_of[inside])
+    return Analysis(arrays, one.keep, steps, bucketed, one.iteration[pick], one.stamped[pick], one.walked,
+                    one.iteration, one.stamped, one.ancestor, step_of, table, merged)
 
 
 def run_filter(arrays: SpanArrays, run_id: str | None) -> np.ndarray:
@@ -155,189 +166,6 @@ def run_filter(arrays: SpanArrays, run_id: str | None) -> np.ndarray:
         return np.ones(len(arrays), dtype=bool)
     UnknownRunError.unless_present(run_id, arrays.runs)
     return arrays.run == arrays.runs.index(run_id)
-
-
-def _step_windows(arrays: SpanArrays, keep: np.ndarray) -> _Steps:
-    rows = np.flatnonzero(arrays.rows_of_names(STEP_SPAN_REGEX))
-    rows = rows[arrays.has_iteration[rows] & arrays.valid_interval[rows] & keep[rows]]
-    frame = pd.DataFrame({"run": arrays.run[rows], "iteration": arrays.iteration[rows],
-                          "start": arrays.start[rows], "end": arrays.end[rows], "row": rows})
-    frame = frame.sort_values(["run", "iteration", "start"], kind="stable")
-    windows = frame.groupby(["run", "iteration"], sort=True).agg(
-        start=("start", "min"), end=("end", "max"), row=("row", "first")).reset_index()
-    return _Steps(*(windows[c].to_numpy(np.int64) for c in ("run", "iteration", "start", "end", "row")))
-
-
-def _per_step(arrays: SpanArrays, steps: _Steps, bucketed: np.ndarray, step_of: np.ndarray):
-    """Sums, union, covered and double-counted time per step (vectorized over the bucketed spans)."""
-    n = len(steps)
-    inside = step_of >= 0
-    rows, group = bucketed[inside], step_of[inside]
-    start, end = arrays.start[rows], arrays.end[rows]
-    duration = (end - start).astype(np.float64)
-    sums = np.bincount(group * len(BUCKETS) + arrays.bucket[rows], weights=duration,
-                       minlength=n * len(BUCKETS)).reshape(n, len(BUCKETS))
-    merged = merge_intervals(start, end, group)
-    return step_frame(steps, sums, merged), merged
-
-
-def step_frame(steps: _Steps, sums: np.ndarray, merged) -> pd.DataFrame:
-    """The per-step table from each step's bucket sums (ns, shape steps x BUCKETS) and the merged
-    intervals of its bucketed spans (grouped by step index).
-
-    Shared by the in-memory analysis and the partitioned engines (streaming, Ray), which merge
-    partial sums and partial interval unions first: only the union's length matters here.
-    """
-    n = len(steps)
-    union = union_length(merged, n)
-    covered = clipped_union_length(merged, steps.start, steps.end)
-    wall = (steps.end - steps.start).astype(np.float64)
-    frame = pd.DataFrame({"run": steps.run, "iteration": steps.iteration, "start_ns": steps.start,
-                          "end_ns": steps.end, "wall_s": wall / _NS})
-    for i, b in enumerate(BUCKETS):
-        frame[f"{b}_s"] = sums[:, i] / _NS
-    frame["covered_s"] = covered / _NS
-    frame["unattributed_s"] = (wall - covered) / _NS
-    frame["double_counted_s"] = (sums.sum(axis=1) - union) / _NS
-    frame["goodput"] = np.where(wall > 0, sums[:, 0] / np.where(wall > 0, wall, 1), np.nan)
-    frame["bucket_sum_ns"] = sums.sum(axis=1)
-    frame["wall_ns"] = steps.end - steps.start
-    return frame
-
-
-# -- per run -----------------------------------------------------------------------------------
-
-
-def _runs_present(analysis: Analysis, jobs: np.ndarray) -> list[int]:
-    arrays = analysis.arrays
-    codes = np.unique(np.concatenate([analysis.steps.run, arrays.run[analysis.bucketed],
-                                      arrays.run[jobs[analysis.keep[jobs]]]]))
-    return [int(c) for c in codes]
-
-
-def _run_name(arrays: SpanArrays, code: int) -> str | None:
-    return arrays.runs[code] if code >= 0 else None
-
-
-def _steps_table(frame: pd.DataFrame, run_name: str | None) -> pa.Table:
-    columns = {"run_id": pa.array([run_name] * len(frame), pa.string()),
-               "iteration": pa.array(frame["iteration"].to_numpy(np.int64))}
-    for c in STEP_COLUMNS[2:]:
-        values = frame[c].to_numpy()
-        columns[c] = pa.array(values, pa.int64() if c.endswith("_ns") else pa.float64(),
-                              from_pandas=c == "goodput")
-    return pa.table(columns)
-
-
-def _total(frame: pd.DataFrame) -> dict[str, Any]:
-    total: dict[str, Any] = {k: float(frame[k].sum()) for k in _SUM_KEYS}
-    total["goodput"] = total["productive_s"] / total["wall_s"] if total["wall_s"] > 0 else None
-    total["steps"] = int(len(frame))
-    return total
-
-
-def _outside(analysis: Analysis, run_code: int) -> dict[str, Any]:
-    arrays = analysis.arrays
-    pick = (analysis.bucketed_step < 0) & (arrays.run[analysis.bucketed] == run_code)
-    rows = analysis.bucketed[pick]
-    duration = (arrays.end[rows] - arrays.start[rows]).astype(np.float64)
-    sums = np.bincount(arrays.bucket[rows], weights=duration, minlength=len(BUCKETS))
-    stamped = analysis.bucketed_stamped[pick]
-    return outside_summary(sums, len(rows), int((~stamped).sum()), np.unique(analysis.bucketed_iteration[pick][stamped]))
-
-
-def outside_summary(sums: np.ndarray, spans: int, unstamped: int, iterations: np.ndarray) -> dict[str, Any]:
-    """``outside_steps`` from per-bucket sums (ns), span counts and the stamped iterations with no step."""
-    out: dict[str, Any] = {f"{b}_s": float(sums[i] / _NS) for i, b in enumerate(BUCKETS)}
-    out["spans"] = int(spans)
-    out["unstamped_spans"] = int(unstamped)
-    out["iterations"] = sorted(int(i) for i in iterations)
-    return out
-
-
-def _job_wall(arrays: SpanArrays, run_code: int, jobs: np.ndarray) -> float | None:
-    """The run's job spans' wall; ``jobs`` are the rows of every job span (found once for all runs)."""
-    rows = jobs[(arrays.run[jobs] == run_code) & arrays.valid_interval[jobs]]
-    if rows.size == 0:
-        return None
-    return float((arrays.end[rows].max() - arrays.start[rows].min()) / _NS)
-
-
-def step_outliers(frame: pd.DataFrame) -> tuple[StepOutlier, ...]:
-    """ml-goodput-measurement's rule: wall > median + 3 * MAD (unscaled) of the run's step walls."""
-    if len(frame) < 3:
-        return ()
-    wall = frame["wall_s"].to_numpy()
-    median = float(np.median(wall))
-    threshold = median + 3 * float(np.median(np.abs(wall - median)))
-    medians = {c: float(np.median(frame[c].to_numpy())) for c in _GREW_CANDIDATES}
-    out = []
-    for _, step in frame[frame["wall_s"] > threshold].iterrows():  # the few anomalous steps only
-        growth = {c: float(step[c]) - medians[c] for c in _GREW_CANDIDATES}
-        grown = max(growth, key=growth.get)
-        out.append(StepOutlier(int(step["iteration"]), float(step["wall_s"]), median, threshold,
-                               grown.removesuffix("_s"), growth[grown]))
-    return tuple(out)
-
-
-def _ranks_table(analysis: Analysis, run_code: int, run_name: str | None) -> pa.Table:
-    """Per (service, rank) of the run: its bucketed spans' sums and coverage over all the run's steps.
-
-    Every (service, rank) with a span in the run has a row, sorted by service name then rank, so a
-    worker whose spans carry no bucket shows as zeros rather than missing.
-    """
-    arrays, steps = analysis.arrays, analysis.steps
-    pick = (analysis.bucketed_step >= 0) & (arrays.run[analysis.bucketed] == run_code)
-    rows, step = analysis.bucketed[pick], analysis.bucketed_step[pick]
-    in_run = np.flatnonzero((arrays.run == run_code) & analysis.keep)
-    everyone = pd.DataFrame({"service": arrays.service[in_run],
-                             "rank": np.where(arrays.has_rank[in_run], arrays.rank[in_run], -1)}).drop_duplicates()
-    names = np.array([*arrays.services, ""], dtype=object)  # code -1 (no service) sorts first, as ""
-    everyone = everyone.assign(name=names[everyone["service"].to_numpy()]).sort_values(["name", "rank"])
-    who_values = pd.MultiIndex.from_frame(everyone[["service", "rank"]])
-    who_code = who_values.get_indexer(pd.MultiIndex.from_arrays(
-        [arrays.service[rows], np.where(arrays.has_rank[rows], arrays.rank[rows], -1)]))
-    n_who, n_steps = len(who_values), len(steps)
-    group = step * n_who + who_code
-    start, end = arrays.start[rows], arrays.end[rows]
-    sums = np.bincount(who_code * len(BUCKETS) + arrays.bucket[rows], weights=(end - start).astype(np.float64),
-                       minlength=n_who * len(BUCKETS)).reshape(n_who, len(BUCKETS))
-    merged = merge_intervals(start, end, group)
-    union = union_length(merged, n_steps * n_who).reshape(n_steps, n_who).sum(axis=0)
-    covered_by_group = clipped_union_length(merged, np.repeat(steps.start, n_who), np.repeat(steps.end, n_who))
-    covered = covered_by_group.reshape(n_steps, n_who).sum(axis=0)
-    present = np.bincount(np.unique(group) % max(n_who, 1), minlength=n_who) if n_who else np.zeros(0)
-    run_wall = float((steps.end - steps.start)[steps.run == run_code].sum())
-    services = [arrays.services[s] if s >= 0 else None for s, _ in who_values]
-    ranks = [int(r) if r >= 0 else None for _, r in who_values]
-    columns: dict[str, Any] = {"run_id": pa.array([run_name] * n_who, pa.string()),
-                               "service_name": pa.array(services, pa.string()), "rank": pa.array(ranks, pa.int64()),
-                               "steps": pa.array(present, pa.int64()), "wall_s": pa.array([run_wall / _NS] * n_who, pa.float64())}
-    for i, b in enumerate(BUCKETS):
-        columns[f"{b}_s"] = pa.array(sums[:, i] / _NS, pa.float64())
-    columns["covered_s"] = pa.array(covered / _NS, pa.float64())
-    columns["unattributed_s"] = pa.array((run_wall - covered) / _NS, pa.float64())
-    columns["double_counted_s"] = pa.array((sums.sum(axis=1) - union) / _NS, pa.float64())
-    columns["goodput"] = pa.array(sums[:, 0] / run_wall if run_wall > 0 else [None] * n_who, pa.float64())
-    return pa.table(columns)
-
-
-def runs_of(analysis: Analysis, *, by: str = "step") -> tuple[RunGoodput, ...]:
-    """The per-run results of an analysis (shared with check_run, which reads the outliers)."""
-    if by not in ("step", "rank"):
-        raise NemoTelemetryError(f"by={by!r}: choose 'step' or 'rank'")
-    out = []
-    jobs = np.flatnonzero(analysis.arrays.rows_of_names(JOB_SPAN_REGEX))
-    for code in _runs_present(analysis, jobs):
-        frame = analysis.table[analysis.table["run"] == code]
-        name = _run_name(analysis.arrays, code)
-        outside = _outside(analysis, code)
-        out.append(RunGoodput(
-            run_id=name, steps=_steps_table(frame, name), total=_total(frame), outside_steps=outside,
-            job_wall_s=_job_wall(analysis.arrays, code, jobs), outliers=step_outliers(frame),
-            ranks=_ranks_table(analysis, code, name) if by == "rank" else None,
-        ))
-    return tuple(out)
 
 
 # -- public API --------------------------------------------------------------------------------
@@ -358,12 +186,8 @@ def goodput_by_step(spans: pa.Table, *, run_id: str | None = None) -> pa.Table:
     >>> row["wall_s"], row["productive_s"], row["unattributed_s"], row["goodput"]
     (10.0, 4.0, 6.0, 0.4)
     """
-    analysis = analyse(spans, run_id=run_id)
-    tables = [_steps_table(analysis.table[analysis.table["run"] == code], _run_name(analysis.arrays, code))
-              for code in np.unique(analysis.steps.run)]
-    if not tables:
-        return _steps_table(analysis.table.iloc[0:0], None)
-    return pa.concat_tables(tables)
+    tables = [run.steps for run in run_goodput(spans, run_id=run_id) if run.steps.num_rows]
+    return pa.concat_tables(tables) if tables else steps_table(pd.DataFrame({c: [] for c in STEP_COLUMNS}), None)
 
 
 def run_goodput(spans: pa.Table, *, run_id: str | None = None, by: str = "step") -> tuple[RunGoodput, ...]:
@@ -371,7 +195,31 @@ def run_goodput(spans: pa.Table, *, run_id: str | None = None, by: str = "step")
 
     ``by="rank"`` adds ``ranks``: the same sums per (service, rank) over all of the run's steps.
     """
-    return runs_of(analyse(spans, run_id=run_id), by=by)
+    check_by(by)
+    if by == "step":
+        one = _narrow_batch(spans, run_id)
+        return finish(one.merged, one.run_order)
+    arrays = span_arrays(spans)
+    one = _one_batch(arrays, run_filter(arrays, run_id), arrays.runs)
+    ranks = merge_ranks([rank_partial(arrays, one.keep, one.bucketed, one.iteration[one.pick], one.stamped[one.pick])])
+    tables = ranks_tables(ranks, merged_steps(one.merged, one.run_order), one.run_order)
+    return tuple(replace(run, ranks=tables[run.run_id]) for run in finish(one.merged, one.run_order))
+
+
+def _narrow_batch(spans: pa.Table, run_id: str | None) -> _OneBatch:
+    """The one batch of only the rows goodput reads (:func:`_goodput_rows`), so the columns of the
+    many spans without a bucket are never decoded; runs keep the whole table's order."""
+    run_order = code_values(spans, "run_id")
+    UnknownRunError.unless_present(run_id, run_order)
+    rows = _goodput_rows(spans)
+    arrays = span_arrays(_take(spans, rows))
+    keep = np.ones(len(arrays), bool) if run_id is None else (
+        arrays.run == arrays.runs.index(run_id) if run_id in arrays.runs else np.zeros(len(arrays), bool))
+
+    def whole() -> tuple[SpanArrays, np.ndarray]:
+        return span_arrays(spans), rows
+
+    return _one_batch(arrays, keep, run_order, whole=whole)
 
 
 # -- comparing and serialising -----------------------------------------------------------------

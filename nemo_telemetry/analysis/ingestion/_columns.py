@@ -73,6 +73,23 @@ class OtlpTables:
             np.concatenate(words) if words and all(w is not None for w in words) else None,
         )
 
+    def keep_spans(self, mask: np.ndarray) -> "OtlpTables":
+        """Only the spans ``mask`` marks, with their events and links (matched on trace and span id)."""
+        if mask.all():
+            return self
+        spans = self.spans.filter(pa.array(mask))
+        words = self.span_words[mask] if self.span_words is not None else None
+        return OtlpTables(spans, _owned_by(self.events, spans), _owned_by(self.links, spans), words)
+
+
+def _owned_by(table: pa.Table, spans: pa.Table) -> pa.Table:
+    """Rows of an events/links table whose span is in ``spans``."""
+    if table.num_rows == 0:
+        return table
+    owners = pc.binary_join_element_wise(spans.column("trace_id"), spans.column("span_id"), "/")
+    keys = pc.binary_join_element_wise(table.column("trace_id"), table.column("span_id"), "/")
+    return table.filter(pc.is_in(keys, value_set=owners.combine_chunks()))
+
 
 @dataclass
 class _Attrs:

@@ -12,6 +12,10 @@ Formats, auto-detected from the first bytes (the extension is not trusted):
 
 A record that cannot be read is reported (file and line or record number) and skipped; the
 records around it are kept.
+
+The same look at a file's head tells whether it is also a metrics dump (the dump exporter's
+``metrics-*`` files) or a log dump (``logs-*``, or ``resourceLogs`` near its start):
+:func:`detect_dump`. Ingest then reads such a file once, for its spans, metrics and logs.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 import orjson
 import zstandard
 
+from nemo_telemetry.analysis.choices import FORMATS
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
@@ -35,14 +40,17 @@ __all__ = [
     "JsonLines",
     "ProtoFrames",
     "ReadBuffers",
+    "DumpFile",
+    "detect_dump",
     "detect_format",
+    "is_metrics_dump",
+    "is_log_dump",
     "expand_inputs",
     "expand_inputs_found",
     "iter_records",
     "classify_json_line",
 ]
 
-FORMATS = ("jsonl", "proto", "json")
 ACCEPTED_FORMATS = (
     "Collector file-exporter JSON lines, the Collector's length-prefixed protobuf (optionally "
     "zstd per message), or a single OTLP/JSON document (e.g. a /v1/traces request body); "
@@ -57,6 +65,18 @@ _KEPT_BUFFERS = 8  # free read buffers a ReadBuffers holds on to
 _MAX_PROTO_RECORD = 1 << 30  # a larger length prefix means a corrupt or non-OTLP file
 _OTHER_SIGNALS = ("resourceMetrics", "resourceLogs", "resource_metrics", "resource_logs")
 _TRACES = ("resourceSpans", "resource_spans")
+_LOG_HEAD_BYTES = 256  # a log dump says resourceLogs within its first bytes
+_LOG_MARKERS = (b'"resourceLogs"', b'"resource_logs"')
+
+
+@dataclass(frozen=True)
+class DumpFile:
+    """An input file, its format, and whether it is also a metrics dump or a log dump."""
+
+    path: Path
+    format: str
+    metrics: bool = False
+    logs: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,9 +168,10 @@ def _hidden(path: Path, root: Path) -> bool:
     return any(part.startswith(".") for part in path.relative_to(root).parts)
 
 
-def open_decompressed(path: Path) -> tuple[io.BufferedReader, _CountingReader]:
-    """The decompressed byte stream of ``path`` and the counter of bytes read from disk."""
-    counter = _CountingReader(open(path, "rb"))
+def open_decompressed(path: Path, data: bytes | None = None) -> tuple[io.BufferedReader, _CountingReader]:
+    """The decompressed byte stream of ``path`` and the counter of bytes read from disk;
+    ``data``: the file's bytes, already read (the file is not opened again)."""
+    counter = _CountingReader(open(path, "rb") if data is None else io.BytesIO(data))
     raw = io.BufferedReader(counter, buffer_size=_HEAD_BYTES)
     magic = raw.peek(4)[:4]
     if magic.startswith(_GZIP_MAGIC):
@@ -171,9 +192,42 @@ def _peek(stream: io.BufferedReader, path: Path) -> bytes:
 
 def detect_format(path: Path) -> str:
     """``jsonl``, ``proto``, ``json`` or ``empty``; ``IngestError`` when it is none of them."""
+    return detect_dump(path).format
+
+
+def detect_dump(path: Path, fmt: str | None = None) -> DumpFile:
+    """The format of ``path`` (``fmt`` when given, else detected as :func:`detect_format`
+    does) and whether it is a metrics or a log dump, from one look at its head."""
+    if fmt is not None:
+        return DumpFile(path, fmt, is_metrics_dump(path), is_log_dump(path))
+    head = _head(path)
+    return DumpFile(path, _format_of(head, path), is_metrics_dump(path), is_log_dump(path, head))
+
+
+def is_metrics_dump(path: Path) -> bool:
+    """A file the dump exporter wrote metrics to: its name starts with ``metrics-``."""
+    return path.name.startswith("metrics-")
+
+
+def is_log_dump(path: Path, head: bytes | None = None) -> bool:
+    """A log dump: named ``logs-*``, or ``resourceLogs`` in its first bytes (``head``: the
+    decompressed start of the file, when read already). A file that cannot be read is not one
+    (the trace reader names its problem)."""
+    if path.name.startswith("logs-"):
+        return True
+    if head is None:
+        try:
+            head = _head(path)
+        except Exception:  # OSError, or not compressed as it claims
+            return False
+    start = head[:_LOG_HEAD_BYTES]
+    return any(marker in start for marker in _LOG_MARKERS)
+
+
+def _head(path: Path) -> bytes:
     stream, _ = open_decompressed(path)
     with stream:
-        return _format_of(_peek(stream, path), path)
+        return _peek(stream, path)
 
 
 def _format_of(head: bytes, path: Path) -> str:
@@ -220,11 +274,13 @@ def iter_records(
     *,
     on_bytes: Callable[[int], None] | None = None,
     buffers: ReadBuffers | None = None,
+    data: bytes | None = None,
 ) -> Iterator[Record]:
     """Every request of ``path`` in order (whole lines and plain protobuf frames in blocks);
     ``fmt`` overrides detection. Blocks are read into ``buffers`` when given (the caller gives
-    each block's ``storage`` back once it is done with it), else into fresh memory."""
-    stream, counter = open_decompressed(path)
+    each block's ``storage`` back once it is done with it), else into fresh memory. ``data``:
+    the file's bytes when the caller read them already (for its metrics or logs too)."""
+    stream, counter = open_decompressed(path, data)
     with stream:
         fmt = fmt or _format_of(_peek(stream, path), path)
         if fmt == "empty":

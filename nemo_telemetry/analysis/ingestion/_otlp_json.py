@@ -11,15 +11,14 @@ that is not shaped like one at all (a span that is not an object, say) is reject
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import re
 from typing import Any
 
 from nemo_telemetry.analysis.ingestion._columns import SpanColumns, text_id_hex
+from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string
 
-__all__ = ["MAX_VALUE_DEPTH", "decode_json_request", "scope_name_version", "span_problem", "event_problem", "link_problem", "any_value_to_python", "value_to_string"]
+__all__ = ["decode_json_request", "scope_name_version", "span_problem", "event_problem", "link_problem",
+           "extend_json_attributes", "resource_attributes", "camel_case"]
 
 _EMPTY: dict = {}
 _KINDS = {
@@ -33,10 +32,6 @@ _KINDS = {
 _STATUS = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
 _SNAKE = re.compile(r"_([a-z])")
 _DECIMAL = re.compile(r"-?[0-9]+")  # an int64 written as a string (ASCII digits only)
-# Arrays and key-value lists nested in one attribute value, at most: well inside upb's limit
-# of 100 nested messages (a span's attribute value starts 6 deep), so both decoders of each
-# format draw the line at the same place.
-MAX_VALUE_DEPTH = 32
 
 
 def decode_json_request(doc: Any, cols: SpanColumns) -> int:
@@ -63,7 +58,7 @@ def _decode(doc: dict, cols: SpanColumns) -> int:
     for rs in doc.get("resourceSpans") or ():
         resource = rs.get("resource") or _EMPTY
         resource_index = len(cols.resources)
-        cols.resources.append(_attribute_dict(resource.get("attributes")))
+        cols.resources.append(resource_attributes(resource.get("attributes")))
         for ss in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ():
             scope = ss.get("scope") or ss.get("instrumentationLibrary") or _EMPTY
             scope_index = len(cols.scopes)
@@ -224,7 +219,7 @@ def _attributes_problem(kvs: Any) -> str | None:
                 return f"[{i}].value.stringValue is not a string ({_shown(value['stringValue'])})"
             continue
         try:
-            value_to_string(any_value_to_python(value))
+            json_value_string(value)
         except (AttributeError, TypeError, KeyError, ValueError, RecursionError) as exc:
             return f"[{i}].value is not an AnyValue ({type(exc).__name__}: {exc})"
     return None
@@ -253,7 +248,7 @@ def _decode_spans(spans: list, cols: SpanColumns, scope_index: int, resource_ind
     cols.status_message += [st.get("message") or "" for st in status]
     cols.scope_index += [scope_index] * n
     cols.resource_index += [resource_index] * n
-    _extend_attributes(cols.attrs, [s.get("attributes") or () for s in spans])
+    extend_json_attributes(cols.attrs, [s.get("attributes") or () for s in spans])
     events = [s.get("events") for s in spans]
     if any(events):
         _decode_events(events, cols, first)
@@ -267,7 +262,7 @@ def _decode_events(events: list, cols: SpanColumns, first: int) -> None:
     cols.event_span += [row for row, _ in flat]
     cols.event_time += [e.get("timeUnixNano") or 0 for _, e in flat]
     cols.event_name += [e.get("name") or "" for _, e in flat]
-    _extend_attributes(cols.event_attrs, [e.get("attributes") or () for _, e in flat])
+    extend_json_attributes(cols.event_attrs, [e.get("attributes") or () for _, e in flat])
 
 
 def _decode_links(links: list, cols: SpanColumns, first: int) -> None:
@@ -276,25 +271,27 @@ def _decode_links(links: list, cols: SpanColumns, first: int) -> None:
     cols.link_trace_id += [link.get("traceId") or "" for _, link in flat]
     cols.link_span_id += [link.get("spanId") or "" for _, link in flat]
     cols.link_trace_state += [link.get("traceState") or "" for _, link in flat]
-    _extend_attributes(cols.link_attrs, [link.get("attributes") or () for _, link in flat])
+    extend_json_attributes(cols.link_attrs, [link.get("attributes") or () for _, link in flat])
 
 
-def _extend_attributes(target, per_owner: list) -> None:
+def extend_json_attributes(target, per_owner: list) -> None:
+    """Append the attributes of each owner (a span, event or link) to ``target``: how many,
+    their keys, and their values encoded once (:mod:`.anyvalue`)."""
     flat = [kv for kvs in per_owner for kv in kvs]
     values = [kv.get("value") or _EMPTY for kv in flat]
     strings = [v.get("stringValue") for v in values]
     for i in [i for i, s in enumerate(strings) if s is None]:
-        strings[i] = value_to_string(any_value_to_python(values[i]))
+        strings[i] = json_value_string(values[i])
     target.extend([len(kvs) for kvs in per_owner], [kv.get("key", "") for kv in flat], strings)
 
 
-def _attribute_dict(kvs: list | None) -> dict[str, str | None]:
+def resource_attributes(kvs: list | None) -> dict[str, str | None]:
     """A resource's attributes; ``ValueError`` when one cannot be read (the request is rejected:
     its resource is every span's)."""
     problem = _attributes_problem(kvs)
     if problem is not None:
         raise ValueError(f"resource attributes{problem}")
-    return {kv.get("key", ""): value_to_string(any_value_to_python(kv.get("value"))) for kv in kvs or ()}
+    return {kv.get("key", ""): json_value_string(kv.get("value")) for kv in kvs or ()}
 
 
 def scope_name_version(scope: Any) -> tuple[str | None, str | None]:
@@ -318,52 +315,6 @@ def _to_int(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
-
-
-def any_value_to_python(value: dict | None, depth: int = 0) -> Any:
-    """A JSON ``AnyValue`` as a Python value (bytes as lowercase hex text); ``ValueError`` when
-    arrays and key-value lists nest more than ``MAX_VALUE_DEPTH`` deep."""
-    if depth > MAX_VALUE_DEPTH:
-        raise ValueError(f"an attribute value nested more than {MAX_VALUE_DEPTH} deep")
-    if not value:
-        return None
-    if "stringValue" in value:
-        return value["stringValue"]
-    if "intValue" in value:
-        return int(value["intValue"])
-    if "boolValue" in value:
-        flag = value["boolValue"]
-        return flag if isinstance(flag, bool) else str(flag).lower() == "true"
-    if "doubleValue" in value:
-        return float(value["doubleValue"])
-    if "bytesValue" in value:
-        return _bytes_hex(value["bytesValue"])
-    if "arrayValue" in value:
-        return [any_value_to_python(v, depth + 1) for v in (value["arrayValue"] or _EMPTY).get("values") or ()]
-    if "kvlistValue" in value:
-        kvs = (value["kvlistValue"] or _EMPTY).get("values") or ()
-        return {kv["key"]: any_value_to_python(kv.get("value"), depth + 1) for kv in kvs}
-    return None
-
-
-def value_to_string(value: Any) -> str | None:
-    """The schema's string encoding of an attribute value (see ``analysis/schema.py``)."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, int):
-        return str(value)
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=True)
-
-
-def _bytes_hex(text: str) -> str:
-    try:
-        return base64.b64decode(text, validate=True).hex()
-    except (binascii.Error, ValueError):
-        return str(text).lower()
 
 
 def camel_case(obj: Any) -> Any:

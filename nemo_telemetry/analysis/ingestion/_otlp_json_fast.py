@@ -18,7 +18,8 @@ import pyarrow as pa
 
 from nemo_telemetry.analysis.kernels import _compiled
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, text_id_hex, grown_records, scratch_matrix, special_rows, string_array
-from nemo_telemetry.analysis.ingestion._otlp_json import _attribute_dict, _extend_attributes, any_value_to_python, event_problem, link_problem, scope_name_version, value_to_string
+from nemo_telemetry.analysis.ingestion._otlp_json import event_problem, extend_json_attributes, link_problem, resource_attributes, scope_name_version
+from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string
 
 __all__ = ["decode_json_lines", "decode_json_block", "LINE_OK", "LINE_OTHER_SIGNAL", "LINE_FALLBACK", "LINE_BLANK"]
 
@@ -160,7 +161,7 @@ def _values(k, w, buffer: bytes, arena: np.ndarray, attrs: np.ndarray) -> pa.Arr
     for row in rows.tolist():
         if kind[row] == k.V_RARE:
             s, n = int(attrs[k.ANY_S, row]), int(attrs[k.ANY_N, row])
-            text = value_to_string(any_value_to_python(orjson.loads(buffer[s : s + n])))
+            text = json_value_string(orjson.loads(buffer[s : s + n]))
         else:
             s, n = int(attrs[k.VAL_S, row]), int(attrs[k.VAL_N, row])
             text = orjson.loads(b'"' + arena[s : s + n].tobytes() + b'"')
@@ -192,7 +193,7 @@ def _scratch_arena(size: int) -> np.ndarray:
 def _resource(buffer: bytes, start: int, length: int) -> dict:
     if length == 0:
         return {}
-    return _attribute_dict((orjson.loads(buffer[start : start + length]) or {}).get("attributes"))
+    return resource_attributes((orjson.loads(buffer[start : start + length]) or {}).get("attributes"))
 
 
 def _scope(buffer: bytes, start: int, length: int) -> tuple:
@@ -210,7 +211,7 @@ def _events_and_links(buffer: bytes, events: np.ndarray, links: np.ndarray, extr
         extras.event_span.append(owner)
         extras.event_time.append(event.get("timeUnixNano") or 0)
         extras.event_name.append(event.get("name") or "")
-        _extend_attributes(extras.event_attrs, [event.get("attributes") or ()])
+        extend_json_attributes(extras.event_attrs, [event.get("attributes") or ()])
     for start, length, owner in links.tolist():
         link = orjson.loads(buffer[start : start + length])
         if link_problem(link) is not None:
@@ -219,4 +220,4 @@ def _events_and_links(buffer: bytes, events: np.ndarray, links: np.ndarray, extr
         extras.link_trace_id.append(link.get("traceId") or "")
         extras.link_span_id.append(link.get("spanId") or "")
         extras.link_trace_state.append(link.get("traceState") or "")
-        _extend_attributes(extras.link_attrs, [link.get("attributes") or ()])
+        extend_json_attributes(extras.link_attrs, [link.get("attributes") or ()])

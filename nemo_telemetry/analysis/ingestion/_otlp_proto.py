@@ -11,15 +11,14 @@ rejected alone and named in ``cols.rejected``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from nemo_telemetry.analysis.ingestion._columns import SpanColumns
-from nemo_telemetry.analysis.ingestion._otlp_json import MAX_VALUE_DEPTH, value_to_string
+from nemo_telemetry.analysis.ingestion.anyvalue import proto_value_string
 
-__all__ = ["decode_proto_request", "parse_proto_request", "span_problem", "event_problem", "link_problem"]
+__all__ = ["decode_proto_request", "parse_proto_request", "span_problem", "event_problem", "link_problem",
+           "extend_proto_attributes"]
 
 _TOP = 1 << 63  # fixed64 timestamps past int64 are legal on the wire, out of range here
 
@@ -39,7 +38,7 @@ def decode_proto_request(payload: bytes | ExportTraceServiceRequest, cols: SpanC
     number = 0  # the span's place in the request, as rejections name it
     for rs in request.resource_spans:
         resource_index = len(cols.resources)
-        cols.resources.append({kv.key: _value_string(kv.value) for kv in rs.resource.attributes})
+        cols.resources.append({kv.key: proto_value_string(kv.value) for kv in rs.resource.attributes})
         for ss in rs.scope_spans:
             scope_index = len(cols.scopes)
             cols.scopes.append((ss.scope.name or None, ss.scope.version or None))
@@ -107,14 +106,14 @@ def _decode_spans(spans, cols: SpanColumns, scope_index: int, resource_index: in
     cols.status_message += [st.message for st in status]
     cols.scope_index += [scope_index] * n
     cols.resource_index += [resource_index] * n
-    _extend_attributes(cols.attrs, [s.attributes for s in spans])
+    extend_proto_attributes(cols.attrs, [s.attributes for s in spans])
     events = [s.events for s in spans]
     if any(events):
         flat = [(first + i, e) for i, evs in enumerate(events) for e in evs]
         cols.event_span += [row for row, _ in flat]
         cols.event_time += [e.time_unix_nano for _, e in flat]
         cols.event_name += [e.name for _, e in flat]
-        _extend_attributes(cols.event_attrs, [e.attributes for _, e in flat])
+        extend_proto_attributes(cols.event_attrs, [e.attributes for _, e in flat])
     links = [s.links for s in spans]
     if any(links):
         flat = [(first + i, link) for i, ls in enumerate(links) for link in ls]
@@ -122,34 +121,13 @@ def _decode_spans(spans, cols: SpanColumns, scope_index: int, resource_index: in
         cols.link_trace_id += [link.trace_id for _, link in flat]
         cols.link_span_id += [link.span_id for _, link in flat]
         cols.link_trace_state += [link.trace_state for _, link in flat]
-        _extend_attributes(cols.link_attrs, [link.attributes for _, link in flat])
+        extend_proto_attributes(cols.link_attrs, [link.attributes for _, link in flat])
 
 
-def _extend_attributes(target, per_owner: list) -> None:
+def extend_proto_attributes(target, per_owner: list) -> None:
+    """Append the attributes of each owner (a span, event or link) to ``target``: how many,
+    their keys, and their values encoded once (:mod:`.anyvalue`)."""
     flat = [kv for kvs in per_owner for kv in kvs]
     target.extend(
-        [len(kvs) for kvs in per_owner], [kv.key for kv in flat], [_value_string(kv.value) for kv in flat]
+        [len(kvs) for kvs in per_owner], [kv.key for kv in flat], [proto_value_string(kv.value) for kv in flat]
     )
-
-
-def _value_string(value) -> str | None:
-    which = value.WhichOneof("value")
-    if which == "string_value":
-        return value.string_value
-    return value_to_string(_python(value, which))
-
-
-def _python(value, which: str | None, depth: int = 0) -> Any:
-    """An ``AnyValue`` as a Python value, the same one the JSON decoder produces; ``ValueError``
-    past ``MAX_VALUE_DEPTH`` nested arrays and lists, as there."""
-    if which is None:
-        return None
-    if depth > MAX_VALUE_DEPTH:
-        raise ValueError(f"an attribute value nested more than {MAX_VALUE_DEPTH} deep")
-    if which == "bytes_value":
-        return value.bytes_value.hex()
-    if which == "array_value":
-        return [_python(v, v.WhichOneof("value"), depth + 1) for v in value.array_value.values]
-    if which == "kvlist_value":
-        return {kv.key: _python(kv.value, kv.value.WhichOneof("value"), depth + 1) for kv in value.kvlist_value.values}
-    return getattr(value, which)

@@ -27,7 +27,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from nemo_telemetry.analysis.kernels import _compiled
 from nemo_telemetry.analysis.ingestion._columns import AttributeRecords, OtlpTables, SpanArrays, SpanColumns, build_tables, grown_records, scratch_matrix, string_array, string_offsets
-from nemo_telemetry.analysis.ingestion._otlp_proto import _extend_attributes, _value_string, decode_proto_request, event_problem, link_problem
+from nemo_telemetry.analysis.ingestion._otlp_proto import decode_proto_request, event_problem, extend_proto_attributes, link_problem
+from nemo_telemetry.analysis.ingestion.anyvalue import proto_value_string
 
 __all__ = ["WireError", "decode_requests", "decode_frames", "decode_frames_each", "decode_batch"]
 
@@ -213,7 +214,7 @@ def _attribute_records(k, s, data: np.ndarray, attrs: np.ndarray) -> AttributeRe
     rows = np.flatnonzero(kind >= _DOUBLE)
     first = attrs[k.ANY_S][rows]
     bounds = zip(first.tolist(), (first + attrs[k.ANY_N][rows]).tolist())
-    rare = [_value_string(AnyValue.FromString(data[s:e].tobytes())) for s, e in bounds]
+    rare = [proto_value_string(AnyValue.FromString(data[s:e].tobytes())) for s, e in bounds]
     present = np.array([text is not None for text in rare], dtype=np.bool_)
     kind[rows[~present]] = -1
     kind[rows[present]] = _SPECIAL + np.arange(int(present.sum()))
@@ -247,7 +248,7 @@ def _resources(data: np.ndarray, records: np.ndarray) -> list[dict]:
         attributes = parsed.get(raw)
         if attributes is None:
             resource = Resource.FromString(raw)
-            attributes = parsed[raw] = {kv.key: _value_string(kv.value) for kv in resource.attributes}
+            attributes = parsed[raw] = {kv.key: proto_value_string(kv.value) for kv in resource.attributes}
         out.append(attributes)
     return out
 
@@ -269,7 +270,7 @@ def _events_and_links(data: np.ndarray, events: np.ndarray, links: np.ndarray, e
         extras.event_span.append(owner)
         extras.event_time.append(event.time_unix_nano)
         extras.event_name.append(event.name)
-        _extend_attributes(extras.event_attrs, [event.attributes])
+        extend_proto_attributes(extras.event_attrs, [event.attributes])
     for owner, start, length in links.tolist():
         link = Span.Link.FromString(data[start : start + length].tobytes())
         if link_problem(link) is not None:
@@ -278,7 +279,7 @@ def _events_and_links(data: np.ndarray, events: np.ndarray, links: np.ndarray, e
         extras.link_trace_id.append(link.trace_id)
         extras.link_span_id.append(link.span_id)
         extras.link_trace_state.append(link.trace_state)
-        _extend_attributes(extras.link_attrs, [link.attributes])
+        extend_proto_attributes(extras.link_attrs, [link.attributes])
 
 
 def decode_batch(payloads: list[bytes], rejected_spans: list | None = None) -> tuple[OtlpTables, list[tuple[int, str]]]:

@@ -41,6 +41,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+from nemo_telemetry.analysis.choices import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
 from nemo_telemetry.analysis.kernels import _compiled
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables, SpanColumns
 from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
@@ -62,8 +63,6 @@ __all__ = [
 ]
 
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
-DEFAULT_MAX_CONNECTIONS = 256
-DEFAULT_READ_TIMEOUT_S = 10.0  # one socket read; also how long an idle keep-alive connection stays
 DEFAULT_REQUEST_TIMEOUT_S = 60.0  # reading one request, from its first line to its last byte
 LISTEN_BACKLOG = 1024  # the kernel caps it at net.core.somaxconn
 RETRY_AFTER_S = 1  # sent with every 503
@@ -124,8 +123,10 @@ class _Committer:
     """One thread owns the dataset writer: it takes every request queued while it was busy,
     writes and commits them together, then wakes their handlers with the outcome."""
 
-    def __init__(self, root: Path, writer: DatasetWriter, counts: dict, lock: threading.Lock) -> None:
+    def __init__(self, root: Path, writer: DatasetWriter, counts: dict, lock: threading.Lock,
+                 on_commit: Callable[[pa.Table], None] | None = None) -> None:
         self._root = root
+        self._on_commit = on_commit  # sees each committed group's new spans, before any handler answers
         self._writer: DatasetWriter | None = writer  # None after a failed write, until reopened
         self._counts, self._lock = counts, lock  # the server's summary counters and their lock
         self._cond = threading.Condition()
@@ -212,6 +213,11 @@ class _Committer:
             self._counts["events"] += written.events.num_rows
             self._counts["links"] += written.links.num_rows
             self._counts["duplicates_dropped"] += tables.spans.num_rows - written.spans.num_rows
+        if self._on_commit is not None and written.spans.num_rows:
+            try:
+                self._on_commit(written.spans)
+            except Exception:  # noqa: BLE001 - a consumer's fault must not fail a durable commit
+                _log.exception("the on_commit hook failed; the spans are committed")
 
     def _write(self, tables: OtlpTables, *, requests: int) -> OtlpTables:
         """Write and commit; durable on return. A failed commit leaves the writer usable; a
@@ -298,7 +304,8 @@ class CollectorServer:
 
     Raises :class:`~nemo_telemetry.errors.ListenError` when the address cannot be bound and
     :class:`~nemo_telemetry.errors.IngestError` when the dataset cannot be created. The class
-    attributes are the default bounds.
+    attributes are the default bounds. ``on_commit`` is called (on the committer thread) with the
+    spans each commit added, deduplicated, once they are durable: how ``monitor`` sees them.
     """
 
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
@@ -316,6 +323,7 @@ class CollectorServer:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        on_commit: Callable[[pa.Table], None] | None = None,
     ) -> None:
         self.max_request_bytes = max_request_bytes
         self.max_connections = max_connections
@@ -336,7 +344,7 @@ class CollectorServer:
         except OSError as exc:
             writer.abort()
             raise ListenError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
-        self._committer = _Committer(Path(out), writer, self._counts, self._lock)
+        self._committer = _Committer(Path(out), writer, self._counts, self._lock, on_commit)
         self._thread: threading.Thread | None = None
 
     @property

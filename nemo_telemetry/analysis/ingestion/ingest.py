@@ -23,9 +23,10 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables, SpanColumns
 from nemo_telemetry.analysis.ingestion._detect import (
     FORMATS,
+    DumpFile,
     ReadBuffers,
     classify_json_line,
-    detect_format,
+    detect_dump,
     expand_inputs,
     expand_inputs_found,
     iter_records,
@@ -33,19 +34,18 @@ from nemo_telemetry.analysis.ingestion._detect import (
 from nemo_telemetry.analysis.ingestion._otlp_json_fast import LINE_FALLBACK, LINE_OTHER_SIGNAL, decode_json_block
 from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
 from nemo_telemetry.analysis.ingestion._otlp_wire import decode_batch, decode_frames_each
-from nemo_telemetry.analysis.ingestion.metrics import dataset_metric_files
+from nemo_telemetry.analysis.ingestion.metrics import dataset_metric_file
 from nemo_telemetry.analysis.ingestion.logs import dataset_log_files
 from nemo_telemetry.analysis.store.commits import dataset_state
 from nemo_telemetry.analysis.store.dataset import (
     DatasetWriter,
     SpanDeduplicator,
-    _owned_by,
     drop_duplicates,
     read_dataset,
     span_keys,
 )
 from nemo_telemetry.analysis.store.sources import Source, split_sources
-from nemo_telemetry.errors import IngestError
+from nemo_telemetry.errors import IngestError, IngestWarning
 
 __all__ = [
     "IngestSummary",
@@ -71,10 +71,6 @@ BATCH_JSON_BYTES = 8 << 20
 DECODE_AHEAD = 2  # batches decoding on worker threads while the next one is read
 WRITE_AHEAD = 2  # Parquet files written on worker threads while the next batches decode
 FILE_ROWS = 1 << 17  # spans of a (run, rank) partition gathered into one Parquet file
-
-
-class IngestWarning(UserWarning):
-    """Records were rejected while reading raw files on the fly (details in the message)."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +130,8 @@ class IngestPipeline:
     in_flight: deque = field(default_factory=deque)  # (future of _Decoded, its read buffers), oldest first
     buffers: ReadBuffers = field(default_factory=ReadBuffers)  # blocks are read into these, reused
 
-    def add_file(self, path: Path, fmt: str | None) -> None:
+    def add_file(self, path: Path, fmt: str | None, data: bytes | None = None) -> None:
+        """Decode the spans of ``path`` (``data``: its bytes, when read already)."""
         self.counts["files"] += 1
         done = [0]
 
@@ -143,7 +140,7 @@ class IngestPipeline:
             if self.progress is not None:
                 self.progress(self.bytes_before + count, self.counts["spans"] + len(self.cols))
 
-        for record in iter_records(path, fmt, on_bytes=on_bytes, buffers=self.buffers):
+        for record in iter_records(path, fmt, on_bytes=on_bytes, buffers=self.buffers, data=data):
             self.add_record(record.kind, record.where, record.payload)
         self.bytes_before += path.stat().st_size
 
@@ -346,9 +343,7 @@ def drop_malformed_ids(tables: OtlpTables, report: Callable[[int], None]) -> Otl
     if not bad:
         return tables
     report(bad)
-    spans = spans.filter(pa.array(ok))
-    words = tables.span_words[ok] if tables.span_words is not None else None
-    return OtlpTables(spans, _owned_by(tables.events, spans), _owned_by(tables.links, spans), words)
+    return tables.keep_spans(ok)
 
 
 def _has_length(column: pa.ChunkedArray, length: int) -> np.ndarray:
@@ -384,15 +379,18 @@ def raw_files(inputs: Source, fmt: str | None) -> tuple[list[tuple[Path, str | N
     """Every file with its format, checked before anything is written, and why each file found
     in an input directory that is not OTLP is skipped (a README beside the dumps); a file named
     as input that is not OTLP is an :class:`IngestError`."""
+    files, skipped = dump_files_detected(inputs, fmt)
+    return [(dump.path, dump.format) for dump in files], skipped
+
+
+def dump_files_detected(inputs: Source, fmt: str | None) -> tuple[list[DumpFile], list[str]]:
+    """:func:`raw_files`, each file also marked a metrics or log dump (the same look at its head)."""
     if fmt is not None and fmt not in FORMATS:
         raise IngestError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     files, skipped = [], []
     for path, directory in expand_inputs_found(inputs):
-        if fmt is not None:
-            files.append((path, fmt))
-            continue
         try:
-            files.append((path, detect_format(path)))
+            files.append(detect_dump(path, fmt))
         except IngestError as exc:
             if directory is None:
                 raise
@@ -413,20 +411,27 @@ def ingest(
     were dropped is in the summary. ``progress(bytes_done, spans_done)`` is called as it goes.
     The metrics and log dumps among the inputs go to ``out/metrics`` and ``out/logs``.
     """
-    files, skipped = raw_files(inputs, format)
+    files, skipped = dump_files_detected(inputs, format)
     writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
     try:
         writer.start(ingest_inputs(inputs))
         pipeline = IngestPipeline(writer.write_fresh, dedup=writer.dedup, progress=progress)
         pipeline.skip_files(skipped)
-        for path, fmt in files:
-            pipeline.add_file(path, fmt)
+        metric_files, log_dumps = [], []
+        for dump in files:
+            # a metrics or log dump is read once, for its spans and its metrics or logs
+            data = dump.path.read_bytes() if dump.metrics or dump.logs else None
+            pipeline.add_file(dump.path, dump.format, data)
+            if dump.metrics and (metric_file := dataset_metric_file(dump.path, data)) is not None:
+                metric_files.append(metric_file)
+            if dump.logs:
+                log_dumps.append((dump.path, data))
         summary = pipeline.summary()
         points = 0
-        for relative, table in dataset_metric_files([path for path, _ in files]):
+        for relative, table in metric_files:
             writer.stage_table(relative, table)
             points += table.num_rows
-        logs = dataset_log_files([path for path, _ in files])
+        logs = dataset_log_files(log_dumps)
         for relative, table in logs.files:
             writer.stage_table(relative, table)
     except BaseException:

@@ -17,11 +17,11 @@ from typing import Any, Iterable, Iterator
 
 import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from nemo_telemetry.analysis.ingestion._columns import text_id_hex
-from nemo_telemetry.analysis.ingestion._detect import open_decompressed
-from nemo_telemetry.analysis.ingestion._otlp_json import any_value_to_python, camel_case, value_to_string
+from nemo_telemetry.analysis.ingestion._detect import is_log_dump, open_decompressed
+from nemo_telemetry.analysis.ingestion._otlp_json import camel_case
+from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string
 from nemo_telemetry.errors import IngestError
 
 __all__ = ["LOGS_SCHEMA", "LogReadResult", "DatasetLogFiles", "read_logs", "read_log_dumps", "log_dump_files",
@@ -47,7 +47,6 @@ LOGS_SCHEMA = pa.schema([
 ])
 """One row per log record. ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank`` (from the resource)."""
 
-_HEAD_BYTES = 256
 _SEVERITY_NAMES = {1: "TRACE", 5: "DEBUG", 9: "INFO", 13: "WARN", 17: "ERROR", 21: "FATAL"}
 
 
@@ -95,18 +94,6 @@ class _Rows:
 # -- which files ------------------------------------------------------------------------------
 
 
-def _is_log_dump(path: Path) -> bool:
-    if path.name.startswith("logs-"):
-        return True
-    try:
-        stream, _ = open_decompressed(path)
-        with stream:
-            head = stream.peek(_HEAD_BYTES)[:_HEAD_BYTES]
-    except Exception:  # unreadable or not compressed as it claims: the trace reader names it
-        return False
-    return b'"resourceLogs"' in head or b'"resource_logs"' in head
-
-
 def log_dump_files(source: str | Path | Iterable[str | Path]) -> list[Path]:
     """The log dumps among ``source``: files named, and files under directories (hidden ones skipped)."""
     items = [source] if isinstance(source, (str, Path)) else list(source)
@@ -115,9 +102,9 @@ def log_dump_files(source: str | Path | Iterable[str | Path]) -> list[Path]:
         if item.is_dir():
             found = sorted(p for p in item.rglob("*") if p.is_file()
                            and not any(part.startswith(".") for part in p.relative_to(item).parts))
-            files.extend(p for p in found if _is_log_dump(p))
+            files.extend(p for p in found if is_log_dump(p))
         elif item.is_file():
-            if _is_log_dump(item):
+            if is_log_dump(item):
                 files.append(item)
         else:
             raise IngestError(f"{item}: no such file or directory. Pass a log dump (logs-*.jsonl), the "
@@ -128,9 +115,10 @@ def log_dump_files(source: str | Path | Iterable[str | Path]) -> list[Path]:
 # -- reading ----------------------------------------------------------------------------------
 
 
-def _documents(path: Path, problems: list[str]) -> Iterator[tuple[str, Any]]:
+def _documents(path: Path, problems: list[str], data: bytes | None = None) -> Iterator[tuple[str, Any]]:
+    """``(where, document)`` for each JSON document of ``path`` (``data``: its bytes, read already)."""
     try:
-        stream, _ = open_decompressed(path)
+        stream, _ = open_decompressed(path, data)
         with stream:
             data = stream.read()
     except Exception as exc:  # OSError, EOFError, zstandard.ZstdError
@@ -159,7 +147,7 @@ def _get(obj: dict, key: str, default: Any = None) -> Any:
 
 def _any_text(value: Any) -> str | None:
     """An OTLP/JSON ``AnyValue`` as text, encoded as span attributes are (``schema.py``)."""
-    return value_to_string(any_value_to_python(value))
+    return json_value_string(value)
 
 
 def _attributes(kvs: Any) -> list[tuple[str, str | None]]:
@@ -270,11 +258,13 @@ def _resource_columns(resource: list[tuple[str, str | None]]) -> dict[str, Any]:
             "resource_attributes": resource}
 
 
-def read_log_dumps(files: Iterable[str | Path]) -> LogReadResult:
-    """The logs table of the given dump files, with the number of log requests and each problem."""
+def read_log_dumps(files: Iterable[str | Path], *, contents: Iterable[bytes | None] | None = None) -> LogReadResult:
+    """The logs table of the given dump files, with the number of log requests and each problem;
+    ``contents``: each file's bytes when the caller read them already."""
+    files = [Path(f) for f in files]
     rows, problems, unreadable, requests = _Rows(), [], [], 0
-    for path in map(Path, files):
-        for where, doc in _documents(path, unreadable):
+    for path, data in zip(files, [None] * len(files) if contents is None else contents):
+        for where, doc in _documents(path, unreadable, data):
             requests += _decode(doc, where, rows, problems, unreadable)
     return LogReadResult(rows.table(), requests, problems, unreadable)
 
@@ -287,12 +277,11 @@ def read_logs(source: str | Path | Iterable[str | Path]) -> pa.Table:
     """
     import warnings
 
-    from nemo_telemetry.analysis.store.commits import committed_files
+    from nemo_telemetry.analysis.store.dataset import read_dataset
     from nemo_telemetry.analysis.store.sources import split_sources
 
     datasets, raw = split_sources(source)
-    tables: list[pa.Table] = [pq.read_table(f, schema=LOGS_SCHEMA) for d in datasets
-                              for f in committed_files(d, "logs")]
+    tables = [read_dataset(d, "logs", schema=LOGS_SCHEMA) for d in datasets]
     if raw:
         result = read_log_dumps(log_dump_files(raw))
         problems = result.problems + result.unreadable
@@ -306,20 +295,21 @@ def read_logs(source: str | Path | Iterable[str | Path]) -> pa.Table:
     return pa.concat_tables(tables).sort_by([("time_ns", "ascending")])
 
 
-def dataset_log_files(files: Iterable[Path]) -> DatasetLogFiles:
-    """The records of the log dumps among ``files`` as the dataset files to stage, one per input.
+def dataset_log_files(dumps: Iterable[tuple[Path, bytes]]) -> DatasetLogFiles:
+    """The records of log dumps (each ``(path, its bytes)``, read once by the ingest for its
+    spans and logs) as the dataset files to stage, one per input.
 
     Named by the input's content hash, so re-ingesting a file replaces its records instead of
     adding them twice; the writer stages them into the ingest's final commit, so a reader sees
     them with the spans or not at all.
     """
     out, written, requests, problems = [], 0, 0, []
-    for path in log_dump_files(list(files)):
-        result = read_log_dumps([path])
+    for path, data in dumps:
+        result = read_log_dumps([path], contents=[data])
         requests += result.requests
         problems += result.problems
         if not result.table.num_rows:
             continue
-        out.append((f"logs/{hashlib.sha1(path.read_bytes()).hexdigest()[:20]}.parquet", result.table))
+        out.append((f"logs/{hashlib.sha1(data).hexdigest()[:20]}.parquet", result.table))
         written += result.table.num_rows
     return DatasetLogFiles(tuple(out), written, requests, tuple(problems))

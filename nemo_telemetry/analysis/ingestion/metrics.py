@@ -25,8 +25,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from nemo_telemetry.analysis.ingestion._detect import is_metrics_dump
+from nemo_telemetry.analysis.ingestion.anyvalue import json_flag, proto_value_string
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
@@ -43,7 +44,7 @@ __all__ = [
     "with_efficiency_columns",
     "metrics_for_source",
     "with_step_metrics",
-    "dataset_metric_files",
+    "dataset_metric_file",
 ]
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
@@ -82,6 +83,7 @@ FIRST_PROBLEM_KEY = b"nemo.metrics.first_problem"
 _KINDS = (("gauge", "gauge"), ("sum", "sum"), ("histogram", "histogram"),
           ("exponential_histogram", "exponential_histogram"), ("summary", "summary"))
 _TEMPORALITY = {0: "unspecified", 1: "delta", 2: "cumulative"}
+_BOOL_VALUE_KEYS = ("boolValue", "bool_value")
 _OTHER_SIGNALS = ("resourceSpans", "resource_spans", "resourceLogs", "resource_logs")
 _STEP_NAME = r"^rl\.[^.]+\.step$"
 
@@ -123,7 +125,8 @@ class _Columns:
         })
 
 
-def read_metrics(source: str | Path | Iterable[str | Path], *, strict: bool = False) -> pa.Table:
+def read_metrics(source: str | Path | Iterable[str | Path], *, strict: bool = False,
+                 contents: Iterable[bytes | None] | None = None) -> pa.Table:
     """The metrics table of ``source``: a dump file, a directory of ``metrics-*`` files, or several.
 
     Raises IngestError for a path that does not exist or cannot be read, and (with ``strict``)
@@ -131,8 +134,8 @@ def read_metrics(source: str | Path | Iterable[str | Path], *, strict: bool = Fa
     """
     paths = _expand(source)
     cols, counts = _Columns(), _Counts()
-    for path in paths:
-        for where, request in _requests(path, counts, strict):
+    for path, raw in zip(paths, [None] * len(paths) if contents is None else contents):
+        for where, request in _requests(path, counts, strict, raw):
             _decode_request(request, cols, where, counts, strict)
     return cols.to_table(counts)
 
@@ -160,9 +163,10 @@ def _expand(source: str | Path | Iterable[str | Path]) -> list[Path]:
     return paths
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path, data: bytes | None = None) -> bytes:
+    """The decompressed contents of ``path`` (``data``: its bytes, read already)."""
     try:
-        data = path.read_bytes()
+        data = path.read_bytes() if data is None else data
         if data[:2] == b"\x1f\x8b":
             return gzip.decompress(data)
         if data[:4] == b"\x28\xb5\x2f\xfd":
@@ -177,9 +181,9 @@ def _read_bytes(path: Path) -> bytes:
         raise IngestError(f"{path}: cannot be decompressed ({exc}).") from exc
 
 
-def _requests(path: Path, counts: _Counts, strict: bool) -> Iterator[tuple[str, Any]]:
-    """``(where, ExportMetricsServiceRequest)`` for each metrics record in the file."""
-    data = _read_bytes(path)
+def _requests(path: Path, counts: _Counts, strict: bool, raw: bytes | None = None) -> Iterator[tuple[str, Any]]:
+    """``(where, ExportMetricsServiceRequest)`` for each metrics record in the file (``raw``: its bytes, read already)."""
+    data = _read_bytes(path, raw)
     head = data.lstrip()[:1]
     if head in (b"{", b"["):
         yield from _json_requests(path, data, counts, strict)
@@ -220,17 +224,20 @@ def _parse(doc: dict, where: str):
     if not any(key in doc for key in ("resourceMetrics", "resource_metrics")):
         raise IngestError("no resourceMetrics: not an OTLP metrics request")
     try:
-        return ParseDict(_without_exemplars(doc), ExportMetricsServiceRequest(), ignore_unknown_fields=True)
+        return ParseDict(_for_parse_dict(doc), ExportMetricsServiceRequest(), ignore_unknown_fields=True)
     except ParseError as exc:
         raise IngestError(f"not a valid OTLP metrics request ({exc})") from exc
 
 
-def _without_exemplars(doc: Any) -> Any:
-    """Exemplar ids are hex in the Collector's JSON but base64 to the protobuf parser; we drop them."""
+def _for_parse_dict(doc: Any) -> Any:
+    """``doc`` as protobuf's JSON parser takes it: without exemplars (their ids are hex in the
+    Collector's JSON, base64 to the parser), and a ``boolValue`` given as text made a bool, as
+    the span and log readers take it (:func:`.anyvalue.json_flag`)."""
     if isinstance(doc, dict):
-        return {k: _without_exemplars(v) for k, v in doc.items() if k != "exemplars"}
+        return {k: json_flag(v) if k in _BOOL_VALUE_KEYS else _for_parse_dict(v)
+                for k, v in doc.items() if k != "exemplars"}
     if isinstance(doc, list):
-        return [_without_exemplars(v) for v in doc]
+        return [_for_parse_dict(v) for v in doc]
     return doc
 
 
@@ -262,36 +269,8 @@ def _proto_requests(path: Path, data: bytes, counts: _Counts, strict: bool) -> I
         counts.bad(f"{path}: byte {offset}", "trailing bytes that are not a length-prefixed record", strict)
 
 
-def _any_to_string(value) -> str | None:
-    kind = value.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "string_value":
-        return value.string_value
-    if kind == "bool_value":
-        return "true" if value.bool_value else "false"
-    if kind == "int_value":
-        return str(value.int_value)
-    if kind == "double_value":
-        return repr(value.double_value)
-    if kind == "bytes_value":
-        return value.bytes_value.hex()
-    return json.dumps(_any_to_python(value), separators=(",", ":"))
-
-
-def _any_to_python(value) -> Any:
-    kind = value.WhichOneof("value")
-    if kind == "array_value":
-        return [_any_to_python(v) for v in value.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: _any_to_python(kv.value) for kv in value.kvlist_value.values}
-    if kind == "bytes_value":
-        return value.bytes_value.hex()
-    return getattr(value, kind) if kind else None
-
-
 def _attributes(kvs) -> list[tuple[str, str | None]]:
-    return [(kv.key, _any_to_string(kv.value)) for kv in kvs]
+    return [(kv.key, proto_value_string(kv.value)) for kv in kvs]
 
 
 def _int_or_none(text: str | None) -> int | None:
@@ -302,6 +281,18 @@ def _int_or_none(text: str | None) -> int | None:
 
 
 def _decode_request(request, cols: _Columns, where: str, counts: _Counts, strict: bool) -> None:
+    """Append the data points of one request; one whose attribute values cannot be encoded
+    (nested too deep) costs only that request, counted and named like any malformed record."""
+    kept = len(cols.rows["name"])
+    try:
+        _append_points(request, cols, where, counts, strict)
+    except ValueError as exc:
+        for values in cols.rows.values():
+            del values[kept:]
+        counts.bad(where, str(exc), strict)
+
+
+def _append_points(request, cols: _Columns, where: str, counts: _Counts, strict: bool) -> None:
     rows = cols.rows
     for rm in request.resource_metrics:
         resource = _attributes(rm.resource.attributes)
@@ -487,8 +478,8 @@ def _empty_by_step() -> pa.Table:
 def _metric_dump_files(path: Path) -> list[Path]:
     """The dump exporter's metrics files in ``path`` (a directory) or ``path`` itself."""
     if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.name.startswith("metrics-") and p.is_file())
-    return [path] if path.is_file() and path.name.startswith("metrics-") else []
+        return sorted(p for p in path.iterdir() if is_metrics_dump(p) and p.is_file())
+    return [path] if path.is_file() and is_metrics_dump(path) else []
 
 
 def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | None:
@@ -497,15 +488,11 @@ def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | 
     A dataset directory keeps them in ``metrics/`` (written by ``ingest``); raw dumps have them
     in ``metrics-*`` files beside the ``traces-*`` files.
     """
-    from nemo_telemetry.analysis.store.commits import committed_files
+    from nemo_telemetry.analysis.store.dataset import read_dataset
     from nemo_telemetry.analysis.store.sources import split_sources
 
     datasets, others = split_sources(source)
-    tables: list[pa.Table] = []
-    for item in datasets:
-        files = committed_files(item, "metrics")
-        if files:
-            tables.append(pa.concat_tables(pq.read_table(f, schema=METRICS_SCHEMA) for f in files))
+    tables = [read_dataset(item, "metrics", schema=METRICS_SCHEMA) for item in datasets]
     raw = [f for item in others for f in _metric_dump_files(item)]
     if raw:
         tables.append(read_metrics(raw))
@@ -513,22 +500,20 @@ def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | 
     return pa.concat_tables(tables) if tables else None
 
 
-def dataset_metric_files(files: Iterable[Path]) -> list[tuple[str, pa.Table]]:
-    """The data points of the ``metrics-*`` dump files among ``files``, as the dataset files to
-    write: ``(metrics/<hash>.parquet, points)`` per input with points.
+def dataset_metric_file(path: Path, data: bytes) -> tuple[str, pa.Table] | None:
+    """The data points of one metrics dump (``data``: its bytes, read once by the ingest for
+    its spans and metrics) as the dataset file to write, ``(metrics/<hash>.parquet, points)``;
+    None when it has none.
 
     Named by the input's content hash, so re-ingesting a file replaces its points instead of
     adding them twice.
     """
     import hashlib
 
-    out = []
-    for path in (p for f in files for p in _metric_dump_files(Path(f))):
-        table = read_metrics(path)
-        if table.num_rows:
-            name = f"metrics/{hashlib.sha1(path.read_bytes()).hexdigest()[:20]}.parquet"
-            out.append((name, table.replace_schema_metadata(None)))
-    return out
+    table = read_metrics(path, contents=[data])
+    if not table.num_rows:
+        return None
+    return f"metrics/{hashlib.sha1(data).hexdigest()[:20]}.parquet", table.replace_schema_metadata(None)
 
 
 def with_step_metrics(runs: tuple, source) -> tuple:

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.model.schema import ID_KEY_FIELDS, ITERATION
+from nemo_telemetry.analysis.model.schema import ID_KEY_FIELDS
 
 __all__ = ["hex_to_uint64", "with_id_keys", "parent_indices", "trace_mix"]
 

@@ -47,6 +47,7 @@ from nemo_telemetry.errors import IngestError
 __all__ = [
     "DatasetWriter",
     "SpanDeduplicator",
+    "RecentSpanDeduplicator",
     "is_dataset",
     "read_dataset",
     "NO_RUN_PARTITION",
@@ -81,10 +82,11 @@ def is_dataset(path: Path) -> bool:
 
 
 def read_dataset(root: Path, table: str = "spans", *, columns: list[str] | None = None,
-                 state: commits.DatasetState | None = None) -> pa.Table:
+                 state: commits.DatasetState | None = None, schema: pa.Schema | None = None) -> pa.Table:
     """One table of the dataset at ``root`` (empty with the right schema when it has no rows):
-    its committed files only. ``state``: read from it, without another warning."""
-    schema = _SCHEMAS[table]
+    its committed files only, in their sorted order. ``state``: read from it, without another
+    warning. ``schema``: the table's, for ``metrics`` and ``logs`` (their readers own it)."""
+    schema = _SCHEMAS[table] if schema is None else schema
     state = commits.dataset_state(root) if state is None else state
     files = [str(p) for p in state.files(table)]
     if not files:
@@ -110,6 +112,10 @@ class SpanDeduplicator:
         self._table = np.zeros((1024, 3), dtype=np.uint64)
         self._used = np.zeros(1024, dtype=np.bool_)
         self._count = 0
+
+    def __len__(self) -> int:
+        """Keys held."""
+        return self._count
 
     def remember(self, spans: pa.Table) -> None:
         """Add the keys of spans already stored (an existing dataset) without filtering."""
@@ -142,6 +148,48 @@ class SpanDeduplicator:
         table, used = np.zeros((capacity, 3), dtype=np.uint64), np.zeros(capacity, dtype=np.bool_)
         _dedup("rehash", self._count, self._table, self._used, table, used)
         self._table, self._used = table, used
+
+
+
+class RecentSpanDeduplicator:
+    """Drops repeats among the last ``window`` to ``2 * window`` spans admitted, in bounded memory.
+
+    For a process that reads spans for as long as a run trains (``monitor --follow``): two
+    generations of :class:`SpanDeduplicator`; once the newer holds ``window`` keys, the older is
+    dropped and a fresh one started. A repeat further back than that (a file truncated and
+    rewritten with more than ``window`` spans before its copy) is admitted again; a dataset's
+    writer keeps the full set instead.
+    """
+
+    def __init__(self, window: int = 1 << 20) -> None:
+        self.window = window
+        self._older, self._newer = SpanDeduplicator(), SpanDeduplicator()
+
+    def remember(self, spans: pa.Table) -> None:
+        """As :meth:`SpanDeduplicator.remember`."""
+        self.admit(spans)
+
+    def admit(self, spans: pa.Table, keys: np.ndarray | None = None) -> np.ndarray:
+        """As :meth:`SpanDeduplicator.admit`, over the spans of both generations."""
+        keys = span_keys(spans) if keys is None else keys
+        fresh = self._newer.admit(spans, keys)
+        if len(self._older):
+            unseen = self._older.admit(spans, keys)  # a probe: what it inserted is taken out again
+            self._older.forget(keys[unseen])
+            fresh &= unseen
+        if len(self._newer) >= self.window:
+            self._older, self._newer = self._newer, SpanDeduplicator()
+        return fresh
+
+    def forget(self, keys: np.ndarray) -> None:
+        """As :meth:`SpanDeduplicator.forget`."""
+        self._newer.forget(keys)
+        self._older.forget(keys)
+
+    @property
+    def keys_held(self) -> int:
+        """Keys in memory: at most ``2 * window``."""
+        return len(self._older) + len(self._newer)
 
 
 def _dedup(function: str, rows: int, *args):
@@ -250,7 +298,7 @@ class DatasetWriter:
         keys = span_keys(tables.spans)
         fresh = self.dedup.admit(tables.spans, keys)
         self._uncommitted_keys.append(keys[fresh])
-        return self.write_fresh(_fresh_rows(tables, fresh))
+        return self.write_fresh(tables.keep_spans(fresh))
 
     def write_fresh(self, fresh: OtlpTables) -> OtlpTables:
         """Stage tables already filtered by ``self.dedup`` (the ingest pipeline filters them; a
@@ -475,23 +523,5 @@ def _fsync(path: Path) -> None:
 
 def drop_duplicates(tables: OtlpTables, dedup: SpanDeduplicator, keys: np.ndarray | None = None) -> OtlpTables:
     """``tables`` without spans ``dedup`` has seen (and without those spans' events and links)."""
-    return _fresh_rows(tables, dedup.admit(tables.spans, keys))
-
-
-def _fresh_rows(tables: OtlpTables, mask: np.ndarray) -> OtlpTables:
-    """``tables`` with only the spans ``mask`` marks (and those spans' events and links)."""
-    if mask.all():
-        return tables
-    spans = tables.spans.filter(pa.array(mask))
-    return OtlpTables(spans, _owned_by(tables.events, spans), _owned_by(tables.links, spans))
-
-
-def _owned_by(table: pa.Table, spans: pa.Table) -> pa.Table:
-    """Rows of an events/links table whose span is in ``spans`` (all rows are new then)."""
-    if table.num_rows == 0:
-        return table
-    # The duplicate spans' events were stored with them the first time: keep only
-    # rows whose span row survived, matched on (trace_id, span_id).
-    owners = pc.binary_join_element_wise(spans.column("trace_id"), spans.column("span_id"), "/")
-    keys = pc.binary_join_element_wise(table.column("trace_id"), table.column("span_id"), "/")
-    return table.filter(pc.is_in(keys, value_set=owners.combine_chunks()))
+    # the duplicate spans' events and links were stored with them the first time
+    return tables.keep_spans(dedup.admit(tables.spans, keys))

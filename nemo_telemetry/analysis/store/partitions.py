@@ -6,7 +6,7 @@
 
 A value that is missing is written as ``__HIVE_DEFAULT_PARTITION__`` (hive's name for null).
 Every file still holds every column, so the folder names only serve pruning and splitting the
-work: the streaming engine walks the files one at a time, the Ray engine hands groups of them to Ray tasks.
+work: the local out-of-core engine walks the files one at a time, the Ray engine hands groups of them to Ray tasks.
 Datasets written before the rank level existed (``run_id=<run>/part-*.parquet``) read the same.
 """
 

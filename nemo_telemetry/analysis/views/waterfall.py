@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nemo_telemetry.analysis.choices import DEFAULT_COLLAPSE_THRESHOLD
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
 from nemo_telemetry.analysis.model.tree import parent_indices
 from nemo_telemetry.analysis.model.walk import attributed_iterations
@@ -44,7 +45,6 @@ __all__ = [
 ]
 
 STEP_NAME_PATTERN = r"^rl\.[^.]+\.step$"
-DEFAULT_COLLAPSE_THRESHOLD = 20
 # Span attributes worth a glance on a waterfall line (besides the iteration and the category).
 TAG_ATTRIBUTES = ("rl.weight_version", "rl.target_weight_version", "rl.idle.polls")
 

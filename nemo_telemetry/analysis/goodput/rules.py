@@ -1,0 +1,501 @@
+"""The goodput rules, each written once as partial -> merge -> finish (DESIGN.md, "analysis: semantics").
+
+- a *step span* is named ``rl.<algo>.step`` and carries ``rl.iteration``; a step's window runs
+  from the earliest start to the latest end of its step spans;
+- a bucketed span's iteration is its own ``rl.iteration``, else its nearest stamped ancestor's
+  (:mod:`model.walk`), else it is *unstamped*;
+- per step: ``<bucket>_s`` are plain sums of the durations of the bucketed spans attributed to
+  it (no clipping: a checkpoint staging span that ends after its step still counts whole);
+  ``wall_s`` is the window; ``covered_s`` the union of their intervals inside the window;
+  ``unattributed_s = wall_s - covered_s``; ``double_counted_s`` = (sum over buckets) - (length
+  of the union of their intervals); ``goodput = productive_s / wall_s``.
+
+Per run (``nemo.run.id``) the total sums the steps (``goodput = sum(productive) / sum(wall)``).
+Bucketed time that no step window takes is reported apart, in ``outside_steps``: unstamped spans,
+and spans attributed to an iteration that has no step span (validation at iteration 0, or a run
+whose step group was off). The job span (``rl.<algo>.job``) gives ``job_wall_s``. Step-time
+outliers follow Google's ml-goodput-measurement: a step is anomalous when its wall exceeds the
+median plus 3 median absolute deviations of the run's step walls; the bucket (or the unattributed
+gap) that grew most over its median names the cause.
+
+The three stages, so that every engine gets the same numbers by only scheduling them:
+
+1. :func:`goodput_partial` (one batch of spans, its walks already attributed) gives
+   ``PARTIAL_SCHEMA`` rows, per (run, iteration): the step window (min start, max end of its
+   step spans), per-bucket duration sums in integer nanoseconds, the union of its bucketed
+   intervals (touching intervals coalesced); per run, the job spans' bounds.
+2. :class:`GoodputAccumulator` merges partials by min / max / sum / union, as they arrive.
+3. :func:`finish` turns the merged rows into each run's :class:`RunGoodput`.
+
+The in-memory path is the one-batch case; ``--by rank`` is :mod:`goodput.ranks`, in the same three stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nemo_telemetry.analysis.model._arrays import BUCKETS, SpanArrays, span_arrays
+from nemo_telemetry.analysis.model.intervals import clipped_union_length, merge_intervals, union_length
+from nemo_telemetry.analysis.model.walk import KeyIndex
+from nemo_telemetry.errors import NemoTelemetryError
+
+__all__ = [
+    "STEP_SPAN_REGEX", "JOB_SPAN_REGEX", "BUCKETS", "STEP_COLUMNS", "RANK_COLUMNS", "BY", "check_by", "StepOutlier", "RunGoodput",
+    "Steps", "step_windows", "bucketed_rows", "PARTIAL_SCHEMA", "STEP", "SUM", "UNION", "JOB", "goodput_partial", "batch_attribution", "partial_of",
+    "coalesced_union", "GoodputAccumulator", "MergedSteps", "merged_steps", "finish", "step_frame", "steps_table", "run_total",
+    "outside_summary", "step_outliers",
+]
+
+STEP_SPAN_REGEX = r"^rl\.[^.]+\.step$"
+JOB_SPAN_REGEX = r"^rl\.[^.]+\.job$"
+_NS = 1e9
+_SUM_KEYS = ("wall_s", *(f"{b}_s" for b in BUCKETS), "covered_s", "unattributed_s", "double_counted_s")
+STEP_COLUMNS = ("run_id", "iteration", "start_ns", "end_ns", *_SUM_KEYS, "goodput")
+RANK_COLUMNS = ("run_id", "service_name", "rank", "steps", *_SUM_KEYS, "goodput")
+_GREW_CANDIDATES = (*(f"{b}_s" for b in BUCKETS), "unattributed_s")
+
+
+BY = ("step", "rank")  # what run_goodput's ``by`` may say
+
+
+def check_by(by: str) -> None:
+    """A ``by`` other than :data:`BY` is a clear error, before any data is read."""
+    if by not in BY:
+        raise NemoTelemetryError(f"by={by!r}: choose 'step' or 'rank'")
+
+
+@dataclass(frozen=True)
+class StepOutlier:
+    """A step slower than median + 3 MAD of its run's steps, and the bucket that grew most."""
+
+    iteration: int
+    wall_s: float
+    median_s: float
+    threshold_s: float
+    bucket: str  # "productive" ... "wasted", or "unattributed"
+    grew_by_s: float
+
+
+@dataclass(frozen=True)
+class RunGoodput:
+    """One run's goodput: a row per step, the total, what fell outside the steps, the job's wall."""
+
+    run_id: str | None
+    steps: pa.Table  # STEP_COLUMNS
+    total: dict[str, Any]
+    outside_steps: dict[str, Any]
+    job_wall_s: float | None
+    outliers: tuple[StepOutlier, ...] = ()
+    ranks: pa.Table | None = None  # RANK_COLUMNS, when asked for by="rank"
+
+
+@dataclass(frozen=True, eq=False)
+class Steps:
+    """Step windows, one per (run, iteration), sorted; ``row`` is one step span of each (for ids)."""
+
+    run: np.ndarray
+    iteration: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    row: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def index_of(self, run: np.ndarray, iteration: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Step index of each (run, iteration), -1 where there is no such step or ``valid`` is False."""
+        if len(self) == 0 or len(run) == 0:
+            return np.full(len(run), -1, dtype=np.int64)
+        index = pd.MultiIndex.from_arrays([self.run, self.iteration])
+        found = index.get_indexer(pd.MultiIndex.from_arrays([run, iteration]))
+        return np.where(valid, found, -1).astype(np.int64)
+
+
+def step_windows(arrays: SpanArrays, keep: np.ndarray) -> Steps:
+    """The step windows of the ``keep`` rows: per (run, iteration) of the stamped step spans with a
+    valid interval, the earliest start and the latest end."""
+    rows = np.flatnonzero(arrays.rows_of_names(STEP_SPAN_REGEX))
+    rows = rows[arrays.has_iteration[rows] & arrays.valid_interval[rows] & keep[rows]]
+    frame = pd.DataFrame({"run": arrays.run[rows], "iteration": arrays.iteration[rows],
+                          "start": arrays.start[rows], "end": arrays.end[rows], "row": rows})
+    frame = frame.sort_values(["run", "iteration", "start"], kind="stable")
+    windows = frame.groupby(["run", "iteration"], sort=True).agg(
+        start=("start", "min"), end=("end", "max"), row=("row", "first")).reset_index()
+    return Steps(*(windows[c].to_numpy(np.int64) for c in ("run", "iteration", "start", "end", "row")))
+
+
+# -- 1. partial -------------------------------------------------------------------------------
+
+# One table shape for every partial row; ``kind`` says which fields mean what.
+STEP, SUM, UNION, JOB = 0, 1, 2, 3
+PARTIAL_SCHEMA = pa.schema([
+    pa.field("kind", pa.int8()),  # STEP: a=min start, b=max end | SUM: a=ns, count=spans
+    pa.field("run", pa.string()),  # UNION: [a, b) one interval  | JOB: a=min start, b=max end (valid), count=spans
+    pa.field("iteration", pa.int64()),  # null: unstamped (SUM) or not applicable (JOB)
+    pa.field("bucket", pa.int8()),
+    pa.field("a", pa.int64()),
+    pa.field("b", pa.int64()),
+    pa.field("count", pa.int64()),
+])
+
+
+def _keep_run(arrays, run_id: str | None) -> np.ndarray:
+    if run_id is None:
+        return np.ones(len(arrays), dtype=bool)
+    if run_id not in arrays.runs:
+        return np.zeros(len(arrays), dtype=bool)
+    return arrays.run == arrays.runs.index(run_id)
+
+
+def bucketed_rows(arrays, run_id: str | None) -> np.ndarray:
+    """goodput's bucketed rows: a known bucket, a valid interval, in the selected run."""
+    return (arrays.bucket >= 0) & arrays.valid_interval & _keep_run(arrays, run_id)
+
+
+def goodput_partial(batch: pa.Table, *, attributed: KeyIndex, run_id: str | None = None) -> pa.Table:
+    """The partial aggregates (``PARTIAL_SCHEMA``) of one batch of spans; ``attributed`` maps the
+    (trace_key, parent_key) of each unstamped bucketed span's walk to the iteration it met
+    (:func:`partials.resolve_attribution`)."""
+    return partial_of(*batch_attribution(batch, attributed=attributed, run_id=run_id))
+
+
+def batch_attribution(batch: pa.Table, *, attributed: KeyIndex, run_id: str | None = None) -> tuple:
+    """(arrays, keep, bucketed rows, their iteration, stamped) of one batch, what a partial reads:
+    each unstamped bucketed span takes the iteration ``attributed`` holds for its walk."""
+    arrays = span_arrays(batch)
+    rows = np.flatnonzero(bucketed_rows(arrays, run_id))
+    iteration, stamped = _attributed(arrays, rows, attributed)
+    return arrays, _keep_run(arrays, run_id), rows, iteration, stamped
+
+
+def partial_of(arrays: SpanArrays, keep: np.ndarray, rows: np.ndarray, iteration: np.ndarray, stamped: np.ndarray,
+               *, steps: "Steps | None" = None) -> pa.Table:
+    """The partial of decoded spans: ``rows`` are the bucketed spans (known bucket, valid interval,
+    kept), with their attributed ``iteration`` where ``stamped``; ``keep`` the rows of the run asked
+    for; ``steps`` the batch's :func:`step_windows` when the caller has them already."""
+    runs = np.array(list(arrays.runs) + [None], dtype=object)  # code -1 -> None
+    parts = [_step_rows(arrays, keep, runs, steps), _job_rows(arrays, keep, runs)]
+    run, bucket = arrays.run[rows].astype(np.int64), arrays.bucket[rows].astype(np.int64)
+    iteration = np.where(stamped, iteration, 0)
+    order, heads = _group_starts(run, stamped, iteration, bucket)
+    first = order[heads]
+    parts.append(_rows(SUM, runs[run[first]], iteration[first], stamped[first], bucket=bucket[first],
+                       a=_reduce(np.add, (arrays.end[rows] - arrays.start[rows])[order], heads),
+                       count=np.diff(np.append(heads, len(order)))))
+    parts.append(_union_rows(runs[arrays.run[rows][stamped]], iteration[stamped], arrays.start[rows][stamped],
+                             arrays.end[rows][stamped]))
+    return pa.concat_tables(parts)
+
+
+def _u64(table: pa.Table, column: str) -> np.ndarray:
+    return pc.fill_null(table.column(column), 0).to_numpy().astype(np.uint64, copy=False)
+
+
+def _attributed(arrays, rows: np.ndarray, attributed: KeyIndex) -> tuple[np.ndarray, np.ndarray]:
+    iteration = arrays.iteration[rows].copy()
+    stamped = arrays.has_iteration[rows].copy()
+    walked = np.flatnonzero(~stamped)
+    if walked.size and len(attributed.key):
+        table = arrays.table
+        parent = _u64(table, "parent_key")[rows[walked]]
+        parent = np.where(parent == _u64(table, "span_key")[rows[walked]], 0, parent)  # its own parent: no walk
+        hit = attributed.find(_u64(table, "trace_key")[rows[walked]], parent)
+        found = hit >= 0
+        iteration[walked[found]] = attributed.values[hit[found]]
+        stamped[walked[found]] = True
+    return iteration, stamped
+
+
+def _group_starts(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row order, start of each group in that order) of rows grouped by equal ``keys``."""
+    n = len(keys[0])
+    order = np.lexsort(keys[::-1])
+    change = np.zeros(n, dtype=bool)
+    if n:
+        change[0] = True
+        for key in keys:
+            k = key[order]
+            change[1:] |= k[1:] != k[:-1]
+    return order, np.flatnonzero(change)
+
+
+def _pair_codes(run: np.ndarray, iteration: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Codes of the (run, iteration) pairs, and each code's run and iteration (``None`` is a run)."""
+    run_codes, run_values = pd.factorize(pd.Series(run, dtype=object), use_na_sentinel=False)
+    if len(run_codes) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0, np.int64)
+    run_codes, iteration = run_codes.astype(np.int64), np.asarray(iteration, np.int64)
+    values = np.asarray(run_values, dtype=object)
+    low = int(iteration.min())
+    if int(iteration.max()) - low < (1 << 47) and len(values) < (1 << 15):  # one int64 key: hash, no sort
+        codes, keys = pd.factorize((run_codes << 47) | (iteration - low))
+        keys = np.asarray(keys, np.int64)
+        return codes.astype(np.int64), values[keys >> 47], (keys & ((1 << 47) - 1)) + low
+    pairs, codes = np.unique(np.stack([run_codes, iteration], axis=1), axis=0, return_inverse=True)
+    return codes.ravel().astype(np.int64), values[pairs[:, 0]], pairs[:, 1]
+
+
+def _step_rows(arrays, keep: np.ndarray, runs: np.ndarray, steps: "Steps | None") -> pa.Table:
+    if steps is None and not (arrays.has_iteration & keep).any():  # no step span can be here: skip the groupby
+        return PARTIAL_SCHEMA.empty_table()
+    steps = step_windows(arrays, keep) if steps is None else steps
+    return _rows(STEP, runs[steps.run], steps.iteration, np.ones(len(steps), bool), a=steps.start, b=steps.end)
+
+
+def _job_rows(arrays, keep: np.ndarray, runs: np.ndarray) -> pa.Table:
+    # As goodput: a job span names its run as present; the wall comes from valid ones.
+    rows = np.flatnonzero(arrays.rows_of_names(JOB_SPAN_REGEX) & keep)
+    valid = arrays.valid_interval[rows]
+    start = np.where(valid, arrays.start[rows], np.iinfo(np.int64).max)
+    end = np.where(valid, arrays.end[rows], np.iinfo(np.int64).min)
+    run = arrays.run[rows].astype(np.int64)
+    order, heads = _group_starts(run)
+    return _rows(JOB, runs[run[order[heads]]], np.zeros(len(heads), np.int64), np.zeros(len(heads), bool),
+                 bucket=_reduce(np.maximum, valid[order].astype(np.int64), heads), a=_reduce(np.minimum, start[order], heads),
+                 b=_reduce(np.maximum, end[order], heads), count=np.diff(np.append(heads, len(order))))
+
+
+def _reduce(ufunc, values: np.ndarray, heads: np.ndarray) -> np.ndarray:
+    return ufunc.reduceat(values, heads) if len(heads) else np.zeros(0, values.dtype)
+
+
+def _union_rows(run: np.ndarray, iteration: np.ndarray, start: np.ndarray, end: np.ndarray) -> pa.Table:
+    """The union of the intervals of each (run, iteration), touching intervals coalesced."""
+    codes, runs, iterations = _pair_codes(run, iteration)
+    group, lo, hi = coalesced_union(codes, start, end)
+    return _rows(UNION, runs[group], iterations[group], np.ones(len(group), bool), a=lo, b=hi)
+
+
+def coalesced_union(group: np.ndarray, start: np.ndarray, end: np.ndarray):
+    """(group, start, end) of the union of each group's intervals, touching intervals coalesced."""
+    merged = merge_intervals(start, end, group)
+    if len(merged) == 0:
+        return merged.group, merged.start, merged.end
+    new = np.ones(len(merged), dtype=bool)
+    new[1:] = (merged.group[1:] != merged.group[:-1]) | (merged.start[1:] != merged.end[:-1])
+    heads = np.flatnonzero(new)
+    return merged.group[heads], merged.start[heads], np.maximum.reduceat(merged.end, heads)
+
+
+def _rows(kind: int, run, iteration, has_iteration, *, bucket=None, a=None, b=None, count=None) -> pa.Table:
+    n = len(iteration)
+    zeros = np.zeros(n, np.int64)
+    return pa.table([
+        pa.array(np.full(n, kind, np.int8)), pa.array(np.asarray(run, dtype=object), pa.string(), from_pandas=True),
+        pa.array(np.asarray(iteration, np.int64), mask=~np.asarray(has_iteration, bool)),
+        pa.array(np.asarray(zeros if bucket is None else bucket).astype(np.int8)),
+        pa.array(np.asarray(zeros if a is None else a, np.int64)), pa.array(np.asarray(zeros if b is None else b, np.int64)),
+        pa.array(np.asarray(zeros if count is None else count, np.int64)),
+    ], schema=PARTIAL_SCHEMA)
+
+
+# -- 2. merge ---------------------------------------------------------------------------------
+
+@dataclass
+class GoodputAccumulator:
+    """Merges partial tables as they arrive; its state stays a few rows per step."""
+
+    compact_rows: int = 1 << 20
+    _state: list = field(default_factory=list)
+    _pending_rows: int = 0
+    _state_rows: int = 0
+    partials: int = 0
+
+    def add(self, partial: pa.Table) -> None:
+        self._state.append(partial)
+        self._pending_rows += partial.num_rows
+        self.partials += 1
+        if self._pending_rows >= max(self.compact_rows, 2 * self._state_rows):
+            self._compact()
+
+    def _compact(self) -> pd.DataFrame:
+        frame = _merge(pa.concat_tables(self._state) if self._state else PARTIAL_SCHEMA.empty_table())
+        self._state = [pa.Table.from_pandas(frame, schema=PARTIAL_SCHEMA, preserve_index=False)]
+        self._pending_rows = self._state_rows = len(frame)
+        return frame
+
+    def merged(self) -> pd.DataFrame:
+        """Every partial added so far, merged: one STEP / SUM / JOB row per key, disjoint UNIONs."""
+        return self._compact()
+
+    def result(self, run_order: Sequence[str | None]) -> tuple[RunGoodput, ...]:
+        """The runs' goodput; ``run_order`` is the order the in-memory path reports runs in."""
+        return finish(self._compact(), run_order)
+
+
+def _frame(table: pa.Table) -> pd.DataFrame:
+    frame = pd.DataFrame({
+        "kind": table.column("kind").to_numpy(), "run": table.column("run").to_numpy(zero_copy_only=False),
+        "stamped": pc.is_valid(table.column("iteration")).to_numpy(zero_copy_only=False),
+        "iteration": pc.fill_null(table.column("iteration"), 0).to_numpy(),
+        "bucket": table.column("bucket").to_numpy(), "a": table.column("a").to_numpy(),
+        "b": table.column("b").to_numpy(), "count": table.column("count").to_numpy()})
+    frame["run"] = frame["run"].astype(object)
+    return frame
+
+
+def _merge(table: pa.Table) -> pd.DataFrame:
+    """Partial rows merged: one STEP / SUM / JOB row per key, UNION rows disjoint per key."""
+    frame = _frame(table)
+    keys = ["run", "stamped", "iteration", "bucket"]
+    by_kind = {k: frame[frame["kind"] == k] for k in (STEP, SUM, UNION, JOB)}
+    out = [
+        by_kind[STEP].groupby(keys, dropna=False, sort=False).agg(a=("a", "min"), b=("b", "max"), count=("count", "sum")),
+        by_kind[SUM].groupby(keys, dropna=False, sort=False).agg(a=("a", "sum"), b=("b", "sum"), count=("count", "sum")),
+        by_kind[JOB].groupby(["run", "stamped", "iteration"], dropna=False, sort=False).agg(
+            bucket=("bucket", "max"), a=("a", "min"), b=("b", "max"), count=("count", "sum")),
+    ]
+    merged = [part.reset_index().assign(kind=k) for part, k in zip(out, (STEP, SUM, JOB))]
+    unions = by_kind[UNION]
+    codes, runs, iterations = _pair_codes(unions["run"].to_numpy(object), unions["iteration"].to_numpy(np.int64))
+    group, lo, hi = coalesced_union(codes, unions["a"].to_numpy(np.int64), unions["b"].to_numpy(np.int64))
+    merged.append(pd.DataFrame({"kind": UNION, "run": runs[group], "stamped": True, "iteration": iterations[group],
+                                "bucket": 0, "a": lo, "b": hi, "count": 0}))
+    columns = ["kind", "run", "iteration", "stamped", "bucket", "a", "b", "count"]
+    result = pd.concat([m[columns] for m in merged], ignore_index=True)
+    result["iteration"] = result["iteration"].astype(np.int64).where(result["stamped"].astype(bool), None)
+    return result.drop(columns="stamped").astype({"kind": np.int8, "bucket": np.int8, "a": np.int64, "b": np.int64,
+                                                  "count": np.int64})
+
+
+# -- 3. finish --------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class MergedSteps:
+    """The merged partials as goodput's per-step analysis: step windows (runs coded by the
+    caller's run order), the per-step table, and the SUM rows with the step each belongs to."""
+
+    merged: pd.DataFrame
+    steps: Steps
+    table: pd.DataFrame
+    sums: pd.DataFrame
+    inside: np.ndarray
+
+
+def merged_steps(merged: pd.DataFrame, run_order: Sequence[str | None]) -> MergedSteps:
+    """Steps and ``step_frame`` from merged partials (``run_order[i]`` gets code i, no run -1)."""
+    merged = merged.copy()
+    merged["stamped"] = merged["iteration"].notna()
+    merged["iteration"] = merged["iteration"].fillna(0).astype(np.int64)
+    runs = merged["run"].to_numpy(object)
+    merged["code"] = pd.Index(list(run_order), dtype=object).get_indexer(np.where(pd.isna(runs), None, runs))
+    steps_part = merged[merged["kind"] == STEP].sort_values(["code", "iteration"], kind="stable")
+    steps = Steps(*(steps_part[c].to_numpy(np.int64) for c in ("code", "iteration", "a", "b")),
+                            np.zeros(len(steps_part), np.int64))
+    sums_part = merged[merged["kind"] == SUM]
+    step_of_sum = steps.index_of(sums_part["code"].to_numpy(np.int64), sums_part["iteration"].to_numpy(np.int64),
+                                 sums_part["stamped"].to_numpy(bool))
+    inside = step_of_sum >= 0
+    sums = np.zeros((len(steps), len(BUCKETS)), dtype=np.int64)
+    np.add.at(sums, (step_of_sum[inside], sums_part["bucket"].to_numpy(np.int64)[inside]),
+              sums_part["a"].to_numpy(np.int64)[inside])
+    unions = merged[merged["kind"] == UNION]
+    step_of_union = steps.index_of(unions["code"].to_numpy(np.int64), unions["iteration"].to_numpy(np.int64),
+                                   np.ones(len(unions), bool))
+    keep = step_of_union >= 0
+    intervals = merge_intervals(unions["a"].to_numpy(np.int64)[keep], unions["b"].to_numpy(np.int64)[keep],
+                                step_of_union[keep])
+    table = step_frame(steps, sums.astype(np.float64), intervals)
+    return MergedSteps(merged, steps, table, sums_part, inside)
+
+
+def step_frame(steps: Steps, sums: np.ndarray, merged) -> pd.DataFrame:
+    """The per-step table from each step's bucket sums (ns, shape steps x BUCKETS) and the merged
+    intervals of its bucketed spans (grouped by step index).
+
+    Only the union's length and its length inside the window are read, so merged partial unions
+    give the same numbers as the whole batch's.
+    """
+    n = len(steps)
+    union = union_length(merged, n)
+    covered = clipped_union_length(merged, steps.start, steps.end)
+    wall = (steps.end - steps.start).astype(np.float64)
+    frame = pd.DataFrame({"run": steps.run, "iteration": steps.iteration, "start_ns": steps.start,
+                          "end_ns": steps.end, "wall_s": wall / _NS})
+    for i, b in enumerate(BUCKETS):
+        frame[f"{b}_s"] = sums[:, i] / _NS
+    frame["covered_s"] = covered / _NS
+    frame["unattributed_s"] = (wall - covered) / _NS
+    frame["double_counted_s"] = (sums.sum(axis=1) - union) / _NS
+    frame["goodput"] = np.where(wall > 0, sums[:, 0] / np.where(wall > 0, wall, 1), np.nan)
+    frame["bucket_sum_ns"] = sums.sum(axis=1)
+    frame["wall_ns"] = steps.end - steps.start
+    return frame
+
+
+def finish(merged: pd.DataFrame, run_order: Sequence[str | None]) -> tuple[RunGoodput, ...]:
+    """Each run's goodput from merged partials (``run_order[i]`` gets code i: the runs' report order)."""
+    done = merged_steps(merged, run_order)
+    merged, steps, table, sums_part, inside = done.merged, done.steps, done.table, done.sums, done.inside
+    jobs = merged[merged["kind"] == JOB]
+    present = set(steps.run.tolist()) | set(sums_part["code"].tolist()) | set(jobs["code"].tolist())
+    out = []
+    for code in sorted(present):
+        name = run_order[code] if code >= 0 else None
+        frame = table[table["run"] == code]
+        outside = sums_part[(sums_part["code"] == code) & ~inside]
+        outside_sums = np.zeros(len(BUCKETS), np.int64)
+        np.add.at(outside_sums, outside["bucket"].to_numpy(np.int64), outside["a"].to_numpy(np.int64))
+        out.append(RunGoodput(
+            run_id=name, steps=steps_table(frame, name), total=run_total(frame),
+            outside_steps=outside_summary(
+                outside_sums, int(outside["count"].sum()), int(outside.loc[~outside["stamped"], "count"].sum()),
+                np.unique(outside.loc[outside["stamped"], "iteration"].to_numpy(np.int64))),
+            job_wall_s=_job_wall(jobs[jobs["code"] == code]), outliers=step_outliers(frame)))
+    return tuple(out)
+
+
+def _job_wall(jobs: pd.DataFrame) -> float | None:
+    valid = jobs[jobs["bucket"] > 0]
+    if valid.empty:
+        return None
+    return float((np.int64(valid["b"].max()) - np.int64(valid["a"].min())) / _NS)
+
+
+def steps_table(frame: pd.DataFrame, run_name: str | None) -> pa.Table:
+    columns = {"run_id": pa.array([run_name] * len(frame), pa.string()),
+               "iteration": pa.array(frame["iteration"].to_numpy(np.int64))}
+    for c in STEP_COLUMNS[2:]:
+        values = frame[c].to_numpy()
+        columns[c] = pa.array(values, pa.int64() if c.endswith("_ns") else pa.float64(),
+                              from_pandas=c == "goodput")
+    return pa.table(columns)
+
+
+def run_total(frame: pd.DataFrame) -> dict[str, Any]:
+    total: dict[str, Any] = {k: float(frame[k].sum()) for k in _SUM_KEYS}
+    total["goodput"] = total["productive_s"] / total["wall_s"] if total["wall_s"] > 0 else None
+    total["steps"] = int(len(frame))
+    return total
+
+
+def outside_summary(sums: np.ndarray, spans: int, unstamped: int, iterations: np.ndarray) -> dict[str, Any]:
+    """``outside_steps`` from per-bucket sums (ns), span counts and the stamped iterations with no step."""
+    out: dict[str, Any] = {f"{b}_s": float(sums[i] / _NS) for i, b in enumerate(BUCKETS)}
+    out["spans"] = int(spans)
+    out["unstamped_spans"] = int(unstamped)
+    out["iterations"] = sorted(int(i) for i in iterations)
+    return out
+
+
+def step_outliers(frame: pd.DataFrame) -> tuple[StepOutlier, ...]:
+    """ml-goodput-measurement's rule: wall > median + 3 * MAD (unscaled) of the run's step walls."""
+    if len(frame) < 3:
+        return ()
+    wall = frame["wall_s"].to_numpy()
+    median = float(np.median(wall))
+    threshold = median + 3 * float(np.median(np.abs(wall - median)))
+    medians = {c: float(np.median(frame[c].to_numpy())) for c in _GREW_CANDIDATES}
+    out = []
+    for _, step in frame[frame["wall_s"] > threshold].iterrows():  # the few anomalous steps only
+        growth = {c: float(step[c]) - medians[c] for c in _GREW_CANDIDATES}
+        grown = max(growth, key=growth.get)
+        out.append(StepOutlier(int(step["iteration"]), float(step["wall_s"]), median, threshold,
+                               grown.removesuffix("_s"), growth[grown]))
+    return tuple(out)

@@ -1,0 +1,106 @@
+"""The monitor's one door to the goodput rules (``goodput.rules``, ``goodput.partials``): nothing else here calls them.
+
+The monitor applies the same partial -> merge -> finish rules as the offline engines, only a
+batch at a time: walks of unstamped spans (``walk_starts``), one partial per batch of settled
+spans (``goodput_partial`` with the walks' iterations), partials merged (``GoodputAccumulator``)
+and finished into ``goodput --format json`` steps (``goodput_document``).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nemo_telemetry.analysis.goodput import partials, rules
+from nemo_telemetry.analysis.goodput.steps import goodput_document
+from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
+from nemo_telemetry.analysis.model.tree import with_id_keys
+
+__all__ = ["COLUMNS", "STEP", "SUM", "UNION", "JOB", "goodput_columns", "Walks", "walks", "partial",
+           "Merged", "step_documents"]
+
+COLUMNS = partials.GOODPUT_COLUMNS
+STEP, SUM, UNION, JOB = rules.STEP, rules.SUM, rules.UNION, rules.JOB
+_SCHEMA = pa.schema([pa.field("name", pa.string()), pa.field("start_ns", pa.int64()), pa.field("end_ns", pa.int64()),
+                     pa.field("run_id", pa.string()), pa.field(BUCKET, pa.string()), pa.field(ITERATION, pa.int64()),
+                     pa.field("trace_key", pa.uint64()), pa.field("span_key", pa.uint64()),
+                     pa.field("parent_key", pa.uint64())])
+
+
+def goodput_columns(spans: pa.Table) -> pa.Table:
+    """The columns the rules read, in one plain schema (so batches from any source concatenate)."""
+    spans = with_id_keys(spans)
+    columns = []
+    for field in _SCHEMA:
+        if field.name in spans.column_names:
+            columns.append(pc.cast(spans.column(field.name), field.type))
+        else:
+            columns.append(pa.nulls(spans.num_rows, field.type))
+    return pa.table(columns, schema=_SCHEMA)
+
+
+class Walks:
+    """Where the walks of unstamped bucketed spans ended: (trace_key, parent_key) -> iteration,
+    and the walks still waiting for an ancestor that has not arrived."""
+
+    def __init__(self, table: pa.Table) -> None:
+        trace = table.column("trace_key").to_numpy().astype(np.uint64)
+        parent = table.column("parent_key").to_numpy().astype(np.uint64)
+        at = table.column("at").to_numpy().astype(np.uint64)
+        stamped = pc.is_valid(table.column(ITERATION)).to_numpy(zero_copy_only=False)
+        iteration = pc.fill_null(table.column(ITERATION), 0).to_numpy().astype(np.int64)
+        self.trace, self.parent, self.iteration = trace[stamped], parent[stamped], iteration[stamped]
+        waiting = ~stamped & (at != 0)
+        self._waiting = partials.AttributionIndex.of(trace[waiting], parent[waiting])
+        self.waiting = int(waiting.sum())
+
+    def is_waiting(self, spans: pa.Table) -> np.ndarray:
+        """Unstamped rows of ``spans`` whose walk waits for an ancestor."""
+        trace = pc.fill_null(spans.column("trace_key"), 0).to_numpy().astype(np.uint64)
+        parent = pc.fill_null(spans.column("parent_key"), 0).to_numpy().astype(np.uint64)
+        unstamped = pc.is_null(spans.column(ITERATION)).to_numpy(zero_copy_only=False)
+        return unstamped & (self._waiting.find(trace, parent) >= 0)
+
+
+def walks(context: pa.Table) -> Walks:
+    """The walks of ``context``'s unstamped bucketed spans, climbed as far as ``context`` holds the tree."""
+    return Walks(partials.walk_starts(context))
+
+
+def partial(spans: pa.Table, found: Walks) -> pa.Table:
+    """The partial (``PARTIAL_SCHEMA``) of settled ``spans``; their walks' iterations are in ``found``."""
+    index = partials.AttributionIndex.of(found.trace, found.parent, found.iteration)
+    return rules.goodput_partial(spans, attributed=index)
+
+
+class Merged:
+    """Partials merged as they arrive (the offline engines' accumulator)."""
+
+    def __init__(self) -> None:
+        self._accumulator = rules.GoodputAccumulator()
+
+    def add(self, table: pa.Table) -> None:
+        self._accumulator.add(table)
+
+    def frame(self) -> pd.DataFrame:
+        """Columns kind, run, iteration (None: unstamped), bucket, a, b, count; one row per key."""
+        return self._accumulator.merged()
+
+    def replace(self, frame: pd.DataFrame) -> None:
+        """Keep only ``frame`` (merged rows): what the monitor folds away leaves the state."""
+        self._accumulator = rules.GoodputAccumulator()
+        self._accumulator.add(partials.partial_table(frame))
+
+
+def step_documents(frame: pd.DataFrame, run_order: Sequence[str | None]) -> Iterable[dict]:
+    """Each step of merged rows ``frame`` as a step of ``goodput --format json``, with ``run_id``."""
+    accumulator = rules.GoodputAccumulator()
+    accumulator.add(partials.partial_table(frame))
+    for run in goodput_document(accumulator.result(run_order))["runs"]:
+        for step in run["steps"]:
+            yield {"run_id": run["run_id"], **step}
+

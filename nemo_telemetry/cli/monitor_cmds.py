@@ -1,0 +1,111 @@
+"""``monitor``: goodput per step while the run trains, from a followed dump directory or as a receiver."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import orjson
+import typer
+
+from nemo_telemetry.cli._common import EXIT_FINDINGS, console, fail, library_errors, warn_line
+from nemo_telemetry.cli.app import app
+
+
+@app.command("monitor")
+def monitor(
+    follow: Optional[Path] = typer.Option(None, "--follow", help="Dump directory the run's processes write "
+                                                                 "(new files, appended lines, rotated files)."),
+    port: Optional[int] = typer.Option(None, "--port", "-p", help="Receive OTLP/HTTP on this port (127.0.0.1; "
+                                                                  "0 picks a free one), as `collect` does."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="With --port: the dataset the received spans are "
+                                                                 "written to (a restart resumes from it)."),
+    until_idle: Optional[float] = typer.Option(None, "--until-idle", help="Stop after this many seconds "
+                                                                          "without a new span."),
+    output_format: str = typer.Option("table", "--format", help="table: a live view; json: one line per "
+                                                                "finished step."),
+    alert_below: Optional[float] = typer.Option(None, "--alert-below", help="Alert when rolling goodput falls "
+                                                                            "below this (0-1)."),
+    over: int = typer.Option(10, "--over", min=1, help="Steps the rolling goodput covers."),
+    exit_on_alert: bool = typer.Option(False, "--exit-on-alert", help="Stop and exit 1 at the first alert."),
+    grace: float = typer.Option(5.0, "--grace", help="Seconds after a step's window ends before it is reported."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve rl.goodput.* as Prometheus "
+                                                                            "/metrics on 127.0.0.1 (0: a free port)."),
+    otlp_metrics: bool = typer.Option(False, "--otlp-metrics", help="Push rl.goodput.* over OTLP metrics to "
+                                                                    "OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface the receiver and /metrics listen on."),
+) -> None:
+    """Report each training step's goodput as its spans complete; export rl.goodput.* metrics.
+
+    A step is reported once its window closed and --grace passed; a span that arrives later reports
+    it again (JSON: "revised": true). Exit 1 with --exit-on-alert when rolling goodput over --over
+    steps falls below --alert-below; 2 on bad usage.
+
+    Example: nemo-telemetry monitor --follow run42/dumps --alert-below 0.5 --over 20 --metrics-port 9464
+    """
+    from nemo_telemetry.analysis import run_monitor  # noqa: PLC0415 - the analysis loads only here
+
+    if output_format not in ("table", "json"):
+        raise fail(f"--format {output_format!r}: choose table or json")
+    err = console(stderr=True)
+    view_console = console()
+    as_json = output_format == "json"
+
+    def on_step(record) -> None:
+        if as_json:
+            sys.stdout.write(orjson.dumps(record.to_dict()).decode() + "\n")
+            sys.stdout.flush()
+
+    def on_alert(alert) -> None:
+        err.print(f"[bold red]{alert.message}[/]", soft_wrap=True)
+
+    def on_ready(where: dict) -> None:
+        if where["traces_url"]:
+            err.print(f"monitor: receiving OTLP/HTTP traces on {where['traces_url']}", soft_wrap=True)
+        if where["metrics_url"]:
+            err.print(f"monitor: Prometheus metrics on {where['metrics_url']}", soft_wrap=True)
+
+    options = dict(follow=follow, port=port, out=out, host=host, until_idle_s=until_idle, grace_s=grace,
+                   rolling_steps=over, keep_steps=max(256, over), alert_below=alert_below,
+                   exit_on_alert=exit_on_alert, metrics_port=metrics_port, otlp_metrics=otlp_metrics,
+                   on_step=on_step, on_alert=on_alert, on_ready=on_ready)
+    with library_errors():
+        if as_json:
+            summary = run_monitor(**options)
+        else:
+            summary = _run_live(run_monitor, options, view_console)
+    _print_end(summary, err)
+    if exit_on_alert and summary.alerts:
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+def _run_live(run_monitor, options: dict, out):
+    from rich.live import Live  # noqa: PLC0415
+
+    from nemo_telemetry.cli.render import bar_width_for, render_monitor  # noqa: PLC0415
+
+    with Live(console=out, auto_refresh=False, transient=False) as live:
+        def on_view(view) -> None:
+            live.update(render_monitor(view, bar_width=bar_width_for(out.width)), refresh=True)
+
+        return run_monitor(**options, on_view=on_view)
+
+
+def _print_end(summary, err) -> None:
+    for run in summary.runs:
+        goodput = run.total["goodput"]
+        err.print(f"monitor: run {run.run_id}: {run.steps} steps, goodput "
+                  f"{'-' if goodput is None else f'{goodput:.3f}'}", soft_wrap=True)
+    err.print(f"monitor: {summary.spans} spans, {summary.steps_reported} steps reported, "
+              f"{summary.revisions} revised, {summary.late_spans} late spans not applied", soft_wrap=True)
+    if summary.follow is not None:
+        for warning in summary.follow.warnings:
+            warn_line(warning)
+        if summary.follow.rejected_records:
+            warn_line(f"{summary.follow.rejected_records} record(s) rejected (named above)")
+    if summary.receiver is not None and summary.receiver.write_error:
+        warn_line(f"writing the dataset failed: {summary.receiver.write_error}")
+
+
+__all__ = ["monitor"]
