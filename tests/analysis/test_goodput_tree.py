@@ -100,3 +100,26 @@ def test_isin_sorted_matches_numpy_on_keys_that_share_their_top_bits():
         values = rng.choice(pool, int(rng.integers(0, 300)))
         chosen = np.unique(rng.choice(pool, int(rng.integers(0, 12))))
         assert isin_sorted(values, chosen).tolist() == np.isin(values, chosen).tolist()
+
+
+def test_orphan_test_and_isin_sorted_give_the_same_answer_a_block_at_a_time(monkeypatch):
+    """Lookups over every span go a block of rows at a time: blocks far smaller than the table
+    (so references and values cross block edges) give exactly the one-block answer."""
+    import pyarrow as pa
+
+    from nemo_telemetry.analysis.model import _arrays
+
+    rng = np.random.default_rng(11)
+    n = 20_000
+    trace = rng.integers(1, 2**63, 4, dtype=np.int64).astype(np.uint64)[rng.integers(0, 4, n)]
+    span = rng.integers(1, 2**63, n, dtype=np.int64).astype(np.uint64)
+    parent = span[rng.integers(0, n, n)]
+    parent[rng.random(n) < 0.01] = rng.integers(1, 2**63, dtype=np.int64)  # parents that exist nowhere
+    parent[rng.random(n) < 0.05] = 0
+    table = pa.table({"trace_key": trace, "span_key": span, "parent_key": parent})
+    wanted = np.sort(rng.choice(span, 300, replace=False))
+    one_block = (span_arrays(table).orphan, _arrays.isin_sorted(span, wanted))
+    monkeypatch.setattr(_arrays, "_LOOKUP_ROWS", 777)
+    blocked = (span_arrays(table).orphan, _arrays.isin_sorted(span, wanted))
+    assert one_block[0].sum() > 0 and one_block[1].sum() == 300
+    assert np.array_equal(one_block[0], blocked[0]) and np.array_equal(one_block[1], blocked[1])

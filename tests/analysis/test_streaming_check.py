@@ -105,7 +105,31 @@ def test_partitioned_check_equals_check_run(scenario, options):
 def test_partitioned_check_equals_check_run_over_many_files(many_files, options):
     assert len(list((many_files / "spans").rglob("*.parquet"))) > 20
     expected = check_run(read_for_analysis(many_files), **options).to_dict()
+    assert all(expected["counts"]["by_code"].values()), expected["counts"]  # every code, across files
     assert stream_check(many_files, **options).to_dict() == expected
+
+
+def test_overlaps_and_detached_traces_are_decided_on_the_merged_partials():
+    """An overlap split over two batches, and a trace whose only root is in another batch than its
+    children, are found only once the batches' partials are merged; touching spans never overlap."""
+    import numpy as np
+    import pandas as pd
+
+    from nemo_telemetry.analysis.findings import rules
+
+    def batch(file, spans):  # (step, start, end) per row
+        step, start, end = (np.array(c, dtype=np.int64) for c in zip(*spans))
+        clusters, _ = rules.overlap_partial(start, end, step, np.arange(len(step)), tolerance_ns=0)
+        return clusters.assign(file=file)
+
+    first, second = batch(0, [(0, 0, 10), (1, 0, 10)]), batch(1, [(0, 5, 15), (1, 10, 20)])
+    assert len(rules.overlapping_steps([first])) == len(rules.overlapping_steps([second])) == 0
+    assert rules.overlapping_steps([first, second]).tolist() == [0]
+
+    children = pd.DataFrame({"run": [0], "trace": np.array([7], np.uint64), "rows": [3], "designed": [3]})
+    root = pd.DataFrame({"run": [0], "trace": np.array([7], np.uint64), "rows": [1], "designed": [0]})
+    assert rules.detached_traces(children).empty
+    assert rules.detached_traces(pd.concat([children, root])).to_dict("list") == {"run": [0], "trace": [7]}
 
 
 def test_unknown_run_is_the_same_typed_error(scenario):

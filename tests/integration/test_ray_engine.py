@@ -93,14 +93,16 @@ def check_scenario(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("options", [
+    {},  # every finding code
     {"max_findings_per_code": 2, "max_span_ids": 3},  # the first overlaps / detached traces collected by tasks
     {"run_id": "run-a"},
-], ids=["capped", "one-run"])
+], ids=["defaults", "capped", "one-run"])
 def test_ray_check_equals_check_run(ray_cluster, check_scenario, options):
     from nemo_telemetry.analysis.engines.ray_engine import ray_check
 
     expected = check_run(read_for_analysis(check_scenario), **options).to_dict()
-    assert sum(1 for n in expected["counts"]["by_code"].values() if n) >= 10
+    codes_hit = sum(1 for n in expected["counts"]["by_code"].values() if n)
+    assert codes_hit == len(expected["counts"]["by_code"]) if not options else codes_hit >= 10
     assert ray_check(check_scenario, **options).to_dict() == expected
 
 

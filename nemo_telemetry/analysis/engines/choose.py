@@ -83,8 +83,8 @@ def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
 
 
 def check_with_engine(source, *, engine: str = "local", **options):
-    """``check_run`` over a dataset or dump files; on ``ray`` the findings are computed by Ray tasks
-    (:mod:`streaming_check`), the report being the same."""
+    """``check_run`` over a dataset or dump files; on ``ray`` the findings' rules run in Ray tasks
+    (:mod:`partitioned_check`), the report being the same."""
     _check_engine(engine)
     if engine == "ray":
         from nemo_telemetry.analysis.engines.ray_engine import ray_check

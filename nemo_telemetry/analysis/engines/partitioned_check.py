@@ -1,7 +1,8 @@
-"""``check_run`` over a partitioned dataset, file by file: the findings' work is spread over tasks.
+"""``check_run`` over a partitioned dataset, file by file: the findings' rules mapped over files.
 
 Any engine that maps a function over groups of the dataset's files (:func:`local_map` here, Ray
-tasks in :mod:`engine_ray`) gets :func:`findings.check_run`'s report on the whole table:
+tasks in :mod:`ray_engine`) gets :func:`checks.check_run`'s report on the whole table. This module
+only schedules the rules of :mod:`findings.rules` and moves their partials:
 
 1. *Facts* (one task per group of files): each file's distinct names / runs / buckets /
    categories in reading order (so the driver can rebuild the in-memory codes, which order the
@@ -12,21 +13,20 @@ tasks in :mod:`engine_ray`) gets :func:`findings.check_run`'s report on the whol
    looked up in every file and climbed as far as that file holds the tree, until each walk has
    met its iteration and its nearest bucketed ancestor, a root, or a parent missing from the
    data; a pass per hop between files. The first pass also looks up the orphan candidates.
-3. *Findings* (one task per group): with the walks and the missing parents, each file gives the
-   rows that are offenders of a span-level code, goodput's partials (the per-step table), its
-   local clusters of overlapping bucketed spans (and of those overlapping by more than the overlap
-   tolerance), and per detached-trace candidate a row count.
+3. *Partials* (one task per group): each file, with the walks applied, is a batch of
+   :class:`rules.RowFacts`; it gives the rules' partials (each span-level code's offending rows,
+   the overlap clusters, the detached-trace counts) and goodput's partials; reducers merge the
+   per-step ones.
 4. *Collect* (only when needed): the member rows of the first ``max_findings_per_code`` steps
    with overlapping spans and detached traces (their counts come from the merged partials).
 
-The driver then runs findings.py's own producers over small tables of those rows, coded with
-the dataset's global codes and kept in dataset order, so every message, order and count is the
-in-memory one. What reaches the driver is bounded by the offenders and a few rows per step.
+The driver merges the partials into one :class:`checks.Merged` over those few rows, coded with the
+dataset's global codes and in dataset order, and :func:`checks.finish` writes the report.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -35,19 +35,20 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.findings import checks as _findings
-from nemo_telemetry.analysis.goodput import steps as _goodput
+from nemo_telemetry.analysis.engines.check_rows import (
+    NO_RUN, SPAN_FLAGS, Codes, in_dataset_order, merged_partials, step_heads,
+)
+from nemo_telemetry.analysis.findings import checks, rules
+from nemo_telemetry.analysis.goodput.rules import step_windows
 from nemo_telemetry.analysis.goodput import partials as streaming
 from nemo_telemetry.analysis.model._arrays import (
-    BUCKETS, NO_BUCKET, READ_COLUMNS, UNKNOWN_BUCKET, SpanArrays, pairs_present, read_span_files, resource_pairs,
-    span_arrays,
+    NO_BUCKET, READ_COLUMNS, SpanArrays, pairs_present, read_span_files, resource_pairs, span_arrays,
 )
-from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.model.tree import with_id_keys
+from nemo_telemetry.analysis.model.walk import KeyIndex, climb_batch, resolve_walks
 from nemo_telemetry.errors import UnknownRunError
-from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 
 __all__ = ["FileMap", "MapReduce", "local_map", "local_map_reduce", "partitioned_check", "stream_check"]
 
@@ -58,14 +59,9 @@ FileMap = Callable[..., list]
 # map_function(paths, reducers, *args) returns (its result, piece 0 .. piece reducers-1); reducer r gets every piece r.
 MapReduce = Callable[..., tuple]
 
-_MAX_DEPTH = 1024  # as _arrays.SpanArrays.walk_up
-_ANCHOR_REGEX = f"{_goodput.JOB_SPAN_REGEX}|{_goodput.STEP_SPAN_REGEX}"
 _LOOKUP_COLUMNS = ("trace_key", "span_key", "parent_key", ITERATION, BUCKET, "name")
 
-_NO_RUN = "\x00"  # stands for "no run" in keys that cross tasks (None does not compare or index well)
 
-# offender flags of a row (span-level codes)
-INVALID, UNKNOWN, UMBRELLA, NESTED, UNSTAMPED, ORPHAN = 1, 2, 4, 8, 16, 32
 
 
 def local_map(function: Callable, files: Sequence[Path], *args) -> list:
@@ -114,31 +110,31 @@ def _facts_of(table: pa.Table, run_id: str | None) -> dict:
     a = span_arrays(table)
     keep = _keep(a, run_id)
     trace, span, parent = _u64(table, "trace_key"), _u64(table, "span_key"), _u64(table, "parent_key")
-    steps = _goodput._step_windows(a, keep)
+    steps = step_windows(a, keep)
     heads = steps.row
     walked = np.flatnonzero((a.bucket != NO_BUCKET) & keep)
     walks = walked[(parent[walked] != 0) & (parent[walked] != span[walked])]
     children = np.flatnonzero(keep & (parent != 0))
-    here = streaming._KeyIndex.of(trace, span)
+    here = KeyIndex.of(trace, span)
     outside = children[here.find(trace[children], parent[children]) < 0]
-    anchors = np.flatnonzero(a.rows_of_names(_ANCHOR_REGEX) & keep)
+    anchors = rules.anchor_rows(a, keep)
     first_anchor = pd.DataFrame({"run": a.run[anchors], "row": anchors}).drop_duplicates("run")
     first_rows = first_anchor["row"].to_numpy(np.int64)
     return {
         "rows": len(a), "names": a.names, "runs": a.runs, "buckets": a.bucket_values, "categories": a.categories,
-        "steps": pd.DataFrame({"run": _values(steps.run, a.runs, _NO_RUN), "iteration": steps.iteration, "start": steps.start,
+        "steps": pd.DataFrame({"run": _values(steps.run, a.runs, NO_RUN), "iteration": steps.iteration, "start": steps.start,
                                "end": steps.end, "row": heads, "span_key": span[heads],
                                "trace_id": _trace_ids(a, heads)}),
         "walks": _pairs(trace[walks], parent[walks]),
         "missing": _pairs(trace[outside], parent[outside]),
         "anchor_traces": np.unique(trace[anchors]),
-        "first_anchor": pd.DataFrame({"run": _values(first_anchor["run"].to_numpy(), a.runs, _NO_RUN),
+        "first_anchor": pd.DataFrame({"run": _values(first_anchor["run"].to_numpy(), a.runs, NO_RUN),
                                       "row": first_rows, "name": _values(a.name[first_rows], a.names),
                                       "trace_id": _trace_ids(a, first_rows)}),
-        "names_present": [(a.runs[r], a.names[n])
+        "names_present": [(a.runs[r] if r >= 0 else None, a.names[n])
                           for r, n in pairs_present(a.run[keep], a.name[keep], len(a.names))],
         "span_groups": {(a.runs[r] if r >= 0 else None, spec) for r, spec in
-                        resource_pairs(a.table, _findings.SPAN_GROUPS_ATTRIBUTE, a.run, keep)},
+                        resource_pairs(a.table, checks.SPAN_GROUPS_ATTRIBUTE, a.run, keep)},
     }
 
 
@@ -156,10 +152,10 @@ def _pairs(trace: np.ndarray, key: np.ndarray) -> pd.DataFrame:
 # -- 2. walks ----------------------------------------------------------------------------------
 
 
-def _lookup(paths: list[str], targets: streaming._KeyIndex) -> list[pd.DataFrame]:
+def _lookup(paths: list[str], targets: KeyIndex) -> list[pd.DataFrame]:
     """Per file: the rows whose (trace, span) is a target, climbed as far as the file holds the tree
-    (until both an iteration and a bucketed ancestor were met): what the walk met, and in
-    ``parent`` the key of the ancestor to look up elsewhere (0: the walk ended at a root)."""
+    (:func:`walk.climb_batch`, until both an iteration and a bucketed ancestor were met): what the
+    walk met, and in ``parent`` the key of the ancestor to look up elsewhere (0: it ended here)."""
     out = []
     for path in paths:
         table = _read(path, _LOOKUP_COLUMNS)
@@ -167,19 +163,13 @@ def _lookup(paths: list[str], targets: streaming._KeyIndex) -> list[pd.DataFrame
         bucketed = (pc.is_valid(table.column(BUCKET)).to_numpy(zero_copy_only=False) if BUCKET in table.column_names
                     else np.zeros(len(span), bool))
         rows = np.flatnonzero(targets.find(trace, span) >= 0)
-        found, found_iteration, after, ancestor = streaming.climb(table, rows, bucketed=bucketed)
-        met = np.flatnonzero(ancestor >= 0)
+        met = climb_batch(table, rows, bucketed=bucketed)
         names = np.full(len(rows), None, dtype=object)
-        names[met] = table.column("name").take(pa.array(ancestor[met])).to_pylist()  # only the names met
-        out.append(pd.DataFrame({"trace": trace[rows], "at": span[rows], "parent": after, "has_iteration": found,
-                                 "found_iteration": found_iteration, "bucketed": ancestor >= 0, "name": names}))
+        has = np.flatnonzero(met.ancestor >= 0)
+        names[has] = table.column("name").take(pa.array(met.ancestor[has])).to_pylist()  # only the names met
+        out.append(pd.DataFrame({"trace": trace[rows], "at": span[rows], "parent": met.exit, "stamped": met.stamped,
+                                 "iteration": met.iteration, "ancestor": names}))
     return out
-
-
-_NOT_FOUND = pd.DataFrame({"trace": np.zeros(0, np.uint64), "at": np.zeros(0, np.uint64),
-                           "parent": np.zeros(0, np.uint64), "has_iteration": np.zeros(0, bool),
-                           "found_iteration": np.zeros(0, np.int64), "bucketed": np.zeros(0, bool),
-                           "name": np.zeros(0, object)})
 
 
 @dataclass(frozen=True, eq=False)
@@ -187,7 +177,7 @@ class _Walks:
     """Per walk start (trace, parent): the nearest stamped iteration and bucketed ancestor name at or
     above it. The arrays end with one extra "no walk" entry, at position ``len(index.key)``."""
 
-    index: streaming._KeyIndex  # values: position in the arrays below
+    index: KeyIndex  # values: position in the arrays below
     found: np.ndarray
     iteration: np.ndarray
     ancestor: np.ndarray  # object: name of the nearest bucketed ancestor, or None
@@ -195,9 +185,9 @@ class _Walks:
     @classmethod
     def of(cls, walks: pd.DataFrame) -> "_Walks":
         n = len(walks)
-        return cls(streaming._KeyIndex.of(walks["trace"].to_numpy(np.uint64), walks["start"].to_numpy(np.uint64),
-                                          np.arange(n)),
-                   np.append(walks["found"].to_numpy(bool), False), np.append(walks["iteration"].to_numpy(np.int64), 0),
+        return cls(KeyIndex.of(walks["trace"].to_numpy(np.uint64), walks["start"].to_numpy(np.uint64), np.arange(n)),
+                   np.append(walks["stamped"].to_numpy(bool), False),
+                   np.append(walks["iteration"].to_numpy(np.int64), 0),
                    np.append(walks["ancestor"].to_numpy(object), None))
 
     def position(self, trace: np.ndarray, start: np.ndarray, walking: np.ndarray) -> np.ndarray:
@@ -209,59 +199,40 @@ class _Walks:
 
 def _walk(file_map: FileMap, files: Sequence[Path], starts: pd.DataFrame,
           candidates: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Every walk to its end; and which orphan ``candidates`` name a parent found nowhere."""
-    trace, start = starts["trace"].to_numpy(np.uint64), starts["key"].to_numpy(np.uint64)
-    pending = {"trace": trace, "start": start, "at": start.copy(), "found": np.zeros(len(trace), bool),
-               "iteration": np.zeros(len(trace), np.int64), "ancestor": np.full(len(trace), None, dtype=object)}
-    done = []
-    missing = candidates
-    for depth in range(_MAX_DEPTH):
-        wanted = pd.DataFrame({"trace": pending["trace"], "at": pending["at"]})
-        if depth == 0:
-            wanted = pd.concat([wanted, candidates.rename(columns={"key": "at"})], ignore_index=True)
-        wanted = wanted.drop_duplicates()
-        if wanted.empty:
-            break
-        targets = streaming._KeyIndex.of(wanted["trace"].to_numpy(np.uint64), wanted["at"].to_numpy(np.uint64))
+    """Every walk to its end (:func:`walk.resolve_walks`, a pass over the files per hop between
+    them); and which orphan ``candidates`` name a parent found nowhere (looked up in the first pass)."""
+    first = {"candidates": candidates.rename(columns={"key": "at"})}
+
+    def lookup(wanted: pd.DataFrame) -> pd.DataFrame:
+        extra = first.pop("candidates", None)
+        if extra is not None:
+            wanted = pd.concat([wanted, extra], ignore_index=True).drop_duplicates(ignore_index=True)
+        targets = KeyIndex.of(wanted["trace"].to_numpy(np.uint64), wanted["at"].to_numpy(np.uint64))
         parts = [f for group in file_map(_lookup, files, targets) for f in group if len(f)]
         found = pd.concat(parts, ignore_index=True) if parts else _NOT_FOUND
         # a repeated span id: the first copy in dataset order, as the in-memory index
         found = found.drop_duplicates(["trace", "at"], ignore_index=True)
-        index = streaming._KeyIndex.of(found["trace"].to_numpy(np.uint64), found["at"].to_numpy(np.uint64),
-                                       np.arange(len(found)))
-        if depth == 0:
-            missing = candidates[index.find(candidates["trace"].to_numpy(np.uint64),
-                                            candidates["key"].to_numpy(np.uint64)) < 0]
-        hit = index.find(pending["trace"], pending["at"])
-        present = hit >= 0
-        row = index.values[hit[present]] if present.any() else np.zeros(0, np.int64)
-        at = np.flatnonzero(present)
-        take = ~pending["found"][at] & found["has_iteration"].to_numpy(bool)[row]
-        pending["iteration"][at[take]] = found["found_iteration"].to_numpy(np.int64)[row[take]]
-        pending["found"][at[take]] = True
-        none = np.array([a is None for a in pending["ancestor"][at]], dtype=bool)
-        take = none & found["bucketed"].to_numpy(bool)[row]
-        pending["ancestor"][at[take]] = found["name"].to_numpy(object)[row[take]]
-        parent = np.zeros(len(present), np.uint64)
-        parent[at] = found["parent"].to_numpy(np.uint64)[row]
-        complete = pending["found"] & np.array([a is not None for a in pending["ancestor"]], dtype=bool)
-        moving = (present & (parent != 0) & (parent != pending["at"])
-                  & (parent != pending["start"])  # back at the start: a cycle
-                  & ~complete)
-        done.append(pd.DataFrame({k: v[~moving] for k, v in pending.items()}))
-        pending = {k: v[moving] for k, v in pending.items()}
-        pending["at"] = parent[moving]
-        if not moving.any():
-            break
-    done.append(pd.DataFrame({k: v for k, v in pending.items()}) if len(pending["trace"]) else None)
-    walks = pd.concat([d for d in done if d is not None], ignore_index=True) if any(
-        d is not None for d in done) else pd.DataFrame({"trace": np.zeros(0, np.uint64), "start": np.zeros(0, np.uint64),
-                                                        "found": np.zeros(0, bool), "iteration": np.zeros(0, np.int64),
-                                                        "ancestor": np.zeros(0, object)})
-    return walks, missing
+        if extra is not None:
+            index = KeyIndex.of(found["trace"].to_numpy(np.uint64), found["at"].to_numpy(np.uint64))
+            first["missing"] = candidates[index.find(candidates["trace"].to_numpy(np.uint64),
+                                                     candidates["key"].to_numpy(np.uint64)) < 0]
+        return found
+
+    trace, start = starts["trace"].to_numpy(np.uint64), starts["key"].to_numpy(np.uint64)
+    walks = pd.DataFrame({"trace": trace, "start": start, "at": start, "stamped": np.zeros(len(trace), bool),
+                          "iteration": np.zeros(len(trace), np.int64), "ancestor": np.full(len(trace), None, object)})
+    walked = resolve_walks(walks, lookup, ancestors=True)
+    if "missing" not in first:  # no walk to make: the orphan candidates still need their lookup
+        lookup(pd.DataFrame({"trace": np.zeros(0, np.uint64), "at": np.zeros(0, np.uint64)}))
+    return walked, first["missing"]
 
 
-# -- 3. per-file findings ----------------------------------------------------------------------
+_NOT_FOUND = pd.DataFrame({"trace": np.zeros(0, np.uint64), "at": np.zeros(0, np.uint64),
+                           "parent": np.zeros(0, np.uint64), "stamped": np.zeros(0, bool),
+                           "iteration": np.zeros(0, np.int64), "ancestor": np.zeros(0, object)})
+
+
+# -- 3. partials ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, eq=False)
@@ -270,15 +241,13 @@ class _Shared:
 
     run_id: str | None
     walks: _Walks
-    missing: streaming._KeyIndex  # (trace, parent) pairs found in no file
-    attributed: streaming._KeyIndex  # (trace, parent) -> iteration, for goodput's partials
+    missing: KeyIndex  # (trace, parent) pairs found in no file
+    attributed: KeyIndex  # (trace, parent) -> iteration, for goodput's partials
     step_run: np.ndarray  # object: run name of each step (global step order)
     step_iteration: np.ndarray
     anchored_traces: np.ndarray  # sorted uint64
     anchored_runs: frozenset
     names: tuple  # the dataset's names (global codes), for the nested-bucket ancestors
-    standalone: frozenset  # names in the groups whose traces are separate by design
-    umbrella: frozenset  # names the umbrella-bucket finding flags (umbrella only, or declared unbucketed)
     file_index: dict  # path -> position in dataset order (orders the clusters' heads across files)
     tolerance_ns: int  # overlaps up to this long are clock granularity (bucketed-overlap at info)
 
@@ -287,17 +256,14 @@ class _Shared:
 class _View:
     """One file's rows with the dataset-wide facts applied (walks, orphans, steps)."""
 
-    table: pa.Table
-    a: SpanArrays
-    keep: np.ndarray
+    facts: rules.RowFacts  # walked_ancestor in the dataset's name codes
+    walked: np.ndarray  # mask of facts.walked
     trace: np.ndarray
     span: np.ndarray
     parent: np.ndarray
-    walked: np.ndarray  # mask: rows with an rl.bucket in the selected run
-    stamped: np.ndarray  # walked rows: own or attributed iteration found
-    iteration: np.ndarray  # as check_run's ctx.iteration: attributed for walked rows, own otherwise, -1: none
-    ancestor: np.ndarray  # global name code of the nearest bucketed ancestor, -1: none
-    orphan: np.ndarray
+    iteration: np.ndarray  # per row, as checks.Merged.iteration
+    stamped: np.ndarray  # per row: own or attributed iteration found
+    ancestor: np.ndarray  # per row: dataset name code of the nearest bucketed ancestor, -1: none
     step: np.ndarray  # step index of each candidate bucketed row inside a step, else -1
 
 
@@ -321,35 +287,38 @@ def _view(table: pa.Table, shared: _Shared) -> _View:
     if len(shared.step_run) and candidate.any():
         rows = np.flatnonzero(candidate)
         local = {run: i for i, run in enumerate(a.runs)}
-        step_code = np.array([local.get(r, -1) if r != _NO_RUN else -1 for r in shared.step_run], np.int64)
-        here = (step_code >= 0) | (shared.step_run == _NO_RUN)  # steps of runs this file holds
-        index = streaming._KeyIndex.of(step_code[here].astype(np.uint64), shared.step_iteration[here].astype(np.uint64),
+        step_code = np.array([local.get(r, -1) if r != NO_RUN else -1 for r in shared.step_run], np.int64)
+        here = (step_code >= 0) | (shared.step_run == NO_RUN)  # steps of runs this file holds
+        index = KeyIndex.of(step_code[here].astype(np.uint64), shared.step_iteration[here].astype(np.uint64),
                                        np.flatnonzero(here))
         hit = index.find(a.run[rows].astype(np.int64).astype(np.uint64), attributed[rows].astype(np.uint64))
         if len(index.values):
             step[rows] = np.where(hit >= 0, index.values[np.maximum(hit, 0)], -1)
-    return _View(table, a, keep, trace, span, parent, walked, stamped, iteration, ancestor, orphan, step)
+    rows = np.flatnonzero(walked)
+    facts = rules.RowFacts(arrays=a, keep=keep, walked=rows, walked_stamped=stamped[rows],
+                           walked_iteration=attributed[rows], walked_ancestor=ancestor[rows], orphan=orphan)
+    return _View(facts, walked, trace, span, parent, iteration, stamped, ancestor, step)
 
 
 def _rows(view: _View, rows: np.ndarray, **extra) -> pd.DataFrame:
     """The rows a driver-side table is built from: values (not codes), ids and the per-row facts."""
-    a = view.a
+    a = view.facts.arrays
     frame = pd.DataFrame({
         "row": rows, "name": _values(a.name[rows], a.names), "run": _values(a.run[rows], a.runs),
         "start": a.start[rows], "end": a.end[rows], "bucket": _values(a.bucket_raw[rows], a.bucket_values),
         "category": _values(a.category[rows], a.categories), "own_iteration": a.iteration[rows],
         "has_iteration": a.has_iteration[rows], "iteration": view.iteration[rows], "stamped": view.stamped[rows],
-        "ancestor": view.ancestor[rows], "orphan": view.orphan[rows], "trace_id": _trace_ids(a, rows),
+        "ancestor": view.ancestor[rows], "orphan": view.facts.orphan[rows], "trace_id": _trace_ids(a, rows),
         "span_key": view.span[rows], "trace_key": view.trace[rows], "parent_key": view.parent[rows],
-        "step": view.step[rows]})
+        "step": view.step[rows], "walked": view.walked[rows]})
     for key, value in extra.items():
         frame[key] = value
     return frame
 
 
 def _file_findings(paths: list[str], reducers: int, shared: _Shared) -> tuple:
-    """Map task: per file, what this process needs; and for each reducer, the goodput partials of
-    the steps it owns (merged over the group) and the overlap clusters of those steps."""
+    """Map task: per file, the rules' partials; and for each reducer, the goodput partials of the
+    steps it owns (merged over the group) and the overlap clusters of those steps."""
     results = [_findings_of(_read(p), shared) for p in paths]
     partials = streaming.split_by_step([r.pop("partial") for r in results], reducers)
     clusters, deep = (pd.concat([r.pop(key).assign(file=shared.file_index[p]) for r, p in zip(results, paths)],
@@ -361,41 +330,30 @@ def _file_findings(paths: list[str], reducers: int, shared: _Shared) -> tuple:
 
 def _reduce_findings(*pieces: tuple) -> tuple[pa.Table, np.ndarray, np.ndarray]:
     """Reduce task: its steps' partials merged and condensed (a few rows per step), which of its
-    steps hold a cluster of overlapping bucketed spans, and which of them overlap past the tolerance
-    (merging every file's local clusters)."""
+    steps hold a cluster of overlapping bucketed spans, and which of them overlap past the tolerance."""
     accumulator = streaming.GoodputAccumulator()
     for partial, _, _ in pieces:
         accumulator.add(partial)
     condensed = streaming.partial_table(streaming.condense_unions(accumulator.merged()))
-    return condensed, _crowded([c for _, c, _ in pieces]), _crowded([d for _, _, d in pieces])
+    return (condensed, rules.overlapping_steps([c for _, c, _ in pieces]),
+            rules.overlapping_steps([d for _, _, d in pieces]))
 
 
 def _findings_of(table: pa.Table, shared: _Shared) -> dict:
     view = _view(table, shared)
-    a, keep = view.a, view.keep
-    umbrella = np.array([n in shared.umbrella for n in a.names] + [False])[a.name]
-    umbrella |= np.array([c in UNBUCKETED_SPAN_CATEGORIES for c in a.categories] + [False])[a.category]
-    flags = ((keep & ~a.valid_interval) * INVALID + (keep & (a.bucket == UNKNOWN_BUCKET)) * UNKNOWN
-             + (keep & (a.bucket != NO_BUCKET) & umbrella) * UMBRELLA + (view.walked & (view.ancestor >= 0)) * NESTED
-             + (view.walked & ~view.stamped) * UNSTAMPED + view.orphan * ORPHAN)
+    facts = view.facts
+    a = facts.arrays
+    flags = np.zeros(len(a), np.int64)
+    for code, rows in rules.offenders(facts).items():
+        flags[rows] |= SPAN_FLAGS[code]
     offenders = np.flatnonzero(flags)
     inside = np.flatnonzero(view.step >= 0)
-    clusters = _clusters(a.start[inside], a.end[inside], view.step[inside], inside)
-    # as findings._deep_steps: intervals shortened by the tolerance overlap where the spans overlap by more
-    longer = inside[(a.end[inside] - a.start[inside]) > shared.tolerance_ns]
-    deep = _clusters(a.start[longer], a.end[longer] - shared.tolerance_ns, view.step[longer], longer)
-    standalone = np.array([n in shared.standalone for n in a.names] + [False])[a.name]
-    anchored_run = np.array([r in shared.anchored_runs for r in a.runs] + [_NO_RUN in shared.anchored_runs])
-    candidates = keep & anchored_run[a.run] & ~np.isin(view.trace, shared.anchored_traces)
-    rows = np.flatnonzero(candidates)
-    designed = ~(~a.has_parent[rows] | view.orphan[rows]) | standalone[rows]
-    detached = pd.DataFrame({"run": _values(a.run[rows], a.runs, _NO_RUN), "trace": view.trace[rows],
-                             "designed": designed})
-    if len(rows):
-        detached = detached.groupby(["run", "trace"], sort=False).agg(
-            rows=("designed", "size"), designed=("designed", "sum")).reset_index()
-    else:
-        detached = detached.assign(rows=np.zeros(0, np.int64))
+    clusters, deep = rules.overlap_partial(a.start[inside], a.end[inside], view.step[inside], inside,
+                                           shared.tolerance_ns)
+    anchored_runs = np.array([i for i, r in enumerate(a.runs) if r in shared.anchored_runs]
+                             + ([-1] if NO_RUN in shared.anchored_runs else []), np.int64)
+    _, detached = rules.detached_partial(facts, shared.anchored_traces, anchored_runs)
+    detached["run"] = _values(detached["run"].to_numpy(np.int64), a.runs, NO_RUN)
     return {
         "offenders": _rows(view, offenders, flags=flags[offenders]),
         "partial": streaming.goodput_partial(table, attributed=shared.attributed, run_id=shared.run_id),
@@ -403,15 +361,6 @@ def _findings_of(table: pa.Table, shared: _Shared) -> dict:
         "deep_clusters": deep,
         "detached": detached,
     }
-
-
-def _clusters(start: np.ndarray, end: np.ndarray, step: np.ndarray, rows: np.ndarray) -> pd.DataFrame:
-    """One file's clusters of overlapping intervals per step: hull, member count and first row."""
-    merged = merge_intervals(start, end, step)
-    heads = pd.DataFrame({"cluster": merged.cluster_of, "start": start, "row": rows}).sort_values(
-        ["cluster", "start", "row"], kind="stable").drop_duplicates("cluster")
-    return pd.DataFrame({"step": merged.group, "start": merged.start, "end": merged.end,
-                         "members": merged.members, "head": heads["row"].to_numpy(np.int64)})
 
 
 # -- 4. collect --------------------------------------------------------------------------------
@@ -422,12 +371,13 @@ def _collect(paths: list[str], shared: _Shared, steps: np.ndarray, traces: pd.Da
     out = []
     for path in paths:
         view = _view(_read(path), shared)
+        a = view.facts.arrays
         inside = np.isin(view.step, steps) & (view.step >= 0)
-        runs = _values(view.a.run, view.a.runs, _NO_RUN)
+        runs = _values(a.run, a.runs, NO_RUN)
         wanted = pd.MultiIndex.from_frame(traces[["run", "trace"]]) if len(traces) else None
-        member = np.zeros(len(view.a), bool)
+        member = np.zeros(len(a), bool)
         if wanted is not None:
-            member = view.keep & (wanted.get_indexer(pd.MultiIndex.from_arrays([runs, view.trace])) >= 0)
+            member = view.facts.keep & (wanted.get_indexer(pd.MultiIndex.from_arrays([runs, view.trace])) >= 0)
         out.append(pd.concat([_rows(view, np.flatnonzero(inside), part="overlap"),
                               _rows(view, np.flatnonzero(member), part="detached")], ignore_index=True))
     return out
@@ -436,111 +386,24 @@ def _collect(paths: list[str], shared: _Shared, steps: np.ndarray, traces: pd.Da
 # -- the driver --------------------------------------------------------------------------------
 
 
-@dataclass
-class _Codes:
-    """The dataset's value tuples in the order the in-memory read would code them."""
-
-    names: dict = field(default_factory=dict)
-    runs: dict = field(default_factory=dict)
-    buckets: dict = field(default_factory=dict)
-    categories: dict = field(default_factory=dict)
-
-    def add(self, facts: dict) -> None:
-        for key in ("names", "runs", "buckets", "categories"):
-            values = getattr(self, key)
-            for v in facts[key]:
-                values.setdefault(v, len(values))
-
-    def code(self, key: str, values) -> np.ndarray:
-        lookup = getattr(self, key)
-        return np.array([lookup.get(v, -1) if isinstance(v, str) else -1 for v in values], dtype=np.int32)
-
-    def tuple(self, key: str) -> tuple:
-        return tuple(getattr(self, key))
-
-
-def _arrays(rows: pd.DataFrame, codes: _Codes, *, resource: pa.Array | None = None) -> SpanArrays:
-    """A SpanArrays over ``rows`` (dataset order) with the dataset's codes, as check_run would see them."""
-    n = len(rows)
-    bucket_values = codes.tuple("buckets")
-    lookup = np.array([BUCKETS.index(v) if v in BUCKETS else UNKNOWN_BUCKET for v in bucket_values] + [NO_BUCKET],
-                      dtype=np.int8)
-    keys = tuple(rows[c].to_numpy(np.uint64) if n else np.zeros(0, np.uint64)
-                 for c in ("span_key", "trace_key", "parent_key"))
-    columns = {"trace_id": pa.array(rows["trace_id"].tolist() if n else [], pa.string()),
-               "span_key": pa.array(keys[0]), "trace_key": pa.array(keys[1]), "parent_key": pa.array(keys[2])}
-    if resource is not None:
-        columns["resource_attributes"] = resource
-    bucket_raw = codes.code("buckets", rows["bucket"]) if n else np.zeros(0, np.int32)
-    arrays = SpanArrays(
-        table=pa.table(columns), name=codes.code("names", rows["name"]), names=codes.tuple("names"),
-        run=codes.code("runs", rows["run"]), runs=codes.tuple("runs"), start=rows["start"].to_numpy(np.int64),
-        end=rows["end"].to_numpy(np.int64), bucket=lookup[bucket_raw], bucket_raw=bucket_raw,
-        bucket_values=bucket_values, iteration=rows["own_iteration"].to_numpy(np.int64),
-        has_iteration=rows["has_iteration"].to_numpy(bool))
-    arrays.__dict__.update(_keys=keys, orphan=rows["orphan"].to_numpy(bool),
-                           _category=(codes.code("categories", rows["category"]), codes.tuple("categories")))
-    return arrays
-
-
-_EMPTY_ROWS = pd.DataFrame({c: pd.Series(dtype=t) for c, t in (
-    ("file", np.int64), ("row", np.int64), ("name", object), ("run", object), ("start", np.int64), ("end", np.int64),
-    ("bucket", object), ("category", object), ("own_iteration", np.int64), ("has_iteration", bool),
-    ("iteration", np.int64), ("stamped", bool), ("ancestor", np.int64), ("orphan", bool), ("trace_id", object),
-    ("span_key", np.uint64), ("trace_key", np.uint64), ("parent_key", np.uint64), ("step", np.int64),
-    ("flags", np.int64), ("part", object))})
-
-
-def _ordered(parts: list[tuple[int, pd.DataFrame]]) -> pd.DataFrame:
-    """Rows of many files in dataset order (file, then row)."""
-    frames = [p.assign(file=i) for i, p in parts if len(p)]
-    if not frames:
-        return _EMPTY_ROWS.copy()
-    return pd.concat(frames, ignore_index=True).sort_values(["file", "row"], kind="stable", ignore_index=True)
-
-
-def _context(rows: pd.DataFrame, codes: _Codes, steps, table: pd.DataFrame, options: dict, *,
-             arrays: SpanArrays | None = None, keep: np.ndarray | None = None, walked: np.ndarray | None = None,
-             ancestor: np.ndarray | None = None, bucketed: np.ndarray | None = None,
-             bucketed_step: np.ndarray | None = None) -> Any:
-    """findings' ``_Context`` over ``rows``: what its producers read, from the dataset-wide facts."""
-    arrays = _arrays(rows, codes) if arrays is None else arrays
-    n = len(arrays)
-    empty = np.zeros(0, np.int64)
-    walked = empty if walked is None else walked
-    bucketed = empty if bucketed is None else bucketed
-    iteration = rows["iteration"].to_numpy(np.int64) if len(rows) else empty
-    iteration = np.concatenate([iteration, np.full(n - len(iteration), -1, np.int64)])
-    stamped = np.concatenate([rows["stamped"].to_numpy(bool), np.zeros(n - len(rows), bool)])
-    analysis = _goodput.Analysis(
-        arrays=arrays, keep=np.ones(n, bool) if keep is None else keep, steps=steps, bucketed=bucketed,
-        bucketed_iteration=iteration[bucketed], bucketed_stamped=stamped[bucketed], walked=walked,
-        walked_iteration=iteration[walked], walked_stamped=stamped[walked],
-        walked_ancestor=np.full(len(walked), -1, np.int64) if ancestor is None else ancestor,
-        bucketed_step=empty if bucketed_step is None else bucketed_step, table=table,
-        merged=merge_intervals(arrays.start[bucketed], arrays.end[bucketed],
-                               empty if bucketed_step is None else bucketed_step))
-    return _findings._Context(analysis, iteration, options["max_span_ids"], options["max_findings_per_code"])
-
-
 def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapReduce = local_map_reduce,
                       reducers: int = 2, run_id: str | None = None, unattributed_threshold: float = 0.2,
-                      overlap_tolerance_s: float = _findings.DEFAULT_OVERLAP_TOLERANCE_S,
-                      max_span_ids: int = 10, max_findings_per_code: int = 100) -> _findings.CheckReport:
-    """:func:`findings.check_run` of the dataset at ``root``, its work mapped over the files by
+                      overlap_tolerance_s: float = checks.DEFAULT_OVERLAP_TOLERANCE_S,
+                      max_span_ids: int = 10, max_findings_per_code: int = 100) -> checks.CheckReport:
+    """:func:`checks.check_run` of the dataset at ``root``, its work mapped over the files by
     ``file_map``; the per-step merges (goodput's partials, overlap clusters) by ``map_reduce``
     over ``reducers`` reducers, so this process receives a few rows per step."""
     root = Path(root)
     files = span_files(root)
     options = {"max_span_ids": max_span_ids, "max_findings_per_code": max_findings_per_code}
-    tolerance_ns = _findings.overlap_tolerance_ns(overlap_tolerance_s)
+    tolerance_ns = checks.overlap_tolerance_ns(overlap_tolerance_s)
     if not files:
         from nemo_telemetry.analysis.model._arrays import read_for_analysis
 
-        return _findings.check_run(read_for_analysis(root), run_id=run_id, unattributed_threshold=unattributed_threshold,
-                                   overlap_tolerance_s=overlap_tolerance_s, **options)
+        return checks.check_run(read_for_analysis(root), run_id=run_id, unattributed_threshold=unattributed_threshold,
+                                overlap_tolerance_s=overlap_tolerance_s, **options)
     facts = [f for group in file_map(_facts, files, run_id) for f in group]
-    codes = _Codes()
+    codes = Codes()
     for f in facts:
         codes.add(f)
     UnknownRunError.unless_present(run_id, codes.runs)
@@ -552,37 +415,22 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
     for condensed, _, _ in reduced:
         accumulator.add(condensed)
     analysis = streaming.merged_steps(accumulator.merged(), codes.tuple("runs"))
-    heads = _step_heads(facts, analysis.steps, codes)
-    steps = _goodput._Steps(analysis.steps.run, analysis.steps.iteration, analysis.steps.start, analysis.steps.end,
-                            np.arange(len(analysis.steps)))
-    crowded = np.unique(np.concatenate([np.zeros(0, np.int64)] + [c for _, c, _ in reduced]))
+    overlapping = np.unique(np.concatenate([np.zeros(0, np.int64)] + [c for _, c, _ in reduced]))
     deep = np.unique(np.concatenate([np.zeros(0, np.int64)] + [d for _, _, d in reduced]))
-    overlap_steps = crowded[:max_findings_per_code]
-    overlap_count = {"error": len(deep), "info": len(crowded) - len(deep)}
-    detached, detached_count = _detached_traces(results, codes, max_findings_per_code)
-    collected = _ordered([(i, c) for i, c in enumerate(
-        c for group in file_map(_collect, files, shared, overlap_steps, detached) for c in group)]) \
-        if len(overlap_steps) or len(detached) else _EMPTY_ROWS.copy()
-    offenders = _ordered([(i, r["offenders"]) for i, r in enumerate(results)])
-    table = analysis.table
-    contexts = _Contexts(offenders, codes, steps, table, options)
-    producers = {
-        "invalid-interval": lambda: _findings._invalid_interval(contexts.flagged(INVALID)),
-        "unknown-bucket": lambda: _findings._unknown_bucket(contexts.flagged(UNKNOWN)),
-        "umbrella-bucket": lambda: _findings._umbrella_bucket(contexts.flagged(UMBRELLA)),
-        "nested-bucket": lambda: _findings._nested_bucket(contexts.nested()),
-        "bucketed-overlap": lambda: (overlap_count, _findings._overlaps(
-            contexts.overlaps(collected[collected["part"] == "overlap"]), shared.tolerance_ns)[1]),
-        "bucket-exceeds-wall": lambda: _findings._steps_over_wall(contexts.of(heads)),
-        "unstamped-span": lambda: _findings._unstamped(contexts.walked(UNSTAMPED)),
-        "unattributed-step-time": lambda: _findings._unattributed(contexts.of(heads), unattributed_threshold),
-        "missing-group-spans": lambda: _findings._missing_groups(contexts.presence(facts)),
-        "step-time-outlier": lambda: _findings._outliers(contexts.of(heads)),
-        "orphan-span": lambda: _findings._orphans(contexts.flagged(ORPHAN)),
-        "detached-trace": lambda: (detached_count, _findings._detached(
-            contexts.detached(collected[collected["part"] == "detached"], facts))[1]),
-    }
-    return _report(producers)
+    counts = pd.concat([r["detached"] for r in results], ignore_index=True)
+    counts["run"] = codes.code("runs", counts["run"].where(counts["run"] != NO_RUN, None))
+    detached = rules.detached_traces(counts)
+    shown = detached.head(max_findings_per_code)
+    traces = pd.DataFrame({"run": _values(shown["run"].to_numpy(np.int64), codes.tuple("runs"), NO_RUN),
+                           "trace": shown["trace"].to_numpy(np.uint64)})
+    overlap_steps = overlapping[:max_findings_per_code]
+    collected = [c.assign(file=i) for i, c in enumerate(
+        c for group in file_map(_collect, files, shared, overlap_steps, traces) for c in group)] \
+        if len(overlap_steps) or len(traces) else []
+    offenders = [r["offenders"].assign(file=i, part="offender") for i, r in enumerate(results)]
+    rows = in_dataset_order(offenders + collected + [step_heads(facts, analysis.steps, codes)])
+    merged = merged_partials(rows, codes, analysis, facts, overlapping, deep, detached)
+    return checks.finish(merged, unattributed_threshold=unattributed_threshold, tolerance_ns=tolerance_ns, **options)
 
 
 def _concat(frames) -> pd.DataFrame:
@@ -592,155 +440,23 @@ def _concat(frames) -> pd.DataFrame:
     return out.astype({"trace": np.uint64, "key": np.uint64})
 
 
-def _shared(facts: list[dict], codes: _Codes, walked: pd.DataFrame, missing: pd.DataFrame,
+def _shared(facts: list[dict], codes: Codes, walked: pd.DataFrame, missing: pd.DataFrame,
             run_id: str | None, files: Sequence[Path], tolerance_ns: int) -> _Shared:
     steps = pd.concat([f["steps"] for f in facts], ignore_index=True).drop_duplicates(["run", "iteration"])
     steps = steps.assign(code=codes.code("runs", steps["run"])).sort_values(["code", "iteration"])  # goodput's order
-    names = codes.tuple("names")
-    umbrella_only, unbucketed = _findings._catalogue_name_sets(names)
-    standalone = np.concatenate([_findings._group_name_codes(names, g) for g in _findings._STANDALONE_GROUPS])
-    found = walked[walked["found"].to_numpy(bool)]
+    found = walked[walked["stamped"].to_numpy(bool)]
     anchored = pd.concat([f["first_anchor"] for f in facts], ignore_index=True)
     return _Shared(
         run_id=run_id, walks=_Walks.of(walked),
-        missing=streaming._KeyIndex.of(missing["trace"].to_numpy(np.uint64), missing["key"].to_numpy(np.uint64)),
-        attributed=streaming._KeyIndex.of(found["trace"].to_numpy(np.uint64), found["start"].to_numpy(np.uint64),
+        missing=KeyIndex.of(missing["trace"].to_numpy(np.uint64), missing["key"].to_numpy(np.uint64)),
+        attributed=KeyIndex.of(found["trace"].to_numpy(np.uint64), found["start"].to_numpy(np.uint64),
                                           found["iteration"].to_numpy(np.int64)),
         step_run=steps["run"].to_numpy(object), step_iteration=steps["iteration"].to_numpy(np.int64),
         anchored_traces=np.unique(np.concatenate([f["anchor_traces"] for f in facts])).astype(np.uint64),
-        anchored_runs=frozenset(anchored["run"].tolist()), names=names,
-        standalone=frozenset(names[c] for c in standalone),
-        umbrella=frozenset(names[c] for c in np.concatenate([umbrella_only, unbucketed])),
+        anchored_runs=frozenset(anchored["run"].tolist()), names=codes.tuple("names"),
         file_index={str(f): i for i, f in enumerate(files)}, tolerance_ns=tolerance_ns)
 
 
-def _step_heads(facts: list[dict], steps, codes: _Codes) -> pd.DataFrame:
-    """One row per step (steps' order): its first step span (earliest start, then dataset order)."""
-    parts = [f["steps"].assign(file=i) for i, f in enumerate(facts) if len(f["steps"])]
-    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
-        columns=["run", "iteration", "start", "end", "row", "span_key", "trace_id", "file"])
-    frame = frame.sort_values(["start", "file", "row"], kind="stable").drop_duplicates(["run", "iteration"])
-    frame["code"] = codes.code("runs", frame["run"])
-    index = pd.MultiIndex.from_arrays([frame["code"].to_numpy(np.int64), frame["iteration"].to_numpy(np.int64)])
-    at = index.get_indexer(pd.MultiIndex.from_arrays([steps.run, steps.iteration]))
-    heads = frame.iloc[at].reset_index(drop=True)
-    n = len(heads)
-    return pd.DataFrame({"name": None, "run": heads["run"].to_numpy(object), "start": heads["start"].to_numpy(np.int64),
-                         "end": heads["end"].to_numpy(np.int64), "bucket": None, "category": None,
-                         "own_iteration": heads["iteration"].to_numpy(np.int64), "has_iteration": True,
-                         "iteration": heads["iteration"].to_numpy(np.int64), "stamped": True, "ancestor": -1,
-                         "orphan": False, "trace_id": heads["trace_id"].to_numpy(object),
-                         "span_key": heads["span_key"].to_numpy(np.uint64), "trace_key": np.zeros(n, np.uint64),
-                         "parent_key": np.zeros(n, np.uint64), "step": np.arange(n)})
-
-
-def _crowded(parts: list[pd.DataFrame]) -> np.ndarray:
-    """Steps with a cluster of overlapping bucketed spans, from every file's local clusters of them
-    (a local cluster lies inside one cluster of the whole step: merging their hulls in dataset
-    order gives the step's clusters, and their member counts add up)."""
-    parts = [p for p in parts if len(p)]
-    if not parts:
-        return np.zeros(0, np.int64)
-    hulls = pd.concat(parts, ignore_index=True).sort_values(["file", "head"], kind="stable")
-    merged = merge_intervals(hulls["start"].to_numpy(np.int64), hulls["end"].to_numpy(np.int64),
-                             hulls["step"].to_numpy(np.int64))
-    members = np.bincount(merged.cluster_of, weights=hulls["members"].to_numpy(np.float64), minlength=len(merged))
-    return np.unique(merged.group[members > 1])
-
-
-def _detached_traces(results: list[dict], codes: _Codes, limit: int) -> tuple[pd.DataFrame, int]:
-    """The (run, trace) pairs that the detached-trace finding reports, the first ``limit``, and how many."""
-    parts = [r["detached"] for r in results if len(r["detached"])]
-    if not parts:
-        return pd.DataFrame({"run": pd.Series(dtype=object), "trace": pd.Series(dtype=np.uint64)}), 0
-    frame = pd.concat(parts, ignore_index=True).groupby(["run", "trace"], dropna=False, sort=False).agg(
-        rows=("rows", "sum"), designed=("designed", "sum")).reset_index()
-    frame = frame[frame["designed"] < frame["rows"]].copy()
-    frame["code"] = codes.code("runs", frame["run"])
-    frame = frame.sort_values(["code", "trace"], kind="stable")
-    return frame[["run", "trace"]].head(limit).reset_index(drop=True), len(frame)
-
-
-@dataclass
-class _Contexts:
-    """Builds each producer's context over the rows it concerns."""
-
-    offenders: pd.DataFrame
-    codes: _Codes
-    steps: Any
-    table: pd.DataFrame
-    options: dict
-
-    def of(self, rows: pd.DataFrame, **kwargs):
-        return _context(rows.reset_index(drop=True), self.codes, self.steps, self.table, self.options, **kwargs)
-
-    def flagged(self, flag: int):
-        return self.of(self.offenders[(self.offenders["flags"] & flag) != 0])
-
-    def walked(self, flag: int):
-        rows = self.offenders[(self.offenders["flags"] & flag) != 0]
-        return self.of(rows, walked=np.arange(len(rows)))
-
-    def nested(self):
-        rows = self.offenders[(self.offenders["flags"] & NESTED) != 0].reset_index(drop=True)
-        names = self.codes.tuple("names")
-        holders = np.unique(rows["ancestor"].to_numpy(np.int64))
-        holder_rows = pd.DataFrame({"name": [names[c] for c in holders], "run": None, "start": 0, "end": 0,
-                                    "bucket": None, "category": None, "own_iteration": 0, "has_iteration": False,
-                                    "iteration": -1, "stamped": False, "ancestor": -1, "orphan": False,
-                                    "trace_id": "", "span_key": np.uint64(0), "trace_key": np.uint64(0),
-                                    "parent_key": np.uint64(0)})
-        both = pd.concat([rows, holder_rows], ignore_index=True)
-        ancestor = len(rows) + np.searchsorted(holders, rows["ancestor"].to_numpy(np.int64))
-        keep = np.arange(len(both)) < len(rows)
-        return self.of(both, keep=keep, walked=np.arange(len(rows)), ancestor=ancestor)
-
-    def overlaps(self, rows: pd.DataFrame):
-        rows = rows.reset_index(drop=True)
-        return self.of(rows, bucketed=np.arange(len(rows)), bucketed_step=rows["step"].to_numpy(np.int64))
-
-    def detached(self, rows: pd.DataFrame, facts: list[dict]):
-        anchors = []
-        for i, f in enumerate(facts):  # each run's first anchor row, for the trace the message names
-            if len(f["first_anchor"]):
-                anchors.append(f["first_anchor"].assign(file=i))
-        first = pd.concat(anchors, ignore_index=True).drop_duplicates("run") if anchors else None
-        if first is None or rows.empty:
-            return self.of(rows)
-        anchor_rows = first.assign(run=first["run"].where(first["run"] != _NO_RUN, None), start=0, end=0,
-                                   bucket=None, category=None, own_iteration=0, has_iteration=False, iteration=-1,
-                                   stamped=False, ancestor=-1, orphan=False, span_key=np.uint64(0),
-                                   trace_key=np.uint64(0), parent_key=np.uint64(0), step=-1)
-        both = pd.concat([rows, anchor_rows], ignore_index=True).sort_values(["file", "row"], kind="stable")
-        return self.of(both)
-
-    def presence(self, facts: list[dict]):
-        pairs = sorted({p for f in facts for p in f["names_present"]}, key=str)
-        specs = sorted({p for f in facts for p in f["span_groups"]}, key=str)
-        n = len(pairs) + len(specs)
-        rows = pd.DataFrame({"name": [p[1] for p in pairs] + [None] * len(specs),
-                             "run": [p[0] for p in pairs] + [s[0] for s in specs], "start": 0, "end": 0,
-                             "bucket": None, "category": None, "own_iteration": 0, "has_iteration": False,
-                             "iteration": -1, "stamped": False, "ancestor": -1, "orphan": False, "trace_id": "",
-                             "span_key": np.zeros(n, np.uint64), "trace_key": np.zeros(n, np.uint64),
-                             "parent_key": np.zeros(n, np.uint64)})
-        offsets = np.concatenate([np.zeros(len(pairs) + 1, np.int32), np.arange(1, len(specs) + 1, dtype=np.int32)])
-        resource = pa.MapArray.from_arrays(pa.array(offsets), pa.array([_findings.SPAN_GROUPS_ATTRIBUTE] * len(specs),
-                                                                       pa.string()),
-                                           pa.array([s[1] for s in specs], pa.string()))
-        return self.of(rows, arrays=_arrays(rows, self.codes, resource=resource))
-
-
-def _report(producers: dict[str, Callable[[], tuple[Any, list]]]) -> _findings.CheckReport:
-    """check_run's report from each code's (count, written findings): errors first, full counts."""
-    written: list = []
-    counted: dict[str, Any] = {}
-    for code, produce in producers.items():
-        counted[code], found = produce()
-        written.extend(found)
-    return _findings.report(written, counted)
-
-
-def stream_check(root: str | Path, **options) -> _findings.CheckReport:
+def stream_check(root: str | Path, **options) -> checks.CheckReport:
     """:func:`partitioned_check` in this process, one file at a time (three reducers, run in turn)."""
     return partitioned_check(root, local_map, map_reduce=local_map_reduce, reducers=3, **options)

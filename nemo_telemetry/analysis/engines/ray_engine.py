@@ -163,8 +163,8 @@ def _reduce_steps(*pieces: pa.Table) -> pa.Table:
 
 def ray_check(root: str | Path, **options):
     """``check_run`` of the dataset at ``root``, its work done by Ray tasks over groups of files
-    (:mod:`streaming_check`: per-file facts, ancestor walks, per-file findings and partials);
-    this process merges what they return and writes the findings' messages."""
+    (:mod:`partitioned_check`: per-file facts, the walk's lookups, the rules' partials per file);
+    this process merges what they return and finishes the report."""
     from nemo_telemetry.analysis.engines.partitioned_check import partitioned_check
 
     return partitioned_check(root, map_groups, map_reduce=map_reduce, reducers=reducer_count(), **options)

@@ -1,0 +1,98 @@
+"""The report of ``check``: finding codes, severities, one finding, and the counts.
+
+Every engine's findings end here: :func:`report` orders them (errors first) and counts each code
+in full, past the per-code cap on what is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from nemo_telemetry.analysis.choices import SEVERITIES
+from nemo_telemetry.errors import NemoTelemetryError
+
+__all__ = ["SEVERITIES", "FINDING_CODES", "DEFAULT_OVERLAP_TOLERANCE_S", "Finding", "CheckReport", "report",
+           "overlap_tolerance_ns"]
+
+FINDING_CODES: dict[str, str] = {  # code -> severity (missing-group-spans is info for a known gap)
+    "bucketed-overlap": "error",
+    "nested-bucket": "error",
+    "umbrella-bucket": "error",
+    "bucket-exceeds-wall": "error",
+    "unknown-bucket": "error",
+    "invalid-interval": "error",
+    "unstamped-span": "warning",
+    "orphan-span": "warning",
+    "detached-trace": "warning",
+    "unattributed-step-time": "warning",
+    "missing-group-spans": "warning",
+    "step-time-outlier": "info",
+}
+# Overlaps of bucketed spans up to this long are clock granularity (the OpenTelemetry JS SDK records
+# start times in whole milliseconds), reported at info severity.
+DEFAULT_OVERLAP_TOLERANCE_S = 0.001
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One reason the breakdown might be wrong, and what to do about it."""
+
+    code: str
+    severity: str
+    message: str
+    trace_id: str | None
+    span_ids: tuple[str, ...]
+    iteration: int | None
+    run_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "severity": self.severity, "message": self.message, "trace_id": self.trace_id,
+                "span_ids": list(self.span_ids), "iteration": self.iteration, "run_id": self.run_id}
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Every finding (at most ``max_findings_per_code`` written per code) and the full counts."""
+
+    findings: tuple[Finding, ...]
+    counts: dict[str, Any]  # {"error": n, "warning": n, "info": n, "by_code": {code: n}}
+
+    def has(self, severity: str) -> bool:
+        """Whether a finding at ``severity`` or worse exists."""
+        worse = SEVERITIES[: SEVERITIES.index(severity) + 1]
+        return any(self.counts[s] for s in worse)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"findings": [f.to_dict() for f in self.findings], "counts": self.counts}
+
+
+def overlap_tolerance_ns(overlap_tolerance_s: float) -> int:
+    """The tolerance in ns; a negative or non-finite value is a clear error, not a silent zero."""
+    if not (overlap_tolerance_s >= 0 and np.isfinite(overlap_tolerance_s)):
+        raise NemoTelemetryError(f"overlap tolerance {overlap_tolerance_s!r} s: give a finite number of seconds >= 0 "
+                                 f"(default {DEFAULT_OVERLAP_TOLERANCE_S})")
+    return int(round(overlap_tolerance_s * 1e9))
+
+
+def report(findings: list[Finding], counted: dict[str, Any]) -> CheckReport:
+    """The report from each code's findings as written and its full count (errors first).
+
+    ``counted[code]`` is a number at the code's severity, or ``{severity: number}`` for a code
+    whose findings differ in severity; findings past the per-code cap still count, at theirs.
+    """
+    findings = sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
+    counts: dict[str, Any] = {s: 0 for s in SEVERITIES}
+    for f in findings:
+        counts[f.severity] += 1
+    by_code: dict[str, int] = {code: 0 for code in FINDING_CODES}
+    for code, n in counted.items():
+        per_severity = n if isinstance(n, dict) else {FINDING_CODES[code]: n}
+        by_code[code] = sum(per_severity.values())
+        for severity, total in per_severity.items():
+            written = sum(1 for f in findings if f.code == code and f.severity == severity)
+            counts[severity] += max(0, total - written)
+    counts["by_code"] = by_code
+    return CheckReport(findings=tuple(findings), counts=counts)

@@ -1,0 +1,210 @@
+"""The findings' rules over one batch of rows: partial(batch) -> merge(partials) -> finish.
+
+Every engine states a finding's rule through these functions only. A batch is a
+:class:`RowFacts`: one table's rows with the dataset-wide facts applied (the attribution walk,
+orphans, step windows). In memory the batch is the whole table; out of core it is one file of
+the dataset, and its facts come from the walk over every file.
+
+- *Span-level codes* (``invalid-interval``, ``unknown-bucket``, ``umbrella-bucket``,
+  ``nested-bucket``, ``unstamped-span``, ``orphan-span``): :func:`offenders` gives each code's
+  rows of the batch; merging is concatenation in dataset order; :mod:`checks` finishes them
+  (groups, counts, messages).
+- ``bucketed-overlap``: :func:`overlap_partial` gives the batch's clusters of overlapping
+  bucketed intervals per step (and those overlapping past the tolerance); :func:`overlapping_steps`
+  merges any number of them into the steps that have an overlap (and a deep one).
+- ``detached-trace``: :func:`detached_partial` counts, per (run, trace) outside every anchored
+  trace, the batch's rows and how many of them are separate by design;
+  :func:`detached_traces` merges the counts and keeps the traces that are detached.
+- ``missing-group-spans``: :func:`group_presence` (checks) reads the enabled groups and the
+  (run, name) pairs present; merging is their union.
+- Step-level codes (``bucket-exceeds-wall``, ``unattributed-step-time``, ``step-time-outlier``)
+  read goodput's finished per-step table only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX
+from nemo_telemetry.analysis.model._arrays import (
+    NO_BUCKET, UNKNOWN_BUCKET, SpanArrays, code_mask, codes_matching,
+)
+from nemo_telemetry.analysis.model.intervals import merge_intervals
+from nemo_telemetry.instrument import REGISTRY, span_name_regex
+from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
+
+__all__ = ["RowFacts", "SPAN_CODES", "ANCHOR_REGEX", "STANDALONE_GROUPS", "offenders", "catalogue_name_sets",
+           "group_name_codes", "anchor_rows", "overlap_partial", "overlapping_steps", "detached_partial",
+           "detached_traces"]
+
+# The span-level codes, in the order check_run writes them.
+SPAN_CODES = ("invalid-interval", "unknown-bucket", "umbrella-bucket", "nested-bucket", "unstamped-span",
+              "orphan-span")
+ANCHOR_REGEX = f"{JOB_SPAN_REGEX}|{STEP_SPAN_REGEX}"  # the spans that make a trace part of the run's steps
+# Groups whose root spans are separate traces by design (seed 000: startup closes before the job
+# opens; worker __init__ spans are opened before any call carries context).
+STANDALONE_GROUPS = ("setup", "model_init")
+
+
+@dataclass(frozen=True, eq=False)
+class RowFacts:
+    """One batch's rows and what the whole dataset says about them.
+
+    ``walked`` are the rows with an ``rl.bucket`` in the selected run; the ``walked_*`` arrays
+    line up with them. Name codes are the batch's (``arrays.names``).
+    """
+
+    arrays: SpanArrays
+    keep: np.ndarray  # mask: rows of the selected run
+    walked: np.ndarray  # rows with an rl.bucket (known, unknown or invalid interval) in the selected run
+    walked_stamped: np.ndarray  # own or attributed iteration found
+    walked_iteration: np.ndarray  # that iteration (meaningful where stamped)
+    walked_ancestor: np.ndarray  # name code of the nearest row with an rl.bucket above, -1: none
+    orphan: np.ndarray  # mask: names a parent found in no batch
+
+    def trace_of(self, rows: np.ndarray) -> np.ndarray:
+        """The uint64 trace key of each of ``rows`` (taken from the batch, never decoded whole)."""
+        taken = self.arrays.table.column("trace_key").take(pa.array(rows, pa.int64()))
+        return pc.fill_null(taken, 0).to_numpy().astype(np.uint64, copy=False)
+
+    def in_traces(self, traces: np.ndarray) -> np.ndarray:
+        """Mask of the rows whose trace key is one of ``traces``."""
+        found = pc.is_in(self.arrays.table.column("trace_key"), value_set=pa.array(traces, pa.uint64()))
+        return found.to_numpy(zero_copy_only=False) if len(self.arrays) else np.zeros(0, bool)
+
+    def iteration_of(self, rows: np.ndarray) -> np.ndarray:
+        """Each row's iteration: attributed where walked, else its own; -1 where none."""
+        a = self.arrays
+        out = np.where(a.has_iteration[rows], a.iteration[rows], -1)
+        if len(self.walked) and len(rows):
+            pos = np.minimum(np.searchsorted(self.walked, rows), len(self.walked) - 1)
+            hit = self.walked[pos] == rows
+            out[hit] = np.where(self.walked_stamped[pos[hit]], self.walked_iteration[pos[hit]], -1)
+        return out
+
+
+def offenders(facts: RowFacts) -> dict[str, np.ndarray]:
+    """Each span-level code's offending rows of the batch (ascending)."""
+    a, keep = facts.arrays, facts.keep
+    umbrella_only, unbucketed = catalogue_name_sets(a.names)
+    unbucketed_categories = np.array([i for i, c in enumerate(a.categories) if c in UNBUCKETED_SPAN_CATEGORIES],
+                                     dtype=np.int32)
+    bucketed = np.flatnonzero((a.bucket != NO_BUCKET) & keep)
+    names = a.name[bucketed]
+    flagged = (code_mask(names, np.concatenate([umbrella_only, unbucketed]), len(a.names))
+               | code_mask(a.category[bucketed], unbucketed_categories, len(a.categories)))
+    walked = facts.walked
+    return {
+        "invalid-interval": np.flatnonzero(~a.valid_interval & keep),
+        "unknown-bucket": np.flatnonzero((a.bucket == UNKNOWN_BUCKET) & keep),
+        "umbrella-bucket": bucketed[flagged],
+        "nested-bucket": walked[facts.walked_ancestor >= 0],
+        "unstamped-span": walked[~facts.walked_stamped],
+        "orphan-span": np.flatnonzero(facts.orphan & keep),
+    }
+
+
+def catalogue_name_sets(names: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Codes of ``names`` that only umbrella groups claim, and of those declared unbucketed."""
+    catalogue = REGISTRY.catalogue()
+    claims_of = [(info, [re.compile(span_name_regex(p)) for p in info.spans],
+                  [re.compile(span_name_regex(p)) for p in info.unbucketed_spans]) for info in catalogue]
+    umbrella_only, unbucketed = [], []
+    for code, name in enumerate(names):
+        if name is None:
+            continue
+        claims = [info for info, spans, _ in claims_of if any(rx.match(name) for rx in spans)]
+        if claims and all(info.umbrella for info in claims):
+            umbrella_only.append(code)
+        if any(rx.match(name) for _, _, declared in claims_of for rx in declared):
+            unbucketed.append(code)
+    return np.array(umbrella_only, dtype=np.int32), np.array(unbucketed, dtype=np.int32)
+
+
+def group_name_codes(names: tuple, group_name: str) -> np.ndarray:
+    """Codes of ``names`` that group ``group_name`` declares."""
+    info = next((i for i in REGISTRY.catalogue() if i.name == group_name), None)
+    if info is None or not info.spans:
+        return np.zeros(0, dtype=np.int32)
+    return codes_matching(names, "|".join(span_name_regex(p) for p in info.spans))
+
+
+def anchor_rows(arrays: SpanArrays, keep: np.ndarray) -> np.ndarray:
+    """Job and step span rows of the selected run: their traces hold the run's steps."""
+    return np.flatnonzero(arrays.rows_of_names(ANCHOR_REGEX) & keep)
+
+
+# -- bucketed-overlap --------------------------------------------------------------------------
+
+
+def overlap_partial(start: np.ndarray, end: np.ndarray, step: np.ndarray, rows: np.ndarray,
+                    tolerance_ns: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The batch's clusters of overlapping bucketed intervals per step, and the clusters of those
+    overlapping by more than ``tolerance_ns`` (``rows``: the batch rows, for the clusters' heads).
+
+    Shortening every interval by the tolerance keeps exactly the pairs that overlap by more than
+    it; an interval no longer than the tolerance cannot, and is left out.
+    """
+    longer = (end - start) > tolerance_ns
+    return (_clusters(start, end, step, rows),
+            _clusters(start[longer], end[longer] - tolerance_ns, step[longer], rows[longer]))
+
+
+def _clusters(start: np.ndarray, end: np.ndarray, step: np.ndarray, rows: np.ndarray) -> pd.DataFrame:
+    """Clusters of overlapping intervals per step: hull, member count and first row (by start)."""
+    merged = merge_intervals(start, end, step)
+    order = np.lexsort((rows, start, merged.cluster_of))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = merged.cluster_of[order[1:]] != merged.cluster_of[order[:-1]]
+    return pd.DataFrame({"step": merged.group, "start": merged.start, "end": merged.end,
+                         "members": merged.members, "head": rows[order[first]].astype(np.int64)})
+
+
+def overlapping_steps(clusters: list[pd.DataFrame]) -> np.ndarray:
+    """Steps with a cluster of overlapping intervals, from every batch's clusters (``file``: the
+    batch's position in dataset order). A batch's cluster lies inside one cluster of the whole
+    step: merging their hulls in dataset order gives the step's clusters, and members add up."""
+    parts = [p for p in clusters if len(p)]
+    if not parts:
+        return np.zeros(0, np.int64)
+    if len(parts) == 1:
+        return np.unique(parts[0]["step"].to_numpy(np.int64)[parts[0]["members"].to_numpy() > 1])
+    hulls = pd.concat(parts, ignore_index=True).sort_values(["file", "head"], kind="stable")
+    merged = merge_intervals(hulls["start"].to_numpy(np.int64), hulls["end"].to_numpy(np.int64),
+                             hulls["step"].to_numpy(np.int64))
+    members = np.bincount(merged.cluster_of, weights=hulls["members"].to_numpy(np.float64), minlength=len(merged))
+    return np.unique(merged.group[members > 1])
+
+
+# -- detached-trace ----------------------------------------------------------------------------
+
+
+def detached_partial(facts: RowFacts, anchored_traces: np.ndarray, anchored_runs: np.ndarray
+                     ) -> tuple[np.ndarray, pd.DataFrame]:
+    """The batch's rows of anchored runs outside every anchored trace (``anchored_traces`` sorted,
+    ``anchored_runs`` the batch's run codes that have an anchor), and per (run code, trace) how
+    many rows it holds and how many are not a root, or are a root by design (startup, model load)."""
+    a = facts.arrays
+    loose = facts.keep & code_mask(a.run, anchored_runs, len(a.runs))
+    loose &= ~facts.in_traces(anchored_traces)
+    rows = np.flatnonzero(loose)
+    standalone = code_mask(a.name[rows], np.concatenate([group_name_codes(a.names, g) for g in STANDALONE_GROUPS]),
+                           len(a.names))
+    designed = (a.has_parent[rows] & ~facts.orphan[rows]) | standalone
+    frame = pd.DataFrame({"run": a.run[rows], "trace": facts.trace_of(rows), "designed": designed})
+    counts = frame.groupby(["run", "trace"], sort=False).agg(rows=("designed", "size"),
+                                                             designed=("designed", "sum")).reset_index()
+    return rows, counts
+
+
+def detached_traces(counts: pd.DataFrame) -> pd.DataFrame:
+    """Merged (run, trace, rows, designed) counts: the (run, trace) pairs that are detached (some
+    root not there by design), sorted by (run, trace)."""
+    merged = counts.groupby(["run", "trace"], sort=True).agg(rows=("rows", "sum"), designed=("designed", "sum"))
+    return merged[merged["designed"] < merged["rows"]].reset_index()[["run", "trace"]]
