@@ -1,8 +1,9 @@
 """Choosing an engine (what the CLI calls): the same result from memory, batch by batch, or Ray.
 
 ``local`` reads the goodput columns into memory, or streams a dataset a batch at a time
-(:mod:`streaming`, :mod:`streaming_check`) when it would not fit; ``ray`` hands the dataset's
-files to :mod:`engine_ray`, imported only then. Each engine drives the same rules.
+(:mod:`goodput.partials`, :mod:`engines.partitioned_check`) when it would not fit; ``ray`` hands the
+dataset's files to :mod:`engines.ray_engine`, imported only then. Each engine drives the same rules
+(:mod:`goodput.rules`, :mod:`findings.rules`).
 """
 
 from __future__ import annotations

@@ -2,14 +2,16 @@
 
 - :func:`ray_ingest` decodes each dump file in its own Ray task (a streaming generator that
   yields one batch of tables at a time, so a task never holds a whole file) and this process
-  deduplicates and writes the batches in file order, exactly as :func:`ingest.ingest` does.
+  deduplicates and writes the batches in file order, exactly as :func:`ingest.ingest` does; the
+  metrics and log dumps' tables are staged by the same :class:`ingest.SignalDumps`.
 - :func:`ray_goodput` schedules :mod:`goodput.partials`' steps (the walks across files, then
   :mod:`goodput.rules`' per-batch partials and merge) as plain Ray tasks over groups of the
   Parquet dataset's files (:func:`map_groups`); the merge is shuffled by (run, iteration) to one
   reducer per CPU, so this process receives a few rows per step.
-- :func:`ray_check` runs :mod:`streaming_check`'s stages (per-file facts, ancestor walks, per-file
-  offenders, partials and overlap clusters, then the few rows the messages name) as Ray tasks
-  over the same file groups; this process merges them and writes findings.py's messages.
+- :func:`ray_check` runs :mod:`engines.partitioned_check`'s stages (per-file facts, ancestor walks,
+  :mod:`findings.rules`' per-file partials, then the few rows the messages name) as Ray tasks
+  over the same file groups; this process merges them and :func:`findings.checks.finish` writes
+  the messages.
 
 Every result equals the local engine's on the same data. ``ray`` is imported only when an
 engine function is called; :func:`connect` joins the cluster ``RAY_ADDRESS`` names, or starts
