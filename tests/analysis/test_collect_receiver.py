@@ -19,7 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from nemo_telemetry.analysis.ingestion import collect as collect_module
+from nemo_telemetry.analysis.ingestion import _collect_commit as commit_module
 from nemo_telemetry.analysis import read_spans
 from nemo_telemetry.analysis.ingestion.collect import RETRY_AFTER_S, CollectorServer
 from nemo_telemetry.analysis.store.dataset import DatasetWriter
@@ -235,7 +235,7 @@ class _RefusingWriter(DatasetWriter):
 
 
 def test_a_request_the_writer_refuses_is_400_alone_not_its_whole_group(tmp_path, body, monkeypatch):
-    monkeypatch.setattr(collect_module, "DatasetWriter", _RefusingWriter)
+    monkeypatch.setattr(commit_module, "DatasetWriter", _RefusingWriter)
     _RefusingWriter.first = True
     server = CollectorServer(tmp_path / "ds", port=0).start()
     span = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "refuse-me", "startTimeUnixNano": "1", "endTimeUnixNano": "2"}

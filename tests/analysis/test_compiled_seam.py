@@ -129,13 +129,15 @@ def test_cache_dir_is_the_first_writable_candidate_keyed_on_the_sources(tmp_path
     assert _compiled.cache_dir([blocked / "cache"]) is None
 
 
-def test_an_edited_kernel_source_gets_its_own_cache_dir(tmp_path):
-    """``_words.py`` is compiled into the other kernels: editing it alone changes the key."""
+@pytest.mark.parametrize("helper", _compiled.KERNEL_HELPERS)
+def test_an_edited_kernel_source_gets_its_own_cache_dir(tmp_path, helper):
+    """The helpers (``_words.py``, the JSON scan's parts) are compiled into the kernels: editing
+    one alone changes the key."""
     here = Path(_compiled.__file__).parent
-    for name in _compiled.KERNEL_MODULES + ("_words",):
+    for name in _compiled.KERNEL_MODULES + _compiled.KERNEL_HELPERS:
         (tmp_path / f"{name}.py").write_bytes((here / f"{name}.py").read_bytes())
     assert _compiled.source_digest(tmp_path) == _compiled.source_digest()
-    with open(tmp_path / "_words.py", "a") as f:
+    with open(tmp_path / f"{helper}.py", "a") as f:
         f.write("# edited\n")
     assert _compiled.source_digest(tmp_path) != _compiled.source_digest()
 

@@ -7,7 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from nemo_telemetry.analysis.ingestion._columns import _empty_to_null, _per_owner_map
+from nemo_telemetry.analysis.ingestion._columns import _empty_to_null
+from nemo_telemetry.analysis.ingestion._promote import per_owner_map
 
 
 def test_per_owner_maps_repeat_each_owners_entries_for_its_spans():
@@ -19,9 +20,9 @@ def test_per_owner_maps_repeat_each_owners_entries_for_its_spans():
         index = rng.integers(0, 7, rng.integers(0, 40))
         if trial % 2:
             index = np.sort(index)  # long runs, as spans of one request arrive
-        assert _per_owner_map(entries, index).to_pylist() == [entries[r] for r in index]
+        assert per_owner_map(entries, index).to_pylist() == [entries[r] for r in index]
     with_null = [[("a", None), ("b", "x")], []]
-    assert _per_owner_map(with_null, np.array([1, 0, 0])).to_pylist() == [[], with_null[0], with_null[0]]
+    assert per_owner_map(with_null, np.array([1, 0, 0])).to_pylist() == [[], with_null[0], with_null[0]]
 
 
 @pytest.mark.parametrize("string_type", [pa.string(), pa.large_string()])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from nemo_telemetry.analysis.ingestion._columns import _promote, _promote_arrow
+from nemo_telemetry.analysis.ingestion._promote import promote, promote_arrow
 from nemo_telemetry.analysis.model.schema import PROMOTED_SPAN_ATTRIBUTES
 
 OWNERS = [
@@ -25,8 +25,8 @@ def test_compiled_promotion_equals_the_arrow_version():
     counts = np.array([len(o) for o in OWNERS], dtype=np.int64)
     keys = pa.array([k for o in OWNERS for k, _ in o], pa.string())
     values = pa.array([v for o in OWNERS for _, v in o], pa.large_string())
-    fast_map, fast = _promote(counts, keys, values, len(OWNERS), PROMOTED_SPAN_ATTRIBUTES)
-    slow_map, slow = _promote_arrow(counts, keys, values, len(OWNERS), PROMOTED_SPAN_ATTRIBUTES)
+    fast_map, fast = promote(counts, keys, values, len(OWNERS), PROMOTED_SPAN_ATTRIBUTES)
+    slow_map, slow = promote_arrow(counts, keys, values, len(OWNERS), PROMOTED_SPAN_ATTRIBUTES)
     assert fast_map.to_pylist() == slow_map.to_pylist()
     assert {k: v.to_pylist() for k, v in fast.items()} == {k: v.to_pylist() for k, v in slow.items()}
     assert fast["rl.iteration"].to_pylist() == [None, 3, 2, None, None, -12, None, None]

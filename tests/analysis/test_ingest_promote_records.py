@@ -1,4 +1,4 @@
-"""Promotion straight from the protobuf walk's attribute records (``_promote_records``) gives
+"""Promotion straight from the protobuf walk's attribute records (``_promote.promote_records``) gives
 the tables upb gives: every value kind on a promoted key, keys given twice, text that is not
 ASCII, and the fallbacks (a promoted column with too many distinct values for the compiled
 dictionary), none of which may keep a view of the buffers a thread reuses.

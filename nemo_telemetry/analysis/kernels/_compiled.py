@@ -17,8 +17,8 @@ site and per amount of work, whether the compiled path is worth taking:
   warning line says so before it starts.
 
 The cache lives in a directory per digest of every kernel source and the numba version
-(:func:`cache_dir`), so an edit to any kernel source (``_words.py`` is compiled into the
-others) never runs stale code; it is outside the install, so a read-only install caches too.
+(:func:`cache_dir`), so an edit to any kernel source (the :data:`KERNEL_HELPERS`, such as
+``_words.py``, are compiled into the others) never runs stale code; it is outside the install, so a read-only install caches too.
 ``NEMO_TELEMETRY_KERNEL_CACHE_DIR`` (else ``NUMBA_CACHE_DIR``, else ``$XDG_CACHE_HOME`` or
 ``~/.cache``, then the temporary directory: the first one writable) says where.
 
@@ -45,11 +45,13 @@ from nemo_telemetry.instrument.environment_variables import (
     NEMO_TELEMETRY_KERNEL_FAULT,
 )
 
-__all__ = ["KERNEL_MODULES", "SMALL_BYTES", "SMALL_JSON_BYTES", "SMALL_ROWS", "cache_dir", "kernels", "run", "mode", "broken", "compiling", "source_digest", "warm_up_targets"]
+__all__ = ["KERNEL_MODULES", "KERNEL_HELPERS", "SMALL_BYTES", "SMALL_JSON_BYTES", "SMALL_ROWS", "cache_dir", "kernels", "run", "mode", "broken", "compiling", "source_digest", "warm_up_targets"]
 
 KERNEL_MODULES = ("_json_kernel", "_strings_kernel", "_wire_kernel", "_flatten_kernel", "_dedup_kernel")
-"""Every compiled module; ``_words.py`` holds helpers compiled into them."""
-_SOURCES = KERNEL_MODULES + ("_words",)
+"""Every compiled module; the :data:`KERNEL_HELPERS` are compiled into them."""
+KERNEL_HELPERS = ("_words", "_json_layout", "_json_lex", "_json_objects")
+"""The modules compiled into the kernel modules (never loaded by name): their sources key the cache too."""
+_SOURCES = KERNEL_MODULES + KERNEL_HELPERS
 
 SMALL_BYTES = 4 << 20
 """Protobuf bytes below which the walk takes upb's path when the kernels are not loaded yet.

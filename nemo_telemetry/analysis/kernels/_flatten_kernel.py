@@ -1,5 +1,5 @@
-"""Attribute promotion and per-owner maps in compiled passes (``_columns._promote``,
-``_columns._per_owner_map``).
+"""Attribute promotion and per-owner maps in compiled passes (``_promote.promote``,
+``_promote.per_owner_map``).
 
 Per owner (span), each promoted key's last value becomes its column; integer columns keep
 a value in the map when it is not a decimal integer (nothing is lost). One pass matches each
@@ -358,7 +358,7 @@ def promote_records(data, key_start, key_length, kind, value, length, special_of
                     name_offsets, names, is_int, codes, numbers, number_valid, slots, dict_offsets, dict_data,
                     dict_count, kept_key_offsets, kept_key_data, kept_value_offsets, kept_value_data,
                     kept_value_valid, kept_counts, last, remove, which):
-    """:func:`promote` over the walk's attribute records (``_columns.AttributeRecords``): keys
+    """:func:`promote` over the walk's attribute records (``_promote.AttributeRecords``): keys
     are ``data[key_start:key_start + key_length]``, values as :func:`_value_size` reads them.
     The same columns and kept attributes come out, but each string column's dictionary is
     built in ``dict_*`` (see :func:`_record_code`), and nothing is UTF-8 checked: returns how

@@ -1,0 +1,335 @@
+"""The collector's HTTP side: one connection's requests checked (path, type, encoding, size,
+chunked bodies, deadlines), their bodies decoded, and every answer written (200 with a partial
+success, 4xx naming the fault, 503 with ``Retry-After``).
+
+Its own module so that :mod:`~nemo_telemetry.analysis.ingestion.collect` holds the server's life
+(bounds, start, stop, the summary) and this one the protocol; the handler reaches the server only
+through :class:`Receiver`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import socket
+import threading
+import time
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Protocol
+
+import orjson
+from google.rpc.status_pb2 import Status
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from nemo_telemetry.analysis.ingestion._columns import OtlpTables, SpanColumns
+from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
+from nemo_telemetry.analysis.ingestion._otlp_wire import decode_batch
+
+__all__ = ["Reject", "Receiver", "ListeningServer", "handler_for", "decode_body", "problems_message",
+           "LISTEN_BACKLOG", "RETRY_AFTER_S", "PROTOBUF_TYPES", "JSON_TYPE"]
+
+LISTEN_BACKLOG = 1024  # the kernel caps it at net.core.somaxconn
+RETRY_AFTER_S = 1  # sent with every 503
+_LINGER_S = 1.0  # after an early error reply, how long to discard what the client still sends
+_CHUNK_SIZE_LINE = re.compile(rb"[0-9A-Fa-f]{1,16}(;[^\r\n]*)?\r?\n")
+_TRAILER_LINES = 100
+_PROBLEMS_SHOWN = 5  # rejected spans named in a partial success's message
+PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
+JSON_TYPE = "application/json"
+_INVALID_ARGUMENT, _UNAVAILABLE = 3, 14  # google.rpc.Code
+
+
+class Reject(Exception):
+    """A request answered with ``status`` and ``message`` instead of being stored."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ListeningServer(ThreadingHTTPServer):
+    """The stdlib server with a deep listen backlog and a hook run at every accept-loop poll."""
+
+    request_queue_size = LISTEN_BACKLOG
+    daemon_threads = False  # server_close() joins the connection threads
+    block_on_close = True
+
+    def __init__(self, address, handler, on_poll: Callable[[], None]) -> None:
+        self._on_poll = on_poll
+        super().__init__(address, handler)
+
+    def service_actions(self) -> None:
+        self._on_poll()
+
+
+class Receiver(Protocol):
+    """What a connection's handler asks of the collector that owns it
+    (:class:`~nemo_telemetry.analysis.ingestion.collect.CollectorServer`): its bounds, whether it
+    is stopping, its connection deadlines, its counters, and the request's commit."""
+
+    max_request_bytes: int
+    max_connections: int
+    read_timeout_s: float
+    request_timeout_s: float
+    _stopped: threading.Event
+
+    def _open_connection(self, conn: socket.socket) -> int: ...
+    def _close_connection(self, conn: socket.socket) -> None: ...
+    def _set_deadline(self, conn: socket.socket, seconds: float) -> bool: ...
+    def _count(self, name: str) -> None: ...
+    def _accept(self, body: bytes, content_type: str) -> tuple[int, str]: ...
+
+
+def decode_body(body: bytes, content_type: str) -> tuple[OtlpTables, list[str]]:
+    """The request's tables and what each span rejected alone was rejected for. Any failure of
+    a decoder is the request's fault: a 400 that names it."""
+    try:
+        if content_type == JSON_TYPE:
+            cols = SpanColumns()
+            decode_json_request(orjson.loads(body), cols)
+            return cols.to_tables(), list(cols.rejected)
+        problems: list[tuple[int, str]] = []
+        tables, rejected = decode_batch([body], problems)
+    except (ValueError, orjson.JSONDecodeError) as exc:
+        raise Reject(400, f"bad OTLP {content_type} payload: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a decoder bug must not reset the connection
+        raise Reject(400, f"bad OTLP {content_type} payload: {type(exc).__name__}: {exc}") from None
+    if rejected:
+        raise Reject(400, f"bad OTLP {content_type} payload: {rejected[0][1]}")
+    return tables, [problem for _, problem in problems]
+
+
+def problems_message(problems: list[str]) -> str:
+    """A partial success's message: the first few problems, and how many more."""
+    shown = "; ".join(problems[:_PROBLEMS_SHOWN])
+    more = len(problems) - _PROBLEMS_SHOWN
+    return f"{shown}; and {more} more" if more > 0 else shown
+
+
+def handler_for(server: Receiver) -> type:
+    class Handler(_OtlpHandler):
+        collector = server
+        timeout = server.read_timeout_s  # StreamRequestHandler sets it on the socket
+
+    return Handler
+
+
+class _OtlpHandler(BaseHTTPRequestHandler):
+    """One connection: requests checked for path, type, encoding and size, bodies handed to the
+    collector; every malformed request gets a 4xx with a message."""
+
+    collector: Receiver
+    protocol_version = "HTTP/1.1"
+    server_version = "nemo-telemetry-collect"
+    _overloaded = False
+    _linger = False  # a body is left unread: discard it after the reply, then close
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the stdlib's name
+        """Quiet: the library never prints; the CLI reports the summary."""
+
+    def handle(self) -> None:
+        """The stdlib's keep-alive loop, with deadlines, the connection bound and stop()."""
+        collector = self.collector
+        open_connections = collector._open_connection(self.connection)
+        self._overloaded = open_connections > collector.max_connections
+        if self._overloaded:  # answered 503 as soon as its request is in: it need not wait long
+            self.connection.settimeout(min(collector.read_timeout_s, _LINGER_S))
+        if collector._stopped.is_set() or open_connections > 2 * collector.max_connections:
+            collector._close_connection(self.connection)  # stopping, or a flood: closed unanswered
+            return
+        try:
+            self.close_connection = True
+            while True:
+                self.handle_one_request()
+                if self.close_connection or not collector._set_deadline(self.connection, collector.read_timeout_s):
+                    break
+        finally:
+            collector._close_connection(self.connection)
+
+    def parse_request(self) -> bool:
+        """The request line is in: from here it has ``request_timeout_s`` to arrive whole."""
+        self.collector._set_deadline(self.connection, self.collector.request_timeout_s)
+        return super().parse_request()
+
+    def handle_expect_100(self) -> bool:
+        """Refuse before the client sends its body, when the headers already say why."""
+        try:
+            self._check_headers()
+        except Reject as exc:
+            self.close_connection = True
+            self._reply_rejected(exc)
+            return False
+        return super().handle_expect_100()
+
+    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        try:
+            self._check_headers()
+            body = self._read_body()
+            self.collector._set_deadline(self.connection, math.inf)
+            rejected, message = self.collector._accept(body, self._content_type())
+        except Reject as exc:
+            self._reply_rejected(exc)
+            return
+        self._reply_success(rejected, message)
+
+    def _content_type(self) -> str:
+        return self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+
+    def _check_headers(self) -> None:
+        """Refuse what the request line and headers alone condemn; its body is left unread."""
+        problem = self._header_problem()
+        if problem is not None:
+            self._linger = True
+            raise problem
+
+    def _header_problem(self) -> Reject | None:
+        collector = self.collector
+        if self._overloaded:
+            return Reject(503, f"collector is serving its {collector.max_connections} connections; retry later")
+        if collector._stopped.is_set():
+            return Reject(503, "collector is stopping; retry later")
+        if self.path.split("?")[0] != "/v1/traces":
+            return Reject(404, f"no OTLP endpoint at {self.path}; traces go to /v1/traces")
+        if self._content_type() not in PROTOBUF_TYPES + (JSON_TYPE,):
+            return Reject(415, f"unsupported Content-Type {self._content_type()!r}; "
+                                "send application/x-protobuf or application/json")
+        encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("identity", "", "gzip"):
+            return Reject(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none")
+        transfer, length = self.headers.get("Transfer-Encoding"), self.headers.get("Content-Length")
+        if transfer is not None:
+            if transfer.strip().lower() != "chunked":
+                return Reject(501, f"unsupported Transfer-Encoding {transfer!r}; use chunked or a Content-Length")
+            return None
+        if length is None or not length.strip().isdigit():
+            return Reject(411, "a Content-Length or Transfer-Encoding: chunked header is required")
+        if int(length) > collector.max_request_bytes:
+            return Reject(413, f"request of {int(length)} bytes is over the {collector.max_request_bytes}-byte limit")
+        return None
+
+    def _read_body(self) -> bytes:
+        limit = self.collector.max_request_bytes
+        try:
+            if self.headers.get("Transfer-Encoding") is not None:
+                self.close_connection = self.close_connection or self.headers.get("Content-Length") is not None
+                body = self._read_chunked(limit)
+            else:
+                body = self._read_exactly(int(self.headers["Content-Length"]))
+        except TimeoutError:
+            self.close_connection = True
+            raise Reject(408, f"no byte of the body for {self.collector.read_timeout_s:g} s; send it faster") from None
+        if self.headers.get("Content-Encoding", "").strip().lower() == "gzip":
+            return _gunzip(body, limit)
+        return body
+
+    def _read_exactly(self, size: int) -> bytes:
+        data = self.rfile.read(size)
+        if len(data) < size:
+            self._body_ended(f"after {len(data)} of {size} bytes")
+        return data
+
+    def _body_ended(self, where: str) -> None:
+        """The input ended inside a body: the client closed, or its time ran out, or stop()."""
+        self.close_connection = True
+        if self.collector._stopped.is_set():
+            raise Reject(503, "collector is stopping; retry later")
+        raise Reject(408, f"the body ended {where} (or took over {self.collector.request_timeout_s:g} s)")
+
+    def _read_chunked(self, limit: int) -> bytes:
+        """A ``Transfer-Encoding: chunked`` body, refused past ``limit`` bytes like any other."""
+        parts, size = [], 0
+        while True:
+            line = self.rfile.readline(80)
+            if not line:
+                self._body_ended(f"after {size} bytes of chunks")
+            if not _CHUNK_SIZE_LINE.fullmatch(line):
+                self.close_connection = True
+                raise Reject(400, f"bad chunk size line {line[:40]!r} in a chunked body")
+            chunk = int(line.split(b";")[0], 16)
+            if chunk == 0:
+                break
+            size += chunk
+            if size > limit:
+                self._linger = True
+                raise Reject(413, f"chunked request is over the {limit}-byte limit")
+            parts.append(self._read_exactly(chunk))
+            end = self.rfile.read(1)
+            if end == b"\r":
+                end = self.rfile.read(1)
+            if end != b"\n":
+                self.close_connection = True
+                raise Reject(400, "a chunk of a chunked body is not followed by CRLF")
+        for _ in range(_TRAILER_LINES):  # trailer fields, ignored, up to the blank line
+            if self.rfile.readline(65537) in (b"\r\n", b"\n", b""):
+                return b"".join(parts)
+        self.close_connection = True
+        raise Reject(400, f"more than {_TRAILER_LINES} trailer lines after a chunked body")
+
+    def _reply_rejected(self, exc: Reject) -> None:
+        self.collector._count("unavailable_requests" if exc.status == 503 else "rejected_requests")
+        if self._linger:
+            self.close_connection = True
+        content_type = self._content_type()
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 503 else {}
+        code = _UNAVAILABLE if exc.status == 503 else _INVALID_ARGUMENT
+        if content_type == JSON_TYPE:
+            body = orjson.dumps({"code": code, "message": str(exc)})
+        elif content_type in PROTOBUF_TYPES:
+            body = Status(code=code, message=str(exc)).SerializeToString()
+        else:
+            body, content_type = str(exc).encode(), "text/plain; charset=utf-8"
+        self._send(exc.status, body, content_type, headers)
+        if self._linger:
+            self._discard_input()
+
+    def _reply_success(self, rejected: int, message: str) -> None:
+        response = ExportTraceServiceResponse()
+        content_type = self._content_type()
+        if rejected:
+            response.partial_success.rejected_spans = rejected
+            response.partial_success.error_message = message
+        if content_type == JSON_TYPE:
+            body = b"{}" if not rejected else orjson.dumps(
+                {"partialSuccess": {"rejectedSpans": str(rejected), "errorMessage": message}}
+            )
+        else:
+            body, content_type = response.SerializeToString(), "application/x-protobuf"
+        self._send(200, body, content_type, {})
+
+    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _discard_input(self) -> None:
+        """Read what the client still sends for up to ``_LINGER_S`` before closing, so that its
+        unread bytes do not make the close a reset that loses the reply (a lingering close)."""
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + _LINGER_S
+            while (left := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(left)
+                if not self.connection.recv(1 << 16):
+                    return
+        except OSError:
+            pass
+
+
+def _gunzip(body: bytes, limit: int) -> bytes:
+    """Decompress, refusing to inflate past ``limit`` (a small gzip bomb stays small)."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        data = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise Reject(400, f"corrupt gzip body ({exc})") from None
+    if len(data) > limit or inflater.unconsumed_tail:
+        raise Reject(413, f"request inflates past the {limit}-byte limit")
+    return data
+

@@ -1,0 +1,81 @@
+"""The arrays compiled decoders fill, and the Arrow string arrays over what they wrote.
+
+Shared by the protobuf walk and the JSON scan (and the promotion over their output); apart from
+:mod:`~nemo_telemetry.analysis.ingestion._columns` so that promotion can use them without
+importing the tables it feeds.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["scratch_matrix", "grown_records", "string_array", "string_offsets", "special_rows"]
+
+_SCRATCH = threading.local()
+
+
+def scratch_matrix(name: str, rows: int, columns: int) -> np.ndarray:
+    """A C-contiguous (rows, columns) int64 matrix for a kernel to fill, reused by this thread
+    from batch to batch: fresh pages cost a page fault each, a fifth of a decode's time. Its
+    old contents are garbage; the kernels set every field of each record they write, and no
+    table keeps a view of it (columns taken from it are copied).
+
+    It grows to twice the size asked for: batches differ in size (by a request, or a block
+    read short), and a new matrix for each batch a little bigger than any before would be
+    fresh pages again; the room never written costs nothing (zeroed pages are mapped on first
+    touch)."""
+    size = rows * columns
+    flat = getattr(_SCRATCH, name, None)
+    if flat is None or flat.size < size:
+        flat = np.zeros(2 * size, dtype=np.int64)
+        setattr(_SCRATCH, name, flat)
+    return flat[:size].reshape(rows, columns)
+
+
+def grown_records(array: np.ndarray, used: int, axis: int) -> np.ndarray:
+    """``array`` with twice the room along its record ``axis``, the ``used`` records copied (a
+    kernel that ran out of room is run again on the bigger arrays)."""
+    shape = list(array.shape)
+    shape[axis] = 2 * shape[axis] + 16
+    bigger = np.zeros(shape, dtype=array.dtype)
+    index = (slice(None), slice(0, used)) if axis == 1 else (slice(0, used),)
+    bigger[index] = array[index]
+    return bigger
+
+
+def string_array(
+    offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None = None, *, utf8_checked: bool = False
+) -> pa.Array:
+    """A string array over a kernel's (offsets, bytes) output: ``string`` for int32 offsets,
+    ``large_string`` for int64. UTF-8 is checked (``pa.ArrowInvalid`` otherwise) unless the
+    bytes were cut from already checked strings (``utf8_checked``); ``valid`` False rows are null."""
+    n = offsets.size - 1
+    bitmap = None
+    if valid is not None and not valid.all():
+        bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    kind = pa.string() if offsets.dtype == np.int32 else pa.large_string()
+    strings = pa.Array.from_buffers(kind, n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)])
+    strings.validate(full=not utf8_checked)
+    return strings
+
+
+def string_offsets(count: int, total_bytes: int) -> np.ndarray:
+    """Room for the offsets of ``count`` strings: int32 (Arrow ``string``, the table's type, so
+    no cast copies them later) unless the bytes need int64."""
+    return np.empty(count + 1, dtype=np.int32 if total_bytes < 2**31 - 1 else np.int64)
+
+
+def special_rows(kind: np.ndarray, rows: np.ndarray, strings: list) -> tuple[list[bytes], np.ndarray]:
+    """The encoded strings of ``rows`` and each row's index among them (-1: not special);
+    a None string makes its row null (its ``kind`` is cleared)."""
+    special = np.full(kind.size, -1, dtype=np.int64)
+    null = [text is None for text in strings]
+    if any(null):
+        kind[rows[null]] = -1
+        rows = rows[[not n for n in null]]
+        strings = [text for text in strings if text is not None]
+    special[rows] = np.arange(rows.size)
+    return [text.encode() for text in strings], special

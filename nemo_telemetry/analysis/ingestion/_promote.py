@@ -1,0 +1,322 @@
+"""Attribute promotion and the per-owner columns: attributes that have their own column
+(``rl.iteration``, the resource's service, run and rank) taken out of the maps, and each span's
+resource and scope values repeated from its owner's.
+
+The rules that decide a span table's columns from attributes, in one place (compiled through
+``_flatten_kernel``, with an Arrow-only path of the same result); apart from
+:mod:`~nemo_telemetry.analysis.ingestion._columns`, which assembles the tables around them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nemo_telemetry.analysis.ingestion._kernel_arrays import string_array, string_offsets
+from nemo_telemetry.analysis.model.schema import ITERATION, PROMOTED_RESOURCE_ATTRIBUTES
+
+__all__ = ["AttributeRecords", "promote", "promote_records", "promote_arrow", "per_owner_dict", "per_owner_map",
+           "resource_columns", "string_buffers", "to_int"]
+
+_INT_COLUMNS = {ITERATION, "rank"}
+
+
+@dataclass(frozen=True)
+class AttributeRecords:
+    """Each attribute's key and value as a decoder found them in its buffer ``data``, so that
+    promotion reads them there: no array of every key and value string is built first.
+
+    Key ``i`` is ``data[key_start[i]:key_start[i] + key_length[i]]``. Value ``i`` by its kind
+    ``kind[i]``, against ``kinds`` = (string, bool, int, special): a string is at
+    ``data[value[i]:value[i] + length[i]]``, a bool or an int is ``value[i]``, and a kind
+    ``special + s`` is the decoder's own string ``s`` of (``special_offsets``, ``special_data``)
+    (rare kinds it wrote itself); any other kind is null. ``strings()`` builds the key and value
+    string arrays after all (UTF-8 checked) for what the compiled pass leaves alone: non-ASCII
+    text, a full dictionary. The arrays may be scratch that a thread reuses: nothing built from
+    them keeps a view of them.
+    """
+
+    data: np.ndarray
+    key_start: np.ndarray
+    key_length: np.ndarray
+    kind: np.ndarray
+    value: np.ndarray
+    length: np.ndarray
+    special_offsets: np.ndarray
+    special_data: np.ndarray
+    kinds: tuple[int, int, int, int]
+    strings: Any  # () -> (keys, values) string arrays
+
+
+def to_int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def promote(
+    counts: np.ndarray, keys: pa.Array, values: pa.Array, owners: int, promoted: tuple[str, ...]
+) -> tuple[pa.Array, dict]:
+    """The attribute map column without the promoted keys, and one column per promoted key.
+
+    When a key repeats on one owner the last value wins for the promoted column (as the
+    OpenTelemetry SDK does when a span sets an attribute twice). An integer column's value
+    that is not a decimal integer stays in the map.
+    """
+    from nemo_telemetry.analysis.kernels import _compiled
+
+    reference = lambda: promote_arrow(counts, keys, values, owners, promoted)  # noqa: E731
+    compiled = lambda fk: _promote_compiled(fk, counts, keys, values, owners, promoted) or reference()  # noqa: E731
+    return _compiled.run(("_flatten_kernel",), len(keys), compiled, reference, unit="rows", passes=(ValueError,))
+
+
+def _promote_compiled(_flatten_kernel, counts, keys, values, owners, promoted):
+    """:func:`promote` by the compiled kernel; None when it cannot (a full dictionary)."""
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    names, name_offsets, is_int = _promoted_names(promoted)
+    key_offsets, key_data, _ = string_buffers(keys)
+    value_offsets, value_data, value_valid = string_buffers(values)
+    codes, numbers, number_valid = _promoted_room(len(promoted), owners)
+    slots = np.zeros((len(promoted), _flatten_kernel.DICTIONARY_SLOTS), dtype=np.int64)
+    entries = np.zeros((len(promoted), _flatten_kernel.DICTIONARY_SLOTS // 2 + 1), dtype=np.int64)
+    kept_keys = (string_offsets(len(keys), key_data.size), np.empty(key_data.size, dtype=np.uint8))
+    kept_values = (string_offsets(len(keys), value_data.size), np.empty(value_data.size, dtype=np.uint8))
+    kept_valid = np.empty(len(keys), dtype=np.bool_)
+    kept_counts = np.empty(owners, dtype=np.int64)
+    kept = _flatten_kernel.promote(
+        counts, key_offsets, key_data, value_offsets, value_data, value_valid, name_offsets,
+        names, is_int, codes, numbers, number_valid, slots, entries,
+        *kept_keys, *kept_values, kept_valid, kept_counts,
+    )
+    if kept < 0:  # thousands of distinct values in a promoted string column: rare, not compiled
+        return None
+    dictionaries = [values.take(pa.array(entries[p, : entries[p, -1]])).cast(pa.string()) for p in range(len(promoted))]
+    columns = _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries)
+    return _kept_map(kept, kept_counts, kept_keys, kept_values, kept_valid), columns
+
+
+def promote_records(counts: np.ndarray, records: AttributeRecords, owners: int, promoted: tuple[str, ...]):
+    """:func:`promote` reading the attributes where the decoder found them (see
+    :class:`AttributeRecords`); the same result, without the arrays of every key and value."""
+    from nemo_telemetry.analysis.kernels import _compiled
+
+    def reference():
+        keys, values = records.strings()  # non-ASCII text, a full dictionary or no numba: rare
+        return promote(counts, keys, values, owners, promoted)
+
+    compiled = lambda fk: _promote_records_compiled(fk, counts, records, owners, promoted) or reference()  # noqa: E731
+    return _compiled.run(("_flatten_kernel",), int(records.kind.size), compiled, reference, unit="rows",
+                         passes=(ValueError,))  # bad UTF-8: the decoder's own signal
+
+
+def _promote_records_compiled(fk, counts, records: AttributeRecords, owners: int, promoted: tuple[str, ...]):
+    """:func:`promote_records` by the compiled kernel; None when it cannot."""
+    r = records
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    names, name_offsets, is_int = _promoted_names(promoted)
+    codes, numbers, number_valid = _promoted_room(len(promoted), owners)
+    slots = np.zeros((len(promoted), fk.DICTIONARY_SLOTS), dtype=np.int64)
+    dict_offsets = np.zeros((len(promoted), fk.DICTIONARY_SLOTS // 2 + 1), dtype=np.int32)
+    dict_data = np.empty(len(promoted) * fk.DICTIONARY_BYTES, dtype=np.uint8)  # column p's from p * BYTES
+    dict_count = np.zeros(len(promoted), dtype=np.int64)
+    key_bytes = int(r.key_length.sum())
+    value_bytes = fk.value_bytes(r.kind, r.value, r.length, r.special_offsets, r.kinds)
+    kept_keys = (string_offsets(r.kind.size, key_bytes), np.empty(key_bytes, dtype=np.uint8))
+    kept_values = (string_offsets(r.kind.size, value_bytes), np.empty(value_bytes, dtype=np.uint8))
+    kept_valid = np.empty(r.kind.size, dtype=np.bool_)
+    kept_counts = np.empty(owners, dtype=np.int64)
+    kept = fk.promote_records(
+        r.data, r.key_start, r.key_length, r.kind, r.value, r.length, r.special_offsets, r.special_data, r.kinds,
+        counts, name_offsets, names, is_int, codes, numbers, number_valid, slots, dict_offsets, dict_data,
+        dict_count, *kept_keys, *kept_values, kept_valid, kept_counts, np.empty(len(promoted), dtype=np.int64),
+        np.empty(len(promoted), dtype=np.bool_), np.empty(int(counts.max(initial=0)), dtype=np.int64),
+    )
+    if kept >= 0:
+        room = fk.DICTIONARY_BYTES
+        dictionaries = [  # copied: a few short strings, not the whole room
+            string_array(dict_offsets[p, : used + 1].copy(), dict_data[p * room : p * room + dict_offsets[p, used]].copy(), utf8_checked=True)
+            for p, used in enumerate(dict_count.tolist())
+        ]
+        columns = _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries)
+        return _kept_map(kept, kept_counts, kept_keys, kept_values, kept_valid), columns
+    return None
+
+
+def _promoted_names(promoted: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The promoted keys' bytes end to end, their offsets, and which are integer columns."""
+    names = [key.encode() for key in promoted]
+    name_offsets = np.zeros(len(names) + 1, dtype=np.int64)
+    np.cumsum([len(name) for name in names], out=name_offsets[1:])
+    is_int = np.array([key in _INT_COLUMNS for key in promoted], dtype=np.bool_)
+    return np.frombuffer(b"".join(names), dtype=np.uint8), name_offsets, is_int
+
+
+def _promoted_room(promoted: int, owners: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes, numbers, number_valid) for the promote kernels to fill."""
+    codes = np.empty((promoted, owners), dtype=np.int32)
+    return codes, np.zeros((promoted, owners), dtype=np.int64), np.zeros((promoted, owners), dtype=np.bool_)
+
+
+def _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries) -> dict[str, pa.Array]:
+    columns = {}
+    for p, key in enumerate(promoted):
+        if is_int[p]:
+            columns[key] = pa.array(numbers[p], mask=~number_valid[p])
+        else:
+            columns[key] = pa.DictionaryArray.from_arrays(pa.array(codes[p], mask=codes[p] < 0), dictionaries[p])
+    return columns
+
+
+def _kept_map(kept: int, kept_counts, kept_keys, kept_values, kept_valid) -> pa.MapArray:
+    """The attribute map column of the attributes a promote kernel kept (already UTF-8 checked)."""
+    offsets = np.zeros(kept_counts.size + 1, dtype=np.int32)
+    np.cumsum(kept_counts, out=offsets[1:])
+    map_keys = string_array(kept_keys[0][: kept + 1], kept_keys[1][: kept_keys[0][kept]], utf8_checked=True)
+    map_values = string_array(
+        kept_values[0][: kept + 1], kept_values[1][: kept_values[0][kept]], kept_valid[:kept], utf8_checked=True
+    )
+    return pa.MapArray.from_arrays(pa.array(offsets), map_keys, map_values)
+
+
+def string_buffers(strings: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(int64 offsets, bytes, validity) of a string array, for a kernel."""
+    strings = strings.cast(pa.large_string())
+    n = len(strings)
+    offsets = np.frombuffer(strings.buffers()[1], dtype=np.int64)[strings.offset : strings.offset + n + 1]
+    data = strings.buffers()[2]
+    data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+    valid = strings.is_valid().to_numpy(zero_copy_only=False) if strings.null_count else np.ones(n, dtype=np.bool_)
+    return offsets, data, valid
+
+
+def promote_arrow(
+    counts: np.ndarray, keys: pa.Array, values: pa.Array, owners: int, promoted: tuple[str, ...]
+) -> tuple[pa.Array, dict]:
+    """:func:`promote` with Arrow compute only (without numba): the same result."""
+    owner = np.repeat(np.arange(owners, dtype=np.int64), counts)
+    keep = np.ones(len(keys), dtype=bool)
+    columns = {}
+    for key in promoted:
+        hit = pc.equal(keys, key).to_numpy(zero_copy_only=False).copy() if len(keys) else keep[:0]
+        column = _scatter(owners, owner[hit], values.filter(pa.array(hit)))
+        if key in _INT_COLUMNS:
+            column, convertible = _as_int(column)
+            hit[hit] = convertible[owner[hit]]  # keep non-integer values in the map, lose nothing
+        columns[key] = column
+        keep &= ~hit
+    kept_counts = np.bincount(owner[keep], minlength=owners) if owners else counts
+    offsets = np.zeros(owners + 1, dtype=np.int32)
+    np.cumsum(kept_counts, out=offsets[1:])
+    mask = pa.array(keep)
+    attributes = pa.MapArray.from_arrays(pa.array(offsets), keys.filter(mask), values.filter(mask))
+    return attributes, columns
+
+
+def _scatter(owners: int, rows: np.ndarray, values: pa.Array) -> pa.Array:
+    """A column of ``owners`` rows with ``values`` at ``rows`` and null elsewhere."""
+    index = np.full(owners, -1, dtype=np.int64)
+    index[rows] = np.arange(len(rows), dtype=np.int64)
+    take = pa.array(index, mask=index < 0)
+    return values.take(take)
+
+
+def _as_int(column: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """int64 of decimal strings; also which rows converted (null rows count as converted)."""
+    valid = pc.is_valid(column).to_numpy(zero_copy_only=False)
+    numeric = pc.match_substring_regex(column, r"^-?[0-9]{1,18}$")
+    numeric = pc.fill_null(numeric, False).to_numpy(zero_copy_only=False)
+    clean = pc.if_else(pa.array(numeric), column, pa.scalar(None, pa.string()))
+    return clean.cast(pa.int64()), numeric | ~valid
+
+
+def _indices(index) -> np.ndarray:
+    """An owner-index column (resource or scope of each span) as an int64 numpy array."""
+    if isinstance(index, pa.ChunkedArray):
+        index = index.combine_chunks()
+    if isinstance(index, pa.Array):
+        index = index.to_numpy(zero_copy_only=False)
+    return np.asarray(index, dtype=np.int64)
+
+
+def per_owner_dict(values: list, index) -> pa.DictionaryArray:
+    """A dictionary column of each span's owner value (resource or scope; few owners, many
+    spans): the owners' values are encoded once and only the int32 indices are per span."""
+    encoded = pa.array(values, pa.string()).dictionary_encode()
+    owner_codes = encoded.indices.to_numpy(zero_copy_only=False)
+    if encoded.null_count:
+        owner_codes = np.where(encoded.is_valid().to_numpy(zero_copy_only=False), owner_codes, -1)
+    codes = owner_codes.astype(np.int32, copy=False)[_indices(index)]
+    return pa.DictionaryArray.from_arrays(_nullable(codes), encoded.dictionary)
+
+
+def _nullable(codes: np.ndarray) -> pa.Array:
+    """Dictionary codes, -1 as null; without a validity bitmap when none is."""
+    missing = codes < 0
+    return pa.array(codes, mask=missing) if missing.any() else pa.array(codes)
+
+
+def per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
+    """The owners' attribute maps repeated for each span. An owner's keys (and values) are
+    contiguous, so each span's part is one byte copy (compiled) rather than a take per entry."""
+    sizes = np.fromiter((len(e) for e in entries), dtype=np.int64, count=len(entries))
+    first = np.zeros(len(entries) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=first[1:])
+    keys = pa.array([k for e in entries for k, _ in e], pa.large_string())
+    values = pa.array([v for e in entries for _, v in e], pa.large_string())
+    counts = sizes[index]
+    offsets = np.zeros(len(index) + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    from nemo_telemetry.analysis.kernels import _compiled
+
+    def taken() -> pa.MapArray:
+        # entry j of span i comes from first[index[i]] + j
+        flat = np.repeat(first[:-1][index] - offsets[:-1], counts) + np.arange(offsets[-1], dtype=np.int64)
+        take = pa.array(flat)
+        return pa.MapArray.from_arrays(pa.array(offsets), keys.take(take), values.take(take))
+
+    if values.null_count:
+        return taken()
+    spans_of_owner = np.bincount(index, minlength=len(entries))
+
+    def copied(fk) -> pa.MapArray:
+        def repeated(strings: pa.Array) -> pa.Array:
+            owner_offsets, owner_data, _ = string_buffers(strings)
+            total = int(((owner_offsets[first[1:]] - owner_offsets[first[:-1]]) * spans_of_owner).sum())
+            out_offsets, out_data = string_offsets(int(offsets[-1]), total), np.empty(total, dtype=np.uint8)
+            fk.repeat_owner_strings(owner_offsets, owner_data, first, np.ascontiguousarray(index, dtype=np.int64), out_offsets, out_data)
+            return string_array(out_offsets, out_data, utf8_checked=True)
+
+        return pa.MapArray.from_arrays(pa.array(offsets), repeated(keys), repeated(values))
+
+    return _compiled.run(("_flatten_kernel",), int(offsets[-1]), copied, taken, unit="rows", passes=(ValueError,))
+
+
+def resource_columns(resources: list[dict], index: pa.Array) -> dict[str, pa.Array]:
+    """Promoted resource columns and the remaining resource attribute map, per span."""
+    promoted: dict[str, list] = {column: [] for column in PROMOTED_RESOURCE_ATTRIBUTES.values()}
+    rest = []
+    for attributes in resources:
+        remaining = dict(attributes)
+        for key, column in PROMOTED_RESOURCE_ATTRIBUTES.items():
+            value = remaining.pop(key, None)
+            if column == "rank" and value is not None:
+                number = to_int(value)
+                if number is None:
+                    remaining[key] = value  # not an integer: keep it where it was
+                value = number
+            promoted[column].append(value)
+        rest.append(list(remaining.items()))
+    index = _indices(index)
+    out = {
+        "service_name": per_owner_dict(promoted["service_name"], index),
+        "run_id": per_owner_dict(promoted["run_id"], index),
+        "rank": pa.array(promoted["rank"], pa.int64()).take(pa.array(index)),
+        "resource_attributes": per_owner_map(rest, index),
+    }
+    return out
+
