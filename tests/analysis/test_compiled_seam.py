@@ -57,7 +57,9 @@ def test_a_failing_kernel_costs_one_warning_and_the_tables_equal_the_reference_p
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = _tables(dumps, tmp_path / "faulty")
-    failed = [str(w.message) for w in caught if issubclass(w.category, CompiledPathWarning)]
+    messages = [str(w.message) for w in caught if issubclass(w.category, CompiledPathWarning)]
+    # with a cold kernel cache the seam first announces that it compiles: a notice, not a failure
+    failed = [m for m in messages if not m.startswith("compiling the ingest kernels")]
     assert failed, "a failing kernel warns"
     assert all("reference path" in m for m in failed)
     assert len(failed) <= len(_compiled.KERNEL_MODULES)  # once per module, not per batch
