@@ -19,7 +19,6 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from nemo_telemetry.analysis.store.commits import committed_files
-from nemo_telemetry.analysis.ingestion.ingest import read_spans
 from nemo_telemetry.analysis.store.sources import single_dataset
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
 from nemo_telemetry.analysis.model.tree import parent_indices, trace_mix, with_id_keys
@@ -63,10 +62,12 @@ def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.
     :data:`GOODPUT_COLUMNS`: what goodput reads); raw files are ingested whole in memory.
     """
     root = single_dataset(source)
-    if root is None:
-        return read_spans(source)
-    files = [str(p) for p in committed_files(root, "spans")]
+    files = [str(p) for p in committed_files(root, "spans")] if root is not None else []
     if not files:
+        # The decoders (and the OpenTelemetry SDK they import) only for raw files: 0.1 s of start-up
+        # a command over a dataset does not pay.
+        from nemo_telemetry.analysis.ingestion.ingest import read_spans  # noqa: PLC0415
+
         return read_spans(source)
     try:
         return read_span_files(files, columns=columns)
