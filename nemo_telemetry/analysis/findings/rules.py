@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX
 from nemo_telemetry.analysis.model._arrays import (
-    NO_BUCKET, UNKNOWN_BUCKET, SpanArrays, code_mask, codes_matching,
+    NO_BUCKET, UNKNOWN_BUCKET, SpanArrays, code_mask, codes_matching, column_rows,
 )
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
@@ -70,8 +70,7 @@ class RowFacts:
 
     def trace_of(self, rows: np.ndarray) -> np.ndarray:
         """The uint64 trace key of each of ``rows`` (taken from the batch, never decoded whole)."""
-        taken = self.arrays.table.column("trace_key").take(pa.array(rows, pa.int64()))
-        return pc.fill_null(taken, 0).to_numpy().astype(np.uint64, copy=False)
+        return column_rows(self.arrays.table.column("trace_key"), rows, 0).astype(np.uint64, copy=False)
 
     def in_traces(self, traces: np.ndarray) -> np.ndarray:
         """Mask of the rows whose trace key is one of ``traces``."""
