@@ -214,11 +214,14 @@ def _int_column(spans: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
 
 def code_mask(codes: np.ndarray, chosen, size: int) -> np.ndarray:
     """``np.isin(codes, chosen)`` for small-integer codes (-1 never chosen), by one table lookup;
-    one comparison when a single code is chosen (no index array the size of ``codes``: 3x faster)."""
+    one comparison when a single code or every code is chosen (no index array the size of
+    ``codes``: 3x faster)."""
     chosen = np.asarray(chosen, dtype=np.int64)
     chosen = np.unique(chosen[(chosen >= 0) & (chosen < size)])
     if len(chosen) == 1:
         return codes == int(chosen[0])  # a Python int: compared in the codes' own dtype
+    if len(chosen) == size:
+        return codes >= 0
     table = np.zeros(size + 1, dtype=bool)  # the extra last slot is where code -1 lands: never chosen
     table[chosen] = True
     return table[codes]
