@@ -71,9 +71,11 @@ def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.
 
         return read_spans(source)
     try:
-        return read_span_files(files, columns=columns)
+        table = read_span_files(files, columns=columns)
     except (pa.ArrowInvalid, OSError) as exc:
         raise IngestError(f"{root}: cannot read the spans table ({exc}); re-run nemo-telemetry ingest") from None
+    _trim_malloc()
+    return table
 
 
 def read_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.Table:
@@ -89,7 +91,6 @@ def read_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS
     # machine 10M spans read in 2-3 s against 6-10 s there, and check's peak RSS is 0.1-0.2 GB lower.
     table = dataset.to_table(columns=columns, batch_size=_READ_BATCH_ROWS, memory_pool=pa.system_memory_pool())
     pa.default_memory_pool().release_unused()  # the reader's own scratch (0.15 GB at 10M spans), back to the OS
-    _trim_malloc()
     return table
 
 
@@ -99,6 +100,7 @@ def _trim_malloc() -> None:
     The reader's threads free 0.2-0.3 GB per 10M spans into glibc's per-thread arenas, which keep
     it; ``check`` then peaks that much lower (under 2 GB at 10M spans). Arrow's system pool does
     not trim on ``release_unused``, so ``malloc_trim`` is called directly where glibc has it.
+    Once per whole-table read: the partitioned engines' per-file reads reuse that scratch.
     """
     trim = getattr(_libc(), "malloc_trim", None)
     if trim is not None:
