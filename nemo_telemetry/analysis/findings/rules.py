@@ -84,7 +84,7 @@ class RowFacts:
         out = np.zeros(len(self.arrays), dtype=bool)
         at = 0
         for chunk in column.chunks:
-            keys, into = chunk.to_numpy(), out[at:at + len(chunk)]
+            keys, into = chunk.to_numpy().astype(np.uint64, copy=False), out[at:at + len(chunk)]
             for trace in np.asarray(traces, dtype=np.uint64):
                 into |= keys == trace
             at += len(chunk)
