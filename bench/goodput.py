@@ -270,8 +270,11 @@ def main() -> None:
             print(f"wrote {root} in {time.perf_counter() - t:.1f} s")
         load = os.getloadavg()[0]
         # This checkout, after any PYTHONPATH given (to measure another checkout's analysis on the same data).
+        # Small pages for numpy, as the nemo-telemetry entry point asks (cli/app.py prefer_small_pages),
+        # unless NUMPY_MADVISE_HUGEPAGE is set here.
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (os.environ.get("PYTHONPATH"), str(Path(__file__).resolve().parents[1])) if p)}
+            p for p in (os.environ.get("PYTHONPATH"), str(Path(__file__).resolve().parents[1])) if p),
+            "NUMPY_MADVISE_HUGEPAGE": os.environ.get("NUMPY_MADVISE_HUGEPAGE", "0")}
         commands = ("goodput", "check", "duckdb") if importlib.util.find_spec("duckdb") else ("goodput", "check")
         figures, whole = {}, {}
         runs: dict[str, list] = {command: [] for command in commands}

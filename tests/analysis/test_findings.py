@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from nemo_telemetry.analysis import spans_table
 from nemo_telemetry.analysis.findings.checks import FINDING_CODES, SPAN_GROUPS_ATTRIBUTE, check_run
+from nemo_telemetry.analysis.model.tree import with_id_keys
 
 from _hand_traces import S, Trace
 
@@ -138,6 +140,25 @@ def test_async_collector_batch_in_its_own_trace_is_detached():
     f = only(check_run(t.table()), "detached-trace")
     assert f.trace_id == "c" * 32 and f.span_ids == (batch,)
     assert "current_trace_carrier" in f.message and "a" * 32 in f.message
+
+
+def test_a_table_in_many_chunks_gives_the_report_of_one_chunk():
+    """A dataset is read as many record batches: rows taken across chunk boundaries (trace keys,
+    anchored traces, resource attributes) must be the rows of the one-chunk table."""
+    t = Trace()
+    job = t.span("rl.grpo.job", 0, 30, **resources("job,step,rollout"))
+    healthy_step(t, job, 1, 0)
+    t.span("rl.policy.train", 1, 2, "f" * 16)  # orphan
+    for k in range(6):  # detached traces, one per chunk or so
+        trace = f"{k + 1:x}" * 32
+        batch = t.span("rl.grpo.generation", 2, 8, trace=trace, service_name="collector")
+        t.span("rl.grpo.generation", 3, 4, batch, trace=trace, bucket="productive")
+    table = with_id_keys(t.table())  # as a dataset holds them: the uint64 keys chunked like the rest
+    chunked = pa.Table.from_batches(table.to_batches(max_chunksize=3))
+    assert chunked.column("trace_key").num_chunks > 4
+    one, many = check_run(table).to_dict(), check_run(chunked).to_dict()
+    assert {"detached-trace", "orphan-span"} <= {f["code"] for f in one["findings"]}
+    assert many == one
 
 
 def test_no_trace_is_detached_when_the_run_has_no_job_or_step_at_all():

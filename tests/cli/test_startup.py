@@ -4,6 +4,7 @@ and every command's help still lists the options the CLI contract pins."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -70,3 +71,19 @@ def test_each_command_keeps_its_pinned_options_and_shows_them_in_help():
         assert shown.exit_code == 0, (name, shown.output)
         for option in pinned:
             assert option in shown.output, (name, option)
+
+
+def _numpy_huge_pages(env: dict) -> str:
+    """Whether numpy asks for huge pages in a fresh process started as the console script starts
+    (numpy reads ``NUMPY_MADVISE_HUGEPAGE`` once, when imported)."""
+    code = ("from nemo_telemetry.cli.app import prefer_small_pages; prefer_small_pages(); import numpy; "
+            "core = getattr(numpy, '_core', None) or numpy.core; "
+            "print(int(core.multiarray._set_madvise_hugepage(False)))")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_the_entry_point_gives_numpy_small_pages_unless_the_user_chose():
+    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
+    assert _numpy_huge_pages(env) == "0"
+    assert _numpy_huge_pages({**env, "NUMPY_MADVISE_HUGEPAGE": "1"}) == "1"
