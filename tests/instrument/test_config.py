@@ -78,7 +78,7 @@ def test_bad_environment_value_falls_back_to_the_file(caplog):
 
 
 def test_every_environment_variable_is_documented():
-    import nemo_telemetry.instrument.environment_variables as module
+    import nemo_telemetry.environment_variables as module
 
     source = open(module.__file__).read()
     for name in module.__all__:

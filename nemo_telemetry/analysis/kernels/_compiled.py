@@ -39,7 +39,7 @@ from types import ModuleType
 from typing import Callable, TypeVar
 
 from nemo_telemetry.errors import CompiledPathWarning
-from nemo_telemetry.instrument.environment_variables import (
+from nemo_telemetry.environment_variables import (
     NEMO_TELEMETRY_COMPILED,
     NEMO_TELEMETRY_KERNEL_CACHE_DIR,
     NEMO_TELEMETRY_KERNEL_FAULT,

@@ -22,7 +22,7 @@ from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
 from nemo_telemetry.analysis.store.dataset import SpanDeduplicator, span_keys
 from nemo_telemetry.analysis.ingestion.ingest import ingest
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_json_lines, write_length_prefixed
-from nemo_telemetry.instrument.environment_variables import NEMO_TELEMETRY_COMPILED
+from nemo_telemetry.environment_variables import NEMO_TELEMETRY_COMPILED
 
 __all__ = ["KernelWarmUp", "kernels_compiling", "warm_up_kernels"]
 
