@@ -274,33 +274,39 @@ def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
 # -- step-level findings -----------------------------------------------------------------------
 
 
+def _step_findings(ctx: _Context, code: str, steps: np.ndarray, message) -> tuple[int, list[Finding]]:
+    """One ``code`` finding per step of ``steps`` (rows of the per-step table, up to the limit),
+    worded by ``message(row, i)``; the count is of every such step."""
+    t = ctx.merged.table
+    out = []
+    for i in steps[: ctx.limit]:
+        row = t.iloc[i]
+        out.append(ctx.step_finding(code, message(row, i), int(i), int(row["iteration"])))
+    return len(steps), out
+
+
 def _steps_over_wall(ctx: _Context) -> tuple[int, list[Finding]]:
     t = ctx.merged.table
-    idx = np.flatnonzero((t["bucket_sum_ns"] > t["wall_ns"]).to_numpy())
-    out = []
-    for i in idx[: ctx.limit]:
-        row = t.iloc[i]
-        out.append(ctx.step_finding("bucket-exceeds-wall", (
-            f"step {int(row['iteration'])}: its buckets sum to {row['bucket_sum_ns'] / 1e9:.3f} s, more than its "
-            f"{row['wall_s']:.3f} s wall ({row['double_counted_s']:.3f} s counted twice): see the bucketed-overlap "
-            "and nested-bucket findings, and keep buckets on leaves that do not run concurrently"),
-            int(i), int(row["iteration"])))
-    return len(idx), out
+
+    def message(row, i: int) -> str:
+        return (f"step {int(row['iteration'])}: its buckets sum to {row['bucket_sum_ns'] / 1e9:.3f} s, more than its "
+                f"{row['wall_s']:.3f} s wall ({row['double_counted_s']:.3f} s counted twice): see the bucketed-overlap "
+                "and nested-bucket findings, and keep buckets on leaves that do not run concurrently")
+
+    return _step_findings(ctx, "bucket-exceeds-wall", np.flatnonzero((t["bucket_sum_ns"] > t["wall_ns"]).to_numpy()),
+                          message)
 
 
 def _unattributed(ctx: _Context, threshold: float) -> tuple[int, list[Finding]]:
     t = ctx.merged.table
     share = (t["unattributed_s"] / t["wall_s"].where(t["wall_s"] > 0)).fillna(0).to_numpy()
-    idx = np.flatnonzero(share > threshold)
-    out = []
-    for i in idx[: ctx.limit]:
-        row = t.iloc[i]
-        out.append(ctx.step_finding("unattributed-step-time", (
-            f"step {int(row['iteration'])}: {share[i]:.0%} of its {row['wall_s']:.3f} s wall "
-            f"({row['unattributed_s']:.3f} s) is under no bucketed span (threshold {threshold:.0%}): enable the "
-            "leaf groups of the phases in between (per_step), or wrap the gap in a managed_span"),
-            int(i), int(row["iteration"])))
-    return len(idx), out
+
+    def message(row, i: int) -> str:
+        return (f"step {int(row['iteration'])}: {share[i]:.0%} of its {row['wall_s']:.3f} s wall "
+                f"({row['unattributed_s']:.3f} s) is under no bucketed span (threshold {threshold:.0%}): enable the "
+                "leaf groups of the phases in between (per_step), or wrap the gap in a managed_span")
+
+    return _step_findings(ctx, "unattributed-step-time", np.flatnonzero(share > threshold), message)
 
 
 def _overlaps(ctx: _Context, tolerance_ns: int) -> tuple[dict[str, int], list[Finding]]:
