@@ -1,6 +1,6 @@
 """The monitor's ``rl.goodput.*`` series: a Prometheus ``/metrics`` endpoint and/or an OTLP metrics push.
 
-One list of series (``SERIES``), read from one snapshot of the state, feeds both: Prometheus names
+One list of series (``MONITOR_SERIES``), read from one snapshot of the state, feeds both: Prometheus names
 are the OpenTelemetry names with dots as underscores (``rl.goodput.step.ratio`` ->
 ``rl_goodput_step_ratio``; counters get ``_total``). Per-step series carry ``run_id`` and
 ``iteration`` labels for the last ``metric_steps`` steps of each run only, so the number of series
@@ -16,10 +16,10 @@ from typing import Any, Iterable
 from nemo_telemetry.analysis.goodput.steps import BUCKETS
 from nemo_telemetry.errors import ListenError
 
-__all__ = ["SERIES", "MONITOR_SERIES", "metrics_snapshot", "PrometheusEndpoint", "OtlpMetricsPush"]
+__all__ = ["MONITOR_SERIES", "metrics_snapshot", "PrometheusEndpoint", "OtlpMetricsPush"]
 
 # name -> (kind, description)
-SERIES: dict[str, tuple[str, str]] = {
+MONITOR_SERIES: dict[str, tuple[str, str]] = {
     "rl.goodput.step.seconds": ("gauge", "Seconds of a reported step by bucket (and unattributed, double_counted)"),
     "rl.goodput.step.wall_seconds": ("gauge", "Wall clock of a reported step, seconds"),
     "rl.goodput.step.ratio": ("gauge", "Goodput of a reported step: productive_s / wall_s"),
@@ -30,7 +30,6 @@ SERIES: dict[str, tuple[str, str]] = {
     "rl.goodput.spans": ("counter", "Spans received"),
     "rl.goodput.late_spans": ("counter", "Spans of a step already folded into the totals, not applied"),
 }
-MONITOR_SERIES = SERIES  # the name nemo_telemetry.analysis exports it under
 _STEP_PARTS = (*BUCKETS, "unattributed", "double_counted")
 
 Snapshot = dict[str, list[tuple[dict[str, str], float]]]
@@ -38,7 +37,7 @@ Snapshot = dict[str, list[tuple[dict[str, str], float]]]
 
 def metrics_snapshot(state, findings: dict[str, int], *, metric_steps: int = 10) -> Snapshot:
     """Every series' (labels, value) pairs from a :class:`MonitorState` and findings by code."""
-    out: Snapshot = {name: [] for name in SERIES}
+    out: Snapshot = {name: [] for name in MONITOR_SERIES}
     for run in state.runs():
         run_label = {"run_id": run.run_id or ""}
         for step in state.recent_steps(run.run_id, metric_steps):
@@ -63,7 +62,7 @@ class _Latest:
     """The newest snapshot, swapped whole (readers on other threads see one or the other)."""
 
     def __init__(self) -> None:
-        self.snapshot: Snapshot = {name: [] for name in SERIES}
+        self.snapshot: Snapshot = {name: [] for name in MONITOR_SERIES}
 
 
 class PrometheusEndpoint:
@@ -102,7 +101,7 @@ class _PrometheusCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: PLC0415
 
         snapshot = self._latest.snapshot
-        for name, (kind, description) in SERIES.items():
+        for name, (kind, description) in MONITOR_SERIES.items():
             points = snapshot.get(name, [])
             keys = sorted(points[0][0]) if points else []
             family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
@@ -134,7 +133,7 @@ class OtlpMetricsPush:
                 return [Observation(value, labels) for labels, value in self._latest.snapshot.get(name, [])]
             return callback
 
-        for name, (kind, description) in SERIES.items():
+        for name, (kind, description) in MONITOR_SERIES.items():
             make = meter.create_observable_counter if kind == "counter" else meter.create_observable_gauge
             make(name, callbacks=[observe(name)], description=description)
 
