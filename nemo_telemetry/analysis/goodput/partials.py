@@ -51,7 +51,6 @@ __all__ = [
     "local_scan",
     "goodput_partial",
     "AttributionIndex",
-    "climb",
     "walk_starts",
     "ancestor_rows",
     "resolve_attribution",
@@ -104,14 +103,6 @@ def _u64(table: pa.Table, column: str) -> np.ndarray:
     return pc.fill_null(table.column(column), 0).to_numpy().astype(np.uint64, copy=False)
 
 
-def climb(batch: pa.Table, rows: np.ndarray, *, bucketed: np.ndarray | None = None
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`walk.climb_batch` as a tuple: (stamped, iteration, the next ancestor's key when the walk
-    leaves the batch else 0, the row of the nearest span ``bucketed`` marks or -1)."""
-    walked = climb_batch(batch, rows, bucketed=bucketed)
-    return walked.stamped, walked.iteration, walked.exit, walked.ancestor
-
-
 def walk_starts(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
     """Where the walks of ``batch`` start, already climbed as far as the batch goes: per distinct
     (trace_key, parent_key) of its unstamped bucketed spans (siblings share one walk), whether a
@@ -125,13 +116,13 @@ def walk_starts(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
     walk = (parent != 0) & (parent != span[rows])
     pairs = pd.DataFrame({"trace_key": trace[rows][walk], "parent_key": parent[walk]}).drop_duplicates()
     starts_trace, starts = pairs["trace_key"].to_numpy(np.uint64), pairs["parent_key"].to_numpy(np.uint64)
-    hit = _KeyIndex.of(trace, span, np.arange(len(span))).find(starts_trace, starts) if len(pairs) else \
-        np.zeros(0, np.int64)
+    rows_of = _KeyIndex.of(trace, span, np.arange(len(span))) if len(pairs) else None
+    hit = rows_of.find(starts_trace, starts) if rows_of is not None else np.zeros(0, np.int64)
     inside = np.flatnonzero(hit >= 0)
     stamped, iteration, at = np.zeros(len(pairs), bool), np.zeros(len(pairs), np.int64), starts.copy()
     if inside.size:
-        positions = _KeyIndex.of(trace, span, np.arange(len(span))).values[hit[inside]]
-        stamped[inside], iteration[inside], at[inside], _ = climb(table, positions)
+        walked = climb_batch(table, rows_of.values[hit[inside]])
+        stamped[inside], iteration[inside], at[inside] = walked.stamped, walked.iteration, walked.exit
     return pa.table([pa.array(starts_trace), pa.array(starts), pa.array(at),
                      pa.array(iteration, mask=~stamped)], schema=_WALK_SCHEMA)
 
@@ -142,9 +133,9 @@ def ancestor_rows(batch: pa.Table, *, targets: _KeyIndex) -> pa.Table:
     elsewhere (0: the walk ended)."""
     span = _u64(batch, "span_key")
     rows = np.flatnonzero(targets.find(_u64(batch, "trace_key"), span) >= 0)
-    stamped, iteration, after, _ = climb(batch, rows)
-    return pa.table([pa.array(_u64(batch, "trace_key")[rows]), pa.array(span[rows]), pa.array(after),
-                     pa.array(iteration, mask=~stamped)], schema=_EDGE_SCHEMA)
+    walked = climb_batch(batch, rows)
+    return pa.table([pa.array(_u64(batch, "trace_key")[rows]), pa.array(span[rows]), pa.array(walked.exit),
+                     pa.array(walked.iteration, mask=~walked.stamped)], schema=_EDGE_SCHEMA)
 
 
 def resolve_attribution(scan: Scan, files: Sequence[Path], *, run_id: str | None = None) -> pd.DataFrame:
