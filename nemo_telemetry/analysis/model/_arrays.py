@@ -352,12 +352,6 @@ class SpanArrays:
         return orphan_mask(self.has_parent, self._mixed, self._sorted_spans)
 
     @cached_property
-    def trace_keys(self) -> np.ndarray:
-        if "_keys" in self.__dict__:
-            return self._keys[1]
-        return _filled(self.table.column("trace_key"), 0).astype(np.uint64, copy=False)
-
-    @cached_property
     def _keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return _id_keys(self.table)
 
