@@ -17,11 +17,11 @@ import pyarrow as pa
 
 from nemo_telemetry.analysis.findings import checks, rules
 from nemo_telemetry.analysis.model._arrays import BUCKETS, NO_BUCKET, UNKNOWN_BUCKET, SpanArrays
+from nemo_telemetry.analysis.model.schema import NO_RUN
 
-__all__ = ["NO_RUN", "SPAN_FLAGS", "Codes", "quoted_arrays", "EMPTY_ROWS", "in_dataset_order", "merged_partials",
+__all__ = ["SPAN_FLAGS", "Codes", "quoted_arrays", "EMPTY_ROWS", "in_dataset_order", "merged_partials",
            "step_heads"]
 
-NO_RUN = "\x00"  # stands for "no run" in keys that cross tasks (None does not compare or index well)
 SPAN_FLAGS = {code: 1 << i for i, code in enumerate(rules.SPAN_CODES)}  # span-level code -> its bit in "flags"
 
 

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.engines.check_rows import (
-    NO_RUN, SPAN_FLAGS, Codes, in_dataset_order, merged_partials, step_heads,
+    SPAN_FLAGS, Codes, in_dataset_order, merged_partials, step_heads,
 )
 from nemo_telemetry.analysis.findings import checks, rules
 from nemo_telemetry.analysis.goodput.rules import step_windows
@@ -45,8 +45,8 @@ from nemo_telemetry.analysis.model._arrays import (
     NO_BUCKET, READ_COLUMNS, SpanArrays, pairs_present, read_span_files, resource_pairs, span_arrays,
 )
 from nemo_telemetry.analysis.store.partitions import span_files
-from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
-from nemo_telemetry.analysis.model.tree import with_id_keys
+from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION, NO_RUN
+from nemo_telemetry.analysis.model.tree import key_column, with_id_keys
 from nemo_telemetry.analysis.model.walk import KeyIndex, climb_batch, resolve_walks
 from nemo_telemetry.errors import UnknownRunError
 
@@ -81,9 +81,6 @@ def _read(path: str, columns: Sequence[str] = READ_COLUMNS) -> pa.Table:
     return with_id_keys(read_span_files([path], columns=tuple(columns)))
 
 
-def _u64(table: pa.Table, column: str) -> np.ndarray:
-    return pc.fill_null(table.column(column), 0).to_numpy().astype(np.uint64, copy=False)
-
 
 def _keep(arrays: SpanArrays, run_id: str | None) -> np.ndarray:
     if run_id is None:
@@ -109,7 +106,7 @@ def _facts(paths: list[str], run_id: str | None) -> list[dict]:
 def _facts_of(table: pa.Table, run_id: str | None) -> dict:
     a = span_arrays(table)
     keep = _keep(a, run_id)
-    trace, span, parent = _u64(table, "trace_key"), _u64(table, "span_key"), _u64(table, "parent_key")
+    trace, span, parent = key_column(table, "trace_key"), key_column(table, "span_key"), key_column(table, "parent_key")
     steps = step_windows(a, keep)
     heads = steps.row
     walked = np.flatnonzero((a.bucket != NO_BUCKET) & keep)
@@ -159,7 +156,7 @@ def _lookup(paths: list[str], targets: KeyIndex) -> list[pd.DataFrame]:
     out = []
     for path in paths:
         table = _read(path, _LOOKUP_COLUMNS)
-        trace, span = _u64(table, "trace_key"), _u64(table, "span_key")
+        trace, span = key_column(table, "trace_key"), key_column(table, "span_key")
         bucketed = (pc.is_valid(table.column(BUCKET)).to_numpy(zero_copy_only=False) if BUCKET in table.column_names
                     else np.zeros(len(span), bool))
         rows = np.flatnonzero(targets.find(trace, span) >= 0)
@@ -270,7 +267,7 @@ class _View:
 def _view(table: pa.Table, shared: _Shared) -> _View:
     a = span_arrays(table)
     keep = _keep(a, shared.run_id)
-    trace, span, parent = _u64(table, "trace_key"), _u64(table, "span_key"), _u64(table, "parent_key")
+    trace, span, parent = key_column(table, "trace_key"), key_column(table, "span_key"), key_column(table, "parent_key")
     walked = (a.bucket != NO_BUCKET) & keep
     starts = np.where(parent == span, 0, parent)
     walk = shared.walks.position(trace, starts, walked & (starts != 0))

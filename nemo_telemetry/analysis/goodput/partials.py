@@ -38,8 +38,9 @@ from nemo_telemetry.analysis.goodput.rules import (
 )
 from nemo_telemetry.analysis.model._arrays import span_arrays
 from nemo_telemetry.analysis.store.partitions import span_files, span_partitions
-from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
+from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION, NO_RUN
 from nemo_telemetry.analysis.model.walk import KeyIndex, climb_batch, resolve_walks
+from nemo_telemetry.analysis.model.tree import key_column
 from nemo_telemetry.errors import UnknownRunError
 
 __all__ = [
@@ -72,7 +73,6 @@ BATCH_ROWS = 1 << 18
 GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION, "trace_key", "span_key", "parent_key")
 EDGE_COLUMNS = ("trace_key", "span_key", "parent_key", ITERATION)
 RANK_READ_COLUMNS = (*GOODPUT_COLUMNS, "service_name", "rank")
-_NO_RUN = "\x00"  # stands for "no run" where a value must hash or index
 
 _WALK_SCHEMA = pa.schema([pa.field("trace_key", pa.uint64()), pa.field("parent_key", pa.uint64()),
                           pa.field("at", pa.uint64()), pa.field(ITERATION, pa.int64())])
@@ -99,9 +99,6 @@ def local_scan(batch_rows: int = BATCH_ROWS) -> Scan:
 # -- 1. attribution across partitions ----------------------------------------------------------
 
 
-def _u64(table: pa.Table, column: str) -> np.ndarray:
-    return pc.fill_null(table.column(column), 0).to_numpy().astype(np.uint64, copy=False)
-
 
 def walk_starts(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
     """Where the walks of ``batch`` start, already climbed as far as the batch goes: per distinct
@@ -111,8 +108,8 @@ def walk_starts(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
     arrays = span_arrays(batch)
     rows = np.flatnonzero(bucketed_rows(arrays, run_id) & ~arrays.has_iteration)
     table = arrays.table
-    trace, span = _u64(table, "trace_key"), _u64(table, "span_key")
-    parent = _u64(table, "parent_key")[rows]
+    trace, span = key_column(table, "trace_key"), key_column(table, "span_key")
+    parent = key_column(table, "parent_key")[rows]
     walk = (parent != 0) & (parent != span[rows])
     pairs = pd.DataFrame({"trace_key": trace[rows][walk], "parent_key": parent[walk]}).drop_duplicates()
     starts_trace, starts = pairs["trace_key"].to_numpy(np.uint64), pairs["parent_key"].to_numpy(np.uint64)
@@ -131,10 +128,10 @@ def ancestor_rows(batch: pa.Table, *, targets: _KeyIndex) -> pa.Table:
     """Rows of ``batch`` whose (trace_key, span_key) is one of ``targets``, climbed as far as the
     batch goes: the iteration met (null: none), and in ``parent_key`` the ancestor to look up next
     elsewhere (0: the walk ended)."""
-    span = _u64(batch, "span_key")
-    rows = np.flatnonzero(targets.find(_u64(batch, "trace_key"), span) >= 0)
+    span = key_column(batch, "span_key")
+    rows = np.flatnonzero(targets.find(key_column(batch, "trace_key"), span) >= 0)
     walked = climb_batch(batch, rows)
-    return pa.table([pa.array(_u64(batch, "trace_key")[rows]), pa.array(span[rows]), pa.array(walked.exit),
+    return pa.table([pa.array(key_column(batch, "trace_key")[rows]), pa.array(span[rows]), pa.array(walked.exit),
                      pa.array(walked.iteration, mask=~walked.stamped)], schema=_EDGE_SCHEMA)
 
 
@@ -149,7 +146,7 @@ def resolve_attribution(scan: Scan, files: Sequence[Path], *, run_id: str | None
     """
     starts = _concat(scan(lambda b: walk_starts(b, run_id=run_id), GOODPUT_COLUMNS, files), _WALK_SCHEMA)
     first = _best_copy(pd.DataFrame({
-        "trace": _u64(starts, "trace_key"), "start": _u64(starts, "parent_key"), "at": _u64(starts, "at"),
+        "trace": key_column(starts, "trace_key"), "start": key_column(starts, "parent_key"), "at": key_column(starts, "at"),
         "stamped": pc.is_valid(starts.column(ITERATION)).to_numpy(zero_copy_only=False),
         "iteration": pc.fill_null(starts.column(ITERATION), 0).to_numpy()}), ["trace", "start"], "at")
 
@@ -157,7 +154,7 @@ def resolve_attribution(scan: Scan, files: Sequence[Path], *, run_id: str | None
         targets = KeyIndex.of(wanted["trace"].to_numpy(np.uint64), wanted["at"].to_numpy(np.uint64))
         edges = _concat(scan(lambda b: ancestor_rows(b, targets=targets), EDGE_COLUMNS, files), _EDGE_SCHEMA)
         return _best_copy(pd.DataFrame({
-            "trace": _u64(edges, "trace_key"), "at": _u64(edges, "span_key"), "parent": _u64(edges, "parent_key"),
+            "trace": key_column(edges, "trace_key"), "at": key_column(edges, "span_key"), "parent": key_column(edges, "parent_key"),
             "stamped": pc.is_valid(edges.column(ITERATION)).to_numpy(zero_copy_only=False),
             "iteration": pc.fill_null(edges.column(ITERATION), 0).to_numpy()}), ["trace", "at"], "parent")
 
@@ -262,7 +259,7 @@ def condense_unions(merged: pd.DataFrame) -> pd.DataFrame:
 def step_owner(run: np.ndarray, iteration: np.ndarray, reducers: int) -> np.ndarray:
     """Which of ``reducers`` owns each (run, iteration) (run None, iteration -1 allowed): a hash that
     every process computes alike, so each reducer receives every partial of the steps it owns."""
-    runs = pd.util.hash_array(np.array([_NO_RUN if r is None else r for r in run], dtype=object))
+    runs = pd.util.hash_array(np.array([NO_RUN if r is None else r for r in run], dtype=object))
     with np.errstate(over="ignore"):
         mixed = runs ^ (np.asarray(iteration, np.int64).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
     return (mixed % np.uint64(max(1, reducers))).astype(np.int64)

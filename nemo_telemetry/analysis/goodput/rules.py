@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.model._arrays import BUCKETS, SpanArrays, span_arrays
 from nemo_telemetry.analysis.model.intervals import clipped_union_length, merge_intervals, union_length
 from nemo_telemetry.analysis.model.walk import KeyIndex
+from nemo_telemetry.analysis.model.tree import key_column
 from nemo_telemetry.errors import NemoTelemetryError
 
 __all__ = [
@@ -193,9 +194,6 @@ def partial_of(arrays: SpanArrays, keep: np.ndarray, rows: np.ndarray, iteration
     return pa.concat_tables(parts)
 
 
-def _u64(table: pa.Table, column: str) -> np.ndarray:
-    return pc.fill_null(table.column(column), 0).to_numpy().astype(np.uint64, copy=False)
-
 
 def _attributed(arrays, rows: np.ndarray, attributed: KeyIndex) -> tuple[np.ndarray, np.ndarray]:
     iteration = arrays.iteration[rows].copy()
@@ -203,9 +201,9 @@ def _attributed(arrays, rows: np.ndarray, attributed: KeyIndex) -> tuple[np.ndar
     walked = np.flatnonzero(~stamped)
     if walked.size and len(attributed.key):
         table = arrays.table
-        parent = _u64(table, "parent_key")[rows[walked]]
-        parent = np.where(parent == _u64(table, "span_key")[rows[walked]], 0, parent)  # its own parent: no walk
-        hit = attributed.find(_u64(table, "trace_key")[rows[walked]], parent)
+        parent = key_column(table, "parent_key")[rows[walked]]
+        parent = np.where(parent == key_column(table, "span_key")[rows[walked]], 0, parent)  # its own parent: no walk
+        hit = attributed.find(key_column(table, "trace_key")[rows[walked]], parent)
         found = hit >= 0
         iteration[walked[found]] = attributed.values[hit[found]]
         stamped[walked[found]] = True

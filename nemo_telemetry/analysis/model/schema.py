@@ -32,6 +32,7 @@ __all__ = [
     "STATUS_CODES",
     "empty_spans",
     "ID_KEY_FIELDS",
+    "NO_RUN",
 ]
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
@@ -40,6 +41,8 @@ _attr_map = pa.map_(pa.string(), pa.string())
 BUCKET = "rl.bucket"
 ITERATION = "rl.iteration"
 EFFICIENCY_CATEGORY = "rl.efficiency.category"
+# stands for "no run" (a null run_id) in keys that must hash, index, sort or cross tasks
+NO_RUN = "\x00"
 
 # span attribute -> column
 PROMOTED_SPAN_ATTRIBUTES = (BUCKET, ITERATION, EFFICIENCY_CATEGORY)

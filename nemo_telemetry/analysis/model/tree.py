@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.model.schema import ID_KEY_FIELDS
 
-__all__ = ["hex_to_uint64", "with_id_keys", "parent_indices", "trace_mix"]
+__all__ = ["hex_to_uint64", "with_id_keys", "key_column", "parent_indices", "trace_mix"]
 
 
 def hex_to_uint64(ids: pa.Array | pa.ChunkedArray, *, width: int = 16) -> np.ndarray:
@@ -64,6 +64,11 @@ def with_id_keys(spans: pa.Table) -> pa.Table:
             spans = spans.append_column(field, pa.array(keys[field.name], field.type))
     return spans
 
+
+
+def key_column(table: pa.Table, column: str) -> np.ndarray:
+    """An id key column (``trace_key``, ``span_key``, ``parent_key``) as uint64, null as 0 (no id)."""
+    return pc.fill_null(table.column(column), 0).to_numpy().astype(np.uint64, copy=False)
 
 def parent_indices(spans: pa.Table) -> np.ndarray:
     """Row index of each span's parent in ``spans``, or -1 for roots and orphans.

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.model.schema import ITERATION
-from nemo_telemetry.analysis.model.tree import parent_indices, trace_mix
+from nemo_telemetry.analysis.model.tree import key_column, parent_indices, trace_mix
 
 __all__ = ["MAX_DEPTH", "KeyIndex", "Climb", "climb", "climb_batch", "attributed_iterations", "WALK_COLUMNS",
            "resolve_walks"]
@@ -130,15 +130,12 @@ def climb(start: np.ndarray, parent_of: Callable[[np.ndarray], np.ndarray], has_
     return Climb(met, value, ancestor, exit_key)
 
 
-def _u64(table: pa.Table, column: str) -> np.ndarray:
-    return pc.fill_null(table.column(column), 0).to_numpy().astype(np.uint64, copy=False)
-
 
 def climb_batch(batch: pa.Table, rows: np.ndarray, *, bucketed: np.ndarray | None = None) -> Climb:
     """:func:`climb` from ``rows`` of a batch with ``trace_key`` / ``span_key`` / ``parent_key``
     (and ``rl.iteration``) columns: parents are found by key in the batch, a span that names
     itself as parent is a root."""
-    trace, span, parent = _u64(batch, "trace_key"), _u64(batch, "span_key"), _u64(batch, "parent_key")
+    trace, span, parent = key_column(batch, "trace_key"), key_column(batch, "span_key"), key_column(batch, "parent_key")
     parent = np.where(parent == span, np.uint64(0), parent)
     if ITERATION in batch.column_names:
         has = pc.is_valid(batch.column(ITERATION)).to_numpy(zero_copy_only=False)
