@@ -113,13 +113,15 @@ def test_dedup_reference_path_keeps_the_same_set_as_the_kernel(monkeypatch, fres
         first = dedup.admit(spans.slice(0, 2000)).tolist()  # grows the set: rehash
         again = dedup.admit(spans).tolist()
         dedup.forget(words[0][:500])
+        found = dedup.contains(words[0][:1000]).tolist()  # a probe: the set is left as it was
         third = dedup.admit(spans.slice(0, 1000)).tolist()
-        return [first, again, third], dedup
+        return [first, again, found, third], dedup
 
     (compiled, kernel_set), (reference, reference_set) = run("1"), run("0")
     assert compiled == reference
     assert np.array_equal(kernel_set._table, reference_set._table)
-    assert sum(reference[2]) == 500  # the forgotten ones are new again
+    assert reference[2] == [False] * 500 + [True] * 500  # forgotten ones are out, the rest still in
+    assert sum(reference[3]) == 500  # the forgotten ones are new again
 
 
 def test_cache_dir_is_the_first_writable_candidate_keyed_on_the_sources(tmp_path):

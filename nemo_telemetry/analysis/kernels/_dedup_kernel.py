@@ -92,6 +92,15 @@ def admit(table, used, keys, fresh):
     return added
 
 
+
+@njit(cache=True, nogil=True)
+def contains(table, used, keys, found):
+    """``found[i]``: whether row ``i`` of ``keys`` is in the set; nothing is inserted."""
+    mask = table.shape[0] - 1
+    for i in range(keys.shape[0]):
+        found[i] = used[_find(table, used, keys[i, 0], keys[i, 1], keys[i, 2], mask)]
+    return keys.shape[0]
+
 @njit(cache=True, nogil=True)
 def rehash(table, used, bigger, bigger_used):
     """Move every key of one set into an empty larger one."""

@@ -75,6 +75,14 @@ def admit(table, used, keys, fresh) -> int:
     return added
 
 
+
+def contains(table, used, keys, found) -> int:
+    """``_dedup_kernel.contains``: ``found[i]`` whether row i of ``keys`` is in the set."""
+    mask = table.shape[0] - 1
+    for i, key in enumerate(map(tuple, keys.tolist())):
+        found[i] = used[_find(table, used, key, mask)]
+    return len(found)
+
 def rehash(table, used, bigger, bigger_used) -> None:
     """``_dedup_kernel.rehash``: move every key into an empty larger set."""
     mask = bigger.shape[0] - 1

@@ -64,6 +64,7 @@ def warm_up_kernels() -> KernelWarmUp:
             dedup = SpanDeduplicator()
             dedup.admit(tables.spans)
             dedup.forget(span_keys(tables.spans)[:1])
+            dedup.contains(span_keys(tables.spans))
             many = np.arange(3 * 1024, dtype=np.uint64).reshape(-1, 3)
             dedup.admit(tables.spans, np.concatenate([many] * 2))  # past half full: the set grows (rehash)
     finally:

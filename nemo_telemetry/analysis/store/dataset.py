@@ -133,6 +133,13 @@ class SpanDeduplicator:
         self._count += _dedup("admit", len(keys), self._table, self._used, keys, fresh)
         return fresh
 
+    def contains(self, keys: np.ndarray) -> np.ndarray:
+        """Boolean mask of the rows of ``keys`` (``span_keys``) already in the set; adds nothing."""
+        found = np.zeros(len(keys), dtype=bool)
+        if len(keys):
+            _dedup("contains", len(keys), self._table, self._used, np.ascontiguousarray(keys), found)
+        return found
+
     def forget(self, keys: np.ndarray) -> None:
         """Remove ``keys`` (rows of ``span_keys``) from the set: spans that were not stored after all."""
         if len(keys):
@@ -174,9 +181,7 @@ class RecentSpanDeduplicator:
         keys = span_keys(spans) if keys is None else keys
         fresh = self._newer.admit(spans, keys)
         if len(self._older):
-            unseen = self._older.admit(spans, keys)  # a probe: what it inserted is taken out again
-            self._older.forget(keys[unseen])
-            fresh &= unseen
+            fresh &= ~self._older.contains(keys)
         if len(self._newer) >= self.window:
             self._older, self._newer = self._newer, SpanDeduplicator()
         return fresh
