@@ -1,12 +1,15 @@
 """The emitting half of nemo-telemetry, imported by trainers, Ray actors and GPU workers.
 
-Importing this package is cheap: it loads only the OpenTelemetry API/SDK-free group registry
-and declarations; nothing heavy (pandas, pyarrow, ray, vllm) is imported here or at call time
-on a disabled site. The public API is listed once, in ``__all__`` below, and pinned by
+Importing this package is cheap: it loads the group registry, the span-group declarations and
+the metric registry; every other public name loads its module on first use (the OpenTelemetry
+SDK's exporters and resources among them). Nothing heavy (pandas, pyarrow, ray, vllm) is
+imported here or at call time on a disabled site. The public API is listed once, in ``__all__`` below, and pinned by
 ``tests/instrument/test_public_api.py``.
 """
 
 from __future__ import annotations
+
+import importlib
 
 from nemo_telemetry.errors import RegistryError, SpecError
 from nemo_telemetry.instrument._groups import Bucket, GroupName, group, span_name_regex
@@ -19,45 +22,8 @@ from nemo_telemetry.instrument.span_groups import (
     RLSpanGroup,
 )
 from nemo_telemetry.instrument.span_groups import TIMER_ONLY_CATEGORIES
-from nemo_telemetry.instrument._checkpoint import CheckpointFinalize, begin_checkpoint_finalize, checkpoint_span
-from nemo_telemetry.instrument._config import TelemetryConfig, load_telemetry_config, resolve_telemetry_config
-from nemo_telemetry.instrument._dump import DumpSpanExporter
-from nemo_telemetry.instrument._efficiency import EfficiencyWait, efficiency_span, start_efficiency_span
-from nemo_telemetry.instrument._gate import (
-    enabled_span_groups,
-    get_tracer,
-    get_tracer_provider,
-    is_span_group_enabled,
-    set_enabled_span_groups,
-    set_tracer_provider,
-    telemetry_active,
-)
-from nemo_telemetry.instrument._lifecycle import (
-    current_telemetry_config,
-    flush_telemetry,
-    init_telemetry_driver,
-    init_telemetry_worker,
-    shutdown_telemetry,
-)
-from nemo_telemetry.instrument._primitives import (
-    NOOP_SPAN,
-    managed_span,
-    setup_span,
-    span_cm,
-    startup_span,
-    trace_fn,
-    umbrella_span,
-    umbrella_trace_fn,
-)
-from nemo_telemetry.instrument._scopes import (
-    bucket_scope,
-    current_bucket_scope,
-    current_iteration,
-    in_per_prompt_scope,
-    iteration_scope,
-    per_prompt_scope,
-)
-from nemo_telemetry.instrument.http import instrument_aiohttp_client, instrument_fastapi, uninstrument_aiohttp_client
+# The metrics modules register their teed series into METRICS when imported: loaded with the
+# package, so every series is known whichever of them a caller touches first.
 from nemo_telemetry.instrument.metrics import (
     METRICS,
     TeedMetric,
@@ -72,41 +38,51 @@ from nemo_telemetry.instrument.metrics import (
 )
 from nemo_telemetry.instrument.generation_metrics import record_generation
 from nemo_telemetry.instrument.training_metrics import TRAIN_PREFIX, TRAINING_METRICS
-from nemo_telemetry.instrument._resources import run_resource_attributes
-from nemo_telemetry.instrument.vllm import (
-    instrument_vllm,
-    load_vllm,
-    record_vllm_engine_counters,
-    vllm_trace_headers,
-    vllm_tracing_engine_args,
-    vllm_tracing_env,
-)
-from nemo_telemetry.instrument.propagation import (
-    TRACE_CARRIER_KWARG,
-    TraceCarrierThread,
-    current_trace_carrier,
-    remote_trace_context,
-    run_with_carrier,
-    trace_context_kwargs,
-)
-from nemo_telemetry.instrument._handle import TelemetryHandle, get_telemetry_handle
-from nemo_telemetry.instrument.data_plane import DATA_PLANE_OPS, TracedDataPlaneClient
-from nemo_telemetry.instrument.startup import CLUSTER_SOURCES, traced_ray_init, traced_worker_init
-from nemo_telemetry.instrument.ray_actors import (
-    TelemetryFlushMixin,
-    accepts_trace_context,
-    dispatch_with_trace_context,
-    flush_actors_telemetry,
-)
+
+# Everything else is loaded on first use, so importing the package (a trainer, a Ray worker, or
+# the analysis reading the catalogue above) does not load the OpenTelemetry SDK's exporters,
+# resources and propagators until something needs them.
+_LAZY_MODULES = {
+    "_gate": ("enabled_span_groups", "get_tracer", "get_tracer_provider", "is_span_group_enabled",
+              "set_enabled_span_groups", "set_tracer_provider", "telemetry_active"),
+    "_primitives": ("NOOP_SPAN", "managed_span", "setup_span", "span_cm", "startup_span", "trace_fn",
+                    "umbrella_span", "umbrella_trace_fn"),
+    "_scopes": ("bucket_scope", "current_bucket_scope", "current_iteration", "in_per_prompt_scope",
+                "iteration_scope", "per_prompt_scope"),
+    "_checkpoint": ("CheckpointFinalize", "begin_checkpoint_finalize", "checkpoint_span"),
+    "_config": ("TelemetryConfig", "load_telemetry_config", "resolve_telemetry_config"),
+    "_dump": ("DumpSpanExporter",),
+    "_log_dump": ("DumpLogExporter",),
+    "_efficiency": ("EfficiencyWait", "efficiency_span", "start_efficiency_span"),
+    "_lifecycle": ("current_telemetry_config", "flush_telemetry", "init_telemetry_driver", "init_telemetry_worker",
+                   "shutdown_telemetry"),
+    "_resources": ("run_resource_attributes",),
+    "_handle": ("TelemetryHandle", "get_telemetry_handle"),
+    "http": ("instrument_aiohttp_client", "instrument_fastapi", "uninstrument_aiohttp_client"),
+    "vllm": ("instrument_vllm", "load_vllm", "record_vllm_engine_counters", "vllm_trace_headers",
+             "vllm_tracing_engine_args", "vllm_tracing_env"),
+    "propagation": ("TRACE_CARRIER_KWARG", "TraceCarrierThread", "current_trace_carrier", "remote_trace_context",
+                    "run_with_carrier", "trace_context_kwargs"),
+    "data_plane": ("DATA_PLANE_OPS", "TracedDataPlaneClient"),
+    "startup": ("CLUSTER_SOURCES", "traced_ray_init", "traced_worker_init"),
+    "ray_actors": ("TelemetryFlushMixin", "accepts_trace_context", "dispatch_with_trace_context",
+                   "flush_actors_telemetry"),
+}
+_LAZY_NAMES = {name: module for module, names in _LAZY_MODULES.items() for name in names}
 
 
 def __getattr__(name: str):
-    """``DumpLogExporter`` on first use: the SDK's logs module is not loaded by processes that never log."""
-    if name == "DumpLogExporter":
-        from nemo_telemetry.instrument._log_dump import DumpLogExporter
+    """A public name of a module loaded on first use (:data:`_LAZY_MODULES`), kept here afterwards."""
+    module = _LAZY_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
-        return DumpLogExporter
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def resolve(spec, *, namespace: str | None = None, strict: bool = False) -> frozenset[str]:

@@ -18,3 +18,19 @@ def test_import_does_not_load_heavy_packages():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert json.loads(out.stdout) == []
+
+
+def test_reading_the_catalogue_does_not_load_the_sdk():
+    """The analysis (check's findings, lint) reads only the registry: no OpenTelemetry SDK, exporter or
+    propagator is loaded for it, while every other public name still resolves on first use."""
+    code = (
+        "import sys, json\n"
+        "from nemo_telemetry.instrument import REGISTRY, span_name_regex, UNBUCKETED_SPAN_CATEGORIES\n"
+        "names = [info.name for info in REGISTRY.catalogue()]\n"
+        "before = sorted(m for m in sys.modules if m.startswith('opentelemetry.sdk'))\n"
+        "from nemo_telemetry.instrument import DumpSpanExporter, init_telemetry_driver\n"
+        "after = 'opentelemetry.sdk.trace' in sys.modules\n"
+        "print(json.dumps([before, after, 'generation' in names]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert json.loads(out.stdout) == [[], True, True]
