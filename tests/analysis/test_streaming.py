@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
@@ -261,3 +262,35 @@ def test_merge_shuffled_by_step_to_reducers_equals_one_merge(scenario):
     for table in reduced:
         accumulator.add(table)
     assert as_plain(accumulator.result(plan.order)) == as_plain(run_goodput(read_spans(scenario)))
+
+
+@pytest.mark.parametrize("batch_rows", [5, 64, None])
+@pytest.mark.parametrize("run_id", [None, "run-a", "run-b"])
+def test_the_local_engine_reads_a_dataset_batch_by_batch_as_the_table_gives(scenario, batch_rows, run_id):
+    """By step, the local engine keeps only each batch's goodput rows and walk columns: walks that
+    leave those rows (micro-batches two levels under their stamped step) and the runs' order come
+    out as from the whole table, whatever the batch."""
+    from nemo_telemetry.analysis.goodput.steps import goodput_of_rows, read_goodput_rows
+    from nemo_telemetry.analysis.model._arrays import STEP_GOODPUT_COLUMNS, span_source_files
+
+    expected = as_plain(run_goodput(read_spans(scenario), run_id=run_id))
+    _, files = span_source_files(scenario)
+    rows = read_goodput_rows(files, STEP_GOODPUT_COLUMNS, batch_rows=batch_rows)
+    assert rows is not None and len(rows.position) < rows.walk_table().num_rows
+    assert as_plain(goodput_of_rows(rows, run_id=run_id)) == expected
+    assert as_plain(goodput_with_engine(scenario, run_id=run_id)) == expected
+
+
+def test_a_dataset_without_id_keys_is_read_whole(tmp_path):
+    """Files written before the id key columns: the batch read gives way to the whole-table read."""
+    spans = spans_table(scenario_records(steps=3))
+    writer = DatasetWriter(tmp_path / "ds")
+    writer.write(OtlpTables(spans, EVENTS_SCHEMA.empty_table(), LINKS_SCHEMA.empty_table()))
+    writer.close()
+    from nemo_telemetry.analysis.goodput.steps import read_goodput_rows
+    from nemo_telemetry.analysis.model._arrays import STEP_GOODPUT_COLUMNS, span_source_files
+
+    _, files = span_source_files(tmp_path / "ds")
+    assert not any("trace_key" in pq.read_schema(f).names for f in files)  # as a dataset from before the keys
+    assert read_goodput_rows(files, STEP_GOODPUT_COLUMNS) is None
+    assert as_plain(goodput_with_engine(tmp_path / "ds")) == as_plain(run_goodput(spans))

@@ -16,7 +16,9 @@ import pyarrow.parquet as pq
 from nemo_telemetry.analysis.choices import ENGINES
 from nemo_telemetry.analysis.goodput import steps as _goodput
 from nemo_telemetry.analysis.goodput.rules import check_by
-from nemo_telemetry.analysis.model._arrays import GOODPUT_COLUMNS, STEP_GOODPUT_COLUMNS, read_for_analysis
+from nemo_telemetry.analysis.model._arrays import (
+    GOODPUT_COLUMNS, STEP_GOODPUT_COLUMNS, read_for_analysis, reading_errors, span_source_files,
+)
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.store.sources import single_dataset
 from nemo_telemetry.analysis.goodput.partials import stream_goodput
@@ -79,6 +81,12 @@ def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
     budget = _memory_budget() if memory_budget is None else memory_budget
     if root is not None and _dataset_rows(root) * _IN_MEMORY_BYTES_PER_SPAN > budget:
         return stream_goodput(root, run_id=run_id, by=by)
+    if by == "step" and root is not None:
+        _, files = span_source_files(root)
+        with reading_errors(root):
+            rows = _goodput.read_goodput_rows(files, STEP_GOODPUT_COLUMNS) if files else None
+        if rows is not None:
+            return _goodput.goodput_of_rows(rows, run_id=run_id)
     columns = STEP_GOODPUT_COLUMNS if by == "step" else GOODPUT_COLUMNS
     return _goodput.run_goodput(read_for_analysis(source, columns=columns), run_id=run_id, by=by)
 

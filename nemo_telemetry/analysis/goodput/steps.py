@@ -21,8 +21,10 @@ from nemo_telemetry.analysis.goodput.rules import (
     check_by, finish, merged_steps, partial_of, step_outliers, step_windows, steps_table,
 )
 from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_partial, ranks_tables
-from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, code_values, span_arrays
-from nemo_telemetry.analysis.model.schema import BUCKET
+from nemo_telemetry.analysis.model._arrays import (
+    NO_BUCKET, SpanArrays, code_values, has_id_keys, scan_span_files, span_arrays,
+)
+from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.errors import UnknownRunError
 
@@ -197,8 +199,7 @@ def run_goodput(spans: pa.Table, *, run_id: str | None = None, by: str = "step")
     """
     check_by(by)
     if by == "step":
-        one = _narrow_batch(spans, run_id)
-        return finish(one.merged, one.run_order)
+        return goodput_of_rows(goodput_rows(spans), run_id=run_id)
     arrays = span_arrays(spans)
     one = _one_batch(arrays, run_filter(arrays, run_id), arrays.runs)
     ranks = merge_ranks([rank_partial(arrays, one.keep, one.bucketed, one.iteration[one.pick], one.stamped[one.pick])])
@@ -206,20 +207,72 @@ def run_goodput(spans: pa.Table, *, run_id: str | None = None, by: str = "step")
     return tuple(replace(run, ranks=tables[run.run_id]) for run in finish(one.merged, one.run_order))
 
 
-def _narrow_batch(spans: pa.Table, run_id: str | None) -> _OneBatch:
+def _narrow_batch(read: GoodputRows, run_id: str | None) -> _OneBatch:
     """The one batch of only the rows goodput reads (:func:`_goodput_rows`), so the columns of the
     many spans without a bucket are never decoded; runs keep the whole table's order."""
-    run_order = code_values(spans, "run_id")
-    UnknownRunError.unless_present(run_id, run_order)
-    rows = _goodput_rows(spans)
-    arrays = span_arrays(_take(spans, rows))
+    UnknownRunError.unless_present(run_id, read.run_order)
+    arrays = span_arrays(read.rows)
     keep = np.ones(len(arrays), bool) if run_id is None else (
         arrays.run == arrays.runs.index(run_id) if run_id in arrays.runs else np.zeros(len(arrays), bool))
 
     def whole() -> tuple[SpanArrays, np.ndarray]:
-        return span_arrays(spans), rows
+        return span_arrays(read.walk_table()), read.position
 
-    return _one_batch(arrays, keep, run_order, whole=whole)
+    return _one_batch(arrays, keep, read.run_order, whole=whole)
+
+
+WALK_READ = ("trace_key", "span_key", "parent_key", ITERATION)
+"""What the walks of unstamped bucketed spans read of every row (:func:`read_goodput_rows` keeps them)."""
+
+
+@dataclass(frozen=True, eq=False)
+class GoodputRows:
+    """What goodput by step reads of a spans table: the rows it decodes, and what the walks need."""
+
+    rows: pa.Table  # the bucketed, step and job spans (_goodput_rows), every column read
+    position: np.ndarray  # their row numbers in the whole table
+    run_order: tuple  # the whole table's runs, in code_values order
+    walk_table: Callable[[], pa.Table]  # every row's id keys and rl.iteration, for walks that leave ``rows``
+
+
+def goodput_rows(spans: pa.Table) -> GoodputRows:
+    """:class:`GoodputRows` of a table in memory."""
+    position = _goodput_rows(spans)
+    return GoodputRows(_take(spans, position), position, code_values(spans, "run_id"), lambda: spans)
+
+
+def read_goodput_rows(files: list[str], columns: tuple[str, ...], *, batch_rows: int | None = None) -> GoodputRows | None:
+    """:class:`GoodputRows` of a dataset's spans files, read batch by batch: each batch's rows
+    goodput reads and its walk columns (:data:`WALK_READ`) are kept, the rest of it let go.
+
+    None when the files hold no spans or no id key columns (a dataset written before them): the
+    caller reads them whole.
+    """
+    rows, position, kept, runs = [], [], [], {}
+    at = 0
+    for batch in scan_span_files(files, columns=columns, batch_rows=batch_rows):
+        if not has_id_keys(batch.schema):
+            return None
+        one = pa.Table.from_batches([batch])
+        for value in code_values(one, "run_id"):  # the whole table's run order, as code_values gives it
+            runs.setdefault(value, len(runs))
+        picked = _goodput_rows(one)
+        rows.append(batch.take(pa.array(picked, pa.int64())))
+        position.append(picked + at)
+        kept.append(batch.select([c for c in WALK_READ if c in batch.schema.names]))
+        at += batch.num_rows
+    if not kept:
+        return None
+    walk_schema = kept[0].schema
+    return GoodputRows(pa.Table.from_batches(rows), np.concatenate(position), tuple(runs),
+                       lambda: pa.Table.from_batches(kept, schema=walk_schema))
+
+
+def goodput_of_rows(read: GoodputRows, *, run_id: str | None = None) -> tuple[RunGoodput, ...]:
+    """:func:`run_goodput` by step from what it reads of a table (:func:`goodput_rows`,
+    :func:`read_goodput_rows`)."""
+    one = _narrow_batch(read, run_id)
+    return finish(one.merged, one.run_order)
 
 
 # -- comparing and serialising -----------------------------------------------------------------
