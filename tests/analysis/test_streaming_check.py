@@ -143,3 +143,34 @@ def test_unknown_run_is_the_same_typed_error(scenario):
 def test_empty_dataset(tmp_path):
     DatasetWriter(tmp_path / "empty").close()
     assert stream_check(tmp_path / "empty").to_dict() == check_run(read_for_analysis(tmp_path / "empty")).to_dict()
+
+
+@pytest.mark.parametrize("batch_rows", [7, 64, None])
+@pytest.mark.parametrize("options", [{}, {"run_id": "run-a"}, {"max_findings_per_code": 2, "max_span_ids": 3}],
+                         ids=["defaults", "one-run", "capped"])
+def test_the_local_engine_decodes_a_dataset_batch_by_batch_as_the_table_gives(many_files, batch_rows, options):
+    """The local engine decodes a dataset as it reads it, batch by batch (each batch's decoded columns
+    let go, the key index built on the way): every code's findings as check_run gives them from the
+    whole table, whatever the batch."""
+    from nemo_telemetry.analysis.engines.choose import check_with_engine
+    from nemo_telemetry.analysis.findings.checks import check_span_files
+    from nemo_telemetry.analysis.model._arrays import span_source_files
+
+    expected = check_run(read_for_analysis(many_files), **options).to_dict()
+    _, files = span_source_files(many_files)
+    assert check_span_files(files, batch_rows=batch_rows, **options).to_dict() == expected
+    assert check_with_engine(many_files, **options).to_dict() == expected
+
+
+def test_a_dataset_without_id_keys_is_checked_from_the_whole_table(tmp_path):
+    from nemo_telemetry.analysis.engines.choose import check_with_engine
+    from nemo_telemetry.analysis.findings.checks import check_span_files
+    from nemo_telemetry.analysis.model._arrays import span_source_files
+
+    spans = spans_table(check_records())
+    writer = DatasetWriter(tmp_path / "ds")
+    writer.write(OtlpTables(spans, EVENTS_SCHEMA.empty_table(), LINKS_SCHEMA.empty_table()))
+    writer.close()
+    _, files = span_source_files(tmp_path / "ds")
+    assert check_span_files(files) is None
+    assert check_with_engine(tmp_path / "ds").to_dict() == check_run(read_for_analysis(tmp_path / "ds")).to_dict()

@@ -99,8 +99,14 @@ def check_with_engine(source, *, engine: str = "local", **options):
         from nemo_telemetry.analysis.engines.ray_engine import ray_check
 
         return ray_check(_dataset_for(source, engine), **options)
-    from nemo_telemetry.analysis.findings.checks import check_run
+    from nemo_telemetry.analysis.findings.checks import check_run, check_span_files
 
+    root, files = span_source_files(source)
+    if files:
+        with reading_errors(root):
+            report = check_span_files(files, **options)
+        if report is not None:
+            return report
     return check_run(read_for_analysis(source), **options)
 
 

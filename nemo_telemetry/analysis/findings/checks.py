@@ -34,9 +34,9 @@ Decisions where the design leaves room:
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -67,7 +67,9 @@ from nemo_telemetry.analysis.goodput.steps import Analysis, analyse, run_filter
 from nemo_telemetry.analysis.goodput.steps import step_outliers
 from nemo_telemetry.analysis.model._arrays import (
     BUCKETS,
+    SpanArrays,
     code_mask,
+    decode_span_files,
     index_orphans,
     index_parents,
     key_index,
@@ -79,7 +81,7 @@ from nemo_telemetry.analysis.model.tree import with_id_keys
 
 __all__ = ["FINDING_CODES", "SEVERITIES", "Finding", "CheckReport", "check_run", "SPAN_GROUPS_ATTRIBUTE",
            "DEFAULT_OVERLAP_TOLERANCE_S", "overlap_tolerance_ns", "report", "Merged", "finish", "merge_in_memory",
-           "group_presence"]
+           "group_presence", "check_span_files"]
 
 # -- what the finish reads ---------------------------------------------------------------------
 
@@ -403,28 +405,57 @@ def check_run(
     ``overlap_tolerance_s`` (clock granularity) give a ``bucketed-overlap`` at info severity, not
     an error; ``double_counted_s`` counts them either way.
     """
-    tolerance_ns = overlap_tolerance_ns(overlap_tolerance_s)
-    # The id-key index and the orphan test are sorts and gathers, which numpy runs without the
-    # GIL: two workers build the mixed keys, then sort the span index and the parent references
-    # side by side, then run the orphan test; this thread decodes and analyses meanwhile.
-    # A third worker reads the span groups the processes enabled (missing-group-spans), which
-    # needs only the decoded names and runs.
     table = with_id_keys(spans)
     with ThreadPoolExecutor(max_workers=3) as pool:
+        # The id-key index and the orphan test are sorts and gathers, which numpy runs without the
+        # GIL: a worker builds the mixed keys while this thread decodes the rest.
         keys = pool.submit(key_index, table, sort=False)
-        index = pool.submit(lambda: sort_index(keys.result()))
-        parents = pool.submit(lambda: index_parents(keys.result()))
-        orphans = pool.submit(lambda: index_orphans(index.result(), parents.result()))
-        try:
-            arrays = span_arrays(table)
-            presence = pool.submit(group_presence, arrays, run_filter(arrays, run_id))
-            arrays.adopt_index(index.result())
-            analysis = analyse(table, run_id=run_id, ancestors=True, arrays=arrays)
-            arrays.adopt_index(orphans.result())
-            merged = merge_in_memory(analysis, tolerance_ns, presence.result())
-        finally:
-            for pending in (parents, orphans):  # a bad run_id: do not wait for a test no one reads
-                pending.cancel()
+        return _check_decoded(pool, keys, lambda: span_arrays(table), run_id=run_id,
+                              unattributed_threshold=unattributed_threshold, overlap_tolerance_s=overlap_tolerance_s,
+                              max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
+
+
+def check_span_files(files: list[str], *, run_id: str | None = None, unattributed_threshold: float = 0.2,
+                     overlap_tolerance_s: float = DEFAULT_OVERLAP_TOLERANCE_S, max_span_ids: int = 10,
+                     max_findings_per_code: int = 100, batch_rows: int | None = None) -> CheckReport | None:
+    """:func:`check_run` over a dataset's spans files, decoded batch by batch (of ``batch_rows``) as
+    they are read (:func:`~nemo_telemetry.analysis.model._arrays.decode_span_files`); None for files
+    without id key columns, which the caller reads whole."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        decoded = decode_span_files(files, batch_rows=batch_rows)
+        if decoded is None:
+            return None
+        arrays, index = decoded
+        keys = pool.submit(lambda: index)
+        return _check_decoded(pool, keys, lambda: arrays, run_id=run_id, unattributed_threshold=unattributed_threshold,
+                              overlap_tolerance_s=overlap_tolerance_s, max_span_ids=max_span_ids,
+                              max_findings_per_code=max_findings_per_code)
+
+
+def _check_decoded(pool: ThreadPoolExecutor, keys: Future, decode: Callable[[], SpanArrays], *, run_id: str | None,
+                   unattributed_threshold: float, overlap_tolerance_s: float, max_span_ids: int,
+                   max_findings_per_code: int) -> CheckReport:
+    """The findings once ``keys`` (a :func:`key_index`, unsorted) and ``decode()`` are there.
+
+    Two workers sort the span index and the parent references side by side, then run the orphan
+    test; this thread decodes (when ``decode`` does) and analyses meanwhile. A third worker reads
+    the span groups the processes enabled (missing-group-spans), which needs only the decoded names
+    and runs.
+    """
+    tolerance_ns = overlap_tolerance_ns(overlap_tolerance_s)
+    index = pool.submit(lambda: sort_index(keys.result()))
+    parents = pool.submit(lambda: index_parents(keys.result()))
+    orphans = pool.submit(lambda: index_orphans(index.result(), parents.result()))
+    try:
+        arrays = decode()
+        presence = pool.submit(group_presence, arrays, run_filter(arrays, run_id))
+        arrays.adopt_index(index.result())
+        analysis = analyse(arrays.table, run_id=run_id, ancestors=True, arrays=arrays)
+        arrays.adopt_index(orphans.result())
+        merged = merge_in_memory(analysis, tolerance_ns, presence.result())
+    finally:
+        for pending in (parents, orphans):  # a bad run_id: do not wait for a test no one reads
+            pending.cancel()
     return finish(merged, unattributed_threshold=unattributed_threshold, tolerance_ns=tolerance_ns,
                   max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
 

@@ -31,7 +31,8 @@ from nemo_telemetry.errors import IngestError
 __all__ = ["BUCKETS", "SpanArrays", "span_arrays", "code_values", "column_rows", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS",
            "isin_sorted", "key_index", "sort_index", "index_parents", "index_orphans", "distinct_parents", "orphan_mask",
            "GOODPUT_COLUMNS", "STEP_GOODPUT_COLUMNS", "read_for_analysis", "read_span_files", "scan_span_files",
-           "span_source_files", "reading_errors", "has_id_keys", "resource_values", "resource_pairs"]
+           "span_source_files", "reading_errors", "has_id_keys",
+           "decode_span_files", "resource_values", "resource_pairs"]
 
 BUCKETS = ("productive", "overhead", "idle", "wasted")
 UNKNOWN_BUCKET = -2
@@ -168,10 +169,7 @@ def _libc():
 def _codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:
     """(int32 codes with -1 for null, the distinct values) of a string or dictionary column.
 
-    Chunk by chunk, into one preallocated array: each chunk's (small) dictionary is mapped
-    onto the shared values once, then its indices go through that map; a chunk whose
-    dictionary lists the shared values in their order (every chunk of a file after the
-    first, usually) is copied as it is.
+    Chunk by chunk, into one preallocated array (:func:`_codes_into`).
     """
     n = spans.num_rows
     if column not in spans.column_names or n == 0:
@@ -180,18 +178,25 @@ def _codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:
     out = np.empty(n, dtype=np.int32)
     start = 0
     for chunk in spans.column(column).chunks:
-        if not pa.types.is_dictionary(chunk.type):
-            chunk = pc.dictionary_encode(chunk)
-        local = np.array([values.setdefault(v, len(values)) if v is not None else -1
-                          for v in chunk.dictionary.to_pylist()] + [-1], dtype=np.int32)
-        into = out[start:start + len(chunk)]
-        indices = _filled(chunk.indices, -1)
-        if np.array_equal(local[:-1], np.arange(len(local) - 1)):
-            into[:] = indices
-        else:
-            np.take(local, indices, out=into, mode="wrap")  # wrap: a null's -1 lands on the last slot, -1
+        _codes_into(chunk, values, out[start:start + len(chunk)])
         start += len(chunk)
     return out, tuple(values)
+
+
+def _codes_into(chunk: pa.Array, values: dict, into: np.ndarray) -> None:
+    """One chunk of a string or dictionary column as codes into ``values`` (shared by the chunks, which
+    it extends), -1 for null. The chunk's (small) dictionary is mapped onto the shared values once,
+    then its indices go through that map; a chunk whose dictionary lists the shared values in their
+    order (every chunk of a file after the first, usually) is copied as it is."""
+    if not pa.types.is_dictionary(chunk.type):
+        chunk = pc.dictionary_encode(chunk)
+    local = np.array([values.setdefault(v, len(values)) if v is not None else -1
+                      for v in chunk.dictionary.to_pylist()] + [-1], dtype=np.int32)
+    indices = _filled(chunk.indices, -1)
+    if np.array_equal(local[:-1], np.arange(len(local) - 1)):
+        into[:] = indices
+    else:
+        np.take(local, indices, out=into, mode="wrap")  # wrap: a null's -1 lands on the last slot, -1
 
 
 def code_values(spans: pa.Table, column: str) -> tuple:
@@ -251,17 +256,22 @@ def _int_column(spans: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
     n = spans.num_rows
     if column not in spans.column_names or n == 0:
         return np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
-    col = spans.column(column)
     values = np.empty(n, dtype=np.int64)
-    valid = np.ones(n, dtype=bool)
+    valid = np.empty(n, dtype=bool)
     start = 0
-    for chunk in col.chunks:
-        stop = start + len(chunk)
-        if chunk.null_count:
-            valid[start:stop] = pc.is_valid(chunk).to_numpy(zero_copy_only=False)
-        values[start:stop] = _filled(chunk, 0)
-        start = stop
+    for chunk in spans.column(column).chunks:
+        _ints_into(chunk, values[start:start + len(chunk)], valid[start:start + len(chunk)])
+        start += len(chunk)
     return values, valid
+
+
+def _ints_into(chunk: pa.Array, values: np.ndarray, valid: np.ndarray) -> None:
+    """One chunk of an integer column into ``values`` (nulls as 0) and ``valid``."""
+    if chunk.null_count:
+        valid[:] = pc.is_valid(chunk).to_numpy(zero_copy_only=False)
+    else:
+        valid[:] = True
+    values[:] = _filled(chunk, 0)
 
 
 def code_mask(codes: np.ndarray, chosen, size: int) -> np.ndarray:
@@ -656,18 +666,98 @@ def index_orphans(index: dict, parents: np.ndarray | None = None) -> dict:
 def span_arrays(spans: pa.Table) -> SpanArrays:
     """Decode the columns goodput and the findings use (ids stay in ``table`` until a message needs them)."""
     spans = with_id_keys(spans)
-    name, names = _codes(spans, "name")
-    run, runs = _codes(spans, "run_id")
-    bucket_raw, bucket_values = _codes(spans, BUCKET)
-    lookup = np.array([BUCKETS.index(v) if v in BUCKETS else UNKNOWN_BUCKET for v in bucket_values] + [NO_BUCKET],
-                      dtype=np.int8)
-    start, _ = _int_column(spans, "start_ns")
-    end, _ = _int_column(spans, "end_ns")
-    iteration, has_iteration = _int_column(spans, ITERATION)
-    return SpanArrays(
-        table=spans, name=name, names=names, run=run, runs=runs, start=start, end=end, bucket=lookup[bucket_raw],
-        bucket_raw=bucket_raw, bucket_values=bucket_values, iteration=iteration, has_iteration=has_iteration,
-    )
+    decoder = _SpanDecoder(spans.num_rows)
+    for batch in spans.to_batches():
+        decoder.add(batch)
+    return decoder.arrays(spans)
+
+
+def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS,
+                      batch_rows: int | None = None) -> tuple[SpanArrays, dict] | None:
+    """:func:`span_arrays` of the spans ``files`` and their :func:`key_index` (unsorted: see
+    :func:`sort_index`), decoded batch by batch as :func:`scan_span_files` reads them.
+
+    Each batch's decoded columns (names, runs, buckets, times, iterations, efficiency categories)
+    are let go once copied, and the key index is built from its id keys on the way, so the read
+    and the decode touch each value's memory once; ``table`` keeps the other columns (ids, span
+    groups). None when the files have no id key columns (a dataset written before them).
+    """
+    dataset, columns = _span_projection(files, columns)
+    if not has_id_keys(dataset.schema):
+        return None
+    n = dataset.count_rows()
+    decoder = _SpanDecoder(n, codes=(*_SpanDecoder.CODES, EFFICIENCY_CATEGORY))
+    decoded = set(decoder.columns)
+    kept_columns = [c for c in columns if c not in decoded]
+    kept: list[pa.RecordBatch] = []
+
+    def key_blocks():
+        for batch in dataset.to_batches(columns=columns, batch_size=batch_rows or _SCAN_BATCH_ROWS,
+                                        batch_readahead=_SCAN_READAHEAD, memory_pool=_reusing_pool()):
+            decoder.add(batch)
+            kept.append(batch.select(kept_columns))
+            yield [_filled(batch.column(c), 0).astype(np.uint64, copy=False)
+                   for c in ("span_key", "trace_key", "parent_key")]
+
+    index = _build_index(key_blocks(), n, None)
+    table = pa.Table.from_batches(kept, schema=pa.schema([dataset.schema.field(c) for c in kept_columns]))
+    arrays = decoder.arrays(table)
+    arrays.__dict__["_category"] = decoder.codes_of(EFFICIENCY_CATEGORY)  # decoded: no column left to read it from
+    return arrays, index
+
+
+class _SpanDecoder:
+    """:func:`span_arrays`' columns a batch at a time, into arrays as long as the whole table: one
+    decode for a table in memory and for spans files read batch by batch."""
+
+    CODES = ("name", "run_id", BUCKET)
+    INTS = ("start_ns", "end_ns", ITERATION)
+
+    def __init__(self, n: int, codes: tuple[str, ...] = CODES) -> None:
+        self.n, self.at = n, 0
+        self._codes = {c: (np.empty(n, np.int32), {}) for c in codes}
+        self._ints = {c: (np.empty(n, np.int64), np.empty(n, bool)) for c in self.INTS}
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (*self._codes, *self._ints)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        rows = slice(self.at, self.at + batch.num_rows)
+        if rows.stop > self.n:
+            raise IngestError(f"the spans files hold more rows than the {self.n} their metadata counts; "
+                              "re-run nemo-telemetry ingest")
+        names = batch.schema.names
+        for column, (out, values) in self._codes.items():
+            if column in names:
+                _codes_into(batch.column(column), values, out[rows])
+            else:
+                out[rows] = -1
+        for column, (out, valid) in self._ints.items():
+            if column in names:
+                _ints_into(batch.column(column), out[rows], valid[rows])
+            else:
+                out[rows], valid[rows] = 0, False
+        self.at = rows.stop
+
+    def codes_of(self, column: str) -> tuple[np.ndarray, tuple]:
+        out, values = self._codes[column]
+        return out, tuple(values)
+
+    def arrays(self, table: pa.Table) -> SpanArrays:
+        if self.at != self.n:
+            raise IngestError(f"the spans files hold {self.at} rows where their metadata counts {self.n}; "
+                              "re-run nemo-telemetry ingest")
+        name, names = self.codes_of("name")
+        run, runs = self.codes_of("run_id")
+        bucket_raw, bucket_values = self.codes_of(BUCKET)
+        lookup = np.array([BUCKETS.index(v) if v in BUCKETS else UNKNOWN_BUCKET for v in bucket_values] + [NO_BUCKET],
+                          dtype=np.int8)
+        (start, _), (end, _), (iteration, has_iteration) = (self._ints[c] for c in self.INTS)
+        return SpanArrays(
+            table=table, name=name, names=names, run=run, runs=runs, start=start, end=end, bucket=lookup[bucket_raw],
+            bucket_raw=bucket_raw, bucket_values=bucket_values, iteration=iteration, has_iteration=has_iteration,
+        )
 
 
 def resource_values(spans: pa.Table, key: str, rows: np.ndarray) -> tuple[np.ndarray, tuple]:
