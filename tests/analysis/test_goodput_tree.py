@@ -123,3 +123,17 @@ def test_orphan_test_and_isin_sorted_give_the_same_answer_a_block_at_a_time(monk
     blocked = (span_arrays(table).orphan, _arrays.isin_sorted(span, wanted))
     assert one_block[0].sum() > 0 and one_block[1].sum() == 300
     assert np.array_equal(one_block[0], blocked[0]) and np.array_equal(one_block[1], blocked[1])
+
+
+def test_sorted_search_a_stretch_at_a_time_equals_numpy():
+    """The orphan test's search of sorted references, a stretch of them within one slice of the
+    span index at a time, gives np.searchsorted's positions: repeated values, values past either
+    end, stretches that share an answer."""
+    from nemo_telemetry.analysis.model._arrays import _SEARCH_STRETCH, _search_sorted
+
+    rng = np.random.default_rng(5)
+    for n, m, top in [(0, 5000, 10), (10, 5 * _SEARCH_STRETCH, 1000), (100_000, 13 * _SEARCH_STRETCH + 17, 2**40),
+                      (5000, 100_000, 1100), (7, 40_000, 50)]:
+        values = np.sort(rng.integers(0, top, n).astype(np.uint64))
+        queries = np.sort(rng.integers(0, top + top // 10 + 1, m).astype(np.uint64))
+        assert np.array_equal(_search_sorted(values, queries), np.searchsorted(values, queries)), (n, m)
