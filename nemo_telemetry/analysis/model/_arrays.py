@@ -266,11 +266,11 @@ def _int_column(spans: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
     return values, valid
 
 
-def _ints_into(chunk: pa.Array, values: np.ndarray, valid: np.ndarray) -> None:
-    """One chunk of an integer column into ``values`` (nulls as 0) and ``valid``."""
-    if chunk.null_count:
+def _ints_into(chunk: pa.Array, values: np.ndarray, valid: np.ndarray | None) -> None:
+    """One chunk of an integer column into ``values`` (nulls as 0) and, unless None, ``valid``."""
+    if valid is not None and chunk.null_count:
         valid[:] = pc.is_valid(chunk).to_numpy(zero_copy_only=False)
-    else:
+    elif valid is not None:
         valid[:] = True
     values[:] = _filled(chunk, 0)
 
@@ -738,7 +738,8 @@ class _SpanDecoder:
     def __init__(self, n: int, codes: tuple[str, ...] = CODES) -> None:
         self.n, self.at = n, 0
         self._codes = {c: (np.empty(n, np.int32), {}) for c in codes}
-        self._ints = {c: (np.empty(n, np.int64), np.empty(n, bool)) for c in self.INTS}
+        # only rl.iteration's nulls mean something (no iteration); times are never null by the schema
+        self._ints = {c: (np.empty(n, np.int64), np.empty(n, bool) if c == ITERATION else None) for c in self.INTS}
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -757,9 +758,11 @@ class _SpanDecoder:
                 out[rows] = -1
         for column, (out, valid) in self._ints.items():
             if column in names:
-                _ints_into(batch.column(column), out[rows], valid[rows])
+                _ints_into(batch.column(column), out[rows], None if valid is None else valid[rows])
             else:
-                out[rows], valid[rows] = 0, False
+                out[rows] = 0
+                if valid is not None:
+                    valid[rows] = False
         self.at = rows.stop
 
     def codes_of(self, column: str) -> tuple[np.ndarray, tuple]:
