@@ -113,23 +113,23 @@ def test_overlaps_and_detached_traces_are_decided_on_the_merged_partials():
     """An overlap split over two batches, and a trace whose only root is in another batch than its
     children, are found only once the batches' partials are merged; touching spans never overlap."""
     import numpy as np
-    import pandas as pd
 
     from nemo_telemetry.analysis.findings import rules
 
     def batch(file, spans):  # (step, start, end) per row
         step, start, end = (np.array(c, dtype=np.int64) for c in zip(*spans))
         clusters, _ = rules.overlap_partial(start, end, step, np.arange(len(step)), tolerance_ns=0)
-        return clusters.assign(file=file)
+        return {**clusters, "file": np.full(len(step), file)}
 
     first, second = batch(0, [(0, 0, 10), (1, 0, 10)]), batch(1, [(0, 5, 15), (1, 10, 20)])
     assert len(rules.overlapping_steps([first])) == len(rules.overlapping_steps([second])) == 0
     assert rules.overlapping_steps([first, second]).tolist() == [0]
 
-    children = pd.DataFrame({"run": [0], "trace": np.array([7], np.uint64), "rows": [3], "designed": [3]})
-    root = pd.DataFrame({"run": [0], "trace": np.array([7], np.uint64), "rows": [1], "designed": [0]})
-    assert rules.detached_traces(children).empty
-    assert rules.detached_traces(pd.concat([children, root])).to_dict("list") == {"run": [0], "trace": [7]}
+    children = {"run": np.array([0]), "trace": np.array([7], np.uint64), "rows": np.array([3]), "designed": np.array([3])}
+    root = {"run": np.array([0]), "trace": np.array([7], np.uint64), "rows": np.array([1]), "designed": np.array([0])}
+    assert len(rules.detached_traces(children)["run"]) == 0
+    both = {k: np.concatenate([children[k], root[k]]) for k in children}
+    assert {k: v.tolist() for k, v in rules.detached_traces(both).items()} == {"run": [0], "trace": [7]}
 
 
 def test_unknown_run_is_the_same_typed_error(scenario):

@@ -4,7 +4,6 @@ against a recursive walk written out by hand over random forests with cycles and
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from nemo_telemetry.analysis.model.walk import KeyIndex, climb, resolve_walks
 
@@ -59,21 +58,23 @@ def test_resolve_walks_continues_across_batches_until_a_stamped_span_or_a_root()
     batches = [{1: (2, None)}, {2: (3, None), 6: (7, None)}, {3: (0, 9), 7: (6, None)}]
     rounds = []
 
-    def lookup(wanted: pd.DataFrame) -> pd.DataFrame:
-        rounds.append(len(wanted))
+    def lookup(wanted: dict) -> dict:
+        rounds.append(len(wanted["at"]))
         rows = [(t, k, *batch[k]) for batch in batches for t, k in zip(wanted["trace"], wanted["at"]) if k in batch]
-        return pd.DataFrame({"trace": np.array([r[0] for r in rows], np.uint64),
-                             "at": np.array([r[1] for r in rows], np.uint64),
-                             "parent": np.array([r[2] for r in rows], np.uint64),
-                             "stamped": np.array([r[3] is not None for r in rows], bool),
-                             "iteration": np.array([r[3] or 0 for r in rows], np.int64)})
+        return {"trace": np.array([r[0] for r in rows], np.uint64),
+                "at": np.array([r[1] for r in rows], np.uint64),
+                "parent": np.array([r[2] for r in rows], np.uint64),
+                "stamped": np.array([r[3] is not None for r in rows], bool),
+                "iteration": np.array([r[3] or 0 for r in rows], np.int64)}
 
-    walks = pd.DataFrame({"trace": np.array([1, 1, 1], np.uint64), "start": np.array([1, 5, 6], np.uint64),
-                          "at": np.array([1, 5, 6], np.uint64), "stamped": False, "iteration": 0})
-    out = resolve_walks(walks, lookup).set_index("start")
-    assert out.loc[1, "stamped"] and out.loc[1, "iteration"] == 9
-    assert not out.loc[5, "stamped"] and not out.loc[6, "stamped"]
-    assert len(out) == 3 and len(rounds) == 3
+    walks = {"trace": np.array([1, 1, 1], np.uint64), "start": np.array([1, 5, 6], np.uint64),
+             "at": np.array([1, 5, 6], np.uint64), "stamped": np.zeros(3, bool), "iteration": np.zeros(3, np.int64)}
+    out = resolve_walks(walks, lookup)
+    by_start = {int(start): (bool(stamped), int(iteration))
+                for start, stamped, iteration in zip(out["start"], out["stamped"], out["iteration"])}
+    assert by_start[1] == (True, 9)
+    assert not by_start[5][0] and not by_start[6][0]
+    assert len(out["start"]) == 3 and len(rounds) == 3
 
 
 def test_key_index_tells_apart_the_same_key_in_two_traces():

@@ -47,6 +47,7 @@ from nemo_telemetry.analysis.model._arrays import (
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION, NO_RUN
 from nemo_telemetry.analysis.model.tree import key_column, with_id_keys
+from nemo_telemetry.analysis.model.grouping import Columns, concat, take
 from nemo_telemetry.analysis.model.walk import KeyIndex, climb_batch, resolve_walks
 from nemo_telemetry.errors import UnknownRunError
 
@@ -180,12 +181,10 @@ class _Walks:
     ancestor: np.ndarray  # object: name of the nearest bucketed ancestor, or None
 
     @classmethod
-    def of(cls, walks: pd.DataFrame) -> "_Walks":
-        n = len(walks)
-        return cls(KeyIndex.of(walks["trace"].to_numpy(np.uint64), walks["start"].to_numpy(np.uint64), np.arange(n)),
-                   np.append(walks["stamped"].to_numpy(bool), False),
-                   np.append(walks["iteration"].to_numpy(np.int64), 0),
-                   np.append(walks["ancestor"].to_numpy(object), None))
+    def of(cls, walks: Columns) -> "_Walks":
+        n = len(walks["trace"])
+        return cls(KeyIndex.of(walks["trace"], walks["start"], np.arange(n)), np.append(walks["stamped"], False),
+                   np.append(walks["iteration"], 0), np.append(np.asarray(walks["ancestor"], object), None))
 
     def position(self, trace: np.ndarray, start: np.ndarray, walking: np.ndarray) -> np.ndarray:
         """Position of each row's walk (the "no walk" entry where ``walking`` is False or none was made)."""
@@ -195,12 +194,13 @@ class _Walks:
 
 
 def _walk(file_map: FileMap, files: Sequence[Path], starts: pd.DataFrame,
-          candidates: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+          candidates: pd.DataFrame) -> tuple[Columns, pd.DataFrame]:
     """Every walk to its end (:func:`walk.resolve_walks`, a pass over the files per hop between
     them); and which orphan ``candidates`` name a parent found nowhere (looked up in the first pass)."""
     first = {"candidates": candidates.rename(columns={"key": "at"})}
 
-    def lookup(wanted: pd.DataFrame) -> pd.DataFrame:
+    def lookup(wanted: Columns) -> Columns:
+        wanted = pd.DataFrame(wanted)
         extra = first.pop("candidates", None)
         if extra is not None:
             wanted = pd.concat([wanted, extra], ignore_index=True).drop_duplicates(ignore_index=True)
@@ -213,14 +213,14 @@ def _walk(file_map: FileMap, files: Sequence[Path], starts: pd.DataFrame,
             index = KeyIndex.of(found["trace"].to_numpy(np.uint64), found["at"].to_numpy(np.uint64))
             first["missing"] = candidates[index.find(candidates["trace"].to_numpy(np.uint64),
                                                      candidates["key"].to_numpy(np.uint64)) < 0]
-        return found
+        return {c: found[c].to_numpy() for c in found.columns}
 
     trace, start = starts["trace"].to_numpy(np.uint64), starts["key"].to_numpy(np.uint64)
-    walks = pd.DataFrame({"trace": trace, "start": start, "at": start, "stamped": np.zeros(len(trace), bool),
-                          "iteration": np.zeros(len(trace), np.int64), "ancestor": np.full(len(trace), None, object)})
+    walks = {"trace": trace, "start": start, "at": start, "stamped": np.zeros(len(trace), bool),
+             "iteration": np.zeros(len(trace), np.int64), "ancestor": np.full(len(trace), None, object)}
     walked = resolve_walks(walks, lookup, ancestors=True)
     if "missing" not in first:  # no walk to make: the orphan candidates still need their lookup
-        lookup(pd.DataFrame({"trace": np.zeros(0, np.uint64), "at": np.zeros(0, np.uint64)}))
+        lookup({"trace": np.zeros(0, np.uint64), "at": np.zeros(0, np.uint64)})
     return walked, first["missing"]
 
 
@@ -318,11 +318,18 @@ def _file_findings(paths: list[str], reducers: int, shared: _Shared) -> tuple:
     steps it owns (merged over the group) and the overlap clusters of those steps."""
     results = [_findings_of(_read(p), shared) for p in paths]
     partials = streaming.split_by_step([r.pop("partial") for r in results], reducers)
-    clusters, deep = (pd.concat([r.pop(key).assign(file=shared.file_index[p]) for r, p in zip(results, paths)],
-                                ignore_index=True) for key in ("clusters", "deep_clusters"))
-    owner = clusters["step"].to_numpy(np.int64) % reducers
-    deep_owner = deep["step"].to_numpy(np.int64) % reducers
-    return (results, *[(partials[i], clusters[owner == i], deep[deep_owner == i]) for i in range(reducers)])
+    clusters, deep = (concat([_in_file(r.pop(key), shared.file_index[p]) for r, p in zip(results, paths)], _CLUSTERS)
+                      for key in ("clusters", "deep_clusters"))
+    owner, deep_owner = clusters["step"] % reducers, deep["step"] % reducers
+    return (results, *[(partials[i], take(clusters, owner == i), take(deep, deep_owner == i)) for i in range(reducers)])
+
+
+_CLUSTERS = {c: np.zeros(0, np.int64) for c in ("step", "start", "end", "members", "head", "file")}
+
+
+def _in_file(clusters: Columns, file: int) -> Columns:
+    """A file's overlap clusters, with the file's position in dataset order."""
+    return {**clusters, "file": np.full(len(clusters["step"]), file, np.int64)}
 
 
 def _reduce_findings(*pieces: tuple) -> tuple[pa.Table, np.ndarray, np.ndarray]:
@@ -350,7 +357,7 @@ def _findings_of(table: pa.Table, shared: _Shared) -> dict:
     anchored_runs = np.array([i for i, r in enumerate(a.runs) if r in shared.anchored_runs]
                              + ([-1] if NO_RUN in shared.anchored_runs else []), np.int64)
     _, detached = rules.detached_partial(facts, shared.anchored_traces, anchored_runs)
-    detached["run"] = _values(detached["run"].to_numpy(np.int64), a.runs, NO_RUN)
+    detached["run"] = _values(detached["run"], a.runs, NO_RUN)
     return {
         "offenders": _rows(view, offenders, flags=flags[offenders]),
         "partial": streaming.goodput_partial(table, attributed=shared.attributed, run_id=shared.run_id),
@@ -414,12 +421,11 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
     analysis = streaming.merged_steps(accumulator.merged(), codes.tuple("runs"))
     overlapping = np.unique(np.concatenate([np.zeros(0, np.int64)] + [c for _, c, _ in reduced]))
     deep = np.unique(np.concatenate([np.zeros(0, np.int64)] + [d for _, _, d in reduced]))
-    counts = pd.concat([r["detached"] for r in results], ignore_index=True)
-    counts["run"] = codes.code("runs", counts["run"].where(counts["run"] != NO_RUN, None))
+    counts = concat([r["detached"] for r in results], _COUNTS)
+    counts["run"] = codes.code("runs", [None if r == NO_RUN else r for r in counts["run"]])
     detached = rules.detached_traces(counts)
-    shown = detached.head(max_findings_per_code)
-    traces = pd.DataFrame({"run": _values(shown["run"].to_numpy(np.int64), codes.tuple("runs"), NO_RUN),
-                           "trace": shown["trace"].to_numpy(np.uint64)})
+    shown = take(detached, slice(0, max_findings_per_code))
+    traces = pd.DataFrame({"run": _values(shown["run"], codes.tuple("runs"), NO_RUN), "trace": shown["trace"]})
     overlap_steps = overlapping[:max_findings_per_code]
     collected = [c.assign(file=i) for i, c in enumerate(
         c for group in file_map(_collect, files, shared, overlap_steps, traces) for c in group)] \
@@ -430,6 +436,10 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
     return checks.finish(merged, unattributed_threshold=unattributed_threshold, tolerance_ns=tolerance_ns, **options)
 
 
+_COUNTS = {"run": np.zeros(0, object), "trace": np.zeros(0, np.uint64), "rows": np.zeros(0, np.int64),
+           "designed": np.zeros(0, np.int64)}
+
+
 def _concat(frames) -> pd.DataFrame:
     frames = [f for f in frames if len(f)]
     out = pd.concat(frames, ignore_index=True).drop_duplicates(ignore_index=True) if frames else pd.DataFrame(
@@ -437,17 +447,16 @@ def _concat(frames) -> pd.DataFrame:
     return out.astype({"trace": np.uint64, "key": np.uint64})
 
 
-def _shared(facts: list[dict], codes: Codes, walked: pd.DataFrame, missing: pd.DataFrame,
+def _shared(facts: list[dict], codes: Codes, walked: Columns, missing: pd.DataFrame,
             run_id: str | None, files: Sequence[Path], tolerance_ns: int) -> _Shared:
     steps = pd.concat([f["steps"] for f in facts], ignore_index=True).drop_duplicates(["run", "iteration"])
     steps = steps.assign(code=codes.code("runs", steps["run"])).sort_values(["code", "iteration"])  # goodput's order
-    found = walked[walked["stamped"].to_numpy(bool)]
+    found = take(walked, walked["stamped"])
     anchored = pd.concat([f["first_anchor"] for f in facts], ignore_index=True)
     return _Shared(
         run_id=run_id, walks=_Walks.of(walked),
         missing=KeyIndex.of(missing["trace"].to_numpy(np.uint64), missing["key"].to_numpy(np.uint64)),
-        attributed=KeyIndex.of(found["trace"].to_numpy(np.uint64), found["start"].to_numpy(np.uint64),
-                                          found["iteration"].to_numpy(np.int64)),
+        attributed=KeyIndex.of(found["trace"], found["start"], found["iteration"]),
         step_run=steps["run"].to_numpy(object), step_iteration=steps["iteration"].to_numpy(np.int64),
         anchored_traces=np.unique(np.concatenate([f["anchor_traces"] for f in facts])).astype(np.uint64),
         anchored_runs=frozenset(anchored["run"].tolist()), names=codes.tuple("names"),

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from nemo_telemetry.analysis.findings.groups import SPAN_GROUPS_ATTRIBUTE, group_presence, missing_group_findings
@@ -76,6 +75,7 @@ from nemo_telemetry.analysis.model._arrays import (
     sort_index,
     span_arrays,
 )
+from nemo_telemetry.analysis.model.grouping import Columns, find_keys, group_by, take
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.analysis.model.tree import with_id_keys
 
@@ -98,12 +98,12 @@ class Merged:
     facts: RowFacts
     offenders: dict[str, np.ndarray]  # span-level code -> its rows
     steps: Any  # goodput's step windows (run, iteration, row of one step span)
-    table: pd.DataFrame  # goodput's finished per-step table (STEP_COLUMNS as numbers)
+    table: Columns  # goodput's finished per-step table (goodput.rules.step_frame)
     overlapping: np.ndarray  # steps with a cluster of overlapping bucketed spans
     deep: np.ndarray  # of those, the steps where two overlap by more than the tolerance
     overlap_rows: np.ndarray  # bucketed rows inside (at least) the first overlapping steps
     overlap_step: np.ndarray  # their steps
-    detached: pd.DataFrame  # every detached (run code, trace key), sorted
+    detached: Columns  # every detached (run code, trace key), sorted: columns run, trace
     detached_rows: np.ndarray  # rows (of anchored runs, outside anchored traces) of at least the first of them
     anchor_trace: dict  # run code -> trace id of its first job or step span
     presence: tuple  # ({run code: enabled groups}, [(run code, name code) present])
@@ -153,9 +153,8 @@ def _groups(rows: np.ndarray, *keys: np.ndarray) -> tuple[int, Iterator[tuple[tu
     """(number of groups, iterator over (key, rows)) of ``rows`` grouped by ``keys`` (all over rows)."""
     if len(rows) == 0:
         return 0, iter(())
-    frame = pd.DataFrame({f"k{i}": k for i, k in enumerate(keys)})
-    grouped = frame.groupby(list(frame.columns), sort=True).indices
-    return len(grouped), ((k if isinstance(k, tuple) else (k,), rows[idx]) for k, idx in grouped.items())
+    groups = group_by(*keys)
+    return len(groups), ((tuple(k[at] for k in keys), rows[idx]) for at, idx in zip(groups.first, groups.members()))
 
 
 def _take(items: Iterator, limit: int) -> Iterator:
@@ -245,12 +244,12 @@ def _orphans(ctx: _Context) -> tuple[int, list[Finding]]:
 
 def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
     a, facts, merged = ctx.arrays, ctx.merged.facts, ctx.merged
-    shown_traces = merged.detached.head(ctx.limit)
+    shown = take(merged.detached, slice(0, ctx.limit))
     rows = merged.detached_rows
-    wanted = pd.MultiIndex.from_arrays([shown_traces["run"].to_numpy(np.int64),
-                                        shown_traces["trace"].to_numpy(np.uint64)])
-    rows = rows[wanted.get_indexer(pd.MultiIndex.from_arrays([a.run[rows].astype(np.int64),
-                                                              facts.trace_of(rows)])) >= 0] if len(rows) else rows
+    if len(rows):
+        wanted = find_keys((shown["run"].astype(np.int64), shown["trace"].astype(np.uint64)),
+                           (a.run[rows].astype(np.int64), facts.trace_of(rows)))
+        rows = rows[wanted >= 0]
     _, groups = _groups(rows, a.run[rows], facts.trace_of(rows))
     collector = np.concatenate([group_name_codes(a.names, g) for g in ("rollout", "efficiency")])
     out = []
@@ -270,7 +269,7 @@ def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
             f"{len(members)} span(s) (roots: {', '.join(shown)}) sit in a trace with no job or step span while "
             f"trace {other} holds the run's steps; {hint}"), roots, run,
             iteration=ctx.common_iteration(members)))
-    return len(merged.detached), out
+    return len(merged.detached["run"]), out
 
 
 # -- step-level findings -----------------------------------------------------------------------
@@ -282,9 +281,13 @@ def _step_findings(ctx: _Context, code: str, steps: np.ndarray, message) -> tupl
     t = ctx.merged.table
     out = []
     for i in steps[: ctx.limit]:
-        row = t.iloc[i]
+        row = _row(t, i)
         out.append(ctx.step_finding(code, message(row, i), int(i), int(row["iteration"])))
     return len(steps), out
+
+
+def _row(table: Columns, i: int) -> dict[str, Any]:
+    return {name: values[i] for name, values in table.items()}
 
 
 def _steps_over_wall(ctx: _Context) -> tuple[int, list[Finding]]:
@@ -295,13 +298,14 @@ def _steps_over_wall(ctx: _Context) -> tuple[int, list[Finding]]:
                 f"{row['wall_s']:.3f} s wall ({row['double_counted_s']:.3f} s counted twice): see the bucketed-overlap "
                 "and nested-bucket findings, and keep buckets on leaves that do not run concurrently")
 
-    return _step_findings(ctx, "bucket-exceeds-wall", np.flatnonzero((t["bucket_sum_ns"] > t["wall_ns"]).to_numpy()),
+    return _step_findings(ctx, "bucket-exceeds-wall", np.flatnonzero(t["bucket_sum_ns"] > t["wall_ns"]),
                           message)
 
 
 def _unattributed(ctx: _Context, threshold: float) -> tuple[int, list[Finding]]:
     t = ctx.merged.table
-    share = (t["unattributed_s"] / t["wall_s"].where(t["wall_s"] > 0)).fillna(0).to_numpy()
+    wall = t["wall_s"]
+    share = np.where(wall > 0, t["unattributed_s"] / np.where(wall > 0, wall, 1), 0.0)
 
     def message(row, i: int) -> str:
         return (f"step {int(row['iteration'])}: {share[i]:.0%} of its {row['wall_s']:.3f} s wall "
@@ -329,7 +333,7 @@ def _overlaps(ctx: _Context, tolerance_ns: int) -> tuple[dict[str, int], list[Fi
         members = rows[idx]
         names = sorted({ctx.name(c) for c in ctx.arrays.name[members[:50]]})
         _, more = ctx.ids(members)
-        row = t.iloc[int(at)]
+        row = _row(t, int(at))
         if int(at) in deep_set:
             message = (f"step {int(row['iteration'])}: {len(members)} bucketed spans ({', '.join(names)}) overlap in "
                        f"time{more}, so {row['double_counted_s']:.3f} s is counted twice (double_counted_s): bucket one "
@@ -350,7 +354,7 @@ def _outliers(ctx: _Context) -> tuple[int, list[Finding]]:
     out = []
     steps, table = ctx.merged.steps, ctx.merged.table
     for run_code in np.unique(steps.run):
-        for o in step_outliers(table[table["run"] == run_code]):
+        for o in step_outliers(take(table, table["run"] == run_code)):
             i = int(np.flatnonzero((steps.run == run_code) & (steps.iteration == o.iteration))[0])
             out.append(ctx.step_finding("step-time-outlier", (
                 f"step {o.iteration} took {o.wall_s:.3f} s, past the median {o.median_s:.3f} s + 3 MAD "

@@ -27,7 +27,6 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -35,6 +34,7 @@ from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGE
 from nemo_telemetry.analysis.model._arrays import (
     NO_BUCKET, UNKNOWN_BUCKET, SpanArrays, code_mask, codes_matching, column_rows,
 )
+from nemo_telemetry.analysis.model.grouping import Columns, concat, group_by, take
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
@@ -156,7 +156,7 @@ def anchor_rows(arrays: SpanArrays, keep: np.ndarray) -> np.ndarray:
 
 
 def overlap_partial(start: np.ndarray, end: np.ndarray, step: np.ndarray, rows: np.ndarray,
-                    tolerance_ns: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+                    tolerance_ns: int) -> tuple[Columns, Columns]:
     """The batch's clusters of overlapping bucketed intervals per step, and the clusters of those
     overlapping by more than ``tolerance_ns`` (``rows``: the batch rows, for the clusters' heads).
 
@@ -168,29 +168,33 @@ def overlap_partial(start: np.ndarray, end: np.ndarray, step: np.ndarray, rows: 
             _clusters(start[longer], end[longer] - tolerance_ns, step[longer], rows[longer]))
 
 
-def _clusters(start: np.ndarray, end: np.ndarray, step: np.ndarray, rows: np.ndarray) -> pd.DataFrame:
+def _clusters(start: np.ndarray, end: np.ndarray, step: np.ndarray, rows: np.ndarray) -> Columns:
     """Clusters of overlapping intervals per step: hull, member count and first row (by start)."""
     merged = merge_intervals(start, end, step)
     order = np.lexsort((rows, start, merged.cluster_of))
     first = np.ones(len(order), dtype=bool)
     first[1:] = merged.cluster_of[order[1:]] != merged.cluster_of[order[:-1]]
-    return pd.DataFrame({"step": merged.group, "start": merged.start, "end": merged.end,
-                         "members": merged.members, "head": rows[order[first]].astype(np.int64)})
+    return {"step": np.asarray(merged.group, np.int64), "start": np.asarray(merged.start, np.int64),
+            "end": np.asarray(merged.end, np.int64), "members": np.asarray(merged.members, np.int64),
+            "head": rows[order[first]].astype(np.int64)}
 
 
-def overlapping_steps(clusters: list[pd.DataFrame]) -> np.ndarray:
-    """Steps with a cluster of overlapping intervals, from every batch's clusters (``file``: the
-    batch's position in dataset order). A batch's cluster lies inside one cluster of the whole
-    step: merging their hulls in dataset order gives the step's clusters, and members add up."""
-    parts = [p for p in clusters if len(p)]
+def overlapping_steps(clusters: list[Columns]) -> np.ndarray:
+    """Steps with a cluster of overlapping intervals, from every batch's clusters (columns of
+    :func:`overlap_partial`'s, plus ``file``: the batch's position in dataset order, when there are
+    several). A batch's cluster lies inside one cluster of the whole step: merging their hulls in
+    dataset order gives the step's clusters, and members add up."""
+    parts = [p for p in clusters if len(p["step"])]
     if not parts:
         return np.zeros(0, np.int64)
     if len(parts) == 1:
-        return np.unique(parts[0]["step"].to_numpy(np.int64)[parts[0]["members"].to_numpy() > 1])
-    hulls = pd.concat(parts, ignore_index=True).sort_values(["file", "head"], kind="stable")
-    merged = merge_intervals(hulls["start"].to_numpy(np.int64), hulls["end"].to_numpy(np.int64),
-                             hulls["step"].to_numpy(np.int64))
-    members = np.bincount(merged.cluster_of, weights=hulls["members"].to_numpy(np.float64), minlength=len(merged))
+        return np.unique(parts[0]["step"].astype(np.int64)[parts[0]["members"] > 1])
+    hulls = concat(parts, {"step": np.zeros(0, np.int64), "start": np.zeros(0, np.int64),
+                           "end": np.zeros(0, np.int64), "members": np.zeros(0, np.int64),
+                           "head": np.zeros(0, np.int64), "file": np.zeros(0, np.int64)})
+    hulls = take(hulls, np.lexsort((hulls["head"], hulls["file"])))
+    merged = merge_intervals(hulls["start"], hulls["end"], hulls["step"])
+    members = np.bincount(merged.cluster_of, weights=hulls["members"].astype(np.float64), minlength=len(merged))
     return np.unique(merged.group[members > 1])
 
 
@@ -198,7 +202,7 @@ def overlapping_steps(clusters: list[pd.DataFrame]) -> np.ndarray:
 
 
 def detached_partial(facts: RowFacts, anchored_traces: np.ndarray, anchored_runs: np.ndarray
-                     ) -> tuple[np.ndarray, pd.DataFrame]:
+                     ) -> tuple[np.ndarray, Columns]:
     """The batch's rows of anchored runs outside every anchored trace (``anchored_traces`` sorted,
     ``anchored_runs`` the batch's run codes that have an anchor), and per (run code, trace) how
     many rows it holds and how many are not a root, or are a root by design (startup, model load)."""
@@ -209,14 +213,17 @@ def detached_partial(facts: RowFacts, anchored_traces: np.ndarray, anchored_runs
     standalone = code_mask(a.name[rows], np.concatenate([group_name_codes(a.names, g) for g in STANDALONE_GROUPS]),
                            len(a.names))
     designed = (a.has_parent[rows] & ~facts.orphan[rows]) | standalone
-    frame = pd.DataFrame({"run": a.run[rows], "trace": facts.trace_of(rows), "designed": designed})
-    counts = frame.groupby(["run", "trace"], sort=False).agg(rows=("designed", "size"),
-                                                             designed=("designed", "sum")).reset_index()
-    return rows, counts
+    run, trace = a.run[rows].astype(np.int64), facts.trace_of(rows)
+    traces = group_by(run, trace)
+    return rows, {"run": traces.key(run), "trace": traces.key(trace), "rows": traces.size(),
+                  "designed": traces.reduce(np.add, designed.astype(np.int64))}
 
 
-def detached_traces(counts: pd.DataFrame) -> pd.DataFrame:
-    """Merged (run, trace, rows, designed) counts: the (run, trace) pairs that are detached (some
-    root not there by design), sorted by (run, trace)."""
-    merged = counts.groupby(["run", "trace"], sort=True).agg(rows=("rows", "sum"), designed=("designed", "sum"))
-    return merged[merged["designed"] < merged["rows"]].reset_index()[["run", "trace"]]
+def detached_traces(counts: Columns) -> Columns:
+    """Merged (``run``, ``trace``, ``rows``, ``designed``) counts: the (run, trace) pairs that are
+    detached (some root not there by design), sorted by (run, trace): columns ``run``, ``trace``."""
+    run, trace = np.asarray(counts["run"], np.int64), np.asarray(counts["trace"], np.uint64)
+    traces = group_by(run, trace)
+    detached = traces.reduce(np.add, np.asarray(counts["designed"], np.int64)) < traces.reduce(
+        np.add, np.asarray(counts["rows"], np.int64))
+    return {"run": traces.key(run)[detached], "trace": traces.key(trace)[detached]}

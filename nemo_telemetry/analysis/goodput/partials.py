@@ -21,12 +21,12 @@ never by the dataset: ``batch_rows`` sets the batch.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -34,8 +34,9 @@ import pyarrow.parquet as pq
 from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_batch_partial, ranks_tables
 from nemo_telemetry.analysis.goodput.rules import (
     PARTIAL_SCHEMA, STEP, UNION, GoodputAccumulator, MergedSteps, RunGoodput, bucketed_rows, goodput_partial,
-    merged_steps,
+    merged_steps, partial_columns, partial_rows,
 )
+from nemo_telemetry.analysis.model.grouping import Columns, find_keys, first_rows, group_by, string_codes, take
 from nemo_telemetry.analysis.model._arrays import span_arrays
 from nemo_telemetry.analysis.store.partitions import span_files, span_partitions
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION, NO_RUN
@@ -111,12 +112,13 @@ def walk_starts(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
     trace, span = key_column(table, "trace_key"), key_column(table, "span_key")
     parent = key_column(table, "parent_key")[rows]
     walk = (parent != 0) & (parent != span[rows])
-    pairs = pd.DataFrame({"trace_key": trace[rows][walk], "parent_key": parent[walk]}).drop_duplicates()
-    starts_trace, starts = pairs["trace_key"].to_numpy(np.uint64), pairs["parent_key"].to_numpy(np.uint64)
-    rows_of = _KeyIndex.of(trace, span, np.arange(len(span))) if len(pairs) else None
+    walk_trace, walk_parent = trace[rows][walk], parent[walk]
+    distinct = first_rows(walk_trace, walk_parent)
+    starts_trace, starts = walk_trace[distinct], walk_parent[distinct]
+    rows_of = _KeyIndex.of(trace, span, np.arange(len(span))) if len(starts) else None
     hit = rows_of.find(starts_trace, starts) if rows_of is not None else np.zeros(0, np.int64)
     inside = np.flatnonzero(hit >= 0)
-    stamped, iteration, at = np.zeros(len(pairs), bool), np.zeros(len(pairs), np.int64), starts.copy()
+    stamped, iteration, at = np.zeros(len(starts), bool), np.zeros(len(starts), np.int64), starts.copy()
     if inside.size:
         walked = climb_batch(table, rows_of.values[hit[inside]])
         stamped[inside], iteration[inside], at[inside] = walked.stamped, walked.iteration, walked.exit
@@ -135,7 +137,7 @@ def ancestor_rows(batch: pa.Table, *, targets: _KeyIndex) -> pa.Table:
                      pa.array(walked.iteration, mask=~walked.stamped)], schema=_EDGE_SCHEMA)
 
 
-def resolve_attribution(scan: Scan, files: Sequence[Path], *, run_id: str | None = None) -> pd.DataFrame:
+def resolve_attribution(scan: Scan, files: Sequence[Path], *, run_id: str | None = None) -> Columns:
     """The iteration an unstamped span takes from its parent: columns trace_key, parent_key, iteration
     (only the walks that met a stamped ancestor).
 
@@ -145,30 +147,36 @@ def resolve_attribution(scan: Scan, files: Sequence[Path], *, run_id: str | None
     that is not in the data.
     """
     starts = _concat(scan(lambda b: walk_starts(b, run_id=run_id), GOODPUT_COLUMNS, files), _WALK_SCHEMA)
-    first = _best_copy(pd.DataFrame({
+    first = _best_copy({
         "trace": key_column(starts, "trace_key"), "start": key_column(starts, "parent_key"), "at": key_column(starts, "at"),
-        "stamped": pc.is_valid(starts.column(ITERATION)).to_numpy(zero_copy_only=False),
-        "iteration": pc.fill_null(starts.column(ITERATION), 0).to_numpy()}), ["trace", "start"], "at")
+        **_iterations(starts)}, ("trace", "start"), "at")
 
-    def lookup(wanted: pd.DataFrame) -> pd.DataFrame:
-        targets = KeyIndex.of(wanted["trace"].to_numpy(np.uint64), wanted["at"].to_numpy(np.uint64))
+    def lookup(wanted: Columns) -> Columns:
+        targets = KeyIndex.of(wanted["trace"], wanted["at"])
         edges = _concat(scan(lambda b: ancestor_rows(b, targets=targets), EDGE_COLUMNS, files), _EDGE_SCHEMA)
-        return _best_copy(pd.DataFrame({
-            "trace": key_column(edges, "trace_key"), "at": key_column(edges, "span_key"), "parent": key_column(edges, "parent_key"),
-            "stamped": pc.is_valid(edges.column(ITERATION)).to_numpy(zero_copy_only=False),
-            "iteration": pc.fill_null(edges.column(ITERATION), 0).to_numpy()}), ["trace", "at"], "parent")
+        return _best_copy({
+            "trace": key_column(edges, "trace_key"), "at": key_column(edges, "span_key"),
+            "parent": key_column(edges, "parent_key"), **_iterations(edges)}, ("trace", "at"), "parent")
 
     walks = resolve_walks(first, lookup)
-    out = walks.loc[walks["stamped"], ["trace", "start", "iteration"]].rename(
-        columns={"trace": "trace_key", "start": "parent_key"})
-    return out.reset_index(drop=True).astype({"trace_key": np.uint64, "parent_key": np.uint64, "iteration": np.int64})
+    stamped = walks["stamped"]
+    return {"trace_key": walks["trace"][stamped].astype(np.uint64), "parent_key": walks["start"][stamped].astype(np.uint64),
+            "iteration": walks["iteration"][stamped].astype(np.int64)}
 
 
-def _best_copy(frame: pd.DataFrame, key: list[str], onward: str) -> pd.DataFrame:
+def _iterations(table: pa.Table) -> Columns:
+    """``stamped`` and ``iteration`` (0 where not stamped) of a table's ``rl.iteration`` column."""
+    column = table.column(ITERATION)
+    return {"stamped": np.asarray(pc.is_valid(column).to_numpy(zero_copy_only=False), bool),
+            "iteration": np.asarray(pc.fill_null(column, 0).to_numpy(), np.int64)}
+
+
+def _best_copy(frame: Columns, key: tuple[str, ...], onward: str) -> Columns:
     """One row per ``key`` where several batches saw the same walk: a stamped end wins, then a root
     (``onward`` 0), then any pending copy (they converge)."""
     rank = np.where(frame["stamped"], 0, np.where(frame[onward] == 0, 1, 2))
-    return frame.assign(rank=rank).sort_values("rank", kind="stable").drop_duplicates(key).drop(columns="rank")
+    order = np.argsort(rank, kind="stable")
+    return take(frame, order[first_rows(*(frame[k][order] for k in key))])
 
 
 def _concat(tables: Iterable[pa.Table], schema: pa.Schema) -> pa.Table:
@@ -206,8 +214,7 @@ def attribution(root: Path, scan: Scan, *, run_id: str | None = None) -> Attribu
     UnknownRunError.unless_present(run_id, order)
     files = span_files(root)
     resolved = resolve_attribution(scan, files, run_id=run_id)
-    attributed = _KeyIndex.of(resolved["trace_key"].to_numpy(np.uint64), resolved["parent_key"].to_numpy(np.uint64),
-                              resolved["iteration"].to_numpy(np.int64))
+    attributed = _KeyIndex.of(resolved["trace_key"], resolved["parent_key"], resolved["iteration"])
     return Attribution(order, span_files(root, run_id=run_id) if run_id is not None else files, attributed)
 
 
@@ -223,7 +230,7 @@ def partitioned_goodput(root: Path, scan: Scan, *, run_id: str | None = None, co
     return with_ranks(runs, accumulator.merged(), scan, plan, run_id=run_id) if by == "rank" else runs
 
 
-def with_ranks(runs: tuple[RunGoodput, ...], merged: pd.DataFrame, scan: Scan, plan: Attribution, *,
+def with_ranks(runs: tuple[RunGoodput, ...], merged: pa.Table, scan: Scan, plan: Attribution, *,
                run_id: str | None = None) -> tuple[RunGoodput, ...]:
     """``runs`` with their ``--by rank`` tables: one more scan for the rank partials, merged here,
     finished over the steps of ``merged`` (goodput's merged partials)."""
@@ -233,36 +240,45 @@ def with_ranks(runs: tuple[RunGoodput, ...], merged: pd.DataFrame, scan: Scan, p
     return tuple(replace(run, ranks=tables[run.run_id]) for run in runs)
 
 
-def condense_unions(merged: pd.DataFrame) -> pd.DataFrame:
+def condense_unions(merged: pa.Table) -> pa.Table:
     """Merged partials with each step's UNION rows replaced by at most two that give the same
     union length and the same length inside the step window (all the finish reads of them):
     ``[start, start + covered)`` and ``[end, end + outside)``. Only valid once every partial of
     the step is in ``merged`` (a reducer that owns the step); UNION rows of no step are dropped."""
-    steps = merged[merged["kind"] == STEP][["run", "iteration", "a", "b"]]
-    unions = merged[merged["kind"] == UNION]
-    joined = unions.merge(steps, on=["run", "iteration"], suffixes=("", "_step"))
+    rows, runs = partial_columns(merged)
+    steps, unions = take(rows, rows["kind"] == STEP), take(rows, rows["kind"] == UNION)
+    step = find_keys((steps["run"], steps["iteration"]), (unions["run"], unions["iteration"]))
+    joined = take(unions, step >= 0)
+    step = step[step >= 0]
+    a_step, b_step = steps["a"][step], steps["b"][step]
     length = joined["b"] - joined["a"]
-    covered = (np.minimum(joined["b"], joined["b_step"]) - np.maximum(joined["a"], joined["a_step"])).clip(lower=0)
-    per_step = joined.assign(length=length, covered=covered).groupby(
-        ["run", "iteration"], sort=False, dropna=False).agg(
-        length=("length", "sum"), covered=("covered", "sum"), a=("a_step", "first"), b=("b_step", "first")).reset_index()
-    inside = pd.DataFrame({"kind": UNION, "run": per_step["run"], "iteration": per_step["iteration"], "bucket": 0,
-                           "a": per_step["a"], "b": per_step["a"] + per_step["covered"], "count": 0})
-    outside = pd.DataFrame({"kind": UNION, "run": per_step["run"], "iteration": per_step["iteration"], "bucket": 0,
-                            "a": per_step["b"], "b": per_step["b"] + per_step["length"] - per_step["covered"],
-                            "count": 0})
-    parts = [merged[merged["kind"] != UNION], inside[inside["b"] > inside["a"]], outside[outside["b"] > outside["a"]]]
-    return pd.concat(parts, ignore_index=True).astype(
-        {"kind": np.int8, "bucket": np.int8, "a": np.int64, "b": np.int64, "count": np.int64})
+    covered = np.clip(np.minimum(joined["b"], b_step) - np.maximum(joined["a"], a_step), 0, None)
+    per_step = group_by(joined["run"], joined["iteration"])
+    run = np.array([*runs, None], dtype=object)[per_step.key(joined["run"])]
+    iteration, a, b = per_step.key(joined["iteration"]), per_step.key(a_step), per_step.key(b_step)
+    length, covered = per_step.reduce(np.add, length), per_step.reduce(np.add, covered)
+    inside, outside = (a, a + covered), (b, b + length - covered)
+    parts = [merged.filter(pc.not_equal(merged.column("kind"), UNION))]
+    for lo, hi in (inside, outside):
+        some = hi > lo
+        parts.append(partial_rows(UNION, run[some], iteration[some], np.ones(int(some.sum()), bool), a=lo[some],
+                                  b=hi[some]))
+    return pa.concat_tables(parts)
 
 
 def step_owner(run: np.ndarray, iteration: np.ndarray, reducers: int) -> np.ndarray:
     """Which of ``reducers`` owns each (run, iteration) (run None, iteration -1 allowed): a hash that
     every process computes alike, so each reducer receives every partial of the steps it owns."""
-    runs = pd.util.hash_array(np.array([NO_RUN if r is None else r for r in run], dtype=object))
+    codes, names = string_codes(run)
+    hashes = np.array([_hash(NO_RUN if name is None else name) for name in (*names, None)], np.uint64)
+    runs = hashes[codes]  # code -1 (no run) -> the last
     with np.errstate(over="ignore"):
         mixed = runs ^ (np.asarray(iteration, np.int64).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
     return (mixed % np.uint64(max(1, reducers))).astype(np.int64)
+
+
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
 def split_by_step(partials: Iterable[pa.Table], reducers: int) -> list[pa.Table]:
@@ -270,13 +286,13 @@ def split_by_step(partials: Iterable[pa.Table], reducers: int) -> list[pa.Table]
     (unmerged: a reducer merges every partial of its steps once)."""
     table = _concat(partials, PARTIAL_SCHEMA)
     iteration = pc.fill_null(table.column("iteration"), -1).to_numpy().astype(np.int64)
-    owner = step_owner(table.column("run").to_numpy(zero_copy_only=False), iteration, reducers)
+    owner = step_owner(table.column("run"), iteration, reducers)
     return [table.filter(pa.array(owner == r)) for r in range(reducers)]
 
 
-def partial_table(frame: pd.DataFrame) -> pa.Table:
-    """A merged-partials frame back as a ``PARTIAL_SCHEMA`` table."""
-    return pa.Table.from_pandas(frame[PARTIAL_SCHEMA.names], schema=PARTIAL_SCHEMA, preserve_index=False)
+def partial_table(merged: pa.Table) -> pa.Table:
+    """Merged partials as a ``PARTIAL_SCHEMA`` table (the columns in its order, its types)."""
+    return merged.select(PARTIAL_SCHEMA.names).cast(PARTIAL_SCHEMA)
 
 
 def stream_goodput(root: str | Path, *, run_id: str | None = None, batch_rows: int = BATCH_ROWS, by: str = "step"):

@@ -17,11 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.goodput.rules import BUCKETS, MergedSteps, batch_attribution, coalesced_union
 from nemo_telemetry.analysis.model._arrays import SpanArrays
+from nemo_telemetry.analysis.model.grouping import Columns, find_keys, first_rows, group_by, string_codes, take
 from nemo_telemetry.analysis.model.walk import KeyIndex
 
 __all__ = ["RANK_SCHEMA", "WHO", "rank_partial", "rank_batch_partial", "merge_ranks", "ranks_tables"]
@@ -33,8 +34,6 @@ RANK_SCHEMA = pa.schema([
     pa.field("a", pa.int64()), pa.field("b", pa.int64()),
 ])
 _NS = 1e9
-_KEYS = ["run", "service", "rank"]  # rank -1: none; service and run None: none
-_NONE = "\x00"
 
 
 def rank_partial(arrays: SpanArrays, keep: np.ndarray, rows: np.ndarray, iteration: np.ndarray,
@@ -44,22 +43,19 @@ def rank_partial(arrays: SpanArrays, keep: np.ndarray, rows: np.ndarray, iterati
     runs = np.array([*arrays.runs, None], dtype=object)
     services = np.array([*arrays.services, None], dtype=object)
     kept = np.flatnonzero(keep)
-    who = pd.DataFrame({"run": arrays.run[kept], "service": arrays.service[kept],
-                        "rank": np.where(arrays.has_rank[kept], arrays.rank[kept], -1)}).drop_duplicates()
-    rows, iteration = rows[stamped], iteration[stamped]  # an unstamped span is in no step
-    spans = pd.DataFrame({"run": arrays.run[rows], "service": arrays.service[rows],
-                          "rank": np.where(arrays.has_rank[rows], arrays.rank[rows], -1), "iteration": iteration,
-                          "bucket": arrays.bucket[rows], "a": arrays.end[rows] - arrays.start[rows]})
-    sums = spans.groupby([*_KEYS, "iteration", "bucket"], sort=False).agg(a=("a", "sum")).reset_index()
-    group = spans.groupby([*_KEYS, "iteration"], sort=False).ngroup().to_numpy(np.int64)
-    keys = spans.drop_duplicates([*_KEYS, "iteration"])  # ngroup numbers the groups in this order
-    head, lo, hi = coalesced_union(group, arrays.start[rows], arrays.end[rows])
-    unions = keys.iloc[head]
+    rank_of = np.where(arrays.has_rank, arrays.rank, -1).astype(np.int64)  # rank -1: none
+    who = kept[first_rows(arrays.run[kept], arrays.service[kept], rank_of[kept])]
+    rows, iteration = rows[stamped], np.asarray(iteration[stamped], np.int64)  # an unstamped span is in no step
+    run, service, rank, bucket = arrays.run[rows], arrays.service[rows], rank_of[rows], arrays.bucket[rows]
+    sums = group_by(run, service, rank, iteration, bucket)
+    steps = group_by(run, service, rank, iteration)
+    head, lo, hi = coalesced_union(steps.codes, arrays.start[rows], arrays.end[rows])
+    first = steps.first[head]
     parts = [
-        _rows(WHO, runs[who["run"]], services[who["service"]], who["rank"]),
-        _rows(SUM, runs[sums["run"]], services[sums["service"]], sums["rank"], sums["iteration"], sums["bucket"],
-              sums["a"]),
-        _rows(UNION, runs[unions["run"]], services[unions["service"]], unions["rank"], unions["iteration"], a=lo, b=hi),
+        _rows(WHO, runs[arrays.run[who]], services[arrays.service[who]], rank_of[who]),
+        _rows(SUM, runs[sums.key(run)], services[sums.key(service)], sums.key(rank), sums.key(iteration),
+              sums.key(bucket), sums.reduce(np.add, (arrays.end[rows] - arrays.start[rows]).astype(np.int64))),
+        _rows(UNION, runs[run[first]], services[service[first]], rank[first], iteration[first], a=lo, b=hi),
     ]
     return pa.concat_tables(parts)
 
@@ -78,70 +74,76 @@ def _rows(kind, run, service, rank, iteration=None, bucket=None, a=None, b=None)
         return np.asarray(zeros if values is None else values, np.int64)
 
     return pa.table([
-        pa.array(np.full(n, kind, np.int8)), pa.array(np.asarray(run, object), pa.string(), from_pandas=True),
-        pa.array(np.asarray(service, object), pa.string(), from_pandas=True), pa.array(rank, mask=rank < 0),
+        pa.array(np.full(n, kind, np.int8)), pa.array(np.asarray(run, object), pa.string()),
+        pa.array(np.asarray(service, object), pa.string()), pa.array(rank, mask=rank < 0),
         pa.array(ints(iteration), mask=np.full(n, iteration is None)), pa.array(ints(bucket).astype(np.int8)),
         pa.array(ints(a)), pa.array(ints(b)),
     ], schema=RANK_SCHEMA)
 
 
-def merge_ranks(partials: list[pa.Table]) -> pd.DataFrame:
-    """Rank partials merged: one WHO row per (run, service, rank), one SUM row per key, disjoint UNIONs."""
+def merge_ranks(partials: list[pa.Table]) -> Columns:
+    """Rank partials merged: one WHO row per (run, service, rank), one SUM row per key, disjoint UNIONs.
+
+    Columns ``kind``, ``run`` and ``service`` (names, None for none), ``rank`` and ``iteration``
+    (-1 for none), ``bucket``, ``a``, ``b``; WHO rows in the order they first appear."""
     table = pa.concat_tables(partials) if partials else RANK_SCHEMA.empty_table()
-    frame = table.to_pandas()
-    frame["rank"] = frame["rank"].fillna(-1).astype(np.int64)
-    frame["iteration"] = frame["iteration"].fillna(-1).astype(np.int64)
-    for column in ("run", "service"):  # a stand-in while grouping: groups of None are numbered alike then
-        frame[column] = frame[column].astype(object).fillna(_NONE)
-    keys = [*_KEYS, "iteration"]
-    who = frame[frame["kind"] == WHO].drop_duplicates(_KEYS)
-    sums = frame[frame["kind"] == SUM].groupby([*keys, "bucket"], sort=False, dropna=False).agg(
-        a=("a", "sum")).reset_index().assign(kind=SUM, b=0)  # every column present: concat keeps int64
-    unions = frame[frame["kind"] == UNION]
-    group = unions.groupby(keys, sort=False, dropna=False).ngroup().to_numpy(np.int64)
-    head, lo, hi = coalesced_union(group, unions["a"].to_numpy(np.int64), unions["b"].to_numpy(np.int64))
-    first = unions.drop_duplicates(keys)
-    merged_unions = first.iloc[head].assign(a=lo, b=hi)
-    out = pd.concat([who, sums, merged_unions], ignore_index=True)
-    for column in ("run", "service"):
-        out[column] = out[column].astype(object).where(out[column] != _NONE, None)
+    run, runs = string_codes(table.column("run"))
+    service, services = string_codes(table.column("service"))
+    frame = {"kind": np.asarray(table.column("kind").to_numpy(), np.int8), "run": run, "service": service,
+             "rank": np.asarray(pc.fill_null(table.column("rank"), -1).to_numpy(), np.int64),
+             "iteration": np.asarray(pc.fill_null(table.column("iteration"), -1).to_numpy(), np.int64),
+             "bucket": np.asarray(table.column("bucket").to_numpy(), np.int8),
+             "a": np.asarray(table.column("a").to_numpy(), np.int64),
+             "b": np.asarray(table.column("b").to_numpy(), np.int64)}
+    who = take(frame, frame["kind"] == WHO)
+    who = take(who, first_rows(who["run"], who["service"], who["rank"]))
+    spans = take(frame, frame["kind"] == SUM)
+    sums = group_by(spans["run"], spans["service"], spans["rank"], spans["iteration"], spans["bucket"])
+    summed = {**take(spans, sums.first), "a": sums.reduce(np.add, spans["a"]), "b": np.zeros(len(sums), np.int64)}
+    unions = take(frame, frame["kind"] == UNION)
+    steps = group_by(unions["run"], unions["service"], unions["rank"], unions["iteration"])
+    head, lo, hi = coalesced_union(steps.codes, unions["a"], unions["b"])
+    merged_unions = {**take(unions, steps.first[head]), "a": lo, "b": hi}
+    parts = [who, summed, merged_unions]
+    out = {name: np.concatenate([p[name] for p in parts]) for name in frame}
+    out["run"] = np.array([*runs, None], dtype=object)[out["run"]]
+    out["service"] = np.array([*services, None], dtype=object)[out["service"]]
     return out
 
 
-def ranks_tables(merged: pd.DataFrame, steps: MergedSteps, run_order) -> dict[str | None, pa.Table]:
+def ranks_tables(merged: Columns, steps: MergedSteps, run_order) -> dict[str | None, pa.Table]:
     """Per run of ``run_order`` (and None), its ranks table (``RANK_COLUMNS``) from merged rank
-    partials and goodput's merged steps (their windows; ``run_order[i]`` is step run code i)."""
+    partials (:func:`merge_ranks`) and goodput's merged steps (their windows; ``run_order[i]`` is
+    step run code i)."""
     windows = steps.steps
-    runs = merged["run"].to_numpy(object)
-    merged = merged.assign(code=pd.Index(list(run_order), dtype=object).get_indexer(runs),  # no run: -1
-                           name=merged["service"].fillna(""))  # no service sorts first
-    step = windows.index_of(merged["code"].to_numpy(np.int64), merged["iteration"].to_numpy(np.int64),
-                            merged["iteration"].to_numpy(np.int64) >= 0)
-    merged = merged.assign(step=np.where(merged["kind"] == WHO, -1, step))
-    codes = {(run_order[c] if c >= 0 else None): int(c) for c in np.unique(merged["code"])}
-    return {run: _run_ranks(merged[merged["code"] == code], windows, code, run) for run, code in codes.items()}
+    code, _ = string_codes(merged["run"], run_order)  # no run: -1
+    step = windows.index_of(code, merged["iteration"], merged["iteration"] >= 0)
+    merged = {**merged, "code": code, "step": np.where(merged["kind"] == WHO, -1, step)}
+    codes = {(run_order[c] if c >= 0 else None): int(c) for c in np.unique(code)}
+    return {run: _run_ranks(take(merged, merged["code"] == c), windows, c, run) for run, c in codes.items()}
 
 
-def _run_ranks(rows: pd.DataFrame, windows, code: int, run: str | None) -> pa.Table:
-    who = rows[rows["kind"] == WHO].sort_values(["name", "rank"], kind="stable")
-    index = pd.MultiIndex.from_frame(who[["name", "rank"]])
-    n = len(who)
-    inside = rows[(rows["kind"] != WHO) & (rows["step"] >= 0)]
-    at = index.get_indexer(pd.MultiIndex.from_frame(inside[["name", "rank"]]))
-    sums_rows, union_rows = inside["kind"].to_numpy() == SUM, inside["kind"].to_numpy() == UNION
+def _run_ranks(rows: Columns, windows, code: int, run: str | None) -> pa.Table:
+    who = take(rows, rows["kind"] == WHO)
+    name = ["" if s is None else s for s in who["service"]]  # no service sorts first
+    who = take(who, np.array(sorted(range(len(name)), key=lambda i: (name[i], who["rank"][i])), np.int64))
+    n = len(who["rank"])
+    inside = take(rows, (rows["kind"] != WHO) & (rows["step"] >= 0))
+    service, services = string_codes(np.concatenate([who["service"], inside["service"]]))
+    at = find_keys((service[:n], who["rank"]), (service[n:], inside["rank"]))
+    sums_rows, union_rows = inside["kind"] == SUM, inside["kind"] == UNION
     sums = np.zeros((n, len(BUCKETS)), np.int64)
-    np.add.at(sums, (at[sums_rows], inside["bucket"].to_numpy(np.int64)[sums_rows]),
-              inside["a"].to_numpy(np.int64)[sums_rows])
-    step = inside["step"].to_numpy(np.int64)
-    a, b = inside["a"].to_numpy(np.int64), inside["b"].to_numpy(np.int64)
+    np.add.at(sums, (at[sums_rows], inside["bucket"].astype(np.int64)[sums_rows]), inside["a"][sums_rows])
+    step = inside["step"]
+    a, b = inside["a"], inside["b"]
     clipped = np.clip(np.minimum(b, windows.end[step]) - np.maximum(a, windows.start[step]), 0, None)
     union = np.bincount(at[union_rows], weights=(b - a)[union_rows].astype(np.float64), minlength=n)
     covered = np.bincount(at[union_rows], weights=clipped[union_rows].astype(np.float64), minlength=n)
-    present = np.bincount(pd.unique(pd.Series(at[sums_rows] * len(windows) + step[sums_rows])) // max(len(windows), 1),
+    present = np.bincount(np.unique(at[sums_rows] * len(windows) + step[sums_rows]) // max(len(windows), 1),
                           minlength=n) if n else np.zeros(0, np.int64)
     run_wall = float((windows.end - windows.start)[windows.run == code].sum())
     columns: dict[str, Any] = {
-        "run_id": pa.array([run] * n, pa.string()), "service_name": pa.array(who["service"].tolist(), pa.string()),
+        "run_id": pa.array([run] * n, pa.string()), "service_name": pa.array(list(who["service"]), pa.string()),
         "rank": pa.array([int(r) if r >= 0 else None for r in who["rank"]], pa.int64()),
         "steps": pa.array(present[:n], pa.int64()), "wall_s": pa.array([run_wall / _NS] * n, pa.float64())}
     for i, bucket in enumerate(BUCKETS):

@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.model._arrays import BUCKETS, SpanArrays, span_arrays
+from nemo_telemetry.analysis.model.grouping import Columns, find_keys, group_by, string_codes, take
 from nemo_telemetry.analysis.model.intervals import clipped_union_length, merge_intervals, union_length
 from nemo_telemetry.analysis.model.walk import KeyIndex
 from nemo_telemetry.analysis.model.tree import key_column
@@ -49,8 +49,8 @@ from nemo_telemetry.errors import NemoTelemetryError
 __all__ = [
     "STEP_SPAN_REGEX", "JOB_SPAN_REGEX", "BUCKETS", "STEP_COLUMNS", "RANK_COLUMNS", "BY", "check_by", "StepOutlier", "RunGoodput",
     "Steps", "step_windows", "bucketed_rows", "PARTIAL_SCHEMA", "STEP", "SUM", "UNION", "JOB", "goodput_partial", "batch_attribution", "partial_of",
-    "coalesced_union", "GoodputAccumulator", "MergedSteps", "merged_steps", "finish", "step_frame", "steps_table", "run_total",
-    "outside_summary", "step_outliers",
+    "coalesced_union", "partial_rows", "partial_columns", "GoodputAccumulator", "MergedSteps", "merged_steps", "finish",
+    "step_frame", "empty_step_frame", "steps_table", "run_total", "outside_summary", "step_outliers",
 ]
 
 STEP_SPAN_REGEX = r"^rl\.[^.]+\.step$"
@@ -113,8 +113,7 @@ class Steps:
         """Step index of each (run, iteration), -1 where there is no such step or ``valid`` is False."""
         if len(self) == 0 or len(run) == 0:
             return np.full(len(run), -1, dtype=np.int64)
-        index = pd.MultiIndex.from_arrays([self.run, self.iteration])
-        found = index.get_indexer(pd.MultiIndex.from_arrays([run, iteration]))
+        found = find_keys((self.run, self.iteration), (np.asarray(run, np.int64), np.asarray(iteration, np.int64)))
         return np.where(valid, found, -1).astype(np.int64)
 
 
@@ -123,12 +122,13 @@ def step_windows(arrays: SpanArrays, keep: np.ndarray) -> Steps:
     valid interval, the earliest start and the latest end."""
     rows = np.flatnonzero(arrays.rows_of_names(STEP_SPAN_REGEX))
     rows = rows[arrays.has_iteration[rows] & arrays.valid_interval[rows] & keep[rows]]
-    frame = pd.DataFrame({"run": arrays.run[rows], "iteration": arrays.iteration[rows],
-                          "start": arrays.start[rows], "end": arrays.end[rows], "row": rows})
-    frame = frame.sort_values(["run", "iteration", "start"], kind="stable")
-    windows = frame.groupby(["run", "iteration"], sort=True).agg(
-        start=("start", "min"), end=("end", "max"), row=("row", "first")).reset_index()
-    return Steps(*(windows[c].to_numpy(np.int64) for c in ("run", "iteration", "start", "end", "row")))
+    run, iteration = arrays.run[rows].astype(np.int64), arrays.iteration[rows].astype(np.int64)
+    start, end = arrays.start[rows].astype(np.int64), arrays.end[rows].astype(np.int64)
+    order = np.lexsort((start, iteration, run))  # a step's first row: its earliest start, then row order
+    run, iteration, start, end, rows = run[order], iteration[order], start[order], end[order], rows[order]
+    windows = group_by(run, iteration)
+    return Steps(windows.key(run), windows.key(iteration), windows.reduce(np.minimum, start),
+                 windows.reduce(np.maximum, end), windows.key(rows).astype(np.int64))
 
 
 # -- 1. partial -------------------------------------------------------------------------------
@@ -186,10 +186,10 @@ def partial_of(arrays: SpanArrays, keep: np.ndarray, rows: np.ndarray, iteration
     iteration = np.where(stamped, iteration, 0)
     order, heads = _group_starts(run, stamped, iteration, bucket)
     first = order[heads]
-    parts.append(_rows(SUM, runs[run[first]], iteration[first], stamped[first], bucket=bucket[first],
+    parts.append(partial_rows(SUM, runs[run[first]], iteration[first], stamped[first], bucket=bucket[first],
                        a=_reduce(np.add, (arrays.end[rows] - arrays.start[rows])[order], heads),
                        count=np.diff(np.append(heads, len(order)))))
-    parts.append(_union_rows(runs[arrays.run[rows][stamped]], iteration[stamped], arrays.start[rows][stamped],
+    parts.append(_union_rows(runs, run[stamped], iteration[stamped], arrays.start[rows][stamped],
                              arrays.end[rows][stamped]))
     return pa.concat_tables(parts)
 
@@ -223,27 +223,11 @@ def _group_starts(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, np.flatnonzero(change)
 
 
-def _pair_codes(run: np.ndarray, iteration: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Codes of the (run, iteration) pairs, and each code's run and iteration (``None`` is a run)."""
-    run_codes, run_values = pd.factorize(pd.Series(run, dtype=object), use_na_sentinel=False)
-    if len(run_codes) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0, np.int64)
-    run_codes, iteration = run_codes.astype(np.int64), np.asarray(iteration, np.int64)
-    values = np.asarray(run_values, dtype=object)
-    low = int(iteration.min())
-    if int(iteration.max()) - low < (1 << 47) and len(values) < (1 << 15):  # one int64 key: hash, no sort
-        codes, keys = pd.factorize((run_codes << 47) | (iteration - low))
-        keys = np.asarray(keys, np.int64)
-        return codes.astype(np.int64), values[keys >> 47], (keys & ((1 << 47) - 1)) + low
-    pairs, codes = np.unique(np.stack([run_codes, iteration], axis=1), axis=0, return_inverse=True)
-    return codes.ravel().astype(np.int64), values[pairs[:, 0]], pairs[:, 1]
-
-
 def _step_rows(arrays, keep: np.ndarray, runs: np.ndarray, steps: "Steps | None") -> pa.Table:
     if steps is None and not (arrays.has_iteration & keep).any():  # no step span can be here: skip the groupby
         return PARTIAL_SCHEMA.empty_table()
     steps = step_windows(arrays, keep) if steps is None else steps
-    return _rows(STEP, runs[steps.run], steps.iteration, np.ones(len(steps), bool), a=steps.start, b=steps.end)
+    return partial_rows(STEP, runs[steps.run], steps.iteration, np.ones(len(steps), bool), a=steps.start, b=steps.end)
 
 
 def _job_rows(arrays, keep: np.ndarray, runs: np.ndarray) -> pa.Table:
@@ -254,7 +238,7 @@ def _job_rows(arrays, keep: np.ndarray, runs: np.ndarray) -> pa.Table:
     end = np.where(valid, arrays.end[rows], np.iinfo(np.int64).min)
     run = arrays.run[rows].astype(np.int64)
     order, heads = _group_starts(run)
-    return _rows(JOB, runs[run[order[heads]]], np.zeros(len(heads), np.int64), np.zeros(len(heads), bool),
+    return partial_rows(JOB, runs[run[order[heads]]], np.zeros(len(heads), np.int64), np.zeros(len(heads), bool),
                  bucket=_reduce(np.maximum, valid[order].astype(np.int64), heads), a=_reduce(np.minimum, start[order], heads),
                  b=_reduce(np.maximum, end[order], heads), count=np.diff(np.append(heads, len(order))))
 
@@ -263,11 +247,14 @@ def _reduce(ufunc, values: np.ndarray, heads: np.ndarray) -> np.ndarray:
     return ufunc.reduceat(values, heads) if len(heads) else np.zeros(0, values.dtype)
 
 
-def _union_rows(run: np.ndarray, iteration: np.ndarray, start: np.ndarray, end: np.ndarray) -> pa.Table:
-    """The union of the intervals of each (run, iteration), touching intervals coalesced."""
-    codes, runs, iterations = _pair_codes(run, iteration)
-    group, lo, hi = coalesced_union(codes, start, end)
-    return _rows(UNION, runs[group], iterations[group], np.ones(len(group), bool), a=lo, b=hi)
+def _union_rows(runs: np.ndarray, run: np.ndarray, iteration: np.ndarray, start: np.ndarray,
+                end: np.ndarray) -> pa.Table:
+    """The union of the intervals of each (run code, iteration), touching intervals coalesced
+    (``runs``: each run code's name, code -1 last)."""
+    pairs = group_by(run, iteration)
+    group, lo, hi = coalesced_union(pairs.codes, start, end)
+    return partial_rows(UNION, runs[pairs.key(run)[group]], pairs.key(iteration)[group], np.ones(len(group), bool),
+                        a=lo, b=hi)
 
 
 def coalesced_union(group: np.ndarray, start: np.ndarray, end: np.ndarray):
@@ -281,11 +268,12 @@ def coalesced_union(group: np.ndarray, start: np.ndarray, end: np.ndarray):
     return merged.group[heads], merged.start[heads], np.maximum.reduceat(merged.end, heads)
 
 
-def _rows(kind: int, run, iteration, has_iteration, *, bucket=None, a=None, b=None, count=None) -> pa.Table:
+def partial_rows(kind: int, run, iteration, has_iteration, *, bucket=None, a=None, b=None, count=None) -> pa.Table:
+    """``PARTIAL_SCHEMA`` rows of one ``kind`` (``run``: names, None for no run)."""
     n = len(iteration)
     zeros = np.zeros(n, np.int64)
     return pa.table([
-        pa.array(np.full(n, kind, np.int8)), pa.array(np.asarray(run, dtype=object), pa.string(), from_pandas=True),
+        pa.array(np.full(n, kind, np.int8)), pa.array(np.asarray(run, dtype=object), pa.string()),
         pa.array(np.asarray(iteration, np.int64), mask=~np.asarray(has_iteration, bool)),
         pa.array(np.asarray(zeros if bucket is None else bucket).astype(np.int8)),
         pa.array(np.asarray(zeros if a is None else a, np.int64)), pa.array(np.asarray(zeros if b is None else b, np.int64)),
@@ -312,14 +300,15 @@ class GoodputAccumulator:
         if self._pending_rows >= max(self.compact_rows, 2 * self._state_rows):
             self._compact()
 
-    def _compact(self) -> pd.DataFrame:
-        frame = _merge(pa.concat_tables(self._state) if self._state else PARTIAL_SCHEMA.empty_table())
-        self._state = [pa.Table.from_pandas(frame, schema=PARTIAL_SCHEMA, preserve_index=False)]
-        self._pending_rows = self._state_rows = len(frame)
-        return frame
+    def _compact(self) -> pa.Table:
+        merged = _merge(pa.concat_tables(self._state) if self._state else PARTIAL_SCHEMA.empty_table())
+        self._state = [merged]
+        self._pending_rows = self._state_rows = merged.num_rows
+        return merged
 
-    def merged(self) -> pd.DataFrame:
-        """Every partial added so far, merged: one STEP / SUM / JOB row per key, disjoint UNIONs."""
+    def merged(self) -> pa.Table:
+        """Every partial added so far, merged (``PARTIAL_SCHEMA``): one STEP / SUM / JOB row per
+        key, disjoint UNIONs."""
         return self._compact()
 
     def result(self, run_order: Sequence[str | None]) -> tuple[RunGoodput, ...]:
@@ -327,85 +316,83 @@ class GoodputAccumulator:
         return finish(self._compact(), run_order)
 
 
-def _frame(table: pa.Table) -> pd.DataFrame:
-    frame = pd.DataFrame({
-        "kind": table.column("kind").to_numpy(), "run": table.column("run").to_numpy(zero_copy_only=False),
-        "stamped": pc.is_valid(table.column("iteration")).to_numpy(zero_copy_only=False),
-        "iteration": pc.fill_null(table.column("iteration"), 0).to_numpy(),
-        "bucket": table.column("bucket").to_numpy(), "a": table.column("a").to_numpy(),
-        "b": table.column("b").to_numpy(), "count": table.column("count").to_numpy()})
-    frame["run"] = frame["run"].astype(object)
-    return frame
+def partial_columns(table: pa.Table, run_order: Sequence[str | None] | None = None) -> tuple[Columns, tuple]:
+    """A ``PARTIAL_SCHEMA`` table as numpy columns, and the run names its ``run`` codes number:
+    ``run_order`` when given (a run not in it, or no run: -1), else first appearance (no run: -1).
+    ``stamped`` says where ``iteration`` (0 elsewhere) is set."""
+    def ints(name: str, dtype=np.int64) -> np.ndarray:
+        return np.asarray(table.column(name).to_numpy(), dtype)
+
+    run, runs = string_codes(table.column("run"), run_order)
+    iteration = table.column("iteration")
+    columns = {"kind": ints("kind", np.int8), "run": run,
+               "stamped": np.asarray(pc.is_valid(iteration).to_numpy(zero_copy_only=False), bool),
+               "iteration": np.asarray(pc.fill_null(iteration, 0).to_numpy(), np.int64),
+               "bucket": ints("bucket"), "a": ints("a"), "b": ints("b"), "count": ints("count")}
+    return columns, runs
 
 
-def _merge(table: pa.Table) -> pd.DataFrame:
+def _merge(table: pa.Table) -> pa.Table:
     """Partial rows merged: one STEP / SUM / JOB row per key, UNION rows disjoint per key."""
-    frame = _frame(table)
-    keys = ["run", "stamped", "iteration", "bucket"]
-    by_kind = {k: frame[frame["kind"] == k] for k in (STEP, SUM, UNION, JOB)}
-    out = [
-        by_kind[STEP].groupby(keys, dropna=False, sort=False).agg(a=("a", "min"), b=("b", "max"), count=("count", "sum")),
-        by_kind[SUM].groupby(keys, dropna=False, sort=False).agg(a=("a", "sum"), b=("b", "sum"), count=("count", "sum")),
-        by_kind[JOB].groupby(["run", "stamped", "iteration"], dropna=False, sort=False).agg(
-            bucket=("bucket", "max"), a=("a", "min"), b=("b", "max"), count=("count", "sum")),
-    ]
-    merged = [part.reset_index().assign(kind=k) for part, k in zip(out, (STEP, SUM, JOB))]
-    unions = by_kind[UNION]
-    codes, runs, iterations = _pair_codes(unions["run"].to_numpy(object), unions["iteration"].to_numpy(np.int64))
-    group, lo, hi = coalesced_union(codes, unions["a"].to_numpy(np.int64), unions["b"].to_numpy(np.int64))
-    merged.append(pd.DataFrame({"kind": UNION, "run": runs[group], "stamped": True, "iteration": iterations[group],
-                                "bucket": 0, "a": lo, "b": hi, "count": 0}))
-    columns = ["kind", "run", "iteration", "stamped", "bucket", "a", "b", "count"]
-    result = pd.concat([m[columns] for m in merged], ignore_index=True)
-    result["iteration"] = result["iteration"].astype(np.int64).where(result["stamped"].astype(bool), None)
-    return result.drop(columns="stamped").astype({"kind": np.int8, "bucket": np.int8, "a": np.int64, "b": np.int64,
-                                                  "count": np.int64})
+    rows, runs = partial_columns(table)
+    names = np.array([*runs, None], dtype=object)  # run code -1 -> None
+    parts = []
+    for kind, by_bucket, bucket, a, b in ((STEP, True, None, np.minimum, np.maximum), (SUM, True, None, np.add, np.add),
+                                           (JOB, False, np.maximum, np.minimum, np.maximum)):
+        part = take(rows, rows["kind"] == kind)
+        keys = (part["run"], part["stamped"], part["iteration"], *((part["bucket"],) if by_bucket else ()))
+        groups = group_by(*keys)
+        parts.append(partial_rows(
+            kind, names[groups.key(part["run"])], groups.key(part["iteration"]), groups.key(part["stamped"]),
+            bucket=groups.key(part["bucket"]) if bucket is None else groups.reduce(bucket, part["bucket"]),
+            a=groups.reduce(a, part["a"]), b=groups.reduce(b, part["b"]), count=groups.reduce(np.add, part["count"])))
+    unions = take(rows, rows["kind"] == UNION)
+    pairs = group_by(unions["run"], unions["iteration"])
+    group, lo, hi = coalesced_union(pairs.codes, unions["a"], unions["b"])
+    parts.append(partial_rows(UNION, names[pairs.key(unions["run"])[group]], pairs.key(unions["iteration"])[group],
+                              np.ones(len(group), bool), a=lo, b=hi))
+    return pa.concat_tables(parts)
 
 
 # -- 3. finish --------------------------------------------------------------------------------
 
 @dataclass(frozen=True, eq=False)
 class MergedSteps:
-    """The merged partials as goodput's per-step analysis: step windows (runs coded by the
-    caller's run order), the per-step table, and the SUM rows with the step each belongs to."""
+    """The merged partials as goodput's per-step analysis: the merged rows (:func:`partial_columns`,
+    runs coded by the caller's run order), the step windows, the per-step table (:func:`step_frame`),
+    and the SUM rows with whether each belongs to a step."""
 
-    merged: pd.DataFrame
+    merged: Columns
     steps: Steps
-    table: pd.DataFrame
-    sums: pd.DataFrame
+    table: Columns
+    sums: Columns
     inside: np.ndarray
 
 
-def merged_steps(merged: pd.DataFrame, run_order: Sequence[str | None]) -> MergedSteps:
+def merged_steps(merged: pa.Table, run_order: Sequence[str | None]) -> MergedSteps:
     """Steps and ``step_frame`` from merged partials (``run_order[i]`` gets code i, no run -1)."""
-    merged = merged.copy()
-    merged["stamped"] = merged["iteration"].notna()
-    merged["iteration"] = merged["iteration"].fillna(0).astype(np.int64)
-    runs = merged["run"].to_numpy(object)
-    merged["code"] = pd.Index(list(run_order), dtype=object).get_indexer(np.where(pd.isna(runs), None, runs))
-    steps_part = merged[merged["kind"] == STEP].sort_values(["code", "iteration"], kind="stable")
-    steps = Steps(*(steps_part[c].to_numpy(np.int64) for c in ("code", "iteration", "a", "b")),
-                            np.zeros(len(steps_part), np.int64))
-    sums_part = merged[merged["kind"] == SUM]
-    step_of_sum = steps.index_of(sums_part["code"].to_numpy(np.int64), sums_part["iteration"].to_numpy(np.int64),
-                                 sums_part["stamped"].to_numpy(bool))
+    rows, _ = partial_columns(merged, run_order)
+    step_rows = take(rows, rows["kind"] == STEP)
+    step_rows = take(step_rows, np.lexsort((step_rows["iteration"], step_rows["run"])))
+    steps = Steps(step_rows["run"], step_rows["iteration"], step_rows["a"], step_rows["b"],
+                  np.zeros(len(step_rows["run"]), np.int64))
+    sums_part = take(rows, rows["kind"] == SUM)
+    step_of_sum = steps.index_of(sums_part["run"], sums_part["iteration"], sums_part["stamped"])
     inside = step_of_sum >= 0
     sums = np.zeros((len(steps), len(BUCKETS)), dtype=np.int64)
-    np.add.at(sums, (step_of_sum[inside], sums_part["bucket"].to_numpy(np.int64)[inside]),
-              sums_part["a"].to_numpy(np.int64)[inside])
-    unions = merged[merged["kind"] == UNION]
-    step_of_union = steps.index_of(unions["code"].to_numpy(np.int64), unions["iteration"].to_numpy(np.int64),
-                                   np.ones(len(unions), bool))
+    np.add.at(sums, (step_of_sum[inside], sums_part["bucket"][inside]), sums_part["a"][inside])
+    unions = take(rows, rows["kind"] == UNION)
+    step_of_union = steps.index_of(unions["run"], unions["iteration"], np.ones(len(unions["run"]), bool))
     keep = step_of_union >= 0
-    intervals = merge_intervals(unions["a"].to_numpy(np.int64)[keep], unions["b"].to_numpy(np.int64)[keep],
-                                step_of_union[keep])
+    intervals = merge_intervals(unions["a"][keep], unions["b"][keep], step_of_union[keep])
     table = step_frame(steps, sums.astype(np.float64), intervals)
-    return MergedSteps(merged, steps, table, sums_part, inside)
+    return MergedSteps(rows, steps, table, sums_part, inside)
 
 
-def step_frame(steps: Steps, sums: np.ndarray, merged) -> pd.DataFrame:
-    """The per-step table from each step's bucket sums (ns, shape steps x BUCKETS) and the merged
-    intervals of its bucketed spans (grouped by step index).
+def step_frame(steps: Steps, sums: np.ndarray, merged) -> Columns:
+    """The per-step table (columns: ``run`` code, ``iteration``, ``start_ns``, ``end_ns``, the sums
+    of ``STEP_COLUMNS`` in seconds, ``bucket_sum_ns``, ``wall_ns``) from each step's bucket sums
+    (ns, shape steps x BUCKETS) and the merged intervals of its bucketed spans (grouped by step index).
 
     Only the union's length and its length inside the window are read, so merged partial unions
     give the same numbers as the whole batch's.
@@ -414,8 +401,8 @@ def step_frame(steps: Steps, sums: np.ndarray, merged) -> pd.DataFrame:
     union = union_length(merged, n)
     covered = clipped_union_length(merged, steps.start, steps.end)
     wall = (steps.end - steps.start).astype(np.float64)
-    frame = pd.DataFrame({"run": steps.run, "iteration": steps.iteration, "start_ns": steps.start,
-                          "end_ns": steps.end, "wall_s": wall / _NS})
+    frame = {"run": steps.run, "iteration": steps.iteration, "start_ns": steps.start, "end_ns": steps.end,
+             "wall_s": wall / _NS}
     for i, b in enumerate(BUCKETS):
         frame[f"{b}_s"] = sums[:, i] / _NS
     frame["covered_s"] = covered / _NS
@@ -427,49 +414,60 @@ def step_frame(steps: Steps, sums: np.ndarray, merged) -> pd.DataFrame:
     return frame
 
 
-def finish(merged: pd.DataFrame, run_order: Sequence[str | None]) -> tuple[RunGoodput, ...]:
+def empty_step_frame() -> Columns:
+    """A :func:`step_frame` of no steps."""
+    none = np.zeros(0, np.int64)
+    return step_frame(Steps(none, none, none, none, none), np.zeros((0, len(BUCKETS))),
+                      merge_intervals(none, none, none))
+
+
+def finish(merged: pa.Table, run_order: Sequence[str | None]) -> tuple[RunGoodput, ...]:
     """Each run's goodput from merged partials (``run_order[i]`` gets code i: the runs' report order)."""
     done = merged_steps(merged, run_order)
-    merged, steps, table, sums_part, inside = done.merged, done.steps, done.table, done.sums, done.inside
-    jobs = merged[merged["kind"] == JOB]
-    present = set(steps.run.tolist()) | set(sums_part["code"].tolist()) | set(jobs["code"].tolist())
+    rows, steps, table, sums_part, inside = done.merged, done.steps, done.table, done.sums, done.inside
+    jobs = take(rows, rows["kind"] == JOB)
+    present = set(steps.run.tolist()) | set(sums_part["run"].tolist()) | set(jobs["run"].tolist())
     out = []
     for code in sorted(present):
         name = run_order[code] if code >= 0 else None
-        frame = table[table["run"] == code]
-        outside = sums_part[(sums_part["code"] == code) & ~inside]
+        frame = take(table, table["run"] == code)
+        outside = take(sums_part, (sums_part["run"] == code) & ~inside)
         outside_sums = np.zeros(len(BUCKETS), np.int64)
-        np.add.at(outside_sums, outside["bucket"].to_numpy(np.int64), outside["a"].to_numpy(np.int64))
+        np.add.at(outside_sums, outside["bucket"], outside["a"])
         out.append(RunGoodput(
             run_id=name, steps=steps_table(frame, name), total=run_total(frame),
             outside_steps=outside_summary(
-                outside_sums, int(outside["count"].sum()), int(outside.loc[~outside["stamped"], "count"].sum()),
-                np.unique(outside.loc[outside["stamped"], "iteration"].to_numpy(np.int64))),
-            job_wall_s=_job_wall(jobs[jobs["code"] == code]), outliers=step_outliers(frame)))
+                outside_sums, int(outside["count"].sum()), int(outside["count"][~outside["stamped"]].sum()),
+                np.unique(outside["iteration"][outside["stamped"]])),
+            job_wall_s=_job_wall(take(jobs, jobs["run"] == code)), outliers=step_outliers(frame)))
     return tuple(out)
 
 
-def _job_wall(jobs: pd.DataFrame) -> float | None:
-    valid = jobs[jobs["bucket"] > 0]
-    if valid.empty:
+def _job_wall(jobs: Columns) -> float | None:
+    valid = jobs["bucket"] > 0
+    if not valid.any():
         return None
-    return float((np.int64(valid["b"].max()) - np.int64(valid["a"].min())) / _NS)
+    return float((np.int64(jobs["b"][valid].max()) - np.int64(jobs["a"][valid].min())) / _NS)
 
 
-def steps_table(frame: pd.DataFrame, run_name: str | None) -> pa.Table:
-    columns = {"run_id": pa.array([run_name] * len(frame), pa.string()),
-               "iteration": pa.array(frame["iteration"].to_numpy(np.int64))}
+def steps_table(frame: Columns, run_name: str | None) -> pa.Table:
+    """The ``STEP_COLUMNS`` table of one run's :func:`step_frame` rows (a NaN goodput: null)."""
+    n = len(frame["iteration"])
+    columns = {"run_id": pa.array([run_name] * n, pa.string()),
+               "iteration": pa.array(np.asarray(frame["iteration"], np.int64))}
     for c in STEP_COLUMNS[2:]:
-        values = frame[c].to_numpy()
-        columns[c] = pa.array(values, pa.int64() if c.endswith("_ns") else pa.float64(),
-                              from_pandas=c == "goodput")
+        if c.endswith("_ns"):
+            columns[c] = pa.array(np.asarray(frame[c], np.int64), pa.int64())
+        else:
+            values = np.asarray(frame[c], np.float64)
+            columns[c] = pa.array(values, pa.float64(), mask=np.isnan(values) if c == "goodput" else None)
     return pa.table(columns)
 
 
-def run_total(frame: pd.DataFrame) -> dict[str, Any]:
-    total: dict[str, Any] = {k: float(frame[k].sum()) for k in _SUM_KEYS}
+def run_total(frame: Columns) -> dict[str, Any]:
+    total: dict[str, Any] = {k: float(np.sum(frame[k])) for k in _SUM_KEYS}
     total["goodput"] = total["productive_s"] / total["wall_s"] if total["wall_s"] > 0 else None
-    total["steps"] = int(len(frame))
+    total["steps"] = int(len(frame["iteration"]))
     return total
 
 
@@ -482,18 +480,19 @@ def outside_summary(sums: np.ndarray, spans: int, unstamped: int, iterations: np
     return out
 
 
-def step_outliers(frame: pd.DataFrame) -> tuple[StepOutlier, ...]:
-    """ml-goodput-measurement's rule: wall > median + 3 * MAD (unscaled) of the run's step walls."""
-    if len(frame) < 3:
+def step_outliers(frame: Columns) -> tuple[StepOutlier, ...]:
+    """ml-goodput-measurement's rule: wall > median + 3 * MAD (unscaled) of the run's step walls
+    (``frame``: one run's :func:`step_frame` rows)."""
+    if len(frame["wall_s"]) < 3:
         return ()
-    wall = frame["wall_s"].to_numpy()
+    wall = frame["wall_s"]
     median = float(np.median(wall))
     threshold = median + 3 * float(np.median(np.abs(wall - median)))
-    medians = {c: float(np.median(frame[c].to_numpy())) for c in _GREW_CANDIDATES}
+    medians = {c: float(np.median(frame[c])) for c in _GREW_CANDIDATES}
     out = []
-    for _, step in frame[frame["wall_s"] > threshold].iterrows():  # the few anomalous steps only
-        growth = {c: float(step[c]) - medians[c] for c in _GREW_CANDIDATES}
+    for i in np.flatnonzero(wall > threshold):  # the few anomalous steps only
+        growth = {c: float(frame[c][i]) - medians[c] for c in _GREW_CANDIDATES}
         grown = max(growth, key=growth.get)
-        out.append(StepOutlier(int(step["iteration"]), float(step["wall_s"]), median, threshold,
+        out.append(StepOutlier(int(frame["iteration"][i]), float(wall[i]), median, threshold,
                                grown.removesuffix("_s"), growth[grown]))
     return tuple(out)

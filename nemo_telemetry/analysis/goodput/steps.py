@@ -12,14 +12,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.goodput.rules import (
     BUCKETS, JOB_SPAN_REGEX, STEP_COLUMNS, STEP_SPAN_REGEX, GoodputAccumulator, RunGoodput, Steps, StepOutlier,
-    check_by, finish, merged_steps, partial_of, step_outliers, step_windows, steps_table,
+    check_by, empty_step_frame, finish, merged_steps, partial_of, step_outliers, step_windows, steps_table,
 )
+from nemo_telemetry.analysis.model.grouping import Columns
 from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_partial, ranks_tables
 from nemo_telemetry.analysis.model._arrays import (
     NO_BUCKET, SpanArrays, code_values, has_id_keys, scan_span_files, span_arrays,
@@ -60,7 +60,7 @@ class Analysis:
     walked_stamped: np.ndarray
     walked_ancestor: np.ndarray  # nearest row with an rl.bucket above each walked row, or -1
     bucketed_step: np.ndarray  # step index of each bucketed row, or -1 (outside any step)
-    table: pd.DataFrame  # STEP_COLUMNS (as numbers) plus per-step union detail
+    table: Columns  # goodput's per-step table (rules.step_frame)
     merged: Any  # MergedIntervals of the bucketed rows, grouped by step
 
 
@@ -76,7 +76,7 @@ class _OneBatch:
     stamped: np.ndarray
     ancestor: np.ndarray
     pick: np.ndarray  # which walked rows are bucketed (known bucket, valid interval)
-    merged: pd.DataFrame
+    merged: pa.Table  # PARTIAL_SCHEMA
     run_order: tuple  # the whole table's runs, in the order its runs are reported
 
     @property
@@ -189,7 +189,7 @@ def goodput_by_step(spans: pa.Table, *, run_id: str | None = None) -> pa.Table:
     (10.0, 4.0, 6.0, 0.4)
     """
     tables = [run.steps for run in run_goodput(spans, run_id=run_id) if run.steps.num_rows]
-    return pa.concat_tables(tables) if tables else steps_table(pd.DataFrame({c: [] for c in STEP_COLUMNS}), None)
+    return pa.concat_tables(tables) if tables else steps_table(empty_step_frame(), None)
 
 
 def run_goodput(spans: pa.Table, *, run_id: str | None = None, by: str = "step") -> tuple[RunGoodput, ...]:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nemo_telemetry.analysis.model.grouping import Columns, concat, first_rows, take
 from nemo_telemetry.analysis.model.schema import ITERATION
 from nemo_telemetry.analysis.model.tree import key_column, parent_indices, trace_mix
 
@@ -167,56 +167,64 @@ WALK_COLUMNS = ("trace", "start", "at", "stamped", "iteration")
 _FOUND_COLUMNS = ("trace", "at", "parent", "stamped", "iteration")
 
 
-def resolve_walks(walks: pd.DataFrame, lookup: Callable[[pd.DataFrame], pd.DataFrame], *,
-                  ancestors: bool = False, max_depth: int = MAX_DEPTH) -> pd.DataFrame:
+def resolve_walks(walks: Columns, lookup: Callable[[Columns], Columns], *,
+                  ancestors: bool = False, max_depth: int = MAX_DEPTH) -> Columns:
     """Every walk of ``walks`` to its end, across batches; the walks with what they met.
 
     ``walks`` has :data:`WALK_COLUMNS` (uint64 ``trace``, ``start``: the walk's key, ``at``: the
     ancestor to look up next, 0 when the walk already ended; ``stamped``, ``iteration``: what it
-    met so far), and with ``ancestors`` an ``ancestor`` column (the nearest bucketed ancestor met,
-    None when none). ``lookup(wanted)`` gets the distinct (``trace``, ``at``) keys to look up and
-    returns, per key found in the data (one row per key: the caller picks among copies), the
-    climb from that ancestor: ``trace``, ``at``, ``parent`` (the next key, 0: the walk ended),
-    ``stamped``, ``iteration`` and with ``ancestors`` ``ancestor``. A walk is done once it met
-    a stamped span (and with ``ancestors`` a bucketed one), a root, a key found nowhere, or its
-    own start again (a cycle). Returns ``walks`` with ``at`` dropped, one row per walk.
+    met so far), and with ``ancestors`` an ``ancestor`` column (object: the nearest bucketed
+    ancestor met, None when none). ``lookup(wanted)`` gets the distinct (``trace``, ``at``) keys
+    to look up and returns, per key found in the data (one row per key: the caller picks among
+    copies), the climb from that ancestor: ``trace``, ``at``, ``parent`` (the next key, 0: the
+    walk ended), ``stamped``, ``iteration`` and with ``ancestors`` ``ancestor``. A walk is done
+    once it met a stamped span (and with ``ancestors`` a bucketed one), a root, a key found
+    nowhere, or its own start again (a cycle). Returns ``walks`` without ``at``, one row per walk.
     """
-    columns = [*WALK_COLUMNS, *(("ancestor",) if ancestors else ())]
-    pending = walks[columns].reset_index(drop=True)
-    done = [pending[~_going(pending, ancestors)]]
-    pending = pending[_going(pending, ancestors)]
+    types = {"trace": np.uint64, "start": np.uint64, "at": np.uint64, "stamped": bool, "iteration": np.int64,
+             **({"ancestor": object} if ancestors else {})}
+    pending = {c: np.array(walks[c], dtype=t) for c, t in types.items()}
+    going = _going(pending, ancestors)
+    done = [take(pending, ~going)]
+    pending = take(pending, going)
     for _ in range(max_depth):
-        if pending.empty:
+        if len(pending["trace"]) == 0:
             break
-        wanted = pending[["trace", "at"]].drop_duplicates(ignore_index=True)
-        found = lookup(wanted)
-        index = KeyIndex.of(found["trace"].to_numpy(np.uint64), found["at"].to_numpy(np.uint64), np.arange(len(found)))
-        row = index.lookup(pending["trace"].to_numpy(np.uint64), pending["at"].to_numpy(np.uint64))
+        distinct = first_rows(pending["trace"], pending["at"])
+        found = lookup({"trace": pending["trace"][distinct], "at": pending["at"][distinct]})
+        found_trace, found_at = np.asarray(found["trace"], np.uint64), np.asarray(found["at"], np.uint64)
+        index = KeyIndex.of(found_trace, found_at, np.arange(len(found_at)))
+        row = index.lookup(pending["trace"], pending["at"])
         present, row = row >= 0, np.maximum(row, 0)
-        step = pending.copy()
-        if len(found):
-            take = present & ~step["stamped"].to_numpy(bool) & found["stamped"].to_numpy(bool)[row]
-            step.loc[take, "iteration"] = found["iteration"].to_numpy(np.int64)[row][take]
-            step.loc[take, "stamped"] = True
+        step = {c: v.copy() for c, v in pending.items()}
+        if len(found_at):
+            met = present & ~step["stamped"] & np.asarray(found["stamped"], bool)[row]
+            step["iteration"][met] = np.asarray(found["iteration"], np.int64)[row][met]
+            step["stamped"][met] = True
             if ancestors:
-                met = found["ancestor"].to_numpy(object)[row]
-                take = present & step["ancestor"].isna().to_numpy() & pd.notna(met)
-                step.loc[take, "ancestor"] = met[take]
-            parent = np.where(present, found["parent"].to_numpy(np.uint64)[row], np.uint64(0))
+                ancestor = np.asarray(found["ancestor"], object)[row]
+                met = present & _none(step["ancestor"]) & ~_none(ancestor)
+                step["ancestor"][met] = ancestor[met]
+            parent = np.where(present, np.asarray(found["parent"], np.uint64)[row], np.uint64(0))
         else:
-            parent = np.zeros(len(step), np.uint64)
-        at, start = step["at"].to_numpy(np.uint64), step["start"].to_numpy(np.uint64)
-        step["at"] = np.where((parent == at) | (parent == start), np.uint64(0), parent)
+            parent = np.zeros(len(row), np.uint64)
+        step["at"] = np.where((parent == step["at"]) | (parent == step["start"]), np.uint64(0), parent)
         going = _going(step, ancestors)
-        done.append(step[~going])
-        pending = step[going]
+        done.append(take(step, ~going))
+        pending = take(step, going)
     done.append(pending)  # past max_depth: what they met so far
-    out = pd.concat(done, ignore_index=True).drop(columns="at")
-    return out.astype({"trace": np.uint64, "start": np.uint64, "stamped": bool, "iteration": np.int64})
+    out = concat(done, {c: np.zeros(0, t) for c, t in types.items()})
+    del out["at"]
+    return out
 
 
-def _going(walks: pd.DataFrame, ancestors: bool) -> np.ndarray:
-    unfinished = ~walks["stamped"].to_numpy(bool)
+def _none(values: np.ndarray) -> np.ndarray:
+    """Mask of the entries of an object array that are None."""
+    return np.fromiter((v is None for v in values), bool, len(values))
+
+
+def _going(walks: Columns, ancestors: bool) -> np.ndarray:
+    unfinished = ~walks["stamped"]
     if ancestors:
-        unfinished |= walks["ancestor"].isna().to_numpy()
-    return unfinished & (walks["at"].to_numpy(np.uint64) != 0)
+        unfinished |= _none(walks["ancestor"])
+    return unfinished & (walks["at"] != 0)

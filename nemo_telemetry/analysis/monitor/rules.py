@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -86,17 +85,18 @@ class Merged:
     def add(self, table: pa.Table) -> None:
         self._accumulator.add(table)
 
-    def frame(self) -> pd.DataFrame:
-        """Columns kind, run, iteration (None: unstamped), bucket, a, b, count; one row per key."""
+    def frame(self) -> pa.Table:
+        """``PARTIAL_SCHEMA``: columns kind, run, iteration (null: unstamped), bucket, a, b, count;
+        one row per key."""
         return self._accumulator.merged()
 
-    def replace(self, frame: pd.DataFrame) -> None:
+    def replace(self, frame: pa.Table) -> None:
         """Keep only ``frame`` (merged rows): what the monitor folds away leaves the state."""
         self._accumulator = rules.GoodputAccumulator()
         self._accumulator.add(partials.partial_table(frame))
 
 
-def step_documents(frame: pd.DataFrame, run_order: Sequence[str | None]) -> Iterable[dict]:
+def step_documents(frame: pa.Table, run_order: Sequence[str | None]) -> Iterable[dict]:
     """Each step of merged rows ``frame`` as a step of ``goodput --format json``, with ``run_id``."""
     accumulator = rules.GoodputAccumulator()
     accumulator.add(partials.partial_table(frame))

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -183,17 +182,17 @@ class MonitorState:
         not reported, or changed since, by run and iteration."""
         now_ns = time.time_ns() if now_ns is None else now_ns
         frame = self._merged.frame()
-        steps = frame[frame["kind"] == rules.STEP]
-        closed = steps[steps["b"].to_numpy(np.int64) <= now_ns - self.grace_ns]
-        due = [(run, int(it)) for run, it in zip(closed["run"], closed["iteration"])
-               if int(it) not in self._runs[run].reported or (run, int(it)) in self._touched]
+        kind, run_of, stamped, iteration = _merged_columns(frame)
+        closed = np.flatnonzero((kind == rules.STEP) & (frame["b"].to_numpy() <= now_ns - self.grace_ns))
+        due = [(run_of[i], int(iteration[i])) for i in closed
+               if int(iteration[i]) not in self._runs[run_of[i]].reported or (run_of[i], int(iteration[i])) in self._touched]
         self._touched.clear()
         if not due:
             self._fold(frame)
             return []
-        wanted = pd.MultiIndex.from_tuples(due)
-        keys = pd.MultiIndex.from_arrays([frame["run"], frame["iteration"].fillna(-1).astype(np.int64)])
-        rows = frame[keys.isin(wanted) & frame["iteration"].notna().to_numpy() & (frame["kind"] != rules.JOB).to_numpy()]
+        wanted = set(due)
+        member = np.fromiter(((r, int(i)) in wanted for r, i in zip(run_of, iteration)), bool, len(run_of))
+        rows = frame.filter(pa.array(member & stamped & (kind != rules.JOB)))
         out = []
         for document in rules.step_documents(rows, self._order):
             run, iteration = document.pop("run_id"), int(document.pop("iteration"))
@@ -216,14 +215,15 @@ class MonitorState:
             self.released_unresolved = counted
         return self.finished_steps(np.iinfo(np.int64).max // 2)
 
-    def _fold(self, frame: pd.DataFrame) -> None:
+    def _fold(self, frame: pa.Table) -> None:
         """Fold the oldest reported steps of each run past ``keep_steps`` into its totals, and drop
         the rows of iterations that have no step span (no step to report them in) past the newest
-        ``keep_steps`` of them; ``frame`` is the merged state."""
-        stamped = frame["iteration"].notna().to_numpy() & (frame["kind"] != rules.JOB).to_numpy()
-        iteration = frame["iteration"].fillna(0).astype(np.int64).to_numpy()
-        run_of = frame["run"].to_numpy(object)
-        gone = np.zeros(len(frame), bool)
+        ``keep_steps`` of them; ``frame`` is the merged state (``PARTIAL_SCHEMA``)."""
+        kind, run_of, stamped, iteration = _merged_columns(frame)
+        stamped &= kind != rules.JOB
+        iteration = np.where(stamped, iteration, 0)
+        count = frame["count"].to_numpy()
+        gone = np.zeros(frame.num_rows, bool)
         for run, state in self._runs.items():
             mine = stamped & np.array([r == run for r in run_of], bool)
             extra = len(state.reported) - self.keep_steps
@@ -235,15 +235,14 @@ class MonitorState:
                 state.folded_below = old if state.folded_below is None else max(state.folded_below, old)
             if state.folded_below is not None:
                 gone |= mine & (iteration <= state.folded_below)
-            with_step = set(iteration[mine & (frame["kind"] == rules.STEP).to_numpy()].tolist())
+            with_step = set(iteration[mine & (kind == rules.STEP)].tolist())
             stepless = sorted(set(iteration[mine & ~gone].tolist()) - with_step)
             if len(stepless) > self.keep_steps:
                 dropped = np.isin(iteration, stepless[:-self.keep_steps]) & mine
-                self.outside_spans_dropped += int(frame.loc[dropped & (frame["kind"] == rules.SUM).to_numpy(),
-                                                            "count"].sum())
+                self.outside_spans_dropped += int(count[dropped & (kind == rules.SUM)].sum())
                 gone |= dropped
         if gone.any():
-            self._merged.replace(frame[~gone])
+            self._merged.replace(frame.filter(pa.array(~gone)))
 
     def runs(self) -> tuple[RunStatus, ...]:
         """Every run seen, in order of appearance (spans with no run id last)."""
@@ -268,5 +267,12 @@ class MonitorState:
     def size(self) -> dict[str, int]:
         """Rows held, by part: the bound the benchmark measures."""
         return {"context_rows": self._context.num_rows, "pending_rows": self._pending.num_rows,
-                "merged_rows": len(self._merged.frame()),
+                "merged_rows": self._merged.frame().num_rows,
                 "reported_steps": sum(len(s.reported) for s in self._runs.values())}
+
+
+def _merged_columns(frame: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(kind, run names, stamped, iteration: -1 where not stamped) of merged partial rows."""
+    iteration = frame["iteration"]
+    return (frame["kind"].to_numpy(), np.array(frame["run"].to_pylist(), dtype=object),
+            pc.is_valid(iteration).to_numpy(zero_copy_only=False), pc.fill_null(iteration, -1).to_numpy())
