@@ -12,6 +12,7 @@ import typer
 
 from nemo_telemetry.cli._common import EXIT_FINDINGS, console, fail, library_errors, print_json
 from nemo_telemetry.cli.app import app
+from nemo_telemetry.cli.startup import skip_pyarrow_pandas_probe
 
 if TYPE_CHECKING:
     from nemo_telemetry.analysis import RunGoodput
@@ -48,6 +49,7 @@ def goodput_command(
         raise fail(f"--by {by}: choose step or rank")
     if plot is not None and plot.suffix.lower() not in (".png", ".html"):
         raise fail(f"--plot {plot}: the file name must end in .png or .html")
+    skip_pyarrow_pandas_probe()
     from nemo_telemetry.analysis import (GOODPUT_COLUMNS, goodput_document, goodput_with_engine,  # noqa: PLC0415
                                          read_for_analysis, run_goodput)
     from nemo_telemetry.cli.render import bar_width_for, render_run  # noqa: PLC0415
@@ -123,6 +125,7 @@ def check_command(
     if tolerance_s is None:
         raise fail(f"--overlap-tolerance {overlap_tolerance}: give a duration >= 0 such as 1ms, 500us or 0.002 "
                    "(seconds)")
+    skip_pyarrow_pandas_probe()
     from nemo_telemetry.analysis import check_with_engine  # noqa: PLC0415
     from nemo_telemetry.cli.render import render_report  # noqa: PLC0415
 

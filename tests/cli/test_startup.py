@@ -1,5 +1,6 @@
 """``nemo-telemetry --help`` starts fast: defining the commands loads no numpy, pandas or pyarrow,
-and every command's help still lists the options the CLI contract pins."""
+and every command's help still lists the options the CLI contract pins; ``goodput`` and ``check``
+over a dataset load no pandas."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -87,3 +90,72 @@ def test_the_entry_point_gives_numpy_small_pages_unless_the_user_chose():
     env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
     assert _numpy_huge_pages(env) == "0"
     assert _numpy_huge_pages({**env, "NUMPY_MADVISE_HUGEPAGE": "1"}) == "1"
+
+
+# -- goodput and check load no pandas ----------------------------------------------------------
+
+STEPS = {1: 0.25, 2: 0.5, 3: 1.5}  # step -> seconds of buffer starvation the "driver" reports
+
+
+def _dumps(root, *, metrics: bool):
+    """Dump files of a three-step GRPO-shaped run, written by the instrument side's dump exporter."""
+    from nemo_telemetry.instrument import (RLSpanGroup, flush_metrics, init_telemetry_driver, iteration_scope,
+                                           managed_span, shutdown_telemetry, tee_metrics, umbrella_span)
+
+    init_telemetry_driver({"enabled": True, "span_groups": "per_step", "exporter": "dump", "dump_dir": str(root)},
+                          algorithm="grpo")
+    for step, seconds in STEPS.items():
+        with iteration_scope(step), umbrella_span(RLSpanGroup.U_STEP, "rl.grpo.step"):
+            with managed_span(RLSpanGroup.GENERATION, "rl.vllm.generate"):
+                time.sleep(0.01)
+            if metrics:
+                tee_metrics("efficiency", {"idle/buffer_starvation": seconds})
+                assert flush_metrics()
+    shutdown_telemetry()
+    return root
+
+
+def _fresh_command(args: list[str]) -> tuple[dict, str]:
+    """``nemo-telemetry ARGS`` through the console script's ``main`` in a fresh interpreter: its exit
+    code and whether pandas was loaded when it ended, and its stdout."""
+    code = ("import json, sys\n"
+            "from nemo_telemetry.cli.app import main\n"
+            f"sys.argv = ['nemo-telemetry', *{args!r}]\n"
+            "try:\n"
+            "    main()\n"
+            "    code = 0\n"
+            "except SystemExit as exc:\n"
+            "    code = exc.code or 0\n"
+            "print(json.dumps({'exit': code, 'pandas': 'pandas' in sys.modules}), file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    return json.loads(out.stderr.strip().splitlines()[-1]), out.stdout
+
+
+@pytest.fixture(scope="module")
+def ingested(tmp_path_factory):
+    from nemo_telemetry.analysis import ingest
+
+    root = tmp_path_factory.mktemp("startup")
+    ingest([_dumps(root / "dumps", metrics=False)], out=root / "dataset")
+    return root / "dataset"
+
+
+@pytest.mark.parametrize("args", [["goodput"], ["goodput", "--format", "json"], ["goodput", "--by", "rank"],
+                                  ["check"], ["check", "--format", "json"]], ids=" ".join)
+def test_goodput_and_check_over_a_dataset_load_no_pandas(ingested, args):
+    ended, stdout = _fresh_command([*args, str(ingested)])
+    assert ended == {"exit": 0, "pandas": False}, stdout
+    if args == ["goodput", "--format", "json"]:
+        (run,) = json.loads(stdout)["runs"]
+        assert [s["iteration"] for s in run["steps"]] == list(STEPS)
+    if args == ["check", "--format", "json"]:
+        assert json.loads(stdout)["counts"]["error"] == 0
+
+
+def test_goodput_still_loads_pandas_where_the_metrics_need_it(tmp_path):
+    """pyarrow is told pandas is absent until something needs it: the efficiency metrics (pandas)
+    beside each step come out as in a process where pandas was loaded first."""
+    ended, stdout = _fresh_command(["goodput", str(_dumps(tmp_path / "dumps", metrics=True)), "--format", "json"])
+    assert ended == {"exit": 0, "pandas": True}, stdout
+    (run,) = json.loads(stdout)["runs"]
+    assert {s["iteration"]: s["efficiency/idle/buffer_starvation_s"] for s in run["steps"]} == STEPS

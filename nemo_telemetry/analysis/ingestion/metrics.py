@@ -19,16 +19,18 @@ import gzip
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.ingestion._detect import is_metrics_dump
 from nemo_telemetry.analysis.ingestion.anyvalue import json_flag, proto_value_string
 from nemo_telemetry.errors import IngestError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "METRICS_SCHEMA",
@@ -365,6 +367,8 @@ def metrics_by_step(metrics: pa.Table, steps: pa.Table, *, names: Iterable[str] 
     give their last value, cumulative sums their increase since the previous point (the first
     point counts from zero), delta sums the sum of their points. Histograms are left out.
     """
+    import pandas as pd  # noqa: PLC0415 (only where there are metrics: goodput without them loads no pandas)
+
     frame = _point_frame(metrics, names)
     if frame.empty or steps.num_rows == 0:
         return _empty_by_step()
@@ -412,6 +416,8 @@ def with_efficiency_columns(steps: pa.Table, metrics: pa.Table) -> pa.Table:
     What ``goodput`` shows beside a step's span buckets. Each added field's metadata names its
     ``rl.efficiency.measurement``; a step without a value for a category gets null.
     """
+    import pandas as pd  # noqa: PLC0415 (only where there are metrics: goodput without them loads no pandas)
+
     eff = efficiency_by_step(metrics, steps).to_pandas()
     if eff.empty:
         return steps
@@ -443,6 +449,8 @@ def _point_frame(metrics: pa.Table, names: Iterable[str] | None) -> pd.DataFrame
     table = metrics.filter(mask)
     attributes_key = [json.dumps(sorted(a), separators=(",", ":")) if a else "[]"
                       for a in table["attributes"].to_pylist()]
+    import pandas as pd  # noqa: PLC0415 (as metrics_by_step)
+
     return pd.DataFrame({
         "run_id": pc.cast(table["run_id"], pa.string()).to_pandas(),
         "service_name": pc.cast(table["service_name"], pa.string()).to_pandas(),
