@@ -1,9 +1,10 @@
 """The partitioned check's driver-side table: the few rows its findings quote, in dataset order.
 
 File tasks hand back rows as values (names, runs, buckets as strings; ids; the walk's facts per
-row). :class:`Codes` numbers the values as the in-memory read of the whole dataset would, and
-:func:`merged_partials` turns the rows and the merged partials into the :class:`checks.Merged`
-that :func:`checks.finish` reads, exactly as check_run hands it over for the whole table.
+row), as numpy columns (:data:`ROW_COLUMNS`). :class:`Codes` numbers the values as the in-memory
+read of the whole dataset would, and :func:`merged_partials` turns the rows and the merged
+partials into the :class:`checks.Merged` that :func:`checks.finish` reads, exactly as check_run
+hands it over for the whole table.
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from nemo_telemetry.analysis.findings import checks, rules
 from nemo_telemetry.analysis.model._arrays import BUCKETS, NO_BUCKET, UNKNOWN_BUCKET, SpanArrays
+from nemo_telemetry.analysis.model.grouping import Columns, concat, find_keys, first_rows, string_codes, take
 from nemo_telemetry.analysis.model.schema import NO_RUN
 
-__all__ = ["SPAN_FLAGS", "Codes", "quoted_arrays", "EMPTY_ROWS", "in_dataset_order", "merged_partials",
-           "step_heads"]
+__all__ = ["SPAN_FLAGS", "Codes", "quoted_arrays", "ROW_COLUMNS", "EMPTY_ROWS", "in_dataset_order",
+           "merged_partials", "step_heads", "STEP_FACTS", "FIRST_ANCHOR"]
 
 SPAN_FLAGS = {code: 1 << i for i, code in enumerate(rules.SPAN_CODES)}  # span-level code -> its bit in "flags"
 
@@ -48,68 +49,67 @@ class Codes:
         return tuple(getattr(self, key))
 
 
-def quoted_arrays(rows: pd.DataFrame, codes: Codes) -> SpanArrays:
+def quoted_arrays(rows: Columns, codes: Codes) -> SpanArrays:
     """A SpanArrays over ``rows`` (dataset order) with the dataset's codes, as check_run would see them."""
-    n = len(rows)
     bucket_values = codes.tuple("buckets")
     lookup = np.array([BUCKETS.index(v) if v in BUCKETS else UNKNOWN_BUCKET for v in bucket_values] + [NO_BUCKET],
                       dtype=np.int8)
-    keys = tuple(rows[c].to_numpy(np.uint64) if n else np.zeros(0, np.uint64)
-                 for c in ("span_key", "trace_key", "parent_key"))
-    columns = {"trace_id": pa.array(rows["trace_id"].tolist() if n else [], pa.string()),
+    keys = tuple(np.asarray(rows[c], np.uint64) for c in ("span_key", "trace_key", "parent_key"))
+    columns = {"trace_id": pa.array(list(rows["trace_id"]), pa.string()),
                "span_key": pa.array(keys[0]), "trace_key": pa.array(keys[1]), "parent_key": pa.array(keys[2])}
-    bucket_raw = codes.code("buckets", rows["bucket"]) if n else np.zeros(0, np.int32)
+    bucket_raw = codes.code("buckets", rows["bucket"])
     arrays = SpanArrays(
         table=pa.table(columns), name=codes.code("names", rows["name"]), names=codes.tuple("names"),
-        run=codes.code("runs", rows["run"]), runs=codes.tuple("runs"), start=rows["start"].to_numpy(np.int64),
-        end=rows["end"].to_numpy(np.int64), bucket=lookup[bucket_raw], bucket_raw=bucket_raw,
-        bucket_values=bucket_values, iteration=rows["own_iteration"].to_numpy(np.int64),
-        has_iteration=rows["has_iteration"].to_numpy(bool))
-    arrays.__dict__.update(_keys=keys, orphan=rows["orphan"].to_numpy(bool),
+        run=codes.code("runs", rows["run"]), runs=codes.tuple("runs"), start=rows["start"], end=rows["end"],
+        bucket=lookup[bucket_raw], bucket_raw=bucket_raw, bucket_values=bucket_values,
+        iteration=rows["own_iteration"], has_iteration=rows["has_iteration"])
+    arrays.__dict__.update(_keys=keys, orphan=rows["orphan"],
                            _category=(codes.code("categories", rows["category"]), codes.tuple("categories")))
     return arrays
 
 
-EMPTY_ROWS = pd.DataFrame({c: pd.Series(dtype=t) for c, t in (
-    ("file", np.int64), ("row", np.int64), ("name", object), ("run", object), ("start", np.int64), ("end", np.int64),
-    ("bucket", object), ("category", object), ("own_iteration", np.int64), ("has_iteration", bool),
-    ("iteration", np.int64), ("stamped", bool), ("ancestor", np.int64), ("orphan", bool), ("trace_id", object),
-    ("span_key", np.uint64), ("trace_key", np.uint64), ("parent_key", np.uint64), ("step", np.int64),
-    ("flags", np.int64), ("part", object), ("walked", bool))})
+# The columns of the driver-side rows: name, type, and the value of a part that does not give it.
+ROW_COLUMNS = (
+    ("file", np.int64, 0), ("row", np.int64, 0), ("name", object, None), ("run", object, None),
+    ("start", np.int64, 0), ("end", np.int64, 0), ("bucket", object, None), ("category", object, None),
+    ("own_iteration", np.int64, 0), ("has_iteration", bool, False), ("iteration", np.int64, -1),
+    ("stamped", bool, False), ("ancestor", np.int64, -1), ("orphan", bool, False), ("trace_id", object, None),
+    ("span_key", np.uint64, 0), ("trace_key", np.uint64, 0), ("parent_key", np.uint64, 0), ("step", np.int64, -1),
+    ("flags", np.int64, 0), ("part", object, None), ("walked", bool, False))
+EMPTY_ROWS = {name: np.zeros(0, kind) for name, kind, _ in ROW_COLUMNS}
 
 
-def in_dataset_order(parts: list[pd.DataFrame]) -> pd.DataFrame:
-    """Rows of many files (each with its ``file``) in dataset order (file, then row)."""
-    frames = [p for p in parts if len(p)]
-    if not frames:
-        return EMPTY_ROWS.copy()
-    frame = pd.concat([EMPTY_ROWS] + frames, ignore_index=True)
-    frame["flags"] = frame["flags"].fillna(0).astype(np.int64)
-    frame["step"] = frame["step"].fillna(-1).astype(np.int64)
-    frame["walked"] = frame["walked"].fillna(False).astype(bool)
-    return frame.sort_values(["file", "row"], kind="stable", ignore_index=True)
+def in_dataset_order(parts: list[Columns]) -> Columns:
+    """Rows of many files (each with its ``file``) in dataset order (file, then row); a column a
+    part does not give takes its :data:`ROW_COLUMNS` default (no flags, no step, not walked)."""
+    full = []
+    for part in parts:
+        n = len(part["row"])
+        full.append({name: part[name] if name in part else np.full(n, default, kind)
+                     for name, kind, default in ROW_COLUMNS})
+    rows = concat(full, EMPTY_ROWS)
+    return take(rows, np.lexsort((rows["row"], rows["file"])))
 
 
-def merged_partials(rows: pd.DataFrame, codes: Codes, analysis, facts: list[dict], overlapping: np.ndarray,
-            deep: np.ndarray, detached: pd.DataFrame) -> checks.Merged:
+def merged_partials(rows: Columns, codes: Codes, analysis, facts: list[dict], overlapping: np.ndarray,
+                    deep: np.ndarray, detached: Columns) -> checks.Merged:
     """The merged partials over the rows they name (``rows``, dataset order, global codes)."""
     arrays = quoted_arrays(rows, codes)
-    part, flags = rows["part"].to_numpy(object), rows["flags"].to_numpy(np.int64)
+    part, flags = rows["part"], rows["flags"]
     offender = part == "offender"
-    walked = np.flatnonzero(rows["walked"].to_numpy(bool))
-    fact = rules.RowFacts(arrays=arrays, keep=np.ones(len(rows), bool), walked=walked,
-                          walked_stamped=rows["stamped"].to_numpy(bool)[walked],
-                          walked_iteration=rows["iteration"].to_numpy(np.int64)[walked],
-                          walked_ancestor=rows["ancestor"].to_numpy(np.int64)[walked],
-                          orphan=rows["orphan"].to_numpy(bool))
-    step = rows["step"].to_numpy(np.int64)
+    walked = np.flatnonzero(rows["walked"])
+    fact = rules.RowFacts(arrays=arrays, keep=np.ones(len(part), bool), walked=walked,
+                          walked_stamped=rows["stamped"][walked], walked_iteration=rows["iteration"][walked],
+                          walked_ancestor=rows["ancestor"][walked], orphan=rows["orphan"])
+    step = rows["step"]
     heads = np.flatnonzero(part == "head")
     head_of = np.zeros(len(analysis.steps), np.int64)
     head_of[step[heads]] = heads
     steps = dataclasses.replace(analysis.steps, row=head_of)  # each step's first step span, among ``rows``
     overlap_rows = np.flatnonzero(part == "overlap")
-    first = pd.concat([f["first_anchor"] for f in facts], ignore_index=True).drop_duplicates("run")
-    first_codes = codes.code("runs", first["run"].where(first["run"] != NO_RUN, None))
+    anchors = concat([f["first_anchor"] for f in facts], FIRST_ANCHOR)
+    first = take(anchors, first_rows(string_codes(anchors["run"])[0]))
+    first_codes = codes.code("runs", [None if r == NO_RUN else r for r in first["run"]])
     presence = ({}, [])
     for f in facts:
         for run, spec in f["span_groups"]:
@@ -127,24 +127,32 @@ def merged_partials(rows: pd.DataFrame, codes: Codes, analysis, facts: list[dict
         anchor_trace={int(c): t for c, t in zip(first_codes, first["trace_id"])}, presence=presence)
 
 
-def step_heads(facts: list[dict], steps, codes: Codes) -> pd.DataFrame:
+def step_heads(facts: list[dict], steps, codes: Codes) -> Columns:
     """One row per step (steps' order): its first step span (earliest start, then dataset order)."""
-    parts = [f["steps"].assign(file=i) for i, f in enumerate(facts) if len(f["steps"])]
-    if not parts:
-        return EMPTY_ROWS.iloc[:0]
-    frame = pd.concat(parts, ignore_index=True)
-    frame = frame.sort_values(["start", "file", "row"], kind="stable").drop_duplicates(["run", "iteration"])
-    frame["code"] = codes.code("runs", frame["run"])
-    index = pd.MultiIndex.from_arrays([frame["code"].to_numpy(np.int64), frame["iteration"].to_numpy(np.int64)])
-    at = index.get_indexer(pd.MultiIndex.from_arrays([steps.run, steps.iteration]))
-    heads = frame.iloc[at].reset_index(drop=True)
-    n = len(heads)
-    return pd.DataFrame({"file": heads["file"].to_numpy(np.int64), "row": heads["row"].to_numpy(np.int64),
-                         "name": None, "run": heads["run"].where(heads["run"] != NO_RUN, None).to_numpy(object),
-                         "start": heads["start"].to_numpy(np.int64), "end": heads["end"].to_numpy(np.int64),
-                         "bucket": None, "category": None, "own_iteration": heads["iteration"].to_numpy(np.int64),
-                         "has_iteration": True, "iteration": heads["iteration"].to_numpy(np.int64), "stamped": True,
-                         "ancestor": -1, "orphan": False, "trace_id": heads["trace_id"].to_numpy(object),
-                         "span_key": heads["span_key"].to_numpy(np.uint64), "trace_key": np.zeros(n, np.uint64),
-                         "parent_key": np.zeros(n, np.uint64), "step": np.arange(n), "flags": 0, "part": "head",
-                         "walked": False})
+    parts = [{**f["steps"], "file": np.full(len(f["steps"]["row"]), i, np.int64)} for i, f in enumerate(facts)]
+    frame = concat(parts, {**STEP_FACTS, "file": np.zeros(0, np.int64)})
+    if len(frame["row"]) == 0:
+        return take(EMPTY_ROWS, slice(0, 0))
+    frame = take(frame, np.lexsort((frame["row"], frame["file"], frame["start"])))
+    code = codes.code("runs", frame["run"]).astype(np.int64)
+    first = first_rows(code, frame["iteration"], string_codes(frame["run"])[0])
+    frame, code = take(frame, first), code[first]
+    heads = take(frame, find_keys((code, frame["iteration"]), (steps.run, steps.iteration)))
+    n = len(heads["row"])
+    return {"file": heads["file"], "row": heads["row"], "name": np.full(n, None, object),
+            "run": np.array([None if r == NO_RUN else r for r in heads["run"]], object),
+            "start": heads["start"], "end": heads["end"], "bucket": np.full(n, None, object),
+            "category": np.full(n, None, object), "own_iteration": heads["iteration"],
+            "has_iteration": np.ones(n, bool), "iteration": heads["iteration"], "stamped": np.ones(n, bool),
+            "ancestor": np.full(n, -1, np.int64), "orphan": np.zeros(n, bool), "trace_id": heads["trace_id"],
+            "span_key": heads["span_key"], "trace_key": np.zeros(n, np.uint64), "parent_key": np.zeros(n, np.uint64),
+            "step": np.arange(n, dtype=np.int64), "flags": np.zeros(n, np.int64), "part": np.full(n, "head", object),
+            "walked": np.zeros(n, bool)}
+
+
+# What each file's facts hold about its step windows and its runs' first anchor spans.
+STEP_FACTS = {"run": np.zeros(0, object), "iteration": np.zeros(0, np.int64), "start": np.zeros(0, np.int64),
+              "end": np.zeros(0, np.int64), "row": np.zeros(0, np.int64), "span_key": np.zeros(0, np.uint64),
+              "trace_id": np.zeros(0, object)}
+FIRST_ANCHOR = {"run": np.zeros(0, object), "row": np.zeros(0, np.int64), "name": np.zeros(0, object),
+                "trace_id": np.zeros(0, object)}

@@ -31,12 +31,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.engines.check_rows import (
-    SPAN_FLAGS, Codes, in_dataset_order, merged_partials, step_heads,
+    FIRST_ANCHOR, SPAN_FLAGS, STEP_FACTS, Codes, in_dataset_order, merged_partials, step_heads,
 )
 from nemo_telemetry.analysis.findings import checks, rules
 from nemo_telemetry.analysis.goodput.rules import step_windows
@@ -47,7 +46,7 @@ from nemo_telemetry.analysis.model._arrays import (
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION, NO_RUN
 from nemo_telemetry.analysis.model.tree import key_column, with_id_keys
-from nemo_telemetry.analysis.model.grouping import Columns, concat, take
+from nemo_telemetry.analysis.model.grouping import Columns, concat, find_keys, first_rows, string_codes, take
 from nemo_telemetry.analysis.model.walk import KeyIndex, climb_batch, resolve_walks
 from nemo_telemetry.errors import UnknownRunError
 
@@ -116,19 +115,16 @@ def _facts_of(table: pa.Table, run_id: str | None) -> dict:
     here = KeyIndex.of(trace, span)
     outside = children[here.find(trace[children], parent[children]) < 0]
     anchors = rules.anchor_rows(a, keep)
-    first_anchor = pd.DataFrame({"run": a.run[anchors], "row": anchors}).drop_duplicates("run")
-    first_rows = first_anchor["row"].to_numpy(np.int64)
+    first = anchors[first_rows(a.run[anchors])]  # each run's first anchor row
     return {
         "rows": len(a), "names": a.names, "runs": a.runs, "buckets": a.bucket_values, "categories": a.categories,
-        "steps": pd.DataFrame({"run": _values(steps.run, a.runs, NO_RUN), "iteration": steps.iteration, "start": steps.start,
-                               "end": steps.end, "row": heads, "span_key": span[heads],
-                               "trace_id": _trace_ids(a, heads)}),
+        "steps": {"run": _values(steps.run, a.runs, NO_RUN), "iteration": steps.iteration, "start": steps.start,
+                  "end": steps.end, "row": heads, "span_key": span[heads], "trace_id": _trace_ids(a, heads)},
         "walks": _pairs(trace[walks], parent[walks]),
         "missing": _pairs(trace[outside], parent[outside]),
         "anchor_traces": np.unique(trace[anchors]),
-        "first_anchor": pd.DataFrame({"run": _values(first_anchor["run"].to_numpy(), a.runs, NO_RUN),
-                                      "row": first_rows, "name": _values(a.name[first_rows], a.names),
-                                      "trace_id": _trace_ids(a, first_rows)}),
+        "first_anchor": {"run": _values(a.run[first], a.runs, NO_RUN), "row": first.astype(np.int64),
+                         "name": _values(a.name[first], a.names), "trace_id": _trace_ids(a, first)},
         "names_present": [(a.runs[r] if r >= 0 else None, a.names[n])
                           for r, n in pairs_present(a.run[keep], a.name[keep], len(a.names))],
         "span_groups": {(a.runs[r] if r >= 0 else None, spec) for r, spec in
@@ -136,21 +132,28 @@ def _facts_of(table: pa.Table, run_id: str | None) -> dict:
     }
 
 
-def _trace_ids(a: SpanArrays, rows: np.ndarray) -> list[str]:
-    """``a.trace_id(rows)``, in one take when the id column was read (messages quote these ids)."""
+def _trace_ids(a: SpanArrays, rows: np.ndarray) -> np.ndarray:
+    """``a.trace_id(rows)`` (object), in one take when the id column was read (messages quote these ids)."""
     if "trace_id" in a.table.column_names:
-        return [str(v) for v in a.table.column("trace_id").take(pa.array(rows, pa.int64())).to_pylist()]
-    return a.trace_id(rows)
+        ids = [str(v) for v in a.table.column("trace_id").take(pa.array(rows, pa.int64())).to_pylist()]
+    else:
+        ids = list(a.trace_id(rows))
+    return np.array(ids, dtype=object) if ids else np.zeros(0, object)
 
 
-def _pairs(trace: np.ndarray, key: np.ndarray) -> pd.DataFrame:
-    return pd.DataFrame({"trace": trace, "key": key}).drop_duplicates(ignore_index=True)
+_PAIRS = {"trace": np.zeros(0, np.uint64), "key": np.zeros(0, np.uint64)}
+
+
+def _pairs(trace: np.ndarray, key: np.ndarray) -> Columns:
+    """Distinct (trace, key) pairs, in order of first appearance."""
+    first = first_rows(trace, key)
+    return {"trace": np.asarray(trace[first], np.uint64), "key": np.asarray(key[first], np.uint64)}
 
 
 # -- 2. walks ----------------------------------------------------------------------------------
 
 
-def _lookup(paths: list[str], targets: KeyIndex) -> list[pd.DataFrame]:
+def _lookup(paths: list[str], targets: KeyIndex) -> list[Columns]:
     """Per file: the rows whose (trace, span) is a target, climbed as far as the file holds the tree
     (:func:`walk.climb_batch`, until both an iteration and a bucketed ancestor were met): what the
     walk met, and in ``parent`` the key of the ancestor to look up elsewhere (0: it ended here)."""
@@ -165,8 +168,8 @@ def _lookup(paths: list[str], targets: KeyIndex) -> list[pd.DataFrame]:
         names = np.full(len(rows), None, dtype=object)
         has = np.flatnonzero(met.ancestor >= 0)
         names[has] = table.column("name").take(pa.array(met.ancestor[has])).to_pylist()  # only the names met
-        out.append(pd.DataFrame({"trace": trace[rows], "at": span[rows], "parent": met.exit, "stamped": met.stamped,
-                                 "iteration": met.iteration, "ancestor": names}))
+        out.append({"trace": trace[rows], "at": span[rows], "parent": met.exit, "stamped": met.stamped,
+                    "iteration": met.iteration, "ancestor": names})
     return out
 
 
@@ -193,29 +196,26 @@ class _Walks:
         return np.where(hit >= 0, values[np.maximum(hit, 0)], len(self.found) - 1)
 
 
-def _walk(file_map: FileMap, files: Sequence[Path], starts: pd.DataFrame,
-          candidates: pd.DataFrame) -> tuple[Columns, pd.DataFrame]:
+def _walk(file_map: FileMap, files: Sequence[Path], starts: Columns, candidates: Columns) -> tuple[Columns, Columns]:
     """Every walk to its end (:func:`walk.resolve_walks`, a pass over the files per hop between
     them); and which orphan ``candidates`` name a parent found nowhere (looked up in the first pass)."""
-    first = {"candidates": candidates.rename(columns={"key": "at"})}
+    first = {"candidates": {"trace": candidates["trace"], "at": candidates["key"]}}
 
     def lookup(wanted: Columns) -> Columns:
-        wanted = pd.DataFrame(wanted)
         extra = first.pop("candidates", None)
+        trace, at = wanted["trace"], wanted["at"]
         if extra is not None:
-            wanted = pd.concat([wanted, extra], ignore_index=True).drop_duplicates(ignore_index=True)
-        targets = KeyIndex.of(wanted["trace"].to_numpy(np.uint64), wanted["at"].to_numpy(np.uint64))
-        parts = [f for group in file_map(_lookup, files, targets) for f in group if len(f)]
-        found = pd.concat(parts, ignore_index=True) if parts else _NOT_FOUND
+            trace, at = np.concatenate([trace, extra["trace"]]), np.concatenate([at, extra["at"]])
+        targets = KeyIndex.of(trace, at)  # repeats are harmless: the index only tests membership
+        found = concat([f for group in file_map(_lookup, files, targets) for f in group], _NOT_FOUND)
         # a repeated span id: the first copy in dataset order, as the in-memory index
-        found = found.drop_duplicates(["trace", "at"], ignore_index=True)
+        found = take(found, first_rows(found["trace"], found["at"]))
         if extra is not None:
-            index = KeyIndex.of(found["trace"].to_numpy(np.uint64), found["at"].to_numpy(np.uint64))
-            first["missing"] = candidates[index.find(candidates["trace"].to_numpy(np.uint64),
-                                                     candidates["key"].to_numpy(np.uint64)) < 0]
-        return {c: found[c].to_numpy() for c in found.columns}
+            index = KeyIndex.of(found["trace"], found["at"])
+            first["missing"] = take(candidates, index.find(candidates["trace"], candidates["key"]) < 0)
+        return found
 
-    trace, start = starts["trace"].to_numpy(np.uint64), starts["key"].to_numpy(np.uint64)
+    trace, start = starts["trace"], starts["key"]
     walks = {"trace": trace, "start": start, "at": start, "stamped": np.zeros(len(trace), bool),
              "iteration": np.zeros(len(trace), np.int64), "ancestor": np.full(len(trace), None, object)}
     walked = resolve_walks(walks, lookup, ancestors=True)
@@ -224,9 +224,8 @@ def _walk(file_map: FileMap, files: Sequence[Path], starts: pd.DataFrame,
     return walked, first["missing"]
 
 
-_NOT_FOUND = pd.DataFrame({"trace": np.zeros(0, np.uint64), "at": np.zeros(0, np.uint64),
-                           "parent": np.zeros(0, np.uint64), "stamped": np.zeros(0, bool),
-                           "iteration": np.zeros(0, np.int64), "ancestor": np.zeros(0, object)})
+_NOT_FOUND = {"trace": np.zeros(0, np.uint64), "at": np.zeros(0, np.uint64), "parent": np.zeros(0, np.uint64),
+              "stamped": np.zeros(0, bool), "iteration": np.zeros(0, np.int64), "ancestor": np.zeros(0, object)}
 
 
 # -- 3. partials ------------------------------------------------------------------------------
@@ -297,19 +296,21 @@ def _view(table: pa.Table, shared: _Shared) -> _View:
     return _View(facts, walked, trace, span, parent, iteration, stamped, ancestor, step)
 
 
-def _rows(view: _View, rows: np.ndarray, **extra) -> pd.DataFrame:
-    """The rows a driver-side table is built from: values (not codes), ids and the per-row facts."""
+def _rows(view: _View, rows: np.ndarray, **extra) -> Columns:
+    """The rows a driver-side table is built from (:data:`check_rows.ROW_COLUMNS`): values (not
+    codes), ids and the per-row facts; ``extra`` columns are arrays, or one value for every row."""
     a = view.facts.arrays
-    frame = pd.DataFrame({
-        "row": rows, "name": _values(a.name[rows], a.names), "run": _values(a.run[rows], a.runs),
-        "start": a.start[rows], "end": a.end[rows], "bucket": _values(a.bucket_raw[rows], a.bucket_values),
-        "category": _values(a.category[rows], a.categories), "own_iteration": a.iteration[rows],
-        "has_iteration": a.has_iteration[rows], "iteration": view.iteration[rows], "stamped": view.stamped[rows],
-        "ancestor": view.ancestor[rows], "orphan": view.facts.orphan[rows], "trace_id": _trace_ids(a, rows),
-        "span_key": view.span[rows], "trace_key": view.trace[rows], "parent_key": view.parent[rows],
-        "step": view.step[rows], "walked": view.walked[rows]})
+    frame = {
+        "row": rows.astype(np.int64), "name": _values(a.name[rows], a.names), "run": _values(a.run[rows], a.runs),
+        "start": a.start[rows].astype(np.int64), "end": a.end[rows].astype(np.int64),
+        "bucket": _values(a.bucket_raw[rows], a.bucket_values), "category": _values(a.category[rows], a.categories),
+        "own_iteration": a.iteration[rows].astype(np.int64), "has_iteration": a.has_iteration[rows].astype(bool),
+        "iteration": view.iteration[rows].astype(np.int64), "stamped": view.stamped[rows].astype(bool),
+        "ancestor": view.ancestor[rows].astype(np.int64), "orphan": view.facts.orphan[rows].astype(bool),
+        "trace_id": _trace_ids(a, rows), "span_key": view.span[rows], "trace_key": view.trace[rows],
+        "parent_key": view.parent[rows], "step": view.step[rows].astype(np.int64), "walked": view.walked[rows]}
     for key, value in extra.items():
-        frame[key] = value
+        frame[key] = value if isinstance(value, np.ndarray) else np.full(len(rows), value, dtype=object)
     return frame
 
 
@@ -370,20 +371,20 @@ def _findings_of(table: pa.Table, shared: _Shared) -> dict:
 # -- 4. collect --------------------------------------------------------------------------------
 
 
-def _collect(paths: list[str], shared: _Shared, steps: np.ndarray, traces: pd.DataFrame) -> list[pd.DataFrame]:
-    """Per file: the bucketed rows inside ``steps``, and every row of the (run, trace) pairs ``traces``."""
+def _collect(paths: list[str], shared: _Shared, steps: np.ndarray, traces: Columns) -> list[Columns]:
+    """Per file: the bucketed rows inside ``steps``, and every row of the (run, trace) pairs ``traces``
+    (run names, NO_RUN for none)."""
     out = []
     for path in paths:
         view = _view(_read(path), shared)
         a = view.facts.arrays
         inside = np.isin(view.step, steps) & (view.step >= 0)
-        runs = _values(a.run, a.runs, NO_RUN)
-        wanted = pd.MultiIndex.from_frame(traces[["run", "trace"]]) if len(traces) else None
-        member = np.zeros(len(a), bool)
-        if wanted is not None:
-            member = view.facts.keep & (wanted.get_indexer(pd.MultiIndex.from_arrays([runs, view.trace])) >= 0)
-        out.append(pd.concat([_rows(view, np.flatnonzero(inside), part="overlap"),
-                              _rows(view, np.flatnonzero(member), part="detached")], ignore_index=True))
+        local = {run: i for i, run in enumerate(a.runs)}
+        wanted_run = np.array([-1 if r == NO_RUN else local.get(r, -2) for r in traces["run"]], np.int64)  # -2: absent
+        member = view.facts.keep & (find_keys((wanted_run, traces["trace"]), (a.run.astype(np.int64), view.trace)) >= 0)
+        parts = [_rows(view, np.flatnonzero(inside), part="overlap"),
+                 _rows(view, np.flatnonzero(member), part="detached")]
+        out.append({name: np.concatenate([p[name] for p in parts]) for name in parts[0]})
     return out
 
 
@@ -425,12 +426,12 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
     counts["run"] = codes.code("runs", [None if r == NO_RUN else r for r in counts["run"]])
     detached = rules.detached_traces(counts)
     shown = take(detached, slice(0, max_findings_per_code))
-    traces = pd.DataFrame({"run": _values(shown["run"], codes.tuple("runs"), NO_RUN), "trace": shown["trace"]})
+    traces = {"run": _values(shown["run"], codes.tuple("runs"), NO_RUN), "trace": shown["trace"]}
     overlap_steps = overlapping[:max_findings_per_code]
-    collected = [c.assign(file=i) for i, c in enumerate(
+    collected = [_of_file(c, i) for i, c in enumerate(
         c for group in file_map(_collect, files, shared, overlap_steps, traces) for c in group)] \
-        if len(overlap_steps) or len(traces) else []
-    offenders = [r["offenders"].assign(file=i, part="offender") for i, r in enumerate(results)]
+        if len(overlap_steps) or len(traces["run"]) else []
+    offenders = [_of_file(r["offenders"], i, part="offender") for i, r in enumerate(results)]
     rows = in_dataset_order(offenders + collected + [step_heads(facts, analysis.steps, codes)])
     merged = merged_partials(rows, codes, analysis, facts, overlapping, deep, detached)
     return checks.finish(merged, unattributed_threshold=unattributed_threshold, tolerance_ns=tolerance_ns, **options)
@@ -440,24 +441,30 @@ _COUNTS = {"run": np.zeros(0, object), "trace": np.zeros(0, np.uint64), "rows": 
            "designed": np.zeros(0, np.int64)}
 
 
-def _concat(frames) -> pd.DataFrame:
-    frames = [f for f in frames if len(f)]
-    out = pd.concat(frames, ignore_index=True).drop_duplicates(ignore_index=True) if frames else pd.DataFrame(
-        {"trace": np.zeros(0, np.uint64), "key": np.zeros(0, np.uint64)})
-    return out.astype({"trace": np.uint64, "key": np.uint64})
+def _of_file(rows: Columns, file: int, **extra) -> Columns:
+    """A file's rows with its position in dataset order (and ``extra``: one value for every row)."""
+    n = len(rows["row"])
+    return {**rows, "file": np.full(n, file, np.int64), **{k: np.full(n, v, dtype=object) for k, v in extra.items()}}
 
 
-def _shared(facts: list[dict], codes: Codes, walked: Columns, missing: pd.DataFrame,
+def _concat(pairs) -> Columns:
+    """(trace, key) pairs of many files, each pair once."""
+    both = concat(list(pairs), _PAIRS)
+    return _pairs(both["trace"], both["key"])
+
+
+def _shared(facts: list[dict], codes: Codes, walked: Columns, missing: Columns,
             run_id: str | None, files: Sequence[Path], tolerance_ns: int) -> _Shared:
-    steps = pd.concat([f["steps"] for f in facts], ignore_index=True).drop_duplicates(["run", "iteration"])
-    steps = steps.assign(code=codes.code("runs", steps["run"])).sort_values(["code", "iteration"])  # goodput's order
+    steps = concat([f["steps"] for f in facts], STEP_FACTS)
+    steps = take(steps, first_rows(string_codes(steps["run"])[0], steps["iteration"]))  # each (run, iteration) once
+    code = codes.code("runs", steps["run"]).astype(np.int64)
+    steps = take(steps, np.lexsort((steps["iteration"], code)))  # goodput's order
     found = take(walked, walked["stamped"])
-    anchored = pd.concat([f["first_anchor"] for f in facts], ignore_index=True)
+    anchored = concat([f["first_anchor"] for f in facts], FIRST_ANCHOR)
     return _Shared(
-        run_id=run_id, walks=_Walks.of(walked),
-        missing=KeyIndex.of(missing["trace"].to_numpy(np.uint64), missing["key"].to_numpy(np.uint64)),
+        run_id=run_id, walks=_Walks.of(walked), missing=KeyIndex.of(missing["trace"], missing["key"]),
         attributed=KeyIndex.of(found["trace"], found["start"], found["iteration"]),
-        step_run=steps["run"].to_numpy(object), step_iteration=steps["iteration"].to_numpy(np.int64),
+        step_run=steps["run"], step_iteration=steps["iteration"],
         anchored_traces=np.unique(np.concatenate([f["anchor_traces"] for f in facts])).astype(np.uint64),
         anchored_runs=frozenset(anchored["run"].tolist()), names=codes.tuple("names"),
         file_index={str(f): i for i, f in enumerate(files)}, tolerance_ns=tolerance_ns)

@@ -148,8 +148,8 @@ def resolve_attribution(scan: Scan, files: Sequence[Path], *, run_id: str | None
     """
     starts = _concat(scan(lambda b: walk_starts(b, run_id=run_id), GOODPUT_COLUMNS, files), _WALK_SCHEMA)
     first = _best_copy({
-        "trace": key_column(starts, "trace_key"), "start": key_column(starts, "parent_key"), "at": key_column(starts, "at"),
-        **_iterations(starts)}, ("trace", "start"), "at")
+        "trace": key_column(starts, "trace_key"), "start": key_column(starts, "parent_key"),
+        "at": key_column(starts, "at"), **_iterations(starts)}, ("trace", "start"), "at")
 
     def lookup(wanted: Columns) -> Columns:
         targets = KeyIndex.of(wanted["trace"], wanted["at"])
@@ -160,7 +160,8 @@ def resolve_attribution(scan: Scan, files: Sequence[Path], *, run_id: str | None
 
     walks = resolve_walks(first, lookup)
     stamped = walks["stamped"]
-    return {"trace_key": walks["trace"][stamped].astype(np.uint64), "parent_key": walks["start"][stamped].astype(np.uint64),
+    return {"trace_key": walks["trace"][stamped].astype(np.uint64),
+            "parent_key": walks["start"][stamped].astype(np.uint64),
             "iteration": walks["iteration"][stamped].astype(np.int64)}
 
 

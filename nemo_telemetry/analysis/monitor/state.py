@@ -184,8 +184,8 @@ class MonitorState:
         frame = self._merged.frame()
         kind, run_of, stamped, iteration = _merged_columns(frame)
         closed = np.flatnonzero((kind == rules.STEP) & (frame["b"].to_numpy() <= now_ns - self.grace_ns))
-        due = [(run_of[i], int(iteration[i])) for i in closed
-               if int(iteration[i]) not in self._runs[run_of[i]].reported or (run_of[i], int(iteration[i])) in self._touched]
+        keys = [(run_of[i], int(iteration[i])) for i in closed]
+        due = [(run, it) for run, it in keys if it not in self._runs[run].reported or (run, it) in self._touched]
         self._touched.clear()
         if not due:
             self._fold(frame)
