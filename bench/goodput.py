@@ -177,6 +177,12 @@ def _peak_gb() -> float:
 def measure(root: Path, command: str) -> dict:
     """In this (fresh) process, what the command runs on its local engine (its read included):
     ``goodput_with_engine`` / ``check_with_engine``; times, CPU and peak RSS."""
+    try:  # as the goodput and check commands start; another checkout measured may not have it
+        from nemo_telemetry.cli.startup import skip_pyarrow_pandas_probe
+    except ImportError:
+        pass
+    else:
+        skip_pyarrow_pandas_probe()
     # what the CLI's goodput and check commands import and call
     from nemo_telemetry.analysis.engines.choose import check_with_engine, goodput_with_engine
 
@@ -184,7 +190,7 @@ def measure(root: Path, command: str) -> dict:
     c0, t0 = time.process_time(), clock()
     result = goodput_with_engine(root) if command == "goodput" else check_with_engine(root)
     t1, c1 = clock(), time.process_time()
-    out = {"run_s": t1 - t0, "cpu_s": c1 - c0, "peak_gb": _peak_gb(),
+    out = {"run_s": t1 - t0, "cpu_s": c1 - c0, "peak_gb": _peak_gb(), "pandas": "pandas" in sys.modules,
            "spans": sum(pq.ParquetFile(f).metadata.num_rows for f in (root / "spans").rglob("*.parquet"))}
     if command == "goodput":
         out["steps"] = sum(r.total["steps"] for r in result)
@@ -288,7 +294,8 @@ def main() -> None:
             for command, target in (("goodput", 0.5), ("check", 0.6)):
                 print(f"{command + ' / duckdb:':18s}{whole[command]:5.2f} s whole process = "
                       f"{whole[command] / whole['duckdb']:.2f}x DuckDB's (target <= {target}x), "
-                      f"peak RSS {figures[command]['peak_gb']:.2f} GB (target < 2 GB)")
+                      f"peak RSS {figures[command]['peak_gb']:.2f} GB (target < 2 GB)"
+                      f"{', pandas loaded' if figures[command].get('pandas') else ', no pandas'}")
         else:
             print("duckdb:           not installed (pip install -e .[bench]); no SQL baseline")
         print(f"load average:     {load:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores")
