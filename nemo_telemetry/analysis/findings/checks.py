@@ -52,8 +52,10 @@ from nemo_telemetry.analysis.findings.report import (
     report,
 )
 from nemo_telemetry.analysis.findings.rules import (
+    BATCH_FINDING_CODES,
     RowFacts,
     anchor_rows,
+    batch_offenders,
     catalogue_name_sets,
     detached_partial,
     detached_traces,
@@ -66,6 +68,7 @@ from nemo_telemetry.analysis.goodput.steps import Analysis, analyse, run_filter
 from nemo_telemetry.analysis.goodput.steps import step_outliers
 from nemo_telemetry.analysis.model._arrays import (
     BUCKETS,
+    NO_BUCKET,
     SpanArrays,
     code_mask,
     decode_span_files,
@@ -81,7 +84,8 @@ from nemo_telemetry.analysis.model.tree import with_id_keys
 
 __all__ = ["FINDING_CODES", "SEVERITIES", "Finding", "CheckReport", "check_run", "SPAN_GROUPS_ATTRIBUTE",
            "DEFAULT_OVERLAP_TOLERANCE_S", "overlap_tolerance_ns", "report", "Merged", "finish", "merge_in_memory",
-           "group_presence", "check_span_files"]
+           "group_presence", "check_span_files", "check_batch",
+           "BATCH_FINDING_CODES"]
 
 # -- what the finish reads ---------------------------------------------------------------------
 
@@ -111,7 +115,7 @@ class Merged:
 
 @dataclass(frozen=True)
 class _Context:
-    merged: Merged
+    merged: Merged | _BatchRows  # the span-level findings read only its facts and offenders
     max_span_ids: int
     limit: int
 
@@ -462,6 +466,38 @@ def _check_decoded(pool: ThreadPoolExecutor, keys: Future, decode: Callable[[], 
             pending.cancel()
     return finish(merged, unattributed_threshold=unattributed_threshold, tolerance_ns=tolerance_ns,
                   max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
+
+
+def check_batch(spans: pa.Table, *, max_span_ids: int = 10, max_findings_per_code: int = 100) -> CheckReport:
+    """The findings one batch of spans decides on its own (:data:`BATCH_FINDING_CODES`), worded as
+    :func:`check_run` words them: what ``monitor`` shows while a run trains, without the walks, the
+    key index and the step rules that need every batch (``counts`` has only these codes)."""
+    arrays = span_arrays(spans)
+    keep = np.ones(len(arrays), dtype=bool)
+    found = batch_offenders(arrays, keep)
+    # A finding names its spans' iteration: an unstamped bucketed offender's is its stamped ancestor's,
+    # found by a walk in the batch (which builds the batch's key index only when there is one).
+    offending = np.unique(np.concatenate(list(found.values())))
+    walked = offending[(arrays.bucket[offending] != NO_BUCKET) & ~arrays.has_iteration[offending]]
+    iteration, stamped, _ = arrays.walk_up(walked)
+    facts = RowFacts(arrays=arrays, keep=keep, walked=walked, walked_stamped=stamped, walked_iteration=iteration,
+                     walked_ancestor=np.full(len(walked), -1), orphan=np.zeros(len(arrays), dtype=bool))
+    ctx = _Context(_BatchRows(facts, found), max_span_ids, max_findings_per_code)
+    findings: list[Finding] = []
+    counted: dict[str, Any] = {}
+    for code, produce in (("invalid-interval", _invalid_interval), ("unknown-bucket", _unknown_bucket),
+                          ("umbrella-bucket", _umbrella_bucket)):
+        counted[code], written = produce(ctx)
+        findings.extend(written)
+    return report(findings, counted)
+
+
+@dataclass(frozen=True, eq=False)
+class _BatchRows:
+    """What the span-level findings read of a :class:`Merged`: the rows (not walked) and their offenders."""
+
+    facts: RowFacts
+    offenders: dict[str, np.ndarray]
 
 
 def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: tuple) -> Merged:

@@ -39,7 +39,8 @@ from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 
-__all__ = ["RowFacts", "SPAN_CODES", "ANCHOR_REGEX", "STANDALONE_GROUPS", "offenders", "catalogue_name_sets",
+__all__ = ["RowFacts", "SPAN_CODES", "ANCHOR_REGEX", "STANDALONE_GROUPS", "offenders", "BATCH_FINDING_CODES",
+           "batch_offenders", "catalogue_name_sets",
            "group_name_codes", "anchor_rows", "overlap_partial", "overlapping_steps", "detached_partial",
            "detached_traces"]
 
@@ -103,7 +104,21 @@ class RowFacts:
 
 def offenders(facts: RowFacts) -> dict[str, np.ndarray]:
     """Each span-level code's offending rows of the batch (ascending)."""
-    a, keep = facts.arrays, facts.keep
+    walked = facts.walked
+    return {
+        **batch_offenders(facts.arrays, facts.keep),
+        "nested-bucket": walked[facts.walked_ancestor >= 0],
+        "unstamped-span": walked[~facts.walked_stamped],
+        "orphan-span": np.flatnonzero(facts.orphan & facts.keep),
+    }
+
+
+BATCH_FINDING_CODES = ("invalid-interval", "unknown-bucket", "umbrella-bucket")
+"""The span-level codes a span's own columns decide, without its ancestors or the other batches."""
+
+
+def batch_offenders(a: SpanArrays, keep: np.ndarray) -> dict[str, np.ndarray]:
+    """The offending rows of the :data:`BATCH_FINDING_CODES` (ascending)."""
     umbrella_only, unbucketed = catalogue_name_sets(a.names)
     unbucketed_categories = np.array([i for i, c in enumerate(a.categories) if c in UNBUCKETED_SPAN_CATEGORIES],
                                      dtype=np.int32)
@@ -111,14 +126,10 @@ def offenders(facts: RowFacts) -> dict[str, np.ndarray]:
     names = a.name[bucketed]
     flagged = (code_mask(names, np.concatenate([umbrella_only, unbucketed]), len(a.names))
                | code_mask(a.category[bucketed], unbucketed_categories, len(a.categories)))
-    walked = facts.walked
     return {
         "invalid-interval": np.flatnonzero(~a.valid_interval & keep),
         "unknown-bucket": np.flatnonzero((a.bucket == UNKNOWN_BUCKET) & keep),
         "umbrella-bucket": bucketed[flagged],
-        "nested-bucket": walked[facts.walked_ancestor >= 0],
-        "unstamped-span": walked[~facts.walked_stamped],
-        "orphan-span": np.flatnonzero(facts.orphan & keep),
     }
 
 

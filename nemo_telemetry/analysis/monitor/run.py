@@ -27,7 +27,7 @@ from typing import Callable
 
 import pyarrow as pa
 
-from nemo_telemetry.analysis.findings.checks import check_run
+from nemo_telemetry.analysis.findings.checks import BATCH_FINDING_CODES, check_batch
 from nemo_telemetry.analysis.ingestion.collect import CollectorServer, CollectSummary
 from nemo_telemetry.analysis.ingestion.follow import DumpFollower, FollowCounts
 from nemo_telemetry.analysis.ingestion.ingest import read_spans
@@ -38,7 +38,7 @@ from nemo_telemetry.errors import IncompleteDatasetWarning, MonitorError
 __all__ = ["Alert", "MonitorView", "MonitorSummary", "LOCAL_FINDING_CODES", "run_monitor"]
 
 # The findings a batch of spans shows on its own; the rest need the whole run: `check` the dataset.
-LOCAL_FINDING_CODES = ("invalid-interval", "unknown-bucket", "umbrella-bucket")
+LOCAL_FINDING_CODES = BATCH_FINDING_CODES
 _NEWEST_FINDINGS = 5
 
 
@@ -105,7 +105,7 @@ class _Loop:
 
     def add(self, spans: pa.Table) -> None:
         self.state.add(spans)
-        report = check_run(spans, max_findings_per_code=_NEWEST_FINDINGS)
+        report = check_batch(spans, max_findings_per_code=_NEWEST_FINDINGS)
         for code in LOCAL_FINDING_CODES:
             n = report.counts["by_code"].get(code, 0)
             if n:
