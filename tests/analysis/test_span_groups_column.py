@@ -107,5 +107,25 @@ def test_spans_table_promotes_the_span_groups_as_ingest_does():
     assert dict(row["resource_attributes"]) == {"host.name": "n0"}
     explicit = spans_table([{**record, "span_groups": "step"}]).to_pylist()[0]
     assert explicit["span_groups"] == "step"
+    assert dict(explicit["resource_attributes"])[SPAN_GROUPS_ATTRIBUTE] == "step,checkpoint"  # left as given
     findings = _missing_groups(check_run(spans_table([record])))
     assert [f["message"].split("'")[1] for f in findings] == ["checkpoint"]
+
+
+def test_many_processes_with_their_own_groups_in_one_run_read_alike_from_column_and_map():
+    """Twelve processes of one run, each enabling the step and a group of its own: every group
+    without spans is found, whether the table holds the groups in the column or in the map."""
+    from nemo_telemetry.instrument import REGISTRY
+
+    groups = sorted(info.name for info in REGISTRY.catalogue() if info.spans and info.name != "step")[:12]
+    assert len(groups) == 12
+    records = [{"trace_id": "ab" * 16, "span_id": f"{rank + 1:016x}", "name": "rl.grpo.step", "start_ns": 1,
+                "end_ns": 2, "iteration": 1, "rank": rank,
+                "resource_attributes": {SPAN_GROUPS_ATTRIBUTE: f"step,{group}"}}
+               for rank, group in enumerate(groups)]
+    in_column = spans_table(records)
+    in_map = spans_table([{**r, "span_groups": None} for r in records])
+    assert in_column.column("span_groups").null_count == 0 and in_map.column("span_groups").null_count == 12
+    for table, enabled in ((in_column, groups), (in_map, groups), (in_column.slice(0, 5), groups[:5])):
+        found = sorted((f["run_id"], f["message"].split("'")[1]) for f in _missing_groups(check_run(table)))
+        assert found == [("run-1", group) for group in enabled]

@@ -14,6 +14,7 @@ from nemo_telemetry.analysis.model.schema import (
     BUCKET,
     EFFICIENCY_CATEGORY,
     ITERATION,
+    PROMOTED_RESOURCE_ATTRIBUTES,
     SPANS_SCHEMA,
     promote_resource,
 )
@@ -47,7 +48,8 @@ def spans_table(records: Iterable[Mapping[str, Any]]) -> pa.Table:
     ``bucket``, ``iteration`` and ``efficiency_category`` may be used as short names for the
     ``rl.*`` columns; ``duration_ns`` is computed; attribute maps are ``{str: str}`` dicts. A
     promoted resource attribute in ``resource_attributes`` (``nemo.telemetry.span_groups``...) goes
-    to its column, as ingest puts it, unless the record gives that column itself.
+    to its column, as ingest puts it, unless the record gives that column itself (the attribute
+    then stays in the map: how files written before the column hold it).
     """
     rows = []
     for i, record in enumerate(records):
@@ -62,10 +64,13 @@ def spans_table(records: Iterable[Mapping[str, Any]]) -> pa.Table:
             raise ValueError(f"span record {i}: unknown fields {sorted(unknown)}")
         row["duration_ns"] = row["end_ns"] - row["start_ns"]
         row["attributes"] = list(row["attributes"].items())
-        promoted, remaining = promote_resource(row["resource_attributes"])
-        for column, value in promoted.items():
-            if value is not None and column not in record:
-                row[column] = value
+        resource = row["resource_attributes"]
+        promoted, remaining = promote_resource(resource)
+        for key, column in PROMOTED_RESOURCE_ATTRIBUTES.items():
+            if column in record and key in resource:  # the record's own column: the attribute stays as given
+                remaining[key] = resource[key]
+            elif column not in record and promoted[column] is not None:
+                row[column] = promoted[column]
         row["resource_attributes"] = list(remaining.items())
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=SPANS_SCHEMA)
