@@ -856,13 +856,23 @@ def _column_pairs(spans: pa.Table, column: str, group: np.ndarray, keep: np.ndar
         values = chunk.dictionary.to_pylist()
         codes = _filled(chunk.indices, -1)
         if kept.all() and here.size and here.min() == here.max():
-            present = np.bincount(codes[codes >= 0] if chunk.null_count else codes, minlength=len(values)) > 0
             if here[0] >= 0:
-                pairs.update((int(here[0]), str(values[v])) for v in np.flatnonzero(present))
+                pairs.update((int(here[0]), str(values[v])) for v in _codes_present(codes))
             continue
         sel = kept & (codes >= 0)
         pairs.update((g, str(values[v])) for g, v in pairs_present(here[sel], codes[sel], len(values)))
     return pairs
+
+
+def _codes_present(codes: np.ndarray) -> list[int]:
+    """The distinct codes (-1 left out) of a chunk, which holds one or a few: its least and
+    greatest are present, and each code between them is tested by one comparison pass (a
+    count of every code converts them all to 64 bits first: 8x slower)."""
+    low, high = int(codes.min()), int(codes.max())
+    if high - low > _FEW_VALUES:
+        return np.flatnonzero(np.bincount(codes[codes >= 0], minlength=high + 1)).tolist()
+    middle = {code for code in range(low + 1, high) if code >= 0 and (codes == code).any()}
+    return sorted(code for code in {low, high} | middle if code >= 0)
 
 
 def _map_pairs(spans: pa.Table, key: str, group: np.ndarray, keep: np.ndarray) -> set[tuple[int, str]]:
