@@ -10,9 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from nemo_telemetry.analysis.engines.choose import check_with_engine
 from nemo_telemetry.analysis.engines.partitioned_check import stream_check
-from nemo_telemetry.analysis.findings.checks import SPAN_GROUPS_ATTRIBUTE, check_run
-from nemo_telemetry.analysis.model._arrays import read_for_analysis
+from nemo_telemetry.analysis.findings.checks import SPAN_GROUPS_ATTRIBUTE, check_run, check_span_files
+from nemo_telemetry.analysis.model._arrays import decode_span_files, read_for_analysis
 from nemo_telemetry.analysis.model.records import spans_table
 from nemo_telemetry.analysis.store.commits import committed_files
 
@@ -75,6 +76,8 @@ def test_check_reads_the_column_and_not_the_resource_map_of_a_new_dataset(datase
     assert len(files) > 20 and all("span_groups" in pq.read_schema(f).names for f in files)
     table = read_for_analysis(datasets["new"])
     assert "span_groups" in table.column_names and "resource_attributes" not in table.column_names
+    decoded, _ = decode_span_files([str(f) for f in files])
+    assert "span_groups" in decoded.table.column_names and "resource_attributes" not in decoded.table.column_names
     assert _missing(check_run(table)) == EXPECTED_MISSING
 
 
@@ -92,6 +95,9 @@ def test_every_layout_and_engine_gives_the_same_report(datasets, layout):
     expected = check_run(read_for_analysis(datasets["new"])).to_dict()
     assert _missing(check_run(read_for_analysis(datasets[layout]))) == EXPECTED_MISSING
     assert check_run(read_for_analysis(datasets[layout])).to_dict() == expected
+    assert check_with_engine(datasets[layout]).to_dict() == expected  # the CLI's local engine
+    files = [str(f) for f in committed_files(datasets[layout], "spans")]
+    assert check_span_files(files, batch_rows=64).to_dict() == expected  # batches across files
     assert stream_check(datasets[layout]).to_dict() == expected
     one_run = check_run(read_for_analysis(datasets["new"]), run_id="run-b").to_dict()
     assert stream_check(datasets[layout], run_id="run-b").to_dict() == one_run
