@@ -3,9 +3,10 @@
     .venv/bin/python bench/goodput.py [--spans 10000000] [--dataset DIR] [--repeat N]
 
 Writes a synthetic dataset in ingest's layout (``DIR/spans/run_id=<run>/part-*.parquet``, the
-uint64 id key columns included) unless DIR already holds one, then measures each command in a
-fresh child process of its own, as a user running ``nemo-telemetry goodput`` and then
-``nemo-telemetry check`` gets them (nothing read or allocated by one helps the other):
+uint64 id key columns and the ``span_groups`` column included) unless DIR already holds one, then
+measures each command in a fresh child process of its own, as a user running ``nemo-telemetry
+goodput`` and then ``nemo-telemetry check`` gets them (nothing read or allocated by one helps
+the other):
 
 - goodput:  ``goodput_with_engine`` (every run, by step), what the command runs on its local engine,
             the read included;
@@ -62,6 +63,7 @@ BUCKET_VALUES = ["productive", "overhead", "idle"]
 SERVICES = ["driver", "policy_worker", "collector"]
 SPAN_GROUPS = "job,step,checkpoint,evaluate,setup,model_init,rollout,generation,logprob,reward,advantage," \
               "policy_update,data_processing,data_plane,efficiency,per_prompt"
+SERVICE_SPAN_GROUPS = [SPAN_GROUPS, "policy_update", "rollout,efficiency"]  # each of SERVICES' span groups
 
 
 def _step_template() -> dict[str, np.ndarray]:
@@ -122,13 +124,9 @@ def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
     trace_key[moved] = new_trace[np.concatenate([[0], step_of])[moved]]
     parent_key[np.concatenate([[False], (offset == 5) & (new_trace[step_of] != 0)])] = 0
     run_id = f"bench-run-{run_index}"
-    groups = pa.array([SPAN_GROUPS, "policy_update", "rollout,efficiency"])
-    resource = pa.MapArray.from_arrays(
-        pa.array(np.arange(0, 2 * n + 1, 2, dtype=np.int32)),
-        pa.array(np.tile(np.array(["nemo.telemetry.span_groups", "rl.algorithm"], dtype=object), n)),
-        pa.array(np.stack([groups.take(pa.array(service)).to_numpy(zero_copy_only=False),
-                           np.full(n, "grpo", dtype=object)], axis=1).ravel()),
-    )
+    # each service's span groups in their column, as ingest promotes them; the rest of the resource in the map
+    resource = pa.MapArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)), pa.repeat("rl.algorithm", n),
+                                       pa.repeat("grpo", n))
     parent_hex = uint64_hex(parent_key)
     columns = {
         "trace_id": uint64_hex(trace_key, 32), "span_id": uint64_hex(span_key),
@@ -137,7 +135,8 @@ def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
         "start_ns": start, "end_ns": end, "duration_ns": end - start,
         "status_code": dictionary(np.zeros(n, np.int32), ["unset"]), "status_message": pa.nulls(n, pa.string()),
         "service_name": dictionary(service, SERVICES), "run_id": dictionary(np.zeros(n, np.int32), [run_id]),
-        "rank": rank.astype(np.int64), "rl.bucket": dictionary(bucket, BUCKET_VALUES),
+        "rank": rank.astype(np.int64), "span_groups": dictionary(service, SERVICE_SPAN_GROUPS),
+        "rl.bucket": dictionary(bucket, BUCKET_VALUES),
         "rl.iteration": pa.array(iteration.astype(np.int64), mask=~stamped),
         "rl.efficiency.category": dictionary(np.where(name == 8, 0, -1), ["idle/refit_bubble"]),
         "trace_state": pa.nulls(n, pa.string()), "scope_name": dictionary(np.zeros(n, np.int32), ["nemo_telemetry"]),

@@ -103,6 +103,7 @@ def _table(run_id, trace_key, span_key, parent_key, name, start, end, bucket, it
         "status_code": dictionary(np.zeros(n), ["unset"]), "status_message": pa.nulls(n, pa.string()),
         "service_name": dictionary(np.minimum(rank, 1), ["driver", "policy_worker"]),
         "run_id": dictionary(np.zeros(n), [run_id]), "rank": pa.array(rank.astype(np.int64)),
+        "span_groups": pa.nulls(n, SPANS_TABLE_SCHEMA.field("span_groups").type),
         "rl.bucket": dictionary(bucket, BUCKET_VALUES),
         "rl.iteration": pa.array(iteration.astype(np.int64), mask=~stamped),
         "rl.efficiency.category": pa.nulls(n, SPANS_TABLE_SCHEMA.field("rl.efficiency.category").type),

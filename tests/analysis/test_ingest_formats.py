@@ -32,7 +32,8 @@ def make_sdk_spans(run_id: str = "run-a"):
     for rank in (0, 1):
         exporter = InMemorySpanExporter()  # shutting a provider down shuts its exporter
         resource = Resource.create(
-            {"service.name": f"svc-{rank}", "nemo.run.id": run_id, "nv.dl.rank": rank, "host.name": "node-0"}
+            {"service.name": f"svc-{rank}", "nemo.run.id": run_id, "nv.dl.rank": rank, "host.name": "node-0",
+             "nemo.telemetry.span_groups": "generation,step" if rank == 0 else "step"}
         )
         provider = TracerProvider(resource=resource)
         provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -168,6 +169,8 @@ def test_spans_table_holds_what_the_sdk_recorded(sdk_spans, requests, tmp_path):
         assert row["run_id"] == "run-a"
         assert row["service_name"] == sdk.resource.attributes["service.name"]
         assert row["rank"] == sdk.resource.attributes["nv.dl.rank"]
+        assert row["span_groups"] == sdk.resource.attributes["nemo.telemetry.span_groups"]
+        assert "nemo.telemetry.span_groups" not in dict(row["resource_attributes"])  # promoted: one place
         assert row["scope_name"] == "nemo_telemetry.tests" and row["scope_version"] == "1.2.3"
     generate = next(r for r in rows.values() if r["name"] == "rl.generation.generate")
     assert generate["kind"] == "client"

@@ -33,6 +33,7 @@ def _scenario_module(name: str):
 
 scenario_tools = _scenario_module("test_streaming")
 check_tools = _scenario_module("test_streaming_check")
+layout_tools = _scenario_module("test_span_groups_column")
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +105,18 @@ def test_ray_check_equals_check_run(ray_cluster, check_scenario, options):
     codes_hit = sum(1 for n in expected["counts"]["by_code"].values() if n)
     assert codes_hit == len(expected["counts"]["by_code"]) if not options else codes_hit >= 10
     assert ray_check(check_scenario, **options).to_dict() == expected
+
+
+@pytest.mark.parametrize("layout", ["old", "new-first"])
+def test_ray_check_reads_the_span_groups_of_files_from_before_their_column(ray_cluster, check_scenario, tmp_path,
+                                                                           layout):
+    """Every file, or all but the first, as written before the ``span_groups`` column (the groups
+    in the resource map): the Ray engine's report is the new layout's, missing-group-spans included."""
+    from nemo_telemetry.analysis.engines.ray_engine import ray_check
+
+    expected = check_run(read_for_analysis(check_scenario)).to_dict()
+    assert expected["counts"]["by_code"]["missing-group-spans"] == len(layout_tools.EXPECTED_MISSING)
+    assert ray_check(layout_tools.with_layout(check_scenario, tmp_path / layout, layout)).to_dict() == expected
 
 
 def test_cli_check_on_ray_equals_local(ray_cluster, check_scenario):

@@ -1,6 +1,6 @@
 """Attribute promotion and the per-owner columns: attributes that have their own column
-(``rl.iteration``, the resource's service, run and rank) taken out of the maps, and each span's
-resource and scope values repeated from its owner's.
+(``rl.iteration``, the resource's service, run, rank and span groups) taken out of the maps,
+and each span's resource and scope values repeated from its owner's.
 
 The rules that decide a span table's columns from attributes, in one place (compiled through
 ``_flatten_kernel``, with an Arrow-only path of the same result); apart from
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.ingestion._kernel_arrays import string_array, string_offsets
-from nemo_telemetry.analysis.model.schema import ITERATION, PROMOTED_RESOURCE_ATTRIBUTES
+from nemo_telemetry.analysis.model.schema import ITERATION, PROMOTED_RESOURCE_ATTRIBUTES, promote_resource
 
 __all__ = ["AttributeRecords", "promote", "promote_records", "promote_arrow", "per_owner_dict", "per_owner_map",
            "resource_columns", "string_buffers", "to_int"]
@@ -301,22 +301,13 @@ def resource_columns(resources: list[dict], index: pa.Array) -> dict[str, pa.Arr
     promoted: dict[str, list] = {column: [] for column in PROMOTED_RESOURCE_ATTRIBUTES.values()}
     rest = []
     for attributes in resources:
-        remaining = dict(attributes)
-        for key, column in PROMOTED_RESOURCE_ATTRIBUTES.items():
-            value = remaining.pop(key, None)
-            if column == "rank" and value is not None:
-                number = to_int(value)
-                if number is None:
-                    remaining[key] = value  # not an integer: keep it where it was
-                value = number
+        columns, remaining = promote_resource(attributes)
+        for column, value in columns.items():
             promoted[column].append(value)
         rest.append(list(remaining.items()))
     index = _indices(index)
-    out = {
-        "service_name": per_owner_dict(promoted["service_name"], index),
-        "run_id": per_owner_dict(promoted["run_id"], index),
-        "rank": pa.array(promoted["rank"], pa.int64()).take(pa.array(index)),
-        "resource_attributes": per_owner_map(rest, index),
-    }
+    out = {column: per_owner_dict(values, index) for column, values in promoted.items() if column != "rank"}
+    out["rank"] = pa.array(promoted["rank"], pa.int64()).take(pa.array(index))
+    out["resource_attributes"] = per_owner_map(rest, index)
     return out
 

@@ -23,7 +23,7 @@ import pyarrow.dataset as ds
 
 from nemo_telemetry.analysis.store.commits import committed_files
 from nemo_telemetry.analysis.store.sources import single_dataset
-from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
+from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, PROMOTED_RESOURCE_ATTRIBUTES
 from nemo_telemetry.analysis.model.tree import parent_indices, trace_mix, with_id_keys
 from nemo_telemetry.analysis.model.walk import climb
 from nemo_telemetry.errors import IngestError
@@ -39,13 +39,18 @@ UNKNOWN_BUCKET = -2
 NO_BUCKET = -1
 
 # What check reads from a dataset: span and parent ids come from the uint64 keys (hex strings
-# cost more to read than everything else together); trace ids and the resource attribute maps
-# are read as dictionaries, since their values repeat on every span of a process. No finding
-# reads service_name or rank (goodput's by="rank" does: GOODPUT_COLUMNS has them).
+# cost more to read than everything else together); trace ids are read as dictionaries, since
+# their values repeat on every span of a process. The enabled span groups come from their own
+# column, not the resource attribute map (200 MB in memory at 10M spans); a file written before
+# that column adds the map to the read (:func:`read_span_files`). No finding reads service_name
+# or rank (goodput's by="rank" does: GOODPUT_COLUMNS has them).
 READ_COLUMNS = (
     "trace_id", "name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION,
-    EFFICIENCY_CATEGORY, "resource_attributes", "trace_key", "span_key", "parent_key",
+    EFFICIENCY_CATEGORY, "span_groups", "trace_key", "span_key", "parent_key",
 )
+# Promoted resource columns that files written before them lack: such a file holds the
+# attribute in the resource map, which a read of the column then adds (resource_pairs reads both).
+_PROMOTED_LATER = ("span_groups",)
 # Row-group-sized batches (ingest writes pyarrow's default row groups, 2**20 rows): a few large chunks decode
 # with less overhead per batch than the scanner's default 2**17, and every per-chunk loop
 # over the columns runs a few times instead of a hundred.
@@ -100,7 +105,8 @@ def reading_errors(root: Path | None):
 
 def read_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.Table:
     """``columns`` of the spans Parquet ``files``, the one projection every engine reads: the string
-    columns that repeat as dictionaries, and the hex ids where a file was written before the id keys."""
+    columns that repeat as dictionaries, the hex ids where a file was written before the id keys,
+    and the resource map where one was written before the span groups column."""
     dataset, columns = _span_projection(files, columns)
     # Into the system allocator's pool rather than Arrow's default (mimalloc): on a loaded 2-core
     # machine 10M spans read in 2-3 s against 6-10 s there, and check's peak RSS is 0.1-0.2 GB lower.
@@ -125,12 +131,32 @@ def scan_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS
 
 def _span_projection(files: list[str], columns: tuple[str, ...]) -> tuple[ds.Dataset, list[str]]:
     fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
-    dataset = ds.dataset(files, format=fmt)
+    dataset, columns = _promoted_later(ds.dataset(files, format=fmt), columns)
     names = dataset.schema.names
     columns = [c for c in columns if c in names]
     if not has_id_keys(dataset.schema):
         columns += [c for c in ("trace_id", "span_id", "parent_span_id") if c in names and c not in columns]
     return dataset, columns
+
+
+def _promoted_later(dataset: ds.Dataset, columns) -> tuple[ds.Dataset, tuple]:
+    """The dataset and columns to read for ``columns`` when they name a :data:`_PROMOTED_LATER`
+    column: the resource map too where a file lacks the column (its values are there), and the
+    column in the schema where the first file lacks it and another has it (``ds.dataset`` takes
+    its schema from the first file only; the files without it read as nulls)."""
+    later = [c for c in _PROMOTED_LATER if c in columns]
+    if not later:
+        return dataset, tuple(columns)
+    schemas = [fragment.physical_schema for fragment in dataset.get_fragments()]  # each file's footer
+    fields = {c: [schema.field(c) for schema in schemas if c in schema.names] for c in later}
+    if any(len(found) < len(schemas) for found in fields.values()) and "resource_attributes" not in columns:
+        columns = (*columns, "resource_attributes")
+    added = [found[0] for c, found in fields.items() if found and c not in dataset.schema.names]
+    schema = dataset.schema
+    for field in added:
+        schema = schema.append(field)
+    # the same fragments, whose footers are read now: the scan does not read them again
+    return dataset.replace_schema(schema) if added else dataset, tuple(columns)
 
 
 def has_id_keys(schema: pa.Schema) -> bool:
@@ -802,11 +828,54 @@ def resource_values(spans: pa.Table, key: str, rows: np.ndarray) -> tuple[np.nda
 
 
 def resource_pairs(spans: pa.Table, key: str, group: np.ndarray, keep: np.ndarray) -> set[tuple[int, str]]:
-    """The distinct (group code, value) pairs of one resource attribute over the ``keep`` rows.
+    """The distinct (group code, value) pairs of one resource attribute over the ``keep`` rows,
+    values as the map writes them (strings; ints in decimal).
 
-    A process's resource is the same on every one of its spans, so a chunk whose kept rows all
-    share one group (ingest writes one run per file) only needs the distinct values in it.
+    A promoted attribute is read from its column (:data:`PROMOTED_RESOURCE_ATTRIBUTES`) and from
+    the map, each where the table has it: a row holds its value in one of them (ingest puts it in
+    the column; a file written before the column, or a hand-built map, in the map). A process's
+    resource is the same on every one of its spans, so a chunk whose kept rows all share one
+    group (ingest writes one run per file) only needs the distinct values in it.
     """
+    column = PROMOTED_RESOURCE_ATTRIBUTES.get(key)
+    pairs = _column_pairs(spans, column, group, keep) if column in spans.column_names else set()
+    return pairs | _map_pairs(spans, key, group, keep)
+
+
+def _column_pairs(spans: pa.Table, column: str, group: np.ndarray, keep: np.ndarray) -> set[tuple[int, str]]:
+    """:func:`resource_pairs` of a promoted column, chunk by chunk on its dictionary codes (a
+    file's dictionary may hold values no row of it has: only the rows' codes count)."""
+    pairs: set[tuple[int, str]] = set()
+    start = 0
+    for chunk in spans.column(column).chunks:
+        here, kept = group[start:start + len(chunk)], keep[start:start + len(chunk)]
+        start += len(chunk)
+        if not pa.types.is_dictionary(chunk.type):
+            chunk = pc.dictionary_encode(chunk)
+        values = chunk.dictionary.to_pylist()
+        codes = _filled(chunk.indices, -1)
+        if kept.all() and here.size and here.min() == here.max():
+            if here[0] >= 0:
+                pairs.update((int(here[0]), str(values[v])) for v in _codes_present(codes))
+            continue
+        sel = kept & (codes >= 0)
+        pairs.update((g, str(values[v])) for g, v in pairs_present(here[sel], codes[sel], len(values)))
+    return pairs
+
+
+def _codes_present(codes: np.ndarray) -> list[int]:
+    """The distinct codes (-1 left out) of a chunk, which holds one or a few: its least and
+    greatest are present, and each code between them is tested by one comparison pass (a
+    count of every code converts them all to 64 bits first: 8x slower)."""
+    low, high = int(codes.min()), int(codes.max())
+    if high - low > _FEW_VALUES:
+        return np.flatnonzero(np.bincount(codes[codes >= 0], minlength=high + 1)).tolist()
+    middle = {code for code in range(low + 1, high) if code >= 0 and (codes == code).any()}
+    return sorted(code for code in {low, high} | middle if code >= 0)
+
+
+def _map_pairs(spans: pa.Table, key: str, group: np.ndarray, keep: np.ndarray) -> set[tuple[int, str]]:
+    """:func:`resource_pairs` of the ``resource_attributes`` map."""
     pairs: set[tuple[int, str]] = set()
     values: dict[str, int] = {}
     for start, chunk, is_key, item_codes, local in _resource_chunks(spans, key, values):

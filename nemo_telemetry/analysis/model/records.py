@@ -14,7 +14,9 @@ from nemo_telemetry.analysis.model.schema import (
     BUCKET,
     EFFICIENCY_CATEGORY,
     ITERATION,
+    PROMOTED_RESOURCE_ATTRIBUTES,
     SPANS_SCHEMA,
+    promote_resource,
 )
 
 __all__ = ["spans_table"]
@@ -28,6 +30,7 @@ _DEFAULTS: Mapping[str, Any] = {
     "service_name": "driver",
     "run_id": "run-1",
     "rank": 0,
+    "span_groups": None,
     BUCKET: None,
     ITERATION: None,
     EFFICIENCY_CATEGORY: None,
@@ -43,7 +46,10 @@ def spans_table(records: Iterable[Mapping[str, Any]]) -> pa.Table:
     """A ``SPANS_SCHEMA`` table from dicts with at least trace_id, span_id, name, start_ns, end_ns.
 
     ``bucket``, ``iteration`` and ``efficiency_category`` may be used as short names for the
-    ``rl.*`` columns; ``duration_ns`` is computed; attribute maps are ``{str: str}`` dicts.
+    ``rl.*`` columns; ``duration_ns`` is computed; attribute maps are ``{str: str}`` dicts. A
+    promoted resource attribute in ``resource_attributes`` (``nemo.telemetry.span_groups``...) goes
+    to its column, as ingest puts it, unless the record gives that column itself (the attribute
+    then stays in the map: how files written before the column hold it).
     """
     rows = []
     for i, record in enumerate(records):
@@ -58,6 +64,13 @@ def spans_table(records: Iterable[Mapping[str, Any]]) -> pa.Table:
             raise ValueError(f"span record {i}: unknown fields {sorted(unknown)}")
         row["duration_ns"] = row["end_ns"] - row["start_ns"]
         row["attributes"] = list(row["attributes"].items())
-        row["resource_attributes"] = list(row["resource_attributes"].items())
+        resource = row["resource_attributes"]
+        promoted, remaining = promote_resource(resource)
+        for key, column in PROMOTED_RESOURCE_ATTRIBUTES.items():
+            if column in record and key in resource:  # the record's own column: the attribute stays as given
+                remaining[key] = resource[key]
+            elif column not in record and promoted[column] is not None:
+                row[column] = promoted[column]
+        row["resource_attributes"] = list(remaining.items())
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=SPANS_SCHEMA)

@@ -2,9 +2,12 @@
 
 One row per span. Ids are lowercase hex strings; times are int64 Unix nanoseconds. The
 promoted columns (``rl.bucket``, ``rl.iteration``, ``rl.efficiency.category``, and from the
-resource ``service_name``, ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank``) are taken
-out of the attribute maps; every other span attribute is in ``attributes`` and every other
-resource attribute in ``resource_attributes``. Attribute values are strings: OTLP string
+resource ``service_name``, ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank``,
+``span_groups`` = ``nemo.telemetry.span_groups``) are taken out of the attribute maps; every
+other span attribute is in ``attributes`` and every other resource attribute in
+``resource_attributes``. ``span_groups`` has a column of its own so that ``check`` reads a
+dictionary column instead of the resource map (hundreds of MB at 10M spans); files written
+before it hold the attribute in ``resource_attributes``, where readers still look for it. Attribute values are strings: OTLP string
 values as they are, ints in decimal, doubles as Python's ``repr``, bools ``true``/``false``,
 bytes as lowercase hex, arrays and key-value lists as compact JSON.
 Strings that repeat are dictionary-encoded.
@@ -17,6 +20,8 @@ from :func:`nemo_telemetry.analysis.model.tree.with_id_keys`.
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 import pyarrow as pa
 
 __all__ = [
@@ -28,6 +33,7 @@ __all__ = [
     "EFFICIENCY_CATEGORY",
     "PROMOTED_SPAN_ATTRIBUTES",
     "PROMOTED_RESOURCE_ATTRIBUTES",
+    "promote_resource",
     "SPAN_KINDS",
     "STATUS_CODES",
     "empty_spans",
@@ -47,7 +53,27 @@ NO_RUN = "\x00"
 # span attribute -> column
 PROMOTED_SPAN_ATTRIBUTES = (BUCKET, ITERATION, EFFICIENCY_CATEGORY)
 # resource attribute -> column
-PROMOTED_RESOURCE_ATTRIBUTES = {"service.name": "service_name", "nemo.run.id": "run_id", "nv.dl.rank": "rank"}
+PROMOTED_RESOURCE_ATTRIBUTES = {"service.name": "service_name", "nemo.run.id": "run_id", "nv.dl.rank": "rank",
+                                "nemo.telemetry.span_groups": "span_groups"}
+
+
+
+def promote_resource(attributes: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One resource's promoted column values (every column of :data:`PROMOTED_RESOURCE_ATTRIBUTES`,
+    None where absent) and the attributes left for ``resource_attributes``. ``rank`` takes a decimal
+    integer only: any other value stays in the map, where it was."""
+    remaining = dict(attributes)
+    columns: dict[str, Any] = {}
+    for key, column in PROMOTED_RESOURCE_ATTRIBUTES.items():
+        value = remaining.pop(key, None)
+        if column == "rank" and value is not None:
+            try:
+                value = int(value)
+            except (TypeError, ValueError):
+                remaining[key], value = value, None
+        columns[column] = value
+    return columns, remaining
+
 
 # OTLP enum values, in enum order (index = OTLP integer value).
 SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
@@ -68,6 +94,7 @@ SPANS_SCHEMA = pa.schema(
         pa.field("service_name", _dict_str),
         pa.field("run_id", _dict_str),
         pa.field("rank", pa.int64()),
+        pa.field("span_groups", _dict_str),  # the process's enabled span groups, comma-separated
         pa.field(BUCKET, _dict_str),
         pa.field(ITERATION, pa.int64()),
         pa.field(EFFICIENCY_CATEGORY, _dict_str),
