@@ -25,10 +25,11 @@ process (interpreter start-up, imports, read and computation), and ours are prin
 to DuckDB's (targets: goodput at most 0.5x, check at most 0.6x, each under 2 GB peak RSS).
 
 The run: two runs (``nemo.run.id``), GRPO-shaped steps of 30 s with 2,500 spans each. Per step
-a stamped step span, four bucketed phases, a rollout umbrella with 16 productive generate
-leaves, an idle refit bubble, 8 worker ranks x 60 unstamped micro-batch spans under training
-(walked up for their iteration), and ~1,000 per-prompt umbrella pairs. Every 200th step a
-collector batch re-roots into its own trace (``detached-trace``).
+a stamped step span, four bucketed phases, a stamped rollout umbrella with 16 productive
+generate leaves (unstamped, as a vLLM worker opens them: each walks up to the umbrella for its
+iteration, in our walk and in DuckDB's recursive CTE alike), an idle refit bubble, 8 worker ranks
+x 60 unbucketed micro-batch spans under training, and ~1,000 per-prompt umbrella pairs. Every
+200th step a collector batch re-roots into its own trace (``detached-trace``).
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ def _step_template() -> dict[str, np.ndarray]:
     for name, a, b, bucket in ((2, 0.0, 2.0, 1), (3, 10.0, 14.0, 1), (4, 14.0, 15.0, 0), (5, 15.0, 27.0, 0)):
         rows.append((name, 0, a, b, bucket, True, 0, 0))  # 1..4 phases
     rows.append((6, 0, 2.0, 10.0, -1, True, 0, 0))  # 5 rollout umbrella
-    for k in range(16):  # 6..21 generate leaves
-        rows.append((7, 5, 2.0 + 0.5 * k, 2.45 + 0.5 * k, 0, True, 0, 0))
+    for k in range(16):  # 6..21 generate leaves, unstamped as a vLLM worker opens them: walked up to the umbrella
+        rows.append((7, 5, 2.0 + 0.5 * k, 2.45 + 0.5 * k, 0, False, 0, 0))
     rows.append((8, 0, 27.0, 28.0, 2, True, 0, 0))  # 22 refit bubble
     for rank in range(8):  # worker micro-batches under policy_training, unstamped
         for k in range(60):
