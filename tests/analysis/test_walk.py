@@ -80,3 +80,33 @@ def test_resolve_walks_continues_across_batches_until_a_stamped_span_or_a_root()
 def test_key_index_tells_apart_the_same_key_in_two_traces():
     index = KeyIndex.of(np.array([1, 2], np.uint64), np.array([5, 5], np.uint64), np.array([10, 20]))
     assert index.lookup(np.array([2, 1, 3], np.uint64), np.array([5, 5, 5], np.uint64)).tolist() == [20, 10, -1]
+
+
+def test_walk_rows_finds_what_the_sorted_index_walk_finds():
+    """goodput's walk of a few rows over a whole table, finding parents by a pass over the keys per
+    level (walk_rows), gives walk_up's iterations: duplicated ids, spans that name themselves,
+    cycles, parents found nowhere, the same id in two traces, a parent_span_id column or keys only."""
+    import pyarrow as pa
+
+    from nemo_telemetry.analysis.model._arrays import span_arrays, walk_rows
+
+    rng = np.random.default_rng(9)
+    for trial in range(200):
+        n = int(rng.integers(1, 200))
+        ids = rng.integers(1, 40 if trial % 3 == 0 else 2**62, n).astype(np.uint64)  # narrow: duplicates
+        traces = rng.integers(1, 3, n).astype(np.uint64)
+        elsewhere = np.where(rng.random(n) < 0.5, 0, rng.integers(1, 2**62, n)).astype(np.uint64)
+        parent = np.where(rng.random(n) < 0.8, ids[rng.integers(0, n, n)], elsewhere)
+        itself = rng.random(n) < 0.05
+        parent[itself] = ids[itself]
+        has = rng.random(n) < 0.3
+        columns = {"trace_key": traces, "span_key": ids, "parent_key": parent,
+                   "rl.iteration": pa.array(rng.integers(0, 9, n), mask=~has)}
+        if trial % 2:
+            columns["parent_span_id"] = pa.array([f"{int(p):016x}" for p in parent], mask=parent == 0)
+        table = pa.table(columns)
+        rows = np.unique(rng.integers(0, n, int(rng.integers(1, n + 1))))
+        iteration, found, _ = span_arrays(table).walk_up(rows)
+        mine = walk_rows(table, rows)
+        assert np.array_equal(mine[1], found), trial
+        assert np.array_equal(mine[0], iteration), trial

@@ -22,7 +22,7 @@ from nemo_telemetry.analysis.goodput.rules import (
 from nemo_telemetry.analysis.model.grouping import Columns
 from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_partial, ranks_tables
 from nemo_telemetry.analysis.model._arrays import (
-    NO_BUCKET, SpanArrays, code_values, has_id_keys, scan_span_files, span_arrays,
+    NO_BUCKET, SpanArrays, code_values, has_id_keys, scan_span_files, span_arrays, walk_rows,
 )
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.model.intervals import merge_intervals
@@ -85,9 +85,10 @@ class _OneBatch:
 
 
 def _one_batch(arrays: SpanArrays, keep: np.ndarray, run_order: tuple, *, ancestors: bool = False,
-               whole: Callable[[], tuple[SpanArrays, np.ndarray]] | None = None) -> _OneBatch:
+               whole: Callable[[], tuple[pa.Table, np.ndarray]] | None = None) -> _OneBatch:
     """The rules over ``arrays`` as one batch. ``whole`` (for arrays of only the rows goodput reads)
-    gives the whole table's arrays and each row's position in it, for walks that leave those rows."""
+    gives the whole table (its id keys and rl.iteration at least) and each row's position in it, for
+    walks that leave those rows."""
     steps = step_windows(arrays, keep)
     walked = np.flatnonzero((arrays.bucket != NO_BUCKET) & keep)  # few rows: the rest is decided on them
     if whole is None:
@@ -102,13 +103,13 @@ def _one_batch(arrays: SpanArrays, keep: np.ndarray, run_order: tuple, *, ancest
 
 
 def _walk_in_whole(arrays: SpanArrays, walked: np.ndarray, whole) -> tuple[np.ndarray, np.ndarray]:
-    """Attributed iterations of ``walked``: their own, else the walk over the whole table (decoded
-    only when some row needs it)."""
+    """Attributed iterations of ``walked``: their own, else the walk over the whole table (read only
+    when some row needs it, and then only at the rows the walks visit: :func:`walk_rows`)."""
     iteration, stamped = arrays.iteration[walked].copy(), arrays.has_iteration[walked].copy()
     pending = np.flatnonzero(~stamped)
     if pending.size:
-        table_arrays, position = whole()
-        iteration[pending], stamped[pending], _ = table_arrays.walk_up(position[walked[pending]])
+        table, position = whole()
+        iteration[pending], stamped[pending] = walk_rows(table, position[walked[pending]])
     return iteration, stamped
 
 
@@ -215,8 +216,8 @@ def _narrow_batch(read: GoodputRows, run_id: str | None) -> _OneBatch:
     keep = np.ones(len(arrays), bool) if run_id is None else (
         arrays.run == arrays.runs.index(run_id) if run_id in arrays.runs else np.zeros(len(arrays), bool))
 
-    def whole() -> tuple[SpanArrays, np.ndarray]:
-        return span_arrays(read.walk_table()), read.position
+    def whole() -> tuple[pa.Table, np.ndarray]:
+        return read.walk_table(), read.position
 
     return _one_batch(arrays, keep, read.run_order, whole=whole)
 

@@ -29,10 +29,10 @@ from nemo_telemetry.analysis.model.walk import climb
 from nemo_telemetry.errors import IngestError
 
 __all__ = ["BUCKETS", "SpanArrays", "span_arrays", "code_values", "column_rows", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS",
-           "isin_sorted", "key_index", "sort_index", "index_parents", "index_orphans", "distinct_parents", "orphan_mask",
+           "isin_sorted", "SortedSet", "key_index", "sort_index", "index_parents", "index_orphans", "distinct_parents", "orphan_mask",
            "GOODPUT_COLUMNS", "STEP_GOODPUT_COLUMNS", "read_for_analysis", "read_span_files", "scan_span_files",
            "span_source_files", "reading_errors", "has_id_keys",
-           "decode_span_files", "resource_values", "resource_pairs"]
+           "decode_span_files", "walk_rows", "resource_values", "resource_pairs"]
 
 BUCKETS = ("productive", "overhead", "idle", "wasted")
 UNKNOWN_BUCKET = -2
@@ -334,31 +334,49 @@ def pairs_present(first: np.ndarray, second: np.ndarray, second_size: int) -> li
 
 
 def isin_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
-    """``np.isin(values, sorted_set)`` for uint64 keys and a small sorted set.
+    """``np.isin(values, sorted_set)`` for uint64 keys and a small sorted set (:class:`SortedSet`)."""
+    out = np.zeros(len(values), dtype=bool)
+    if sorted_set.size == 0 or len(values) == 0:
+        return out
+    members = SortedSet(sorted_set)
+    for lo in range(0, len(values), _LOOKUP_ROWS):  # a block at a time: no temporary as large as ``values``
+        members.contains(values[lo:lo + _LOOKUP_ROWS], out=out[lo:lo + _LOOKUP_ROWS])
+    return out
+
+
+class SortedSet:
+    """Membership in a small sorted set of uint64 keys, tested block by block.
 
     A 65,536-slot table indexed by the top 16 bits holds the set's only member with those
     bits, so one cache-resident lookup and a comparison decide almost every value, whether
     it is in the set or not; only values whose slot holds several members are binary-searched.
     """
-    if sorted_set.size == 0 or len(values) == 0:
-        return np.zeros(len(values), dtype=bool)
-    slot_bits = np.uint64(48)
-    prefix = (sorted_set >> slot_bits).astype(np.intp)
-    members = np.bincount(prefix, minlength=1 << 16)
-    # An empty (or crowded) slot holds a number from the neighbouring slot: no value of its own slot equals it.
-    only = (np.arange(1 << 16, dtype=np.uint64) ^ np.uint64(1)) << slot_bits
-    single = members[prefix] == 1
-    only[prefix[single]] = sorted_set[single]
-    out = np.empty(len(values), dtype=bool)
-    for lo in range(0, len(values), _LOOKUP_ROWS):  # a block at a time: no temporary as large as ``values``
-        block = values[lo:lo + _LOOKUP_ROWS]
-        np.equal(only[(block >> slot_bits).astype(np.intp)], block, out=out[lo:lo + _LOOKUP_ROWS])
-    crowded = members > 1
-    if crowded.any():
-        maybe = np.flatnonzero(crowded[(values >> slot_bits).astype(np.intp)])
-        at = np.minimum(np.searchsorted(sorted_set, values[maybe]), sorted_set.size - 1)
-        out[maybe] = sorted_set[at] == values[maybe]
-    return out
+
+    _SLOT_BITS = np.uint64(48)
+
+    def __init__(self, sorted_set: np.ndarray) -> None:
+        self.values = sorted_set
+        prefix = (sorted_set >> self._SLOT_BITS).astype(np.intp)
+        members = np.bincount(prefix, minlength=1 << 16)
+        # An empty (or crowded) slot holds a number from the neighbouring slot: no value of its own slot equals it.
+        self.only = (np.arange(1 << 16, dtype=np.uint64) ^ np.uint64(1)) << self._SLOT_BITS
+        single = members[prefix] == 1
+        self.only[prefix[single]] = sorted_set[single]
+        self.crowded = members > 1
+        self.some_crowded = bool(self.crowded.any())
+
+    def contains(self, block: np.ndarray, *, out: np.ndarray) -> np.ndarray:
+        """Into ``out``: whether each of ``block`` is in the set."""
+        if self.values.size == 0:
+            out[:] = False
+            return out
+        slot = (block >> self._SLOT_BITS).astype(np.intp)
+        np.equal(self.only[slot], block, out=out)
+        if self.some_crowded:
+            maybe = np.flatnonzero(self.crowded[slot])
+            at = np.minimum(np.searchsorted(self.values, block[maybe]), self.values.size - 1)
+            out[maybe] = self.values[at] == block[maybe]
+        return out
 
 
 def codes_matching(values: tuple, regex: str) -> np.ndarray:
@@ -558,6 +576,104 @@ def _mix_into(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.ndarra
         np.multiply(parent_key, _SPAN_SPREAD, out=wanted)
     own ^= mix
     wanted ^= mix
+
+
+def walk_rows(table: pa.Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(attributed iteration, whether one was found) of ``rows``, as ``span_arrays(table).walk_up(rows)``
+    gives them, for a table of which only these few rows climb (goodput's unstamped bucketed spans).
+
+    No sorted index of every span: each level of the climb finds the parents it asks for by one
+    pass over the spans' mixed keys (:class:`_KeyScan`), and reads ``rl.iteration`` only at the
+    rows it visits. At 10M spans and 64k walks one level up, 0.1 s against the index's 0.7 s.
+    """
+    table = with_id_keys(table)
+    rows = np.asarray(rows, dtype=np.int64)
+    if ITERATION in table.column_names:
+        has_iteration = pc.is_valid(table.column(ITERATION)).to_numpy(zero_copy_only=False)
+        iteration = _RowsOf(table.column(ITERATION))
+    else:
+        has_iteration, iteration = np.zeros(table.num_rows, dtype=bool), np.zeros(table.num_rows, dtype=np.int64)
+    own = has_iteration[rows]
+    need = np.flatnonzero(~own)
+    scan = _KeyScan(table)
+    walked = climb(scan.parent_of(rows[need]), scan.parent_of, has_iteration, iteration, stamped=own[need])
+    out, found = iteration[rows], own.copy()  # nulls read as 0, as walk_up has them
+    take = walked.stamped & ~own[need]
+    out[need[take]], found[need[take]] = walked.iteration[take], True
+    return out, found
+
+
+class _RowsOf:
+    """An int64 column read at the rows indexed (nulls as 0), for a walk that visits a few of them."""
+
+    def __init__(self, column: pa.ChunkedArray) -> None:
+        self.column = column
+
+    def __getitem__(self, rows) -> np.ndarray:
+        return column_rows(self.column, np.asarray(rows, dtype=np.int64), 0).astype(np.int64, copy=False)
+
+
+class _KeyScan:
+    """Parent rows as :meth:`SpanArrays.parent_of` finds them (the lowest other row whose span id
+    and trace mix to the reference's number), by one pass over the span keys per lookup: each
+    block's spread span ids are tested against the references' (:func:`isin_sorted`), and only the
+    spans that pass are mixed with their trace and compared whole."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        self.by_id = "parent_span_id" in table.column_names  # as _has_parent: the id when read, else the key
+        self.named = pc.is_valid(table.column("parent_span_id")).to_numpy(zero_copy_only=False) if self.by_id else None
+
+    def parent_of(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.full(len(rows), -1, dtype=np.int64)
+        column = self.table.column
+        span, trace, parent = (column_rows(column(c), rows, 0).astype(np.uint64, copy=False)
+                               for c in ("span_key", "trace_key", "parent_key"))
+        ask = np.flatnonzero(self.named[rows] if self.by_id else parent != 0)
+        if ask.size == 0:
+            return out
+        own, wanted = np.empty(len(ask), np.uint64), np.empty(len(ask), np.uint64)
+        _mix_into(span[ask], trace[ask], parent[ask], own, wanted)
+        held, keys = self._rows_with(np.unique(parent[ask] * _SPAN_SPREAD))
+        order = np.argsort(keys, kind="stable")  # by mixed key, then row
+        keys, held = keys[order], held[order]
+        pos = np.searchsorted(keys, wanted)
+        for _ in range(2):  # the lowest row with that key, else (it is the span itself) the next one
+            hit = pos < len(keys)
+            hit[hit] = keys[pos[hit]] == wanted[hit]
+            itself = hit.copy()
+            itself[hit] = held[pos[hit]] == rows[ask[hit]]
+            found = hit & ~itself
+            out[ask[found]] = held[pos[found]]
+            ask, wanted, pos = ask[itself], wanted[itself], pos[itself] + 1
+            if ask.size == 0:
+                break
+        return out
+
+    def _rows_with(self, spread: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, their mixed keys) of the spans whose spread span id is one of ``spread`` (sorted).
+
+        A block of rows at a time small enough that its temporaries are reused from one block to
+        the next instead of faulted in afresh."""
+        members = SortedSet(spread)
+        spread_block, hit_block = np.empty(_BLOCK_ROWS, np.uint64), np.empty(_BLOCK_ROWS, bool)
+        rows, keys = [], []
+        at = 0
+        for batch in self.table.select(["span_key", "trace_key"]).to_batches(max_chunksize=_BLOCK_ROWS):
+            n = batch.num_rows
+            span = _filled(batch.column(0), 0).astype(np.uint64, copy=False)
+            with np.errstate(over="ignore"):
+                np.multiply(span, _SPAN_SPREAD, out=spread_block[:n])
+            hit = np.flatnonzero(members.contains(spread_block[:n], out=hit_block[:n]))
+            if hit.size:
+                trace = _filled(batch.column(1), 0).astype(np.uint64, copy=False)[hit]
+                own, scratch = np.empty(hit.size, np.uint64), np.empty(hit.size, np.uint64)
+                _mix_into(span[hit], trace, span[hit], own, scratch)
+                rows.append(hit + at)
+                keys.append(own)
+            at += n
+        return (np.concatenate(rows), np.concatenate(keys)) if rows else (np.zeros(0, np.int64), np.zeros(0, np.uint64))
 
 
 def _has_parent(table: pa.Table, keys) -> np.ndarray:
