@@ -35,7 +35,7 @@ Decisions where the design leaves room:
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -57,9 +57,10 @@ from nemo_telemetry.analysis.findings.rules import (
     anchor_rows,
     batch_offenders,
     catalogue_name_sets,
-    detached_partial,
+    detached_counts,
     detached_traces,
     group_name_codes,
+    loose_rows,
     offenders,
     overlap_partial,
     overlapping_steps,
@@ -459,8 +460,8 @@ def _check_decoded(pool: ThreadPoolExecutor, keys: Future, decode: Callable[[], 
         presence = pool.submit(group_presence, arrays, run_filter(arrays, run_id))
         arrays.adopt_index(index.result())
         analysis = analyse(arrays.table, run_id=run_id, ancestors=True, arrays=arrays)
-        arrays.adopt_index(orphans.result())
-        merged = merge_in_memory(analysis, tolerance_ns, presence.result())
+        merged = merge_in_memory(analysis, tolerance_ns, presence.result(),
+                                 orphans_found=lambda: arrays.adopt_index(orphans.result()))
     finally:
         for pending in (parents, orphans):  # a bad run_id: do not wait for a test no one reads
             pending.cancel()
@@ -500,24 +501,29 @@ class _BatchRows:
     offenders: dict[str, np.ndarray]
 
 
-def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: tuple) -> Merged:
-    """The partials of the one batch that is the whole table, which merge to themselves."""
+def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: tuple,
+                    orphans_found: Callable[[], None] = lambda: None) -> Merged:
+    """The partials of the one batch that is the whole table, which merge to themselves.
+
+    ``orphans_found()`` returns once ``analysis.arrays`` has its orphan test (run in other
+    threads): what reads no orphan is done before waiting for it.
+    """
     a = analysis.arrays
     ancestor = analysis.walked_ancestor
     facts = RowFacts(arrays=a, keep=analysis.keep, walked=analysis.walked, walked_stamped=analysis.walked_stamped,
                      walked_iteration=analysis.walked_iteration,
-                     walked_ancestor=np.where(ancestor >= 0, a.name[np.maximum(ancestor, 0)], -1),
-                     orphan=a.orphan)
+                     walked_ancestor=np.where(ancestor >= 0, a.name[np.maximum(ancestor, 0)], -1), orphan=None)
     inside = analysis.bucketed_step >= 0
     rows, step = analysis.bucketed[inside], analysis.bucketed_step[inside]
     clusters, deep = overlap_partial(a.start[rows], a.end[rows], step, rows, tolerance_ns)
     anchors = anchor_rows(a, analysis.keep)
     anchored_runs = np.unique(a.run[anchors])
-    loose, counts = detached_partial(facts, np.unique(facts.trace_of(anchors)), anchored_runs)
+    loose = loose_rows(facts, np.unique(facts.trace_of(anchors)), anchored_runs)
     first_anchor = {int(r): int(anchors[a.run[anchors] == r][0]) for r in anchored_runs}
+    orphans_found()
+    facts = replace(facts, orphan=a.orphan)
     return Merged(facts=facts, offenders=offenders(facts), steps=analysis.steps,
                   table=analysis.table, overlapping=overlapping_steps([clusters]), deep=overlapping_steps([deep]),
-                  overlap_rows=rows, overlap_step=step, detached=detached_traces(counts), detached_rows=loose,
-                  anchor_trace={r: a.trace_id([row])[0] for r, row in first_anchor.items()}, presence=presence)
-
-
+                  overlap_rows=rows, overlap_step=step, detached=detached_traces(detached_counts(facts, loose)),
+                  detached_rows=loose, anchor_trace={r: a.trace_id([row])[0] for r, row in first_anchor.items()},
+                  presence=presence)

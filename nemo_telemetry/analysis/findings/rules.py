@@ -41,7 +41,7 @@ from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 
 __all__ = ["RowFacts", "SPAN_CODES", "ANCHOR_REGEX", "STANDALONE_GROUPS", "offenders", "BATCH_FINDING_CODES",
            "batch_offenders", "catalogue_name_sets",
-           "group_name_codes", "anchor_rows", "overlap_partial", "overlapping_steps", "detached_partial",
+           "group_name_codes", "anchor_rows", "overlap_partial", "overlapping_steps", "detached_partial", "loose_rows", "detached_counts",
            "detached_traces"]
 
 _FEW_TRACES = 4  # anchored traces up to which in_traces compares keys instead of hashing them
@@ -69,7 +69,7 @@ class RowFacts:
     walked_stamped: np.ndarray  # own or attributed iteration found
     walked_iteration: np.ndarray  # that iteration (meaningful where stamped)
     walked_ancestor: np.ndarray  # name code of the nearest row with an rl.bucket above, -1: none
-    orphan: np.ndarray  # mask: names a parent found in no batch
+    orphan: np.ndarray | None  # mask: names a parent found in no batch (None while the test runs)
 
     def trace_of(self, rows: np.ndarray) -> np.ndarray:
         """The uint64 trace key of each of ``rows`` (taken from the batch, never decoded whole)."""
@@ -217,17 +217,28 @@ def detached_partial(facts: RowFacts, anchored_traces: np.ndarray, anchored_runs
     """The batch's rows of anchored runs outside every anchored trace (``anchored_traces`` sorted,
     ``anchored_runs`` the batch's run codes that have an anchor), and per (run code, trace) how
     many rows it holds and how many are not a root, or are a root by design (startup, model load)."""
+    rows = loose_rows(facts, anchored_traces, anchored_runs)
+    return rows, detached_counts(facts, rows)
+
+
+def loose_rows(facts: RowFacts, anchored_traces: np.ndarray, anchored_runs: np.ndarray) -> np.ndarray:
+    """:func:`detached_partial`'s rows (which read no orphan test: a caller may run it meanwhile)."""
     a = facts.arrays
     loose = facts.keep & code_mask(a.run, anchored_runs, len(a.runs))
     loose &= ~facts.in_traces(anchored_traces)
-    rows = np.flatnonzero(loose)
+    return np.flatnonzero(loose)
+
+
+def detached_counts(facts: RowFacts, rows: np.ndarray) -> Columns:
+    """:func:`detached_partial`'s counts per (run code, trace) of its ``rows``."""
+    a = facts.arrays
     standalone = code_mask(a.name[rows], np.concatenate([group_name_codes(a.names, g) for g in STANDALONE_GROUPS]),
                            len(a.names))
     designed = (a.has_parent[rows] & ~facts.orphan[rows]) | standalone
     run, trace = a.run[rows].astype(np.int64), facts.trace_of(rows)
     traces = group_by(run, trace)
-    return rows, {"run": traces.key(run), "trace": traces.key(trace), "rows": traces.size(),
-                  "designed": traces.reduce(np.add, designed.astype(np.int64))}
+    return {"run": traces.key(run), "trace": traces.key(trace), "rows": traces.size(),
+            "designed": traces.reduce(np.add, designed.astype(np.int64))}
 
 
 def detached_traces(counts: Columns) -> Columns:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache, cached_property
@@ -712,12 +713,30 @@ def orphan_mask(has_parent: np.ndarray, mixed: tuple[np.ndarray, np.ndarray],
     high = ~np.uint64((1 << bits) - 1)
     ordered = distinct_parents(has_parent, mixed[1]) if ordered is None else ordered
     # A block of references at a time: the positions and candidates of every reference at once
-    # would double the test's memory at its peak.
-    missing = [_missing_parents(ordered[lo:lo + _LOOKUP_ROWS], own, packed, high)
-               for lo in range(0, len(ordered), _LOOKUP_ROWS)]
+    # would double the test's memory at its peak. Every other block in a second thread: the
+    # searches and gathers release the GIL (4M references into 10M spans: 0.16 s against 0.27 s).
+    blocks = [ordered[lo:lo + _LOOKUP_ROWS] for lo in range(0, len(ordered), _LOOKUP_ROWS)]
+    missing = _in_two_threads(lambda block: _missing_parents(block, own, packed, high), blocks)
     missing = np.concatenate(missing) if missing else ordered[:0]
     if missing.size:  # rare: back from the distinct parents to the spans that name them
         out = has_parent & isin_sorted(mixed[1], missing)
+    return out
+
+
+def _in_two_threads(work, items: list) -> list:
+    """``[work(item) for item in items]``, every other item in a second thread."""
+    if len(items) < 2:
+        return [work(item) for item in items]
+    out: list = [None] * len(items)
+
+    def run(indices) -> None:
+        for i in indices:
+            out[i] = work(items[i])
+
+    with ThreadPoolExecutor(max_workers=1) as helper:
+        odd = helper.submit(run, range(1, len(items), 2))
+        run(range(0, len(items), 2))
+        odd.result()
     return out
 
 
