@@ -45,12 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from _columns import dictionary, uint64_hex  # bench/_columns.py (this script's folder is on sys.path)
-from nemo_telemetry.analysis.ingestion._columns import SPANS_TABLE_SCHEMA
+# Nothing heavy at the top: each child imports what its command imports (ours the CLI's modules,
+# DuckDB's only duckdb); the dataset writer imports numpy and pyarrow for itself.
 
 SPANS_PER_STEP = 2_500
 STEP_NS = 30_000_000_000
@@ -69,6 +65,8 @@ SERVICE_SPAN_GROUPS = [SPAN_GROUPS, "policy_update", "rollout,efficiency"]  # ea
 
 def _step_template() -> dict[str, np.ndarray]:
     """One step's spans: name, parent (index in the step, -1 = the job), times, bucket, stamped, who."""
+    import numpy as np
+
     rows: list[tuple] = []  # (name, parent, start_s, end_s, bucket, stamped, service, rank)
     rows.append((1, -1, 0.0, 29.0, -1, True, 0, 0))  # 0 step
     for name, a, b, bucket in ((2, 0.0, 2.0, 1), (3, 10.0, 14.0, 1), (4, 14.0, 15.0, 0), (5, 15.0, 27.0, 0)):
@@ -99,6 +97,12 @@ def _step_template() -> dict[str, np.ndarray]:
 
 def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
     """One run's spans table (SPANS_TABLE_SCHEMA), vectorized over steps."""
+    import numpy as np
+    import pyarrow as pa
+
+    from _columns import dictionary, uint64_hex  # bench/_columns.py (this script's folder is on sys.path)
+    from nemo_telemetry.analysis.ingestion._columns import SPANS_TABLE_SCHEMA
+
     t = _step_template()
     p = SPANS_PER_STEP
     n = steps * p + 1
@@ -152,13 +156,19 @@ def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
 
 
 def write_dataset(root: Path, spans: int) -> None:
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from nemo_telemetry.analysis.store.dataset import SPANS_PARQUET_OPTIONS
+
     rng = np.random.default_rng(7)
     steps_per_run = max(1, spans // (2 * SPANS_PER_STEP))
     for r in range(2):
         table = make_run(r, steps_per_run, rng)
         folder = root / "spans" / f"run_id=bench-run-{r}"
         folder.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, folder / "part-0.parquet", row_group_size=1 << 20)
+        # written as ingest writes a spans file: dictionary pages only where values repeat (not times or ids)
+        pq.write_table(table, folder / "part-0.parquet", row_group_size=1 << 20, **SPANS_PARQUET_OPTIONS)
         del table
 
 
@@ -190,6 +200,8 @@ def measure(root: Path, command: str) -> dict:
     c0, t0 = time.process_time(), clock()
     result = goodput_with_engine(root) if command == "goodput" else check_with_engine(root)
     t1, c1 = clock(), time.process_time()
+    import pyarrow.parquet as pq
+
     out = {"run_s": t1 - t0, "cpu_s": c1 - c0, "peak_gb": _peak_gb(), "pandas": "pandas" in sys.modules,
            "spans": sum(pq.ParquetFile(f).metadata.num_rows for f in (root / "spans").rglob("*.parquet"))}
     if command == "goodput":

@@ -51,6 +51,7 @@ __all__ = [
     "is_dataset",
     "read_dataset",
     "NO_RUN_PARTITION",
+    "SPANS_PARQUET_OPTIONS",
 ]
 
 NO_RUN_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -74,6 +75,8 @@ _SPAN_DICTIONARY = [
     for f in SPANS_TABLE_SCHEMA
     if pa.types.is_dictionary(f.type) or f.name in ("rank", ITERATION, "status_message", "trace_state")
 ] + [f"{m}.key_value.{part}" for m in ("attributes", "resource_attributes") for part in ("key", "value")]
+SPANS_PARQUET_OPTIONS = {"write_statistics": _SPAN_STATISTICS, "use_dictionary": _SPAN_DICTIONARY}
+"""How a spans file is written (``pq.write_table`` options): what a benchmark writes to measure reads as ingest's."""
 
 
 def is_dataset(path: Path) -> bool:
@@ -501,8 +504,7 @@ def _write_spans(pieces: list[pa.Table], path: Path) -> None:
     chunks costs the Parquet writer more than the copy)."""
     table = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
     try:
-        pq.write_table(table.combine_chunks(), path, write_statistics=_SPAN_STATISTICS,
-                       use_dictionary=_SPAN_DICTIONARY)
+        pq.write_table(table.combine_chunks(), path, **SPANS_PARQUET_OPTIONS)
     except OSError as exc:
         raise commits.with_path(exc, path) from exc
 
