@@ -25,7 +25,7 @@ import pyarrow.dataset as ds
 from nemo_telemetry.analysis.store.commits import committed_files
 from nemo_telemetry.analysis.store.sources import single_dataset
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, PROMOTED_RESOURCE_ATTRIBUTES
-from nemo_telemetry.analysis.model.tree import parent_indices, trace_mix, with_id_keys
+from nemo_telemetry.analysis.model.tree import SPAN_SPREAD, mixed_key, parent_indices, trace_mix, with_id_keys
 from nemo_telemetry.analysis.model.walk import climb
 from nemo_telemetry.errors import IngestError
 
@@ -126,8 +126,12 @@ def scan_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS
     a read's system time on these VMs (10M spans: goodput's read faults in 0.44 GB instead of 0.78).
     """
     dataset, columns = _span_projection(files, columns)
-    yield from dataset.to_batches(columns=columns, batch_size=batch_rows or _SCAN_BATCH_ROWS,
-                                  batch_readahead=_SCAN_READAHEAD, memory_pool=_reusing_pool())
+    yield from _scan(dataset, columns, batch_rows)
+
+
+def _scan(dataset: ds.Dataset, columns: list[str], batch_rows: int | None) -> Iterator[pa.RecordBatch]:
+    return dataset.to_batches(columns=columns, batch_size=batch_rows or _SCAN_BATCH_ROWS,
+                              batch_readahead=_SCAN_READAHEAD, memory_pool=_reusing_pool())
 
 
 def _span_projection(files: list[str], columns: tuple[str, ...]) -> tuple[ds.Dataset, list[str]]:
@@ -559,22 +563,21 @@ def _id_keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                  for c in ("span_key", "trace_key", "parent_key"))
 
 
-_SPAN_SPREAD = np.uint64(0xBF58476D1CE4E5B9)  # odd, so multiplying by it permutes uint64 (as in tree.py)
 _BLOCK_ROWS = 1 << 16  # the index is built this many rows at a time, so its temporaries stay in cache
 
 
 def _mix_into(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.ndarray,
               own: np.ndarray, wanted: np.ndarray) -> None:
-    """One uint64 per (span id, trace id), into ``own`` (the span) and ``wanted`` (its parent).
+    """:func:`~nemo_telemetry.analysis.model.tree.mixed_key` of each span and of its parent, into
+    ``own`` and ``wanted`` (written in place, a block at a time, with one trace mix for both).
 
-    Span ids are spread by an odd multiplier first: hand-built traces number spans 1, 2, 3...,
-    which would otherwise share their high bits and turn every lookup in the sorted index
-    into a linear walk.
+    Spread span ids keep hand-built traces (spans 1, 2, 3...) from sharing their high bits,
+    which would turn every lookup in the sorted index into a linear walk.
     """
     mix = trace_mix(trace_key)
     with np.errstate(over="ignore"):
-        np.multiply(span_key, _SPAN_SPREAD, out=own)
-        np.multiply(parent_key, _SPAN_SPREAD, out=wanted)
+        np.multiply(span_key, SPAN_SPREAD, out=own)
+        np.multiply(parent_key, SPAN_SPREAD, out=wanted)
     own ^= mix
     wanted ^= mix
 
@@ -617,7 +620,7 @@ class _RowsOf:
 class _KeyScan:
     """Parent rows as :meth:`SpanArrays.parent_of` finds them (the lowest other row whose span id
     and trace mix to the reference's number), by one pass over the span keys per lookup: each
-    block's spread span ids are tested against the references' (:func:`isin_sorted`), and only the
+    block's spread span ids are tested against the references' (:class:`SortedSet`), and only the
     spans that pass are mixed with their trace and compared whole."""
 
     def __init__(self, table: pa.Table) -> None:
@@ -628,15 +631,14 @@ class _KeyScan:
     def parent_of(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
         out = np.full(len(rows), -1, dtype=np.int64)
-        column = self.table.column
-        span, trace, parent = (column_rows(column(c), rows, 0).astype(np.uint64, copy=False)
-                               for c in ("span_key", "trace_key", "parent_key"))
+        trace, parent = (column_rows(self.table.column(c), rows, 0).astype(np.uint64, copy=False)
+                         for c in ("trace_key", "parent_key"))
         ask = np.flatnonzero(self.named[rows] if self.by_id else parent != 0)
         if ask.size == 0:
             return out
-        own, wanted = np.empty(len(ask), np.uint64), np.empty(len(ask), np.uint64)
-        _mix_into(span[ask], trace[ask], parent[ask], own, wanted)
-        held, keys = self._rows_with(np.unique(parent[ask] * _SPAN_SPREAD))
+        wanted = mixed_key(trace[ask], parent[ask])
+        with np.errstate(over="ignore"):
+            held, keys = self._rows_with(np.unique(parent[ask] * SPAN_SPREAD))
         order = np.argsort(keys, kind="stable")  # by mixed key, then row
         keys, held = keys[order], held[order]
         pos = np.searchsorted(keys, wanted)
@@ -665,14 +667,12 @@ class _KeyScan:
             n = batch.num_rows
             span = _filled(batch.column(0), 0).astype(np.uint64, copy=False)
             with np.errstate(over="ignore"):
-                np.multiply(span, _SPAN_SPREAD, out=spread_block[:n])
+                np.multiply(span, SPAN_SPREAD, out=spread_block[:n])
             hit = np.flatnonzero(members.contains(spread_block[:n], out=hit_block[:n]))
             if hit.size:
                 trace = _filled(batch.column(1), 0).astype(np.uint64, copy=False)[hit]
-                own, scratch = np.empty(hit.size, np.uint64), np.empty(hit.size, np.uint64)
-                _mix_into(span[hit], trace, span[hit], own, scratch)
                 rows.append(hit + at)
-                keys.append(own)
+                keys.append(mixed_key(trace, span[hit]))
             at += n
         return (np.concatenate(rows), np.concatenate(keys)) if rows else (np.zeros(0, np.int64), np.zeros(0, np.uint64))
 
@@ -875,8 +875,7 @@ def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUM
     kept: list[pa.RecordBatch] = []
 
     def key_blocks():
-        for batch in dataset.to_batches(columns=columns, batch_size=batch_rows or _SCAN_BATCH_ROWS,
-                                        batch_readahead=_SCAN_READAHEAD, memory_pool=_reusing_pool()):
+        for batch in _scan(dataset, columns, batch_rows):
             decoder.add(batch)
             kept.append(batch.select(kept_columns))
             yield [_filled(batch.column(c), 0).astype(np.uint64, copy=False)

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.model.schema import ID_KEY_FIELDS
 
-__all__ = ["hex_to_uint64", "with_id_keys", "key_column", "parent_indices", "trace_mix"]
+__all__ = ["hex_to_uint64", "with_id_keys", "key_column", "parent_indices", "trace_mix", "mixed_key", "SPAN_SPREAD"]
 
 
 def hex_to_uint64(ids: pa.Array | pa.ChunkedArray, *, width: int = 16) -> np.ndarray:
@@ -89,13 +89,22 @@ def parent_indices(spans: pa.Table) -> np.ndarray:
 
 
 _TRACE_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplying by it permutes uint64
-_SPAN_SPREAD = np.uint64(0xBF58476D1CE4E5B9)  # odd as well; used inside the parent join only
+SPAN_SPREAD = np.uint64(0xBF58476D1CE4E5B9)
+"""Odd as well: span ids are multiplied by it before the trace is mixed in, since hand-built traces
+number spans 1, 2, 3..., which would leave every key of a trace with the same high bits."""
 
 
 def trace_mix(trace_key: np.ndarray) -> np.ndarray:
     """A span key XOR this is one number for (span id, trace id): joins match both at once."""
     with np.errstate(over="ignore"):
         return trace_key * _TRACE_MIX
+
+
+def mixed_key(trace_key: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """One uint64 per (trace, span id or parent reference): the number every key join matches on,
+    so the same id in another trace (a hand-built id, a made-up parent) is another key."""
+    with np.errstate(over="ignore"):
+        return (np.asarray(key, np.uint64) * SPAN_SPREAD) ^ trace_mix(np.asarray(trace_key, np.uint64))
 
 
 def _join_parents(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.ndarray,
@@ -118,8 +127,8 @@ def _join_parents(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.nd
     # Spread the span ids too: hand-built traces number spans 1, 2, 3..., which would leave
     # every key of a trace with the same high bits and the walk-back below linear per reference.
     with np.errstate(over="ignore"):
-        own = (span_key * _SPAN_SPREAD) ^ mixed_trace
-        wanted = (parent_key * _SPAN_SPREAD) ^ mixed_trace
+        own = (span_key * SPAN_SPREAD) ^ mixed_trace
+        wanted = (parent_key * SPAN_SPREAD) ^ mixed_trace
     del mixed_trace
     children = np.flatnonzero(has_parent).astype(np.uint64)
     merged = np.concatenate([(own & high) | np.arange(n, dtype=np.uint64),

@@ -25,20 +25,12 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.model.grouping import Columns, concat, first_rows, take
 from nemo_telemetry.analysis.model.schema import ITERATION
-from nemo_telemetry.analysis.model.tree import key_column, parent_indices, trace_mix
+from nemo_telemetry.analysis.model.tree import key_column, mixed_key, parent_indices
 
 __all__ = ["MAX_DEPTH", "KeyIndex", "Climb", "climb", "climb_batch", "attributed_iterations", "WALK_COLUMNS",
            "resolve_walks"]
 
 MAX_DEPTH = 1024
-_SPREAD = np.uint64(0xBF58476D1CE4E5B9)  # odd: hand-built sequential ids must not share high bits
-
-
-def _mixed(trace: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """One uint64 per (trace, key): a key repeated in another trace (a hand-built id, a made-up
-    parent) is another entry."""
-    with np.errstate(over="ignore"):
-        return (np.asarray(key, np.uint64) * _SPREAD) ^ trace_mix(np.asarray(trace, np.uint64))
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,7 +43,7 @@ class KeyIndex:
 
     @classmethod
     def of(cls, trace: np.ndarray, key: np.ndarray, values: np.ndarray | None = None) -> "KeyIndex":
-        mixed = _mixed(trace, key)
+        mixed = mixed_key(trace, key)
         order = np.argsort(mixed, kind="stable")
         values = np.zeros(len(mixed), np.int64) if values is None else np.asarray(values)
         return cls(mixed[order], values[order])
@@ -60,7 +52,7 @@ class KeyIndex:
         """Position of each (trace, key) in the index (the first, if repeated), or -1."""
         if len(self.key) == 0 or len(key) == 0:
             return np.full(len(key), -1, dtype=np.int64)
-        mixed = _mixed(trace, key)
+        mixed = mixed_key(trace, key)
         pos = np.minimum(np.searchsorted(self.key, mixed), len(self.key) - 1)
         return np.where(self.key[pos] == mixed, pos, -1).astype(np.int64)
 
