@@ -368,6 +368,11 @@ def _outliers(ctx: _Context) -> tuple[int, list[Finding]]:
     return len(out), out[: ctx.limit]
 
 
+# The findings of BATCH_FINDING_CODES, which finish and check_batch both write.
+_BATCH_PRODUCERS = {"invalid-interval": _invalid_interval, "unknown-bucket": _unknown_bucket,
+                    "umbrella-bucket": _umbrella_bucket}
+
+
 # -- entry points ------------------------------------------------------------------------------
 
 
@@ -376,9 +381,7 @@ def finish(merged: Merged, *, unattributed_threshold: float = 0.2, tolerance_ns:
     """The report from the merged partials: every code's count and its first findings, errors first."""
     ctx = _Context(merged, max_span_ids, max_findings_per_code)
     producers = {
-        "invalid-interval": lambda: _invalid_interval(ctx),
-        "unknown-bucket": lambda: _unknown_bucket(ctx),
-        "umbrella-bucket": lambda: _umbrella_bucket(ctx),
+        **{code: (lambda produce=produce: produce(ctx)) for code, produce in _BATCH_PRODUCERS.items()},
         "nested-bucket": lambda: _nested_bucket(ctx),
         "bucketed-overlap": lambda: _overlaps(ctx, tolerance_ns),
         "bucket-exceeds-wall": lambda: _steps_over_wall(ctx),
@@ -486,8 +489,7 @@ def check_batch(spans: pa.Table, *, max_span_ids: int = 10, max_findings_per_cod
     ctx = _Context(_BatchRows(facts, found), max_span_ids, max_findings_per_code)
     findings: list[Finding] = []
     counted: dict[str, Any] = {}
-    for code, produce in (("invalid-interval", _invalid_interval), ("unknown-bucket", _unknown_bucket),
-                          ("umbrella-bucket", _umbrella_bucket)):
+    for code, produce in _BATCH_PRODUCERS.items():
         counted[code], written = produce(ctx)
         findings.extend(written)
     return report(findings, counted)

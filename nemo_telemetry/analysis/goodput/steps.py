@@ -264,9 +264,8 @@ def read_goodput_rows(files: list[str], columns: tuple[str, ...], *, batch_rows:
         at += batch.num_rows
     if not kept:
         return None
-    walk_schema = kept[0].schema
     return GoodputRows(pa.Table.from_batches(rows), np.concatenate(position), tuple(runs),
-                       lambda: pa.Table.from_batches(kept, schema=walk_schema))
+                       lambda: pa.Table.from_batches(kept))
 
 
 def goodput_of_rows(read: GoodputRows, *, run_id: str | None = None) -> tuple[RunGoodput, ...]:
