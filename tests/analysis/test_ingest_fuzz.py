@@ -97,6 +97,7 @@ def _base_requests() -> list[dict]:
                 _kv("service.name", {"stringValue": f"svc-{res}"}),
                 _kv("nemo.run.id", {"stringValue": "fuzz-run"}),
                 _kv("nv.dl.rank", {"intValue": str(res)}),
+                _kv("nemo.telemetry.span_groups", {"stringValue": "step,generation" if res else "default"}),
             ]}
             resource_spans.append({"resource": resource, "scopeSpans": scope_spans})
         requests.append({"resourceSpans": resource_spans})

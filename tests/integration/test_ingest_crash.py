@@ -24,6 +24,7 @@ from nemo_telemetry.analysis.store.commits import COMMITS
 from nemo_telemetry.analysis.ingestion.metrics import metrics_for_source
 from nemo_telemetry.analysis.goodput.partials import stream_goodput
 from nemo_telemetry.analysis.engines.partitioned_check import stream_check
+from nemo_telemetry.analysis.engines.choose import check_with_engine, goodput_with_engine
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed
 from nemo_telemetry.cli.app import app
 
@@ -67,6 +68,9 @@ def _readers(root: Path) -> dict:
         "metrics": metrics_for_source(root) is None,
         "stream_goodput": [(r.run_id, r.steps.num_rows, r.total["wall_s"]) for r in stream_goodput(root)],
         "stream_check": stream_check(root).to_dict()["counts"],
+        # the local engine's batch-by-batch reads (goodput's rows and walk columns, check's decode)
+        "local_goodput": [(r.run_id, r.steps.num_rows, r.total["wall_s"]) for r in goodput_with_engine(root)],
+        "local_check": check_with_engine(root).to_dict()["counts"],
     }
 
 
