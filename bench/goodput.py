@@ -187,7 +187,13 @@ def _peak_gb() -> float:
 def measure(root: Path, command: str) -> dict:
     """In this (fresh) process, what the command runs on its local engine (its read included):
     ``goodput_with_engine`` / ``check_with_engine``; times, CPU and peak RSS."""
-    try:  # as the goodput and check commands start; another checkout measured may not have it
+    try:  # numpy's settings, as the console script applies them before anything imports numpy
+        from nemo_telemetry.cli.startup import prepare_numpy
+    except ImportError:  # another checkout measured may not have it
+        pass
+    else:
+        prepare_numpy()
+    try:  # as the goodput and check commands start
         from nemo_telemetry.cli.startup import skip_pyarrow_pandas_probe
     except ImportError:
         pass
@@ -281,8 +287,8 @@ def main() -> None:
             print(f"wrote {root} in {time.perf_counter() - t:.1f} s")
         load = os.getloadavg()[0]
         # This checkout, after any PYTHONPATH given (to measure another checkout's analysis on the same data).
-        # Small pages for numpy, as the nemo-telemetry entry point asks (cli/app.py prefer_small_pages),
-        # unless NUMPY_MADVISE_HUGEPAGE is set here.
+        # Small pages for numpy, as the nemo-telemetry entry point asks (cli/startup.py prefer_small_pages),
+        # unless NUMPY_MADVISE_HUGEPAGE is set here (for a checkout measured that sets it in its entry point only).
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (os.environ.get("PYTHONPATH"), str(Path(__file__).resolve().parents[1])) if p),
             "NUMPY_MADVISE_HUGEPAGE": os.environ.get("NUMPY_MADVISE_HUGEPAGE", "0")}

@@ -6,9 +6,9 @@ unreadable input.
 
 from __future__ import annotations
 
-import os
-
 import typer
+
+from nemo_telemetry.cli.startup import prepare_numpy
 
 app = typer.Typer(
     name="nemo-telemetry",
@@ -33,20 +33,8 @@ from nemo_telemetry.cli import waterfall_cmds  # noqa: E402,F401
 
 def main() -> None:
     """Console-script entry point."""
-    prefer_small_pages()
+    prepare_numpy()
     app()
-
-
-def prefer_small_pages() -> None:
-    """Ask numpy (imported later, by the commands that compute) for ordinary 4 KiB pages.
-
-    numpy asks the kernel for transparent huge pages on every large array. Where the kernel
-    defragments on request (``defrag`` = ``madvise``, a common default) and free memory is
-    fragmented, each such allocation stalls in compaction: 1 s per 400 MB against 0.14 s with
-    small pages, measured on the project's 2-core VMs, and ``check`` allocates about 1 GB of
-    arrays. A value the user set in ``NUMPY_MADVISE_HUGEPAGE`` is kept.
-    """
-    os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from nemo_telemetry.cli import startup
 from nemo_telemetry.cli.app import app
 
 HEAVY = ("numpy", "pandas", "pyarrow", "ray", "matplotlib")
@@ -76,20 +77,63 @@ def test_each_command_keeps_its_pinned_options_and_shows_them_in_help():
             assert option in shown.output, (name, option)
 
 
-def _numpy_huge_pages(env: dict) -> str:
-    """Whether numpy asks for huge pages in a fresh process started as the console script starts
-    (numpy reads ``NUMPY_MADVISE_HUGEPAGE`` once, when imported)."""
-    code = ("from nemo_telemetry.cli.app import prefer_small_pages; prefer_small_pages(); import numpy; "
-            "core = getattr(numpy, '_core', None) or numpy.core; "
-            "print(int(core.multiarray._set_madvise_hugepage(False)))")
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True).stdout.strip()
+def _numpy_started(env: dict) -> dict:
+    """How numpy starts in a fresh process started as the console script starts (numpy reads its
+    settings once, when imported): whether it asks for huge pages, its dispatch targets in use."""
+    code = ("import json, os\n"
+            "from nemo_telemetry.cli.startup import prepare_numpy\n"
+            "prepare_numpy()\n"
+            "import numpy\n"
+            "core = getattr(numpy, '_core', None) or numpy.core\n"
+            "um = core._multiarray_umath\n"
+            "print(json.dumps({'huge_pages': int(core.multiarray._set_madvise_hugepage(False)),\n"
+            "                  'dispatch': [f for f in um.__cpu_dispatch__ if um.__cpu_features__.get(f)],\n"
+            "                  'disabled': os.environ.get('NPY_DISABLE_CPU_FEATURES')}))\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def _env_without(*names: str) -> dict:
+    return {k: v for k, v in os.environ.items() if k not in names}
 
 
 def test_the_entry_point_gives_numpy_small_pages_unless_the_user_chose():
-    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
-    assert _numpy_huge_pages(env) == "0"
-    assert _numpy_huge_pages({**env, "NUMPY_MADVISE_HUGEPAGE": "1"}) == "1"
+    env = _env_without("NUMPY_MADVISE_HUGEPAGE")
+    assert _numpy_started(env)["huge_pages"] == 0
+    assert _numpy_started({**env, "NUMPY_MADVISE_HUGEPAGE": "1"})["huge_pages"] == 1
+
+
+ZEN4 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+        "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse4_2 avx2 avx512f avx512dq avx512vl\n")
+
+
+@pytest.mark.parametrize("cpuinfo, zen4", [
+    (ZEN4, True),
+    (ZEN4.replace(" avx512f avx512dq avx512vl", ""), False),  # Zen 3: family 19h without AVX-512
+    (ZEN4.replace("cpu family\t: 25", "cpu family\t: 26"), False),  # Zen 5 runs the AVX-512 sort fast
+    (ZEN4.replace("AuthenticAMD", "GenuineIntel").replace(": 25", ": 6"), False),
+    ("", False),  # no /proc/cpuinfo
+], ids=["zen4", "zen3", "zen5", "intel", "none"])
+def test_only_zen4_is_told_apart_for_the_avx2_sort(cpuinfo, zen4):
+    assert startup._is_zen4(cpuinfo) is zen4
+
+
+def test_the_entry_point_sorts_with_avx2_on_zen4_unless_the_user_chose():
+    """Where this machine is Zen 4 and numpy names its targets as 2.4 does, numpy starts without its
+    AVX-512 targets (whose sort is microcoded there); elsewhere, and where the user set numpy's own
+    variables, numpy starts as it would have."""
+    env = _env_without("NPY_DISABLE_CPU_FEATURES", "NPY_ENABLE_CPU_FEATURES")
+    started = _numpy_started(env)
+    applies = startup._is_zen4(startup._cpuinfo_head()) and startup._numpy_version() >= (2, 4)
+    if applies:
+        assert started["disabled"] == startup.ZEN4_DISABLED_NUMPY_FEATURES
+        assert not {"X86_V4", "AVX512_ICL", "AVX512_SPR"} & set(started["dispatch"])
+    else:
+        assert started["disabled"] is None
+    chosen = _numpy_started({**env, "NPY_DISABLE_CPU_FEATURES": ""})
+    assert chosen["disabled"] == ""
+    if applies:
+        assert "X86_V4" in chosen["dispatch"]
 
 
 # -- goodput and check load no pandas ----------------------------------------------------------
