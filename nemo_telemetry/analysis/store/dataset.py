@@ -68,12 +68,16 @@ _SPAN_STATISTICS = [
 ]
 
 # Dictionary pages only for columns with few distinct values (names, enums, buckets, ranks,
-# iterations, the attribute maps' keys and values). For ids the writer would build a
-# dictionary, overflow it and fall back to plain pages: a third of the write, for nothing.
+# iterations, trace ids, the attribute maps' keys and values). For span ids the writer would
+# build a dictionary, overflow it and fall back to plain pages: a third of the write, for nothing.
+# Trace ids repeat on every span of a trace, and a run is one trace or a few (a carrier joins its
+# processes): as a dictionary, 10M spans' trace ids read in 0.01 s instead of 0.1-0.3 s, and the
+# file is 4% smaller and written faster. A file of very many traces overflows the dictionary page
+# and falls back to plain pages, as span ids would.
 _SPAN_DICTIONARY = [
     f.name
     for f in SPANS_TABLE_SCHEMA
-    if pa.types.is_dictionary(f.type) or f.name in ("rank", ITERATION, "status_message", "trace_state")
+    if pa.types.is_dictionary(f.type) or f.name in ("rank", ITERATION, "status_message", "trace_state", "trace_id")
 ] + [f"{m}.key_value.{part}" for m in ("attributes", "resource_attributes") for part in ("key", "value")]
 SPANS_PARQUET_OPTIONS = {"write_statistics": _SPAN_STATISTICS, "use_dictionary": _SPAN_DICTIONARY}
 """How a spans file is written (``pq.write_table`` options): what a benchmark writes to measure reads as ingest's."""
