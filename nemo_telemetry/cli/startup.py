@@ -11,7 +11,7 @@ import sys
 from importlib.util import find_spec
 from pathlib import Path
 
-__all__ = ["prepare_numpy", "prefer_small_pages", "prefer_avx2_sort", "skip_pyarrow_pandas_probe",
+__all__ = ["prepare_numpy", "prefer_small_pages", "prefer_avx2_sort", "no_blas_threads", "skip_pyarrow_pandas_probe",
            "ZEN4_DISABLED_NUMPY_FEATURES"]
 
 ZEN4_DISABLED_NUMPY_FEATURES = "X86_V4 AVX512_ICL AVX512_SPR"
@@ -24,9 +24,22 @@ _CPUINFO_HEAD_LINES = 64  # the first processor's fields are in its first few do
 
 def prepare_numpy() -> None:
     """numpy's settings for a command's process, applied before numpy is imported (it reads them
-    once, then): what :func:`prefer_small_pages` and :func:`prefer_avx2_sort` ask for."""
+    once, then): what :func:`prefer_small_pages`, :func:`prefer_avx2_sort` and
+    :func:`no_blas_threads` ask for."""
     prefer_small_pages()
     prefer_avx2_sort()
+    no_blas_threads()
+
+
+def no_blas_threads() -> None:
+    """Keep numpy's OpenBLAS from starting a thread per core when it is imported.
+
+    The analysis does no linear algebra, and OpenBLAS's idle threads spin before they sleep: on
+    2 cores, ``import numpy`` took 0.13 s of wall and 0.2 s of CPU against 0.09 s and 0.08 s with
+    one thread, CPU the reader's threads want at that moment. A value the user set in
+    ``OPENBLAS_NUM_THREADS`` is kept.
+    """
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def prefer_small_pages() -> None:

@@ -87,6 +87,7 @@ def _numpy_started(env: dict) -> dict:
             "core = getattr(numpy, '_core', None) or numpy.core\n"
             "um = core._multiarray_umath\n"
             "print(json.dumps({'huge_pages': int(core.multiarray._set_madvise_hugepage(False)),\n"
+            "                  'threads': len(os.listdir('/proc/self/task')),\n"
             "                  'dispatch': [f for f in um.__cpu_dispatch__ if um.__cpu_features__.get(f)],\n"
             "                  'disabled': os.environ.get('NPY_DISABLE_CPU_FEATURES')}))\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -101,6 +102,13 @@ def test_the_entry_point_gives_numpy_small_pages_unless_the_user_chose():
     env = _env_without("NUMPY_MADVISE_HUGEPAGE")
     assert _numpy_started(env)["huge_pages"] == 0
     assert _numpy_started({**env, "NUMPY_MADVISE_HUGEPAGE": "1"})["huge_pages"] == 1
+
+
+def test_the_entry_point_keeps_numpy_from_starting_blas_threads_unless_the_user_chose():
+    env = _env_without("OPENBLAS_NUM_THREADS")
+    assert _numpy_started(env)["threads"] == 1
+    if (os.cpu_count() or 1) > 1:
+        assert _numpy_started({**env, "OPENBLAS_NUM_THREADS": "2"})["threads"] > 1
 
 
 ZEN4 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
