@@ -25,7 +25,9 @@ import pyarrow.dataset as ds
 from nemo_telemetry.analysis.store.commits import committed_files
 from nemo_telemetry.analysis.store.sources import single_dataset
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, PROMOTED_RESOURCE_ATTRIBUTES
-from nemo_telemetry.analysis.model.tree import SPAN_SPREAD, mixed_key, parent_indices, trace_mix, with_id_keys
+from nemo_telemetry.analysis.model.tree import (
+    SPAN_SPREAD, mixed_key, parent_indices, trace_mix, unmixed_key, with_id_keys,
+)
 from nemo_telemetry.analysis.model.walk import climb
 from nemo_telemetry.errors import IngestError
 
@@ -533,10 +535,13 @@ class SpanArrays:
         rows = np.asarray(rows, dtype=np.int64)
         if column in self.table.column_names:
             return [str(_row_value(self.table.column(column), r)) for r in rows]
-        keys = self._keys[0 if key == "span_key" else 1] if "_keys" in self.__dict__ or len(rows) > 100 else None
-        if keys is not None:
-            return [f"{int(keys[r]):016x}" for r in rows]
-        return [f"{int(_row_value(self.table.column(key), r)):016x}" for r in rows]
+        if "_keys" in self.__dict__:
+            keys = self._keys[0 if key == "span_key" else 1][rows]
+        elif key in self.table.column_names:
+            keys = column_rows(self.table.column(key), rows, 0)
+        else:  # a span key the decode let go: recovered from its mixed key and trace
+            keys = unmixed_key(column_rows(self.table.column("trace_key"), rows, 0), self._mixed[0][rows])
+        return [f"{int(k):016x}" for k in keys]
 
     def walk_up(self, rows: np.ndarray, *, ancestors: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For ``rows``: (attributed iteration, whether one was found, nearest bucketed ancestor or -1).
@@ -888,8 +893,11 @@ def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUM
 
     Each batch's decoded columns (names, runs, buckets, times, iterations, efficiency categories)
     are let go once copied, and the key index is built from its id keys on the way, so the read
-    and the decode touch each value's memory once; ``table`` keeps the other columns (ids, span
-    groups). None when the files have no id key columns (a dataset written before them).
+    and the decode touch each value's memory once; ``table`` keeps the other columns (trace ids and
+    keys, span groups). The span and parent keys are let go too (160 MB at 10M spans): the index's
+    mixed keys hold them, and the span ids a report names are recovered from those
+    (:func:`~nemo_telemetry.analysis.model.tree.unmixed_key`). None when the files have no id key
+    columns (a dataset written before them).
     """
     dataset, columns = _span_projection(files, columns)
     if not has_id_keys(dataset.schema):
@@ -897,7 +905,7 @@ def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUM
     n = dataset.count_rows()
     decoder = _SpanDecoder(n, codes=(*_SpanDecoder.CODES, EFFICIENCY_CATEGORY))
     decoded = set(decoder.columns)
-    kept_columns = [c for c in columns if c not in decoded]
+    kept_columns = [c for c in columns if c not in decoded and c not in ("span_key", "parent_key")]
     kept: list[pa.RecordBatch] = []
 
     def key_blocks():
@@ -911,6 +919,7 @@ def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUM
     table = pa.Table.from_batches(kept, schema=pa.schema([dataset.schema.field(c) for c in kept_columns]))
     arrays = decoder.arrays(table)
     arrays.__dict__["_category"] = decoder.codes_of(EFFICIENCY_CATEGORY)  # decoded: no column left to read it from
+    arrays.__dict__["_mixed"] = index["_mixed"]  # the span keys' only holder (the sort leaves them as they are)
     return arrays, index
 
 

@@ -16,7 +16,8 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.model.schema import ID_KEY_FIELDS
 
-__all__ = ["hex_to_uint64", "with_id_keys", "key_column", "parent_indices", "trace_mix", "mixed_key", "SPAN_SPREAD"]
+__all__ = ["hex_to_uint64", "with_id_keys", "key_column", "parent_indices", "trace_mix", "mixed_key", "unmixed_key",
+           "SPAN_SPREAD"]
 
 
 def hex_to_uint64(ids: pa.Array | pa.ChunkedArray, *, width: int = 16) -> np.ndarray:
@@ -105,6 +106,16 @@ def mixed_key(trace_key: np.ndarray, key: np.ndarray) -> np.ndarray:
     so the same id in another trace (a hand-built id, a made-up parent) is another key."""
     with np.errstate(over="ignore"):
         return (np.asarray(key, np.uint64) * SPAN_SPREAD) ^ trace_mix(np.asarray(trace_key, np.uint64))
+
+
+_SPREAD_INVERSE = np.uint64(pow(int(SPAN_SPREAD), -1, 1 << 64))  # SPAN_SPREAD * this = 1 (mod 2**64)
+
+
+def unmixed_key(trace_key: np.ndarray, mixed: np.ndarray) -> np.ndarray:
+    """The span id (or parent reference) of :func:`mixed_key`'s number, given its trace: what a
+    holder of only the mixed keys recovers the ids from."""
+    with np.errstate(over="ignore"):
+        return (np.asarray(mixed, np.uint64) ^ trace_mix(np.asarray(trace_key, np.uint64))) * _SPREAD_INVERSE
 
 
 def _join_parents(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.ndarray,
