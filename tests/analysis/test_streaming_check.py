@@ -37,11 +37,12 @@ def check_records(seed: int = 1) -> list[dict]:
     groups_a = {SPAN_GROUPS: "step,generation,reward,checkpoint"}
 
     def add(name, start, end, *, parent=None, rank=0, bucket=None, iteration=None, run="run-a", trace_id=trace,
-            resource=None):
+            resource=None, category=None):
         span_id = f"{rng.getrandbits(64) | 1:016x}"
         records.append({"trace_id": trace_id, "span_id": span_id, "parent_span_id": parent, "name": name,
                         "start_ns": int(start), "end_ns": int(end), "run_id": run, "rank": rank, "bucket": bucket,
-                        "iteration": iteration, "resource_attributes": resource or {}})
+                        "iteration": iteration, "resource_attributes": resource or {},
+                        "efficiency_category": category})
         return span_id
 
     t = run_a["start_ns"]
@@ -51,6 +52,12 @@ def check_records(seed: int = 1) -> list[dict]:
                 resource=groups_a)
     add("rl.vllm.generate_text", t + 11 * S, t + 11 * S + S // 4, parent=child, rank=3, bucket="productive",
         resource=groups_a)
+    # a bucketed wait whose efficiency category is declared unbucketed (umbrella-bucket by its category
+    # alone), and one whose category may carry a bucket
+    add("app.wait", t + 12 * S, t + 12 * S + S // 8, parent=run_a["span_id"], rank=1, bucket="idle",
+        iteration=run_a["iteration"], category="idle/refit_event_wait")
+    add("app.wait", t + 12 * S + S // 4, t + 12 * S + S // 2, parent=run_a["span_id"], rank=1, bucket="idle",
+        iteration=run_a["iteration"], category="idle/refit_bubble")
     startup = f"{rng.getrandbits(128) | 1:032x}"
     root = add("rl.startup", T0 - 5 * S, T0 - S, trace_id=startup, resource=groups_a)
     add("rl.setup.ray_init", T0 - 5 * S, T0 - 4 * S, parent=root, trace_id=startup)
@@ -85,6 +92,8 @@ def test_the_scenario_raises_findings_of_every_code_across_partitions(scenario):
     by_code = check_run(read_for_analysis(scenario)).counts["by_code"]
     assert all(by_code.values()), by_code
     assert by_code["nested-bucket"] == 2 and by_code["orphan-span"] == 2  # same made-up parent id in two traces
+    umbrella = [f for f in check_run(read_for_analysis(scenario)).findings if f.code == "umbrella-bucket"]
+    assert any("app.wait" in f.message and len(f.span_ids) == 1 for f in umbrella), umbrella
     ranks = {p.parent.name for p in (scenario / "spans").rglob("*.parquet")}
     assert {"rank=0", "rank=1", "rank=2", "rank=3"} <= ranks
 

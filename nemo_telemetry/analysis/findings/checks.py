@@ -64,6 +64,7 @@ from nemo_telemetry.analysis.findings.rules import (
     offenders,
     overlap_partial,
     overlapping_steps,
+    row_traces,
 )
 from nemo_telemetry.analysis.goodput.steps import Analysis, analyse, run_filter
 from nemo_telemetry.analysis.goodput.steps import step_outliers
@@ -85,7 +86,7 @@ from nemo_telemetry.analysis.model.tree import with_id_keys
 
 __all__ = ["FINDING_CODES", "SEVERITIES", "Finding", "CheckReport", "check_run", "SPAN_GROUPS_ATTRIBUTE",
            "DEFAULT_OVERLAP_TOLERANCE_S", "overlap_tolerance_ns", "report", "Merged", "finish", "merge_in_memory",
-           "group_presence", "check_span_files", "check_batch",
+           "group_presence", "check_span_files", "check_batch", "Anchored", "anchored",
            "BATCH_FINDING_CODES"]
 
 # -- what the finish reads ---------------------------------------------------------------------
@@ -450,9 +451,9 @@ def _check_decoded(pool: ThreadPoolExecutor, keys: Future, decode: Callable[[], 
     """The findings once ``keys`` (a :func:`key_index`, unsorted) and ``decode()`` are there.
 
     Two workers sort the span index and the parent references side by side, then run the orphan
-    test; this thread decodes (when ``decode`` does) and analyses meanwhile. A third worker reads
-    the span groups the processes enabled (missing-group-spans), which needs only the decoded names
-    and runs.
+    test; this thread decodes (when ``decode`` does), reads what needs neither the walks nor the
+    orphan test (the span groups the processes enabled, the anchors and the rows outside their
+    traces) while the index is sorted, then analyses.
     """
     tolerance_ns = overlap_tolerance_ns(overlap_tolerance_s)
     index = pool.submit(lambda: sort_index(keys.result()))
@@ -460,10 +461,13 @@ def _check_decoded(pool: ThreadPoolExecutor, keys: Future, decode: Callable[[], 
     orphans = pool.submit(lambda: index_orphans(index.result(), parents.result()))
     try:
         arrays = decode()
-        presence = pool.submit(group_presence, arrays, run_filter(arrays, run_id))
+        keep = run_filter(arrays, run_id)
+        # what reads neither the walks nor the orphan test, while the workers sort
+        presence = group_presence(arrays, keep)
+        anchors = anchored(arrays, keep)
         arrays.adopt_index(index.result())
         analysis = analyse(arrays.table, run_id=run_id, ancestors=True, arrays=arrays)
-        merged = merge_in_memory(analysis, tolerance_ns, presence.result(),
+        merged = merge_in_memory(analysis, tolerance_ns, presence, anchors=anchors,
                                  orphans_found=lambda: arrays.adopt_index(orphans.result()))
     finally:
         for pending in (parents, orphans):  # a bad run_id: do not wait for a test no one reads
@@ -503,12 +507,30 @@ class _BatchRows:
     offenders: dict[str, np.ndarray]
 
 
+@dataclass(frozen=True, eq=False)
+class Anchored:
+    """The job and step spans of the selected run (``anchors``), whose traces hold its steps, and
+    the rows of anchored runs outside those traces (``loose``: where detached traces are)."""
+
+    anchors: np.ndarray
+    runs: np.ndarray  # run codes that have an anchor
+    loose: np.ndarray
+
+
+def anchored(arrays: SpanArrays, keep: np.ndarray) -> Anchored:
+    """:class:`Anchored` of the ``keep`` rows (which reads neither the walks nor the orphan test)."""
+    anchors = anchor_rows(arrays, keep)
+    runs = np.unique(arrays.run[anchors])
+    return Anchored(anchors, runs, loose_rows(arrays, keep, np.unique(row_traces(arrays, anchors)), runs))
+
+
 def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: tuple,
-                    orphans_found: Callable[[], None] = lambda: None) -> Merged:
+                    orphans_found: Callable[[], None] = lambda: None, anchors: Anchored | None = None) -> Merged:
     """The partials of the one batch that is the whole table, which merge to themselves.
 
     ``orphans_found()`` returns once ``analysis.arrays`` has its orphan test (run in other
-    threads): what reads no orphan is done before waiting for it.
+    threads): what reads no orphan is done before waiting for it. ``anchors``: :func:`anchored`
+    of the analysis' rows, when the caller found them already.
     """
     a = analysis.arrays
     ancestor = analysis.walked_ancestor
@@ -518,9 +540,8 @@ def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: tuple,
     inside = analysis.bucketed_step >= 0
     rows, step = analysis.bucketed[inside], analysis.bucketed_step[inside]
     clusters, deep = overlap_partial(a.start[rows], a.end[rows], step, rows, tolerance_ns)
-    anchors = anchor_rows(a, analysis.keep)
-    anchored_runs = np.unique(a.run[anchors])
-    loose = loose_rows(facts, np.unique(facts.trace_of(anchors)), anchored_runs)
+    found = anchored(a, analysis.keep) if anchors is None else anchors
+    anchors, anchored_runs, loose = found.anchors, found.runs, found.loose
     first_anchor = {int(r): int(anchors[a.run[anchors] == r][0]) for r in anchored_runs}
     orphans_found()
     facts = replace(facts, orphan=a.orphan)

@@ -39,7 +39,7 @@ from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 
-__all__ = ["RowFacts", "SPAN_CODES", "ANCHOR_REGEX", "STANDALONE_GROUPS", "offenders", "BATCH_FINDING_CODES",
+__all__ = ["RowFacts", "row_traces", "rows_in_traces", "SPAN_CODES", "ANCHOR_REGEX", "STANDALONE_GROUPS", "offenders", "BATCH_FINDING_CODES",
            "batch_offenders", "catalogue_name_sets",
            "group_name_codes", "anchor_rows", "overlap_partial", "overlapping_steps", "detached_partial", "loose_rows", "detached_counts",
            "detached_traces"]
@@ -73,23 +73,11 @@ class RowFacts:
 
     def trace_of(self, rows: np.ndarray) -> np.ndarray:
         """The uint64 trace key of each of ``rows`` (taken from the batch, never decoded whole)."""
-        return column_rows(self.arrays.table.column("trace_key"), rows, 0).astype(np.uint64, copy=False)
+        return row_traces(self.arrays, rows)
 
     def in_traces(self, traces: np.ndarray) -> np.ndarray:
         """Mask of the rows whose trace key is one of ``traces``."""
-        column = self.arrays.table.column("trace_key")
-        if len(traces) > _FEW_TRACES or column.null_count:
-            found = pc.is_in(column, value_set=pa.array(traces, pa.uint64()))
-            return found.to_numpy(zero_copy_only=False) if len(self.arrays) else np.zeros(0, bool)
-        # A run's steps sit in one trace or a few: a comparison per trace beats hashing every key (5x).
-        out = np.zeros(len(self.arrays), dtype=bool)
-        at = 0
-        for chunk in column.chunks:
-            keys, into = chunk.to_numpy().astype(np.uint64, copy=False), out[at:at + len(chunk)]
-            for trace in np.asarray(traces, dtype=np.uint64):
-                into |= keys == trace
-            at += len(chunk)
-        return out
+        return rows_in_traces(self.arrays, traces)
 
     def iteration_of(self, rows: np.ndarray) -> np.ndarray:
         """Each row's iteration: attributed where walked, else its own; -1 where none."""
@@ -100,6 +88,28 @@ class RowFacts:
             hit = self.walked[pos] == rows
             out[hit] = np.where(self.walked_stamped[pos[hit]], self.walked_iteration[pos[hit]], -1)
         return out
+
+
+def row_traces(arrays: SpanArrays, rows: np.ndarray) -> np.ndarray:
+    """The uint64 trace key of each of ``rows``."""
+    return column_rows(arrays.table.column("trace_key"), rows, 0).astype(np.uint64, copy=False)
+
+
+def rows_in_traces(arrays: SpanArrays, traces: np.ndarray) -> np.ndarray:
+    """Mask of the rows whose trace key is one of ``traces``."""
+    column = arrays.table.column("trace_key")
+    if len(traces) > _FEW_TRACES or column.null_count:
+        found = pc.is_in(column, value_set=pa.array(traces, pa.uint64()))
+        return found.to_numpy(zero_copy_only=False) if len(arrays) else np.zeros(0, bool)
+    # A run's steps sit in one trace or a few: a comparison per trace beats hashing every key (5x).
+    out = np.zeros(len(arrays), dtype=bool)
+    at = 0
+    for chunk in column.chunks:
+        keys, into = chunk.to_numpy().astype(np.uint64, copy=False), out[at:at + len(chunk)]
+        for trace in np.asarray(traces, dtype=np.uint64):
+            into |= keys == trace
+        at += len(chunk)
+    return out
 
 
 def offenders(facts: RowFacts) -> dict[str, np.ndarray]:
@@ -125,7 +135,7 @@ def batch_offenders(a: SpanArrays, keep: np.ndarray) -> dict[str, np.ndarray]:
     bucketed = np.flatnonzero((a.bucket != NO_BUCKET) & keep)
     names = a.name[bucketed]
     flagged = (code_mask(names, np.concatenate([umbrella_only, unbucketed]), len(a.names))
-               | code_mask(a.category[bucketed], unbucketed_categories, len(a.categories)))
+               | code_mask(a.bucketed_category(bucketed), unbucketed_categories, len(a.categories)))
     return {
         "invalid-interval": np.flatnonzero(~a.valid_interval & keep),
         "unknown-bucket": np.flatnonzero((a.bucket == UNKNOWN_BUCKET) & keep),
@@ -217,15 +227,16 @@ def detached_partial(facts: RowFacts, anchored_traces: np.ndarray, anchored_runs
     """The batch's rows of anchored runs outside every anchored trace (``anchored_traces`` sorted,
     ``anchored_runs`` the batch's run codes that have an anchor), and per (run code, trace) how
     many rows it holds and how many are not a root, or are a root by design (startup, model load)."""
-    rows = loose_rows(facts, anchored_traces, anchored_runs)
+    rows = loose_rows(facts.arrays, facts.keep, anchored_traces, anchored_runs)
     return rows, detached_counts(facts, rows)
 
 
-def loose_rows(facts: RowFacts, anchored_traces: np.ndarray, anchored_runs: np.ndarray) -> np.ndarray:
-    """:func:`detached_partial`'s rows (which read no orphan test: a caller may run it meanwhile)."""
-    a = facts.arrays
-    loose = facts.keep & code_mask(a.run, anchored_runs, len(a.runs))
-    loose &= ~facts.in_traces(anchored_traces)
+def loose_rows(arrays: SpanArrays, keep: np.ndarray, anchored_traces: np.ndarray,
+               anchored_runs: np.ndarray) -> np.ndarray:
+    """:func:`detached_partial`'s rows (``keep``: the selected run's). They read neither the walks
+    nor the orphan test: a caller may find them while those run."""
+    loose = keep & code_mask(arrays.run, anchored_runs, len(arrays.runs))
+    loose &= ~rows_in_traces(arrays, anchored_traces)
     return np.flatnonzero(loose)
 
 

@@ -432,7 +432,22 @@ class SpanArrays:
 
     @property
     def categories(self) -> tuple:
-        return self._category[1]
+        held = self.__dict__.get("_bucketed_category")
+        return held[2] if held is not None else self._category[1]
+
+    def bucketed_category(self, rows: np.ndarray) -> np.ndarray:
+        """Efficiency category codes (-1: none) of ``rows``, rows with an ``rl.bucket``: the only
+        rows whose category a rule reads, and all a decode of spans files keeps
+        (:func:`decode_span_files`)."""
+        held = self.__dict__.get("_bucketed_category")
+        if held is None:
+            return self.category[rows]
+        with_bucket, codes, _ = held
+        rows = np.asarray(rows, dtype=np.int64)
+        at = np.minimum(np.searchsorted(with_bucket, rows), max(len(with_bucket) - 1, 0))
+        if len(rows) and (len(with_bucket) == 0 or not np.array_equal(with_bucket[at], rows)):
+            raise ValueError("bucketed_category: a row without an rl.bucket was asked for")
+        return codes[at] if len(rows) else np.zeros(0, np.int32)
 
     @cached_property
     def _rank(self) -> tuple[np.ndarray, np.ndarray]:
@@ -891,8 +906,8 @@ def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUM
     """:func:`span_arrays` of the spans ``files`` and their :func:`key_index` (unsorted: see
     :func:`sort_index`), decoded batch by batch as :func:`scan_span_files` reads them.
 
-    Each batch's decoded columns (names, runs, buckets, times, iterations, efficiency categories)
-    are let go once copied, and the key index is built from its id keys on the way, so the read
+    Each batch's decoded columns (names, runs, buckets, times, iterations; efficiency categories
+    only where a span has a bucket, the only rows a rule reads them at) are let go once copied, and the key index is built from its id keys on the way, so the read
     and the decode touch each value's memory once; ``table`` keeps the other columns (trace ids and
     keys, span groups). The span and parent keys are let go too (160 MB at 10M spans): the index's
     mixed keys hold them, and the span ids a report names are recovered from those
@@ -903,7 +918,7 @@ def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUM
     if not has_id_keys(dataset.schema):
         return None
     n = dataset.count_rows()
-    decoder = _SpanDecoder(n, codes=(*_SpanDecoder.CODES, EFFICIENCY_CATEGORY))
+    decoder = _SpanDecoder(n, bucketed_codes=(EFFICIENCY_CATEGORY,))
     decoded = set(decoder.columns)
     kept_columns = [c for c in columns if c not in decoded and c not in ("span_key", "parent_key")]
     kept: list[pa.RecordBatch] = []
@@ -918,7 +933,7 @@ def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUM
     index = _build_index(key_blocks(), n, None)
     table = pa.Table.from_batches(kept, schema=pa.schema([dataset.schema.field(c) for c in kept_columns]))
     arrays = decoder.arrays(table)
-    arrays.__dict__["_category"] = decoder.codes_of(EFFICIENCY_CATEGORY)  # decoded: no column left to read it from
+    arrays.__dict__["_bucketed_category"] = decoder.bucketed_codes_of(EFFICIENCY_CATEGORY)  # no column left to read
     arrays.__dict__["_mixed"] = index["_mixed"]  # the span keys' only holder (the sort leaves them as they are)
     return arrays, index
 
@@ -930,15 +945,17 @@ class _SpanDecoder:
     CODES = ("name", "run_id", BUCKET)
     INTS = ("start_ns", "end_ns", ITERATION)
 
-    def __init__(self, n: int, codes: tuple[str, ...] = CODES) -> None:
+    def __init__(self, n: int, codes: tuple[str, ...] = CODES, bucketed_codes: tuple[str, ...] = ()) -> None:
         self.n, self.at = n, 0
         self._codes = {c: (np.empty(n, np.int32), {}) for c in codes}
         # only rl.iteration's nulls mean something (no iteration); times are never null by the schema
         self._ints = {c: (np.empty(n, np.int64), np.empty(n, bool) if c == ITERATION else None) for c in self.INTS}
+        # columns decoded at the rows with an rl.bucket only: (those rows, their codes) per batch, and the values
+        self._bucketed = {c: ([], [], {}) for c in bucketed_codes}
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return (*self._codes, *self._ints)
+        return (*self._codes, *self._ints, *self._bucketed)
 
     def add(self, batch: pa.RecordBatch) -> None:
         rows = slice(self.at, self.at + batch.num_rows)
@@ -958,7 +975,21 @@ class _SpanDecoder:
                 out[rows] = 0
                 if valid is not None:
                     valid[rows] = False
+        if self._bucketed:
+            with_bucket = np.flatnonzero(self._codes[BUCKET][0][rows] >= 0)
+            for column, (held, codes, values) in self._bucketed.items():
+                out = np.full(len(with_bucket), -1, np.int32)
+                if column in names and len(with_bucket):
+                    _codes_into(batch.column(column).take(pa.array(with_bucket)), values, out)
+                held.append(with_bucket + rows.start)
+                codes.append(out)
         self.at = rows.stop
+
+    def bucketed_codes_of(self, column: str) -> tuple[np.ndarray, np.ndarray, tuple]:
+        """(rows with an rl.bucket, their codes, the values) of a column decoded at those rows only."""
+        held, codes, values = self._bucketed[column]
+        return (np.concatenate(held) if held else np.zeros(0, np.int64),
+                np.concatenate(codes) if codes else np.zeros(0, np.int32), tuple(values))
 
     def codes_of(self, column: str) -> tuple[np.ndarray, tuple]:
         out, values = self._codes[column]
