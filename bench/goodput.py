@@ -6,7 +6,7 @@ Writes a synthetic dataset in ingest's layout (``DIR/spans/run_id=<run>/part-*.p
 uint64 id key columns and the ``span_groups`` column included) unless DIR already holds one, then
 measures each command in a fresh child process of its own, as a user running ``nemo-telemetry
 goodput`` and then ``nemo-telemetry check`` gets them (nothing read or allocated by one helps
-the other):
+the other; the measured package byte-compiled first, as an installed one is: ``bench/_bytecode.py``):
 
 - goodput:  ``goodput_with_engine`` (every run, by step), what the command runs on its local engine,
             the read included;
@@ -279,6 +279,9 @@ def main() -> None:
         print(json.dumps(measure_duckdb(args.measure) if args.command == "duckdb" else measure(args.measure,
                                                                                                args.command)))
         return
+    from _bytecode import compile_measured_packages  # bench/_bytecode.py (this script's folder is on sys.path)
+
+    compile_measured_packages()  # start-up as an installed package has it (PYTHONDONTWRITEBYTECODE or not)
     with tempfile.TemporaryDirectory() as tmp:
         root = args.dataset or Path(tmp) / "dataset"
         if not (root / "spans").is_dir():
