@@ -52,6 +52,7 @@ from nemo_telemetry.analysis.findings.report import (
     report,
 )
 from nemo_telemetry.analysis.findings.rules import (
+    ANCHOR_REGEX,
     BATCH_FINDING_CODES,
     RowFacts,
     anchor_rows,
@@ -435,7 +436,8 @@ def check_span_files(files: list[str], *, run_id: str | None = None, unattribute
     they are read (:func:`~nemo_telemetry.analysis.model._arrays.decode_span_files`); None for files
     without id key columns, which the caller reads whole."""
     with ThreadPoolExecutor(max_workers=3) as pool:
-        decoded = decode_span_files(files, batch_rows=batch_rows)
+        # times only where a rule reads them: bucketed spans, and job and step spans (the anchors)
+        decoded = decode_span_files(files, batch_rows=batch_rows, timed_names=ANCHOR_REGEX)
         if decoded is None:
             return None
         arrays, index = decoded

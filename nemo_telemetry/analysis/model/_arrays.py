@@ -32,7 +32,7 @@ from nemo_telemetry.analysis.model.walk import climb
 from nemo_telemetry.errors import IngestError
 
 __all__ = ["BUCKETS", "SpanArrays", "span_arrays", "code_values", "column_rows", "codes_matching", "code_mask", "pairs_present", "READ_COLUMNS",
-           "isin_sorted", "SortedSet", "key_index", "sort_index", "index_parents", "index_orphans", "distinct_parents", "orphan_mask",
+           "isin_sorted", "SortedSet", "HeldRows", "key_index", "sort_index", "index_parents", "index_orphans", "distinct_parents", "orphan_mask",
            "GOODPUT_COLUMNS", "STEP_GOODPUT_COLUMNS", "read_for_analysis", "read_span_files", "scan_span_files",
            "span_source_files", "reading_errors", "has_id_keys",
            "decode_span_files", "walk_rows", "resource_values", "resource_pairs"]
@@ -392,6 +392,28 @@ def codes_matching(values: tuple, regex: str) -> np.ndarray:
     return np.array([i for i, v in enumerate(values) if v is not None and pattern.search(v)], dtype=np.int32)
 
 
+class HeldRows:
+    """An int64 column kept at some rows only (``rows``, ascending): indexed by row numbers as the
+    whole column would be, for the rows a rule reads it at. Any other row is an error, never a
+    made-up value."""
+
+    def __init__(self, n: int, rows: np.ndarray, values: np.ndarray) -> None:
+        self.n, self.rows, self.values = n, rows, values
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, rows) -> np.ndarray:
+        rows = np.asarray(rows)
+        if rows.dtype == bool or rows.ndim > 1:
+            raise TypeError("HeldRows is indexed by an array of row numbers")
+        flat = rows.reshape(-1).astype(np.int64, copy=False)
+        at = np.minimum(np.searchsorted(self.rows, flat), max(len(self.rows) - 1, 0))
+        if len(flat) and (len(self.rows) == 0 or not np.array_equal(self.rows[at], flat)):
+            raise IndexError("a row whose value this decode did not keep was asked for")
+        return (self.values[at] if len(flat) else self.values[:0]).reshape(rows.shape)
+
+
 @dataclass(frozen=True, eq=False)
 class SpanArrays:
     """Columns of one spans table as numpy arrays; ``table`` is kept to read ids for messages."""
@@ -401,8 +423,8 @@ class SpanArrays:
     names: tuple
     run: np.ndarray
     runs: tuple
-    start: np.ndarray
-    end: np.ndarray
+    start: np.ndarray | HeldRows
+    end: np.ndarray | HeldRows
     bucket: np.ndarray  # index into BUCKETS, NO_BUCKET, or UNKNOWN_BUCKET
     bucket_raw: np.ndarray  # code into bucket_values
     bucket_values: tuple
@@ -529,7 +551,7 @@ class SpanArrays:
 
     @cached_property
     def valid_interval(self) -> np.ndarray:
-        return self.end >= self.start
+        return self.end >= self.start  # a decode that keeps times at some rows only sets this itself
 
     def rows_of_names(self, regex: str) -> np.ndarray:
         """Boolean mask of the rows whose name matches ``regex``."""
@@ -901,8 +923,8 @@ def span_arrays(spans: pa.Table) -> SpanArrays:
     return decoder.arrays(spans)
 
 
-def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS,
-                      batch_rows: int | None = None) -> tuple[SpanArrays, dict] | None:
+def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS, batch_rows: int | None = None,
+                      timed_names: str | None = None) -> tuple[SpanArrays, dict] | None:
     """:func:`span_arrays` of the spans ``files`` and their :func:`key_index` (unsorted: see
     :func:`sort_index`), decoded batch by batch as :func:`scan_span_files` reads them.
 
@@ -911,14 +933,17 @@ def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUM
     and the decode touch each value's memory once; ``table`` keeps the other columns (trace ids and
     keys, span groups). The span and parent keys are let go too (160 MB at 10M spans): the index's
     mixed keys hold them, and the span ids a report names are recovered from those
-    (:func:`~nemo_telemetry.analysis.model.tree.unmixed_key`). None when the files have no id key
-    columns (a dataset written before them).
+    (:func:`~nemo_telemetry.analysis.model.tree.unmixed_key`). With ``timed_names`` (a regex), the
+    start and end times are kept only at the rows with an ``rl.bucket`` or a name it matches
+    (:class:`HeldRows`; ``valid_interval`` still covers every row): the rows whose times ``check``
+    reads, a few percent of a run's spans (160 MB less at 10M spans). None when the files have no id
+    key columns (a dataset written before them).
     """
     dataset, columns = _span_projection(files, columns)
     if not has_id_keys(dataset.schema):
         return None
     n = dataset.count_rows()
-    decoder = _SpanDecoder(n, bucketed_codes=(EFFICIENCY_CATEGORY,))
+    decoder = _SpanDecoder(n, bucketed_codes=(EFFICIENCY_CATEGORY,), timed_names=timed_names)
     decoded = set(decoder.columns)
     kept_columns = [c for c in columns if c not in decoded and c not in ("span_key", "parent_key")]
     kept: list[pa.RecordBatch] = []
@@ -945,17 +970,25 @@ class _SpanDecoder:
     CODES = ("name", "run_id", BUCKET)
     INTS = ("start_ns", "end_ns", ITERATION)
 
-    def __init__(self, n: int, codes: tuple[str, ...] = CODES, bucketed_codes: tuple[str, ...] = ()) -> None:
+    def __init__(self, n: int, codes: tuple[str, ...] = CODES, bucketed_codes: tuple[str, ...] = (),
+                 timed_names: str | None = None) -> None:
         self.n, self.at = n, 0
         self._codes = {c: (np.empty(n, np.int32), {}) for c in codes}
         # only rl.iteration's nulls mean something (no iteration); times are never null by the schema
-        self._ints = {c: (np.empty(n, np.int64), np.empty(n, bool) if c == ITERATION else None) for c in self.INTS}
+        ints = (ITERATION,) if timed_names else self.INTS
+        self._ints = {c: (np.empty(n, np.int64), np.empty(n, bool) if c == ITERATION else None) for c in ints}
         # columns decoded at the rows with an rl.bucket only: (those rows, their codes) per batch, and the values
         self._bucketed = {c: ([], [], {}) for c in bucketed_codes}
+        # times kept at the rows with an rl.bucket or a name matching ``timed_names`` only: (rows, start, end)
+        # per batch, and every row whose end is before its start
+        self._timed = re.compile(timed_names) if timed_names else None
+        self._timed_name = np.zeros(0, dtype=bool)  # per name code: whether its rows keep their times
+        self._times: tuple[list, list, list] = ([], [], [])
+        self._invalid: list[np.ndarray] = []
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return (*self._codes, *self._ints, *self._bucketed)
+        return (*self._codes, *self._ints, *self._bucketed, *(("start_ns", "end_ns") if self._timed else ()))
 
     def add(self, batch: pa.RecordBatch) -> None:
         rows = slice(self.at, self.at + batch.num_rows)
@@ -975,6 +1008,8 @@ class _SpanDecoder:
                 out[rows] = 0
                 if valid is not None:
                     valid[rows] = False
+        if self._timed is not None:
+            self._keep_times(batch, rows)
         if self._bucketed:
             with_bucket = np.flatnonzero(self._codes[BUCKET][0][rows] >= 0)
             for column, (held, codes, values) in self._bucketed.items():
@@ -984,6 +1019,24 @@ class _SpanDecoder:
                 held.append(with_bucket + rows.start)
                 codes.append(out)
         self.at = rows.stop
+
+    def _keep_times(self, batch: pa.RecordBatch, rows: slice) -> None:
+        """The batch's invalid intervals, and its times at the rows that keep them (read in place
+        from the batch: the other rows' times are never copied)."""
+        names = self._codes["name"][1]
+        if len(names) > len(self._timed_name):  # names first seen in this batch
+            more = [v is not None and self._timed.search(v) is not None for v in list(names)[len(self._timed_name):]]
+            self._timed_name = np.concatenate([self._timed_name, np.array(more, dtype=bool)])
+        start, end = (_filled(batch.column(c), 0) if c in batch.schema.names else np.zeros(batch.num_rows, np.int64)
+                      for c in ("start_ns", "end_ns"))
+        self._invalid.append(np.flatnonzero(end < start) + rows.start)
+        name = self._codes["name"][0][rows]
+        lookup = np.append(self._timed_name, False)  # code -1 (no name) lands on the last slot
+        timed = np.flatnonzero((self._codes[BUCKET][0][rows] >= 0) | lookup[name])
+        held, starts, ends = self._times
+        held.append(timed + rows.start)
+        starts.append(start[timed].astype(np.int64, copy=False))
+        ends.append(end[timed].astype(np.int64, copy=False))
 
     def bucketed_codes_of(self, column: str) -> tuple[np.ndarray, np.ndarray, tuple]:
         """(rows with an rl.bucket, their codes, the values) of a column decoded at those rows only."""
@@ -1004,11 +1057,21 @@ class _SpanDecoder:
         bucket_raw, bucket_values = self.codes_of(BUCKET)
         lookup = np.array([BUCKETS.index(v) if v in BUCKETS else UNKNOWN_BUCKET for v in bucket_values] + [NO_BUCKET],
                           dtype=np.int8)
-        (start, _), (end, _), (iteration, has_iteration) = (self._ints[c] for c in self.INTS)
-        return SpanArrays(
+        iteration, has_iteration = self._ints[ITERATION]
+        if self._timed is None:
+            (start, _), (end, _) = (self._ints[c] for c in ("start_ns", "end_ns"))
+        else:
+            held, starts, ends = (np.concatenate(part) if part else np.zeros(0, np.int64) for part in self._times)
+            start, end = HeldRows(self.n, held, starts), HeldRows(self.n, held, ends)
+        arrays = SpanArrays(
             table=table, name=name, names=names, run=run, runs=runs, start=start, end=end, bucket=lookup[bucket_raw],
             bucket_raw=bucket_raw, bucket_values=bucket_values, iteration=iteration, has_iteration=has_iteration,
         )
+        if self._timed is not None:
+            valid = np.ones(self.n, dtype=bool)
+            valid[np.concatenate(self._invalid) if self._invalid else np.zeros(0, np.int64)] = False
+            arrays.__dict__["valid_interval"] = valid
+        return arrays
 
 
 def resource_values(spans: pa.Table, key: str, rows: np.ndarray) -> tuple[np.ndarray, tuple]:
