@@ -241,7 +241,7 @@ def measure(mode: str, path: Path, expected: Path | None) -> None:
         sampler = _PeakSampler(workers)
     t0 = time.perf_counter()
     if mode == "memory":
-        from nemo_telemetry.analysis.model._arrays import read_for_analysis
+        from nemo_telemetry.analysis.store.read import read_for_analysis
         from nemo_telemetry.analysis.goodput.steps import run_goodput
 
         result = _plain(run_goodput(read_for_analysis(path)))
@@ -252,7 +252,7 @@ def measure(mode: str, path: Path, expected: Path | None) -> None:
 
         result = _plain(ray_goodput(path))
     elif mode == "check-memory":
-        from nemo_telemetry.analysis.model._arrays import read_for_analysis
+        from nemo_telemetry.analysis.store.read import read_for_analysis
         from nemo_telemetry.analysis.findings.checks import check_run
 
         result = _plain_check(check_run(read_for_analysis(path)))

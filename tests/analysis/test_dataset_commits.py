@@ -18,7 +18,7 @@ from nemo_telemetry.analysis import IncompleteDatasetWarning, ingest, load_trace
 from nemo_telemetry.analysis.store import commits
 from nemo_telemetry.analysis.store import dataset
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
-from nemo_telemetry.analysis.model._arrays import read_for_analysis
+from nemo_telemetry.analysis.store.read import read_for_analysis
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed
 

@@ -57,10 +57,10 @@ def test_key_index_across_chunks_and_blocks_finds_every_parent_and_orphan():
     several uneven chunks, longer than a few blocks, with parents anywhere in it."""
     import pyarrow as pa
 
-    from nemo_telemetry.analysis.model._arrays import _BLOCK_ROWS, key_index, sort_index
+    from nemo_telemetry.analysis.model.keys import BLOCK_ROWS, key_index, sort_index
 
     rng = np.random.default_rng(5)
-    n = 2 * _BLOCK_ROWS + 12_345
+    n = 2 * BLOCK_ROWS + 12_345
     traces = rng.integers(1, 2**63, 3, dtype=np.int64).astype(np.uint64)
     trace = traces[rng.integers(0, 3, n)]
     span = rng.integers(1, 2**63, n, dtype=np.int64).astype(np.uint64)
@@ -89,7 +89,7 @@ def test_key_index_across_chunks_and_blocks_finds_every_parent_and_orphan():
 
 
 def test_isin_sorted_matches_numpy_on_keys_that_share_their_top_bits():
-    from nemo_telemetry.analysis.model._arrays import isin_sorted
+    from nemo_telemetry.analysis.model.keys import isin_sorted
 
     rng = np.random.default_rng(9)
     crowded = (np.arange(6, dtype=np.uint64) << np.uint64(48)) | np.uint64(7)  # one slot each
@@ -107,7 +107,7 @@ def test_orphan_test_and_isin_sorted_give_the_same_answer_a_block_at_a_time(monk
     (so references and values cross block edges) give exactly the one-block answer."""
     import pyarrow as pa
 
-    from nemo_telemetry.analysis.model import _arrays
+    from nemo_telemetry.analysis.model import keys
 
     rng = np.random.default_rng(11)
     n = 20_000
@@ -118,9 +118,9 @@ def test_orphan_test_and_isin_sorted_give_the_same_answer_a_block_at_a_time(monk
     parent[rng.random(n) < 0.05] = 0
     table = pa.table({"trace_key": trace, "span_key": span, "parent_key": parent})
     wanted = np.sort(rng.choice(span, 300, replace=False))
-    one_block = (span_arrays(table).orphan, _arrays.isin_sorted(span, wanted))
-    monkeypatch.setattr(_arrays, "_LOOKUP_ROWS", 777)
-    blocked = (span_arrays(table).orphan, _arrays.isin_sorted(span, wanted))
+    one_block = (span_arrays(table).orphan, keys.isin_sorted(span, wanted))
+    monkeypatch.setattr(keys, "LOOKUP_ROWS", 777)
+    blocked = (span_arrays(table).orphan, keys.isin_sorted(span, wanted))
     assert one_block[0].sum() > 0 and one_block[1].sum() == 300
     assert np.array_equal(one_block[0], blocked[0]) and np.array_equal(one_block[1], blocked[1])
 
@@ -129,7 +129,7 @@ def test_sorted_search_a_stretch_at_a_time_equals_numpy():
     """The orphan test's search of sorted references, a stretch of them within one slice of the
     span index at a time, gives np.searchsorted's positions: repeated values, values past either
     end, stretches that share an answer."""
-    from nemo_telemetry.analysis.model._arrays import _SEARCH_STRETCH, _search_sorted
+    from nemo_telemetry.analysis.model.keys import _SEARCH_STRETCH, _search_sorted
 
     rng = np.random.default_rng(5)
     for n, m, top in [(0, 5000, 10), (10, 5 * _SEARCH_STRETCH, 1000), (100_000, 13 * _SEARCH_STRETCH + 17, 2**40),

@@ -9,8 +9,8 @@ import pytest
 
 import pyarrow as pa
 
-from nemo_telemetry.analysis.model import _arrays as arrays_module
-from nemo_telemetry.analysis.model._arrays import distinct_parents, index_orphans, index_parents, key_index
+from nemo_telemetry.analysis.model import keys as keys_module
+from nemo_telemetry.analysis.model.keys import distinct_parents, index_orphans, index_parents, key_index
 from nemo_telemetry.analysis.model.tree import mixed_key
 
 
@@ -47,7 +47,7 @@ def _orphans_by_hand(table: pa.Table) -> np.ndarray:
 @pytest.mark.parametrize("block_rows", [7, 1 << 20], ids=["blocks-of-7", "one-block"])
 @pytest.mark.parametrize("layout", ["adjacent", "shuffled"])
 def test_orphans_are_the_spans_whose_parent_no_span_of_their_trace_holds(layout, block_rows, monkeypatch):
-    monkeypatch.setattr(arrays_module, "_LOOKUP_ROWS", block_rows)  # neighbours across block edges too
+    monkeypatch.setattr(keys_module, "LOOKUP_ROWS", block_rows)  # neighbours across block edges too
     rng = np.random.default_rng(11)
     for n in (1, 2, 3, 17, 1000, 5000):
         table = _spans(rng, n, layout)

@@ -271,7 +271,7 @@ def test_the_local_engine_reads_a_dataset_batch_by_batch_as_the_table_gives(scen
     leave those rows (micro-batches two levels under their stamped step) and the runs' order come
     out as from the whole table, whatever the batch."""
     from nemo_telemetry.analysis.goodput.steps import goodput_of_rows, read_goodput_rows
-    from nemo_telemetry.analysis.model._arrays import STEP_GOODPUT_COLUMNS, span_source_files
+    from nemo_telemetry.analysis.store.read import STEP_GOODPUT_COLUMNS, span_source_files
 
     expected = as_plain(run_goodput(read_spans(scenario), run_id=run_id))
     _, files = span_source_files(scenario)
@@ -288,7 +288,7 @@ def test_a_dataset_without_id_keys_is_read_whole(tmp_path):
     writer.write(OtlpTables(spans, EVENTS_SCHEMA.empty_table(), LINKS_SCHEMA.empty_table()))
     writer.close()
     from nemo_telemetry.analysis.goodput.steps import read_goodput_rows
-    from nemo_telemetry.analysis.model._arrays import STEP_GOODPUT_COLUMNS, span_source_files
+    from nemo_telemetry.analysis.store.read import STEP_GOODPUT_COLUMNS, span_source_files
 
     _, files = span_source_files(tmp_path / "ds")
     assert not any("trace_key" in pq.read_schema(f).names for f in files)  # as a dataset from before the keys

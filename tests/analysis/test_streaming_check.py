@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_telemetry.analysis.model._arrays import read_for_analysis
+from nemo_telemetry.analysis.store.read import read_for_analysis
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
 from nemo_telemetry.analysis.store.dataset import DatasetWriter
 from nemo_telemetry.analysis.findings.checks import check_run
@@ -163,7 +163,7 @@ def test_the_local_engine_decodes_a_dataset_batch_by_batch_as_the_table_gives(ma
     whole table, whatever the batch."""
     from nemo_telemetry.analysis.engines.choose import check_with_engine
     from nemo_telemetry.analysis.findings.checks import check_span_files
-    from nemo_telemetry.analysis.model._arrays import span_source_files
+    from nemo_telemetry.analysis.store.read import span_source_files
 
     expected = check_run(read_for_analysis(many_files), **options).to_dict()
     _, files = span_source_files(many_files)
@@ -174,7 +174,7 @@ def test_the_local_engine_decodes_a_dataset_batch_by_batch_as_the_table_gives(ma
 def test_a_dataset_without_id_keys_is_checked_from_the_whole_table(tmp_path):
     from nemo_telemetry.analysis.engines.choose import check_with_engine
     from nemo_telemetry.analysis.findings.checks import check_span_files
-    from nemo_telemetry.analysis.model._arrays import span_source_files
+    from nemo_telemetry.analysis.store.read import span_source_files
 
     spans = spans_table(check_records())
     writer = DatasetWriter(tmp_path / "ds")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from nemo_telemetry.analysis.model._arrays import read_for_analysis
+from nemo_telemetry.analysis.store.read import read_for_analysis
 from nemo_telemetry.analysis.findings.checks import check_run
 from nemo_telemetry.analysis.goodput.steps import goodput_document, run_goodput
 from nemo_telemetry.analysis.ingestion.ingest import ingest, read_spans

@@ -16,8 +16,12 @@ import pyarrow.parquet as pq
 from nemo_telemetry.analysis.choices import ENGINES
 from nemo_telemetry.analysis.goodput import steps as _goodput
 from nemo_telemetry.analysis.goodput.rules import check_by
-from nemo_telemetry.analysis.model._arrays import (
-    GOODPUT_COLUMNS, STEP_GOODPUT_COLUMNS, read_for_analysis, reading_errors, span_source_files,
+from nemo_telemetry.analysis.store.read import (
+    GOODPUT_COLUMNS,
+    STEP_GOODPUT_COLUMNS,
+    read_for_analysis,
+    reading_errors,
+    span_source_files,
 )
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.store.sources import single_dataset

@@ -40,9 +40,10 @@ from nemo_telemetry.analysis.engines.check_rows import (
 from nemo_telemetry.analysis.findings import checks, rules
 from nemo_telemetry.analysis.goodput.rules import step_windows
 from nemo_telemetry.analysis.goodput import partials as streaming
-from nemo_telemetry.analysis.model._arrays import (
-    NO_BUCKET, READ_COLUMNS, SpanArrays, pairs_present, read_span_files, resource_pairs, span_arrays,
-)
+from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, span_arrays
+from nemo_telemetry.analysis.model.columns import pairs_present
+from nemo_telemetry.analysis.model.resources import resource_pairs
+from nemo_telemetry.analysis.store.read import READ_COLUMNS, read_span_files
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION, NO_RUN
 from nemo_telemetry.analysis.model.tree import key_column, with_id_keys
@@ -403,7 +404,7 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
     options = {"max_span_ids": max_span_ids, "max_findings_per_code": max_findings_per_code}
     tolerance_ns = checks.overlap_tolerance_ns(overlap_tolerance_s)
     if not files:
-        from nemo_telemetry.analysis.model._arrays import read_for_analysis
+        from nemo_telemetry.analysis.store.read import read_for_analysis
 
         return checks.check_run(read_for_analysis(root), run_id=run_id, unattributed_threshold=unattributed_threshold,
                                 overlap_tolerance_s=overlap_tolerance_s, **options)

@@ -69,18 +69,9 @@ from nemo_telemetry.analysis.findings.rules import (
 )
 from nemo_telemetry.analysis.goodput.steps import Analysis, analyse, run_filter
 from nemo_telemetry.analysis.goodput.steps import step_outliers
-from nemo_telemetry.analysis.model._arrays import (
-    BUCKETS,
-    NO_BUCKET,
-    SpanArrays,
-    code_mask,
-    decode_span_files,
-    index_orphans,
-    index_parents,
-    key_index,
-    sort_index,
-    span_arrays,
-)
+from nemo_telemetry.analysis.model._arrays import BUCKETS, NO_BUCKET, SpanArrays, decode_span_files, span_arrays
+from nemo_telemetry.analysis.model.columns import code_mask
+from nemo_telemetry.analysis.model.keys import index_orphans, index_parents, key_index, sort_index
 from nemo_telemetry.analysis.model.grouping import Columns, find_keys, group_by, take
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.analysis.model.tree import with_id_keys

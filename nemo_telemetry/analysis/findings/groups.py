@@ -14,7 +14,9 @@ import numpy as np
 
 from nemo_telemetry.analysis.findings.report import Finding
 from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX
-from nemo_telemetry.analysis.model._arrays import SpanArrays, pairs_present, resource_pairs
+from nemo_telemetry.analysis.model._arrays import SpanArrays
+from nemo_telemetry.analysis.model.columns import pairs_present
+from nemo_telemetry.analysis.model.resources import resource_pairs
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 
 __all__ = ["SPAN_GROUPS_ATTRIBUTE", "group_presence", "missing_group_findings"]

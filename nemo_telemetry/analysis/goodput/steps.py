@@ -21,9 +21,10 @@ from nemo_telemetry.analysis.goodput.rules import (
 )
 from nemo_telemetry.analysis.model.grouping import Columns
 from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_partial, ranks_tables
-from nemo_telemetry.analysis.model._arrays import (
-    NO_BUCKET, SpanArrays, code_values, has_id_keys, scan_span_files, span_arrays, walk_rows,
-)
+from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, span_arrays
+from nemo_telemetry.analysis.model.columns import code_values
+from nemo_telemetry.analysis.model.walk import walk_rows
+from nemo_telemetry.analysis.store.read import has_id_keys, scan_span_files
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.errors import UnknownRunError

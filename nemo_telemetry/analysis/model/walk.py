@@ -23,12 +23,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nemo_telemetry.analysis.model.columns import column_rows, filled
 from nemo_telemetry.analysis.model.grouping import Columns, concat, first_rows, take
+from nemo_telemetry.analysis.model.keys import BLOCK_ROWS, SortedSet
 from nemo_telemetry.analysis.model.schema import ITERATION
-from nemo_telemetry.analysis.model.tree import key_column, mixed_key, parent_indices
+from nemo_telemetry.analysis.model.tree import SPAN_SPREAD, key_column, mixed_key, parent_indices, with_id_keys
 
 __all__ = ["MAX_DEPTH", "KeyIndex", "Climb", "climb", "climb_batch", "attributed_iterations", "WALK_COLUMNS",
-           "resolve_walks"]
+           "resolve_walks", "walk_rows"]
 
 MAX_DEPTH = 1024
 
@@ -120,7 +122,6 @@ def climb(start: np.ndarray, parent_of: Callable[[np.ndarray], np.ndarray], has_
             ancestor[moved[take]] = row[take]
         active = moved[going(moved)]
     return Climb(met, value, ancestor, exit_key)
-
 
 
 def climb_batch(batch: pa.Table, rows: np.ndarray, *, bucketed: np.ndarray | None = None) -> Climb:
@@ -220,3 +221,101 @@ def _going(walks: Columns, ancestors: bool) -> np.ndarray:
     if ancestors:
         unfinished |= _none(walks["ancestor"])
     return unfinished & (walks["at"] != 0)
+
+
+# -- a walk over a whole table of which only a few rows climb (goodput by step) ---------------
+
+
+def walk_rows(table: pa.Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(attributed iteration, whether one was found) of ``rows``, as ``span_arrays(table).walk_up(rows)``
+    gives them, for a table of which only these few rows climb (goodput's unstamped bucketed spans).
+
+    No sorted index of every span: each level of the climb finds the parents it asks for by one
+    pass over the spans' mixed keys (:class:`_KeyScan`), and reads ``rl.iteration`` only at the
+    rows it visits. At 10M spans and 64k walks one level up, 0.1 s against the index's 0.7 s.
+    """
+    table = with_id_keys(table)
+    rows = np.asarray(rows, dtype=np.int64)
+    if ITERATION in table.column_names:
+        has_iteration = pc.is_valid(table.column(ITERATION)).to_numpy(zero_copy_only=False)
+        iteration = _RowsOf(table.column(ITERATION))
+    else:
+        has_iteration, iteration = np.zeros(table.num_rows, dtype=bool), np.zeros(table.num_rows, dtype=np.int64)
+    own = has_iteration[rows]
+    need = np.flatnonzero(~own)
+    scan = _KeyScan(table)
+    walked = climb(scan.parent_of(rows[need]), scan.parent_of, has_iteration, iteration, stamped=own[need])
+    out, found = iteration[rows], own.copy()  # nulls read as 0, as walk_up has them
+    take = walked.stamped & ~own[need]
+    out[need[take]], found[need[take]] = walked.iteration[take], True
+    return out, found
+
+
+class _RowsOf:
+    """An int64 column read at the rows indexed (nulls as 0), for a walk that visits a few of them."""
+
+    def __init__(self, column: pa.ChunkedArray) -> None:
+        self.column = column
+
+    def __getitem__(self, rows) -> np.ndarray:
+        return column_rows(self.column, np.asarray(rows, dtype=np.int64), 0).astype(np.int64, copy=False)
+
+
+class _KeyScan:
+    """Parent rows as :meth:`SpanArrays.parent_of` finds them (the lowest other row whose span id
+    and trace mix to the reference's number), by one pass over the span keys per lookup: each
+    block's spread span ids are tested against the references' (:class:`SortedSet`), and only the
+    spans that pass are mixed with their trace and compared whole."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        self.by_id = "parent_span_id" in table.column_names  # as _has_parent: the id when read, else the key
+        self.named = pc.is_valid(table.column("parent_span_id")).to_numpy(zero_copy_only=False) if self.by_id else None
+
+    def parent_of(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.full(len(rows), -1, dtype=np.int64)
+        trace, parent = (column_rows(self.table.column(c), rows, 0).astype(np.uint64, copy=False)
+                         for c in ("trace_key", "parent_key"))
+        ask = np.flatnonzero(self.named[rows] if self.by_id else parent != 0)
+        if ask.size == 0:
+            return out
+        wanted = mixed_key(trace[ask], parent[ask])
+        with np.errstate(over="ignore"):
+            held, keys = self._rows_with(np.unique(parent[ask] * SPAN_SPREAD))
+        order = np.argsort(keys, kind="stable")  # by mixed key, then row
+        keys, held = keys[order], held[order]
+        pos = np.searchsorted(keys, wanted)
+        for _ in range(2):  # the lowest row with that key, else (it is the span itself) the next one
+            hit = pos < len(keys)
+            hit[hit] = keys[pos[hit]] == wanted[hit]
+            itself = hit.copy()
+            itself[hit] = held[pos[hit]] == rows[ask[hit]]
+            found = hit & ~itself
+            out[ask[found]] = held[pos[found]]
+            ask, wanted, pos = ask[itself], wanted[itself], pos[itself] + 1
+            if ask.size == 0:
+                break
+        return out
+
+    def _rows_with(self, spread: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, their mixed keys) of the spans whose spread span id is one of ``spread`` (sorted).
+
+        A block of rows at a time small enough that its temporaries are reused from one block to
+        the next instead of faulted in afresh."""
+        members = SortedSet(spread)
+        spread_block, hit_block = np.empty(BLOCK_ROWS, np.uint64), np.empty(BLOCK_ROWS, bool)
+        rows, keys = [], []
+        at = 0
+        for batch in self.table.select(["span_key", "trace_key"]).to_batches(max_chunksize=BLOCK_ROWS):
+            n = batch.num_rows
+            span = filled(batch.column(0), 0).astype(np.uint64, copy=False)
+            with np.errstate(over="ignore"):
+                np.multiply(span, SPAN_SPREAD, out=spread_block[:n])
+            hit = np.flatnonzero(members.contains(spread_block[:n], out=hit_block[:n]))
+            if hit.size:
+                trace = filled(batch.column(1), 0).astype(np.uint64, copy=False)[hit]
+                rows.append(hit + at)
+                keys.append(mixed_key(trace, span[hit]))
+            at += n
+        return (np.concatenate(rows), np.concatenate(keys)) if rows else (np.zeros(0, np.int64), np.zeros(0, np.uint64))

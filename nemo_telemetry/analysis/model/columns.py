@@ -1,0 +1,168 @@
+"""Arrow columns as numpy: strings that repeat as integer codes, integers with their nulls, a
+column's values at some rows.
+
+Every decode of spans shares these (:mod:`model._arrays` for whole tables and spans files,
+:mod:`model.resources`, :mod:`model.keys`, :mod:`model.walk`): a string column becomes codes into
+a small tuple of values, decided once per distinct value and then broadcast by code, and a chunked
+column is read chunk by chunk, never concatenated first.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["LOOKUP_ROWS", "column_codes", "codes_into", "code_values", "row_value", "column_rows", "filled",
+           "int_column", "ints_into", "code_mask", "pairs_present", "codes_matching"]
+
+LOOKUP_ROWS = 1 << 20  # lookups over every span go a block at a time, so their temporaries stay small
+
+
+def column_codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:
+    """(int32 codes with -1 for null, the distinct values) of a string or dictionary column.
+
+    Chunk by chunk, into one preallocated array (:func:`codes_into`).
+    """
+    n = spans.num_rows
+    if column not in spans.column_names or n == 0:
+        return np.full(n, -1, dtype=np.int32), ()
+    values: dict = {}
+    out = np.empty(n, dtype=np.int32)
+    start = 0
+    for chunk in spans.column(column).chunks:
+        codes_into(chunk, values, out[start:start + len(chunk)])
+        start += len(chunk)
+    return out, tuple(values)
+
+
+def codes_into(chunk: pa.Array, values: dict, into: np.ndarray) -> None:
+    """One chunk of a string or dictionary column as codes into ``values`` (shared by the chunks, which
+    it extends), -1 for null. The chunk's (small) dictionary is mapped onto the shared values once,
+    then its indices go through that map; a chunk whose dictionary lists the shared values in their
+    order (every chunk of a file after the first, usually) is copied as it is."""
+    if not pa.types.is_dictionary(chunk.type):
+        chunk = pc.dictionary_encode(chunk)
+    local = np.array([values.setdefault(v, len(values)) if v is not None else -1
+                      for v in chunk.dictionary.to_pylist()] + [-1], dtype=np.int32)
+    indices = filled(chunk.indices, -1)
+    if np.array_equal(local[:-1], np.arange(len(local) - 1)):
+        into[:] = indices
+    else:
+        np.take(local, indices, out=into, mode="wrap")  # wrap: a null's -1 lands on the last slot, -1
+
+
+def code_values(spans: pa.Table, column: str) -> tuple:
+    """The distinct values of a column in the order
+    :func:`~nemo_telemetry.analysis.model._arrays.span_arrays` numbers them (its ``runs``,
+    ``names``...), from the chunks' dictionaries alone when the column is dictionary-encoded."""
+    if column not in spans.column_names or spans.num_rows == 0:
+        return ()
+    chunks = spans.column(column).chunks
+    if not all(pa.types.is_dictionary(chunk.type) for chunk in chunks):
+        return column_codes(spans, column)[1]
+    values: dict = {}
+    for chunk in chunks:
+        for value in chunk.dictionary.to_pylist():
+            if value is not None:
+                values.setdefault(value, len(values))
+    return tuple(values)
+
+
+def row_value(column: pa.ChunkedArray, row: int):
+    """One value of a chunked column without concatenating or taking over the chunks."""
+    for chunk in column.chunks:
+        if row < len(chunk):
+            return chunk[row].as_py()
+        row -= len(chunk)
+    raise IndexError(row)
+
+
+def column_rows(column: pa.ChunkedArray, rows: np.ndarray, fill: int) -> np.ndarray:
+    """``column``'s values at ``rows`` (any order) as numpy, nulls as ``fill``: gathered chunk by
+    chunk, since Arrow's take over a chunked column concatenates it first (12 ms and 80 MB for a
+    10M-row uint64 column, however few rows are taken)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    chunks = column.chunks
+    if len(chunks) == 1:
+        return filled(chunks[0], fill)[rows]
+    bounds = np.cumsum([0] + [len(c) for c in chunks])
+    which = np.searchsorted(bounds, rows, side="right") - 1
+    out = np.empty(len(rows), dtype=column.type.to_pandas_dtype())
+    for i in np.unique(which):
+        here = which == i
+        out[here] = filled(chunks[i], fill)[rows[here] - bounds[i]]
+    return out
+
+
+def filled(column: pa.Array | pa.ChunkedArray, fill: int) -> np.ndarray:
+    """A numeric Arrow column as numpy, nulls replaced by ``fill`` (no copy through Arrow when none)."""
+    if column.null_count:
+        column = pc.fill_null(column, fill)
+    return column.to_numpy() if isinstance(column, pa.ChunkedArray) else column.to_numpy(zero_copy_only=False)
+
+
+def int_column(spans: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 values with nulls as 0, validity) of an integer column (absent: all null).
+
+    Chunk by chunk into preallocated arrays, so a column with nulls is not copied whole twice.
+    """
+    n = spans.num_rows
+    if column not in spans.column_names or n == 0:
+        return np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+    values = np.empty(n, dtype=np.int64)
+    valid = np.empty(n, dtype=bool)
+    start = 0
+    for chunk in spans.column(column).chunks:
+        ints_into(chunk, values[start:start + len(chunk)], valid[start:start + len(chunk)])
+        start += len(chunk)
+    return values, valid
+
+
+def ints_into(chunk: pa.Array, values: np.ndarray, valid: np.ndarray | None) -> None:
+    """One chunk of an integer column into ``values`` (nulls as 0) and, unless None, ``valid``."""
+    if valid is not None and chunk.null_count:
+        valid[:] = pc.is_valid(chunk).to_numpy(zero_copy_only=False)
+    elif valid is not None:
+        valid[:] = True
+    values[:] = filled(chunk, 0)
+
+
+def code_mask(codes: np.ndarray, chosen, size: int) -> np.ndarray:
+    """``np.isin(codes, chosen)`` for small-integer codes (-1 never chosen), by one table lookup;
+    one comparison when a single code or every code is chosen (no index array the size of
+    ``codes``: 3x faster)."""
+    chosen = np.asarray(chosen, dtype=np.int64)
+    chosen = np.unique(chosen[(chosen >= 0) & (chosen < size)])
+    if len(chosen) == 1:
+        return codes == int(chosen[0])  # a Python int: compared in the codes' own dtype
+    if len(chosen) == size:
+        return codes >= 0
+    table = np.zeros(size + 1, dtype=bool)  # the extra last slot is where code -1 lands: never chosen
+    table[chosen] = True
+    return table[codes]
+
+
+def pairs_present(first: np.ndarray, second: np.ndarray, second_size: int) -> list[tuple[int, int]]:
+    """The distinct (first, second) pairs of two code arrays, by marking; pairs with a -1 are left out."""
+    if first.size == 0:
+        return []
+    width = second_size + 1  # codes shifted by one, so -1 (null) has a slot of its own
+    seen = np.zeros((int(first.max()) + 2) * width, dtype=bool)
+    for lo in range(0, len(first), LOOKUP_ROWS):  # a block at a time: the keys stay in cache
+        key = first[lo:lo + LOOKUP_ROWS].astype(np.int64)
+        key += 1
+        key *= width
+        key += second[lo:lo + LOOKUP_ROWS]
+        key += 1
+        seen[key] = True
+    pairs = (divmod(int(k), width) for k in np.flatnonzero(seen))
+    return [(a - 1, b - 1) for a, b in pairs if a > 0 and b > 0]
+
+
+def codes_matching(values: tuple, regex: str) -> np.ndarray:
+    """Codes of the distinct values that match ``regex`` (decided once per value)."""
+    pattern = re.compile(regex)
+    return np.array([i for i, v in enumerate(values) if v is not None and pattern.search(v)], dtype=np.int32)
