@@ -426,7 +426,7 @@ def check_span_files(files: list[str], *, run_id: str | None = None, unattribute
     """:func:`check_run` over a dataset's spans files, decoded batch by batch (of ``batch_rows``) as
     they are read (:func:`~nemo_telemetry.analysis.model._arrays.decode_span_files`); None for files
     without id key columns, which the caller reads whole."""
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    with ThreadPoolExecutor(max_workers=4) as pool:
         # times only where a rule reads them: bucketed spans, and job and step spans (the anchors)
         decoded = decode_span_files(files, batch_rows=batch_rows, timed_names=ANCHOR_REGEX)
         if decoded is None:
@@ -443,10 +443,10 @@ def _check_decoded(pool: ThreadPoolExecutor, keys: Future, decode: Callable[[], 
                    max_findings_per_code: int) -> CheckReport:
     """The findings once ``keys`` (a :func:`key_index`, unsorted) and ``decode()`` are there.
 
-    Two workers sort the span index and the parent references side by side, then run the orphan
-    test; this thread decodes (when ``decode`` does), reads what needs neither the walks nor the
-    orphan test (the span groups the processes enabled, the anchors and the rows outside their
-    traces) while the index is sorted, then analyses.
+    Workers sort the span index and the parent references side by side, then run the orphan test,
+    and read what needs neither the walks nor the orphan test (the span groups the processes
+    enabled, the anchors and the rows outside their traces); this thread decodes (when ``decode``
+    does), then analyses once the index is sorted.
     """
     tolerance_ns = overlap_tolerance_ns(overlap_tolerance_s)
     index = pool.submit(lambda: sort_index(keys.result()))
@@ -455,12 +455,12 @@ def _check_decoded(pool: ThreadPoolExecutor, keys: Future, decode: Callable[[], 
     try:
         arrays = decode()
         keep = run_filter(arrays, run_id)
-        # what reads neither the walks nor the orphan test, while the workers sort
-        presence = group_presence(arrays, keep)
-        anchors = anchored(arrays, keep)
+        # what reads neither the walks nor the orphan test, in the workers beside the sort and the analysis
+        presence = pool.submit(group_presence, arrays, keep)
+        anchors = pool.submit(anchored, arrays, keep)
         arrays.adopt_index(index.result())
         analysis = analyse(arrays.table, run_id=run_id, ancestors=True, arrays=arrays)
-        merged = merge_in_memory(analysis, tolerance_ns, presence, anchors=anchors,
+        merged = merge_in_memory(analysis, tolerance_ns, presence.result(), anchors=anchors.result(),
                                  orphans_found=lambda: arrays.adopt_index(orphans.result()))
     finally:
         for pending in (parents, orphans):  # a bad run_id: do not wait for a test no one reads
