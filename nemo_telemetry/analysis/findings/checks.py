@@ -411,7 +411,7 @@ def check_run(
     an error; ``double_counted_s`` counts them either way.
     """
     table = with_id_keys(spans)
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    with ThreadPoolExecutor(max_workers=4) as pool:
         # The id-key index and the orphan test are sorts and gathers, which numpy runs without the
         # GIL: a worker builds the mixed keys while this thread decodes the rest.
         keys = pool.submit(key_index, table, sort=False)

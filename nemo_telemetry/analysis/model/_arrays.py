@@ -37,9 +37,9 @@ NO_BUCKET = -1
 
 
 class HeldRows:
-    """An int64 column kept at some rows only (``rows``, ascending): indexed by row numbers as the
-    whole column would be, for the rows a rule reads it at. Any other row is an error, never a
-    made-up value."""
+    """A column kept at some rows only (``rows``, ascending): indexed by row numbers as the whole
+    column would be, for the rows a rule reads it at. Any other row is an error, never a made-up
+    value."""
 
     def __init__(self, n: int, rows: np.ndarray, values: np.ndarray) -> None:
         self.n, self.rows, self.values = n, rows, values
@@ -99,21 +99,14 @@ class SpanArrays:
     @property
     def categories(self) -> tuple:
         held = self.__dict__.get("_bucketed_category")
-        return held[2] if held is not None else self._category[1]
+        return held[1] if held is not None else self._category[1]
 
     def bucketed_category(self, rows: np.ndarray) -> np.ndarray:
         """Efficiency category codes (-1: none) of ``rows``, rows with an ``rl.bucket``: the only
         rows whose category a rule reads, and all a decode of spans files keeps
-        (:func:`decode_span_files`)."""
+        (:func:`decode_span_files`, a :class:`HeldRows`)."""
         held = self.__dict__.get("_bucketed_category")
-        if held is None:
-            return self.category[rows]
-        with_bucket, codes, _ = held
-        rows = np.asarray(rows, dtype=np.int64)
-        at = np.minimum(np.searchsorted(with_bucket, rows), max(len(with_bucket) - 1, 0))
-        if len(rows) and (len(with_bucket) == 0 or not np.array_equal(with_bucket[at], rows)):
-            raise ValueError("bucketed_category: a row without an rl.bucket was asked for")
-        return codes[at] if len(rows) else np.zeros(0, np.int32)
+        return self.category[rows] if held is None else held[0][rows]
 
     @cached_property
     def _rank(self) -> tuple[np.ndarray, np.ndarray]:
@@ -273,8 +266,7 @@ def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUM
     Each batch's decoded columns (names, runs, buckets, times, iterations; efficiency categories
     only where a span has a bucket, the only rows a rule reads them at) are let go once copied,
     and the key index is built from its id keys on the way, so the read and the decode touch each
-    value's memory once; ``table`` keeps the other columns (trace ids and
-    keys, span groups). The span and parent keys are let go too (160 MB at 10M spans): the index's
+    value's memory once; ``table`` keeps the other columns (trace ids and keys, span groups). The span and parent keys are let go too (160 MB at 10M spans): the index's
     mixed keys hold them, and the span ids a report names are recovered from those
     (:func:`~nemo_telemetry.analysis.model.tree.unmixed_key`). With ``timed_names`` (a regex), the
     start and end times are kept only at the rows with an ``rl.bucket`` or a name it matches
@@ -381,11 +373,11 @@ class _SpanDecoder:
         starts.append(start[timed].astype(np.int64, copy=False))
         ends.append(end[timed].astype(np.int64, copy=False))
 
-    def bucketed_codes_of(self, column: str) -> tuple[np.ndarray, np.ndarray, tuple]:
-        """(rows with an rl.bucket, their codes, the values) of a column decoded at those rows only."""
+    def bucketed_codes_of(self, column: str) -> tuple[HeldRows, tuple]:
+        """(codes at the rows with an rl.bucket, the values) of a column decoded at those rows only."""
         held, codes, values = self._bucketed[column]
-        return (np.concatenate(held) if held else np.zeros(0, np.int64),
-                np.concatenate(codes) if codes else np.zeros(0, np.int32), tuple(values))
+        return HeldRows(self.n, np.concatenate(held) if held else np.zeros(0, np.int64),
+                        np.concatenate(codes) if codes else np.zeros(0, np.int32)), tuple(values)
 
     def codes_of(self, column: str) -> tuple[np.ndarray, tuple]:
         out, values = self._codes[column]
