@@ -443,21 +443,28 @@ def _check_decoded(pool: ThreadPoolExecutor, keys: Future, decode: Callable[[], 
                    max_findings_per_code: int) -> CheckReport:
     """The findings once ``keys`` (a :func:`key_index`, unsorted) and ``decode()`` are there.
 
-    Workers sort the span index and the parent references side by side, then run the orphan test,
+    Workers sort the span index (on both cores: the analysis waits for it), then, beside the
+    analysis in this thread, find the parent references left to look up and run the orphan test,
     and read what needs neither the walks nor the orphan test (the span groups the processes
-    enabled, the anchors and the rows outside their traces); this thread decodes (when ``decode``
-    does), then analyses once the index is sorted.
+    enabled, the anchors and the rows outside their traces). This thread decodes first, when
+    ``decode`` does.
     """
     tolerance_ns = overlap_tolerance_ns(overlap_tolerance_s)
     index = pool.submit(lambda: sort_index(keys.result()))
-    parents = pool.submit(lambda: index_parents(keys.result()))
+
+    def after_sort(work: Callable, *args) -> Future:
+        def run():
+            index.result()
+            return work(*args)
+        return pool.submit(run)
+
+    parents = after_sort(lambda: index_parents(keys.result()))
     orphans = pool.submit(lambda: index_orphans(index.result(), parents.result()))
     try:
         arrays = decode()
         keep = run_filter(arrays, run_id)
-        # what reads neither the walks nor the orphan test, in the workers beside the sort and the analysis
-        presence = pool.submit(group_presence, arrays, keep)
-        anchors = pool.submit(anchored, arrays, keep)
+        presence = after_sort(group_presence, arrays, keep)
+        anchors = after_sort(anchored, arrays, keep)
         arrays.adopt_index(index.result())
         analysis = analyse(arrays.table, run_id=run_id, ancestors=True, arrays=arrays)
         merged = merge_in_memory(analysis, tolerance_ns, presence.result(), anchors=anchors.result(),
