@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/goodput.py [--spans 10000000] [--dataset DIR] [--repeat N]
 
-Writes a synthetic dataset in ingest's layout (``DIR/spans/run_id=<run>/part-*.parquet``, the
-uint64 id key columns and the ``span_groups`` column included) unless DIR already holds one, then
+Writes a synthetic dataset in ingest's layout (``DIR/spans/run_id=<run>/rank=<rank>/part-0.parquet``,
+each process's spans in the order it exports them, as they end; the uint64 id key columns and the
+``span_groups`` column included) unless DIR already holds one, then
 measures each command in a fresh child process of its own, as a user running ``nemo-telemetry
 goodput`` and then ``nemo-telemetry check`` gets them (nothing read or allocated by one helps
 the other; the measured package byte-compiled first, as an installed one is: ``bench/_bytecode.py``):
@@ -165,10 +166,16 @@ def write_dataset(root: Path, spans: int) -> None:
     steps_per_run = max(1, spans // (2 * SPANS_PER_STEP))
     for r in range(2):
         table = make_run(r, steps_per_run, rng)
-        folder = root / "spans" / f"run_id=bench-run-{r}"
-        folder.mkdir(parents=True, exist_ok=True)
-        # written as ingest writes a spans file: dictionary pages only where values repeat (not times or ids)
-        pq.write_table(table, folder / "part-0.parquet", row_group_size=1 << 20, **SPANS_PARQUET_OPTIONS)
+        rank, end = table.column("rank").to_numpy(), table.column("end_ns").to_numpy()
+        for k in np.unique(rank):
+            # a process's spans as its exporter writes them, as they end (ingest keeps that order)
+            rows = np.flatnonzero(rank == k)
+            rows = rows[np.argsort(end[rows], kind="stable")]
+            folder = root / "spans" / f"run_id=bench-run-{r}" / f"rank={k}"
+            folder.mkdir(parents=True, exist_ok=True)
+            # written as ingest writes a spans file: dictionary pages only where values repeat (not times or ids)
+            pq.write_table(table.take(rows), folder / "part-0.parquet", row_group_size=1 << 20,
+                           **SPANS_PARQUET_OPTIONS)
         del table
 
 
@@ -248,7 +255,7 @@ def measure_duckdb(root: Path) -> dict:
 
     connection = duckdb.connect()
     connection.execute("SET threads = 2")
-    rows = connection.execute(DUCKDB_QUERY, [str(root / "spans" / "*" / "*.parquet")]).fetchall()
+    rows = connection.execute(DUCKDB_QUERY, [str(root / "spans" / "**" / "*.parquet")]).fetchall()
     return {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "groups": len(rows),
             "steps": len({(r[0], r[1]) for r in rows if r[1] is not None}),
             "peak_gb": _peak_gb()}
