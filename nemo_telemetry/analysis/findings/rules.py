@@ -38,12 +38,12 @@ from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 
-__all__ = ["RowFacts", "row_traces", "rows_in_traces", "SPAN_CODES", "ANCHOR_REGEX", "STANDALONE_GROUPS", "offenders", "BATCH_FINDING_CODES",
-           "batch_offenders", "catalogue_name_sets",
+__all__ = ["RowFacts", "row_traces", "rows_in_traces", "SPAN_CODES", "ANCHOR_REGEX", "STANDALONE_GROUPS", "offenders",
+           "BATCH_FINDING_CODES", "batch_offenders", "catalogue_name_sets",
            "group_name_codes", "anchor_rows", "overlap_partial", "overlapping_steps", "detached_partial", "loose_rows", "detached_counts",
            "detached_traces"]
 
-_FEW_TRACES = 4  # anchored traces up to which in_traces compares keys instead of hashing them
+_FEW_TRACES = 4  # anchored traces up to which rows_in_traces compares keys instead of hashing them
 
 # The span-level codes, in the order check_run writes them.
 SPAN_CODES = ("invalid-interval", "unknown-bucket", "umbrella-bucket", "nested-bucket", "unstamped-span",
@@ -73,10 +73,6 @@ class RowFacts:
     def trace_of(self, rows: np.ndarray) -> np.ndarray:
         """The uint64 trace key of each of ``rows`` (taken from the batch, never decoded whole)."""
         return row_traces(self.arrays, rows)
-
-    def in_traces(self, traces: np.ndarray) -> np.ndarray:
-        """Mask of the rows whose trace key is one of ``traces``."""
-        return rows_in_traces(self.arrays, traces)
 
     def iteration_of(self, rows: np.ndarray) -> np.ndarray:
         """Each row's iteration: attributed where walked, else its own; -1 where none."""

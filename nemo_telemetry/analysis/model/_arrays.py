@@ -266,8 +266,9 @@ def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUM
     Each batch's decoded columns (names, runs, buckets, times, iterations; efficiency categories
     only where a span has a bucket, the only rows a rule reads them at) are let go once copied,
     and the key index is built from its id keys on the way, so the read and the decode touch each
-    value's memory once; ``table`` keeps the other columns (trace ids and keys, span groups). The span and parent keys are let go too (160 MB at 10M spans): the index's
-    mixed keys hold them, and the span ids a report names are recovered from those
+    value's memory once; ``table`` keeps the other columns (trace ids and keys, span groups). The
+    span and parent keys are let go too (160 MB at 10M spans): the index's mixed keys hold them,
+    and the span ids a report names are recovered from those
     (:func:`~nemo_telemetry.analysis.model.tree.unmixed_key`). With ``timed_names`` (a regex), the
     start and end times are kept only at the rows with an ``rl.bucket`` or a name it matches
     (:class:`HeldRows`; ``valid_interval`` still covers every row): the rows whose times ``check``
