@@ -160,7 +160,7 @@ def write_dataset(root: Path, spans: int) -> None:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from nemo_telemetry.analysis.store.dataset import SPANS_PARQUET_OPTIONS
+    from nemo_telemetry.analysis.store.dataset import SPANS_PARQUET_OPTIONS, with_parent_rows
 
     rng = np.random.default_rng(7)
     steps_per_run = max(1, spans // (2 * SPANS_PER_STEP))
@@ -174,7 +174,7 @@ def write_dataset(root: Path, spans: int) -> None:
             folder = root / "spans" / f"run_id=bench-run-{r}" / f"rank={k}"
             folder.mkdir(parents=True, exist_ok=True)
             # written as ingest writes a spans file: dictionary pages only where values repeat (not times or ids)
-            pq.write_table(table.take(rows), folder / "part-0.parquet", row_group_size=1 << 20,
+            pq.write_table(with_parent_rows(table.take(rows)), folder / "part-0.parquet", row_group_size=1 << 20,
                            **SPANS_PARQUET_OPTIONS)
         del table
 

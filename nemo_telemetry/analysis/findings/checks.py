@@ -69,7 +69,9 @@ from nemo_telemetry.analysis.findings.rules import (
 )
 from nemo_telemetry.analysis.goodput.steps import Analysis, analyse, run_filter
 from nemo_telemetry.analysis.goodput.steps import step_outliers
-from nemo_telemetry.analysis.model._arrays import BUCKETS, NO_BUCKET, SpanArrays, decode_span_files, span_arrays
+from nemo_telemetry.analysis.model._arrays import (
+    BUCKETS, NO_BUCKET, FileParents, SpanArrays, decode_span_files, span_arrays,
+)
 from nemo_telemetry.analysis.model.columns import code_mask
 from nemo_telemetry.analysis.model.keys import index_orphans, index_parents, key_index, sort_index
 from nemo_telemetry.analysis.model.grouping import Columns, find_keys, group_by, take
@@ -432,46 +434,54 @@ def check_span_files(files: list[str], *, run_id: str | None = None, unattribute
         if decoded is None:
             return None
         arrays, index = decoded
-        keys = pool.submit(lambda: index)
+        keys = index if isinstance(index, FileParents) else pool.submit(lambda: index)
         return _check_decoded(pool, keys, lambda: arrays, run_id=run_id, unattributed_threshold=unattributed_threshold,
                               overlap_tolerance_s=overlap_tolerance_s, max_span_ids=max_span_ids,
                               max_findings_per_code=max_findings_per_code)
 
 
-def _check_decoded(pool: ThreadPoolExecutor, keys: Future, decode: Callable[[], SpanArrays], *, run_id: str | None,
-                   unattributed_threshold: float, overlap_tolerance_s: float, max_span_ids: int,
+def _check_decoded(pool: ThreadPoolExecutor, keys: Future | FileParents, decode: Callable[[], SpanArrays], *,
+                   run_id: str | None, unattributed_threshold: float, overlap_tolerance_s: float, max_span_ids: int,
                    max_findings_per_code: int) -> CheckReport:
-    """The findings once ``keys`` (a :func:`key_index`, unsorted) and ``decode()`` are there.
+    """The findings once ``keys`` (a :func:`key_index`, unsorted, or the parent rows spans files
+    hold) and ``decode()`` are there.
 
-    Workers sort the span index (on both cores: the analysis waits for it), then, beside the
-    analysis in this thread, find the parent references left to look up and run the orphan test,
-    and read what needs neither the walks nor the orphan test (the span groups the processes
-    enabled, the anchors and the rows outside their traces). This thread decodes first, when
-    ``decode`` does.
+    With a key index, workers sort the span index (on both cores: the analysis waits for it),
+    then, beside the analysis in this thread, find the parent references left to look up and run
+    the orphan test. With parent rows, this thread looks up the few references they leave. Either
+    way, workers read what needs neither the walks nor the orphan test (the span groups the
+    processes enabled, the anchors and the rows outside their traces) meanwhile. This thread
+    decodes first, when ``decode`` does.
     """
     tolerance_ns = overlap_tolerance_ns(overlap_tolerance_s)
-    index = pool.submit(lambda: sort_index(keys.result()))
+    file_parents = keys if isinstance(keys, FileParents) else None
+    index = None if file_parents is not None else pool.submit(lambda: sort_index(keys.result()))
 
     def after_sort(work: Callable, *args) -> Future:
         def run():
-            index.result()
+            if index is not None:
+                index.result()
             return work(*args)
         return pool.submit(run)
 
-    parents = after_sort(lambda: index_parents(keys.result()))
-    orphans = pool.submit(lambda: index_orphans(index.result(), parents.result()))
+    parents = orphans = None
+    if index is not None:
+        parents = after_sort(lambda: index_parents(keys.result()))
+        orphans = pool.submit(lambda: index_orphans(index.result(), parents.result()))
+
     try:
         arrays = decode()
         keep = run_filter(arrays, run_id)
         presence = after_sort(group_presence, arrays, keep)
         anchors = after_sort(anchored, arrays, keep)
-        arrays.adopt_index(index.result())
+        arrays.adopt_index(index.result() if file_parents is None else file_parents.resolved(arrays.table))
         analysis = analyse(arrays.table, run_id=run_id, ancestors=True, arrays=arrays)
         merged = merge_in_memory(analysis, tolerance_ns, presence.result(), anchors=anchors.result(),
-                                 orphans_found=lambda: arrays.adopt_index(orphans.result()))
+                                 orphans_found=lambda: orphans is None or arrays.adopt_index(orphans.result()))
     finally:
         for pending in (parents, orphans):  # a bad run_id: do not wait for a test no one reads
-            pending.cancel()
+            if pending is not None:
+                pending.cancel()
     return finish(merged, unattributed_threshold=unattributed_threshold, tolerance_ns=tolerance_ns,
                   max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
 

@@ -21,15 +21,18 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.model.columns import (
     code_mask, codes_into, codes_matching, column_codes, column_rows, filled, int_column, ints_into, row_value,
 )
-from nemo_telemetry.analysis.model.keys import build_index, key_index, orphan_mask, sort_index
+from nemo_telemetry.analysis.model.keys import (
+    NO_PARENT, PARENT_ELSEWHERE, build_index, key_index, orphan_mask, parent_rows, sort_index,
+)
 from nemo_telemetry.analysis.model.resources import resource_values
-from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
-from nemo_telemetry.analysis.model.tree import parent_indices, unmixed_key, with_id_keys
-from nemo_telemetry.analysis.model.walk import climb
-from nemo_telemetry.analysis.store.read import READ_COLUMNS, has_id_keys, scan_batches, span_projection
+from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, PARENT_ROW
+from nemo_telemetry.analysis.model.tree import mixed_key, parent_indices, unmixed_key, with_id_keys
+from nemo_telemetry.analysis.model.walk import KeyScan, climb
+from nemo_telemetry.analysis.store.read import READ_COLUMNS, every_file_has, has_id_keys, scan_file_batches, span_projection
 from nemo_telemetry.errors import IngestError
 
-__all__ = ["BUCKETS", "UNKNOWN_BUCKET", "NO_BUCKET", "HeldRows", "SpanArrays", "span_arrays", "decode_span_files"]
+__all__ = ["BUCKETS", "UNKNOWN_BUCKET", "NO_BUCKET", "HeldRows", "SpanArrays", "span_arrays", "decode_span_files",
+           "FileParents"]
 
 BUCKETS = ("productive", "overhead", "idle", "wasted")
 UNKNOWN_BUCKET = -2
@@ -166,24 +169,10 @@ class SpanArrays:
         if len(rows) == 0:
             return np.zeros(0, dtype=np.int64)
         if "parents" in self.__dict__:
-            return self.parents[rows]
-        own, packed, bits = self._sorted_spans
-        low = np.uint64((1 << bits) - 1)
-        wanted = self._mixed[1][rows]
-        pos = np.searchsorted(packed, wanted & ~low)
+            return self.parents[rows].astype(np.int64, copy=False)
         out = np.full(len(rows), -1, dtype=np.int64)
-        pending = np.flatnonzero(self.has_parent[rows])
-        while pending.size:  # a second round only for equal high bits or duplicated ids
-            at = pos[pending]
-            pending, at = pending[at < len(packed)], at[at < len(packed)]
-            found = packed[at]
-            same_high = (found & ~low) == (wanted[pending] & ~low)
-            pending, found = pending[same_high], found[same_high]
-            row = (found & low).astype(np.int64)
-            hit = (own[row] == wanted[pending]) & (row != rows[pending])
-            out[pending[hit]] = row[hit]
-            pending = pending[~hit]
-            pos[pending] += 1
+        named = np.flatnonzero(self.has_parent[rows])
+        out[named] = parent_rows(self._sorted_spans, self._mixed[1][rows[named]], rows[named])
         return out
 
     @cached_property
@@ -259,44 +248,135 @@ def span_arrays(spans: pa.Table) -> SpanArrays:
 
 
 def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS, batch_rows: int | None = None,
-                      timed_names: str | None = None) -> tuple[SpanArrays, dict] | None:
-    """:func:`span_arrays` of the spans ``files`` and their :func:`key_index` (unsorted: see
-    :func:`sort_index`), decoded batch by batch as :func:`scan_span_files` reads them.
+                      timed_names: str | None = None) -> tuple[SpanArrays, dict | FileParents] | None:
+    """:func:`span_arrays` of the spans ``files``, decoded batch by batch as :func:`scan_span_files`
+    reads them, and how their parents are found: the :func:`key_index` (unsorted: see
+    :func:`sort_index`), or the :class:`FileParents` the files hold (for
+    :meth:`SpanArrays.adopt_index`, either way).
 
     Each batch's decoded columns (names, runs, buckets, times, iterations; efficiency categories
-    only where a span has a bucket, the only rows a rule reads them at) are let go once copied,
-    and the key index is built from its id keys on the way, so the read and the decode touch each
-    value's memory once; ``table`` keeps the other columns (trace ids and keys, span groups). The
-    span and parent keys are let go too (160 MB at 10M spans): the index's mixed keys hold them,
-    and the span ids a report names are recovered from those
-    (:func:`~nemo_telemetry.analysis.model.tree.unmixed_key`). With ``timed_names`` (a regex), the
-    start and end times are kept only at the rows with an ``rl.bucket`` or a name it matches
-    (:class:`HeldRows`; ``valid_interval`` still covers every row): the rows whose times ``check``
-    reads, a few percent of a run's spans (160 MB less at 10M spans). None when the files have no id
-    key columns (a dataset written before them).
+    only where a span has a bucket, the only rows a rule reads them at) are let go once copied;
+    ``table`` keeps the other columns (trace ids and keys, span groups). With ``timed_names`` (a
+    regex), the start and end times are kept only at the rows with an ``rl.bucket`` or a name it
+    matches (:class:`HeldRows`; ``valid_interval`` still covers every row): the rows whose times
+    ``check`` reads, a few percent of a run's spans (160 MB less at 10M spans).
+
+    Where every file holds its spans' parent rows (``parent_row``, which ingest writes), the
+    parents come from there (:class:`FileParents`) and no key index is built. Else (a
+    dataset written before that column), the key index is built from the id keys on the way, so
+    the read and the decode touch each value's memory once, and the span and parent keys are let
+    go (160 MB at 10M spans): the index's mixed keys hold them, and the span ids a report names
+    are recovered from those (:func:`~nemo_telemetry.analysis.model.tree.unmixed_key`).
+
+    None when the files have no id key columns (a dataset written before them).
     """
     dataset, columns = span_projection(files, columns)
     if not has_id_keys(dataset.schema):
         return None
     n = dataset.count_rows()
     decoder = _SpanDecoder(n, bucketed_codes=(EFFICIENCY_CATEGORY,), timed_names=timed_names)
-    decoded = set(decoder.columns)
-    kept_columns = [c for c in columns if c not in decoded and c not in ("span_key", "parent_key")]
+    parents = FileParents(n) if every_file_has(dataset, PARENT_ROW) else None
+    if parents is not None:
+        columns = [*columns, PARENT_ROW]
+    # what the table keeps: what a rule or a message reads, other than the decoded columns
+    let_go = {*decoder.columns, PARENT_ROW, "parent_key"} | ({"span_key"} if parents is None else set())
+    kept_columns = [c for c in columns if c not in let_go]
     kept: list[pa.RecordBatch] = []
 
-    def key_blocks():
-        for batch in scan_batches(dataset, columns, batch_rows):
+    def batches():
+        for path, batch in scan_file_batches(dataset, columns, batch_rows):
             decoder.add(batch)
             kept.append(batch.select(kept_columns))
-            yield [filled(batch.column(c), 0).astype(np.uint64, copy=False)
-                   for c in ("span_key", "trace_key", "parent_key")]
+            if parents is not None:
+                parents.add(path, batch)
+            yield batch
 
-    index = build_index(key_blocks(), n, None)
+    if parents is None:
+        index = build_index(([filled(batch.column(c), 0).astype(np.uint64, copy=False)
+                              for c in ("span_key", "trace_key", "parent_key")] for batch in batches()), n, None)
+    else:
+        for _ in batches():
+            pass
     table = pa.Table.from_batches(kept, schema=pa.schema([dataset.schema.field(c) for c in kept_columns]))
     arrays = decoder.arrays(table)
     arrays.__dict__["_bucketed_category"] = decoder.bucketed_codes_of(EFFICIENCY_CATEGORY)  # no column left to read
+    if parents is not None:
+        return arrays, parents
     arrays.__dict__["_mixed"] = index["_mixed"]  # the span keys' only holder (the sort leaves them as they are)
     return arrays, index
+
+
+class FileParents:
+    """Every span's parent row in the dataset, from its file's ``parent_row`` column (the row in
+    that file) as batches are read; then (:meth:`resolved`) the references no file answered, by
+    one pass over the span keys (:meth:`~nemo_telemetry.analysis.model.walk.KeyScan.named_by`).
+
+    Those references are gathered from each batch as it is read, a run of equal ones (siblings
+    stored together) once: a million references of a few thousand parents cost as those.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.rows = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
+        self.has_parent = np.empty(n, dtype=bool)
+        self.at, self.path, self.file_start, self.highest = 0, None, 0, -1
+        self.last = None  # the last reference gathered
+        self.elsewhere: list[np.ndarray] = []  # per batch: its rows whose parent is not in their file
+        self.fresh: list[np.ndarray] = []  # per batch: which of those start a run of equal references
+        self.wanted: list[np.ndarray] = []  # per batch: those runs' references (mixed keys)
+        self.parent: list[np.ndarray] = []  # per batch: and their parent keys
+
+    def add(self, path: str, batch: pa.RecordBatch) -> None:
+        if path != self.path:
+            self._file_done()
+            self.path, self.file_start, self.highest = path, self.at, -1
+        local = filled(batch.column(PARENT_ROW), PARENT_ELSEWHERE)  # a null (never written): looked up
+        if len(local) == 0:
+            return
+        if local.min() < PARENT_ELSEWHERE:
+            self._damaged(int(local.min()))
+        self.highest = max(self.highest, int(local.max()))
+        at = slice(self.at, self.at + len(local))
+        out = self.rows[at]
+        out[:] = local
+        out[local >= 0] += self.file_start
+        np.not_equal(local, NO_PARENT, out=self.has_parent[at])
+        elsewhere = np.flatnonzero(local == PARENT_ELSEWHERE)
+        if elsewhere.size:
+            trace, parent = (filled(batch.column(c), 0).astype(np.uint64, copy=False)[elsewhere]
+                             for c in ("trace_key", "parent_key"))
+            wanted = mixed_key(trace, parent)
+            fresh = np.empty(len(wanted), dtype=bool)
+            fresh[0] = self.last is None or wanted[0] != self.last
+            np.not_equal(wanted[1:], wanted[:-1], out=fresh[1:])
+            self.last = wanted[-1]
+            self.elsewhere.append(elsewhere + self.at)
+            self.fresh.append(fresh)
+            self.wanted.append(wanted[fresh])
+            self.parent.append(parent[fresh])
+        self.at = at.stop
+
+    def _file_done(self) -> None:
+        if self.highest >= self.at - self.file_start:
+            self._damaged(self.highest)
+
+    def _damaged(self, value: int) -> None:
+        raise IngestError(f"{self.path}: its {PARENT_ROW} column holds {value}, which is no row of the file; "
+                          "re-run nemo-telemetry ingest")
+
+    def resolved(self, table: pa.Table) -> dict:
+        """``parents`` (-1: root or orphan), ``has_parent`` and ``orphan`` of every span, for
+        :meth:`SpanArrays.adopt_index` (``table``: the decoded one, which holds the span and
+        trace keys the lookups read)."""
+        self._file_done()
+        parents = self.rows
+        if self.elsewhere:
+            rows = np.concatenate(self.elsewhere)
+            run = np.cumsum(np.concatenate(self.fresh)) - 1
+            parents[rows] = KeyScan(table).named_by(rows, np.concatenate(self.wanted), np.concatenate(self.parent),
+                                                    run)
+        orphan = parents < 0
+        orphan &= self.has_parent
+        return {"parents": parents, "has_parent": self.has_parent, "orphan": orphan}
 
 
 class _SpanDecoder:

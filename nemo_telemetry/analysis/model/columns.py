@@ -89,11 +89,18 @@ def column_rows(column: pa.ChunkedArray, rows: np.ndarray, fill: int) -> np.ndar
     if len(chunks) == 1:
         return filled(chunks[0], fill)[rows]
     bounds = np.cumsum([0] + [len(c) for c in chunks])
-    which = np.searchsorted(bounds, rows, side="right") - 1
+    ascending = len(rows) < 2 or bool((rows[1:] >= rows[:-1]).all())
+    order = None if ascending else np.argsort(rows, kind="stable")
+    ordered = rows if order is None else rows[order]
+    cuts = np.searchsorted(ordered, bounds)  # each chunk's rows, a slice of the ordered rows
     out = np.empty(len(rows), dtype=column.type.to_pandas_dtype())
-    for i in np.unique(which):
-        here = which == i
-        out[here] = filled(chunks[i], fill)[rows[here] - bounds[i]]
+    for i in np.flatnonzero(cuts[1:] > cuts[:-1]):
+        here = slice(cuts[i], cuts[i + 1])
+        values = filled(chunks[i], fill)[ordered[here] - bounds[i]]
+        if order is None:
+            out[here] = values
+        else:
+            out[order[here]] = values
     return out
 
 

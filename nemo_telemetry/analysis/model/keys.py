@@ -20,11 +20,14 @@ from nemo_telemetry.analysis.model.columns import LOOKUP_ROWS, filled
 from nemo_telemetry.analysis.model.tree import SPAN_SPREAD, trace_mix
 
 __all__ = ["BLOCK_ROWS", "SortedSet", "isin_sorted", "key_index", "sort_index", "build_index", "index_parents",
-           "index_orphans", "distinct_parents", "orphan_mask", "in_two_threads"]
+           "index_orphans", "distinct_parents", "orphan_mask", "in_two_threads", "parent_rows", "NO_PARENT",
+           "PARENT_ELSEWHERE", "local_parent_rows"]
 
 _SEARCH_STRETCH = 1024  # sorted queries searched together within one slice of the sorted values
 _FEW_LEFT_OUT = 0.9  # a first block that still looks up more than this share of its references ends the neighbour pass
 BLOCK_ROWS = 1 << 16  # the index is built this many rows at a time, so its temporaries stay in cache
+NO_PARENT = -1  # local_parent_rows: the span names no parent
+PARENT_ELSEWHERE = -2  # local_parent_rows: the parent the span names is not in its file
 
 
 def isin_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
@@ -279,6 +282,52 @@ def build_index(blocks, n: int, has_parent: np.ndarray | None) -> dict:
             packed[at] |= np.arange(at.start, at.stop, dtype=np.uint64)
         start += len(span_key)
     return {"_mixed": (own, wanted), "_sorted_spans": (own, packed, bits), "has_parent": named}
+
+
+def parent_rows(sorted_spans: tuple[np.ndarray, np.ndarray, int], wanted: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Parent row of each of ``rows`` (-1: not in the index), ``wanted`` their mixed parent
+    references (rows that name a parent only): the lowest other row of the sorted span index whose
+    mixed key is the reference. The high bits propose, the full key confirms; only equal high bits
+    or duplicated ids take a second round."""
+    own, packed, bits = sorted_spans
+    out = np.full(len(rows), -1, dtype=np.int64)
+    if len(packed) == 0:
+        return out
+    low = np.uint64((1 << bits) - 1)
+    pos = np.searchsorted(packed, wanted & ~low)
+    pending = np.arange(len(rows))
+    while pending.size:
+        at = pos[pending]
+        pending, at = pending[at < len(packed)], at[at < len(packed)]
+        found = packed[at]
+        same_high = (found & ~low) == (wanted[pending] & ~low)
+        pending, found = pending[same_high], found[same_high]
+        row = (found & low).astype(np.int64)
+        hit = (own[row] == wanted[pending]) & (row != rows[pending])
+        out[pending[hit]] = row[hit]
+        pending = pending[~hit]
+        pos[pending] += 1
+    return out
+
+
+def local_parent_rows(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.ndarray) -> np.ndarray:
+    """Per span of one spans file, the row of its parent in that file (int32), else
+    :data:`NO_PARENT` (a parent key of 0) or :data:`PARENT_ELSEWHERE`: the parent is the lowest
+    other row whose span id and trace are the reference's (:func:`parent_rows`), as a lookup in
+    the whole dataset finds it, since ingest writes each (trace, span id) once.
+
+    Ingest writes it beside the keys (``parent_row``), so ``check`` joins only the references
+    a file does not answer itself, instead of sorting and searching every span's.
+    """
+    n = len(span_key)
+    out = np.full(n, NO_PARENT, dtype=np.int32)
+    if n == 0:
+        return out
+    index = sort_index(build_index([(span_key, trace_key, parent_key)], n, None))
+    rows = np.flatnonzero(index["has_parent"])
+    found = parent_rows(index["_sorted_spans"], index["_mixed"][1][rows], rows)
+    out[rows] = np.where(found >= 0, found, PARENT_ELSEWHERE)
+    return out
 
 
 def index_parents(index: dict) -> np.ndarray:

@@ -16,6 +16,12 @@ The optional trailing columns ``trace_key``, ``span_key`` and ``parent_key`` (ui
 first 16 hex digits of each id; 0 for no parent) are what tree walks join on. Ingest writes
 them so that analyses over large datasets never decode hex; a table without them gets them
 from :func:`nemo_telemetry.analysis.model.tree.with_id_keys`.
+
+A spans *file* of a dataset has one more column, ``parent_row`` (int32, :data:`PARENT_ROW`): the
+row in that file of each span's parent, -1 for a span that names no parent, -2 for one whose
+parent is not in the file (:func:`nemo_telemetry.analysis.model.keys.local_parent_rows`). It is
+an index the file carries, not a column of the table: ``check`` joins only the references the
+file does not answer itself. Readers of whole tables leave it out.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ __all__ = [
     "empty_spans",
     "ID_KEY_FIELDS",
     "NO_RUN",
+    "PARENT_ROW",
 ]
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
@@ -49,6 +56,7 @@ ITERATION = "rl.iteration"
 EFFICIENCY_CATEGORY = "rl.efficiency.category"
 # stands for "no run" (a null run_id) in keys that must hash, index, sort or cross tasks
 NO_RUN = "\x00"
+PARENT_ROW = "parent_row"  # a spans file's index of its spans' parents in the file (see above)
 
 # span attribute -> column
 PROMOTED_SPAN_ATTRIBUTES = (BUCKET, ITERATION, EFFICIENCY_CATEGORY)

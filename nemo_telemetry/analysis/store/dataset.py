@@ -12,7 +12,9 @@ Layout::
     DATASET/_commits/*.json             which of those files are committed (commits.py)
 
 Every file holds every column of its table (the partition column too), so a file is readable
-on its own and the directory names only serve pruning. A reader reads the committed files
+on its own and the directory names only serve pruning. A spans file also holds the row of each
+span's parent within the file (``parent_row``, :func:`with_parent_rows`), an index ``check``
+reads instead of joining every span's parent reference. A reader reads the committed files
 only: a file is written under a hidden temporary name, fsync'd, and renamed into place by the
 commit that records it. Writing and reading stay in this one module so that finer
 partitioning (rank, time window) changes one place.
@@ -41,7 +43,9 @@ from nemo_telemetry.analysis.kernels import _dedup_reference
 from nemo_telemetry.analysis.store import commits
 from nemo_telemetry.analysis.ingestion._columns import SPANS_TABLE_SCHEMA, OtlpTables
 from nemo_telemetry.analysis.store.partitions import split_by_partition
-from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, ITERATION, LINKS_SCHEMA
+from nemo_telemetry.analysis.model.columns import filled
+from nemo_telemetry.analysis.model.keys import local_parent_rows
+from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, ITERATION, LINKS_SCHEMA, PARENT_ROW
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
@@ -52,6 +56,7 @@ __all__ = [
     "read_dataset",
     "NO_RUN_PARTITION",
     "SPANS_PARQUET_OPTIONS",
+    "with_parent_rows",
 ]
 
 NO_RUN_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -81,6 +86,7 @@ _SPAN_DICTIONARY = [
 ] + [f"{m}.key_value.{part}" for m in ("attributes", "resource_attributes") for part in ("key", "value")]
 SPANS_PARQUET_OPTIONS = {"write_statistics": _SPAN_STATISTICS, "use_dictionary": _SPAN_DICTIONARY}
 """How a spans file is written (``pq.write_table`` options): what a benchmark writes to measure reads as ingest's."""
+_ID_KEYS = ("span_key", "trace_key", "parent_key")  # what with_parent_rows reads
 
 
 def is_dataset(path: Path) -> bool:
@@ -503,12 +509,22 @@ class DatasetWriter:
             raise
 
 
+def with_parent_rows(spans: pa.Table) -> pa.Table:
+    """``spans`` (one file's) and its ``parent_row`` column
+    (:func:`~nemo_telemetry.analysis.model.keys.local_parent_rows`), as a spans file holds them;
+    a table without the id key columns, as it is (the index is made from them)."""
+    if not all(c in spans.column_names for c in _ID_KEYS):
+        return spans
+    keys = (filled(spans.column(c), 0).astype(np.uint64, copy=False) for c in _ID_KEYS)
+    return spans.append_column(pa.field(PARENT_ROW, pa.int32(), nullable=False), pa.array(local_parent_rows(*keys)))
+
+
 def _write_spans(pieces: list[pa.Table], path: Path) -> None:
-    """One file of a partition's spans: the pieces put together first (a table of many small
-    chunks costs the Parquet writer more than the copy)."""
+    """One file of a partition's spans and their parents' rows in it: the pieces put together
+    first (a table of many small chunks costs the Parquet writer more than the copy)."""
     table = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
     try:
-        pq.write_table(table.combine_chunks(), path, **SPANS_PARQUET_OPTIONS)
+        pq.write_table(with_parent_rows(table.combine_chunks()), path, **SPANS_PARQUET_OPTIONS)
     except OSError as exc:
         raise commits.with_path(exc, path) from exc
 

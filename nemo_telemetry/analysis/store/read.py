@@ -21,7 +21,7 @@ from nemo_telemetry.errors import IngestError
 
 __all__ = ["READ_COLUMNS", "GOODPUT_COLUMNS", "STEP_GOODPUT_COLUMNS", "read_for_analysis", "span_source_files",
            "reading_errors", "read_span_files", "scan_span_files", "scan_batches", "span_projection", "has_id_keys",
-           "reusing_pool"]
+           "reusing_pool", "scan_file_batches", "every_file_has"]
 
 # What check reads from a dataset: span and parent ids come from the uint64 keys (hex strings
 # cost more to read than everything else together); trace ids are read as dictionaries, as ingest
@@ -112,6 +112,21 @@ def scan_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS
 def scan_batches(dataset: ds.Dataset, columns: list[str], batch_rows: int | None) -> Iterator[pa.RecordBatch]:
     return dataset.to_batches(columns=columns, batch_size=batch_rows or _SCAN_BATCH_ROWS,
                               batch_readahead=_SCAN_READAHEAD, memory_pool=reusing_pool())
+
+
+def scan_file_batches(dataset: ds.Dataset, columns: list[str],
+                      batch_rows: int | None) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """:func:`scan_batches`, each batch with the path of the file it comes from (a file's batches
+    come together, in its order)."""
+    scanner = dataset.scanner(columns=columns, batch_size=batch_rows or _SCAN_BATCH_ROWS,
+                              batch_readahead=_SCAN_READAHEAD, memory_pool=reusing_pool())
+    for tagged in scanner.scan_batches():
+        yield tagged.fragment.path, tagged.record_batch
+
+
+def every_file_has(dataset: ds.Dataset, column: str) -> bool:
+    """Whether every file of ``dataset`` holds ``column`` (its schema is the first file's)."""
+    return all(column in fragment.physical_schema.names for fragment in dataset.get_fragments())
 
 
 def span_projection(files: list[str], columns: tuple[str, ...]) -> tuple[ds.Dataset, list[str]]:
