@@ -369,13 +369,13 @@ class FileParents:
         trace keys the lookups read)."""
         self._file_done()
         parents = self.rows
+        orphan = parents == PARENT_ELSEWHERE  # then: those whose reference no span holds (not even itself)
         if self.elsewhere:
             rows = np.concatenate(self.elsewhere)
             run = np.cumsum(np.concatenate(self.fresh)) - 1
-            parents[rows] = KeyScan(table).named_by(rows, np.concatenate(self.wanted), np.concatenate(self.parent),
-                                                    run)
-        orphan = parents < 0
-        orphan &= self.has_parent
+            parents[rows], held = KeyScan(table).named_by(rows, np.concatenate(self.wanted),
+                                                          np.concatenate(self.parent), run)
+            orphan[rows[held]] = False
         return {"parents": parents, "has_parent": self.has_parent, "orphan": orphan}
 
 

@@ -291,13 +291,16 @@ class KeyScan:
             return out
         wanted = mixed_key(trace[ask], parent[ask])
         fresh = np.concatenate(([True], wanted[1:] != wanted[:-1]))
-        out[ask] = self.named_by(rows[ask], wanted[fresh], parent[ask][fresh], np.cumsum(fresh) - 1)
+        out[ask], _ = self.named_by(rows[ask], wanted[fresh], parent[ask][fresh], np.cumsum(fresh) - 1)
         return out
 
-    def named_by(self, rows: np.ndarray, wanted: np.ndarray, parent: np.ndarray, run: np.ndarray) -> np.ndarray:
-        """The parent row of each of ``rows`` (-1: not in the table), which name parents: ``run``
-        is each row's reference among ``wanted`` (mixed keys) and ``parent`` (their parent keys).
-        A caller passes a run of equal references (siblings stored together) once."""
+    def named_by(self, rows: np.ndarray, wanted: np.ndarray, parent: np.ndarray,
+                 run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The parent row of each of ``rows`` (-1: not in the table), which name parents, and
+        whether any row holds the reference (a span that names itself holds its own: not an
+        orphan, but no parent). ``run`` is each row's reference among ``wanted`` (mixed keys)
+        and ``parent`` (their parent keys): a caller passes a run of equal references (siblings
+        stored together) once."""
         with np.errstate(over="ignore"):
             held, keys = self._rows_with(np.unique(parent * SPAN_SPREAD))
         order = np.argsort(keys, kind="stable")  # by mixed key, then row
@@ -306,9 +309,10 @@ class KeyScan:
         pos = np.searchsorted(keys, wanted)
         first, second = (_held_at(keys, held, wanted, pos + k) for k in (0, 1))
         found = first[run]
+        held = found >= 0
         itself = found == rows
         found[itself] = second[run[itself]]
-        return found
+        return found, held
 
     def _rows_with(self, spread: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(rows, their mixed keys) of the spans whose spread span id is one of ``spread`` (sorted).
