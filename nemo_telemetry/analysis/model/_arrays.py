@@ -309,7 +309,7 @@ def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUM
 class FileParents:
     """Every span's parent row in the dataset, from its file's ``parent_row`` column (the row in
     that file) as batches are read; then (:meth:`resolved`) the references no file answered, by
-    one pass over the span keys (:meth:`~nemo_telemetry.analysis.model.walk.KeyScan.named_by`).
+    one pass over the span keys (:meth:`~nemo_telemetry.analysis.model.walk.KeyScan.lookup`).
 
     Those references are gathered from each batch as it is read, a run of equal ones (siblings
     stored together) once: a million references of a few thousand parents cost as those.
@@ -371,11 +371,13 @@ class FileParents:
         parents = self.rows
         orphan = parents == PARENT_ELSEWHERE  # then: those whose reference no span holds (not even itself)
         if self.elsewhere:
-            rows = np.concatenate(self.elsewhere)
-            run = np.cumsum(np.concatenate(self.fresh)) - 1
-            parents[rows], held = KeyScan(table).named_by(rows, np.concatenate(self.wanted),
-                                                          np.concatenate(self.parent), run)
-            orphan[rows[held]] = False
+            found = KeyScan(table).lookup(np.concatenate(self.wanted), np.concatenate(self.parent))
+            first = 0  # the batch's first reference among all
+            for rows, fresh in zip(self.elsewhere, self.fresh):  # a batch at a time: small temporaries
+                run = np.cumsum(fresh) - 1 + first
+                first = int(run[-1]) + 1
+                parents[rows], held = KeyScan.pick(found, run, rows)
+                orphan[rows[held]] = False
         return {"parents": parents, "has_parent": self.has_parent, "orphan": orphan}
 
 

@@ -44,19 +44,20 @@ def isin_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
 class SortedSet:
     """Membership in a small sorted set of uint64 keys, tested block by block.
 
-    A 65,536-slot table indexed by the top 16 bits holds the set's only member with those
-    bits, so one cache-resident lookup and a comparison decide almost every value, whether
-    it is in the set or not; only values whose slot holds several members are binary-searched.
+    A table indexed by the top bits of a key (at least 65,536 slots, and two to four per member
+    up to 4M) holds the set's only member with those bits, so one cache-resident lookup and a
+    comparison decide almost every value, whether it is in the set or not; only values whose
+    slot holds several members are binary-searched.
     """
-
-    _SLOT_BITS = np.uint64(48)
 
     def __init__(self, sorted_set: np.ndarray) -> None:
         self.values = sorted_set
-        prefix = (sorted_set >> self._SLOT_BITS).astype(np.intp)
-        members = np.bincount(prefix, minlength=1 << 16)
+        bits = min(22, max(16, (2 * len(sorted_set)).bit_length()))
+        self.shift = np.uint64(64 - bits)
+        prefix = (sorted_set >> self.shift).astype(np.intp)
+        members = np.bincount(prefix, minlength=1 << bits)
         # An empty (or crowded) slot holds a number from the neighbouring slot: no value of its own slot equals it.
-        self.only = (np.arange(1 << 16, dtype=np.uint64) ^ np.uint64(1)) << self._SLOT_BITS
+        self.only = (np.arange(1 << bits, dtype=np.uint64) ^ np.uint64(1)) << self.shift
         single = members[prefix] == 1
         self.only[prefix[single]] = sorted_set[single]
         self.crowded = members > 1
@@ -67,7 +68,7 @@ class SortedSet:
         if self.values.size == 0:
             out[:] = False
             return out
-        slot = (block >> self._SLOT_BITS).astype(np.intp)
+        slot = (block >> self.shift).astype(np.intp)
         np.equal(self.only[slot], block, out=out)
         if self.some_crowded:
             maybe = np.flatnonzero(self.crowded[slot])

@@ -291,28 +291,32 @@ class KeyScan:
             return out
         wanted = mixed_key(trace[ask], parent[ask])
         fresh = np.concatenate(([True], wanted[1:] != wanted[:-1]))
-        out[ask], _ = self.named_by(rows[ask], wanted[fresh], parent[ask][fresh], np.cumsum(fresh) - 1)
+        run = np.cumsum(fresh) - 1
+        out[ask], _ = self.pick(self.lookup(wanted[fresh], parent[ask][fresh]), run, rows[ask])
         return out
 
-    def named_by(self, rows: np.ndarray, wanted: np.ndarray, parent: np.ndarray,
-                 run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The parent row of each of ``rows`` (-1: not in the table), which name parents, and
-        whether any row holds the reference (a span that names itself holds its own: not an
-        orphan, but no parent). ``run`` is each row's reference among ``wanted`` (mixed keys)
-        and ``parent`` (their parent keys): a caller passes a run of equal references (siblings
-        stored together) once."""
+    def lookup(self, wanted: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each parent reference (``wanted``: mixed keys; ``parent``: the parent keys), the
+        lowest row that holds it and the next one (-1: none), for :meth:`pick`. A caller passes a
+        run of equal references (siblings stored together) once."""
         with np.errstate(over="ignore"):
             held, keys = self._rows_with(np.unique(parent * SPAN_SPREAD))
         order = np.argsort(keys, kind="stable")  # by mixed key, then row
         keys, held = keys[order], held[order]
-        # per reference: the lowest row with its key, and the next one for a span that names itself
         pos = np.searchsorted(keys, wanted)
-        first, second = (_held_at(keys, held, wanted, pos + k) for k in (0, 1))
-        found = first[run]
-        held = found >= 0
-        itself = found == rows
-        found[itself] = second[run[itself]]
-        return found, held
+        return _held_at(keys, held, wanted, pos), _held_at(keys, held, wanted, pos + 1)
+
+    @staticmethod
+    def pick(found: tuple[np.ndarray, np.ndarray], run: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The parent row of each of ``rows`` (-1: not in the table), whose reference is ``run``
+        among those :meth:`lookup` ``found``, and whether any row holds it (a span that names
+        itself holds its own: not an orphan, but no parent)."""
+        first, second = found
+        parent = first[run]
+        held = parent >= 0
+        itself = parent == rows
+        parent[itself] = second[run[itself]]
+        return parent, held
 
     def _rows_with(self, spread: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(rows, their mixed keys) of the spans whose spread span id is one of ``spread`` (sorted).
