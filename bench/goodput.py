@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/goodput.py [--spans 10000000] [--dataset DIR] [--repeat N]
 
-Writes a synthetic dataset in ingest's layout (``DIR/spans/run_id=<run>/rank=<rank>/part-0.parquet``,
-each process's spans in the order it exports them, as they end; the uint64 id key columns and the
-``span_groups`` column included) unless DIR already holds one, then
+Writes a synthetic dataset in ingest's layout (``DIR/spans/run_id=<run>/rank=<rank>/part-*.parquet``,
+each process's spans in the order it exports them, as they end, in files of ingest's ``FILE_ROWS``;
+the uint64 id key columns, the ``span_groups`` column and each file's ``parent_row`` included)
+unless DIR already holds one, then
 measures each command in a fresh child process of its own, as a user running ``nemo-telemetry
 goodput`` and then ``nemo-telemetry check`` gets them (nothing read or allocated by one helps
 the other; the measured package byte-compiled first, as an installed one is: ``bench/_bytecode.py``):
@@ -160,6 +161,7 @@ def write_dataset(root: Path, spans: int) -> None:
     import numpy as np
     import pyarrow.parquet as pq
 
+    from nemo_telemetry.analysis.ingestion.ingest import FILE_ROWS
     from nemo_telemetry.analysis.store.dataset import SPANS_PARQUET_OPTIONS, with_parent_rows
 
     rng = np.random.default_rng(7)
@@ -168,14 +170,17 @@ def write_dataset(root: Path, spans: int) -> None:
         table = make_run(r, steps_per_run, rng)
         rank, end = table.column("rank").to_numpy(), table.column("end_ns").to_numpy()
         for k in np.unique(rank):
-            # a process's spans as its exporter writes them, as they end (ingest keeps that order)
+            # a process's spans as its exporter writes them, as they end (ingest keeps that order),
+            # in files of the rows ingest gathers per (run, rank) before it writes one
             rows = np.flatnonzero(rank == k)
             rows = rows[np.argsort(end[rows], kind="stable")]
             folder = root / "spans" / f"run_id=bench-run-{r}" / f"rank={k}"
             folder.mkdir(parents=True, exist_ok=True)
-            # written as ingest writes a spans file: dictionary pages only where values repeat (not times or ids)
-            pq.write_table(with_parent_rows(table.take(rows)), folder / "part-0.parquet", row_group_size=1 << 20,
-                           **SPANS_PARQUET_OPTIONS)
+            for i, lo in enumerate(range(0, len(rows), FILE_ROWS)):
+                # written as ingest writes a spans file: dictionary pages only where values repeat (not
+                # times or ids), and each span's parent row in the file
+                pq.write_table(with_parent_rows(table.take(rows[lo:lo + FILE_ROWS])), folder / f"part-{i:09d}.parquet",
+                               **SPANS_PARQUET_OPTIONS)
         del table
 
 

@@ -391,10 +391,13 @@ class _SpanDecoder:
     def __init__(self, n: int, codes: tuple[str, ...] = CODES, bucketed_codes: tuple[str, ...] = (),
                  timed_names: str | None = None) -> None:
         self.n, self.at = n, 0
-        self._codes = {c: (np.empty(n, np.int32), {}) for c in codes}
+        # Codes and iterations as int16 and int32 while their values fit (a column is widened, its
+        # rows so far copied, before a batch that may not): 100 MB less to write at 10M spans.
+        self._codes = {c: (np.empty(n, np.int16), {}) for c in codes}
         # only rl.iteration's nulls mean something (no iteration); times are never null by the schema
         ints = (ITERATION,) if timed_names else self.INTS
-        self._ints = {c: (np.empty(n, np.int64), np.empty(n, bool) if c == ITERATION else None) for c in ints}
+        self._ints = {c: (np.empty(n, np.int32 if c == ITERATION else np.int64), np.empty(n, bool) if c == ITERATION
+                          else None) for c in ints}
         # columns decoded at the rows with an rl.bucket only: (those rows, their codes) per batch, and the values
         self._bucketed = {c: ([], [], {}) for c in bucketed_codes}
         # times kept at the rows with an rl.bucket or a name matching ``timed_names`` only: (rows, start, end)
@@ -416,12 +419,21 @@ class _SpanDecoder:
         names = batch.schema.names
         for column, (out, values) in self._codes.items():
             if column in names:
-                codes_into(batch.column(column), values, out[rows])
+                chunk = batch.column(column)
+                more = len(chunk.dictionary) if pa.types.is_dictionary(chunk.type) else len(chunk)
+                if len(values) + more > np.iinfo(out.dtype).max:
+                    out = self._widen(self._codes, column, np.int32)
+                codes_into(chunk, values, out[rows])
             else:
                 out[rows] = -1
         for column, (out, valid) in self._ints.items():
             if column in names:
-                ints_into(batch.column(column), out[rows], None if valid is None else valid[rows])
+                chunk = batch.column(column)
+                if out.dtype != np.int64 and chunk.null_count < len(chunk):
+                    low, high = (v.as_py() for v in pc.min_max(chunk).values())
+                    if low < np.iinfo(out.dtype).min or high > np.iinfo(out.dtype).max:
+                        out = self._widen(self._ints, column, np.int64)
+                ints_into(chunk, out[rows], None if valid is None else valid[rows])
             else:
                 out[rows] = 0
                 if valid is not None:
@@ -437,6 +449,14 @@ class _SpanDecoder:
                 held.append(with_bucket + rows.start)
                 codes.append(out)
         self.at = rows.stop
+
+    def _widen(self, arrays: dict, column: str, dtype) -> np.ndarray:
+        """``column``'s array in ``arrays`` as the wider ``dtype``, with the rows decoded so far."""
+        out, other = arrays[column]
+        wide = np.empty(self.n, dtype)
+        wide[:self.at] = out[:self.at]
+        arrays[column] = (wide, other)
+        return wide
 
     def _keep_times(self, batch: pa.RecordBatch, rows: slice) -> None:
         """The batch's invalid intervals, and its times at the rows that keep them (read in place

@@ -46,7 +46,7 @@ def codes_into(chunk: pa.Array, values: dict, into: np.ndarray) -> None:
     if not pa.types.is_dictionary(chunk.type):
         chunk = pc.dictionary_encode(chunk)
     local = np.array([values.setdefault(v, len(values)) if v is not None else -1
-                      for v in chunk.dictionary.to_pylist()] + [-1], dtype=np.int32)
+                      for v in chunk.dictionary.to_pylist()] + [-1], dtype=into.dtype)
     indices = filled(chunk.indices, -1)
     if np.array_equal(local[:-1], np.arange(len(local) - 1)):
         into[:] = indices

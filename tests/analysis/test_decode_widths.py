@@ -1,0 +1,79 @@
+"""The decode keeps codes and iterations in narrow integers only while the values fit.
+
+Names, runs and buckets decode to int16 codes and ``rl.iteration`` to int32 (100 MB less to write
+at 10M spans); a batch that could overflow them widens the whole array first, the rows decoded
+before it copied. What a user relies on: every value comes back exact, never a wrapped number,
+whichever batch brings the wide value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from nemo_telemetry.analysis.model._arrays import decode_span_files, span_arrays
+from nemo_telemetry.analysis.model.tree import with_id_keys
+
+
+def spans_batch(names: list[str], iterations: list[int | None], first_id: int) -> pa.RecordBatch:
+    n = len(names)
+    return pa.record_batch({
+        "trace_id": pa.array(["0af7651916cd43dd8448eb211c80319c"] * n),
+        "span_id": pa.array([f"{first_id + i:016x}" for i in range(n)]),
+        "parent_span_id": pa.array([None] * n, pa.string()),
+        "name": pa.array(names).dictionary_encode(),
+        "start_ns": pa.array(np.arange(n, dtype=np.int64)),
+        "end_ns": pa.array(np.arange(n, dtype=np.int64) + 10),
+        "run_id": pa.array(["run-a"] * n).dictionary_encode(),
+        "rl.bucket": pa.array(["productive"] * n).dictionary_encode(),
+        "rl.iteration": pa.array(iterations, pa.int64()),
+    })
+
+
+def wide_batches() -> list[pa.RecordBatch]:
+    """A first batch whose values fit the narrow widths, then one whose names and iterations do not."""
+    first = spans_batch(["rl.grpo.step", "rl.grpo.job"] * 50, [1, None] * 50, 1)
+    many = [f"span-{i}" for i in range(40_000)]  # past int16's 32,767 codes
+    iterations = [2**40, -(2**40), 2**31, None] * 10_000  # past int32
+    return [first, spans_batch(many, iterations, 1_000)]
+
+
+def expected(batches) -> tuple[list[str], list[int | None]]:
+    table = pa.Table.from_batches(batches)
+    return ([str(v) for v in table.column("name").cast(pa.string()).to_pylist()],
+            table.column("rl.iteration").to_pylist())
+
+
+def decoded(arrays) -> tuple[list[str], list[int | None]]:
+    names = [arrays.names[c] for c in arrays.name]
+    iterations = [int(v) if has else None for v, has in zip(arrays.iteration, arrays.has_iteration)]
+    return names, iterations
+
+
+def test_names_and_iterations_past_the_narrow_widths_decode_exactly():
+    batches = wide_batches()
+    arrays = span_arrays(pa.Table.from_batches(batches))
+    assert decoded(arrays) == expected(batches)
+    assert arrays.iteration.dtype == np.int64 and np.iinfo(arrays.name.dtype).max >= 40_002
+
+
+def test_values_that_fit_stay_narrow_and_exact():
+    batches = wide_batches()[:1]
+    arrays = span_arrays(pa.Table.from_batches(batches))
+    assert decoded(arrays) == expected(batches)
+    assert arrays.name.dtype == np.int16 and arrays.iteration.dtype == np.int32
+
+
+@pytest.mark.parametrize("order", ["narrow-first", "wide-first"])
+def test_spans_files_widen_as_the_batch_that_needs_it_is_read(tmp_path, order):
+    batches = wide_batches() if order == "narrow-first" else wide_batches()[::-1]
+    files = []
+    for i, batch in enumerate(batches):  # a file each, read in this order
+        table = pa.Table.from_batches([batch])
+        path = tmp_path / f"part-{i}.parquet"
+        pq.write_table(with_id_keys(table), path)
+        files.append(str(path))
+    arrays, _ = decode_span_files(files, batch_rows=4_096)
+    assert decoded(arrays) == expected(batches)
