@@ -337,8 +337,8 @@ class FileParents:
         self.highest = max(self.highest, int(local.max()))
         at = slice(self.at, self.at + len(local))
         out = self.rows[at]
-        out[:] = local
-        out[local >= 0] += self.file_start
+        np.add(local, self.file_start, out=out, casting="unsafe")  # in range: n rows fit the array's type
+        np.copyto(out, local, where=local < 0, casting="unsafe")
         np.not_equal(local, NO_PARENT, out=self.has_parent[at])
         elsewhere = np.flatnonzero(local == PARENT_ELSEWHERE)
         if elsewhere.size:

@@ -129,12 +129,31 @@ def int_column(spans: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def ints_into(chunk: pa.Array, values: np.ndarray, valid: np.ndarray | None) -> None:
-    """One chunk of an integer column into ``values`` (nulls as 0) and, unless None, ``valid``."""
-    if valid is not None and chunk.null_count:
-        valid[:] = pc.is_valid(chunk).to_numpy(zero_copy_only=False)
-    elif valid is not None:
-        valid[:] = True
-    values[:] = filled(chunk, 0)
+    """One chunk of an integer column into ``values`` (nulls as 0) and, unless None, ``valid``.
+
+    Read from the chunk's buffers: its values, times its validity bits (a null's slot may hold
+    anything), in one pass, without the copies a fill through Arrow makes. ``values`` may be
+    narrower than the chunk's type when the caller knows its values fit.
+    """
+    if not pa.types.is_integer(chunk.type):
+        chunk = chunk.cast(pa.int64())
+    if chunk.null_count == len(chunk):  # no values buffer to read (an all-null chunk may have none)
+        values[:] = 0
+        if valid is not None:
+            valid[:] = False
+        return
+    raw = np.frombuffer(chunk.buffers()[1], dtype=chunk.type.to_pandas_dtype(),
+                        count=chunk.offset + len(chunk))[chunk.offset:]
+    if chunk.null_count == 0:
+        values[:] = raw
+        if valid is not None:
+            valid[:] = True
+        return
+    bits = np.unpackbits(np.frombuffer(chunk.buffers()[0], dtype=np.uint8), count=chunk.offset + len(chunk),
+                         bitorder="little")[chunk.offset:].view(bool)
+    np.multiply(raw, bits, out=values, casting="unsafe")
+    if valid is not None:
+        valid[:] = bits
 
 
 def code_mask(codes: np.ndarray, chosen, size: int) -> np.ndarray:
