@@ -430,7 +430,8 @@ def check_span_files(files: list[str], *, run_id: str | None = None, unattribute
     without id key columns, which the caller reads whole."""
     with ThreadPoolExecutor(max_workers=4) as pool:
         # times only where a rule reads them: bucketed spans, and job and step spans (the anchors)
-        decoded = decode_span_files(files, batch_rows=batch_rows, timed_names=ANCHOR_REGEX)
+        decoded = decode_span_files(files, batch_rows=batch_rows, timed_names=ANCHOR_REGEX,
+                                    run_resources=(SPAN_GROUPS_ATTRIBUTE,))
         if decoded is None:
             return None
         arrays, index = decoded

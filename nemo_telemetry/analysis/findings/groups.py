@@ -15,8 +15,6 @@ import numpy as np
 from nemo_telemetry.analysis.findings.report import Finding
 from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX
 from nemo_telemetry.analysis.model._arrays import SpanArrays
-from nemo_telemetry.analysis.model.columns import pairs_present
-from nemo_telemetry.analysis.model.resources import resource_pairs
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 
 __all__ = ["SPAN_GROUPS_ATTRIBUTE", "group_presence", "missing_group_findings"]
@@ -53,13 +51,11 @@ def group_presence(a: SpanArrays, keep: np.ndarray) -> tuple[dict[int, set[str]]
     """``missing-group-spans``' partial: per run code, the union of the span groups its processes
     had enabled (resource attribute), and the (run, name) code pairs present. Merging is the union."""
     enabled: dict[int, set[str]] = {}
-    for run, spec in resource_pairs(a.table, SPAN_GROUPS_ATTRIBUTE, a.run, keep):
+    for run, spec in a.run_resources(SPAN_GROUPS_ATTRIBUTE, keep):
         enabled.setdefault(run, set()).update(g.strip().lower() for g in spec.split(",") if g.strip())
     if not enabled:
         return enabled, []
-    pairs = (pairs_present(a.run, a.name, len(a.names)) if keep.all()
-             else pairs_present(a.run[keep], a.name[keep], len(a.names)))
-    return enabled, pairs
+    return enabled, a.run_names(keep)
 
 
 def missing_group_findings(presence: tuple, names: tuple, runs: tuple, limit: int) -> tuple[int, list[Finding]]:
