@@ -33,7 +33,7 @@ from nemo_telemetry.analysis.engines.choose import (
     goodput_with_engine,
 )
 from nemo_telemetry.analysis.engines.partitioned_check import stream_check
-from nemo_telemetry.analysis.findings.checks import check_run, check_span_files
+from nemo_telemetry.analysis.findings.checks import SPAN_GROUPS_ATTRIBUTE, check_run, check_span_files
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
 from nemo_telemetry.analysis.model import keys as keys_module
 from nemo_telemetry.analysis.model._arrays import FileParents, decode_span_files
@@ -435,3 +435,25 @@ def test_check_cli_on_a_damaged_parent_row_names_the_file_and_exits_2(many_files
     output = result.output.replace("\n", "")
     assert path in output and "re-run nemo-telemetry ingest" in output
     assert "Traceback" not in result.output
+
+
+def test_run_pairs_gathered_by_the_decode_equal_those_read_from_the_columns(layout):
+    """check's decode gathers the (run, span groups) and (run, name) pairs as it reads, and lets
+    the span_groups column go: for every run, and for each run alone, the pairs are those read
+    from the table's columns; a selection that is not whole runs is refused, not answered wrong."""
+    root, _ = layout
+    files = spans_files(root)
+    arrays, _ = decode_span_files(files, run_resources=(SPAN_GROUPS_ATTRIBUTE,))
+    table = with_id_keys(read_for_analysis(root))
+    plain = decode_span_files(files)[0]
+    assert "span_groups" not in arrays.table.column_names and "span_groups" in plain.table.column_names
+    every = np.ones(len(arrays), dtype=bool)
+    assert arrays.run_names(every) == plain.run_names(every)
+    assert arrays.run_resources(SPAN_GROUPS_ATTRIBUTE, every) == plain.run_resources(SPAN_GROUPS_ATTRIBUTE, every) != set()
+    assert len(arrays.runs) > 1 and table.num_rows == len(arrays)
+    for code in range(len(arrays.runs)):
+        one = arrays.run == code
+        assert arrays.run_names(one) == plain.run_names(one)
+        assert arrays.run_resources(SPAN_GROUPS_ATTRIBUTE, one) == plain.run_resources(SPAN_GROUPS_ATTRIBUTE, one)
+    with pytest.raises(ValueError, match="whole runs"):
+        arrays.run_names(np.arange(len(arrays)) % 2 == 0)

@@ -295,7 +295,12 @@ def parent_rows(sorted_spans: tuple[np.ndarray, np.ndarray, int], wanted: np.nda
     if len(packed) == 0:
         return out
     low = np.uint64((1 << bits) - 1)
-    pos = np.searchsorted(packed, wanted & ~low)
+    # searched in sorted order (each search starts where the last one ended in the cache): the
+    # references' high bits with their positions packed in the low bits, as the index holds rows
+    ordered = (wanted & ~low) | np.arange(len(wanted), dtype=np.uint64)
+    ordered.sort()
+    pos = np.empty(len(wanted), dtype=np.intp)
+    pos[(ordered & low).astype(np.intp)] = np.searchsorted(packed, ordered & ~low)
     pending = np.arange(len(rows))
     while pending.size:
         at = pos[pending]
