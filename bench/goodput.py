@@ -101,8 +101,11 @@ def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
     """One run's spans table (SPANS_TABLE_SCHEMA), vectorized over steps."""
     import numpy as np
     import pyarrow as pa
+    from _columns import (  # bench/_columns.py (this script's folder is on sys.path)
+        dictionary,
+        uint64_hex,
+    )
 
-    from _columns import dictionary, uint64_hex  # bench/_columns.py (this script's folder is on sys.path)
     from nemo_telemetry.analysis.ingestion._columns import SPANS_TABLE_SCHEMA
 
     t = _step_template()
@@ -162,7 +165,10 @@ def write_dataset(root: Path, spans: int) -> None:
     import pyarrow.parquet as pq
 
     from nemo_telemetry.analysis.ingestion.ingest import FILE_ROWS
-    from nemo_telemetry.analysis.store.dataset import SPANS_PARQUET_OPTIONS, with_parent_rows
+    from nemo_telemetry.analysis.store.dataset import (
+        SPANS_PARQUET_OPTIONS,
+        with_parent_rows,
+    )
 
     rng = np.random.default_rng(7)
     steps_per_run = max(1, spans // (2 * SPANS_PER_STEP))
@@ -212,7 +218,10 @@ def measure(root: Path, command: str) -> dict:
     else:
         skip_pyarrow_pandas_probe()
     # what the CLI's goodput and check commands import and call
-    from nemo_telemetry.analysis.engines.choose import check_with_engine, goodput_with_engine
+    from nemo_telemetry.analysis.engines.choose import (
+        check_with_engine,
+        goodput_with_engine,
+    )
 
     clock = time.perf_counter
     c0, t0 = time.process_time(), clock()
@@ -291,7 +300,9 @@ def main() -> None:
         print(json.dumps(measure_duckdb(args.measure) if args.command == "duckdb" else measure(args.measure,
                                                                                                args.command)))
         return
-    from _bytecode import compile_measured_packages  # bench/_bytecode.py (this script's folder is on sys.path)
+    from _bytecode import (
+        compile_measured_packages,  # bench/_bytecode.py (this script's folder is on sys.path)
+    )
 
     compile_measured_packages()  # start-up as an installed package has it (PYTHONDONTWRITEBYTECODE or not)
     with tempfile.TemporaryDirectory() as tmp:

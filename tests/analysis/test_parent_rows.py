@@ -33,7 +33,11 @@ from nemo_telemetry.analysis.engines.choose import (
     goodput_with_engine,
 )
 from nemo_telemetry.analysis.engines.partitioned_check import stream_check
-from nemo_telemetry.analysis.findings.checks import SPAN_GROUPS_ATTRIBUTE, check_run, check_span_files
+from nemo_telemetry.analysis.findings.checks import (
+    SPAN_GROUPS_ATTRIBUTE,
+    check_run,
+    check_span_files,
+)
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
 from nemo_telemetry.analysis.model import keys as keys_module
 from nemo_telemetry.analysis.model._arrays import FileParents, decode_span_files
@@ -273,8 +277,9 @@ OPTIONS = [{}, {"run_id": "run-a"}, {"max_findings_per_code": 2, "max_span_ids":
 def test_check_with_parent_rows_equals_every_other_way(layout, options):
     """The report from the files' parent rows is the report of the same dataset without them (the
     key index path), and of check_run over the spans table in memory; with the default options,
-    of the partitioned engine too (which never reads the column). The scenario's every finding code comes up, so the walks (unstamped micro-batches up two
-    ranks to their step), orphans, detached traces and nested buckets across files all count."""
+    of the partitioned engine too (which never reads the column). The scenario's every finding
+    code comes up, so the walks (unstamped micro-batches up two ranks to their step), orphans,
+    detached traces and nested buckets across files all count."""
     root, stripped = layout
     assert isinstance(decode_span_files(spans_files(root))[1], FileParents)
     assert isinstance(decode_span_files(spans_files(stripped))[1], dict)  # the fallback: a key index
@@ -449,7 +454,8 @@ def test_run_pairs_gathered_by_the_decode_equal_those_read_from_the_columns(layo
     assert "span_groups" not in arrays.table.column_names and "span_groups" in plain.table.column_names
     every = np.ones(len(arrays), dtype=bool)
     assert arrays.run_names(every) == plain.run_names(every)
-    assert arrays.run_resources(SPAN_GROUPS_ATTRIBUTE, every) == plain.run_resources(SPAN_GROUPS_ATTRIBUTE, every) != set()
+    groups = arrays.run_resources(SPAN_GROUPS_ATTRIBUTE, every)
+    assert groups == plain.run_resources(SPAN_GROUPS_ATTRIBUTE, every) != set()
     assert len(arrays.runs) > 1 and table.num_rows == len(arrays)
     for code in range(len(arrays.runs)):
         one = arrays.run == code

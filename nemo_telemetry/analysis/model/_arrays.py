@@ -31,7 +31,9 @@ from nemo_telemetry.analysis.model.schema import (
 )
 from nemo_telemetry.analysis.model.tree import mixed_key, parent_indices, unmixed_key, with_id_keys
 from nemo_telemetry.analysis.model.walk import KeyScan, climb
-from nemo_telemetry.analysis.store.read import READ_COLUMNS, every_file_has, has_id_keys, scan_file_batches, span_projection
+from nemo_telemetry.analysis.store.read import (
+    READ_COLUMNS, every_file_has, has_id_keys, scan_file_batches, span_projection,
+)
 from nemo_telemetry.errors import IngestError
 
 __all__ = ["BUCKETS", "UNKNOWN_BUCKET", "NO_BUCKET", "HeldRows", "SpanArrays", "span_arrays", "decode_span_files",
