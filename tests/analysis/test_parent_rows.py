@@ -40,7 +40,7 @@ from nemo_telemetry.analysis.findings.checks import (
 )
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
 from nemo_telemetry.analysis.model import keys as keys_module
-from nemo_telemetry.analysis.model._arrays import FileParents, decode_span_files
+from nemo_telemetry.analysis.model._arrays import FileParents, decode_span_files, span_arrays
 from nemo_telemetry.analysis.model.keys import (
     NO_PARENT,
     PARENT_ELSEWHERE,
@@ -463,3 +463,15 @@ def test_run_pairs_gathered_by_the_decode_equal_those_read_from_the_columns(layo
         assert arrays.run_resources(SPAN_GROUPS_ATTRIBUTE, one) == plain.run_resources(SPAN_GROUPS_ATTRIBUTE, one)
     with pytest.raises(ValueError, match="whole runs"):
         arrays.run_names(np.arange(len(arrays)) % 2 == 0)
+
+
+def test_parent_lookups_of_rows_asked_many_times_equal_those_asked_once(layout):
+    """The key index finds a row's parent however often the row is asked for in one call (a walk
+    asks for shared ancestors once per walk), past the number of rows the index holds."""
+    _, stripped = layout
+    arrays = span_arrays(with_id_keys(read_for_analysis(stripped)))
+    rows = np.arange(len(arrays))
+    once = arrays.parent_of(rows)
+    assert (once >= 0).any()
+    assert arrays.parent_of(np.tile(rows, 3)).tolist() == np.tile(once, 3).tolist()
+    assert arrays.parent_of(rows[::-1]).tolist() == once[::-1].tolist()

@@ -295,12 +295,15 @@ def parent_rows(sorted_spans: tuple[np.ndarray, np.ndarray, int], wanted: np.nda
     if len(packed) == 0:
         return out
     low = np.uint64((1 << bits) - 1)
-    # searched in sorted order (each search starts where the last one ended in the cache): the
-    # references' high bits with their positions packed in the low bits, as the index holds rows
-    ordered = (wanted & ~low) | np.arange(len(wanted), dtype=np.uint64)
-    ordered.sort()
-    pos = np.empty(len(wanted), dtype=np.intp)
-    pos[(ordered & low).astype(np.intp)] = np.searchsorted(packed, ordered & ~low)
+    if len(wanted) <= 1 << bits:
+        # searched in sorted order (each search starts where the last one ended in the cache): the
+        # references' high bits with their positions packed in the low bits, as the index holds rows
+        ordered = (wanted & ~low) | np.arange(len(wanted), dtype=np.uint64)
+        ordered.sort()
+        pos = np.empty(len(wanted), dtype=np.intp)
+        pos[(ordered & low).astype(np.intp)] = np.searchsorted(packed, ordered & ~low)
+    else:  # more references than the low bits number (rows asked more than once)
+        pos = np.searchsorted(packed, wanted & ~low)
     pending = np.arange(len(rows))
     while pending.size:
         at = pos[pending]
