@@ -41,8 +41,6 @@ from nemo_telemetry.analysis.findings import checks, rules
 from nemo_telemetry.analysis.goodput.rules import step_windows
 from nemo_telemetry.analysis.goodput import partials as streaming
 from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, span_arrays
-from nemo_telemetry.analysis.model.columns import pairs_present
-from nemo_telemetry.analysis.model.resources import resource_pairs
 from nemo_telemetry.analysis.store.read import READ_COLUMNS, read_span_files
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION, NO_RUN
@@ -126,10 +124,9 @@ def _facts_of(table: pa.Table, run_id: str | None) -> dict:
         "anchor_traces": np.unique(trace[anchors]),
         "first_anchor": {"run": _values(a.run[first], a.runs, NO_RUN), "row": first.astype(np.int64),
                          "name": _values(a.name[first], a.names), "trace_id": _trace_ids(a, first)},
-        "names_present": [(a.runs[r] if r >= 0 else None, a.names[n])
-                          for r, n in pairs_present(a.run[keep], a.name[keep], len(a.names))],
+        "names_present": [(a.runs[r] if r >= 0 else None, a.names[n]) for r, n in a.run_names(keep)],
         "span_groups": {(a.runs[r] if r >= 0 else None, spec) for r, spec in
-                        resource_pairs(a.table, checks.SPAN_GROUPS_ATTRIBUTE, a.run, keep)},
+                        a.run_resources(checks.SPAN_GROUPS_ATTRIBUTE, keep)},
     }
 
 

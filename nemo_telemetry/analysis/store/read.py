@@ -110,8 +110,9 @@ def scan_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS
 
 
 def scan_batches(dataset: ds.Dataset, columns: list[str], batch_rows: int | None) -> Iterator[pa.RecordBatch]:
-    return dataset.to_batches(columns=columns, batch_size=batch_rows or _SCAN_BATCH_ROWS,
-                              batch_readahead=_SCAN_READAHEAD, memory_pool=reusing_pool())
+    """``columns`` of ``dataset`` as record batches in dataset order (:func:`scan_span_files`)."""
+    for _, batch in scan_file_batches(dataset, columns, batch_rows):
+        yield batch
 
 
 def scan_file_batches(dataset: ds.Dataset, columns: list[str],
