@@ -58,25 +58,23 @@ def group_presence(a: SpanArrays, keep: np.ndarray) -> tuple[dict[int, set[str]]
     return enabled, a.run_names(keep)
 
 
-def missing_group_findings(presence: tuple, names: tuple, runs: tuple, limit: int) -> tuple[int, list[Finding]]:
+def missing_group_findings(presence: tuple, names: tuple, runs: tuple,
+                           limit: int) -> tuple[dict[str, int], list[Finding]]:
     """``missing-group-spans`` from the merged presence (run and name codes into ``runs`` / ``names``):
-    how many (run, group) pairs, and the first ``limit`` findings."""
+    how many (run, group) pairs at each severity, and the first ``limit`` findings."""
     enabled, pairs = presence
+    counts: dict[str, int] = {}
     if not enabled:
-        return 0, []
+        return counts, []
     catalogue = {info.name: info for info in REGISTRY.catalogue()}
     regexes = {g: re.compile("|".join(span_name_regex(p) for p in info.spans)) for g, info in catalogue.items()
                if info.spans}
     out = []
-    count = 0
     for run, groups_on in sorted(enabled.items()):
         present_names = [names[name] for r, name in pairs if r == run]
         present = {g for g, rx in regexes.items() if any(n is not None and rx.match(n) for n in present_names)}
         algorithms = {n.split(".")[1] for n in present_names if n and re.match(f"{STEP_SPAN_REGEX}|{JOB_SPAN_REGEX}", n)}
         for group_name in sorted((groups_on & catalogue.keys()) - present):
-            count += 1
-            if len(out) >= limit:
-                continue
             never = [alg for alg in algorithms if alg in _ALGORITHM_GROUPS and group_name not in _ALGORITHM_GROUPS[alg]]
             if never:
                 note, severity = f"rl.{never[0]} runs never open {group_name} spans (per-algorithm span names)", "info"
@@ -85,9 +83,12 @@ def missing_group_findings(presence: tuple, names: tuple, runs: tuple, limit: in
             else:
                 note, severity = ("check that the code path that opens them ran and that its process initialised "
                                   "telemetry and flushed before exit"), "warning"
+            counts[severity] = counts.get(severity, 0) + 1
+            if len(out) >= limit:
+                continue
             patterns = ", ".join(catalogue[group_name].spans)
             out.append(Finding(
                 code="missing-group-spans", severity=severity,
                 message=f"group {group_name!r} was enabled but the run has none of its spans ({patterns}); {note}",
                 trace_id=None, span_ids=(), iteration=None, run_id=runs[run] if run >= 0 else None))
-    return count, out
+    return counts, out
