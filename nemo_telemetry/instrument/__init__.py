@@ -47,6 +47,7 @@ _LAZY_MODULES = {
               "set_enabled_span_groups", "set_tracer_provider", "telemetry_active"),
     "_primitives": ("NOOP_SPAN", "managed_span", "setup_span", "span_cm", "startup_span", "trace_fn",
                     "umbrella_span", "umbrella_trace_fn"),
+    "_handles": ("NOOP_HANDLE", "SpanHandle", "start_span", "start_step_span", "start_umbrella_span"),
     "_scopes": ("bucket_scope", "current_bucket_scope", "current_iteration", "in_per_prompt_scope",
                 "iteration_scope", "per_prompt_scope"),
     "_checkpoint": ("CheckpointFinalize", "begin_checkpoint_finalize", "checkpoint_span"),
@@ -137,6 +138,12 @@ __all__ = [
     "span_cm",
     "startup_span",
     "setup_span",
+    # span handles: started in one callback, ended in another
+    "SpanHandle",
+    "NOOP_HANDLE",
+    "start_span",
+    "start_umbrella_span",
+    "start_step_span",
     # scopes
     "bucket_scope",
     "current_bucket_scope",
