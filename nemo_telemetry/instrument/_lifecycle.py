@@ -75,18 +75,25 @@ def current_telemetry_config() -> TelemetryConfig | None:
 
 def init_telemetry_driver(config: TelemetryConfig | Mapping[str, Any] | str | os.PathLike | None = None, *,
                           algorithm: str | None = None, service_name: str | None = None,
-                          run_config: Mapping[str, Any] | None = None) -> TelemetryConfig:
+                          run_config: Mapping[str, Any] | None = None,
+                          resource_attributes: Mapping[str, Any] | None = None,
+                          rank: int = 0, world_size: int = 1, local_rank: int = 0) -> TelemetryConfig:
     """Resolve ``config`` (dict, YAML path or TelemetryConfig) into the environment, then start telemetry.
 
     Call it before ``ray.init()``: the resolved ``NEMO_TELEMETRY_*`` (and ``OTEL_EXPORTER_OTLP_*``
     from the config, where the environment has none) variables and a fresh ``nemo.run.id`` are
     written to ``os.environ``, which Ray copies into every worker. Pending span-group names are
-    reported with a did-you-mean. The driver reports itself as rank 0 of 1.
+    reported with a did-you-mean. The driver reports itself as rank 0 of 1 unless told otherwise.
 
     ``run_config`` is the trainer's whole config (NeMo-RL's shape); the run's resource attributes
     (``rl.model``, ``nv.dl.topology.size.*`` ...) are derived from it and written for the workers
     too. Without it, a ``config`` that is a whole config holding a ``telemetry:`` block (a dict or a
     YAML path) serves as the run config.
+
+    ``resource_attributes`` are set on every span beside (and over) those derived from
+    ``run_config``; an integration that reads a trainer's own config passes them here. ``rank``,
+    ``world_size`` and ``local_rank`` are this process's place in a launcher's world (``torchrun``
+    ranks that each run the driver code); a driver alone keeps the defaults.
 
     Raises :class:`SpecError` (before anything is written) for a ``span_groups`` spec that would
     not mean what it says: a subtraction (``per_step,-job``; the message lists the groups to write
@@ -100,10 +107,14 @@ def init_telemetry_driver(config: TelemetryConfig | Mapping[str, Any] | str | os
         cfg = dataclasses.replace(cfg, dump_dir=os.path.abspath(cfg.dump_dir or DEFAULT_DUMP_DIR))
     if cfg.enabled:
         check_span_groups(cfg)
-    _export_environment(cfg, algorithm, _run_attributes(cfg, config, run_config, algorithm))
+    run_attributes = _run_attributes(cfg, config, run_config, algorithm)
+    if cfg.enabled and resource_attributes:
+        run_attributes = {**run_attributes, **resource_attributes}
+    _export_environment(cfg, algorithm, run_attributes)
     if cfg.enabled:
         warn_missing_otlp_endpoint(cfg)
-    _start(cfg, rank=0, world_size=1, local_rank=0, default_service=f"{cfg.namespace}-driver")
+    _start(cfg, rank=int(rank), world_size=int(world_size), local_rank=int(local_rank),
+           default_service=f"{cfg.namespace}-driver")
     return cfg
 
 

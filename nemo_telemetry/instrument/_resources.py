@@ -41,6 +41,9 @@ MAX_RUN_ATTRIBUTES_BYTES = 16 * 1024  # an environment variable, copied into eve
 
 SOFTWARE_PACKAGES = {
     "torch": "torch",
+    "transformers": "transformers",
+    "trl": "trl",
+    "accelerate": "accelerate",
     "vllm": "vllm",
     "ray": "ray",
     "opentelemetry_sdk": "opentelemetry-sdk",

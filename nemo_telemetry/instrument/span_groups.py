@@ -55,8 +55,10 @@ class RLSpanGroup:
     ROLLOUT = group("rollout", umbrella=True, spans=("rl.<algo>.generation", "rl.gym.run_rollouts"),
                     description="Rollout collection; batches overlap, so the leaves inside carry the buckets.")
     GENERATION = group("generation", bucket=Bucket.PRODUCTIVE,
-                       spans=("rl.vllm.generate", "rl.vllm.generate_text"),
-                       description="Driver-side text generation calls.")
+                       spans=("rl.vllm.generate", "rl.vllm.generate_text", "rl.<algo>.generate",
+                              "rl.<algo>.sync_weights"),
+                       description="Driver-side text generation calls (and a trainer's weight sync to its engine, "
+                                   "overhead).")
     LOGPROB = group(
         "logprob", bucket=Bucket.OVERHEAD,
         spans=("rl.<algo>.policy_and_reference_logprobs", "rl.distillation.teacher_logprob_inference",
@@ -68,7 +70,8 @@ class RLSpanGroup:
                       description="Advantage computation.")
     POLICY_UPDATE = group(
         "policy_update", bucket=Bucket.PRODUCTIVE,
-        spans=("rl.<algo>.policy_training", "rl.<algo>.value_training", "rl.sc.policy_optimizer_step"),
+        spans=("rl.<algo>.policy_training", "rl.<algo>.value_training", "rl.sc.policy_optimizer_step",
+               "rl.<algo>.forward", "rl.<algo>.backward", "rl.<algo>.optimizer_step"),
         description="Policy (and PPO value) gradient updates.")
     DATA_PROCESSING = group(
         "data_processing", bucket=Bucket.OVERHEAD,
