@@ -288,7 +288,8 @@ def _start_provider(cfg: TelemetryConfig, *, rank: int, world_size: int, local_r
         rank=rank, world_size=world_size, local_rank=local_rank, span_groups=groups,
         run_attributes=decode_run_attributes(os.environ.get(env.NEMO_TELEMETRY_RESOURCE_ATTRIBUTES)),
     )
-    provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # our atexit is bounded
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False,  # our atexit is bounded
+                              id_generator=_id_generator())
     exporter = make_span_exporter(cfg, service_name=service)
     if exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
@@ -307,6 +308,19 @@ def _start_provider(cfg: TelemetryConfig, *, rank: int, world_size: int, local_r
     if not _atexit_registered:
         atexit.register(shutdown_telemetry)
         _atexit_registered = True
+
+
+_ids: Any = None
+
+
+def _id_generator() -> Any:
+    """One private id generator per process (its fork hook is registered once)."""
+    global _ids
+    if _ids is None:
+        from nemo_telemetry.instrument._ids import PrivateRandomIdGenerator
+
+        _ids = PrivateRandomIdGenerator()
+    return _ids
 
 
 def _start_host_memory(run_id: str) -> Any:
