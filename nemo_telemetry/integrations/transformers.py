@@ -66,6 +66,7 @@ __all__ = [
     "active_trainer_telemetry",
     "trainer_algorithm",
     "trainer_resource_attributes",
+    "seam_matches",
     "TRAINER_SEAMS",
     "TRAINER_ALGORITHMS",
     "SUPPORTED_TRANSFORMERS",
@@ -393,18 +394,27 @@ def _wrap_method(trainer: Any, name: str, wrap: Callable[[Callable], Callable]) 
         _warn_once(f"seam:{name}", "telemetry: %s has no %s(); %s go unattributed (transformers %s is tested)",
                    type(trainer).__name__, name, _SEAM_PHASES.get(name, "its phase"), SUPPORTED_TRANSFORMERS)
         return False
-    expected = TRAINER_SEAMS.get(name, ())
-    if expected:
-        try:
-            params = [p for p in inspect.signature(original).parameters if p not in ("args", "kwargs")]
-        except (TypeError, ValueError):
-            params = list(expected)
-        if params[:len(expected)] != list(expected):
-            _warn_once(f"shape:{name}", "telemetry: %s.%s%s is not the shape the integration was tested with (%s); "
-                       "its phase may be misattributed", type(trainer).__name__, name,
-                       inspect.signature(original), ", ".join(expected))
+    if not seam_matches(original, TRAINER_SEAMS.get(name, ())):
+        _warn_once(f"shape:{name}", "telemetry: %s.%s%s is not the shape the integration was tested with (%s); "
+                   "its phase may be misattributed", type(trainer).__name__, name,
+                   inspect.signature(original), ", ".join(TRAINER_SEAMS.get(name, ())))
     setattr(trainer, name, wrap(original))
     return True
+
+
+def seam_matches(method: Callable, expected: tuple[str, ...]) -> bool:
+    """Whether ``method`` takes ``expected`` as its leading parameters (or passes ``*args`` through)."""
+    try:
+        parameters = list(inspect.signature(method).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    named = []
+    for parameter in parameters:
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            return list(expected[:len(named)]) == named
+        if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            named.append(parameter.name)
+    return named[:len(expected)] == list(expected)
 
 
 def _make_callback(telemetry: TrainerTelemetry) -> Any:
