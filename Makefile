@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   creates .venv, installs nemo-telemetry, runs the main job
-#   make test   creates/updates .venv and .venv-vllm, installs what the tests need, runs the whole suite
+#   make test   creates/updates .venv and .venv-vllm (vLLM's CPU build, TRL), installs what the tests need,
+#               runs the whole suite
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -58,11 +59,12 @@ browser:
 demo: install
 	$(BIN)/nemo-telemetry demo
 
-# Two runs, both always: the suite in .venv, then tests/vllm_engine against the real engine in .venv-vllm.
+# Two runs, both always: the suite in .venv, then, in .venv-vllm, tests/vllm_engine against the real
+# engine and tests/integrations against the real TRL / transformers trainers (CPU torch).
 test: install-test install-vllm browser
 	@status=0; \
 	$(BIN)/python -m pytest || status=1; \
-	$(VLLM_BIN)/python -m pytest tests/vllm_engine || status=1; \
+	$(VLLM_BIN)/python -m pytest tests/vllm_engine tests/integrations || status=1; \
 	exit $$status
 
 clean:

@@ -13,8 +13,9 @@ opened by ``start_*`` and closed by :meth:`SpanHandle.end`:
 A handle is made current while it is open (spans opened meanwhile are its children), and a step
 handle also holds the ``iteration_scope`` of its step, so every span opened before ``end`` is
 stamped with the iteration. Handles are ended on the thread that started them, innermost first,
-as ``with`` blocks would be; ``end`` is idempotent, and an ``end`` from another thread or out of
-order still ends the span (the context it could not restore is left as it is, with one warning).
+as ``with`` blocks would be; ``end`` is idempotent, and an ``end`` from another thread still ends
+the span (the starting thread's context is left as it is, with one warning). A handle started
+with ``current=False`` holds no context and may end anywhere.
 A disabled site returns :data:`NOOP_HANDLE` (a membership test, nothing else); a disabled step
 group still holds the iteration scope, so the leaf spans of an enabled group keep their step.
 """
@@ -22,6 +23,7 @@ group still holds the iteration scope, so the leaf spans of an enabled group kee
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from opentelemetry import context as context_api
@@ -40,7 +42,7 @@ _warned_unrestored = False
 class SpanHandle:
     """An open span (or only an iteration scope) that :meth:`end` closes; also a context manager."""
 
-    __slots__ = ("span", "_context_token", "_iteration_token", "_ended")
+    __slots__ = ("span", "_context_token", "_iteration_token", "_ended", "_thread")
 
     def __init__(self, span: trace_api.Span | None, *, current: bool = True,
                  iteration: int | None = None) -> None:
@@ -48,6 +50,7 @@ class SpanHandle:
         self._context_token = None
         self._iteration_token = None
         self._ended = False
+        self._thread = threading.get_ident()
         if iteration is not None:
             self._iteration_token = _scopes.ITERATION.set(int(iteration))
         if span is not None and current:
@@ -83,7 +86,10 @@ class SpanHandle:
 
     def _restore(self) -> None:
         global _warned_unrestored
+        holds = self._context_token is not None or self._iteration_token is not None
         try:
+            if holds and threading.get_ident() != self._thread:
+                raise RuntimeError("ended on another thread")
             if self._context_token is not None:
                 context_api.detach(self._context_token)
             if self._iteration_token is not None:
@@ -91,8 +97,9 @@ class SpanHandle:
         except Exception:  # ended on another thread or context: the span still ends
             if not _warned_unrestored:
                 _warned_unrestored = True
-                _log.warning("a span handle was ended outside the context that started it; its span ends, "
-                             "but the current span and iteration there are left as they are")
+                _log.warning("a span handle was ended outside the thread or context that started it; its span "
+                             "ends, but the current span and iteration there are left as they are (start it with "
+                             "current=False to end it elsewhere)")
         self._context_token = self._iteration_token = None
 
     def __enter__(self) -> SpanHandle:

@@ -408,6 +408,8 @@ def seam_matches(method: Callable, expected: tuple[str, ...]) -> bool:
         parameters = list(inspect.signature(method).parameters.values())
     except (TypeError, ValueError):
         return True
+    if parameters and parameters[0].name == "self":  # the function on the class, not the bound method
+        parameters = parameters[1:]
     named = []
     for parameter in parameters:
         if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
