@@ -29,20 +29,25 @@ def demo_command(
     no_carrier: bool = typer.Option(False, "--no-carrier",
                                     help="Withhold the job's trace carrier from the collector (async), "
                                          "to see what a detached trace looks like."),
+    trainer: str = typer.Option("toy", "--trainer",
+                                help="toy: the GRPO-shaped demo trainer; trl: a tiny GRPO run with Hugging Face "
+                                     "TRL on the CPU, traced by instrument_trl() (needs the [trl] extra)."),
 ) -> None:
     """Run an instrumented GRPO-shaped job (Ray actors, threads, an HTTP reward server on
     127.0.0.1), write its spans with the dump exporter, ingest them, and print the goodput table,
     the findings and one step's waterfall. Exit 1 when a finding is at error severity.
 
     Example: nemo-telemetry demo --mode async --steps 6 --out ./demo-run
+    Example: nemo-telemetry demo --trainer trl --steps 5
     """
     from nemo_telemetry.demo import run_demo  # noqa: PLC0415 (Ray and the analysis load only here)
 
     out_console = console()
     with library_errors():
-        with out_console.status(f"running the demo ({mode}, {steps} steps, span_groups={span_groups}) ..."):
+        what = "TRL GRPOTrainer" if trainer == "trl" else f"{mode}, span_groups={span_groups}"
+        with out_console.status(f"running the demo ({what}, {steps} steps) ..."):
             result = run_demo(out=out, steps=steps, mode=mode, span_groups=span_groups, seed=seed,
-                              no_carrier=no_carrier)
+                              no_carrier=no_carrier, trainer=trainer)
     print_demo_report(result, out_console)
     if result.check.has("error"):
         raise typer.Exit(EXIT_FINDINGS)
@@ -53,8 +58,12 @@ def print_demo_report(result, out: Console) -> None:
     from nemo_telemetry.cli.render import bar_width_for, print_waterfall, render_report, render_run  # noqa: PLC0415
 
     carrier = ", collector WITHOUT the job's carrier" if result.no_carrier else ""
-    out.print(f"[bold]nemo-telemetry demo[/]: {result.mode} GRPO, {result.steps} steps, "
-              f"span_groups={result.span_groups}{carrier}")
+    if result.trainer == "trl":
+        out.print(f"[bold]nemo-telemetry demo[/]: Hugging Face TRL GRPOTrainer (CPU, tiny random Qwen2), "
+                  f"{result.steps} steps, traced by instrument_trl()")
+    else:
+        out.print(f"[bold]nemo-telemetry demo[/]: {result.mode} GRPO, {result.steps} steps, "
+                  f"span_groups={result.span_groups}{carrier}")
     out.print(f"run {result.run_id}: {result.spans} spans in {result.traces} trace(s), "
               f"{result.wall_s:.1f} s wall; dataset {result.dataset}")
     out.print()

@@ -27,13 +27,16 @@ from nemo_telemetry.demo.trainer import MODES, DemoSettings, TrainSummary
 from nemo_telemetry.demo.workload import PhaseTimes
 from nemo_telemetry.errors import DemoError
 
-__all__ = ["DEFAULT_SPAN_GROUPS", "DemoError", "DemoResult", "run_demo"]
+__all__ = ["DEFAULT_SPAN_GROUPS", "TRAINERS", "DemoError", "DemoResult", "run_demo"]
 
 DEFAULT_SPAN_GROUPS = "per_step,per_prompt"
 """Every phase, the collector's batches and the per-prompt HTTP hop: the whole picture."""
 
+TRAINERS = ("toy", "trl")
+"""``toy``: the GRPO-shaped demo trainer (Ray actors, threads, HTTP); ``trl``: TRL's GRPOTrainer."""
+
 _MARKER = ".nemo-telemetry-demo"  # an --out directory the demo made, so re-running may clear it
-_OWNED = ("dumps", "dataset", "checkpoints")
+_OWNED = ("dumps", "dataset", "checkpoints", "model")
 
 
 @dataclass(frozen=True)
@@ -61,18 +64,27 @@ class DemoResult:
     check: object
     waterfall: object
     waterfall_step: int
+    trainer: str = "toy"
 
 
 def run_demo(*, out: str | os.PathLike | None = None, steps: int = 6, mode: str = "sync",
              span_groups: str = DEFAULT_SPAN_GROUPS, seed: int = 0, no_carrier: bool = False,
-             times: PhaseTimes | None = None) -> DemoResult:
+             times: PhaseTimes | None = None, trainer: str = "toy") -> DemoResult:
     """Run the demo trainer, ingest its dumps into ``<out>/dataset`` and analyse them.
 
     ``out`` defaults to a fresh temporary directory. An existing ``out`` the demo made before is
     reused (its dumps, dataset and checkpoints are replaced); any other non-empty one is refused.
     Ray: an already initialised cluster (or ``RAY_ADDRESS``) is joined, otherwise a 2-CPU local
     one is started and shut down at the end.
+
+    ``trainer="trl"`` trains a tiny GRPO run with TRL's ``GRPOTrainer`` instead, traced by
+    ``instrument_trl()`` alone (:mod:`nemo_telemetry.demo.trl_run`; needs the ``[trl]`` extra):
+    its span groups are the ones the integration enables, and ``mode`` must be ``sync``.
     """
+    if trainer not in TRAINERS:
+        raise DemoError(f"trainer {trainer!r}: choose one of {', '.join(TRAINERS)}")
+    if trainer == "trl" and mode != "sync":
+        raise DemoError("demo --trainer trl runs TRL's synchronous GRPO loop: use --mode sync")
     settings = _settings(steps=steps, mode=mode, seed=seed, no_carrier=no_carrier, times=times)
     root = _prepare_out(out)
     dumps = root / "dumps"
@@ -80,9 +92,16 @@ def run_demo(*, out: str | os.PathLike | None = None, steps: int = 6, mode: str 
     settings = dataclasses.replace(settings, checkpoint_dir=str(root / "checkpoints"))
     started = time.monotonic()
     with _fresh_telemetry_environment():
-        summary, run_id = _train_with_telemetry(config, settings)
+        if trainer == "trl":
+            from nemo_telemetry.demo.trl_run import CHECKPOINT_EVERY, train_trl
+
+            summary, run_id = train_trl(root, steps=settings.steps, seed=settings.seed)
+            settings = dataclasses.replace(settings, checkpoint_every=CHECKPOINT_EVERY)
+            span_groups = "the TRL integration's"
+        else:
+            summary, run_id = _train_with_telemetry(config, settings)
     wall_s = time.monotonic() - started
-    return _analyse(root, settings, span_groups, run_id, summary, wall_s)
+    return _analyse(root, settings, span_groups, run_id, summary, wall_s, trainer=trainer)
 
 
 def _settings(*, steps: int, mode: str, seed: int, no_carrier: bool, times: PhaseTimes | None) -> DemoSettings:
@@ -145,7 +164,7 @@ def _train_with_telemetry(config: dict, settings: DemoSettings) -> tuple[TrainSu
 
 
 def _analyse(root: Path, settings: DemoSettings, span_groups: str, run_id: str, summary: TrainSummary,
-             wall_s: float) -> DemoResult:
+             wall_s: float, *, trainer: str = "toy") -> DemoResult:
     from nemo_telemetry.analysis import ingest, read_spans
     from nemo_telemetry.analysis.findings.checks import check_run
     from nemo_telemetry.analysis.goodput.steps import run_goodput
@@ -165,7 +184,7 @@ def _analyse(root: Path, settings: DemoSettings, span_groups: str, run_id: str, 
         no_carrier=settings.no_carrier, run_id=run_id, steps=settings.steps, wall_s=wall_s,
         spans=ingested.spans, traces=ingested.traces, train=summary, goodput=runs[0],
         check=check_run(spans, run_id=run_id), waterfall=waterfall(spans, step=step, run_id=run_id),
-        waterfall_step=step,
+        waterfall_step=step, trainer=trainer,
     )
 
 

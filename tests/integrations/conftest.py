@@ -217,7 +217,7 @@ class Run:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
-    from tiny_hf import build_tiny_model
+    from nemo_telemetry.demo.tiny_hf import build_tiny_model
 
     return build_tiny_model(str(tmp_path_factory.mktemp("tiny-qwen2")))
 
@@ -232,7 +232,7 @@ def common_args(output_dir: Path) -> dict:
 def train_traced(kind: str, tiny_model: str, out: Path, monkeypatch, *, reward=None) -> Run:
     """Build and train one trainer of ``kind`` (grpo, sft, dpo) with the integration and the test's timers."""
     from datasets import Dataset
-    from tiny_hf import load_tokenizer, prompts
+    from nemo_telemetry.demo.tiny_hf import load_tokenizer, prompts
 
     import trl
     from nemo_telemetry.instrument import shutdown_telemetry

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(model_dir: str, output_dir: str) -> None:
-    from tiny_hf import load_tokenizer, prompts
+    from nemo_telemetry.demo.tiny_hf import load_tokenizer, prompts
 
     from nemo_telemetry.integrations.trl import instrument_trl
 

@@ -1,7 +1,8 @@
-"""A tiny random Qwen2 and a word-level tokenizer built in the test: nothing fetched from a hub.
+"""A tiny random Qwen2 and a word-level tokenizer, built on the spot: nothing fetched from a hub.
 
-Shared by the TRL / transformers integration tests and ``nemo-telemetry demo --trainer trl``'s
-test; each test builds into its own directory (a few hundred kB, well under a second).
+``nemo-telemetry demo --trainer trl`` trains it, and the integration tests do; it is a few
+hundred kB and builds in well under a second. Needs ``torch``, ``transformers`` and ``tokenizers``
+(the ``[trl]`` extra), imported when called.
 """
 
 from __future__ import annotations
