@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-WORDS = ("the quick brown fox jumps over a lazy dog and then runs home to eat some red apples while "
-         "birds sing one two three four five six seven eight nine ten yes no good bad").split()
+WORDS = tuple("the quick brown fox jumps over a lazy dog and then runs home to eat some red apples while "
+              "birds sing one two three four five six seven eight nine ten yes no good bad".split())
 SPECIAL = ["<pad>", "<eos>", "<unk>"]
 
 

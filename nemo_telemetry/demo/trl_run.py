@@ -15,7 +15,7 @@ from pathlib import Path
 from nemo_telemetry.demo.trainer import TrainSummary
 from nemo_telemetry.errors import DemoError
 
-__all__ = ["train_trl", "CHECKPOINT_EVERY", "EVALUATE_EVERY"]
+__all__ = ["CHECKPOINT_EVERY", "EVALUATE_EVERY", "train_trl"]
 
 CHECKPOINT_EVERY = 2
 EVALUATE_EVERY = 3
@@ -45,8 +45,7 @@ def train_trl(root: Path, *, steps: int, seed: int) -> tuple[TrainSummary, str]:
     from nemo_telemetry.demo.tiny_hf import build_tiny_model, load_tokenizer, prompts
     from nemo_telemetry.instrument import shutdown_telemetry
     from nemo_telemetry.instrument.environment_variables import NEMO_TELEMETRY_RUN_ID
-    from nemo_telemetry.integrations.transformers import uninstrument_transformers
-    from nemo_telemetry.integrations.trl import instrument_trl
+    from nemo_telemetry.integrations.trl import instrument_trl, uninstrument_trl
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = build_tiny_model(str(root / "model"), seed=seed)
@@ -68,6 +67,6 @@ def train_trl(root: Path, *, steps: int, seed: int) -> tuple[TrainSummary, str]:
         run_id = os.environ.get(NEMO_TELEMETRY_RUN_ID, "")
     finally:
         shutdown_telemetry()
-        uninstrument_transformers()
+        uninstrument_trl()
     return TrainSummary(steps=steps, mean_reward=rewards, checkpoints=checkpoints,
                         ray_cluster_source="none"), run_id

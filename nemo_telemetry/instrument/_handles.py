@@ -33,7 +33,7 @@ from nemo_telemetry.instrument import _gate, _scopes
 from nemo_telemetry.instrument._primitives import leaf_attributes, record_error, stamp_iteration
 from nemo_telemetry.instrument.span_groups import RLSpanGroup
 
-__all__ = ["SpanHandle", "NOOP_HANDLE", "start_span", "start_umbrella_span", "start_step_span"]
+__all__ = ["NOOP_HANDLE", "SpanHandle", "start_span", "start_step_span", "start_umbrella_span"]
 
 _log = logging.getLogger("nemo_telemetry")
 _warned_unrestored = False
@@ -42,7 +42,7 @@ _warned_unrestored = False
 class SpanHandle:
     """An open span (or only an iteration scope) that :meth:`end` closes; also a context manager."""
 
-    __slots__ = ("span", "_context_token", "_iteration_token", "_ended", "_thread")
+    __slots__ = ("_context_token", "_ended", "_iteration_token", "_thread", "span")
 
     def __init__(self, span: trace_api.Span | None, *, current: bool = True,
                  iteration: int | None = None) -> None:

@@ -19,12 +19,12 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from nemo_telemetry.instrument import environment_variables as env
 
-__all__ = ["LaunchInfo", "launch_info", "shared_run_id", "RUN_ID_STORE_KEY"]
+__all__ = ["RUN_ID_STORE_KEY", "LaunchInfo", "launch_info", "shared_run_id"]
 
 _log = logging.getLogger("nemo_telemetry")
 

@@ -52,24 +52,25 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from nemo_telemetry.instrument import environment_variables as env
 from nemo_telemetry.integrations.launch import launch_info, shared_run_id
 
 __all__ = [
-    "instrument_transformers",
-    "uninstrument_transformers",
-    "instrument_trainer",
+    "SUPPORTED_TRANSFORMERS",
+    "TRAINER_ALGORITHMS",
+    "TRAINER_SEAMS",
     "TrainerTelemetry",
     "active_trainer_telemetry",
+    "instrument_trainer",
+    "instrument_transformers",
+    "seam_matches",
     "trainer_algorithm",
     "trainer_resource_attributes",
-    "seam_matches",
-    "TRAINER_SEAMS",
-    "TRAINER_ALGORITHMS",
-    "SUPPORTED_TRANSFORMERS",
+    "uninstrument_transformers",
 ]
 
 _log = logging.getLogger("nemo_telemetry")

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from nemo_telemetry.integrations.transformers import (
     TrainerTelemetry,
@@ -43,10 +44,20 @@ from nemo_telemetry.integrations.transformers import (
     instrument_transformers,
     patch_init,
     trainer_algorithm,
+    uninstrument_transformers,
 )
 
-__all__ = ["instrument_trl", "TRL_BLOCKS", "TRL_UNMAPPED_BLOCKS", "ONLINE_ALGORITHMS", "TRL_TRAINERS",
-           "SUPPORTED_TRL", "online_span_groups"]
+__all__ = [
+    "ONLINE_ALGORITHMS",
+    "SUPPORTED_TRL",
+    "TRL_BLOCKS",
+    "TRL_TRAINERS",
+    "TRL_UNMAPPED_BLOCKS",
+    "instrument_trl",
+    "join_vllm_engine",
+    "online_span_groups",
+    "uninstrument_trl",
+]
 
 _log = logging.getLogger("nemo_telemetry")
 
@@ -170,7 +181,7 @@ def _patch_profiling_context() -> bool:
     return True
 
 
-def _join_vllm(telemetry: TrainerTelemetry) -> None:
+def join_vllm_engine(telemetry: TrainerTelemetry) -> None:
     """TRL's colocated vLLM engine (``use_vllm=True, vllm_mode="colocate"``) gets ``instrument_vllm``."""
     generation = getattr(telemetry.trainer, "vllm_generation", None)
     llm = getattr(generation, "llm", None)
@@ -187,7 +198,7 @@ def _join_vllm(telemetry: TrainerTelemetry) -> None:
 
 
 def _on_built(telemetry: TrainerTelemetry) -> None:
-    telemetry.on_train_start.append(_join_vllm)
+    telemetry.on_train_start.append(join_vllm_engine)
 
 
 def instrument_trl(config: Any = None) -> None:
@@ -206,3 +217,17 @@ def instrument_trl(config: Any = None) -> None:
         except (AttributeError, ImportError):
             continue
         patch_init(cls)
+
+
+def uninstrument_trl() -> None:
+    """Undo :func:`instrument_trl` for trainers built from now on (traced ones stay traced)."""
+    try:
+        from trl.extras.profiling import ProfilingContext
+    except ImportError:
+        ProfilingContext = None
+    if ProfilingContext is not None:
+        for name in ("__enter__", "__exit__"):
+            original = getattr(ProfilingContext.__dict__.get(name), "__nemo_telemetry_original__", None)
+            if original is not None:
+                setattr(ProfilingContext, name, original)
+    uninstrument_transformers()

@@ -231,13 +231,12 @@ def common_args(output_dir: Path) -> dict:
 
 def train_traced(kind: str, tiny_model: str, out: Path, monkeypatch, *, reward=None) -> Run:
     """Build and train one trainer of ``kind`` (grpo, sft, dpo) with the integration and the test's timers."""
-    from datasets import Dataset
-    from nemo_telemetry.demo.tiny_hf import load_tokenizer, prompts
-
     import trl
+    from datasets import Dataset
+
+    from nemo_telemetry.demo.tiny_hf import load_tokenizer, prompts
     from nemo_telemetry.instrument import shutdown_telemetry
-    from nemo_telemetry.integrations.transformers import uninstrument_transformers
-    from nemo_telemetry.integrations.trl import instrument_trl
+    from nemo_telemetry.integrations.trl import instrument_trl, uninstrument_trl
 
     trainer_class = {"grpo": trl.GRPOTrainer, "sft": trl.SFTTrainer, "dpo": trl.DPOTrainer}[kind]
     timers = PhaseTimers()
@@ -278,7 +277,7 @@ def train_traced(kind: str, tiny_model: str, out: Path, monkeypatch, *, reward=N
     finally:
         gc.enable()
         shutdown_telemetry()
-        uninstrument_transformers()
+        uninstrument_trl()
     return Run(dump_dir=out / "run" / "telemetry", timers=timers, metrics=metrics, model=tiny_model,
                error=error, kind=kind)
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import logging
 
-import pytest
-
 import accelerate
+import pytest
 import transformers
 import trl
+
 from nemo_telemetry.integrations.transformers import (
     TRAINER_SEAMS,
     TrainerTelemetry,

@@ -12,10 +12,10 @@ import logging
 import re
 
 import pytest
-
 import trl
-from nemo_telemetry.integrations.trl import TRL_BLOCKS, TRL_UNMAPPED_BLOCKS, instrument_trl
 from trl.extras import profiling
+
+from nemo_telemetry.integrations.trl import TRL_BLOCKS, TRL_UNMAPPED_BLOCKS, instrument_trl
 
 
 def _timed_blocks(module) -> set[str]:
@@ -46,10 +46,10 @@ def test_an_unknown_block_is_warned_about_and_recorded_unbucketed(tiny_model, tm
     import transformers
 
     from nemo_telemetry.instrument import init_telemetry_driver, shutdown_telemetry
-    from nemo_telemetry.integrations.transformers import instrument_trainer, uninstrument_transformers
+    from nemo_telemetry.integrations.transformers import instrument_trainer
+    from nemo_telemetry.integrations.trl import uninstrument_trl
 
     instrument_trl()
-    request_cleanup = uninstrument_transformers
     init_telemetry_driver({"enabled": True, "exporter": "dump", "dump_dir": str(tmp_path / "dump"),
                            "span_groups": "per_step"})
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model)
@@ -68,7 +68,7 @@ def test_an_unknown_block_is_warned_about_and_recorded_unbucketed(tiny_model, tm
             telemetry.traced_train(train)()
     finally:
         shutdown_telemetry()
-        request_cleanup()
+        uninstrument_trl()
     warned = [r.getMessage() for r in caplog.records if "_a_block_from_a_newer_trl" in r.getMessage()]
     assert len(warned) == 1 and "unattributed" in warned[0]
     from conftest import read_spans

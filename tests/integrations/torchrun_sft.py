@@ -14,7 +14,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def main(model_dir: str, output_dir: str) -> None:
     from nemo_telemetry.demo.tiny_hf import load_tokenizer, prompts
-
     from nemo_telemetry.integrations.trl import instrument_trl
 
     instrument_trl()
