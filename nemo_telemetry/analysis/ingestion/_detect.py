@@ -61,6 +61,7 @@ __all__ = [
     "split_frames",
     "frame_size",
     "over_bound",
+    "truncated_frame",
     "classify_document",
     "MAX_PROTO_RECORD",
 ]
@@ -554,7 +555,7 @@ def _proto_frames(stream: BinaryIO, path: Path, buffers: ReadBuffers, limit: int
             return
         if at_end and not (len(tail) >= 4 and frame_size(tail) - 4 > limit):
             if tail:
-                yield Record("rejected", _frame_where(path, number, base), _truncated(tail))
+                yield Record("rejected", _frame_where(path, number, base), truncated_frame(tail))
             return
 
 
@@ -574,7 +575,8 @@ def frame_size(head: bytes) -> int:
     return 4 + int.from_bytes(head[:4], "big") if len(head) >= 4 else 4
 
 
-def _truncated(tail: bytes) -> str:
+def truncated_frame(tail: bytes) -> str:
+    """Why the bytes ``tail`` left at a file's end are not a whole frame."""
     if len(tail) < 4:
         return "truncated length prefix; the rest of the file is skipped"
     return f"truncated last record ({len(tail) - 4} of {frame_size(tail) - 4} bytes)"
