@@ -532,10 +532,10 @@ def _proto_frames(stream: BinaryIO, path: Path, buffers: ReadBuffers, limit: int
     while True:
         if len(tail) >= 4 and frame_size(tail) - 4 > limit:  # never held: read past it
             yield Record("rejected", _frame_where(path, number, base), over_bound("record", limit))
-            skipped = len(tail) + _discard(stream, frame_size(tail) - len(tail))
-            if skipped < frame_size(tail):
+            size = frame_size(tail)
+            if len(tail) < size and len(tail) + _discard(stream, size - len(tail)) < size:
                 return
-            number, base, tail = number + 1, base + skipped, b""
+            number, base, tail = number + 1, base + size, tail[size:]
             continue
         room = max(PROTO_BLOCK_BYTES, frame_size(tail) - len(tail))  # a longer frame: room for it
         buffer = buffers.take(len(tail) + room)
