@@ -4,6 +4,7 @@ final files, and what it rejects is what ``ingest`` rejects."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import random
 import shutil
@@ -21,7 +22,7 @@ import zstandard
 from nemo_telemetry.analysis import DumpFollower, goodput_document, ingest, load_traces, read_spans, run_goodput, run_monitor
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 
-FORMATS = ["jsonl", "jsonl.gz", "jsonl.zst", "pb", "pb.zst", "pb-zstd-records", "json-pretty", "json-pretty.zst"]
+FORMATS = ["jsonl", "jsonl.gz", "jsonl.gz-members", "jsonl.zst", "pb", "pb.zst", "pb-zstd-records", "json-pretty", "json-pretty.zst"]
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,8 @@ def _pieces(fmt: str, plain: bytes, count: int, seed: int = 0) -> list[bytes]:
         out = [compressor.compress(p) + compressor.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK) for p in parts]
         out[-1] += compressor.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
         return out
+    if fmt.endswith(".gz-members"):  # a gzip member per append, as `gzip -c >> FILE` writes
+        return [gzip.compress(p, 1) for p in parts]
     if fmt.endswith(".gz"):
         compressor = zlib.compressobj(1, zlib.DEFLATED, 31)
         out = [compressor.compress(p) + compressor.flush(zlib.Z_SYNC_FLUSH) for p in parts]

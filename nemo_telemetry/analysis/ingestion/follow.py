@@ -58,7 +58,8 @@ _LAST_BYTES = 64  # and the bytes just before where reading stopped
 _DETECT_BYTES = 1 << 16  # a head this long decides the format even without a newline
 _PROCESS_BYTES = 1 << 20  # inflated bytes gathered before they are split into records
 _GZIP_STEP = 1 << 20  # most bytes one gzip step inflates to
-_ZSTD_STEP = 1 << 10  # compressed bytes one zstd step is fed
+_GZIP_STEP_IN = 1 << 16  # compressed bytes fed at a time: the input left over is copied once per step
+_ZSTD_STEP_IN = 1 << 10  # compressed bytes one zstd step is fed
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
@@ -87,25 +88,27 @@ class _Inflater:
         """The inflated pieces of ``data`` (which follows what was fed before), each bounded.
         Raises ``zlib.error`` / ``zstandard.ZstdError`` on corrupt input."""
         data, self._pending = self._pending + data, b""
+        step = _GZIP_STEP_IN if self.kind == "gzip" else _ZSTD_STEP_IN
         while data:
-            if self.kind == "gzip":
-                if not self._started:
-                    data = data.lstrip(b"\0")  # zero padding between members, as gzip allows
-                    if len(data) < 2:
-                        self._pending = data
-                        return
-                self._started = True
-                piece = self._object.decompress(data, _GZIP_STEP)
-                data = self._object.unconsumed_tail
-            else:
-                self._started = True
-                piece = self._object.decompress(data[:_ZSTD_STEP])
-                data = data[_ZSTD_STEP:]
-            if self._object.eof:
-                data = self._object.unused_data + data
-                self._object, self._started = self._new(), False
-            if piece:
-                yield piece
+            if self.kind == "gzip" and not self._started:
+                data = data.lstrip(b"\0")  # zero padding between members, as gzip allows
+                if len(data) < 2:
+                    self._pending = data
+                    return
+            chunk, data = data[:step], data[step:]
+            self._started = True
+            while chunk:
+                if self.kind == "gzip":
+                    piece = self._object.decompress(chunk, _GZIP_STEP)
+                    chunk = self._object.unconsumed_tail
+                else:
+                    piece, chunk = self._object.decompress(chunk), b""
+                if piece:
+                    yield piece
+                if self._object.eof:  # what follows is the next member or frame
+                    data = self._object.unused_data + data
+                    self._object, self._started = self._new(), False
+                    break
 
 
 @dataclass
@@ -283,6 +286,8 @@ class DumpFollower:
                 self._take_bytes(followed, piece)
                 if len(followed.pending) >= _PROCESS_BYTES:
                     self._records(followed, final=False)
+                if followed.fmt == "done":  # rejected whole (a document past the bound): nothing more to inflate
+                    return
         except (zlib.error, zstandard.ZstdError) as exc:
             self._records(followed, final=False)
             self._pipeline.reject(f"{followed.path}", f"the rest of the file cannot be decompressed ({exc})")
