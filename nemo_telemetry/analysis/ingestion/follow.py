@@ -340,6 +340,13 @@ class DumpFollower:
         self._pipeline.counts["files"] += 1
         return True
 
+    def _copy(self, pending: bytearray, size: int) -> bytearray:
+        """``pending[:size]`` in one of the pipeline's read buffers, which it takes back once the
+        block is decoded (reused, as ingest reuses them)."""
+        buffer = self._pipeline.buffers.take(size)
+        buffer[:size] = memoryview(pending)[:size]
+        return buffer
+
     def _add(self, records) -> None:
         for record in records:
             self._pipeline.add_record(record.kind, record.where, record.payload)
@@ -348,7 +355,7 @@ class DumpFollower:
         pending, limit = followed.pending, self.max_record_bytes
         cut = len(pending) if final else pending.rfind(b"\n") + 1
         if cut:
-            records = json_lines_block(followed.path, bytearray(pending[:cut]), cut, followed.number, limit)
+            records = json_lines_block(followed.path, self._copy(pending, cut), cut, followed.number, limit)
             followed.number += sum(len(r.payload.starts) if r.kind == "json-lines" else 1 for r in records)
             self._add(records)
             del pending[:cut]
@@ -361,9 +368,8 @@ class DumpFollower:
         limit = self.max_record_bytes
         while True:
             pending = followed.pending
-            buffer = bytearray(pending)
-            block, records, frames, used, problem = split_frames(followed.path, buffer, len(buffer),
-                                                                 followed.number, followed.base, limit)
+            block, records, frames, used, problem = split_frames(followed.path, self._copy(pending, len(pending)),
+                                                                 len(pending), followed.number, followed.base, limit)
             self._add(records)
             if block is not None:
                 self._add([Record("protobuf-frames", block.where(0), block)])
