@@ -277,3 +277,25 @@ def test_a_pretty_printed_document_written_in_pieces_is_read_once_whole(tmp_path
     seen += 0 if last is None else last.num_rows
     assert follower.counts().rejected_records == 0, follower.counts().warnings
     assert seen == read_spans(path).num_rows == 200
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_seeded_cuts_polled_after_every_append_read_every_span_once(tmp_path, requests, fmt):
+    """Five seeds of random cut points, a poll after every append: the spans read equal ingest's,
+    none rejected, whatever byte a poll lands on."""
+    plain = _plain(fmt, requests[:30])
+    for seed in range(5):
+        folder = tmp_path / f"seed{seed}"
+        folder.mkdir()
+        path = folder / f"traces.{fmt}"
+        follower = DumpFollower(folder)
+        seen = 0
+        with open(path, "wb") as out:
+            for piece in _pieces(fmt, plain, 30, seed=seed):
+                out.write(piece)
+                out.flush()
+                seen += _poll_all(follower)
+        last = follower.close()
+        seen += 0 if last is None else last.num_rows
+        assert follower.counts().rejected_records == 0, (seed, follower.counts().warnings)
+        assert seen == load_traces(path).spans.num_rows == 750, seed
