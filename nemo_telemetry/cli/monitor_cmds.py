@@ -110,6 +110,9 @@ def _print_end(summary, err) -> None:
             warn_line(warning)
         if summary.follow.rejected_records:
             warn_line(f"{summary.follow.rejected_records} record(s) rejected (named above)")
+        if summary.follow.reread_files:
+            err.print(f"monitor: {summary.follow.reread_files} file(s) read again from their start (truncated, "
+                      "rewritten, or a reused inode); repeated spans dropped", soft_wrap=True)
     if summary.receiver is not None and summary.receiver.write_error:
         warn_line(f"writing the dataset failed: {summary.receiver.write_error}")
 
