@@ -71,3 +71,40 @@ def test_monitor_follows_a_growing_protobuf_dump_and_a_streamed_zstd_dump_to_off
     assert len(expected) > 50
     assert followed == expected
     assert "rejected" not in err
+
+
+def test_max_request_mib_bounds_the_receiver_as_collect_and_a_bad_one_exits_2(tmp_path):
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from typer.testing import CliRunner
+
+    from nemo_telemetry.analysis import run_monitor
+    from nemo_telemetry.cli.app import app
+
+    bad = CliRunner().invoke(app, ["monitor", "--follow", str(tmp_path), "--max-request-mib", "0"])
+    assert bad.exit_code == 2 and "--max-request-mib" in bad.output
+    ready, stop, box = threading.Event(), threading.Event(), {}
+
+    def on_ready(where: dict) -> None:
+        box.update(where)
+        ready.set()
+
+    thread = threading.Thread(target=lambda: box.update(summary=run_monitor(
+        port=0, max_request_bytes=1024, on_ready=on_ready, stop=stop, poll_s=0.05)))
+    thread.start()
+    try:
+        assert ready.wait(120)
+        body = json.dumps(next(synthetic_requests(50, ranks=1, spans_per_request=50))).encode()
+        assert len(body) > 1024
+        request = urllib.request.Request(box["traces_url"], data=body, headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(request, timeout=30)
+            status = 200
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+        assert status == 413
+    finally:
+        stop.set()
+        thread.join(60)
