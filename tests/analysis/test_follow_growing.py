@@ -19,10 +19,19 @@ import pyarrow as pa
 import pytest
 import zstandard
 
-from nemo_telemetry.analysis import DumpFollower, goodput_document, ingest, load_traces, read_spans, run_goodput, run_monitor
+from nemo_telemetry.analysis import (
+    DumpFollower,
+    goodput_document,
+    ingest,
+    load_traces,
+    read_spans,
+    run_goodput,
+    run_monitor,
+)
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 
-FORMATS = ["jsonl", "jsonl.gz", "jsonl.gz-members", "jsonl.zst", "pb", "pb.zst", "pb-zstd-records", "json-pretty", "json-pretty.zst"]
+FORMATS = ["jsonl", "jsonl.gz", "jsonl.gz-members", "jsonl.zst", "pb", "pb.zst", "pb-zstd-records", "json-pretty",
+           "json-pretty.zst"]
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,6 @@ import zstandard
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
 from nemo_telemetry.analysis.ingestion._detect import (
     DEFAULT_MAX_REQUEST_BYTES,
-    MAX_PROTO_RECORD,
     Record,
     classify_document,
     format_of_head,
