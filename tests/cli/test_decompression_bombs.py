@@ -40,13 +40,16 @@ def bombs(tmp_path_factory) -> tuple[Path, dict, list]:
 
 
 def make_bombs(folder: Path) -> tuple[Path, dict, list]:
-    """A zstd JSON line, a gzip JSON line, a zstd JSON document and a zstd protobuf record, each
-    inflating to ``INFLATED``, beside a good dump (and a good record after the bomb record)."""
+    """A zstd JSON line (of zeros, and of one span repeated), a gzip JSON line, a zstd JSON document and
+    a zstd protobuf record, each inflating to ``INFLATED``, beside a good dump (and a good record after
+    the bomb record)."""
     member = gzip.compress(b"\0" * _CHUNK, 9)
     (folder / "line.jsonl.gz").write_bytes(gzip.compress(b'{"resourceSpans": [', 1) + member * (INFLATED // _CHUNK))
     (folder / "line.jsonl.zst").write_bytes(_zstd_frame(b'{"resourceSpans": [{"scopeSpans": [', b"\0"))
     (folder / "doc.json.zst").write_bytes(_zstd_frame(b'{\n  "resourceSpans": [\n', b" "))
     requests = list(synthetic_requests(400, ranks=1, spans_per_request=20, seed=11))
+    span = json.dumps(requests[0]["resourceSpans"][0]["scopeSpans"][0]["spans"][0]).encode() + b","
+    (folder / "spans.jsonl.zst").write_bytes(_zstd_frame(b'{"resourceSpans": [{"scopeSpans": [{"spans": [', span))
     bomb = _zstd_frame(b"", b"\0")
     good = to_protobuf(requests[-1])
     (folder / "frame.pb").write_bytes(struct.pack(">I", len(bomb)) + bomb + struct.pack(">I", len(good)) + good)
@@ -54,6 +57,7 @@ def make_bombs(folder: Path) -> tuple[Path, dict, list]:
     expected = {
         "line.jsonl.gz": f"{folder / 'line.jsonl.gz'}:1: line longer than {BOUND} bytes",
         "line.jsonl.zst": f"{folder / 'line.jsonl.zst'}:1: line longer than {BOUND} bytes",
+        "spans.jsonl.zst": f"{folder / 'spans.jsonl.zst'}:1: line longer than {BOUND} bytes",
         "doc.json.zst": f"{folder / 'doc.json.zst'}: JSON document longer than {BOUND} bytes",
         "frame.pb": f"{folder / 'frame.pb'}: record 1 (byte 0): zstd record longer than {BOUND} bytes",
     }
