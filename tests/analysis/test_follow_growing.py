@@ -308,3 +308,15 @@ def test_seeded_cuts_polled_after_every_append_read_every_span_once(tmp_path, re
         seen += 0 if last is None else last.num_rows
         assert follower.counts().rejected_records == 0, (seed, follower.counts().warnings)
         assert seen == load_traces(path).spans.num_rows == 750, seed
+
+
+def test_close_reads_a_backlog_longer_than_one_poll_reads(tmp_path):
+    """A poll reads at most 8 MiB of a file; stopping (close) reads the rest first, so the figures at
+    the end cover the whole file."""
+    path = tmp_path / "traces.jsonl"
+    path.write_bytes(_plain("jsonl", list(synthetic_requests(60_000, ranks=2, spans_per_request=100, seed=1))))
+    assert path.stat().st_size > 2 * (8 << 20)
+    follower = DumpFollower(tmp_path)
+    first = follower.poll().num_rows
+    rest = follower.close().num_rows
+    assert first < first + rest == load_traces(path).spans.num_rows

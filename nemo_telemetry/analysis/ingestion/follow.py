@@ -153,6 +153,7 @@ class DumpFollower:
     _files: dict = field(default_factory=dict)  # (dev, inode) -> _Followed
     _out: list = field(default_factory=list)
     _reread: int = 0
+    _bytes_read: int = 0
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -177,7 +178,9 @@ class DumpFollower:
         """The last spans: what is left unread is read, then each record still cut is judged as
         ``ingest`` judges the end of a file (a last line without its newline is decoded when it
         parses, a truncated frame or document is rejected)."""
-        while self._poll_once():
+        held = sum(self._sizes())  # what the files hold now; a writer still going is not chased
+        start = self._bytes_read
+        while self._poll_once() and self._bytes_read - start < held:
             pass
         for followed in self._files.values():
             self._finish(followed)
@@ -207,6 +210,15 @@ class DumpFollower:
         for key in [k for k in self._files if k not in seen]:
             del self._files[key]
         return more
+
+    def _sizes(self) -> list[int]:
+        sizes = []
+        for path in self._paths():
+            try:
+                sizes.append(path.stat().st_size)
+            except OSError:
+                pass
+        return sizes
 
     def _paths(self) -> list[Path]:
         out = []
@@ -241,6 +253,7 @@ class DumpFollower:
         if len(followed.head) < _HEAD_BYTES and followed.offset == len(followed.head):
             followed.head += data[: _HEAD_BYTES - len(followed.head)]
         followed.offset += len(data)
+        self._bytes_read += len(data)
         followed.last = (followed.last + data)[-_LAST_BYTES:]
         self._inflate(followed, data)
         return len(data) == _READ_BYTES
