@@ -80,6 +80,7 @@ __all__ = [
     "UnknownRunError",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_READ_TIMEOUT_S",
+    "DEFAULT_MAX_REQUEST_BYTES",
     "DumpFollower",
     "FollowCounts",
     "MonitorState",
@@ -100,7 +101,7 @@ _MODULE_NAMES = {  # each module and the public names it defines, in the pipelin
     ),
     "nemo_telemetry.analysis.choices": (
         "FORMATS", "SEVERITIES", "ENGINES", "DEFAULT_COLLAPSE_THRESHOLD", "DEFAULT_MAX_CONNECTIONS",
-        "DEFAULT_READ_TIMEOUT_S",
+        "DEFAULT_READ_TIMEOUT_S", "DEFAULT_MAX_REQUEST_BYTES",
     ),
     "nemo_telemetry.analysis.model.schema": ("SPANS_SCHEMA", "EVENTS_SCHEMA", "LINKS_SCHEMA"),
     "nemo_telemetry.analysis.model.records": ("spans_table",),

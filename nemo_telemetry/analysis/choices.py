@@ -14,6 +14,7 @@ __all__ = [
     "SEVERITIES",
     "DEFAULT_COLLAPSE_THRESHOLD",
     "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_READ_TIMEOUT_S",
 ]
 
@@ -28,6 +29,11 @@ SEVERITIES = ("error", "warning", "info")
 
 DEFAULT_COLLAPSE_THRESHOLD = 20
 """A waterfall folds more than this many same-name siblings into one line."""
+
+DEFAULT_MAX_REQUEST_BYTES = 64 << 20
+"""Largest request, after decompression: a request body ``collect`` takes (larger: 413), and a line,
+protobuf record or JSON document that ``ingest`` and ``monitor --follow`` hold (larger: rejected
+and named). ``--max-request-mib`` changes it."""
 
 DEFAULT_MAX_CONNECTIONS = 256
 """Connections the receiver serves at once; more get 503 with Retry-After."""

@@ -33,6 +33,9 @@ def ingest(
     engine: str = typer.Option("local", "--engine", help="local: decode in this process; ray: decode the files "
                                                          "in parallel Ray tasks (RAY_ADDRESS's cluster, else a "
                                                          "local one)."),
+    max_request_mib: Optional[float] = typer.Option(
+        None, "--max-request-mib", help="Longest line, protobuf record or JSON document, once decompressed "
+        "(default 64, collect's bound on a request); a longer one is rejected and named, the rest kept."),
 ) -> None:
     """Ingest OTLP dumps (JSON lines, length-prefixed protobuf, OTLP/JSON; .gz/.zst) into a Parquet dataset.
 
@@ -40,12 +43,15 @@ def ingest(
     """
     from nemo_telemetry.analysis import dump_files, ingest_with_engine  # noqa: PLC0415
 
+    if max_request_mib is not None and not max_request_mib > 0:
+        raise fail(f"--max-request-mib {max_request_mib!r}: give a size in MiB > 0")
+    bound = None if max_request_mib is None else int(max_request_mib * (1 << 20))
     with library_errors():
         total = sum(path.stat().st_size for path in dump_files(inputs))
         if quiet or as_json:
-            summary = ingest_with_engine(inputs, out=out, engine=engine, format=format)
+            summary = ingest_with_engine(inputs, out=out, engine=engine, format=format, max_request_bytes=bound)
         else:
-            summary = _ingest_with_progress(inputs, out, format, total, engine)
+            summary = _ingest_with_progress(inputs, out, format, total, engine, bound)
     if as_json:
         print_json({name: getattr(summary, name) for name in summary.__dataclass_fields__})
     elif not quiet:
@@ -53,7 +59,7 @@ def ingest(
 
 
 def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], total: int,
-                          engine: str = "local") -> IngestSummary:
+                          engine: str = "local", bound: Optional[int] = None) -> IngestSummary:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     from nemo_telemetry.analysis import ingest_with_engine  # noqa: PLC0415
@@ -72,7 +78,8 @@ def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], tot
         def update(bytes_done: int, spans_done: int) -> None:
             progress.update(task, completed=bytes_done, spans=spans_done)
 
-        return ingest_with_engine(inputs, out=out, engine=engine, format=fmt, progress=update)
+        return ingest_with_engine(inputs, out=out, engine=engine, format=fmt, progress=update,
+                                  max_request_bytes=bound)
 
 
 def _compiling_column():

@@ -35,6 +35,9 @@ def monitor(
     otlp_metrics: bool = typer.Option(False, "--otlp-metrics", help="Push rl.goodput.* over OTLP metrics to "
                                                                     "OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface the receiver and /metrics listen on."),
+    max_request_mib: float = typer.Option(64.0, "--max-request-mib", help="Largest request, once decompressed: "
+                                          "a received body (larger: 413, as collect), a followed file's line, "
+                                          "protobuf record or JSON document (larger: rejected and named)."),
 ) -> None:
     """Report each training step's goodput as its spans complete; export rl.goodput.* metrics.
 
@@ -48,6 +51,8 @@ def monitor(
 
     if output_format not in ("table", "json"):
         raise fail(f"--format {output_format!r}: choose table or json")
+    if not max_request_mib > 0:
+        raise fail(f"--max-request-mib {max_request_mib!r}: give a size in MiB > 0")
     err = console(stderr=True)
     view_console = console()
     as_json = output_format == "json"
@@ -69,7 +74,8 @@ def monitor(
     options = dict(follow=follow, port=port, out=out, host=host, until_idle_s=until_idle, grace_s=grace,
                    rolling_steps=over, keep_steps=max(256, over), alert_below=alert_below,
                    exit_on_alert=exit_on_alert, metrics_port=metrics_port, otlp_metrics=otlp_metrics,
-                   on_step=on_step, on_alert=on_alert, on_ready=on_ready)
+                   max_request_bytes=int(max_request_mib * (1 << 20)), on_step=on_step, on_alert=on_alert,
+                   on_ready=on_ready)
     with library_errors():
         if as_json:
             summary = run_monitor(**options)
@@ -104,6 +110,9 @@ def _print_end(summary, err) -> None:
             warn_line(warning)
         if summary.follow.rejected_records:
             warn_line(f"{summary.follow.rejected_records} record(s) rejected (named above)")
+        if summary.follow.reread_files:
+            err.print(f"monitor: {summary.follow.reread_files} file(s) read again from their start (truncated, "
+                      "rewritten, or a reused inode); repeated spans dropped", soft_wrap=True)
     if summary.receiver is not None and summary.receiver.write_error:
         warn_line(f"writing the dataset failed: {summary.receiver.write_error}")
 

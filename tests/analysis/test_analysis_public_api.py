@@ -24,6 +24,7 @@ PINNED |= {"ENGINES", "goodput_with_engine", "check_with_engine", "ingest_with_e
            "DEFAULT_COLLAPSE_THRESHOLD", "write_goodput_plot", "UnknownRunError", "LintError"}
 # the receiver's bounds `collect --help` shows, from the light module the CLI's options are defined with
 PINNED |= {"DEFAULT_MAX_CONNECTIONS", "DEFAULT_READ_TIMEOUT_S"}
+PINNED |= {"DEFAULT_MAX_REQUEST_BYTES"}
 PINNED |= {"run_monitor", "MonitorState", "MonitorSummary", "MonitorView", "StepRecord", "RunStatus", "Alert",
            "DumpFollower", "FollowCounts", "MONITOR_SERIES", "MonitorError"}
 

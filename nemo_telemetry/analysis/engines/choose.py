@@ -114,13 +114,21 @@ def check_with_engine(source, *, engine: str = "local", **options):
     return check_run(read_for_analysis(source), **options)
 
 
-def ingest_with_engine(inputs, *, out, engine: str = "local", format: str | None = None, progress=None):
-    """``ingest`` on the chosen engine: ``ray`` decodes the files in parallel Ray tasks."""
+def ingest_with_engine(inputs, *, out, engine: str = "local", format: str | None = None, progress=None,
+                       max_request_bytes: int | None = None):
+    """``ingest`` on the chosen engine: ``ray`` decodes the files in parallel Ray tasks.
+    ``max_request_bytes``: the bound on one decompressed line, record or document (None: the
+    default, ``collect``'s); the Ray tasks keep the default."""
     _check_engine(engine)
     if engine == "ray":
+        if max_request_bytes is not None:
+            raise NemoTelemetryError("--max-request-mib applies to --engine local; Ray tasks keep the default bound "
+                              "(64 MiB): drop the option or use --engine local")
         from nemo_telemetry.analysis.engines.ray_engine import ray_ingest
 
         return ray_ingest(inputs, out=out, format=format, progress=progress)
     from nemo_telemetry.analysis.ingestion.ingest import ingest
 
-    return ingest(inputs, out=out, format=format, progress=progress)
+    if max_request_bytes is None:
+        return ingest(inputs, out=out, format=format, progress=progress)
+    return ingest(inputs, out=out, format=format, progress=progress, max_request_bytes=max_request_bytes)

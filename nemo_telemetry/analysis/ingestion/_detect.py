@@ -13,6 +13,12 @@ Formats, auto-detected from the first bytes (the extension is not trusted):
 A record that cannot be read is reported (file and line or record number) and skipped; the
 records around it are kept.
 
+Every record held whole in memory (a line, a protobuf frame, a zstd-compressed frame's payload, a
+JSON document) is bounded by ``max_record_bytes``, :data:`DEFAULT_MAX_REQUEST_BYTES` unless told
+(``collect``'s bound on a request body, after decompression): a longer one is rejected and named,
+and reading goes on after it. A compressed file is read as a stream, so its inflated size costs
+time, never more memory than one record: a decompression bomb costs only itself.
+
 The same look at a file's head tells whether it is also a metrics dump (the dump exporter's
 ``metrics-*`` files) or a log dump (``logs-*``, or ``resourceLogs`` near its start):
 :func:`detect_dump`. Ingest then reads such a file once, for its spans, metrics and logs.
@@ -30,7 +36,7 @@ import numpy as np
 import orjson
 import zstandard
 
-from nemo_telemetry.analysis.choices import FORMATS
+from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES, FORMATS
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
@@ -49,6 +55,15 @@ __all__ = [
     "expand_inputs_found",
     "iter_records",
     "classify_json_line",
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "format_of_head",
+    "json_lines_block",
+    "split_frames",
+    "frame_size",
+    "over_bound",
+    "truncated_frame",
+    "classify_document",
+    "MAX_PROTO_RECORD",
 ]
 
 ACCEPTED_FORMATS = (
@@ -62,7 +77,7 @@ _HEAD_BYTES = 1 << 16
 JSON_BLOCK_BYTES = 16 << 20  # JSON lines are read (and scanned) in blocks of about this size
 PROTO_BLOCK_BYTES = 16 << 20  # length-prefixed protobuf is read (and walked) in blocks of about this size
 _KEPT_BUFFERS = 8  # free read buffers a ReadBuffers holds on to
-_MAX_PROTO_RECORD = 1 << 30  # a larger length prefix means a corrupt or non-OTLP file
+MAX_PROTO_RECORD = 1 << 30  # a larger length prefix means a corrupt or non-OTLP file
 _OTHER_SIGNALS = ("resourceMetrics", "resourceLogs", "resource_metrics", "resource_logs")
 _TRACES = ("resourceSpans", "resource_spans")
 _LOG_HEAD_BYTES = 256  # a log dump says resourceLogs within its first bytes
@@ -230,6 +245,11 @@ def _head(path: Path) -> bytes:
         return _peek(stream, path)
 
 
+def format_of_head(head: bytes, path: Path) -> str:
+    """The format a file's decompressed ``head`` shows, as :func:`detect_format` decides it."""
+    return _format_of(head, path)
+
+
 def _format_of(head: bytes, path: Path) -> str:
     stripped = head.lstrip()
     if not stripped:
@@ -265,7 +285,7 @@ def _looks_like_proto_frame(head: bytes) -> bool:
     if len(head) < 5:
         return False
     length = int.from_bytes(head[:4], "big")
-    return 0 < length <= _MAX_PROTO_RECORD and (head[4] == 0x0A or head[4:8] == _ZSTD_MAGIC)
+    return 0 < length <= MAX_PROTO_RECORD and (head[4] == 0x0A or head[4:8] == _ZSTD_MAGIC)
 
 
 def iter_records(
@@ -275,11 +295,13 @@ def iter_records(
     on_bytes: Callable[[int], None] | None = None,
     buffers: ReadBuffers | None = None,
     data: bytes | None = None,
+    max_record_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> Iterator[Record]:
     """Every request of ``path`` in order (whole lines and plain protobuf frames in blocks);
     ``fmt`` overrides detection. Blocks are read into ``buffers`` when given (the caller gives
     each block's ``storage`` back once it is done with it), else into fresh memory. ``data``:
-    the file's bytes when the caller read them already (for its metrics or logs too)."""
+    the file's bytes when the caller read them already (for its metrics or logs too). A line,
+    frame or document longer than ``max_record_bytes`` (decompressed) is rejected and named."""
     stream, counter = open_decompressed(path, data)
     with stream:
         fmt = fmt or _format_of(_peek(stream, path), path)
@@ -289,7 +311,7 @@ def iter_records(
         if fmt not in readers:
             raise IngestError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
         try:
-            for record in readers[fmt](stream, path, buffers or ReadBuffers()):
+            for record in readers[fmt](stream, path, buffers or ReadBuffers(), max_record_bytes):
                 yield record
                 if on_bytes is not None:
                     on_bytes(counter.count)
@@ -327,20 +349,28 @@ class JsonLines:
         return f"{self.path}:{self.numbers[index]}", bytes(self.buffer[self.starts[index] : self.ends[index]])
 
 
-def _json_lines(stream: BinaryIO, path: Path, buffers: ReadBuffers) -> Iterator[Record]:
+def _json_lines(stream: BinaryIO, path: Path, buffers: ReadBuffers, limit: int) -> Iterator[Record]:
     """Blocks of whole lines (kind ``json-lines``), read straight into one buffer each: the
     pipeline scans a block in bulk and hands the lines the scan leaves alone to
-    ``classify_json_line``. No per-line objects, no copy beyond the read."""
+    ``classify_json_line``. No per-line objects, no copy beyond the read. A line longer than
+    ``limit`` is rejected and skipped to its newline, never held whole."""
     number = 1
     tail = b""  # the start of a line that continues in the next block
     while True:
+        if len(tail) > limit:
+            yield Record("rejected", f"{path}:{number}", over_bound("line", limit))
+            tail = _skip_line(stream)
+            if tail is None:
+                return
+            number += 1
+            continue
         room = max(JSON_BLOCK_BYTES, len(tail))  # a line longer than a block: double the room
         buffer = buffers.take(len(tail) + room)
         buffer[: len(tail)] = tail
         size = len(tail) + _fill(stream, memoryview(buffer)[len(tail) : len(tail) + room])
         if size == len(tail):
             if tail:
-                yield _block(path, buffer, size, number)
+                yield from _bounded_block(path, buffer, size, number, limit)
             return
         cut = buffer.rfind(b"\n", 0, size) + 1
         if cut == 0:
@@ -348,9 +378,49 @@ def _json_lines(stream: BinaryIO, path: Path, buffers: ReadBuffers) -> Iterator[
             buffers.give(buffer)
             continue
         tail = bytes(memoryview(buffer)[cut:size])
-        record = _block(path, buffer, cut, number)
-        number += len(record.payload.starts)
+        records = list(_bounded_block(path, buffer, cut, number, limit))
+        number += sum(len(r.payload.starts) if r.kind == "json-lines" else 1 for r in records)
+        yield from records
+
+
+def over_bound(what: str, limit: int) -> str:
+    """Why a line, frame or document past the decompression bound is rejected."""
+    return (f"{what} longer than {limit} bytes (decompressed), the bound on one request "
+            f"(--max-request-mib, as collect's); the rest of the file is read on")
+
+
+def _skip_line(stream: BinaryIO) -> bytes | None:
+    """Read past the rest of the current line; what follows its newline (None: the file ended)."""
+    while True:
+        chunk = stream.read(1 << 20)
+        if not chunk:
+            return None
+        cut = chunk.find(b"\n") + 1
+        if cut:
+            return chunk[cut:]
+
+
+def _bounded_block(path: Path, buffer: bytearray, size: int, number: int, limit: int) -> Iterator[Record]:
+    """:func:`_block`, with the lines longer than ``limit`` rejected (one record each) first."""
+    record = _block(path, buffer, size, number)
+    block = record.payload
+    long = (block.ends - block.starts) > limit
+    if not long.any():
         yield record
+        return
+    for line in block.numbers[long].tolist():
+        yield Record("rejected", f"{path}:{line}", over_bound("line", limit))
+    keep = ~long
+    if keep.any():
+        kept = JsonLines(path, block.buffer, block.starts[keep], block.ends[keep], block.numbers[keep], buffer)
+        yield Record("json-lines", record.where, kept)
+
+
+def json_lines_block(path: Path, buffer: bytearray, size: int, number: int, limit: int) -> list[Record]:
+    """The records of the whole lines ``buffer[:size]`` holds, its first line being line ``number``
+    of ``path``: a ``json-lines`` block as ingest reads it, after the rejected long lines. For a
+    reader that gathers the lines itself (``monitor --follow``)."""
+    return list(_bounded_block(path, buffer, size, number, limit))
 
 
 def _fill(stream: BinaryIO, view: memoryview) -> int:
@@ -402,8 +472,11 @@ def classify_json_line(line: bytes, where: str) -> Record:
     return _classify(doc, where)
 
 
-def _json_document(stream: BinaryIO, path: Path, buffers: ReadBuffers) -> Iterator[Record]:
-    text = stream.read()
+def _json_document(stream: BinaryIO, path: Path, buffers: ReadBuffers, limit: int) -> Iterator[Record]:
+    text = stream.read(limit + 1)
+    if len(text) > limit:
+        yield Record("rejected", f"{path}", over_bound("JSON document", limit))
+        return
     try:
         doc = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
@@ -412,6 +485,11 @@ def _json_document(stream: BinaryIO, path: Path, buffers: ReadBuffers) -> Iterat
         return
     for i, item in enumerate(doc if isinstance(doc, list) else [doc]):
         yield _classify(item, f"{path}: request {i + 1}" if isinstance(doc, list) else f"{path}:1")
+
+
+def classify_document(text: bytes, path: Path) -> list[Record]:
+    """The records of a whole OTLP/JSON document's bytes, as ingest reads a ``json`` file."""
+    return list(_json_document(io.BytesIO(text), path, ReadBuffers(), max(len(text), 1)))
 
 
 @dataclass(frozen=True)
@@ -442,22 +520,29 @@ def _frame_where(path: Path, number: int, offset: int) -> str:
     return f"{path}: record {number} (byte {offset})"
 
 
-def _proto_frames(stream: BinaryIO, path: Path, buffers: ReadBuffers) -> Iterator[Record]:
+def _proto_frames(stream: BinaryIO, path: Path, buffers: ReadBuffers, limit: int) -> Iterator[Record]:
     """Blocks of whole plain requests (kind ``protobuf-frames``) read straight into one buffer
     each, for the compiled walk; zstd-compressed and JSON requests as records of their own,
     yielded before the block they were read with (spans are not ordered by request). A
     truncated or implausible length prefix, or a truncated last request, ends the file with a
-    ``rejected`` record naming it."""
+    ``rejected`` record naming it; a request longer than ``limit`` is rejected and skipped."""
     number = 1  # the record number of the frame at ``buffer[0]``
     base = 0  # the file offset of ``buffer[0]``
     tail = b""  # the start of a frame that continues in the next block
     while True:
-        room = max(PROTO_BLOCK_BYTES, _frame_size(tail) - len(tail))  # a longer frame: room for it
+        if len(tail) >= 4 and frame_size(tail) - 4 > limit:  # never held: read past it
+            yield Record("rejected", _frame_where(path, number, base), over_bound("record", limit))
+            size = frame_size(tail)
+            if len(tail) < size and len(tail) + _discard(stream, size - len(tail)) < size:
+                return
+            number, base, tail = number + 1, base + size, tail[size:]
+            continue
+        room = max(PROTO_BLOCK_BYTES, frame_size(tail) - len(tail))  # a longer frame: room for it
         buffer = buffers.take(len(tail) + room)
         buffer[: len(tail)] = tail
         size = len(tail) + _fill(stream, memoryview(buffer)[len(tail) : len(tail) + room])
         at_end = size < len(tail) + room
-        block, records, frames, used, problem = _split_frames(path, buffer, size, number, base)
+        block, records, frames, used, problem = split_frames(path, buffer, size, number, base, limit)
         tail = bytes(memoryview(buffer)[used:size])  # before the block is yielded (and given back)
         if block is None:
             buffers.give(buffer)
@@ -468,43 +553,57 @@ def _proto_frames(stream: BinaryIO, path: Path, buffers: ReadBuffers) -> Iterato
         if problem is not None:
             yield Record("rejected", _frame_where(path, number, base), problem)
             return
-        if at_end:
+        if at_end and not (len(tail) >= 4 and frame_size(tail) - 4 > limit):
             if tail:
-                yield Record("rejected", _frame_where(path, number, base), _truncated(tail))
+                yield Record("rejected", _frame_where(path, number, base), truncated_frame(tail))
             return
 
 
-def _frame_size(head: bytes) -> int:
+def _discard(stream: BinaryIO, count: int) -> int:
+    """Read and drop ``count`` bytes (fewer where the stream ends first); how many."""
+    done = 0
+    while done < count:
+        chunk = stream.read(min(count - done, 1 << 20))
+        if not chunk:
+            break
+        done += len(chunk)
+    return done
+
+
+def frame_size(head: bytes) -> int:
     """The bytes of the frame ``head`` starts (prefix included), as far as it says."""
     return 4 + int.from_bytes(head[:4], "big") if len(head) >= 4 else 4
 
 
-def _truncated(tail: bytes) -> str:
+def truncated_frame(tail: bytes) -> str:
+    """Why the bytes ``tail`` left at a file's end are not a whole frame."""
     if len(tail) < 4:
         return "truncated length prefix; the rest of the file is skipped"
-    return f"truncated last record ({len(tail) - 4} of {_frame_size(tail) - 4} bytes)"
+    return f"truncated last record ({len(tail) - 4} of {frame_size(tail) - 4} bytes)"
 
 
-def _split_frames(path: Path, buffer: bytearray, size: int, number: int, base: int):
+def split_frames(path: Path, buffer: bytearray, size: int, number: int, base: int, limit: int):
     """The whole frames of ``buffer[:size]``: (a ``ProtoFrames`` of the plain ones or None,
     records of the compressed or JSON ones, how many frames, bytes used, a problem that ends
-    the file or None).
+    the file or None). It stops before a frame longer than ``limit``, which the caller
+    rejects and reads past without holding it; a compressed frame inflating past ``limit`` is
+    rejected here.
     A Python step per frame: a request holds hundreds of spans, and this is one prefix read."""
     starts, ends, numbers, offsets, records = [], [], [], [], []
     view = memoryview(buffer)
     pos, problem = 0, None
     while size - pos >= 4:
         length = int.from_bytes(view[pos : pos + 4], "big")
-        if length > _MAX_PROTO_RECORD:
+        if length > MAX_PROTO_RECORD:
             problem = f"implausible length {length}; the rest of the file is skipped"
             break
-        if size - pos - 4 < length:
+        if size - pos - 4 < length or length > limit:
             break
         start = pos + 4
         head = view[start : start + min(4, length)]
         if head == _ZSTD_MAGIC or head[:1] == b"{":
             where = _frame_where(path, number + len(starts) + len(records), base + pos)
-            records.append(_proto_payload(bytes(view[start : start + length]), where))
+            records.append(_proto_payload(bytes(view[start : start + length]), where, limit))
         else:
             numbers.append(number + len(starts) + len(records))
             offsets.append(base + pos)
@@ -520,12 +619,15 @@ def _split_frames(path: Path, buffer: bytearray, size: int, number: int, base: i
     return block, records, len(starts) + len(records), pos, problem
 
 
-def _proto_payload(payload: bytes, where: str) -> Record:
+def _proto_payload(payload: bytes, where: str, limit: int) -> Record:
     if payload[:4] == _ZSTD_MAGIC:
-        try:
-            payload = zstandard.ZstdDecompressor().decompressobj().decompress(payload)
+        try:  # a bounded read: a small frame may claim (and inflate to) gigabytes
+            with zstandard.ZstdDecompressor().stream_reader(payload) as reader:
+                payload = reader.read(limit + 1)
         except zstandard.ZstdError as exc:
             return Record("rejected", where, f"corrupt zstd record ({exc})")
+        if len(payload) > limit:
+            return Record("rejected", where, over_bound("zstd record", limit))
     if payload[:1] == b"{":
         try:
             return _classify(orjson.loads(payload), where)

@@ -34,7 +34,7 @@ import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from nemo_telemetry.analysis.choices import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
+from nemo_telemetry.analysis.choices import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S
 from nemo_telemetry.analysis.kernels import _compiled
 from nemo_telemetry.analysis.ingestion._collect_commit import Committer, describe_failure, open_session
 from nemo_telemetry.analysis.ingestion._collect_http import (
@@ -63,7 +63,6 @@ __all__ = [
     "RETRY_AFTER_S",
 ]
 
-DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 DEFAULT_REQUEST_TIMEOUT_S = 60.0  # reading one request, from its first line to its last byte
 _STOP_POLL_S = 0.05  # the accept loop's poll: stop() and the deadline reaper act within it
 

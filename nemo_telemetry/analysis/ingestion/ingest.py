@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables, SpanColumns
 from nemo_telemetry.analysis.ingestion._detect import (
+    DEFAULT_MAX_REQUEST_BYTES,
     FORMATS,
     DumpFile,
     ReadBuffers,
@@ -131,6 +132,7 @@ class IngestPipeline:
     executor: ThreadPoolExecutor | None = None
     in_flight: deque = field(default_factory=deque)  # (future of _Decoded, its read buffers), oldest first
     buffers: ReadBuffers = field(default_factory=ReadBuffers)  # blocks are read into these, reused
+    max_record_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # a longer line, frame or document is rejected
 
     def add_file(self, path: Path, fmt: str | None, data: bytes | None = None) -> None:
         """Decode the spans of ``path`` (``data``: its bytes, when read already)."""
@@ -142,7 +144,9 @@ class IngestPipeline:
             if self.progress is not None:
                 self.progress(self.bytes_before + count, self.counts["spans"] + len(self.cols))
 
-        for record in iter_records(path, fmt, on_bytes=on_bytes, buffers=self.buffers, data=data):
+        records = iter_records(path, fmt, on_bytes=on_bytes, buffers=self.buffers, data=data,
+                               max_record_bytes=self.max_record_bytes)
+        for record in records:
             self.add_record(record.kind, record.where, record.payload)
         self.bytes_before += path.stat().st_size
 
@@ -406,18 +410,24 @@ def ingest(
     out: str | Path,
     format: str | None = None,
     progress: ProgressCallback | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> IngestSummary:
     """Stream OTLP dump files (or directories of them) into the Parquet dataset at ``out``.
 
     Spans already in the dataset (same trace id and span id) are not written again; how many
     were dropped is in the summary. ``progress(bytes_done, spans_done)`` is called as it goes.
-    The metrics and log dumps among the inputs go to ``out/metrics`` and ``out/logs``.
+    The metrics and log dumps among the inputs go to ``out/metrics`` and ``out/logs``. A line,
+    protobuf record or JSON document longer than ``max_request_bytes`` once decompressed
+    (``collect``'s bound on a request) is rejected and named; the rest is kept.
     """
+    if not max_request_bytes > 0:
+        raise IngestError(f"max_request_bytes={max_request_bytes!r}: give a number of bytes > 0")
     files, skipped = dump_files_detected(inputs, format)
     writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
     try:
         writer.start(ingest_inputs(inputs))
-        pipeline = IngestPipeline(writer.write_fresh, dedup=writer.dedup, progress=progress)
+        pipeline = IngestPipeline(writer.write_fresh, dedup=writer.dedup, progress=progress,
+                                  max_record_bytes=max_request_bytes)
         pipeline.skip_files(skipped)
         signals = SignalDumps()
         for dump in files:

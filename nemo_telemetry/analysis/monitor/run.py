@@ -27,6 +27,7 @@ from typing import Callable
 
 import pyarrow as pa
 
+from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES
 from nemo_telemetry.analysis.findings.checks import BATCH_FINDING_CODES, check_batch
 from nemo_telemetry.analysis.ingestion.collect import CollectorServer, CollectSummary
 from nemo_telemetry.analysis.ingestion.follow import DumpFollower, FollowCounts
@@ -165,6 +166,7 @@ def run_monitor(
     otlp_metrics: bool = False,
     otlp_interval_s: float = 10.0,
     metric_steps: int = 10,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     on_step: Callable[[StepRecord], None] | None = None,
     on_alert: Callable[[Alert], None] | None = None,
     on_view: Callable[[MonitorView], None] | None = None,
@@ -174,6 +176,8 @@ def run_monitor(
     """Monitor a run from ``follow`` (a dump directory) or as a receiver on ``port``, until it ends.
 
     ``on_ready`` gets ``{"traces_url", "metrics_url"}`` once listening (None where not serving).
+    ``max_request_bytes`` bounds one request as ``collect`` does, and one line, record or document
+    of a followed file, once decompressed (a longer one is rejected and named).
     """
     _check_options(follow, port, out, until_idle_s, poll_s, alert_below)
     stop = stop or threading.Event()
@@ -187,7 +191,8 @@ def run_monitor(
         if otlp_metrics:
             exports.append(OtlpMetricsPush(interval_s=otlp_interval_s))
         return _serve(loop, follow=follow, port=port, out=out, host=host, until_idle_s=until_idle_s, poll_s=poll_s,
-                      exit_on_alert=exit_on_alert, on_view=on_view, on_ready=on_ready, stop=stop)
+                      exit_on_alert=exit_on_alert, on_view=on_view, on_ready=on_ready, stop=stop,
+                      max_request_bytes=max_request_bytes)
     finally:
         for export in exports:
             export.close()
@@ -219,10 +224,10 @@ def _on_signals(stop: threading.Event) -> dict:
 
 
 def _serve(loop: _Loop, *, follow, port, out, host, until_idle_s, poll_s, exit_on_alert, on_view, on_ready,
-           stop) -> MonitorSummary:
+           stop, max_request_bytes) -> MonitorSummary:
     metrics_url = next((e.url for e in loop.exports if isinstance(e, PrometheusEndpoint)), None)
     if follow is not None:
-        follower = DumpFollower(Path(follow))
+        follower = DumpFollower(Path(follow), max_record_bytes=max_request_bytes)
         if on_ready is not None:
             on_ready({"traces_url": None, "metrics_url": metrics_url})
         _poll_until_done(loop, follower.poll, until_idle_s, poll_s, exit_on_alert, on_view, stop)
@@ -236,7 +241,8 @@ def _serve(loop: _Loop, *, follow, port, out, host, until_idle_s, poll_s, exit_o
     try:
         resumed = _resume(loop, root)
         arrived: queue.SimpleQueue = queue.SimpleQueue()
-        with CollectorServer(root, host=host, port=port, on_commit=arrived.put) as server:
+        with CollectorServer(root, host=host, port=port, on_commit=arrived.put,
+                             max_request_bytes=max_request_bytes) as server:
             if on_ready is not None:
                 on_ready({"traces_url": server.traces_url, "metrics_url": metrics_url})
             _poll_until_done(loop, lambda: _drain(arrived), until_idle_s, poll_s, exit_on_alert, on_view, stop)

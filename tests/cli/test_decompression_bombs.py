@@ -1,0 +1,106 @@
+"""Decompression bombs against ``ingest`` and ``monitor --follow`` in processes whose address space is
+capped (``RLIMIT_AS``) far below what the bombs inflate to: each bomb is rejected and named, the
+process finishes with exit 0, and the other inputs' spans are all kept."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import resource
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from nemo_telemetry.analysis import goodput_document, load_traces, run_goodput
+from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_json_lines
+
+INFLATED = 4 << 30  # what each bomb inflates to
+CAP = 1 << 30  # the address space the commands get: a quarter of one bomb
+BOUND = 64 << 20  # the default bound, collect's
+_CHUNK = 16 << 20
+
+
+def _zstd_frame(prefix: bytes, filler: bytes) -> bytes:
+    """One zstd frame of ``prefix`` then ``INFLATED`` bytes of ``filler`` (about 131 KB)."""
+    compressor = zstandard.ZstdCompressor(level=1).compressobj()
+    parts = [compressor.compress(prefix)]
+    block = filler * (_CHUNK // len(filler))
+    parts += [compressor.compress(block) for _ in range(INFLATED // _CHUNK)]
+    return b"".join(parts) + compressor.flush()
+
+
+@pytest.fixture(scope="module")
+def bombs(tmp_path_factory) -> tuple[Path, dict, list]:
+    return make_bombs(tmp_path_factory.mktemp("bombs"))
+
+
+def make_bombs(folder: Path) -> tuple[Path, dict, list]:
+    """A zstd JSON line (of zeros, and of one span repeated), a gzip JSON line, a zstd JSON document and
+    a zstd protobuf record, each inflating to ``INFLATED``, beside a good dump (and a good record after
+    the bomb record)."""
+    member = gzip.compress(b"\0" * _CHUNK, 9)
+    (folder / "line.jsonl.gz").write_bytes(gzip.compress(b'{"resourceSpans": [', 1) + member * (INFLATED // _CHUNK))
+    (folder / "line.jsonl.zst").write_bytes(_zstd_frame(b'{"resourceSpans": [{"scopeSpans": [', b"\0"))
+    (folder / "doc.json.zst").write_bytes(_zstd_frame(b'{\n  "resourceSpans": [\n', b" "))
+    requests = list(synthetic_requests(400, ranks=1, spans_per_request=20, seed=11))
+    span = json.dumps(requests[0]["resourceSpans"][0]["scopeSpans"][0]["spans"][0]).encode() + b","
+    (folder / "spans.jsonl.zst").write_bytes(_zstd_frame(b'{"resourceSpans": [{"scopeSpans": [{"spans": [', span))
+    bomb = _zstd_frame(b"", b"\0")
+    good = to_protobuf(requests[-1])
+    (folder / "frame.pb").write_bytes(struct.pack(">I", len(bomb)) + bomb + struct.pack(">I", len(good)) + good)
+    write_json_lines(folder / "good.jsonl", requests[:-1])
+    expected = {
+        "line.jsonl.gz": f"{folder / 'line.jsonl.gz'}:1: line longer than {BOUND} bytes",
+        "line.jsonl.zst": f"{folder / 'line.jsonl.zst'}:1: line longer than {BOUND} bytes",
+        "spans.jsonl.zst": f"{folder / 'spans.jsonl.zst'}:1: line longer than {BOUND} bytes",
+        "doc.json.zst": f"{folder / 'doc.json.zst'}: JSON document longer than {BOUND} bytes",
+        "frame.pb": f"{folder / 'frame.pb'}: record 1 (byte 0): zstd record longer than {BOUND} bytes",
+    }
+    assert max(p.stat().st_size for p in folder.iterdir()) < 5 << 20
+    return folder, expected, requests
+
+
+def _capped(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (CAP, CAP))
+
+    command = [sys.executable, "-c", "from nemo_telemetry.cli.app import main; main()", *args]
+    env = {**os.environ, "COLUMNS": "400"}
+    return subprocess.run(command, preexec_fn=cap, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _spans_in(requests: list[dict]) -> int:
+    return sum(len(scope["spans"]) for r in requests for rs in r["resourceSpans"] for scope in rs["scopeSpans"])
+
+
+def test_ingest_rejects_and_names_each_bomb_and_keeps_every_other_span(tmp_path, bombs):
+    folder, expected, requests = bombs
+    result = _capped("ingest", str(folder), "--out", str(tmp_path / "ds"), "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads(result.stdout)
+    assert summary["spans"] == _spans_in(requests) >= 400  # good.jsonl, and the frame after the bomb
+    assert summary["rejected_records"] == len(expected)
+    for name, start in expected.items():
+        assert any(w.startswith(start) for w in summary["warnings"]), (name, summary["warnings"])
+
+
+def test_monitor_follow_rejects_and_names_each_bomb_and_reports_the_other_spans_steps(bombs):
+    folder, expected, requests = bombs
+    result = _capped("monitor", "--follow", str(folder), "--until-idle", "2", "--format", "json", "--grace", "0")
+    assert result.returncode == 0, result.stderr[-2000:]
+    for name, start in expected.items():
+        assert start in result.stderr.replace("\n", ""), (name, result.stderr[-3000:])
+    steps = {}
+    for line in result.stdout.splitlines():
+        doc = json.loads(line)
+        doc.pop("revised", None)
+        steps[(doc.pop("run_id"), doc["iteration"])] = doc
+    good = load_traces([folder / "good.jsonl", folder / "frame.pb"]).spans
+    offline = {(run["run_id"], step["iteration"]): step for run in goodput_document(run_goodput(good))["runs"]
+               for step in run["steps"]}
+    assert good.num_rows == _spans_in(requests) and steps == offline
