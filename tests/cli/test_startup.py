@@ -23,14 +23,14 @@ HEAVY = ("numpy", "pandas", "pyarrow", "ray", "matplotlib")
 PINNED_OPTIONS = {
     "resolve": {"--namespace", "-n", "--json"},
     "groups": {"--json"},
-    "ingest": {"--out", "-o", "--format", "-f", "--quiet", "-q", "--json", "--engine"},
+    "ingest": {"--out", "-o", "--format", "-f", "--quiet", "-q", "--json", "--engine", "--max-request-mib"},
     "collect": {"--out", "-o", "--host", "--port", "-p", "--max-request-mib", "--max-connections",
                 "--read-timeout-s"},
     "warmup": set(),
     "goodput": {"--format", "-f", "--run", "--by", "--plot", "--baseline", "--engine"},
     "check": {"--format", "-f", "--fail-on", "--unattributed-threshold", "--overlap-tolerance", "--run", "--engine"},
     "waterfall": {"--run", "--trace", "--step", "--depth", "--min-duration", "--collapse", "--expand", "--export"},
-    "demo": {"--out", "--steps", "--mode", "--span-groups", "--seed", "--no-carrier"},
+    "demo": {"--out", "--steps", "--mode", "--span-groups", "--seed", "--no-carrier", "--trainer"},
     "lint": {"--format", "-f"},
 }
 
