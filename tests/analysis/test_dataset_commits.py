@@ -162,7 +162,8 @@ def test_leftovers_of_a_writer_that_is_gone_are_removed_and_stray_files_ignored(
     writer.write(_batch(tables, 200, 400))
     tmp, final = writer._staged[0]
     os.replace(tmp, final)  # renamed into place, never recorded: what a crash during the commit leaves
-    writer._lock.release()  # the process is gone: its lock with it
+    writer._lock.release()  # the process is gone: its locks with it
+    writer._release_dataset()
     stray = root / "spans" / "notes.parquet"
     stray.write_bytes(b"not parquet")  # not a name a writer gives: never read, never removed
     assert _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 200))

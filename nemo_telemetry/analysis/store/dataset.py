@@ -264,16 +264,25 @@ class DatasetWriter:
     how to finish it. Deduplication stays in the caller's order either way.
     """
 
-    def __init__(self, root: Path, *, file_rows: int = 0, background_writes: int = 0) -> None:
+    def __init__(self, root: Path, *, file_rows: int = 0, background_writes: int = 0,
+                 lock: commits.DatasetLock | None = None) -> None:
         self.root = Path(root)
         if self.root.exists() and not self.root.is_dir():
             raise IngestError(f"{self.root}: exists and is not a directory; choose another --out")
         self._made: set[Path] = set()  # folders this writer created: their parents need an fsync
         self._make_folder(self.root)
-        for table in _SCHEMAS:
-            self._make_folder(self.root / table)
-        self.writer = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}"
-        self._lock = commits.WriterLock(self.root, self.writer)
+        self._real_root = self.root.resolve()
+        # The dataset's one writer (commits.DatasetLock): ``lock`` when the caller holds it across
+        # several writers (a receiver reopens one after a failed write), else this writer's own.
+        self._dataset_lock = commits.DatasetLock(self.root) if lock is None else None
+        try:
+            for table in _SCHEMAS:
+                self._make_folder(self.root / table)
+            self.writer = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}"
+            self._lock = commits.WriterLock(self.root, self.writer)
+        except BaseException:
+            self._release_dataset()
+            raise
         try:
             state, self._records = commits.prepare(self.root, self.writer)
             self._begun: dict | None = None
@@ -285,6 +294,7 @@ class DatasetWriter:
             self.dedup.remember(read_dataset(self.root, "spans", columns=["trace_id", "span_id"], state=state))
         except BaseException:
             self._lock.release()
+            self._release_dataset()
             raise
         self._file_rows = file_rows
         self._held: dict[str, list[pa.Table]] = {}  # partition -> its spans not written yet
@@ -293,6 +303,7 @@ class DatasetWriter:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: deque[Future] = deque()
         self._staged: list[tuple[Path, Path]] = []  # (temporary, final) of the files not committed yet
+        self._staged_rows: dict[Path, int] = {}  # temporary -> its rows, for the commit record
         self._unsynced: set[Path] = set()  # staged files written here, fsync'd at the commit
         self._syncs: ThreadPoolExecutor | None = None
         self._uncommitted_keys: list[np.ndarray] = []  # keys ``write`` admitted since the last commit
@@ -388,7 +399,7 @@ class DatasetWriter:
         self._uncommitted_keys.clear()
 
     def _publish(self, final: bool, info: dict) -> None:
-        """Rename the staged files into place, fsync their folders, append the commit record."""
+        """Fsync the staged files and their folders, append the commit record, then rename the files into place."""
         finishes: list[str] = []
         if final and self._begun is not None:
             inputs = set(self._begun["inputs"])
@@ -399,19 +410,21 @@ class DatasetWriter:
             return
         folders = {final_path.parent for _, final_path in self._staged}
         folders |= {made.parent for made in self._made}
-        for tmp, final_path in self._staged:
-            os.replace(tmp, final_path)
         files = [str(final_path.relative_to(self.root)) for _, final_path in self._staged]
-        record = {"kind": "commit", "files": files, "final": final, **info}
+        sizes = {rel: commits.file_info(tmp, self._staged_rows.get(tmp, 0))
+                 for rel, (tmp, _) in zip(files, self._staged)}
+        record = {"kind": "commit", "files": files, "final": final, "sizes": sizes, **info}
         if finishes:
             record["finishes"] = finishes
         record_tmp, record_final = commits.stage_record(self.root, self.writer, self._records, record)
         try:
-            # The files written in this thread (not fsync'd yet), every folder whose names
-            # changed, and the record's bytes, all before the record is renamed into place:
-            # concurrent fsyncs share the file system's journal commits, so this costs about
-            # one fsync rather than one per file and folder.
-            unsynced = [final_path for tmp, final_path in self._staged if tmp in self._unsynced]
+            # The files written in this thread (not fsync'd yet), every folder whose names changed
+            # and the record's bytes, all before the record is renamed into place: concurrent fsyncs
+            # share the file system's journal commits, so this costs about one fsync rather than one
+            # per file and folder. The files keep their hidden temporary names until the record is
+            # in place (a plain read of the folders never sees an uncommitted file), then are renamed;
+            # a rename lost to a crash is read where it is (commits.inspect_file) and redone by the next writer.
+            unsynced = [tmp for tmp, _ in self._staged if tmp in self._unsynced]
             self._fsync_all(unsynced + sorted(folders) + [record_tmp])
             self._unsynced.clear()
         except BaseException:
@@ -419,8 +432,14 @@ class DatasetWriter:
             raise
         commits.publish_record(record_tmp, record_final)  # the commit counts from here
         self._records += 1
-        self._staged.clear()
+        staged, self._staged = self._staged, []
+        self._staged_rows.clear()
         self._made.clear()
+        for tmp, final_path in staged:
+            try:
+                os.replace(tmp, final_path)
+            except OSError:  # committed all the same: readers read it under its temporary name
+                pass
         if commits.compact(self.root, self.writer, self._records):
             self._records += 1
 
@@ -447,6 +466,7 @@ class DatasetWriter:
                 except OSError:
                     pass
         self._staged.clear()
+        self._staged_rows.clear()
         self._unsynced.clear()
         for keys in self._uncommitted_keys:
             self.dedup.forget(keys)
@@ -460,7 +480,15 @@ class DatasetWriter:
                     pool.shutdown(wait=True, cancel_futures=True)
             self._pool = self._syncs = None
         finally:
-            self._lock.release()
+            try:
+                self._lock.release()
+            finally:
+                self._release_dataset()
+
+    def _release_dataset(self) -> None:
+        if self._dataset_lock is not None:
+            self._dataset_lock.release()
+            self._dataset_lock = None
 
     def _fsync_all(self, paths: list[Path]) -> None:
         if len(paths) <= 1:
@@ -473,6 +501,11 @@ class DatasetWriter:
             done.result()
 
     def _make_folder(self, folder: Path) -> None:
+        real_root = getattr(self, "_real_root", None)  # the dataset's own folder has no check
+        if real_root is not None and not folder.resolve().is_relative_to(real_root):  # before anything is made there
+            raise IngestError(f"{folder}: leads to {folder.resolve()} (a symbolic link), outside the dataset {self.root}; "
+                              f"a writer writes only inside its dataset: remove the link (move what it points to "
+                              f"into the dataset if it belongs there), then run this again")
         missing = [f for f in (folder, *folder.parents) if not f.exists()]
         folder.mkdir(parents=True, exist_ok=True)
         self._made.update(missing)
@@ -494,6 +527,7 @@ class DatasetWriter:
         file may be renamed into place by the next one."""
         tmp = commits.temporary_name(final_path, self.writer)
         self._staged.append((tmp, final_path))
+        self._staged_rows[tmp] = sum(t.num_rows for t in data) if isinstance(data, list) else data.num_rows
         try:
             if not self._writers:
                 write(data, tmp)
