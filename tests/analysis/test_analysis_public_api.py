@@ -26,6 +26,9 @@ PINNED |= {"ENGINES", "goodput_with_engine", "check_with_engine", "ingest_with_e
 PINNED |= {"DEFAULT_MAX_CONNECTIONS", "DEFAULT_READ_TIMEOUT_S"}
 PINNED |= {"run_monitor", "MonitorState", "MonitorSummary", "MonitorView", "StepRecord", "RunStatus", "Alert",
            "DumpFollower", "FollowCounts", "MONITOR_SERIES", "MonitorError"}
+# issue 33: one writer at a time, damaged files named, verify and repair
+PINNED |= {"DatasetLockedError", "DamagedDatasetError", "verify_dataset", "repair_dataset", "VerifyReport",
+           "RepairReport"}
 
 CLI = Path(analysis.__file__).resolve().parent.parent / "cli"
 

@@ -55,9 +55,13 @@ __all__ = [
     "UnfinishedIngest",
     "WriterLock",
     "committed_files",
+    "damaged_error",
     "compact",
     "dataset_state",
     "fsync_path",
+    "ingest_inputs",
+    "roll_forward",
+    "staged_copy",
     "prepare",
     "temporary_name",
     "publish_record",
@@ -238,13 +242,13 @@ def staged_copy(path: Path) -> Path | None:
     """A committed file still under its temporary name (its writer died after the commit record
     and before the rename), or None."""
     try:
-        found = sorted(path.parent.glob(f".{glob_escape(path.name)}.*{_TEMPORARY}"))
+        found = sorted(path.parent.glob(f".{_glob_escape(path.name)}.*{_TEMPORARY}"))
     except OSError:
         return None
     return found[0] if found else None
 
 
-def glob_escape(name: str) -> str:
+def _glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
@@ -481,6 +485,15 @@ def dataset_state(root: Path, *, warn: bool = True) -> DatasetState:
             warnings.warn(ingest.describe(), IncompleteDatasetWarning, stacklevel=2)
     committed = union.committed()
     return DatasetState(root, frozenset(committed), unfinished, {rel: i for rel, i in union.info.items() if rel in committed})
+
+
+def ingest_inputs(root: Path) -> dict[str, tuple[str, ...]]:
+    """writer -> the inputs of its ingest, for the ingests whose start the records still hold."""
+    union = _read_union(Path(root))
+    if union is None:
+        return {}
+    return {writer: tuple(begin.get("inputs", ())) for writer, begin in union.begun.items()
+            if begin.get("tool", "ingest") == "ingest"}
 
 
 def committed_files(root: Path, table: str = "spans", *, warn: bool = True) -> list[Path]:

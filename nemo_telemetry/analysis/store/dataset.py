@@ -53,10 +53,14 @@ __all__ = [
     "SpanDeduplicator",
     "RecentSpanDeduplicator",
     "is_dataset",
+    "checked_parquet",
     "read_dataset",
     "NO_RUN_PARTITION",
     "SPANS_PARQUET_OPTIONS",
     "with_parent_rows",
+    "span_keys",
+    "write_span_file",
+    "write_table_file",
 ]
 
 NO_RUN_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -84,9 +88,20 @@ _SPAN_DICTIONARY = [
     for f in SPANS_TABLE_SCHEMA
     if pa.types.is_dictionary(f.type) or f.name in ("rank", ITERATION, "status_message", "trace_state", "trace_id")
 ] + [f"{m}.key_value.{part}" for m in ("attributes", "resource_attributes") for part in ("key", "value")]
-SPANS_PARQUET_OPTIONS = {"write_statistics": _SPAN_STATISTICS, "use_dictionary": _SPAN_DICTIONARY}
+# Page checksums (CRC32 of each page, written and verified by Parquet itself): a page overwritten
+# in place, the file's size and footer unchanged, fails its read instead of decoding to other numbers.
+SPANS_PARQUET_OPTIONS = {"write_statistics": _SPAN_STATISTICS, "use_dictionary": _SPAN_DICTIONARY,
+                         "write_page_checksum": True}
 """How a spans file is written (``pq.write_table`` options): what a benchmark writes to measure reads as ingest's."""
 _ID_KEYS = ("span_key", "trace_key", "parent_key")  # what with_parent_rows reads
+
+
+def checked_parquet(read_options: ds.ParquetReadOptions | None = None) -> ds.ParquetFileFormat:
+    """The Parquet format every reader of a dataset reads with: each page checked against its
+    checksum where the file has them (a file written without reads as before)."""
+    return ds.ParquetFileFormat(read_options=read_options or ds.ParquetReadOptions(),
+                                default_fragment_scan_options=ds.ParquetFragmentScanOptions(
+                                    page_checksum_verification=True))
 
 
 def is_dataset(path: Path) -> bool:
@@ -106,7 +121,7 @@ def read_dataset(root: Path, table: str = "spans", *, columns: list[str] | None 
         empty = schema.empty_table()
         return empty.select(columns) if columns else empty
     try:
-        dataset = ds.dataset(files, format="parquet", schema=schema)
+        dataset = ds.dataset(files, format=checked_parquet(), schema=schema)
         return dataset.to_table(columns=columns)
     except (pa.ArrowInvalid, OSError) as exc:
         raise IngestError(f"{root}: cannot read the {table} table ({exc}); re-run ingest") from None
@@ -563,9 +578,19 @@ def _write_spans(pieces: list[pa.Table], path: Path) -> None:
         raise commits.with_path(exc, path) from exc
 
 
+def write_span_file(spans: pa.Table, path: Path) -> None:
+    """One spans file as a writer writes it (its parents' rows, the writer's Parquet options); not fsync'd."""
+    _write_spans([spans], path)
+
+
+def write_table_file(table: pa.Table, path: Path) -> None:
+    """One events, links, metrics or logs file as a writer writes it; not fsync'd."""
+    _write_table(table, path)
+
+
 def _write_table(table: pa.Table, path: Path) -> None:
     try:
-        pq.write_table(table, path)
+        pq.write_table(table, path, write_page_checksum=True)
     except OSError as exc:
         raise commits.with_path(exc, path) from exc
 
