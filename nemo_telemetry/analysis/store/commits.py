@@ -15,11 +15,11 @@ replaced, written by :func:`compact` before it removes them). Everything a recor
 that only grows (file names are never reused), so the state is the union of the records present,
 in any order: compactions need no lock on the folder, and a reader never needs the history.
 
-A committed file is written under a hidden temporary name (``.<name>.<writer>.tmp``, which a
-plain pyarrow or DuckDB read of ``DATASET/spans`` skips) and renamed to its name only after the
-record that commits it is in place, so a plain read never sees an uncommitted file. A reader
-that finds a committed file still under its temporary name (the writer died between the two)
-reads it there; the next writer renames it. Writers hold ``_lock`` (:class:`DatasetLock`): one at
+A data file is written under ``DATASET/_staging/<writer>/`` (:func:`staging_name`: outside the
+table folders, so a plain pyarrow or DuckDB read of ``DATASET/spans`` never lists it) and renamed
+to its name only after the record that commits it is in place, so a plain read never sees an
+uncommitted file. A reader that finds a committed file still staged (the writer died between
+the two) reads it there; the next writer renames it. Writers hold ``_lock`` (:class:`DatasetLock`): one at
 a time, so the spans a writer loads at its start to deduplicate against are all there are.
 
 A dataset with no record (no ``_commits`` folder, or an empty one) was written by a version
@@ -62,8 +62,10 @@ __all__ = [
     "ingest_inputs",
     "roll_forward",
     "staged_copy",
+    "remove_empty_folders",
     "prepare",
     "temporary_name",
+    "staging_name",
     "publish_record",
     "stage_record",
     "with_path",
@@ -72,6 +74,7 @@ __all__ = [
 
 COMMITS = "_commits"
 WRITERS = "_writers"
+STAGING = "_staging"
 TABLES = ("spans", "events", "links", "metrics", "logs")  # folders whose Parquet files the record covers
 _FORMAT = 1
 _FORMAT_REMOVES = 2  # a record that removes files: a reader that knows no removal must not read it
@@ -82,8 +85,14 @@ _TEMPORARY = ".tmp"
 
 
 def temporary_name(final: Path, writer: str) -> Path:
-    """Where a file is written before it is renamed to ``final``: hidden, named by its writer."""
+    """Where a record is written before it is renamed to ``final``: hidden, named by its writer."""
     return final.with_name(f".{final.name}.{writer}{_TEMPORARY}")
+
+
+def staging_name(root: Path, final: Path, writer: str) -> Path:
+    """Where a data file is written before its commit: ``_staging/<writer>/<its path>.tmp``, outside
+    the table folders, so no read of ``DATASET/spans`` (pyarrow's, DuckDB's ``spans/**``) finds it."""
+    return root / STAGING / writer / f"{final.relative_to(root)}{_TEMPORARY}"
 
 
 def fsync_path(path: Path) -> None:
@@ -216,7 +225,7 @@ def inspect_file(root: Path, rel: str, info: list | None) -> tuple[Path, FilePro
     try:
         handle = open(path, "rb")
     except FileNotFoundError:
-        staged = staged_copy(path)
+        staged = staged_copy(root, rel)
         if staged is None:
             return path, FileProblem(rel, "missing", rows)
         path, handle = staged, open(staged, "rb")
@@ -238,11 +247,11 @@ def inspect_file(root: Path, rel: str, info: list | None) -> tuple[Path, FilePro
     return path, None
 
 
-def staged_copy(path: Path) -> Path | None:
-    """A committed file still under its temporary name (its writer died after the commit record
-    and before the rename), or None."""
+def staged_copy(root: Path, rel: str) -> Path | None:
+    """A committed file still staged (its writer died after the commit record and before the
+    rename), or None."""
     try:
-        found = sorted(path.parent.glob(f".{_glob_escape(path.name)}.*{_TEMPORARY}"))
+        found = sorted((root / STAGING).glob(f"*/{_glob_escape(rel)}{_TEMPORARY}"))
     except OSError:
         return None
     return found[0] if found else None
@@ -553,8 +562,9 @@ def roll_forward(root: Path, state: DatasetState) -> list[str]:
         path = root / rel
         if path.exists():
             continue
-        staged = staged_copy(path)
+        staged = staged_copy(root, rel)
         if staged is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
             os.replace(staged, path)
             moved.append(rel)
     for folder in sorted({(root / rel).parent for rel in moved}):
@@ -583,14 +593,37 @@ def _remove_leftovers(root: Path, state: DatasetState) -> None:
             name = path.name
             if name.startswith(".") and name.endswith(_TEMPORARY):
                 writer = name[: -len(_TEMPORARY)].rsplit(".", 1)[-1]
-                if str(path.with_name(name[1:].rsplit(".", 2)[0]).relative_to(root)) in committed:
-                    continue  # a committed file not renamed yet (roll_forward could not): its only copy
             elif name.endswith(".parquet") and folder.name != COMMITS and str(path.relative_to(root)) not in committed:
                 writer = _writer_of(name)
             else:
                 continue
             if gone(writer):
                 _unlink(path)
+    staging = root / STAGING
+    for folder in sorted(staging.iterdir()) if staging.is_dir() else ():
+        if not gone(folder.name):
+            continue
+        for path in sorted(folder.rglob("*")):
+            rel = str(path.relative_to(folder))
+            if path.is_file() and rel.endswith(_TEMPORARY) and rel[: -len(_TEMPORARY)] not in committed:
+                _unlink(path)  # staged, never committed: a dead writer's
+        remove_empty_folders(folder)
+
+
+def remove_empty_folders(folder: Path) -> None:
+    """``folder`` and the folders under it that hold nothing (a writer's staging area once renamed)."""
+    if not folder.is_dir():
+        return
+    for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        _rmdir(sub)
+    _rmdir(folder)
+
+
+def _rmdir(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (a committed file it still holds), or gone
+        pass
 
 
 def _writer_of(name: str) -> str | None:

@@ -423,7 +423,7 @@ class DatasetWriter:
                                         and set(u.inputs) <= inputs and u.out == self._begun["out"]]
         if not self._staged and not finishes:
             return
-        folders = {final_path.parent for _, final_path in self._staged}
+        folders = {tmp.parent for tmp, _ in self._staged}  # the staged files' names, durable before the record
         folders |= {made.parent for made in self._made}
         files = [str(final_path.relative_to(self.root)) for _, final_path in self._staged]
         sizes = {rel: commits.file_info(tmp, self._staged_rows.get(tmp, 0))
@@ -496,6 +496,7 @@ class DatasetWriter:
             self._pool = self._syncs = None
         finally:
             try:
+                commits.remove_empty_folders(self.root / commits.STAGING / self.writer)
                 self._lock.release()
             finally:
                 self._release_dataset()
@@ -540,7 +541,8 @@ class DatasetWriter:
         """Write ``data`` to its temporary name (here, or on a background thread). A failed
         write discards what is staged since the last commit, as a failed commit does: no torn
         file may be renamed into place by the next one."""
-        tmp = commits.temporary_name(final_path, self.writer)
+        tmp = commits.staging_name(self.root, final_path, self.writer)
+        self._make_folder(tmp.parent)
         self._staged.append((tmp, final_path))
         self._staged_rows[tmp] = sum(t.num_rows for t in data) if isinstance(data, list) else data.num_rows
         try:

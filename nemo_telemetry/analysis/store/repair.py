@@ -145,7 +145,8 @@ def _repair(root: Path, writer: str) -> RepairReport:
             if rows.num_rows == 0:
                 continue
             new_rel = str(Path(rel).with_name(f"part-{writer}-{len(added) + 1:09d}.parquet"))
-            tmp = commits.temporary_name(root / new_rel, writer)
+            tmp = commits.staging_name(root, root / new_rel, writer)
+            tmp.parent.mkdir(parents=True, exist_ok=True)
             if table == "spans":
                 write_span_file(rows.drop_columns([PARENT_ROW]) if PARENT_ROW in rows.column_names else rows, tmp)
             else:
@@ -154,7 +155,10 @@ def _repair(root: Path, writer: str) -> RepairReport:
             sizes[new_rel] = commits.file_info(tmp, rows.num_rows)
             staged.append((tmp, root / new_rel))
     if removes or added:
-        for path in [tmp for tmp, _ in staged] + sorted({final.parent for _, final in staged}):
+        staging = root / commits.STAGING
+        folders = {p for _, final in staged for p in commits.staging_name(root, final, writer).parents
+                   if p.is_relative_to(staging)} | {root}
+        for path in [tmp for tmp, _ in staged] + sorted(folders):
             commits.fsync_path(path)
         commits.write_record(root, writer, sequence, {
             "kind": "commit", "files": added, "sizes": sizes, "removes": sorted(set(removes)),
@@ -162,6 +166,7 @@ def _repair(root: Path, writer: str) -> RepairReport:
         })
         for tmp, final in staged:
             os.replace(tmp, final)
+        commits.remove_empty_folders(root / commits.STAGING / writer)
         _set_aside(root, damaged, [r for r in removes if r not in {d.path for d in damaged}])
     return RepairReport(str(root), damaged, sum(d.rows or 0 for d in damaged if d.path.startswith("spans/")),
                         duplicates, rewritten, renamed,
