@@ -178,3 +178,18 @@ def test_repair_of_a_dataset_holding_every_span_twice_gives_the_clean_goodput(tm
     assert again.exit_code == 0 and "nothing changed" in again.output
     assert runner.invoke(app, ["ingest", str(dump), "--out", str(root), "--quiet"]).exit_code == 0
     assert _each_once(root) == spans  # the repaired dataset still deduplicates a re-ingest
+
+
+@pytest.mark.parametrize("link", ["spans/run_id=synthetic-run", "spans"])
+def test_a_folder_of_the_dataset_linked_outside_it_is_refused_and_nothing_written_there(tmp_path, link):
+    dump = write_length_prefixed(tmp_path / "traces.pb", [to_protobuf(r) for r in synthetic_requests(
+        550, spans_per_request=55, ranks=2, seed=8)])
+    root, outside = tmp_path / "ds", tmp_path / "elsewhere"
+    outside.mkdir()
+    (root / link).parent.mkdir(parents=True, exist_ok=True)
+    (root / link).symlink_to(outside, target_is_directory=True)
+    result = runner.invoke(app, ["ingest", str(dump), "--out", str(root)])
+    assert result.exit_code == 2, result.output
+    error = " ".join(result.stderr.split())
+    assert f"leads to {outside}" in error and "outside the dataset" in error and "remove the link" in error, error
+    assert not list(outside.rglob("*")), "ingest wrote outside the dataset"
