@@ -169,16 +169,21 @@ class DatasetState:
         """The committed Parquet files of ``table`` (``spans``, ``events``, ``links``, ``metrics``, ``logs``),
         sorted, each checked against its commit (there, its size, its footer): a
         :class:`~nemo_telemetry.errors.DamagedDatasetError` names every one that is not as committed."""
-        paths, problems = [], []
+        return [path for _, path in self.placed(table)]
+
+    def placed(self, table: str) -> list[tuple[str, Path]]:
+        """:meth:`files` with the path each file has in the record (relative to the root): the same
+        unless a writer died before renaming it (then the path read is where it is staged)."""
+        placed, problems = [], []
         for rel in self.recorded(table):
             path, problem = inspect_file(self.root, rel, self.info.get(rel))
             if problem is not None:
                 problems.append(problem)
             else:
-                paths.append(path)
+                placed.append((rel, path))
         if problems:
             raise damaged_error(self.root, problems)
-        return paths
+        return placed
 
 
 def damaged_error(root: Path, problems: list[FileProblem]) -> DamagedDatasetError:
