@@ -247,3 +247,28 @@ def test_a_failed_staging_write_discards_the_uncommitted_batch(tables, tmp_path,
     assert writer.write(_batch(tables, 0, 400)).spans.num_rows == 400
     writer.close()
     assert _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 400))
+
+
+def test_a_file_repair_removed_and_committed_again_under_its_name_is_read(tmp_path):
+    """Metrics and logs files are named by their content: after repair drops a damaged one, the
+    ingest that restores it writes the same name, and that later commit wins; a compaction keeps
+    both the removal of the others and the new commit."""
+    from nemo_telemetry.analysis import repair_dataset
+
+    root = tmp_path / "ds"
+    table = pa.table({"x": list(range(100))})
+    writer = dataset.DatasetWriter(root)
+    writer.stage_table("metrics/same-content.parquet", table)
+    writer.stage_table("metrics/other.parquet", table)
+    writer.close()
+    for name in ("same-content", "other"):
+        (root / "metrics" / f"{name}.parquet").write_bytes(b"\0" * 64)
+    assert [d.path for d in repair_dataset(root).dropped] == ["metrics/other.parquet", "metrics/same-content.parquet"]
+    assert commits.dataset_state(root).files("metrics") == []
+    writer = dataset.DatasetWriter(root)
+    writer.stage_table("metrics/same-content.parquet", table)
+    writer.close()
+    assert commits.dataset_state(root).files("metrics") == [root / "metrics" / "same-content.parquet"]
+    assert commits.compact(root, "compactor-0", 0, at_least=2)
+    assert commits.dataset_state(root).files("metrics") == [root / "metrics" / "same-content.parquet"]
+    assert pq.read_table(root / "metrics" / "same-content.parquet").equals(table)

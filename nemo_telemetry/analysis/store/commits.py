@@ -12,8 +12,11 @@ inputs, written before any of its files), ``commit`` (files a writer committed, 
 file's size, rows and a checksum of its Parquet footer; the last one of an ingest is ``final``;
 a repair's also names the files it ``removes``) and ``snapshot`` (the union of the records it
 replaced, written by :func:`compact` before it removes them). Everything a record says is a set
-that only grows (file names are never reused), so the state is the union of the records present,
-in any order: compactions need no lock on the folder, and a reader never needs the history.
+that only grows, but for a repair's removals: the state is the records present applied in the
+order of their names (the time they were written), a file removed and later committed again
+(a metrics file, named by its content) being committed. A snapshot holds the removals too, so a
+reader that sees it beside the records it folds gets the same state: compactions need no lock on
+the folder, and a reader never needs the history.
 
 A data file is written under ``DATASET/_staging/<writer>/`` (:func:`staging_name`: outside the
 table folders, so a plain pyarrow or DuckDB read of ``DATASET/spans`` never lists it) and renamed
@@ -423,7 +426,7 @@ class _Union:
     removed: set = field(default_factory=set)
 
     def committed(self) -> set:
-        return self.files - self.removed
+        return self.files
 
     def snapshot(self) -> dict:
         done = self.finished & set(self.begun)  # an ingest that began and finished: nothing left to say
@@ -432,7 +435,7 @@ class _Union:
                   "begun": {w: b for w, b in self.begun.items() if w not in done},
                   "finished": sorted(self.finished - done),
                   "sizes": {rel: info for rel, info in self.info.items() if rel in files}}
-        if self.removed:  # kept: a record beside the snapshot may still name them
+        if self.removed:  # kept: a record beside the snapshot, older, may still add them
             record.update(removes=sorted(self.removed), format=_FORMAT_REMOVES)
         return record
 
@@ -467,15 +470,17 @@ def _add(union: _Union, path: Path) -> None:
         if kind == "begin":
             union.begun[record["writer"]] = record
         elif kind == "commit":
-            union.files.update(record["files"])
             union.finished.update(record.get("finishes", ()))
         elif kind == "snapshot":
-            union.files.update(record["files"])
             union.begun.update(record["begun"])
             union.finished.update(record["finished"])
-        if kind in ("commit", "snapshot"):
+        if kind in ("commit", "snapshot"):  # a record's removals and additions name different files
+            removes = set(record.get("removes", ()))
+            union.files -= removes
+            union.removed |= removes
+            union.files.update(record["files"])
+            union.removed.difference_update(record["files"])  # a file of that name committed again
             union.info.update(record.get("sizes", {}))
-            union.removed.update(record.get("removes", ()))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IngestError(f"{path}: unreadable commit record ({exc}); restore it or remove the dataset") from None
 
