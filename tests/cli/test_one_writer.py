@@ -193,3 +193,17 @@ def test_a_folder_of_the_dataset_linked_outside_it_is_refused_and_nothing_writte
     error = " ".join(result.stderr.split())
     assert f"leads to {outside}" in error and "outside the dataset" in error and "remove the link" in error, error
     assert not list(outside.rglob("*")), "ingest wrote outside the dataset"
+
+
+@pytest.mark.parametrize("command", [["collect", "--port", "0"], ["monitor", "--port", "0", "--until-idle", "0.1"],
+                                     ["repair"]])
+def test_every_writer_is_refused_while_another_holds_the_dataset(tmp_path, command):
+    root = tmp_path / "ds"
+    holder = dataset.DatasetWriter(root)
+    try:
+        args = [command[0], str(root)] if command == ["repair"] else [*command, "--out", str(root)]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        _refused(result.stderr, os.getpid())
+    finally:
+        holder.close()
