@@ -76,8 +76,7 @@ def repair_command(
         out.print(f"renamed {report.renamed} committed file(s) into place", soft_wrap=True)
     for command in report.restore:
         out.print(f"to store the lost spans again, run: {command}", soft_wrap=True)
-    if report.dropped and len(report.restore) < len({d.restore for d in report.dropped}) + (
-            None in {d.restore for d in report.dropped}):
+    if any(item.restore is None for item in report.dropped):
         out.print("the spans of files whose ingest the record does not name (or a collect's) are lost unless "
                   "their dumps are ingested again, or their exporters send them again", soft_wrap=True)
     out.print(f"{dataset}: consistent" + ("" if report.changed else " already; nothing changed"), soft_wrap=True)

@@ -15,8 +15,8 @@ Every file holds every column of its table (the partition column too), so a file
 on its own and the directory names only serve pruning. A spans file also holds the row of each
 span's parent within the file (``parent_row``, :func:`with_parent_rows`), an index ``check``
 reads instead of joining every span's parent reference. A reader reads the committed files
-only: a file is written under a hidden temporary name, fsync'd, and renamed into place by the
-commit that records it. Writing and reading stay in this one module so that finer
+only: a file is written under ``DATASET/_staging/``, fsync'd, and renamed into place once the
+commit that records it is written (commits.py). Writing and reading stay in this one module so that finer
 partitioning (rank, time window) changes one place.
 """
 
@@ -266,9 +266,11 @@ def span_keys(spans: pa.Table) -> np.ndarray:
 class DatasetWriter:
     """Adds batches to a dataset directory, in commits; re-ingesting a span already there is a no-op.
 
-    ``write`` deduplicates a batch and stages its files (hidden temporary names no reader
-    lists); :meth:`commit` fsyncs them, renames them into place and appends one commit record
-    (``commits.py``): when it returns, those spans are durable and every reader sees them. A
+    ``write`` deduplicates a batch and stages its files (under ``_staging/``, which no reader
+    lists); :meth:`commit` fsyncs them, appends one commit record (``commits.py``) and renames
+    them into place: when it returns, those spans are durable and every reader sees them. The
+    writer holds the dataset's lock (:class:`~commits.DatasetLock`) from its start to its close,
+    so the span ids it loads at its start are every span committed until then. A
     file per (run, rank) partition of a batch by default: what ``collect`` needs, which commits
     before it acknowledges. For bulk ingest, ``file_rows=N`` holds each partition's spans until
     N of them make a file (fewer, larger files, cheaper to write and to read back; at most
@@ -436,8 +438,8 @@ class DatasetWriter:
             # The files written in this thread (not fsync'd yet), every folder whose names changed
             # and the record's bytes, all before the record is renamed into place: concurrent fsyncs
             # share the file system's journal commits, so this costs about one fsync rather than one
-            # per file and folder. The files keep their hidden temporary names until the record is
-            # in place (a plain read of the folders never sees an uncommitted file), then are renamed;
+            # per file and folder. The files stay in _staging/ until the record is in place (a plain
+            # read of the table folders never sees an uncommitted file), then are renamed;
             # a rename lost to a crash is read where it is (commits.inspect_file) and redone by the next writer.
             unsynced = [tmp for tmp, _ in self._staged if tmp in self._unsynced]
             self._fsync_all(unsynced + sorted(folders) + [record_tmp])
