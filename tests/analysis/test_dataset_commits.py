@@ -272,3 +272,42 @@ def test_a_file_repair_removed_and_committed_again_under_its_name_is_read(tmp_pa
     assert commits.compact(root, "compactor-0", 0, at_least=2)
     assert commits.dataset_state(root).files("metrics") == [root / "metrics" / "same-content.parquet"]
     assert pq.read_table(root / "metrics" / "same-content.parquet").equals(table)
+
+
+def test_a_committed_file_left_staged_is_read_there_and_renamed_by_the_next_writer(tables, tmp_path, monkeypatch):
+    """What a kill between the commit record and the renames leaves (a test double for the renames
+    that fails them, as a dead process does not do them): every reader reads the committed files
+    where they are staged, a plain read of ``spans/`` sees none of them, and the next writer
+    renames them into place."""
+    import pyarrow.dataset as pads
+
+    from nemo_telemetry.analysis.engines.partitioned_check import stream_check
+    from nemo_telemetry.analysis.goodput.partials import stream_goodput
+    from nemo_telemetry.analysis.engines.choose import goodput_with_engine
+
+    root = tmp_path / "ds"
+    writer = dataset.DatasetWriter(root, file_rows=100)
+    writer.write(_batch(tables, 0, 1_100))
+    real = os.replace
+
+    def no_rename_into_tables(src, dst):
+        if commits.STAGING in Path(src).parts:
+            raise OSError(errno.EIO, "killed before the rename", str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr(dataset.os, "replace", no_rename_into_tables)
+    writer.close()
+    monkeypatch.setattr(dataset.os, "replace", real)
+    assert not list((root / "spans").rglob("*.parquet"))  # nothing renamed: a plain read sees nothing
+    assert pads.dataset(root / "spans", format="parquet").files == []
+    assert _ids(_quiet_read(root)) == _ids(tables.spans)
+    assert all(commits.STAGING in p.parts for p in span_files(root))
+    expected = [(r.run_id, r.steps.to_pylist()) for r in goodput_with_engine(root)]
+    assert [(r.run_id, r.steps.to_pylist()) for r in stream_goodput(root)] == expected
+    report = stream_check(root).to_dict()
+    dataset.DatasetWriter(root).close()  # the next writer renames them
+    assert not (root / commits.STAGING).exists() or not [p for p in (root / commits.STAGING).rglob("*") if p.is_file()]
+    assert all(commits.STAGING not in p.parts for p in span_files(root))
+    assert _ids(_quiet_read(root)) == _ids(tables.spans)
+    assert [(r.run_id, r.steps.to_pylist()) for r in goodput_with_engine(root)] == expected
+    assert stream_check(root).to_dict() == report
