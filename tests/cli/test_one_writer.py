@@ -207,3 +207,39 @@ def test_every_writer_is_refused_while_another_holds_the_dataset(tmp_path, comma
         _refused(result.stderr, os.getpid())
     finally:
         holder.close()
+
+
+def test_a_repair_that_fails_before_its_record_leaves_the_dataset_as_it_was(tmp_path, monkeypatch):
+    """With a test double for the record's rename (a full disk): the repair's error comes out, the
+    dataset reads as before it (its rewritten files staged only, removed by the next writer), and
+    the repair run again succeeds."""
+    import errno
+
+    from nemo_telemetry.analysis.store import commits
+
+    dump = write_length_prefixed(tmp_path / "traces.pb", [to_protobuf(r) for r in synthetic_requests(
+        1_100, spans_per_request=110, ranks=2, seed=9)])
+    traces = load_traces(dump)
+    tables = OtlpTables(traces.spans, traces.events, traces.links)
+    root = tmp_path / "twice"
+    first = dataset.DatasetWriter(root)
+    second = dataset.DatasetWriter(root, lock=first._dataset_lock)
+    for writer in (first, second):
+        writer.write(tables)
+    first.close()
+    second.close()
+    before = sorted(_ids(read_spans(root)))
+    real = commits.publish_record
+
+    def disk_full(tmp, final):
+        tmp.unlink()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(final))
+
+    monkeypatch.setattr(commits, "publish_record", disk_full)
+    result = runner.invoke(app, ["repair", str(root)])
+    assert result.exit_code == 2 and "No space left on device" in result.stderr, result.output
+    monkeypatch.setattr(commits, "publish_record", real)
+    assert sorted(_ids(read_spans(root))) == before and verify_dataset(root).duplicate_spans == traces.spans.num_rows
+    assert runner.invoke(app, ["repair", str(root)]).exit_code == 0
+    assert _each_once(root) == traces.spans.num_rows
+    assert not [p for p in (root / "_staging").rglob("*") if p.is_file()]
