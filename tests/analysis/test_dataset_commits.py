@@ -5,6 +5,7 @@ reader warn, the same ingest again finishes it, and datasets without a record re
 from __future__ import annotations
 
 import errno
+import json
 import os
 import warnings
 from pathlib import Path
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from nemo_telemetry.errors import IngestError
 from nemo_telemetry.analysis import IncompleteDatasetWarning, ingest, load_traces, read_events, read_links, read_spans
 from nemo_telemetry.analysis.store import commits
 from nemo_telemetry.analysis.store import dataset
@@ -311,3 +313,16 @@ def test_a_committed_file_left_staged_is_read_there_and_renamed_by_the_next_writ
     assert _ids(_quiet_read(root)) == _ids(tables.spans)
     assert [(r.run_id, r.steps.to_pylist()) for r in goodput_with_engine(root)] == expected
     assert stream_check(root).to_dict() == report
+
+
+def test_a_record_of_a_format_this_version_cannot_read_is_named(tables, tmp_path):
+    root = tmp_path / "ds"
+    writer = dataset.DatasetWriter(root)
+    writer.write(_batch(tables, 0, 100))
+    writer.close()
+    record = sorted((root / commits.COMMITS).glob("*.json"))[-1]
+    content = json.loads(record.read_bytes())
+    assert content["format"] == 1  # a commit that removes nothing stays readable by earlier versions
+    record.write_text(json.dumps({**content, "format": 3}))
+    with pytest.raises(IngestError, match=f"{record}: a commit record of format 3, which this nemo-telemetry cannot read"):
+        read_spans(root)

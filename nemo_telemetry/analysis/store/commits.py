@@ -393,7 +393,8 @@ def stage_record(root: Path, writer: str, sequence: int, record: dict) -> tuple[
     tmp = temporary_name(final, writer)
     try:
         with open(tmp, "wb") as handle:
-            handle.write(json.dumps({"format": _FORMAT, "writer": writer, **record}, separators=(",", ":")).encode())
+            version = _FORMAT_REMOVES if record.get("removes") else _FORMAT  # a reader of format 1 would keep them
+            handle.write(json.dumps({"format": version, "writer": writer, **record}, separators=(",", ":")).encode())
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         raise with_path(exc, final) if isinstance(exc, OSError) else exc from exc
@@ -436,7 +437,7 @@ class _Union:
                   "finished": sorted(self.finished - done),
                   "sizes": {rel: info for rel, info in self.info.items() if rel in files}}
         if self.removed:  # kept: a record beside the snapshot, older, may still add them
-            record.update(removes=sorted(self.removed), format=_FORMAT_REMOVES)
+            record["removes"] = sorted(self.removed)
         return record
 
 

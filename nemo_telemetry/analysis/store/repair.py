@@ -161,8 +161,7 @@ def _repair(root: Path, writer: str) -> RepairReport:
         for path in [tmp for tmp, _ in staged] + sorted(folders):
             commits.fsync_path(path)
         commits.write_record(root, writer, sequence, {
-            "kind": "commit", "files": added, "sizes": sizes, "removes": sorted(set(removes)),
-            "format": 2, "final": True, "source": "repair",
+            "kind": "commit", "files": added, "sizes": sizes, "removes": sorted(set(removes)), "source": "repair",
         })
         for tmp, final in staged:
             os.replace(tmp, final)
