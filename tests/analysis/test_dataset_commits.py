@@ -324,5 +324,6 @@ def test_a_record_of_a_format_this_version_cannot_read_is_named(tables, tmp_path
     content = json.loads(record.read_bytes())
     assert content["format"] == 1  # a commit that removes nothing stays readable by earlier versions
     record.write_text(json.dumps({**content, "format": 3}))
-    with pytest.raises(IngestError, match=f"{record}: a commit record of format 3, which this nemo-telemetry cannot read"):
+    with pytest.raises(IngestError, match=f"{record}: a commit record of format 3, which this nemo-telemetry "
+                                          "cannot read"):
         read_spans(root)

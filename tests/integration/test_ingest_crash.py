@@ -234,5 +234,6 @@ def test_kill_9_inside_the_commit_leaves_plain_reads_of_the_folders_the_committe
     state = dataset_state(root, warn=False)
     assert files == {f for f in state.committed if f.startswith("spans/")}  # every committed file in place
     spans = read_spans(root)
-    assert ids == set(zip(*(spans.column(c).to_pylist() for c in ("trace_id", "span_id")))) and len(ids) == spans.num_rows
+    assert ids == set(zip(*(spans.column(c).to_pylist() for c in ("trace_id", "span_id"))))
+    assert len(ids) == spans.num_rows
     assert not [f for f in _files(root) if f.startswith("_staging/")], "a staging area remains"

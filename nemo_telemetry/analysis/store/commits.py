@@ -504,7 +504,8 @@ def dataset_state(root: Path, *, warn: bool = True) -> DatasetState:
         for ingest in unfinished:
             warnings.warn(ingest.describe(), IncompleteDatasetWarning, stacklevel=2)
     committed = union.committed()
-    return DatasetState(root, frozenset(committed), unfinished, {rel: i for rel, i in union.info.items() if rel in committed})
+    info = {rel: recorded for rel, recorded in union.info.items() if rel in committed}
+    return DatasetState(root, frozenset(committed), unfinished, info)
 
 
 def ingest_inputs(root: Path) -> dict[str, tuple[str, ...]]:

@@ -521,8 +521,8 @@ class DatasetWriter:
     def _make_folder(self, folder: Path) -> None:
         real_root = getattr(self, "_real_root", None)  # the dataset's own folder has no check
         if real_root is not None and not folder.resolve().is_relative_to(real_root):  # before anything is made there
-            raise IngestError(f"{folder}: leads to {folder.resolve()} (a symbolic link), outside the dataset {self.root}; "
-                              f"a writer writes only inside its dataset: remove the link (move what it points to "
+            raise IngestError(f"{folder}: leads to {folder.resolve()} (a symbolic link), outside the dataset "
+                              f"{self.root}; a writer writes only inside its dataset: remove the link (move what it points to "
                               f"into the dataset if it belongs there), then run this again")
         missing = [f for f in (folder, *folder.parents) if not f.exists()]
         folder.mkdir(parents=True, exist_ok=True)
