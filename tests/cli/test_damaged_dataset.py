@@ -169,6 +169,10 @@ def test_a_page_overwritten_in_a_committed_file_is_named_by_a_whole_read(clean, 
     for command in ("goodput", "check"):
         result = runner.invoke(app, [command, str(root)])
         assert result.exit_code == 2 and str(target.relative_to(root)) in " ".join(result.stderr.split()), command
+    for streamed in (lambda: goodput_with_engine(root, memory_budget=1), lambda: stream_check(root)):
+        with pytest.raises(DamagedDatasetError) as raised:
+            streamed()
+        assert [path for path, _ in raised.value.damaged] == [str(target.relative_to(root))]
     verified = _json(runner.invoke(app, ["verify", str(root), "--json"]))
     assert [d["path"] for d in verified["damaged"]] == [str(target.relative_to(root))]
 

@@ -1,6 +1,7 @@
 """The Ray engine on a dataset with a damaged committed file (deleted, truncated, zeroed, or another
 program's Parquet file): ``goodput``, ``check`` and ``ingest`` with ``--engine ray`` name the file and
-exit 2 before any task reads it, never a traceback or a partial answer (the suite's one Ray cluster)."""
+exit 2 before any task reads it, never a traceback or a partial answer (the suite's one Ray cluster);
+a page that fails its checksum in a task is named the same way."""
 
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ def _damage(path: Path, how: str) -> None:
             handle.truncate(path.stat().st_size // 2)
     elif how == "zeroed":
         path.write_bytes(bytes(path.stat().st_size))
+    elif how == "page":  # one byte of a page both engines read: size and footer as committed
+        chunk = next(c for c in (pq.ParquetFile(path).metadata.row_group(0).column(i) for i in range(20))
+                     if c.path_in_schema == "start_ns")
+        data = bytearray(path.read_bytes())
+        data[chunk.data_page_offset + chunk.total_compressed_size // 2] ^= 0x10
+        path.write_bytes(bytes(data))
     else:
         pq.write_table(pa.table({"x": list(range(1_000))}), path)
 
@@ -45,8 +52,12 @@ def clean(dump, tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("how", ["deleted", "truncated", "zeroed", "foreign"])
-@pytest.mark.parametrize("command", ["goodput", "check", "ingest"])
+# ingest reads the ids of the dataset it opens, not the page the "page" damage is in
+CASES = [(command, how) for command in ("goodput", "check", "ingest")
+         for how in ("deleted", "truncated", "zeroed", "foreign", "page") if (command, how) != ("ingest", "page")]
+
+
+@pytest.mark.parametrize(("command", "how"), CASES)
 def test_the_ray_engine_names_the_damaged_file_and_exits_2(ray_cluster, clean, dump, tmp_path, how, command):
     root = tmp_path / "ds"
     shutil.copytree(clean, root)
