@@ -6,6 +6,8 @@ Kept free of heavy imports so :mod:`nemo_telemetry.instrument` can raise them ch
      ├── SpecError        a span_groups spec or telemetry config that cannot be resolved
      ├── RegistryError    a span-group registration that conflicts with an existing one
      ├── IngestError      an input that is not OTLP, or a dataset that cannot be read
+     │    ├── DatasetLockedError   a second writer on a dataset another writer holds
+     │    └── DamagedDatasetError  a committed file of a dataset that is missing or damaged
      ├── UnknownRunError  a --run / run_id that none of the spans carry
      ├── ListenError      a receiver that cannot bind its address
      ├── WaterfallError   a waterfall or critical path asked for a run, trace or step not there
@@ -25,6 +27,8 @@ __all__ = [
     "SpecError",
     "RegistryError",
     "IngestError",
+    "DatasetLockedError",
+    "DamagedDatasetError",
     "UnknownRunError",
     "ListenError",
     "WaterfallError",
@@ -51,6 +55,24 @@ class RegistryError(NemoTelemetryError, ValueError):
 
 class IngestError(NemoTelemetryError):
     """An input file or dataset cannot be read; the message names it and the fix."""
+
+
+class DatasetLockedError(IngestError):
+    """A writer (``ingest``, ``collect``, ``monitor --port``, ``repair``) found the dataset held by
+    another; the message names the holder (pid, host, command, since when). ``holder`` is its record."""
+
+    def __init__(self, message: str, holder: dict | None = None) -> None:
+        super().__init__(message)
+        self.holder = dict(holder or {})
+
+
+class DamagedDatasetError(IngestError):
+    """A committed file of a dataset is missing, truncated, overwritten or not the dataset's own;
+    the message names each file and the fix. ``damaged`` holds (relative path, what is wrong)."""
+
+    def __init__(self, message: str, damaged: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.damaged = tuple(damaged)
 
 
 class UnknownRunError(NemoTelemetryError):

@@ -22,6 +22,7 @@ app = typer.Typer(
 )
 
 # Command modules register themselves on `app` when imported; keep this list sorted.
+from nemo_telemetry.cli import dataset_cmds  # noqa: E402,F401
 from nemo_telemetry.cli import demo_cmds  # noqa: E402,F401
 from nemo_telemetry.cli import goodput_cmds  # noqa: E402,F401
 from nemo_telemetry.cli import ingest_cmds  # noqa: E402,F401

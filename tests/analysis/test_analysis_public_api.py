@@ -27,6 +27,9 @@ PINNED |= {"DEFAULT_MAX_CONNECTIONS", "DEFAULT_READ_TIMEOUT_S"}
 PINNED |= {"DEFAULT_MAX_REQUEST_BYTES"}
 PINNED |= {"run_monitor", "MonitorState", "MonitorSummary", "MonitorView", "StepRecord", "RunStatus", "Alert",
            "DumpFollower", "FollowCounts", "MONITOR_SERIES", "MonitorError"}
+# issue 33: one writer at a time, damaged files named, verify and repair
+PINNED |= {"DatasetLockedError", "DamagedDatasetError", "verify_dataset", "repair_dataset", "VerifyReport",
+           "RepairReport"}
 
 CLI = Path(analysis.__file__).resolve().parent.parent / "cli"
 

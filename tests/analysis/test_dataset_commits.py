@@ -5,6 +5,7 @@ reader warn, the same ingest again finishes it, and datasets without a record re
 from __future__ import annotations
 
 import errno
+import json
 import os
 import warnings
 from pathlib import Path
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from nemo_telemetry.errors import IngestError
 from nemo_telemetry.analysis import IncompleteDatasetWarning, ingest, load_traces, read_events, read_links, read_spans
 from nemo_telemetry.analysis.store import commits
 from nemo_telemetry.analysis.store import dataset
@@ -162,7 +164,8 @@ def test_leftovers_of_a_writer_that_is_gone_are_removed_and_stray_files_ignored(
     writer.write(_batch(tables, 200, 400))
     tmp, final = writer._staged[0]
     os.replace(tmp, final)  # renamed into place, never recorded: what a crash during the commit leaves
-    writer._lock.release()  # the process is gone: its lock with it
+    writer._lock.release()  # the process is gone: its locks with it
+    writer._release_dataset()
     stray = root / "spans" / "notes.parquet"
     stray.write_bytes(b"not parquet")  # not a name a writer gives: never read, never removed
     assert _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 200))
@@ -246,3 +249,81 @@ def test_a_failed_staging_write_discards_the_uncommitted_batch(tables, tmp_path,
     assert writer.write(_batch(tables, 0, 400)).spans.num_rows == 400
     writer.close()
     assert _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 400))
+
+
+def test_a_file_repair_removed_and_committed_again_under_its_name_is_read(tmp_path):
+    """Metrics and logs files are named by their content: after repair drops a damaged one, the
+    ingest that restores it writes the same name, and that later commit wins; a compaction keeps
+    both the removal of the others and the new commit."""
+    from nemo_telemetry.analysis import repair_dataset
+
+    root = tmp_path / "ds"
+    table = pa.table({"x": list(range(100))})
+    writer = dataset.DatasetWriter(root)
+    writer.stage_table("metrics/same-content.parquet", table)
+    writer.stage_table("metrics/other.parquet", table)
+    writer.close()
+    for name in ("same-content", "other"):
+        (root / "metrics" / f"{name}.parquet").write_bytes(b"\0" * 64)
+    assert [d.path for d in repair_dataset(root).dropped] == ["metrics/other.parquet", "metrics/same-content.parquet"]
+    assert commits.dataset_state(root).files("metrics") == []
+    writer = dataset.DatasetWriter(root)
+    writer.stage_table("metrics/same-content.parquet", table)
+    writer.close()
+    assert commits.dataset_state(root).files("metrics") == [root / "metrics" / "same-content.parquet"]
+    assert commits.compact(root, "compactor-0", 0, at_least=2)
+    assert commits.dataset_state(root).files("metrics") == [root / "metrics" / "same-content.parquet"]
+    assert pq.read_table(root / "metrics" / "same-content.parquet").equals(table)
+
+
+def test_a_committed_file_left_staged_is_read_there_and_renamed_by_the_next_writer(tables, tmp_path, monkeypatch):
+    """What a kill between the commit record and the renames leaves (a test double for the renames
+    that fails them, as a dead process does not do them): every reader reads the committed files
+    where they are staged, a plain read of ``spans/`` sees none of them, and the next writer
+    renames them into place."""
+    import pyarrow.dataset as pads
+
+    from nemo_telemetry.analysis.engines.partitioned_check import stream_check
+    from nemo_telemetry.analysis.goodput.partials import stream_goodput
+    from nemo_telemetry.analysis.engines.choose import goodput_with_engine
+
+    root = tmp_path / "ds"
+    writer = dataset.DatasetWriter(root, file_rows=100)
+    writer.write(_batch(tables, 0, 1_100))
+    real = os.replace
+
+    def no_rename_into_tables(src, dst):
+        if commits.STAGING in Path(src).parts:
+            raise OSError(errno.EIO, "killed before the rename", str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr(dataset.os, "replace", no_rename_into_tables)
+    writer.close()
+    monkeypatch.setattr(dataset.os, "replace", real)
+    assert not list((root / "spans").rglob("*.parquet"))  # nothing renamed: a plain read sees nothing
+    assert pads.dataset(root / "spans", format="parquet").files == []
+    assert _ids(_quiet_read(root)) == _ids(tables.spans)
+    assert all(commits.STAGING in p.parts for p in span_files(root))
+    expected = [(r.run_id, r.steps.to_pylist()) for r in goodput_with_engine(root)]
+    assert [(r.run_id, r.steps.to_pylist()) for r in stream_goodput(root)] == expected
+    report = stream_check(root).to_dict()
+    dataset.DatasetWriter(root).close()  # the next writer renames them
+    assert not (root / commits.STAGING).exists() or not [p for p in (root / commits.STAGING).rglob("*") if p.is_file()]
+    assert all(commits.STAGING not in p.parts for p in span_files(root))
+    assert _ids(_quiet_read(root)) == _ids(tables.spans)
+    assert [(r.run_id, r.steps.to_pylist()) for r in goodput_with_engine(root)] == expected
+    assert stream_check(root).to_dict() == report
+
+
+def test_a_record_of_a_format_this_version_cannot_read_is_named(tables, tmp_path):
+    root = tmp_path / "ds"
+    writer = dataset.DatasetWriter(root)
+    writer.write(_batch(tables, 0, 100))
+    writer.close()
+    record = sorted((root / commits.COMMITS).glob("*.json"))[-1]
+    content = json.loads(record.read_bytes())
+    assert content["format"] == 1  # a commit that removes nothing stays readable by earlier versions
+    record.write_text(json.dumps({**content, "format": 3}))
+    with pytest.raises(IngestError, match=f"{record}: a commit record of format 3, which this nemo-telemetry "
+                                          "cannot read"):
+        read_spans(root)

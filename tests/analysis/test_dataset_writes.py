@@ -58,7 +58,7 @@ def test_held_spans_are_bounded_when_partitions_are_many(tmp_path):
     for start in range(0, spans.num_rows, 88):
         batch = spans.slice(start, 88)
         writer.write(OtlpTables(batch, EVENTS_SCHEMA.empty_table(), LINKS_SCHEMA.empty_table()))
-        staged = [f for f in (tmp_path / "ds" / "spans").rglob("*") if f.is_file()]  # temporary names until close
+        staged = [f for f in (tmp_path / "ds" / "_staging").rglob("*") if f.is_file()]  # staged until close
         on_disk = sum(pq.read_metadata(f).num_rows for f in staged)
         not_on_disk.append(start + batch.num_rows - on_disk)
     writer.close()

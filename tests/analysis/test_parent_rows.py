@@ -15,6 +15,8 @@ What a user relies on:
 
 from __future__ import annotations
 
+import json
+
 import shutil
 from collections import defaultdict
 from pathlib import Path
@@ -90,9 +92,16 @@ def spans_files(root: Path) -> list[str]:
 
 
 def rewrite_file(path, change) -> None:
-    """Rewrite one spans file in place as ``change(table)`` gives it (same name, same commit)."""
+    """Rewrite one spans file in place as ``change(table)`` gives it (same name, same commit), in a
+    dataset whose commit records then hold no file sizes, as an earlier version's did (with them,
+    a reader refuses a file that is not the one committed)."""
     table = pq.read_table(path)
     pq.write_table(change(table), path)
+    root = next(p for p in Path(path).parents if (p / "_commits").is_dir())
+    for record in (root / "_commits").glob("*.json"):
+        content = json.loads(record.read_bytes())
+        content.pop("sizes", None)
+        record.write_text(json.dumps(content))
 
 
 def without_parent_row(table: pa.Table) -> pa.Table:

@@ -3,6 +3,8 @@ column, or the resource map of files written before it, with the same ``missing-
 
 from __future__ import annotations
 
+import json
+
 import shutil
 from pathlib import Path
 
@@ -43,6 +45,10 @@ def with_layout(source: Path, dest: Path, layout: str) -> Path:
     old = {"new": [], "old": files, "old-first": files[:1], "new-first": files[1:]}[layout]
     for path in old:
         as_old_layout(path)
+    for record in (dest / "_commits").glob("*.json"):  # an earlier version's records hold no file sizes
+        content = json.loads(record.read_bytes())
+        content.pop("sizes", None)
+        record.write_text(json.dumps(content))
     return dest
 
 

@@ -179,3 +179,61 @@ def test_ingest_on_a_full_disk_exits_2_and_leaves_the_committed_state(small_disk
     assert again.exit_code == 0, again.output
     spans = read_spans(root)
     assert spans.num_rows == len(expected["read_spans"]) + SPANS
+
+
+def _inside_the_commit(moment: str, root: Path, before: set[str]) -> bool:
+    """``commit``: the final record staged, not yet in place (the files staged beside it);
+    ``renaming``: the record in place, the first file renamed to its name."""
+    new = _files(root) - before
+    if moment == "commit":
+        return (any(f.startswith(f"{COMMITS}/.") and f.endswith(".tmp") for f in new)
+                and any(f.startswith("_staging/") for f in new))
+    return any(f.startswith("spans/") and f.endswith(".parquet") for f in new)
+
+
+def _plain_reads(root: Path) -> tuple[set[str], set]:
+    """What a plain pyarrow read of DATASET/spans lists, and the span ids DuckDB's read_parquet('spans/**') reads."""
+    import duckdb
+    import pyarrow.dataset as ds
+
+    files = {str(Path(f).relative_to(root)) for f in ds.dataset(root / "spans", format="parquet").files}
+    rows = duckdb.sql(f"SELECT trace_id, span_id FROM read_parquet('{root}/spans/**')").fetchall()
+    return files, set(rows)
+
+
+@pytest.mark.parametrize("moment", ["commit", "renaming"])
+def test_kill_9_inside_the_commit_leaves_plain_reads_of_the_folders_the_committed_files(
+        moment, million_spans, committed, tmp_path):
+    from nemo_telemetry.analysis.store.commits import dataset_state
+
+    root = tmp_path / "ds"
+    shutil.copytree(committed, root)
+    before = _files(root)
+    proc = subprocess.Popen([*CLI, "ingest", str(million_spans), "--out", str(root), "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline and not _inside_the_commit(moment, root, before):
+            time.sleep(0.0005)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, f"ingest finished before the {moment} moment"
+    state = dataset_state(root, warn=False)
+    files, ids = _plain_reads(root)
+    assert files <= state.committed, f"a plain read lists uncommitted files: {sorted(files - state.committed)[:3]}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IncompleteDatasetWarning)
+        ours = set(zip(*(read_spans(root).column(c).to_pylist() for c in ("trace_id", "span_id"))))
+    assert ids <= ours  # DuckDB's plain read: committed spans only
+    if moment == "commit":  # killed before the record: the state before, to the file
+        assert files == {f for f in before if f.startswith("spans/") and f.endswith(".parquet")} and ids == ours
+    again = runner.invoke(app, ["ingest", str(million_spans), "--out", str(root), "--quiet"])
+    assert again.exit_code == 0, again.output
+    files, ids = _plain_reads(root)
+    state = dataset_state(root, warn=False)
+    assert files == {f for f in state.committed if f.startswith("spans/")}  # every committed file in place
+    spans = read_spans(root)
+    assert ids == set(zip(*(spans.column(c).to_pylist() for c in ("trace_id", "span_id"))))
+    assert len(ids) == spans.num_rows
+    assert not [f for f in _files(root) if f.startswith("_staging/")], "a staging area remains"

@@ -80,11 +80,14 @@ def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
     if engine == "ray":
         from nemo_telemetry.analysis.engines.ray_engine import ray_goodput
 
-        return ray_goodput(_dataset_for(source, engine), run_id=run_id, by=by)
+        root = _dataset_for(source, engine)
+        with reading_errors(root):  # a task's read error (a RayTaskError is also its cause's class)
+            return ray_goodput(root, run_id=run_id, by=by)
     root = single_dataset(source)
     budget = _memory_budget() if memory_budget is None else memory_budget
     if root is not None and _dataset_rows(root) * _IN_MEMORY_BYTES_PER_SPAN > budget:
-        return stream_goodput(root, run_id=run_id, by=by)
+        with reading_errors(root):
+            return stream_goodput(root, run_id=run_id, by=by)
     if by == "step" and root is not None:
         _, files = span_source_files(root)
         with reading_errors(root):
@@ -102,7 +105,9 @@ def check_with_engine(source, *, engine: str = "local", **options):
     if engine == "ray":
         from nemo_telemetry.analysis.engines.ray_engine import ray_check
 
-        return ray_check(_dataset_for(source, engine), **options)
+        root = _dataset_for(source, engine)
+        with reading_errors(root):
+            return ray_check(root, **options)
     from nemo_telemetry.analysis.findings.checks import check_run, check_span_files
 
     root, files = span_source_files(source)

@@ -41,7 +41,7 @@ from nemo_telemetry.analysis.findings import checks, rules
 from nemo_telemetry.analysis.goodput.rules import step_windows
 from nemo_telemetry.analysis.goodput import partials as streaming
 from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, span_arrays
-from nemo_telemetry.analysis.store.read import READ_COLUMNS, read_span_files
+from nemo_telemetry.analysis.store.read import READ_COLUMNS, read_span_files, reading_errors
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION, NO_RUN
 from nemo_telemetry.analysis.model.tree import key_column, with_id_keys
@@ -470,4 +470,5 @@ def _shared(facts: list[dict], codes: Codes, walked: Columns, missing: Columns,
 
 def stream_check(root: str | Path, **options) -> checks.CheckReport:
     """:func:`partitioned_check` in this process, one file at a time (three reducers, run in turn)."""
-    return partitioned_check(root, local_map, map_reduce=local_map_reduce, reducers=3, **options)
+    with reading_errors(Path(root)):  # a page that fails its read: the file named, exit 2
+        return partitioned_check(root, local_map, map_reduce=local_map_reduce, reducers=3, **options)

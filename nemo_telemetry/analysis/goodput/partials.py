@@ -39,6 +39,7 @@ from nemo_telemetry.analysis.goodput.rules import (
 from nemo_telemetry.analysis.model.grouping import Columns, find_keys, first_rows, group_by, string_codes, take
 from nemo_telemetry.analysis.model._arrays import span_arrays
 from nemo_telemetry.analysis.store.partitions import span_files, span_partitions
+from nemo_telemetry.analysis.store.read import reading_errors
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION, NO_RUN
 from nemo_telemetry.analysis.model.walk import KeyIndex, climb_batch, resolve_walks
 from nemo_telemetry.analysis.model.tree import key_column
@@ -89,7 +90,7 @@ def local_scan(batch_rows: int = BATCH_ROWS) -> Scan:
 
     def scan(fn, columns, files) -> Iterator[pa.Table]:
         for path in files:
-            reader = pq.ParquetFile(path)
+            reader = pq.ParquetFile(path, page_checksum_verification=True)  # as every reader of a dataset
             present = [c for c in columns if c in reader.schema_arrow.names]
             for batch in reader.iter_batches(batch_size=batch_rows, columns=present):
                 yield fn(pa.Table.from_batches([batch]))
@@ -298,4 +299,6 @@ def partial_table(merged: pa.Table) -> pa.Table:
 
 def stream_goodput(root: str | Path, *, run_id: str | None = None, batch_rows: int = BATCH_ROWS, by: str = "step"):
     """``run_goodput`` of a dataset too large for memory: one batch of ``batch_rows`` rows at a time."""
-    return partitioned_goodput(Path(root), local_scan(batch_rows), run_id=run_id, compact_rows=4 * batch_rows, by=by)
+    with reading_errors(Path(root)):  # a page that fails its read: the file named, exit 2
+        return partitioned_goodput(Path(root), local_scan(batch_rows), run_id=run_id, compact_rows=4 * batch_rows,
+                                   by=by)

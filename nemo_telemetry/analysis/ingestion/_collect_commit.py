@@ -16,9 +16,11 @@ from typing import Callable
 import pyarrow as pa
 
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.store.commits import DatasetLock
+from nemo_telemetry.errors import IngestError
 from nemo_telemetry.analysis.store.dataset import DatasetWriter, SpanDeduplicator, read_dataset
 
-__all__ = ["Committer", "open_session", "describe_failure"]
+__all__ = ["Committer", "open_session", "hold_dataset", "describe_failure"]
 
 _log = logging.getLogger("nemo_telemetry.analysis.ingestion.collect")  # the collector's one log
 
@@ -38,8 +40,9 @@ class Committer:
     writes and commits them together, then wakes their handlers with the outcome."""
 
     def __init__(self, root: Path, writer: DatasetWriter, counts: dict, lock: threading.Lock,
-                 on_commit: Callable[[pa.Table], None] | None = None) -> None:
+                 on_commit: Callable[[pa.Table], None] | None = None, dataset_lock: DatasetLock | None = None) -> None:
         self._root = root
+        self._dataset_lock = dataset_lock  # held by the server for its whole session, across reopened writers
         self._on_commit = on_commit  # sees each committed group's new spans, before any handler answers
         self._writer: DatasetWriter | None = writer  # None after a failed write, until reopened
         self._counts, self._lock = counts, lock  # the server's summary counters and their lock
@@ -150,7 +153,7 @@ class Committer:
         return written
 
     def _open(self) -> DatasetWriter:
-        self._writer = open_session(self._root)
+        self._writer = open_session(self._root, lock=self._dataset_lock)
         return self._writer
 
     def _record_failure(self, exc: BaseException) -> None:
@@ -169,16 +172,25 @@ class Committer:
         self._failed_ids.append(ids if fresh.all() else ids.filter(pa.array(fresh)))
 
 
-def open_session(root: Path) -> DatasetWriter:
+def open_session(root: Path, *, lock: DatasetLock | None = None) -> DatasetWriter:
     """A writer whose start is recorded: until it closes, readers say a collect is running (or
-    was killed); its clean close also finishes the sessions of writers that failed before it."""
-    writer = DatasetWriter(root)
+    was killed); its clean close also finishes the sessions of writers that failed before it.
+    ``lock``: the dataset's lock, held by the caller (else the writer takes and releases its own)."""
+    writer = DatasetWriter(root, lock=lock)
     try:
         writer.start([], tool="collect")
     except BaseException:
         writer.abort()
         raise
     return writer
+
+
+def hold_dataset(root: Path) -> DatasetLock:
+    """The dataset's lock for a receiver's session (its folder made first): a second writer is refused."""
+    if root.exists() and not root.is_dir():
+        raise IngestError(f"{root}: exists and is not a directory; choose another --out")
+    root.mkdir(parents=True, exist_ok=True)
+    return DatasetLock(root)
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -36,7 +36,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from nemo_telemetry.analysis.choices import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S
 from nemo_telemetry.analysis.kernels import _compiled
-from nemo_telemetry.analysis.ingestion._collect_commit import Committer, describe_failure, open_session
+from nemo_telemetry.analysis.ingestion._collect_commit import Committer, describe_failure, hold_dataset, open_session
 from nemo_telemetry.analysis.ingestion._collect_http import (
     LISTEN_BACKLOG,
     PROTOBUF_TYPES,
@@ -141,15 +141,21 @@ class CollectorServer:
         self._deadlines: dict[socket.socket, float] = {}  # open connection -> when to drop it
         _load_kernels()
         try:
-            writer = open_session(Path(out))
+            self._dataset_lock = hold_dataset(Path(out))  # one writer at a time, for the whole session
+            writer = open_session(Path(out), lock=self._dataset_lock)
         except OSError as exc:
+            self._release_dataset()
             raise IngestError(f"{out}: cannot create the dataset ({describe_failure(exc)}); choose another --out") from None
+        except BaseException:
+            self._release_dataset()
+            raise
         try:
             self._httpd = ListeningServer((host, port), handler_for(self), self._drop_late_connections)
         except OSError as exc:
             writer.abort()
+            self._release_dataset()
             raise ListenError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
-        self._committer = Committer(Path(out), writer, self._counts, self._lock, on_commit)
+        self._committer = Committer(Path(out), writer, self._counts, self._lock, on_commit, self._dataset_lock)
         self._thread: threading.Thread | None = None
 
     @property
@@ -177,8 +183,16 @@ class CollectorServer:
                 self._httpd.shutdown()
             self._drop_late_connections()
             self._httpd.server_close()  # joins the connection threads
-            self._committer.close()
+            try:
+                self._committer.close()
+            finally:
+                self._release_dataset()
         return self.summary()
+
+    def _release_dataset(self) -> None:
+        lock, self._dataset_lock = getattr(self, "_dataset_lock", None), None
+        if lock is not None:
+            lock.release()
 
     def __enter__(self) -> "CollectorServer":
         return self.start()

@@ -4,14 +4,26 @@
 
     DATASET/_commits/<time ns>-<writer>-<n>.json   one record each, never rewritten
     DATASET/_writers/<writer>.lock                  locked (flock) while that writer is open
+    DATASET/_lock                                   the dataset's one writer (flock), and who it is
 
 A record is written to a hidden temporary name, fsync'd, renamed into place and its folder
 fsync'd, so it is there whole or not at all. There are three kinds: ``begin`` (an ingest's
-inputs, written before any of its files), ``commit`` (files a writer renamed into place; the
-last one of an ingest is ``final``) and ``snapshot`` (the union of the records it replaced,
-written by :func:`compact` before it removes them). Everything a record says is a set that
-only grows, so the state is the union of the records present, in any order: concurrent
-writers and compactions need no lock on the folder, and a reader never needs the history.
+inputs, written before any of its files), ``commit`` (files a writer committed, with each
+file's size, rows and a checksum of its Parquet footer; the last one of an ingest is ``final``;
+a repair's also names the files it ``removes``) and ``snapshot`` (the union of the records it
+replaced, written by :func:`compact` before it removes them). Everything a record says is a set
+that only grows, but for a repair's removals: the state is the records present applied in the
+order of their names (the time they were written), a file removed and later committed again
+(a metrics file, named by its content) being committed. A snapshot holds the removals too, so a
+reader that sees it beside the records it folds gets the same state: compactions need no lock on
+the folder, and a reader never needs the history.
+
+A data file is written under ``DATASET/_staging/<writer>/`` (:func:`staging_name`: outside the
+table folders, so a plain pyarrow or DuckDB read of ``DATASET/spans`` never lists it) and renamed
+to its name only after the record that commits it is in place, so a plain read never sees an
+uncommitted file. A reader that finds a committed file still staged (the writer died between
+the two) reads it there; the next writer renames it. Writers hold ``_lock`` (:class:`DatasetLock`): one at
+a time, so the spans a writer loads at its start to deduplicate against are all there are.
 
 A dataset with no record (no ``_commits`` folder, or an empty one) was written by a version
 without commit records: every ``*.parquet`` file in it is read. The first writer to open a
@@ -25,25 +37,38 @@ import errno
 import json
 import os
 import shlex
+import socket
+import sys
 import time
 import warnings
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from nemo_telemetry.errors import IncompleteDatasetWarning, IngestError
+from nemo_telemetry.errors import DamagedDatasetError, DatasetLockedError, IncompleteDatasetWarning, IngestError
 
 __all__ = [
     "COMMITS",
     "TABLES",
+    "DatasetLock",
     "DatasetState",
+    "FileProblem",
+    "file_info",
+    "inspect_file",
     "UnfinishedIngest",
     "WriterLock",
     "committed_files",
+    "damaged_error",
     "compact",
     "dataset_state",
     "fsync_path",
+    "ingest_inputs",
+    "roll_forward",
+    "staged_copy",
+    "remove_empty_folders",
     "prepare",
     "temporary_name",
+    "staging_name",
     "publish_record",
     "stage_record",
     "with_path",
@@ -52,15 +77,25 @@ __all__ = [
 
 COMMITS = "_commits"
 WRITERS = "_writers"
+STAGING = "_staging"
 TABLES = ("spans", "events", "links", "metrics", "logs")  # folders whose Parquet files the record covers
 _FORMAT = 1
+_FORMAT_REMOVES = 2  # a record that removes files: a reader that knows no removal must not read it
+_LOCK = "_lock"
+_MAGIC = b"PAR1"
 _COMPACT_AFTER = 256  # records beside the snapshot before a writer folds them into a new one
 _TEMPORARY = ".tmp"
 
 
 def temporary_name(final: Path, writer: str) -> Path:
-    """Where a file is written before it is renamed to ``final``: hidden, named by its writer."""
+    """Where a record is written before it is renamed to ``final``: hidden, named by its writer."""
     return final.with_name(f".{final.name}.{writer}{_TEMPORARY}")
+
+
+def staging_name(root: Path, final: Path, writer: str) -> Path:
+    """Where a data file is written before its commit: ``_staging/<writer>/<its path>.tmp``, outside
+    the table folders, so no read of ``DATASET/spans`` (pyarrow's, DuckDB's ``spans/**``) finds it."""
+    return root / STAGING / writer / f"{final.relative_to(root)}{_TEMPORARY}"
 
 
 def fsync_path(path: Path) -> None:
@@ -109,19 +144,193 @@ class UnfinishedIngest:
 
 
 @dataclass(frozen=True)
+class FileProblem:
+    """A committed file that cannot be read as committed: ``path`` relative to the dataset."""
+
+    path: str
+    problem: str
+    rows: int | None  # the rows its commit recorded (None: a record without sizes)
+
+
+@dataclass(frozen=True)
 class DatasetState:
     """What a reader may read: the committed files of each table, and the unfinished ingests."""
 
     root: Path
     committed: frozenset[str] | None  # paths relative to root; None: no commit record (every file)
     unfinished: tuple[UnfinishedIngest, ...]
+    info: dict = field(default_factory=dict)  # relative path -> [bytes, rows, footer crc32] its commit recorded
+
+    def recorded(self, table: str) -> list[str]:
+        """The committed files of ``table`` as the record names them (relative, sorted), unchecked."""
+        if self.committed is None:
+            return sorted((str(p.relative_to(self.root)) for p in (self.root / table).rglob("*.parquet")), key=str)
+        prefix = f"{table}/"
+        return sorted((rel for rel in self.committed if rel.startswith(prefix)), key=lambda rel: str(self.root / rel))
 
     def files(self, table: str) -> list[Path]:
-        """The committed Parquet files of ``table`` (``spans``, ``events``, ``links``, ``metrics``, ``logs``), sorted."""
-        if self.committed is None:
-            return sorted((self.root / table).rglob("*.parquet"), key=str)
-        prefix = f"{table}/"
-        return sorted((self.root / rel for rel in self.committed if rel.startswith(prefix)), key=str)
+        """The committed Parquet files of ``table`` (``spans``, ``events``, ``links``, ``metrics``, ``logs``),
+        sorted, each checked against its commit (there, its size, its footer): a
+        :class:`~nemo_telemetry.errors.DamagedDatasetError` names every one that is not as committed."""
+        return [path for _, path in self.placed(table)]
+
+    def placed(self, table: str) -> list[tuple[str, Path]]:
+        """:meth:`files` with the path each file has in the record (relative to the root): the same
+        unless a writer died before renaming it (then the path read is where it is staged)."""
+        placed, problems = [], []
+        for rel in self.recorded(table):
+            path, problem = inspect_file(self.root, rel, self.info.get(rel))
+            if problem is not None:
+                problems.append(problem)
+            else:
+                placed.append((rel, path))
+        if problems:
+            raise damaged_error(self.root, problems)
+        return placed
+
+
+def damaged_error(root: Path, problems: list[FileProblem]) -> DamagedDatasetError:
+    """The error every reader raises for damaged committed files: each named, and the fix."""
+    shown = "; ".join(f"{p.path} ({p.problem})" for p in problems[:5])
+    more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+    quoted = shlex.quote(str(root))
+    return DamagedDatasetError(
+        f"{root}: {len(problems)} committed file(s) damaged: {shown}{more}. Run nemo-telemetry verify {quoted} to "
+        f"list them, then nemo-telemetry repair {quoted} to drop them from the commit record (re-running the "
+        f"ingest of their dumps restores their spans)", tuple((p.path, p.problem) for p in problems))
+
+
+def file_info(path: Path, rows: int) -> list:
+    """[bytes, rows, crc32 of the Parquet footer] of a file just written: what its commit records,
+    so a reader can tell a file is the one committed from its size and its last bytes alone."""
+    with open(path, "rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        footer = _footer(handle, size)
+    return [size, int(rows), zlib.crc32(footer) if footer is not None else None]
+
+
+def _footer(handle, size: int) -> bytes | None:
+    """The Parquet footer (file metadata) of an open file, or None when it is not a Parquet file."""
+    if size < 12:
+        return None
+    handle.seek(0)
+    head = handle.read(4)
+    handle.seek(size - 8)
+    tail = handle.read(8)
+    length = int.from_bytes(tail[:4], "little")
+    if head != _MAGIC or tail[4:] != _MAGIC or length > size - 12:
+        return None
+    handle.seek(size - 8 - length)
+    return handle.read(length)
+
+
+def inspect_file(root: Path, rel: str, info: list | None) -> tuple[Path, FileProblem | None]:
+    """(where to read the committed file ``rel``, what is wrong with it or None): there or still
+    under its temporary name, of the committed size, a Parquet file whose footer is the committed
+    one. Reads a file's first 4 and last bytes only (its footer), not its data."""
+    path = root / rel
+    rows = int(info[1]) if info else None
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        staged = staged_copy(root, rel)
+        if staged is None:
+            return path, FileProblem(rel, "missing", rows)
+        path, handle = staged, open(staged, "rb")
+    except OSError as exc:
+        return path, FileProblem(rel, f"cannot be opened: {exc.strerror or exc}", rows)
+    with handle:
+        try:
+            size = handle.seek(0, os.SEEK_END)
+            if info and size != info[0]:
+                what = "truncated" if size < info[0] else "grown"
+                return path, FileProblem(rel, f"{what}: {size} bytes, {info[0]} committed", rows)
+            footer = _footer(handle, size)
+        except OSError as exc:
+            return path, FileProblem(rel, f"cannot be read: {exc.strerror or exc}", rows)
+    if footer is None:
+        return path, FileProblem(rel, "not a Parquet file (overwritten or zeroed)", rows)
+    if info and info[2] is not None and zlib.crc32(footer) != info[2]:
+        return path, FileProblem(rel, "not the file committed: another Parquet file of the same size", rows)
+    return path, None
+
+
+def staged_copy(root: Path, rel: str) -> Path | None:
+    """A committed file still staged (its writer died after the commit record and before the
+    rename), or None."""
+    try:
+        found = sorted((root / STAGING).glob(f"*/{_glob_escape(rel)}{_TEMPORARY}"))
+    except OSError:
+        return None
+    return found[0] if found else None
+
+
+def _glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+class DatasetLock:
+    """``DATASET/_lock``: the dataset's one writer. An ``flock`` the kernel releases when the process
+    ends (``kill -9`` included); the file holds who took it (pid, host, command, since when) for
+    the message the next writer gets. Held by ``ingest``, ``collect``, ``monitor --port`` and
+    ``repair``; readers never take it."""
+
+    def __init__(self, root: Path, *, command: str | None = None) -> None:
+        import fcntl
+
+        self.root = Path(root)
+        self.path = self.root / _LOCK
+        self._fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = -1
+            raise self._locked_error() from None
+        except BaseException:
+            os.close(self._fd)
+            self._fd = -1
+            raise
+        self.holder = {"pid": os.getpid(), "host": socket.gethostname(),
+                       "command": command or shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                       "since_ns": time.time_ns()}
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, json.dumps(self.holder).encode(), 0)
+
+    def _locked_error(self) -> DatasetLockedError:
+        holder: dict = {}
+        for _ in range(50):  # the holder writes who it is just after it takes the lock
+            try:
+                holder = json.loads(self.path.read_bytes() or b"{}")
+            except (OSError, ValueError):
+                holder = {}
+            if holder:
+                break
+            time.sleep(0.01)
+        since = holder.get("since_ns")
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since / 1e9)) if isinstance(since, int) else "?"
+        return DatasetLockedError(
+            f"{self.root}: another writer holds this dataset: pid {holder.get('pid', '?')} on host "
+            f"{holder.get('host', '?')} ({holder.get('command', '?')}), since {when}. One writer at a time keeps "
+            f"every span once: wait for it to finish or stop it, then run this again", holder)
+
+    def release(self) -> None:
+        """Let the dataset go (the lock file stays: removing it would race the next writer's open)."""
+        if self._fd < 0:
+            return
+        try:
+            os.ftruncate(self._fd, 0)
+        except OSError:
+            pass
+        finally:
+            os.close(self._fd)  # closing the only descriptor drops the flock
+            self._fd = -1
+
+    def __enter__(self) -> "DatasetLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 class WriterLock:
@@ -184,7 +393,8 @@ def stage_record(root: Path, writer: str, sequence: int, record: dict) -> tuple[
     tmp = temporary_name(final, writer)
     try:
         with open(tmp, "wb") as handle:
-            handle.write(json.dumps({"format": _FORMAT, "writer": writer, **record}, separators=(",", ":")).encode())
+            version = _FORMAT_REMOVES if record.get("removes") else _FORMAT  # a reader of format 1 would keep them
+            handle.write(json.dumps({"format": version, "writer": writer, **record}, separators=(",", ":")).encode())
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         raise with_path(exc, final) if isinstance(exc, OSError) else exc from exc
@@ -206,18 +416,29 @@ def publish_record(tmp: Path, final: Path) -> Path:
 
 @dataclass
 class _Union:
-    """The union of records: committed files, begun ingests (writer -> begin record), finished writers."""
+    """The union of records: committed files (and what each commit recorded of them), files a
+    repair removed, begun ingests (writer -> begin record), finished writers."""
 
     files: set
     begun: dict
     finished: set
     names: list  # the record files read
+    info: dict = field(default_factory=dict)
+    removed: set = field(default_factory=set)
+
+    def committed(self) -> set:
+        return self.files
 
     def snapshot(self) -> dict:
         done = self.finished & set(self.begun)  # an ingest that began and finished: nothing left to say
-        return {"kind": "snapshot", "files": sorted(self.files),
-                "begun": {w: b for w, b in self.begun.items() if w not in done},
-                "finished": sorted(self.finished - done)}
+        files = self.committed()
+        record = {"kind": "snapshot", "files": sorted(files),
+                  "begun": {w: b for w, b in self.begun.items() if w not in done},
+                  "finished": sorted(self.finished - done),
+                  "sizes": {rel: info for rel, info in self.info.items() if rel in files}}
+        if self.removed:  # kept: a record beside the snapshot, older, may still add them
+            record["removes"] = sorted(self.removed)
+        return record
 
 
 def _read_union(root: Path) -> _Union | None:
@@ -242,17 +463,26 @@ def _read_union(root: Path) -> _Union | None:
 def _add(union: _Union, path: Path) -> None:
     try:
         record = json.loads(path.read_bytes())
+        version = record.get("format", _FORMAT)
+        if not isinstance(version, int) or version > _FORMAT_REMOVES:
+            raise IngestError(f"{path}: a commit record of format {version!r}, which this nemo-telemetry cannot "
+                              f"read (it reads {_FORMAT} to {_FORMAT_REMOVES}); upgrade nemo-telemetry")
         kind = record["kind"]
         if kind == "begin":
             union.begun[record["writer"]] = record
         elif kind == "commit":
-            union.files.update(record["files"])
             union.finished.update(record.get("finishes", ()))
         elif kind == "snapshot":
-            union.files.update(record["files"])
             union.begun.update(record["begun"])
             union.finished.update(record["finished"])
-    except (ValueError, KeyError, TypeError) as exc:
+        if kind in ("commit", "snapshot"):  # a record's removals and additions name different files
+            removes = set(record.get("removes", ()))
+            union.files -= removes
+            union.removed |= removes
+            union.files.update(record["files"])
+            union.removed.difference_update(record["files"])  # a file of that name committed again
+            union.info.update(record.get("sizes", {}))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IngestError(f"{path}: unreadable commit record ({exc}); restore it or remove the dataset") from None
 
 
@@ -273,7 +503,18 @@ def dataset_state(root: Path, *, warn: bool = True) -> DatasetState:
     if warn:
         for ingest in unfinished:
             warnings.warn(ingest.describe(), IncompleteDatasetWarning, stacklevel=2)
-    return DatasetState(root, frozenset(union.files), unfinished)
+    committed = union.committed()
+    info = {rel: recorded for rel, recorded in union.info.items() if rel in committed}
+    return DatasetState(root, frozenset(committed), unfinished, info)
+
+
+def ingest_inputs(root: Path) -> dict[str, tuple[str, ...]]:
+    """writer -> the inputs of its ingest, for the ingests whose start the records still hold."""
+    union = _read_union(Path(root))
+    if union is None:
+        return {}
+    return {writer: tuple(begin.get("inputs", ())) for writer, begin in union.begun.items()
+            if begin.get("tool", "ingest") == "ingest"}
 
 
 def committed_files(root: Path, table: str = "spans", *, warn: bool = True) -> list[Path]:
@@ -320,8 +561,27 @@ def prepare(root: Path, writer: str) -> tuple[DatasetState, int]:
         write_record(root, writer, sequence, {"kind": "commit", "files": legacy, "adopted": bool(legacy)})
         sequence += 1
         state = dataset_state(root, warn=False)
+    roll_forward(root, state)
     _remove_leftovers(root, state)
     return state, sequence
+
+
+def roll_forward(root: Path, state: DatasetState) -> list[str]:
+    """Rename the committed files still under their temporary names (a writer died between its
+    commit record and the renames) to their names; the ones renamed. Only a lock holder calls it."""
+    moved = []
+    for rel in sorted(state.committed or ()):
+        path = root / rel
+        if path.exists():
+            continue
+        staged = staged_copy(root, rel)
+        if staged is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staged, path)
+            moved.append(rel)
+    for folder in sorted({(root / rel).parent for rel in moved}):
+        fsync_path(folder)
+    return moved
 
 
 def _remove_leftovers(root: Path, state: DatasetState) -> None:
@@ -351,6 +611,31 @@ def _remove_leftovers(root: Path, state: DatasetState) -> None:
                 continue
             if gone(writer):
                 _unlink(path)
+    staging = root / STAGING
+    for folder in sorted(staging.iterdir()) if staging.is_dir() else ():
+        if not gone(folder.name):
+            continue
+        for path in sorted(folder.rglob("*")):
+            rel = str(path.relative_to(folder))
+            if path.is_file() and rel.endswith(_TEMPORARY) and rel[: -len(_TEMPORARY)] not in committed:
+                _unlink(path)  # staged, never committed: a dead writer's
+        remove_empty_folders(folder)
+
+
+def remove_empty_folders(folder: Path) -> None:
+    """``folder`` and the folders under it that hold nothing (a writer's staging area once renamed)."""
+    if not folder.is_dir():
+        return
+    for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        _rmdir(sub)
+    _rmdir(folder)
+
+
+def _rmdir(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (a committed file it still holds), or gone
+        pass
 
 
 def _writer_of(name: str) -> str | None:

@@ -15,8 +15,8 @@ Every file holds every column of its table (the partition column too), so a file
 on its own and the directory names only serve pruning. A spans file also holds the row of each
 span's parent within the file (``parent_row``, :func:`with_parent_rows`), an index ``check``
 reads instead of joining every span's parent reference. A reader reads the committed files
-only: a file is written under a hidden temporary name, fsync'd, and renamed into place by the
-commit that records it. Writing and reading stay in this one module so that finer
+only: a file is written under ``DATASET/_staging/``, fsync'd, and renamed into place once the
+commit that records it is written (commits.py). Writing and reading stay in this one module so that finer
 partitioning (rank, time window) changes one place.
 """
 
@@ -53,10 +53,14 @@ __all__ = [
     "SpanDeduplicator",
     "RecentSpanDeduplicator",
     "is_dataset",
+    "checked_parquet",
     "read_dataset",
     "NO_RUN_PARTITION",
     "SPANS_PARQUET_OPTIONS",
     "with_parent_rows",
+    "span_keys",
+    "write_span_file",
+    "write_table_file",
 ]
 
 NO_RUN_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -84,9 +88,20 @@ _SPAN_DICTIONARY = [
     for f in SPANS_TABLE_SCHEMA
     if pa.types.is_dictionary(f.type) or f.name in ("rank", ITERATION, "status_message", "trace_state", "trace_id")
 ] + [f"{m}.key_value.{part}" for m in ("attributes", "resource_attributes") for part in ("key", "value")]
-SPANS_PARQUET_OPTIONS = {"write_statistics": _SPAN_STATISTICS, "use_dictionary": _SPAN_DICTIONARY}
+# Page checksums (CRC32 of each page, written and verified by Parquet itself): a page overwritten
+# in place, the file's size and footer unchanged, fails its read instead of decoding to other numbers.
+SPANS_PARQUET_OPTIONS = {"write_statistics": _SPAN_STATISTICS, "use_dictionary": _SPAN_DICTIONARY,
+                         "write_page_checksum": True}
 """How a spans file is written (``pq.write_table`` options): what a benchmark writes to measure reads as ingest's."""
 _ID_KEYS = ("span_key", "trace_key", "parent_key")  # what with_parent_rows reads
+
+
+def checked_parquet(read_options: ds.ParquetReadOptions | None = None) -> ds.ParquetFileFormat:
+    """The Parquet format every reader of a dataset reads with: each page checked against its
+    checksum where the file has them (a file written without reads as before)."""
+    return ds.ParquetFileFormat(read_options=read_options or ds.ParquetReadOptions(),
+                                default_fragment_scan_options=ds.ParquetFragmentScanOptions(
+                                    page_checksum_verification=True))
 
 
 def is_dataset(path: Path) -> bool:
@@ -106,7 +121,7 @@ def read_dataset(root: Path, table: str = "spans", *, columns: list[str] | None 
         empty = schema.empty_table()
         return empty.select(columns) if columns else empty
     try:
-        dataset = ds.dataset(files, format="parquet", schema=schema)
+        dataset = ds.dataset(files, format=checked_parquet(), schema=schema)
         return dataset.to_table(columns=columns)
     except (pa.ArrowInvalid, OSError) as exc:
         raise IngestError(f"{root}: cannot read the {table} table ({exc}); re-run ingest") from None
@@ -251,9 +266,11 @@ def span_keys(spans: pa.Table) -> np.ndarray:
 class DatasetWriter:
     """Adds batches to a dataset directory, in commits; re-ingesting a span already there is a no-op.
 
-    ``write`` deduplicates a batch and stages its files (hidden temporary names no reader
-    lists); :meth:`commit` fsyncs them, renames them into place and appends one commit record
-    (``commits.py``): when it returns, those spans are durable and every reader sees them. A
+    ``write`` deduplicates a batch and stages its files (under ``_staging/``, which no reader
+    lists); :meth:`commit` fsyncs them, appends one commit record (``commits.py``) and renames
+    them into place: when it returns, those spans are durable and every reader sees them. The
+    writer holds the dataset's lock (:class:`~commits.DatasetLock`) from its start to its close,
+    so the span ids it loads at its start are every span committed until then. A
     file per (run, rank) partition of a batch by default: what ``collect`` needs, which commits
     before it acknowledges. For bulk ingest, ``file_rows=N`` holds each partition's spans until
     N of them make a file (fewer, larger files, cheaper to write and to read back; at most
@@ -264,16 +281,25 @@ class DatasetWriter:
     how to finish it. Deduplication stays in the caller's order either way.
     """
 
-    def __init__(self, root: Path, *, file_rows: int = 0, background_writes: int = 0) -> None:
+    def __init__(self, root: Path, *, file_rows: int = 0, background_writes: int = 0,
+                 lock: commits.DatasetLock | None = None) -> None:
         self.root = Path(root)
         if self.root.exists() and not self.root.is_dir():
             raise IngestError(f"{self.root}: exists and is not a directory; choose another --out")
         self._made: set[Path] = set()  # folders this writer created: their parents need an fsync
         self._make_folder(self.root)
-        for table in _SCHEMAS:
-            self._make_folder(self.root / table)
-        self.writer = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}"
-        self._lock = commits.WriterLock(self.root, self.writer)
+        self._real_root = self.root.resolve()
+        # The dataset's one writer (commits.DatasetLock): ``lock`` when the caller holds it across
+        # several writers (a receiver reopens one after a failed write), else this writer's own.
+        self._dataset_lock = commits.DatasetLock(self.root) if lock is None else None
+        try:
+            for table in _SCHEMAS:
+                self._make_folder(self.root / table)
+            self.writer = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}"
+            self._lock = commits.WriterLock(self.root, self.writer)
+        except BaseException:
+            self._release_dataset()
+            raise
         try:
             state, self._records = commits.prepare(self.root, self.writer)
             self._begun: dict | None = None
@@ -285,6 +311,7 @@ class DatasetWriter:
             self.dedup.remember(read_dataset(self.root, "spans", columns=["trace_id", "span_id"], state=state))
         except BaseException:
             self._lock.release()
+            self._release_dataset()
             raise
         self._file_rows = file_rows
         self._held: dict[str, list[pa.Table]] = {}  # partition -> its spans not written yet
@@ -293,6 +320,7 @@ class DatasetWriter:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: deque[Future] = deque()
         self._staged: list[tuple[Path, Path]] = []  # (temporary, final) of the files not committed yet
+        self._staged_rows: dict[Path, int] = {}  # temporary -> its rows, for the commit record
         self._unsynced: set[Path] = set()  # staged files written here, fsync'd at the commit
         self._syncs: ThreadPoolExecutor | None = None
         self._uncommitted_keys: list[np.ndarray] = []  # keys ``write`` admitted since the last commit
@@ -388,7 +416,7 @@ class DatasetWriter:
         self._uncommitted_keys.clear()
 
     def _publish(self, final: bool, info: dict) -> None:
-        """Rename the staged files into place, fsync their folders, append the commit record."""
+        """Fsync the staged files and their folders, append the commit record, then rename the files into place."""
         finishes: list[str] = []
         if final and self._begun is not None:
             inputs = set(self._begun["inputs"])
@@ -397,21 +425,23 @@ class DatasetWriter:
                                         and set(u.inputs) <= inputs and u.out == self._begun["out"]]
         if not self._staged and not finishes:
             return
-        folders = {final_path.parent for _, final_path in self._staged}
+        folders = {tmp.parent for tmp, _ in self._staged}  # the staged files' names, durable before the record
         folders |= {made.parent for made in self._made}
-        for tmp, final_path in self._staged:
-            os.replace(tmp, final_path)
         files = [str(final_path.relative_to(self.root)) for _, final_path in self._staged]
-        record = {"kind": "commit", "files": files, "final": final, **info}
+        sizes = {rel: commits.file_info(tmp, self._staged_rows.get(tmp, 0))
+                 for rel, (tmp, _) in zip(files, self._staged)}
+        record = {"kind": "commit", "files": files, "final": final, "sizes": sizes, **info}
         if finishes:
             record["finishes"] = finishes
         record_tmp, record_final = commits.stage_record(self.root, self.writer, self._records, record)
         try:
-            # The files written in this thread (not fsync'd yet), every folder whose names
-            # changed, and the record's bytes, all before the record is renamed into place:
-            # concurrent fsyncs share the file system's journal commits, so this costs about
-            # one fsync rather than one per file and folder.
-            unsynced = [final_path for tmp, final_path in self._staged if tmp in self._unsynced]
+            # The files written in this thread (not fsync'd yet), every folder whose names changed
+            # and the record's bytes, all before the record is renamed into place: concurrent fsyncs
+            # share the file system's journal commits, so this costs about one fsync rather than one
+            # per file and folder. The files stay in _staging/ until the record is in place (a plain
+            # read of the table folders never sees an uncommitted file), then are renamed;
+            # a rename lost to a crash is read where it is (commits.inspect_file) and redone by the next writer.
+            unsynced = [tmp for tmp, _ in self._staged if tmp in self._unsynced]
             self._fsync_all(unsynced + sorted(folders) + [record_tmp])
             self._unsynced.clear()
         except BaseException:
@@ -419,8 +449,14 @@ class DatasetWriter:
             raise
         commits.publish_record(record_tmp, record_final)  # the commit counts from here
         self._records += 1
-        self._staged.clear()
+        staged, self._staged = self._staged, []
+        self._staged_rows.clear()
         self._made.clear()
+        for tmp, final_path in staged:
+            try:
+                os.replace(tmp, final_path)
+            except OSError:  # committed all the same: readers read it under its temporary name
+                pass
         if commits.compact(self.root, self.writer, self._records):
             self._records += 1
 
@@ -447,6 +483,7 @@ class DatasetWriter:
                 except OSError:
                     pass
         self._staged.clear()
+        self._staged_rows.clear()
         self._unsynced.clear()
         for keys in self._uncommitted_keys:
             self.dedup.forget(keys)
@@ -460,7 +497,16 @@ class DatasetWriter:
                     pool.shutdown(wait=True, cancel_futures=True)
             self._pool = self._syncs = None
         finally:
-            self._lock.release()
+            try:
+                commits.remove_empty_folders(self.root / commits.STAGING / self.writer)
+                self._lock.release()
+            finally:
+                self._release_dataset()
+
+    def _release_dataset(self) -> None:
+        if self._dataset_lock is not None:
+            self._dataset_lock.release()
+            self._dataset_lock = None
 
     def _fsync_all(self, paths: list[Path]) -> None:
         if len(paths) <= 1:
@@ -473,6 +519,11 @@ class DatasetWriter:
             done.result()
 
     def _make_folder(self, folder: Path) -> None:
+        real_root = getattr(self, "_real_root", None)  # the dataset's own folder has no check
+        if real_root is not None and not folder.resolve().is_relative_to(real_root):  # before anything is made there
+            raise IngestError(f"{folder}: leads to {folder.resolve()} (a symbolic link), outside the dataset "
+                              f"{self.root}; a writer writes only inside its dataset: remove the link (move what it points to "
+                              f"into the dataset if it belongs there), then run this again")
         missing = [f for f in (folder, *folder.parents) if not f.exists()]
         folder.mkdir(parents=True, exist_ok=True)
         self._made.update(missing)
@@ -492,8 +543,10 @@ class DatasetWriter:
         """Write ``data`` to its temporary name (here, or on a background thread). A failed
         write discards what is staged since the last commit, as a failed commit does: no torn
         file may be renamed into place by the next one."""
-        tmp = commits.temporary_name(final_path, self.writer)
+        tmp = commits.staging_name(self.root, final_path, self.writer)
+        self._make_folder(tmp.parent)
         self._staged.append((tmp, final_path))
+        self._staged_rows[tmp] = sum(t.num_rows for t in data) if isinstance(data, list) else data.num_rows
         try:
             if not self._writers:
                 write(data, tmp)
@@ -529,9 +582,19 @@ def _write_spans(pieces: list[pa.Table], path: Path) -> None:
         raise commits.with_path(exc, path) from exc
 
 
+def write_span_file(spans: pa.Table, path: Path) -> None:
+    """One spans file as a writer writes it (its parents' rows, the writer's Parquet options); not fsync'd."""
+    _write_spans([spans], path)
+
+
+def write_table_file(table: pa.Table, path: Path) -> None:
+    """One events, links, metrics or logs file as a writer writes it; not fsync'd."""
+    _write_table(table, path)
+
+
 def _write_table(table: pa.Table, path: Path) -> None:
     try:
-        pq.write_table(table, path)
+        pq.write_table(table, path, write_page_checksum=True)
     except OSError as exc:
         raise commits.with_path(exc, path) from exc
 

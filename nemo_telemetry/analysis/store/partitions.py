@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.store.commits import committed_files
+from nemo_telemetry.analysis.store.commits import dataset_state
 
 __all__ = ["NO_VALUE", "Partition", "partition_folder", "split_by_partition", "span_partitions", "span_files"]
 
@@ -97,13 +97,12 @@ def _value(folder_name: str) -> str | None:
 def span_partitions(root: Path, *, run_id: str | None = None) -> list[Partition]:
     """The (run, rank) partitions of a dataset's committed spans files, sorted by folder; ``run_id``
     prunes. Warns (:class:`~nemo_telemetry.errors.IncompleteDatasetWarning`) when an ingest did not finish."""
-    spans = Path(root) / "spans"
     by_folder: dict[Path, list[Path]] = {}
-    for path in committed_files(root, "spans"):
-        by_folder.setdefault(path.parent, []).append(path)
+    for rel, path in dataset_state(root).placed("spans"):  # a file still staged: its folder is its recorded one
+        by_folder.setdefault(Path(rel).parent, []).append(path)
     out = []
     for folder, files in sorted(by_folder.items()):
-        parts = dict(p.split("=", 1) for p in folder.relative_to(spans).parts if "=" in p)
+        parts = dict(p.split("=", 1) for p in folder.relative_to("spans").parts if "=" in p)
         run = _value(f"run_id={parts['run_id']}") if "run_id" in parts else None
         if run_id is not None and run != run_id:
             continue

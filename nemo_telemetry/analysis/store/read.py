@@ -15,9 +15,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
-from nemo_telemetry.analysis.store.commits import committed_files
+from nemo_telemetry.analysis.store.commits import FileProblem, committed_files, damaged_error
+from nemo_telemetry.analysis.store.dataset import checked_parquet
+from nemo_telemetry.analysis.store.repair import verify_dataset
 from nemo_telemetry.analysis.store.sources import single_dataset
-from nemo_telemetry.errors import IngestError
+from nemo_telemetry.errors import DamagedDatasetError, IngestError
 
 __all__ = ["READ_COLUMNS", "GOODPUT_COLUMNS", "STEP_GOODPUT_COLUMNS", "read_for_analysis", "span_source_files",
            "reading_errors", "read_span_files", "scan_span_files", "scan_batches", "span_projection", "has_id_keys",
@@ -81,6 +83,10 @@ def reading_errors(root: Path | None):
     try:
         yield
     except (pa.ArrowInvalid, OSError) as exc:
+        damaged = verify_dataset(root).damaged if root is not None else ()
+        if damaged:  # a page overwritten in place (size and footer as committed): named by a whole read
+            error = damaged_error(root, [FileProblem(d.path, d.problem, d.rows) for d in damaged])
+            raise DamagedDatasetError(f"cannot read the spans table: {error}", error.damaged) from None
         raise IngestError(f"{root}: cannot read the spans table ({exc}); re-run nemo-telemetry ingest") from None
 
 
@@ -131,7 +137,7 @@ def every_file_has(dataset: ds.Dataset, column: str) -> bool:
 
 
 def span_projection(files: list[str], columns: tuple[str, ...]) -> tuple[ds.Dataset, list[str]]:
-    fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
+    fmt = checked_parquet(ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
     dataset, columns = _promoted_later(ds.dataset(files, format=fmt), columns)
     names = dataset.schema.names
     columns = [c for c in columns if c in names]
