@@ -38,6 +38,8 @@ _PROBLEMS_SHOWN = 5  # rejected spans named in a partial success's message
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 JSON_TYPE = "application/json"
 _INVALID_ARGUMENT, _UNAVAILABLE = 3, 14  # google.rpc.Code
+_GZIP_MAGIC = b"\x1f\x8b"
+_MAX_LENGTH_DIGITS = 19  # an int64 byte count; a longer Content-Length is malformed, not merely large
 
 
 class Reject(Exception):
@@ -122,6 +124,7 @@ class _OtlpHandler(BaseHTTPRequestHandler):
     collector: Receiver
     protocol_version = "HTTP/1.1"
     server_version = "nemo-telemetry-collect"
+    disable_nagle_algorithm = True  # a reply's head and body are two writes: the body must not wait for an ACK
     _overloaded = False
     _linger = False  # a body is left unread: discard it after the reply, then close
 
@@ -202,11 +205,27 @@ class _OtlpHandler(BaseHTTPRequestHandler):
             if transfer.strip().lower() != "chunked":
                 return Reject(501, f"unsupported Transfer-Encoding {transfer!r}; use chunked or a Content-Length")
             return None
-        if length is None or not length.strip().isdigit():
+        if length is None:
             return Reject(411, "a Content-Length or Transfer-Encoding: chunked header is required")
-        if int(length) > collector.max_request_bytes:
-            return Reject(413, f"request of {int(length)} bytes is over the {collector.max_request_bytes}-byte limit")
+        size = self._content_length()
+        if size is None:
+            return Reject(400, f"malformed Content-Length {length.strip()[:40]!r}: give the body's size in bytes, "
+                               f"a decimal number of at most {_MAX_LENGTH_DIGITS} digits")
+        if size > collector.max_request_bytes:
+            return Reject(413, f"request of {size} bytes is over the {collector.max_request_bytes}-byte limit")
         return None
+
+    def _content_length(self) -> int | None:
+        """The Content-Length as a number; None when it is not one (a sign, a letter, a second
+        header that disagrees, more digits than any body has)."""
+        values = {value.strip() for value in self.headers.get_all("Content-Length", [])}
+        if len(values) != 1:
+            return None
+        value = values.pop()
+        if not (value.isascii() and value.isdigit()):
+            return None
+        significant = value.lstrip("0") or "0"
+        return int(significant) if len(significant) <= _MAX_LENGTH_DIGITS else None
 
     def _read_body(self) -> bytes:
         limit = self.collector.max_request_bytes
@@ -215,7 +234,7 @@ class _OtlpHandler(BaseHTTPRequestHandler):
                 self.close_connection = self.close_connection or self.headers.get("Content-Length") is not None
                 body = self._read_chunked(limit)
             else:
-                body = self._read_exactly(int(self.headers["Content-Length"]))
+                body = self._read_exactly(self._content_length())
         except TimeoutError:
             self.close_connection = True
             raise Reject(408, f"no byte of the body for {self.collector.read_timeout_s:g} s; send it faster") from None
@@ -323,13 +342,29 @@ class _OtlpHandler(BaseHTTPRequestHandler):
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:
-    """Decompress, refusing to inflate past ``limit`` (a small gzip bomb stays small)."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        data = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise Reject(400, f"corrupt gzip body ({exc})") from None
-    if len(data) > limit or inflater.unconsumed_tail:
-        raise Reject(413, f"request inflates past the {limit}-byte limit")
-    return data
-
+    """Decompress every gzip member of ``body`` (RFC 1952 allows several, concatenated), refusing
+    to inflate past ``limit`` in all (a small gzip bomb stays small), and refusing a body that
+    ends inside a member or goes on after the last one with bytes that are not a member: only a
+    body decoded whole is stored."""
+    parts: list[bytes] = []
+    size, rest, members = 0, body, 0
+    while True:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            data = inflater.decompress(rest, limit - size + 1)
+        except zlib.error as exc:
+            raise Reject(400, f"corrupt gzip body ({exc}) in member {members + 1}") from None
+        size += len(data)
+        if size > limit or inflater.unconsumed_tail:
+            raise Reject(413, f"request inflates past the {limit}-byte limit")
+        if not inflater.eof:
+            raise Reject(400, f"truncated gzip body: member {members + 1} ends before its end "
+                              f"(after {len(body)} bytes sent, {size} inflated); send the whole body")
+        parts.append(data)
+        members += 1
+        rest = inflater.unused_data
+        if not rest:
+            return b"".join(parts) if members > 1 else data
+        if not _GZIP_MAGIC.startswith(rest[:2]):  # a member cut after its first byte is truncated, below
+            raise Reject(400, f"{len(rest)} bytes after the end of gzip member {members} are not a "
+                              "gzip member; send the compressed body alone")
