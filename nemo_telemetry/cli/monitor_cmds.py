@@ -40,7 +40,8 @@ def monitor(
 
     A step is reported once its window closed and --grace passed; a span that arrives later reports
     it again (JSON: "revised": true). Exit 1 with --exit-on-alert when rolling goodput over --over
-    steps falls below --alert-below; 2 on bad usage.
+    steps falls below --alert-below; 2 on bad usage, or (with --port) when a span received was left
+    unwritten (a full disk: the reason is printed), as `collect` does.
 
     Example: nemo-telemetry monitor --follow run42/dumps --alert-below 0.5 --over 20 --metrics-port 9464
     """
@@ -76,6 +77,10 @@ def monitor(
         else:
             summary = _run_live(run_monitor, options, view_console)
     _print_end(summary, err)
+    unwritten = summary.receiver.unwritten_spans if summary.receiver is not None else 0
+    if unwritten:
+        raise fail(f"{unwritten:,} received spans were not written to {out or 'the dataset'} "
+                   f"({summary.receiver.write_error}); their exporters got 503 and may still hold them")
     if exit_on_alert and summary.alerts:
         raise typer.Exit(EXIT_FINDINGS)
 
