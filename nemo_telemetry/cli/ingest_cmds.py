@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from nemo_telemetry.analysis import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, FORMATS
-from nemo_telemetry.cli._common import console, fail, library_errors, print_json
+from nemo_telemetry.cli._common import console, fail, library_errors, print_json, stop_on_signals
 from nemo_telemetry.cli.app import app
 from nemo_telemetry.errors import ListenError
 
@@ -138,22 +138,23 @@ def collect(
     """
     if max_request_mib <= 0 or max_connections <= 0 or read_timeout_s <= 0:
         raise fail("--max-request-mib, --max-connections and --read-timeout-s must be positive")
-    from nemo_telemetry.analysis import run_collector  # noqa: PLC0415
-
     err = console(stderr=True)
 
     def ready(server: CollectorServer) -> None:
         err.print(f"collecting OTLP/HTTP traces at [bold]{server.traces_url}[/] into {out}; Ctrl-C to stop", markup=True)
 
-    with library_errors():
-        try:
-            summary = run_collector(
-                out, host=host, port=port, max_request_bytes=int(max_request_mib * (1 << 20)),
-                max_connections=max_connections, read_timeout_s=read_timeout_s, on_ready=ready,
-            )
-        except ListenError as exc:
-            raise fail(f"{exc}; choose another --port") from None
-    _print_collect_summary(summary, out)
+    with stop_on_signals() as stop:
+        from nemo_telemetry.analysis import run_collector  # noqa: PLC0415
+
+        with library_errors():
+            try:
+                summary = run_collector(
+                    out, host=host, port=port, max_request_bytes=int(max_request_mib * (1 << 20)),
+                    max_connections=max_connections, read_timeout_s=read_timeout_s, on_ready=ready, stop=stop,
+                )
+            except ListenError as exc:
+                raise fail(f"{exc}; choose another --port") from None
+        _print_collect_summary(summary, out)
     if summary.unwritten_spans:
         raise fail(f"{summary.unwritten_spans:,} received spans were not written to {out} "
                    f"({summary.write_error}); their exporters got 503 and may still hold them")

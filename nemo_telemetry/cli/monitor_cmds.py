@@ -9,7 +9,7 @@ from typing import Optional
 import orjson
 import typer
 
-from nemo_telemetry.cli._common import EXIT_FINDINGS, console, fail, library_errors, warn_line
+from nemo_telemetry.cli._common import EXIT_FINDINGS, console, fail, library_errors, stop_on_signals, warn_line
 from nemo_telemetry.cli.app import app
 
 
@@ -45,8 +45,6 @@ def monitor(
 
     Example: nemo-telemetry monitor --follow run42/dumps --alert-below 0.5 --over 20 --metrics-port 9464
     """
-    from nemo_telemetry.analysis import run_monitor  # noqa: PLC0415 - the analysis loads only here
-
     if output_format not in ("table", "json"):
         raise fail(f"--format {output_format!r}: choose table or json")
     err = console(stderr=True)
@@ -71,11 +69,13 @@ def monitor(
                    rolling_steps=over, keep_steps=max(256, over), alert_below=alert_below,
                    exit_on_alert=exit_on_alert, metrics_port=metrics_port, otlp_metrics=otlp_metrics,
                    on_step=on_step, on_alert=on_alert, on_ready=on_ready)
-    with library_errors():
+    with stop_on_signals() as stop, library_errors():  # taken first: a signal while it loads stops it cleanly
+        from nemo_telemetry.analysis import run_monitor  # noqa: PLC0415 - the analysis loads only here
+
         if as_json:
-            summary = run_monitor(**options)
+            summary = run_monitor(**options, stop=stop)
         else:
-            summary = _run_live(run_monitor, options, view_console)
+            summary = _run_live(run_monitor, dict(options, stop=stop), view_console)
     _print_end(summary, err)
     unwritten = summary.receiver.unwritten_spans if summary.receiver is not None else 0
     if unwritten:

@@ -21,9 +21,13 @@ server that binds them, with its bounds and its summary.
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -49,12 +53,14 @@ from nemo_telemetry.analysis.ingestion._collect_http import (
 )
 from nemo_telemetry.analysis.store.dataset import SpanDeduplicator
 from nemo_telemetry.analysis.ingestion.ingest import drop_malformed_ids
+from nemo_telemetry.environment_variables import NEMO_TELEMETRY_COMPILED
 from nemo_telemetry.errors import IngestError, ListenError
 
 __all__ = [
     "CollectorServer",
     "CollectSummary",
     "run_collector",
+    "load_kernels",
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_READ_TIMEOUT_S",
@@ -66,6 +72,8 @@ __all__ = [
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 DEFAULT_REQUEST_TIMEOUT_S = 60.0  # reading one request, from its first line to its last byte
 _STOP_POLL_S = 0.05  # the accept loop's poll: stop() and the deadline reaper act within it
+_KERNEL_LOAD_JOIN_S = 5.0  # stop() waits this long for a load from the kernel cache in flight
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -93,16 +101,85 @@ class CollectSummary:
 
 
 
-def _load_kernels() -> None:
-    """Load the compiled decoder and dedup kernels (compiling them, once per machine, when their
-    cache is empty) before listening, so that no exporter's first request waits for them;
-    loaded, the seam takes them for every request however small."""
+def load_kernels() -> None:
+    """Load the compiled decoder and dedup kernels (compiling them when their cache is empty)
+    with the signatures a receiver's requests use; loaded, the seam takes them for every
+    request however small."""
     _compiled.kernels(*_compiled.KERNEL_MODULES, work=_compiled.SMALL_BYTES)
     span = Span(trace_id=b"\1" * 16, span_id=b"\1" * 8, name="load", start_time_unix_nano=1, end_time_unix_nano=2)
     request = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])])
     tables, _ = decode_body(request.SerializeToString(), PROTOBUF_TYPES[0])
     SpanDeduplicator().admit(tables.spans)
 
+
+_COMPILE_COMMAND = "from nemo_telemetry.analysis.ingestion.collect import load_kernels; load_kernels()"
+
+
+class _KernelLoader:
+    """Loads the compiled kernels while the receiver already serves, so that an exporter's first
+    request is answered at once even on a fresh install (an empty kernel cache, half a minute
+    of compiling on 2 cores).
+
+    With the kernels cached, a background thread loads them (about a second). With nothing
+    cached, a child process compiles them into the cache (its own interpreter: the compiler
+    does not hold this one's GIL, and stopping kills it at once) while every request takes the
+    reference decoders (:func:`~nemo_telemetry.analysis.kernels._compiled.deferred`); once it
+    is done the thread loads them from the cache. A compile that fails leaves the reference
+    paths serving, with one warning in the log. With no writable cache, nothing is compiled
+    ahead: the reference paths serve, as the seam decides for any small input.
+    """
+
+    def __init__(self) -> None:
+        self._stopping = threading.Event()
+        self._child: subprocess.Popen | None = None
+        self._child_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._load, name="nemo-collect-kernels", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        try:
+            how = _compiled.mode()
+            if how == "off":
+                return
+            if how == "auto" and not _compiled.cached(*_compiled.KERNEL_MODULES):
+                if _compiled.cache_dir() is None:
+                    return
+                with _compiled.deferred(*_compiled.KERNEL_MODULES):
+                    if not self._compile_in_child():
+                        return
+            if not self._stopping.is_set():
+                load_kernels()
+        except Exception as exc:  # noqa: BLE001 - the reference paths serve; the receiver goes on
+            _log.warning("collect: loading the compiled kernels failed (%s: %s); the reference decoders serve",
+                         type(exc).__name__, exc)
+
+    def _compile_in_child(self) -> bool:
+        """Compile the kernels into the cache in a child process; whether it succeeded."""
+        with self._child_lock:
+            if self._stopping.is_set():
+                return False
+            env = {**os.environ, NEMO_TELEMETRY_COMPILED: "1"}
+            self._child = subprocess.Popen([sys.executable, "-c", _COMPILE_COMMAND], env=env,
+                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.PIPE, start_new_session=True)  # a Ctrl-C is ours
+        _, stderr = self._child.communicate()
+        if self._stopping.is_set():
+            return False
+        if self._child.returncode != 0:
+            last = stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {self._child.returncode}"]
+            _log.warning("collect: compiling the kernels failed (%s); the reference decoders serve", last[0])
+            return False
+        return True
+
+    def stop(self) -> None:
+        """Kill a compile in flight (numba replaces cache files atomically: a later run starts
+        over), and let a load from the cache finish within a second or two."""
+        with self._child_lock:
+            self._stopping.set()
+            child = self._child
+        if child is not None and child.poll() is None:
+            child.kill()
+        self._thread.join(_KERNEL_LOAD_JOIN_S)
 
 
 class CollectorServer:
@@ -140,7 +217,6 @@ class CollectorServer:
                               for name, field in CollectSummary.__dataclass_fields__.items()}
         self._stopped = threading.Event()
         self._deadlines: dict[socket.socket, float] = {}  # open connection -> when to drop it
-        _load_kernels()
         try:
             writer = open_session(Path(out))
         except OSError as exc:
@@ -152,6 +228,7 @@ class CollectorServer:
             raise ListenError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
         self._committer = Committer(Path(out), writer, self._counts, self._lock, on_commit)
         self._thread: threading.Thread | None = None
+        self._kernels = _KernelLoader()
 
     @property
     def url(self) -> str:
@@ -174,6 +251,7 @@ class CollectorServer:
         503), answer the received ones after their commit, close the dataset; idempotent."""
         if not self._stopped.is_set():
             self._stopped.set()
+            self._kernels.stop()
             if self._thread is not None:
                 self._httpd.shutdown()
             self._drop_late_connections()
@@ -266,21 +344,26 @@ def run_collector(
     on_ready: Callable[[CollectorServer], None] | None = None,
     stop: threading.Event | None = None,
 ) -> CollectSummary:
-    """Serve until SIGINT/SIGTERM (or ``stop`` is set), then stop and return the summary."""
+    """Serve until SIGINT/SIGTERM (or ``stop`` is set), then stop and return the summary.
+
+    The signals are taken before anything else, so one that arrives while the dataset is opened
+    or the port bound stops the collector as soon as it serves (with nothing received)."""
     stop = stop or threading.Event()
-    server = CollectorServer(out, host=host, port=port, max_request_bytes=max_request_bytes,
-                             max_connections=max_connections, read_timeout_s=read_timeout_s).start()
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
-        if on_ready is not None:
-            on_ready(server)
-        while not stop.wait(0.1):
-            pass
+        server = CollectorServer(out, host=host, port=port, max_request_bytes=max_request_bytes,
+                                 max_connections=max_connections, read_timeout_s=read_timeout_s).start()
+        try:
+            if on_ready is not None:
+                on_ready(server)
+            while not stop.wait(0.1):
+                pass
+        finally:
+            summary = server.stop()
     finally:
-        summary = server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return summary
