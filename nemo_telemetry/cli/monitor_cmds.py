@@ -35,13 +35,21 @@ def monitor(
     otlp_metrics: bool = typer.Option(False, "--otlp-metrics", help="Push rl.goodput.* over OTLP metrics to "
                                                                     "OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface the receiver and /metrics listen on."),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help="With --port: require 'Authorization: "
+                                              "Bearer <token>' on every request (401 otherwise), as `collect` does."),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="With --port: serve HTTPS with this PEM "
+                                            "certificate chain (with --tls-key)."),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="The PEM private key of --tls-cert."),
+    insecure: bool = typer.Option(False, "--insecure", help="With --port: listen on a --host beyond loopback "
+                                  "without --token-file (refused otherwise)."),
 ) -> None:
     """Report each training step's goodput as its spans complete; export rl.goodput.* metrics.
 
     A step is reported once its window closed and --grace passed; a span that arrives later reports
     it again (JSON: "revised": true). Exit 1 with --exit-on-alert when rolling goodput over --over
     steps falls below --alert-below; 2 on bad usage, or (with --port) when a span received was left
-    unwritten (a full disk: the reason is printed), as `collect` does.
+    unwritten (a full disk: the reason is printed), as `collect` does, or a --host beyond loopback
+    has no --token-file (unless --insecure). Ctrl-C or SIGTERM stops it at any moment.
 
     Example: nemo-telemetry monitor --follow run42/dumps --alert-below 0.5 --over 20 --metrics-port 9464
     """
@@ -62,15 +70,20 @@ def monitor(
     def on_ready(where: dict) -> None:
         if where["traces_url"]:
             err.print(f"monitor: receiving OTLP/HTTP traces on {where['traces_url']}", soft_wrap=True)
+        if where.get("unguarded"):
+            warn_line(f"--insecure: anyone who reaches {where['traces_url']} can write spans; --token-file guards it")
         if where["metrics_url"]:
             err.print(f"monitor: Prometheus metrics on {where['metrics_url']}", soft_wrap=True)
 
     options = dict(follow=follow, port=port, out=out, host=host, until_idle_s=until_idle, grace_s=grace,
                    rolling_steps=over, keep_steps=max(256, over), alert_below=alert_below,
                    exit_on_alert=exit_on_alert, metrics_port=metrics_port, otlp_metrics=otlp_metrics,
-                   on_step=on_step, on_alert=on_alert, on_ready=on_ready)
+                   on_step=on_step, on_alert=on_alert, on_ready=on_ready,
+                   tls_cert=tls_cert, tls_key=tls_key, insecure=insecure)
     with stop_on_signals() as stop, library_errors():  # taken first: a signal while it loads stops it cleanly
-        from nemo_telemetry.analysis import run_monitor  # noqa: PLC0415 - the analysis loads only here
+        from nemo_telemetry.analysis import read_token_file, run_monitor  # noqa: PLC0415 - loaded only here
+
+        options["token"] = read_token_file(token_file) if token_file is not None else None
 
         if as_json:
             summary = run_monitor(**options, stop=stop)

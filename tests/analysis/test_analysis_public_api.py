@@ -26,6 +26,8 @@ PINNED |= {"ENGINES", "goodput_with_engine", "check_with_engine", "ingest_with_e
 PINNED |= {"DEFAULT_MAX_CONNECTIONS", "DEFAULT_READ_TIMEOUT_S"}
 PINNED |= {"run_monitor", "MonitorState", "MonitorSummary", "MonitorView", "StepRecord", "RunStatus", "Alert",
            "DumpFollower", "FollowCounts", "MONITOR_SERIES", "MonitorError"}
+# issue 33: the receivers' bearer token file and the error of a receiver that refuses to start as asked
+PINNED |= {"read_token_file", "ReceiverSecurityError"}
 
 CLI = Path(analysis.__file__).resolve().parent.parent / "cli"
 

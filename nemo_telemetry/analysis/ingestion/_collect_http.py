@@ -9,9 +9,11 @@ through :class:`Receiver`.
 
 from __future__ import annotations
 
+import hmac
 import math
 import re
 import socket
+import ssl
 import threading
 import time
 import zlib
@@ -37,7 +39,7 @@ _TRAILER_LINES = 100
 _PROBLEMS_SHOWN = 5  # rejected spans named in a partial success's message
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 JSON_TYPE = "application/json"
-_INVALID_ARGUMENT, _UNAVAILABLE = 3, 14  # google.rpc.Code
+_INVALID_ARGUMENT, _UNAVAILABLE, _UNAUTHENTICATED = 3, 14, 16  # google.rpc.Code
 _GZIP_MAGIC = b"\x1f\x8b"
 _MAX_LENGTH_DIGITS = 19  # an int64 byte count; a longer Content-Length is malformed, not merely large
 
@@ -74,6 +76,8 @@ class Receiver(Protocol):
     max_connections: int
     read_timeout_s: float
     request_timeout_s: float
+    token: bytes | None  # the bearer token every request must carry; None: no check
+    tls: ssl.SSLContext | None  # connections are TLS when set
     _stopped: threading.Event
 
     def _open_connection(self, conn: socket.socket) -> int: ...
@@ -143,12 +147,46 @@ class _OtlpHandler(BaseHTTPRequestHandler):
             return
         try:
             self.close_connection = True
+            if not self._handshake():
+                return
             while True:
                 self.handle_one_request()
                 if self.close_connection or not collector._set_deadline(self.connection, collector.read_timeout_s):
                     break
         finally:
             collector._close_connection(self.connection)
+
+    def setup(self) -> None:
+        """With TLS, the connection is wrapped here and its handshake done in :meth:`handle`, on
+        this connection's thread under its deadlines (never in the accept loop)."""
+        if self.collector.tls is not None:
+            self.request = self.collector.tls.wrap_socket(self.request, server_side=True,
+                                                          do_handshake_on_connect=False)
+        super().setup()
+
+    def _handshake(self) -> bool:
+        """The TLS handshake; False (the connection closed, counted) when the client fails it:
+        plain HTTP to a TLS port, a certificate it does not trust, silence past the deadline."""
+        if self.collector.tls is None:
+            return True
+        try:
+            self.connection.do_handshake()
+        except OSError:  # ssl.SSLError, a reset, the read deadline
+            self.collector._count("failed_handshakes")
+            return False
+        return True
+
+    def finish(self) -> None:
+        """The stdlib closes the socket it accepted; a TLS connection wraps it, so close that."""
+        try:
+            super().finish()
+        finally:
+            if self.collector.tls is not None:
+                try:
+                    socket.socket.shutdown(self.connection, socket.SHUT_WR)
+                except OSError:
+                    pass
+                self.connection.close()
 
     def parse_request(self) -> bool:
         """The request line is in: from here it has ``request_timeout_s`` to arrive whole."""
@@ -192,6 +230,9 @@ class _OtlpHandler(BaseHTTPRequestHandler):
             return Reject(503, f"collector is serving its {collector.max_connections} connections; retry later")
         if collector._stopped.is_set():
             return Reject(503, "collector is stopping; retry later")
+        if collector.token is not None and not self._authorized():
+            return Reject(401, "missing or wrong bearer token: send the header "
+                               "'Authorization: Bearer <the token in the receiver's --token-file>'")
         if self.path.split("?")[0] != "/v1/traces":
             return Reject(404, f"no OTLP endpoint at {self.path}; traces go to /v1/traces")
         if self._content_type() not in PROTOBUF_TYPES + (JSON_TYPE,):
@@ -214,6 +255,13 @@ class _OtlpHandler(BaseHTTPRequestHandler):
         if size > collector.max_request_bytes:
             return Reject(413, f"request of {size} bytes is over the {collector.max_request_bytes}-byte limit")
         return None
+
+    def _authorized(self) -> bool:
+        """Whether the request carries the bearer token, compared in constant time (the scheme
+        name is case-insensitive, RFC 9110)."""
+        scheme, _, credentials = self.headers.get("Authorization", "").strip().partition(" ")
+        presented = credentials.strip().encode("latin-1", "replace") if scheme.lower() == "bearer" else b""
+        return hmac.compare_digest(presented, self.collector.token)
 
     def _content_length(self) -> int | None:
         """The Content-Length as a number; None when it is not one (a sign, a letter, a second
@@ -291,7 +339,9 @@ class _OtlpHandler(BaseHTTPRequestHandler):
             self.close_connection = True
         content_type = self._content_type()
         headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 503 else {}
-        code = _UNAVAILABLE if exc.status == 503 else _INVALID_ARGUMENT
+        if exc.status == 401:
+            headers["WWW-Authenticate"] = 'Bearer realm="nemo-telemetry"'
+        code = {503: _UNAVAILABLE, 401: _UNAUTHENTICATED}.get(exc.status, _INVALID_ARGUMENT)
         if content_type == JSON_TYPE:
             body = orjson.dumps({"code": code, "message": str(exc)})
         elif content_type in PROTOBUF_TYPES:
@@ -317,15 +367,21 @@ class _OtlpHandler(BaseHTTPRequestHandler):
         self._send(200, body, content_type, {})
 
     def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str]) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in headers.items():
-            self.send_header(name, value)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
+        """Write the reply; a connection that can no longer carry one (the client gone, or a TLS
+        connection whose reads were ended by stop() or a deadline) is closed unanswered: the
+        exporter sees a connection error and sends again, as it does after a 503."""
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            for name, value in headers.items():
+                self.send_header(name, value)
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            self.close_connection = True
 
     def _discard_input(self) -> None:
         """Read what the client still sends for up to ``_LINGER_S`` before closing, so that its

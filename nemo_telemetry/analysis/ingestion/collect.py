@@ -21,11 +21,13 @@ server that binds them, with its bounds and its summary.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -54,13 +56,14 @@ from nemo_telemetry.analysis.ingestion._collect_http import (
 from nemo_telemetry.analysis.store.dataset import SpanDeduplicator
 from nemo_telemetry.analysis.ingestion.ingest import drop_malformed_ids
 from nemo_telemetry.environment_variables import NEMO_TELEMETRY_COMPILED
-from nemo_telemetry.errors import IngestError, ListenError
+from nemo_telemetry.errors import IngestError, ListenError, ReceiverSecurityError
 
 __all__ = [
     "CollectorServer",
     "CollectSummary",
     "run_collector",
     "load_kernels",
+    "read_token_file",
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_READ_TIMEOUT_S",
@@ -83,7 +86,9 @@ class CollectSummary:
     ``unavailable_requests`` were answered 503 (a failed write, too many connections, or
     stopping): the exporter sends them again. ``rejected_spans`` are the spans dropped from a
     partial success and those of a request answered 400 after decoding (a request that does not
-    decode counts in ``rejected_requests`` only). ``unwritten_spans`` counts, once the collector has
+    decode counts in ``rejected_requests`` only; so does one refused 401 for its bearer token).
+    ``failed_handshakes`` are TLS connections closed before a request (plain HTTP to a TLS
+    receiver, a client that does not trust its certificate). ``unwritten_spans`` counts, once the collector has
     stopped, the distinct spans it received but could not write and no later retry wrote;
     ``write_error`` is the last write failure's cause ("" when every write worked).
     """
@@ -98,6 +103,7 @@ class CollectSummary:
     unavailable_requests: int = 0
     unwritten_spans: int = 0
     write_error: str = ""
+    failed_handshakes: int = 0
 
 
 
@@ -182,6 +188,64 @@ class _KernelLoader:
         self._thread.join(_KERNEL_LOAD_JOIN_S)
 
 
+def read_token_file(path: str | Path) -> str:
+    """The bearer token in ``path`` (its first line, surrounding whitespace dropped); raises
+    :class:`~nemo_telemetry.errors.ReceiverSecurityError` naming the file when it cannot be
+    read or holds no usable token."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReceiverSecurityError(f"--token-file {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    lines = text.strip().splitlines()
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise ReceiverSecurityError(f"--token-file {path}: the file is empty; write the token on its first line")
+    _check_token(token, where=f"--token-file {path}")
+    return token
+
+
+def _check_token(token: str | None, where: str = "token") -> bytes | None:
+    """The token as the bytes a request's header must carry; printable ASCII without spaces, so
+    that it travels in an HTTP header unchanged."""
+    if token is None:
+        return None
+    if not token or not all("!" <= c <= "~" for c in token):
+        raise ReceiverSecurityError(f"{where}: a bearer token is printable ASCII without spaces "
+                                    "(for example `openssl rand -hex 32`)")
+    return token.encode("ascii")
+
+
+def _tls_context(cert: str | Path | None, key: str | Path | None) -> ssl.SSLContext | None:
+    """A server context for the PEM certificate chain ``cert`` and its private key ``key``."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ReceiverSecurityError("give --tls-cert and --tls-key together (the certificate chain and its private "
+                                    "key, PEM files)")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(str(cert), str(key))
+    except (OSError, ssl.SSLError) as exc:
+        raise ReceiverSecurityError(f"--tls-cert {cert} / --tls-key {key}: cannot load them "
+                                    f"({getattr(exc, 'strerror', None) or exc}); give a PEM certificate chain and "
+                                    "its private key") from None
+    return context
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether every address ``host`` names is a loopback one ("" and 0.0.0.0 are every
+    interface); a name that does not resolve counts as loopback here: binding it fails, with
+    its own message."""
+    try:
+        infos = socket.getaddrinfo(host or None, 0, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError):
+        return True
+    addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+    return all(a.is_loopback or getattr(a, "ipv4_mapped", None) is not None and a.ipv4_mapped.is_loopback
+               for a in addresses)
+
+
 class CollectorServer:
     """An OTLP/HTTP receiver committing to the dataset at ``out``; ``port=0`` picks a free port.
 
@@ -189,6 +253,12 @@ class CollectorServer:
     :class:`~nemo_telemetry.errors.IngestError` when the dataset cannot be created. The class
     attributes are the default bounds. ``on_commit`` is called (on the committer thread) with the
     spans each commit added, deduplicated, once they are durable: how ``monitor`` sees them.
+
+    ``token``: every request must carry ``Authorization: Bearer <token>`` (compared in constant
+    time; 401 otherwise). ``tls_cert`` / ``tls_key`` (PEM files, given together): serve HTTPS.
+    A ``host`` beyond loopback without a token raises
+    :class:`~nemo_telemetry.errors.ReceiverSecurityError` unless ``insecure``: anyone who
+    reaches the port could write spans into the dataset.
     """
 
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
@@ -207,7 +277,20 @@ class CollectorServer:
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         on_commit: Callable[[pa.Table], None] | None = None,
+        token: str | None = None,
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
+        insecure: bool = False,
     ) -> None:
+        self.token = _check_token(token)
+        self.tls = _tls_context(tls_cert, tls_key)
+        self.unguarded = self.token is None and not _is_loopback(host)
+        """Listening beyond loopback without a token (allowed by ``insecure``)."""
+        if self.unguarded and not insecure:
+            raise ReceiverSecurityError(
+                f"refusing to listen on {host!r} without a bearer token: anyone who reaches that address could "
+                f"write spans into {out}; give --token-file PATH (and --tls-cert / --tls-key so the token does "
+                "not travel in clear text), or --insecure to listen anyway on a network you trust")
         self.max_request_bytes = max_request_bytes
         self.max_connections = max_connections
         self.read_timeout_s = read_timeout_s
@@ -233,7 +316,8 @@ class CollectorServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        host = f"[{host}]" if ":" in host else host
+        return f"{'https' if self.tls is not None else 'http'}://{host}:{port}"
 
     @property
     def traces_url(self) -> str:
@@ -326,8 +410,8 @@ class CollectorServer:
         with self._lock:
             late = [c for c, t in self._deadlines.items() if t < now or (self._stopped.is_set() and t < math.inf)]
         for conn in late:
-            try:
-                conn.shutdown(socket.SHUT_RD)
+            try:  # the plain socket's shutdown: a TLS socket's own would drop its state under its reader
+                socket.socket.shutdown(conn, socket.SHUT_RD)
             except OSError:
                 pass
 
@@ -343,6 +427,10 @@ def run_collector(
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     on_ready: Callable[[CollectorServer], None] | None = None,
     stop: threading.Event | None = None,
+    token: str | None = None,
+    tls_cert: str | Path | None = None,
+    tls_key: str | Path | None = None,
+    insecure: bool = False,
 ) -> CollectSummary:
     """Serve until SIGINT/SIGTERM (or ``stop`` is set), then stop and return the summary.
 
@@ -355,7 +443,8 @@ def run_collector(
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
         server = CollectorServer(out, host=host, port=port, max_request_bytes=max_request_bytes,
-                                 max_connections=max_connections, read_timeout_s=read_timeout_s).start()
+                                 max_connections=max_connections, read_timeout_s=read_timeout_s, token=token,
+                                 tls_cert=tls_cert, tls_key=tls_key, insecure=insecure).start()
         try:
             if on_ready is not None:
                 on_ready(server)
