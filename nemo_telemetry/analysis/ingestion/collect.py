@@ -123,10 +123,10 @@ _COMPILE_COMMAND = "from nemo_telemetry.analysis.ingestion.collect import load_k
 
 class _KernelLoader:
     """Loads the compiled kernels while the receiver already serves, so that an exporter's first
-    request is answered at once even on a fresh install (an empty kernel cache, half a minute
-    of compiling on 2 cores).
+    request is answered at once even on a fresh install (an empty kernel cache: a compile of
+    every kernel first).
 
-    With the kernels cached, a background thread loads them (about a second). With nothing
+    With the kernels cached, a background thread loads them. With nothing
     cached, a child process compiles them into the cache (its own interpreter: the compiler
     does not hold this one's GIL, and stopping kills it at once) while every request takes the
     reference decoders (:func:`~nemo_telemetry.analysis.kernels._compiled.deferred`); once it
