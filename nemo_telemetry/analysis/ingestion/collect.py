@@ -1,7 +1,8 @@
 """``collect``: an OTLP/HTTP trace receiver that commits what it receives to a dataset.
 
 ``POST /v1/traces`` with protobuf (``application/x-protobuf``) or JSON (``application/json``)
-bodies, optionally ``Content-Encoding: gzip``, sized by ``Content-Length`` or sent
+bodies, optionally ``Content-Encoding: gzip`` (every member decoded; a body cut short, or with
+bytes after its last member, refused), sized by ``Content-Length`` or sent
 ``Transfer-Encoding: chunked`` (``Expect: 100-continue`` answered). A request is answered 200
 only once its spans are committed on disk: requests that arrive while a commit is running wait
 together for the next one (group commit), so one write and one fsync serve them all. A write
@@ -11,7 +12,9 @@ OTLP exporters' signal to send again; nothing is acknowledged that is not writte
 Bounds, each a keyword of :class:`CollectorServer`: request size, concurrent connections (503
 beyond), a timeout per socket read, a deadline for reading one request; the listen backlog is
 ``LISTEN_BACKLOG``. :meth:`CollectorServer.stop` drops idle and half-received requests at once
-and answers those already received once their commit is done.
+and answers those already received once their commit is done. Beyond loopback, a bearer token
+and TLS guard it (:class:`CollectorServer`'s ``token``, ``tls_cert`` / ``tls_key``). It listens
+before the compiled kernels are loaded (:class:`_KernelLoader`).
 
 The stdlib ``ThreadingHTTPServer`` keeps this dependency-free: one thread per connection
 (:mod:`~nemo_telemetry.analysis.ingestion._collect_http`), one committer thread that owns the
