@@ -9,6 +9,7 @@ import gzip
 import http.client
 import socket
 import threading
+import time
 
 import httpx
 import orjson
@@ -16,7 +17,7 @@ import pytest
 from google.rpc.status_pb2 import Status
 
 from nemo_telemetry.analysis import IncompleteDatasetWarning, read_spans, run_monitor
-from nemo_telemetry.analysis.ingestion.collect import CollectorServer
+from nemo_telemetry.analysis.ingestion.collect import MAX_GZIP_MEMBERS, CollectorServer
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 
 LIMIT = 64 * 1024
@@ -110,6 +111,30 @@ def test_members_that_together_inflate_past_the_limit_are_413(collector, tmp_pat
     assert response.status_code == 413
     collector.stop()
     assert _stored(tmp_path / "ds") == 0
+
+
+def test_a_body_of_more_members_than_the_bound_is_400_quickly(collector, tmp_path):
+    empty = gzip.compress(b"")
+    began = time.monotonic()
+    response = httpx.post(collector.traces_url, content=empty * (MAX_GZIP_MEMBERS + 1), headers=PROTOBUF_GZIP)
+    assert response.status_code == 400
+    assert f"more than {MAX_GZIP_MEMBERS} members" in _message(response)
+    first = to_protobuf(_two_requests()[0])
+    cut = len(first) // 3
+    body = gzip.compress(first[:cut]) + gzip.compress(first[cut:]) + empty * (MAX_GZIP_MEMBERS - 2)
+    assert httpx.post(collector.traces_url, content=body, headers=PROTOBUF_GZIP).status_code == 200
+    assert time.monotonic() - began < 10
+    collector.stop()
+    assert read_spans(tmp_path / "ds").num_rows == 50
+
+
+def test_a_large_body_of_many_members_is_decoded_whole(tmp_path):
+    requests = [to_protobuf(r) for r in synthetic_requests(4000, spans_per_request=50, ranks=1)]
+    body = b"".join(gzip.compress(r) for r in requests)  # members of ~2 KiB, past one feed of the inflater
+    assert len(body) > 1 << 17 and len(requests) < MAX_GZIP_MEMBERS
+    with CollectorServer(tmp_path / "ds", port=0) as server:
+        assert httpx.post(server.traces_url, content=body, headers=PROTOBUF_GZIP).status_code == 200
+    assert read_spans(tmp_path / "ds").num_rows == server.summary().spans >= 4000
 
 
 def _raw_post(server: CollectorServer, head_lines: list[str], body: bytes = b"") -> http.client.HTTPResponse:

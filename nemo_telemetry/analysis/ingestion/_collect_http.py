@@ -29,7 +29,7 @@ from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
 from nemo_telemetry.analysis.ingestion._otlp_wire import decode_batch
 
 __all__ = ["Reject", "Receiver", "ListeningServer", "handler_for", "decode_body", "problems_message",
-           "LISTEN_BACKLOG", "RETRY_AFTER_S", "PROTOBUF_TYPES", "JSON_TYPE"]
+           "LISTEN_BACKLOG", "RETRY_AFTER_S", "PROTOBUF_TYPES", "JSON_TYPE", "MAX_GZIP_MEMBERS"]
 
 LISTEN_BACKLOG = 1024  # the kernel caps it at net.core.somaxconn
 RETRY_AFTER_S = 1  # sent with every 503
@@ -41,6 +41,8 @@ PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 JSON_TYPE = "application/json"
 _INVALID_ARGUMENT, _UNAVAILABLE, _UNAUTHENTICATED = 3, 14, 16  # google.rpc.Code
 _GZIP_MAGIC = b"\x1f\x8b"
+MAX_GZIP_MEMBERS = 1000  # a body's gzip members (exporters send one)
+_GZIP_FEED = 1 << 16  # compressed bytes fed to the inflater at a time
 _MAX_LENGTH_DIGITS = 19  # an int64 byte count; a longer Content-Length is malformed, not merely large
 
 
@@ -401,26 +403,36 @@ def _gunzip(body: bytes, limit: int) -> bytes:
     """Decompress every gzip member of ``body`` (RFC 1952 allows several, concatenated), refusing
     to inflate past ``limit`` in all (a small gzip bomb stays small), and refusing a body that
     ends inside a member or goes on after the last one with bytes that are not a member: only a
-    body decoded whole is stored."""
+    body decoded whole is stored. The input is fed ``_GZIP_FEED`` bytes at a time and members
+    are bounded by ``MAX_GZIP_MEMBERS``, so that a body of many tiny members costs at most about
+    ``MAX_GZIP_MEMBERS * _GZIP_FEED`` bytes copied, not its size squared."""
+    view = memoryview(body)
     parts: list[bytes] = []
-    size, rest, members = 0, body, 0
+    size = offset = members = 0
     while True:
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
         try:
-            data = inflater.decompress(rest, limit - size + 1)
+            while not inflater.eof and offset < len(view):
+                chunk = view[offset:offset + _GZIP_FEED]
+                offset += len(chunk)
+                data = inflater.decompress(chunk, limit - size + 1)
+                size += len(data)
+                if size > limit or inflater.unconsumed_tail:
+                    raise Reject(413, f"request inflates past the {limit}-byte limit")
+                if data:
+                    parts.append(data)
         except zlib.error as exc:
             raise Reject(400, f"corrupt gzip body ({exc}) in member {members + 1}") from None
-        size += len(data)
-        if size > limit or inflater.unconsumed_tail:
-            raise Reject(413, f"request inflates past the {limit}-byte limit")
         if not inflater.eof:
             raise Reject(400, f"truncated gzip body: member {members + 1} ends before its end "
                               f"(after {len(body)} bytes sent, {size} inflated); send the whole body")
-        parts.append(data)
         members += 1
-        rest = inflater.unused_data
-        if not rest:
-            return b"".join(parts) if members > 1 else data
-        if not _GZIP_MAGIC.startswith(rest[:2]):  # a member cut after its first byte is truncated, below
-            raise Reject(400, f"{len(rest)} bytes after the end of gzip member {members} are not a "
+        offset -= len(inflater.unused_data)
+        if offset == len(view):
+            return b"".join(parts)
+        rest = bytes(view[offset:offset + len(_GZIP_MAGIC)])
+        if not _GZIP_MAGIC.startswith(rest):  # a member cut after its first byte is truncated, above
+            raise Reject(400, f"{len(view) - offset} bytes after the end of gzip member {members} are not a "
                               "gzip member; send the compressed body alone")
+        if members == MAX_GZIP_MEMBERS:
+            raise Reject(400, f"a gzip body of more than {MAX_GZIP_MEMBERS} members; send fewer, larger ones")

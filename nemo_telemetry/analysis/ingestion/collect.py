@@ -48,6 +48,7 @@ from nemo_telemetry.analysis.kernels import _compiled
 from nemo_telemetry.analysis.ingestion._collect_commit import Committer, describe_failure, open_session
 from nemo_telemetry.analysis.ingestion._collect_http import (
     LISTEN_BACKLOG,
+    MAX_GZIP_MEMBERS,
     PROTOBUF_TYPES,
     RETRY_AFTER_S,
     ListeningServer,
@@ -72,6 +73,7 @@ __all__ = [
     "DEFAULT_READ_TIMEOUT_S",
     "DEFAULT_REQUEST_TIMEOUT_S",
     "LISTEN_BACKLOG",
+    "MAX_GZIP_MEMBERS",
     "RETRY_AFTER_S",
 ]
 
