@@ -10,6 +10,7 @@ Kept free of heavy imports so :mod:`nemo_telemetry.instrument` can raise them ch
      │    └── DamagedDatasetError  a committed file of a dataset that is missing or damaged
      ├── UnknownRunError  a --run / run_id that none of the spans carry
      ├── ListenError      a receiver that cannot bind its address
+     ├── ReceiverSecurityError  a receiver beyond loopback without a token, or a token / TLS file it cannot use
      ├── WaterfallError   a waterfall or critical path asked for a run, trace or step not there
      ├── LintError        a path given to lint that does not exist, or a file that does not parse
      ├── DemoError        a demo asked for a bad mode, step count or output directory
@@ -31,6 +32,7 @@ __all__ = [
     "DamagedDatasetError",
     "UnknownRunError",
     "ListenError",
+    "ReceiverSecurityError",
     "WaterfallError",
     "LintError",
     "DemoError",
@@ -95,6 +97,11 @@ class UnknownRunError(NemoTelemetryError):
 
 class ListenError(NemoTelemetryError):
     """A receiver cannot bind its address (the port is taken, or not ours to use)."""
+
+
+class ReceiverSecurityError(NemoTelemetryError, ValueError):
+    """A receiver refuses to start as asked: on an address beyond loopback without a bearer token
+    (unless told ``insecure``), or with a token file or TLS certificate / key it cannot use."""
 
 
 class WaterfallError(NemoTelemetryError, ValueError):

@@ -62,6 +62,8 @@ __all__ = [
     "CollectorServer",
     "CollectSummary",
     "run_collector",
+    "read_token_file",
+    "ReceiverSecurityError",
     "FORMATS",
     "dump_files",
     "read_for_analysis",
@@ -104,6 +106,7 @@ _MODULE_NAMES = {  # each module and the public names it defines, in the pipelin
     "nemo_telemetry.errors": (
         "IngestError", "IncompleteDatasetWarning", "IngestWarning", "CompiledPathWarning", "LintError",
         "UnknownRunError", "WaterfallError", "MonitorError", "DatasetLockedError", "DamagedDatasetError",
+        "ReceiverSecurityError",
     ),
     "nemo_telemetry.analysis.choices": (
         "FORMATS", "SEVERITIES", "ENGINES", "DEFAULT_COLLAPSE_THRESHOLD", "DEFAULT_MAX_CONNECTIONS",
@@ -121,7 +124,7 @@ _MODULE_NAMES = {  # each module and the public names it defines, in the pipelin
         "ingest", "IngestSummary", "TraceTables", "load_traces", "read_spans", "read_events", "read_links",
         "dump_files",
     ),
-    "nemo_telemetry.analysis.ingestion.collect": ("CollectorServer", "CollectSummary", "run_collector"),
+    "nemo_telemetry.analysis.ingestion.collect": ("CollectorServer", "CollectSummary", "run_collector", "read_token_file"),
     "nemo_telemetry.analysis.ingestion.metrics": (
         "METRICS_SCHEMA", "read_metrics", "step_windows", "metrics_by_step", "efficiency_by_step",
         "with_efficiency_columns",

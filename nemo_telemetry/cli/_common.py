@@ -9,7 +9,9 @@ import contextlib
 import errno
 import json
 import os
+import signal
 import sys
+import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -98,3 +100,17 @@ def library_errors() -> Iterator[None]:
             raise fail(str(exc)) from None
         except OSError as exc:
             raise fail(os_error_message(exc)) from None
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An event SIGINT and SIGTERM set, taken before a server command loads anything: a signal
+    while it starts (imports, the dataset, the kernels) stops it cleanly once it can, instead of
+    interrupting whatever runs or being lost."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from nemo_telemetry.analysis import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, FORMATS
-from nemo_telemetry.cli._common import console, fail, library_errors, print_json
+from nemo_telemetry.cli._common import console, fail, library_errors, print_json, stop_on_signals, warn_line
 from nemo_telemetry.cli.app import app
 from nemo_telemetry.errors import ListenError
 
@@ -131,6 +131,13 @@ def collect(
     read_timeout_s: float = typer.Option(DEFAULT_READ_TIMEOUT_S, "--read-timeout-s",
                                          help="A connection silent this long is closed (idle keep-alive, or "
                                               "408 inside a request)."),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help="Require 'Authorization: Bearer <token>' "
+                                              "on every request (401 otherwise); the token is this file's first line."),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="Serve HTTPS with this PEM certificate chain "
+                                            "(with --tls-key)."),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="The PEM private key of --tls-cert."),
+    insecure: bool = typer.Option(False, "--insecure", help="Listen on a --host beyond loopback without "
+                                  "--token-file (refused otherwise)."),
 ) -> None:
     """Receive OTLP/HTTP traces (POST /v1/traces, protobuf or JSON) into a dataset until Ctrl-C.
 
@@ -138,29 +145,36 @@ def collect(
     answered 503 with Retry-After (the exporter sends it again). Bounds: one request
     --max-request-mib (413 beyond); --max-connections (503 beyond); a socket read waits at most
     --read-timeout-s; one request must arrive whole within 60 s (408); listen backlog 1024.
-    Ctrl-C or SIGTERM stops within about a second plus the commit in flight. Exit 2 if any
-    span received was left unwritten (the reason is printed), or the port cannot be bound.
+    Ctrl-C or SIGTERM, at any moment (even while the kernels compile), stops within about a
+    second plus the commit in flight. Exit 2 if any span received was left unwritten (the reason
+    is printed), or the port cannot be bound, or a --host beyond loopback has no --token-file
+    (unless --insecure).
 
     Example: nemo-telemetry collect --out run.dataset --port 4318
     """
     if max_request_mib <= 0 or max_connections <= 0 or read_timeout_s <= 0:
         raise fail("--max-request-mib, --max-connections and --read-timeout-s must be positive")
-    from nemo_telemetry.analysis import run_collector  # noqa: PLC0415
-
     err = console(stderr=True)
 
     def ready(server: CollectorServer) -> None:
         err.print(f"collecting OTLP/HTTP traces at [bold]{server.traces_url}[/] into {out}; Ctrl-C to stop", markup=True)
+        if server.unguarded:
+            warn_line(f"--insecure: anyone who reaches {server.url} can write spans into {out}; --token-file guards it")
 
-    with library_errors():
-        try:
-            summary = run_collector(
-                out, host=host, port=port, max_request_bytes=int(max_request_mib * (1 << 20)),
-                max_connections=max_connections, read_timeout_s=read_timeout_s, on_ready=ready,
-            )
-        except ListenError as exc:
-            raise fail(f"{exc}; choose another --port") from None
-    _print_collect_summary(summary, out)
+    with stop_on_signals() as stop:
+        from nemo_telemetry.analysis import read_token_file, run_collector  # noqa: PLC0415
+
+        with library_errors():
+            token = read_token_file(token_file) if token_file is not None else None
+            try:
+                summary = run_collector(
+                    out, host=host, port=port, max_request_bytes=int(max_request_mib * (1 << 20)),
+                    max_connections=max_connections, read_timeout_s=read_timeout_s, on_ready=ready, stop=stop,
+                    token=token, tls_cert=tls_cert, tls_key=tls_key, insecure=insecure,
+                )
+            except ListenError as exc:
+                raise fail(f"{exc}; choose another --port") from None
+        _print_collect_summary(summary, out)
     if summary.unwritten_spans:
         raise fail(f"{summary.unwritten_spans:,} received spans were not written to {out} "
                    f"({summary.write_error}); their exporters got 503 and may still hold them")

@@ -9,7 +9,7 @@ from typing import Optional
 import orjson
 import typer
 
-from nemo_telemetry.cli._common import EXIT_FINDINGS, console, fail, library_errors, warn_line
+from nemo_telemetry.cli._common import EXIT_FINDINGS, console, fail, library_errors, stop_on_signals, warn_line
 from nemo_telemetry.cli.app import app
 
 
@@ -38,17 +38,24 @@ def monitor(
     max_request_mib: float = typer.Option(64.0, "--max-request-mib", help="Largest request, once decompressed: "
                                           "a received body (larger: 413, as collect), a followed file's line, "
                                           "protobuf record or JSON document (larger: rejected and named)."),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help="With --port: require 'Authorization: "
+                                              "Bearer <token>' on every request (401 otherwise), as `collect` does."),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", help="With --port: serve HTTPS with this PEM "
+                                            "certificate chain (with --tls-key)."),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", help="The PEM private key of --tls-cert."),
+    insecure: bool = typer.Option(False, "--insecure", help="With --port: listen on a --host beyond loopback "
+                                  "without --token-file (refused otherwise)."),
 ) -> None:
     """Report each training step's goodput as its spans complete; export rl.goodput.* metrics.
 
     A step is reported once its window closed and --grace passed; a span that arrives later reports
     it again (JSON: "revised": true). Exit 1 with --exit-on-alert when rolling goodput over --over
-    steps falls below --alert-below; 2 on bad usage.
+    steps falls below --alert-below; 2 on bad usage, or (with --port) when a span received was left
+    unwritten (a full disk: the reason is printed), as `collect` does, or a --host beyond loopback
+    has no --token-file (unless --insecure). Ctrl-C or SIGTERM stops it at any moment.
 
     Example: nemo-telemetry monitor --follow run42/dumps --alert-below 0.5 --over 20 --metrics-port 9464
     """
-    from nemo_telemetry.analysis import run_monitor  # noqa: PLC0415 - the analysis loads only here
-
     if output_format not in ("table", "json"):
         raise fail(f"--format {output_format!r}: choose table or json")
     if not max_request_mib > 0:
@@ -68,6 +75,8 @@ def monitor(
     def on_ready(where: dict) -> None:
         if where["traces_url"]:
             err.print(f"monitor: receiving OTLP/HTTP traces on {where['traces_url']}", soft_wrap=True)
+        if where.get("unguarded"):
+            warn_line(f"--insecure: anyone who reaches {where['traces_url']} can write spans; --token-file guards it")
         if where["metrics_url"]:
             err.print(f"monitor: Prometheus metrics on {where['metrics_url']}", soft_wrap=True)
 
@@ -75,13 +84,22 @@ def monitor(
                    rolling_steps=over, keep_steps=max(256, over), alert_below=alert_below,
                    exit_on_alert=exit_on_alert, metrics_port=metrics_port, otlp_metrics=otlp_metrics,
                    max_request_bytes=int(max_request_mib * (1 << 20)), on_step=on_step, on_alert=on_alert,
-                   on_ready=on_ready)
-    with library_errors():
+                   on_ready=on_ready,
+                   tls_cert=tls_cert, tls_key=tls_key, insecure=insecure)
+    with stop_on_signals() as stop, library_errors():  # taken first: a signal while it loads stops it cleanly
+        from nemo_telemetry.analysis import read_token_file, run_monitor  # noqa: PLC0415 - loaded only here
+
+        options["token"] = read_token_file(token_file) if token_file is not None else None
+
         if as_json:
-            summary = run_monitor(**options)
+            summary = run_monitor(**options, stop=stop)
         else:
-            summary = _run_live(run_monitor, options, view_console)
+            summary = _run_live(run_monitor, dict(options, stop=stop), view_console)
     _print_end(summary, err)
+    unwritten = summary.receiver.unwritten_spans if summary.receiver is not None else 0
+    if unwritten:
+        raise fail(f"{unwritten:,} received spans were not written to {out or 'the dataset'} "
+                   f"({summary.receiver.write_error}); their exporters got 503 and may still hold them")
     if exit_on_alert and summary.alerts:
         raise typer.Exit(EXIT_FINDINGS)
 

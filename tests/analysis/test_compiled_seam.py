@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -160,3 +161,28 @@ def test_loading_a_kernel_with_nothing_cached_says_so_once(tmp_path, monkeypatch
     _compiled.run(("_dedup_kernel",), _compiled.SMALL_ROWS, lambda k: None, lambda: None, unit="rows")
     _compiled.run(("_flatten_kernel",), _compiled.SMALL_ROWS, lambda k: None, lambda: None, unit="rows")
     assert not _compiled.compiling()
+
+
+def test_deferred_kernels_take_the_reference_path_whatever_the_work(monkeypatch, fresh_seam):
+    monkeypatch.setenv("NEMO_TELEMETRY_COMPILED", "auto")
+    with _compiled.deferred("_dedup_kernel"):
+        with _compiled.deferred("_dedup_kernel"):  # held twice, released once: still deferred
+            pass
+        assert _compiled.kernels("_dedup_kernel", work=10**9, unit="rows") is None
+        monkeypatch.setenv("NEMO_TELEMETRY_COMPILED", "1")  # forced on: tests of the compiled paths load them
+        assert _compiled.kernels("_dedup_kernel", work=1, unit="rows") is not None
+    _compiled._reset_for_tests()
+    monkeypatch.setenv("NEMO_TELEMETRY_COMPILED", "auto")
+    assert _compiled.kernels("_dedup_kernel", work=10**9, unit="rows") is not None
+
+
+def test_a_receiver_loads_the_kernels_in_the_background_and_serves_meanwhile(monkeypatch, fresh_seam, tmp_path):
+    from nemo_telemetry.analysis.ingestion.collect import CollectorServer
+
+    monkeypatch.setenv("NEMO_TELEMETRY_COMPILED", "auto")
+    with CollectorServer(tmp_path / "ds", port=0):
+        deadline = time.monotonic() + 300  # a cold cache compiles first, in a child process
+        while _compiled.kernels(*_compiled.KERNEL_MODULES, work=1) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert not _compiled.broken()

@@ -25,7 +25,7 @@ PINNED_OPTIONS = {
     "groups": {"--json"},
     "ingest": {"--out", "-o", "--format", "-f", "--quiet", "-q", "--json", "--engine", "--max-request-mib"},
     "collect": {"--out", "-o", "--host", "--port", "-p", "--max-request-mib", "--max-connections",
-                "--read-timeout-s"},
+                "--read-timeout-s", "--token-file", "--tls-cert", "--tls-key", "--insecure"},
     "warmup": set(),
     "goodput": {"--format", "-f", "--run", "--by", "--plot", "--baseline", "--engine"},
     "check": {"--format", "-f", "--fail-on", "--unattributed-threshold", "--overlap-tolerance", "--run", "--engine"},

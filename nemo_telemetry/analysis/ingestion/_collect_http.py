@@ -9,9 +9,11 @@ through :class:`Receiver`.
 
 from __future__ import annotations
 
+import hmac
 import math
 import re
 import socket
+import ssl
 import threading
 import time
 import zlib
@@ -27,7 +29,7 @@ from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
 from nemo_telemetry.analysis.ingestion._otlp_wire import decode_batch
 
 __all__ = ["Reject", "Receiver", "ListeningServer", "handler_for", "decode_body", "problems_message",
-           "LISTEN_BACKLOG", "RETRY_AFTER_S", "PROTOBUF_TYPES", "JSON_TYPE"]
+           "LISTEN_BACKLOG", "RETRY_AFTER_S", "PROTOBUF_TYPES", "JSON_TYPE", "MAX_GZIP_MEMBERS"]
 
 LISTEN_BACKLOG = 1024  # the kernel caps it at net.core.somaxconn
 RETRY_AFTER_S = 1  # sent with every 503
@@ -37,7 +39,11 @@ _TRAILER_LINES = 100
 _PROBLEMS_SHOWN = 5  # rejected spans named in a partial success's message
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 JSON_TYPE = "application/json"
-_INVALID_ARGUMENT, _UNAVAILABLE = 3, 14  # google.rpc.Code
+_INVALID_ARGUMENT, _UNAVAILABLE, _UNAUTHENTICATED = 3, 14, 16  # google.rpc.Code
+_GZIP_MAGIC = b"\x1f\x8b"
+MAX_GZIP_MEMBERS = 1000  # a body's gzip members (exporters send one)
+_GZIP_FEED = 1 << 16  # compressed bytes fed to the inflater at a time
+_MAX_LENGTH_DIGITS = 19  # an int64 byte count; a longer Content-Length is malformed, not merely large
 
 
 class Reject(Exception):
@@ -72,6 +78,8 @@ class Receiver(Protocol):
     max_connections: int
     read_timeout_s: float
     request_timeout_s: float
+    token: bytes | None  # the bearer token every request must carry; None: no check
+    tls: ssl.SSLContext | None  # connections are TLS when set
     _stopped: threading.Event
 
     def _open_connection(self, conn: socket.socket) -> int: ...
@@ -122,6 +130,7 @@ class _OtlpHandler(BaseHTTPRequestHandler):
     collector: Receiver
     protocol_version = "HTTP/1.1"
     server_version = "nemo-telemetry-collect"
+    disable_nagle_algorithm = True  # a reply's head and body are two writes: the body must not wait for an ACK
     _overloaded = False
     _linger = False  # a body is left unread: discard it after the reply, then close
 
@@ -140,12 +149,46 @@ class _OtlpHandler(BaseHTTPRequestHandler):
             return
         try:
             self.close_connection = True
+            if not self._handshake():
+                return
             while True:
                 self.handle_one_request()
                 if self.close_connection or not collector._set_deadline(self.connection, collector.read_timeout_s):
                     break
         finally:
             collector._close_connection(self.connection)
+
+    def setup(self) -> None:
+        """With TLS, the connection is wrapped here and its handshake done in :meth:`handle`, on
+        this connection's thread under its deadlines (never in the accept loop)."""
+        if self.collector.tls is not None:
+            self.request = self.collector.tls.wrap_socket(self.request, server_side=True,
+                                                          do_handshake_on_connect=False)
+        super().setup()
+
+    def _handshake(self) -> bool:
+        """The TLS handshake; False (the connection closed, counted) when the client fails it:
+        plain HTTP to a TLS port, a certificate it does not trust, silence past the deadline."""
+        if self.collector.tls is None:
+            return True
+        try:
+            self.connection.do_handshake()
+        except OSError:  # ssl.SSLError, a reset, the read deadline
+            self.collector._count("failed_handshakes")
+            return False
+        return True
+
+    def finish(self) -> None:
+        """The stdlib closes the socket it accepted; a TLS connection wraps it, so close that."""
+        try:
+            super().finish()
+        finally:
+            if self.collector.tls is not None:
+                try:
+                    socket.socket.shutdown(self.connection, socket.SHUT_WR)
+                except OSError:
+                    pass
+                self.connection.close()
 
     def parse_request(self) -> bool:
         """The request line is in: from here it has ``request_timeout_s`` to arrive whole."""
@@ -189,6 +232,9 @@ class _OtlpHandler(BaseHTTPRequestHandler):
             return Reject(503, f"collector is serving its {collector.max_connections} connections; retry later")
         if collector._stopped.is_set():
             return Reject(503, "collector is stopping; retry later")
+        if collector.token is not None and not self._authorized():
+            return Reject(401, "missing or wrong bearer token: send the header "
+                               "'Authorization: Bearer <the token in the receiver's --token-file>'")
         if self.path.split("?")[0] != "/v1/traces":
             return Reject(404, f"no OTLP endpoint at {self.path}; traces go to /v1/traces")
         if self._content_type() not in PROTOBUF_TYPES + (JSON_TYPE,):
@@ -202,11 +248,34 @@ class _OtlpHandler(BaseHTTPRequestHandler):
             if transfer.strip().lower() != "chunked":
                 return Reject(501, f"unsupported Transfer-Encoding {transfer!r}; use chunked or a Content-Length")
             return None
-        if length is None or not length.strip().isdigit():
+        if length is None:
             return Reject(411, "a Content-Length or Transfer-Encoding: chunked header is required")
-        if int(length) > collector.max_request_bytes:
-            return Reject(413, f"request of {int(length)} bytes is over the {collector.max_request_bytes}-byte limit")
+        size = self._content_length()
+        if size is None:
+            return Reject(400, f"malformed Content-Length {length.strip()[:40]!r}: give the body's size in bytes, "
+                               f"a decimal number of at most {_MAX_LENGTH_DIGITS} digits")
+        if size > collector.max_request_bytes:
+            return Reject(413, f"request of {size} bytes is over the {collector.max_request_bytes}-byte limit")
         return None
+
+    def _authorized(self) -> bool:
+        """Whether the request carries the bearer token, compared in constant time (the scheme
+        name is case-insensitive, RFC 9110)."""
+        scheme, _, credentials = self.headers.get("Authorization", "").strip().partition(" ")
+        presented = credentials.strip().encode("latin-1", "replace") if scheme.lower() == "bearer" else b""
+        return hmac.compare_digest(presented, self.collector.token)
+
+    def _content_length(self) -> int | None:
+        """The Content-Length as a number; None when it is not one (a sign, a letter, a second
+        header that disagrees, more digits than any body has)."""
+        values = {value.strip() for value in self.headers.get_all("Content-Length", [])}
+        if len(values) != 1:
+            return None
+        value = values.pop()
+        if not (value.isascii() and value.isdigit()):
+            return None
+        significant = value.lstrip("0") or "0"
+        return int(significant) if len(significant) <= _MAX_LENGTH_DIGITS else None
 
     def _read_body(self) -> bytes:
         limit = self.collector.max_request_bytes
@@ -215,7 +284,7 @@ class _OtlpHandler(BaseHTTPRequestHandler):
                 self.close_connection = self.close_connection or self.headers.get("Content-Length") is not None
                 body = self._read_chunked(limit)
             else:
-                body = self._read_exactly(int(self.headers["Content-Length"]))
+                body = self._read_exactly(self._content_length())
         except TimeoutError:
             self.close_connection = True
             raise Reject(408, f"no byte of the body for {self.collector.read_timeout_s:g} s; send it faster") from None
@@ -272,7 +341,9 @@ class _OtlpHandler(BaseHTTPRequestHandler):
             self.close_connection = True
         content_type = self._content_type()
         headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 503 else {}
-        code = _UNAVAILABLE if exc.status == 503 else _INVALID_ARGUMENT
+        if exc.status == 401:
+            headers["WWW-Authenticate"] = 'Bearer realm="nemo-telemetry"'
+        code = {503: _UNAVAILABLE, 401: _UNAUTHENTICATED}.get(exc.status, _INVALID_ARGUMENT)
         if content_type == JSON_TYPE:
             body = orjson.dumps({"code": code, "message": str(exc)})
         elif content_type in PROTOBUF_TYPES:
@@ -298,15 +369,21 @@ class _OtlpHandler(BaseHTTPRequestHandler):
         self._send(200, body, content_type, {})
 
     def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str]) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in headers.items():
-            self.send_header(name, value)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
+        """Write the reply; a connection that can no longer carry one (the client gone, or a TLS
+        connection whose reads were ended by stop() or a deadline) is closed unanswered: the
+        exporter sees a connection error and sends again, as it does after a 503."""
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            for name, value in headers.items():
+                self.send_header(name, value)
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            self.close_connection = True
 
     def _discard_input(self) -> None:
         """Read what the client still sends for up to ``_LINGER_S`` before closing, so that its
@@ -323,13 +400,39 @@ class _OtlpHandler(BaseHTTPRequestHandler):
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:
-    """Decompress, refusing to inflate past ``limit`` (a small gzip bomb stays small)."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        data = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise Reject(400, f"corrupt gzip body ({exc})") from None
-    if len(data) > limit or inflater.unconsumed_tail:
-        raise Reject(413, f"request inflates past the {limit}-byte limit")
-    return data
-
+    """Decompress every gzip member of ``body`` (RFC 1952 allows several, concatenated), refusing
+    to inflate past ``limit`` in all (a small gzip bomb stays small), and refusing a body that
+    ends inside a member or goes on after the last one with bytes that are not a member: only a
+    body decoded whole is stored. The input is fed ``_GZIP_FEED`` bytes at a time and members
+    are bounded by ``MAX_GZIP_MEMBERS``, so that a body of many tiny members costs at most about
+    ``MAX_GZIP_MEMBERS * _GZIP_FEED`` bytes copied, not its size squared."""
+    view = memoryview(body)
+    parts: list[bytes] = []
+    size = offset = members = 0
+    while True:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            while not inflater.eof and offset < len(view):
+                chunk = view[offset:offset + _GZIP_FEED]
+                offset += len(chunk)
+                data = inflater.decompress(chunk, limit - size + 1)
+                size += len(data)
+                if size > limit or inflater.unconsumed_tail:
+                    raise Reject(413, f"request inflates past the {limit}-byte limit")
+                if data:
+                    parts.append(data)
+        except zlib.error as exc:
+            raise Reject(400, f"corrupt gzip body ({exc}) in member {members + 1}") from None
+        if not inflater.eof:
+            raise Reject(400, f"truncated gzip body: member {members + 1} ends before its end "
+                              f"(after {len(body)} bytes sent, {size} inflated); send the whole body")
+        members += 1
+        offset -= len(inflater.unused_data)
+        if offset == len(view):
+            return b"".join(parts)
+        rest = bytes(view[offset:offset + len(_GZIP_MAGIC)])
+        if not _GZIP_MAGIC.startswith(rest):  # a member cut after its first byte is truncated, above
+            raise Reject(400, f"{len(view) - offset} bytes after the end of gzip member {members} are not a "
+                              "gzip member; send the compressed body alone")
+        if members == MAX_GZIP_MEMBERS:
+            raise Reject(400, f"a gzip body of more than {MAX_GZIP_MEMBERS} members; send fewer, larger ones")

@@ -15,6 +15,9 @@ site and per amount of work, whether the compiled path is worth taking:
   (:class:`~nemo_telemetry.errors.CompiledPathWarning`); that module stays off in this process.
 * When the compiled path must compile first (nothing cached for these kernel sources), one
   warning line says so before it starts.
+* While :func:`deferred` holds some modules (another process compiles them into the cache, as
+  the receivers do at start-up), ``auto`` takes their reference paths whatever the work, so that
+  no request waits for a compiler.
 
 The cache lives in a directory per digest of every kernel source and the numba version
 (:func:`cache_dir`), so an edit to any kernel source (the :data:`KERNEL_HELPERS`, such as
@@ -28,6 +31,7 @@ every kernel module fail that way, through the same code a real failure takes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import os
@@ -36,7 +40,7 @@ import threading
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 from nemo_telemetry.errors import CompiledPathWarning
 from nemo_telemetry.environment_variables import (
@@ -45,7 +49,7 @@ from nemo_telemetry.environment_variables import (
     NEMO_TELEMETRY_KERNEL_FAULT,
 )
 
-__all__ = ["KERNEL_MODULES", "KERNEL_HELPERS", "SMALL_BYTES", "SMALL_JSON_BYTES", "SMALL_ROWS", "cache_dir", "kernels", "run", "mode", "broken", "compiling", "source_digest", "warm_up_targets"]
+__all__ = ["KERNEL_MODULES", "KERNEL_HELPERS", "SMALL_BYTES", "SMALL_JSON_BYTES", "SMALL_ROWS", "cache_dir", "kernels", "run", "mode", "broken", "compiling", "source_digest", "warm_up_targets", "cached", "deferred"]
 
 KERNEL_MODULES = ("_json_kernel", "_strings_kernel", "_wire_kernel", "_flatten_kernel", "_dedup_kernel")
 """Every compiled module; the :data:`KERNEL_HELPERS` are compiled into them."""
@@ -76,6 +80,7 @@ _lock = threading.RLock()
 _loaded: dict[str, ModuleType] = {}
 _broken: dict[str, str] = {}  # module -> why it is off in this process
 _compiling: set[str] = set()  # modules imported with nothing cached, until their first call returns
+_deferred: dict[str, int] = {}  # module -> holders of deferred(): auto takes its reference path meanwhile
 _announced = False
 
 
@@ -135,6 +140,31 @@ def cache_dir(candidates: list[Path] | None = None) -> Path | None:
 
 def _cached(directory: Path | None, name: str) -> bool:
     return directory is not None and any(directory.glob(f"*/{name}.*.nbi"))
+
+
+def cached(*names: str) -> bool:
+    """Whether each of the kernel modules ``names`` has compiled code in :func:`cache_dir`
+    (loading it costs about a second, not a compilation); False when nothing is writable."""
+    directory = cache_dir()
+    return directory is not None and all(_cached(directory, name) for name in names)
+
+
+@contextlib.contextmanager
+def deferred(*names: str) -> Iterator[None]:
+    """While inside, ``auto`` takes the reference paths of ``names`` that are not loaded yet,
+    whatever the work: for a server that compiles them elsewhere (another process, into the
+    cache) and serves meanwhile. ``on`` still loads them (tests of the compiled paths)."""
+    with _lock:
+        for name in names:
+            _deferred[name] = _deferred.get(name, 0) + 1
+    try:
+        yield
+    finally:
+        with _lock:
+            for name in names:
+                _deferred[name] -= 1
+                if not _deferred[name]:
+                    del _deferred[name]
 
 
 def _announce(directory: Path | None) -> None:
@@ -207,7 +237,7 @@ def kernels(*names: str, work: int, unit: str = "bytes") -> tuple | None:
         if any(name in _broken for name in names):
             return None
         loaded = all(name in _loaded for name in names)
-        small = work < _THRESHOLDS[unit]
+        small = work < _THRESHOLDS[unit] or any(name in _deferred for name in names)
         if how == "auto" and small and not loaded:
             return None
         try:

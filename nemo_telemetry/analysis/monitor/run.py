@@ -154,6 +154,10 @@ def run_monitor(
     port: int | None = None,
     out: str | Path | None = None,
     host: str = "127.0.0.1",
+    token: str | None = None,
+    tls_cert: str | Path | None = None,
+    tls_key: str | Path | None = None,
+    insecure: bool = False,
     until_idle_s: float | None = None,
     grace_s: float = 5.0,
     poll_s: float = 0.5,
@@ -175,11 +179,16 @@ def run_monitor(
 ) -> MonitorSummary:
     """Monitor a run from ``follow`` (a dump directory) or as a receiver on ``port``, until it ends.
 
-    ``on_ready`` gets ``{"traces_url", "metrics_url"}`` once listening (None where not serving).
+    ``on_ready`` gets ``{"traces_url", "metrics_url"}`` once listening (None where not serving), and
+    as a receiver ``"unguarded"``: whether it listens beyond loopback without a token.
     ``max_request_bytes`` bounds one request as ``collect`` does, and one line, record or document
     of a followed file, once decompressed (a longer one is rejected and named).
+    ``token``, ``tls_cert`` / ``tls_key`` and ``insecure`` guard the receiver as
+    :class:`~nemo_telemetry.analysis.ingestion.collect.CollectorServer` says.
     """
     _check_options(follow, port, out, until_idle_s, poll_s, alert_below)
+    if port is None and (token is not None or tls_cert is not None or tls_key is not None or insecure):
+        raise MonitorError("--token-file, --tls-cert / --tls-key and --insecure guard the receiver: use them with --port")
     stop = stop or threading.Event()
     state = MonitorState(grace_s=grace_s, horizon_s=horizon_s, keep_steps=keep_steps, rolling_steps=rolling_steps)
     exports: list = []
@@ -190,9 +199,10 @@ def run_monitor(
             exports.append(PrometheusEndpoint(host=host, port=metrics_port))
         if otlp_metrics:
             exports.append(OtlpMetricsPush(interval_s=otlp_interval_s))
+        guard = dict(token=token, tls_cert=tls_cert, tls_key=tls_key, insecure=insecure)
         return _serve(loop, follow=follow, port=port, out=out, host=host, until_idle_s=until_idle_s, poll_s=poll_s,
                       exit_on_alert=exit_on_alert, on_view=on_view, on_ready=on_ready, stop=stop,
-                      max_request_bytes=max_request_bytes)
+                      max_request_bytes=max_request_bytes, guard=guard)
     finally:
         for export in exports:
             export.close()
@@ -224,7 +234,7 @@ def _on_signals(stop: threading.Event) -> dict:
 
 
 def _serve(loop: _Loop, *, follow, port, out, host, until_idle_s, poll_s, exit_on_alert, on_view, on_ready,
-           stop, max_request_bytes) -> MonitorSummary:
+           stop, max_request_bytes, guard: dict) -> MonitorSummary:
     metrics_url = next((e.url for e in loop.exports if isinstance(e, PrometheusEndpoint)), None)
     if follow is not None:
         follower = DumpFollower(Path(follow), max_record_bytes=max_request_bytes)
@@ -242,9 +252,9 @@ def _serve(loop: _Loop, *, follow, port, out, host, until_idle_s, poll_s, exit_o
         resumed = _resume(loop, root)
         arrived: queue.SimpleQueue = queue.SimpleQueue()
         with CollectorServer(root, host=host, port=port, on_commit=arrived.put,
-                             max_request_bytes=max_request_bytes) as server:
+                             max_request_bytes=max_request_bytes, **guard) as server:
             if on_ready is not None:
-                on_ready({"traces_url": server.traces_url, "metrics_url": metrics_url})
+                on_ready({"traces_url": server.traces_url, "metrics_url": metrics_url, "unguarded": server.unguarded})
             _poll_until_done(loop, lambda: _drain(arrived), until_idle_s, poll_s, exit_on_alert, on_view, stop)
         receiver = server.summary()
         last = _drain(arrived)  # committed while stopping
