@@ -33,6 +33,10 @@ def ingest(
     engine: str = typer.Option("local", "--engine", help="local: decode in this process; ray: decode the files "
                                                          "in parallel Ray tasks (RAY_ADDRESS's cluster, else a "
                                                          "local one)."),
+    stall_timeout_s: Optional[float] = typer.Option(
+        None, "--stall-timeout-s", help="--engine ray: a file's decode task that sends nothing this long fails "
+                                        "the ingest (exit 2; default 900). A task whose worker dies is run again "
+                                        "(4 attempts in all)."),
 ) -> None:
     """Ingest OTLP dumps (JSON lines, length-prefixed protobuf, OTLP/JSON; .gz/.zst) into a Parquet dataset.
 
@@ -40,12 +44,15 @@ def ingest(
     """
     from nemo_telemetry.analysis import dump_files, ingest_with_engine  # noqa: PLC0415
 
+    if stall_timeout_s is not None and not stall_timeout_s > 0:
+        raise fail("--stall-timeout-s must be positive")
     with library_errors():
         total = sum(path.stat().st_size for path in dump_files(inputs))
         if quiet or as_json:
-            summary = ingest_with_engine(inputs, out=out, engine=engine, format=format)
+            summary = ingest_with_engine(inputs, out=out, engine=engine, format=format,
+                                         stall_timeout_s=stall_timeout_s)
         else:
-            summary = _ingest_with_progress(inputs, out, format, total, engine)
+            summary = _ingest_with_progress(inputs, out, format, total, engine, stall_timeout_s)
     if as_json:
         print_json({name: getattr(summary, name) for name in summary.__dataclass_fields__})
     elif not quiet:
@@ -53,7 +60,7 @@ def ingest(
 
 
 def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], total: int,
-                          engine: str = "local") -> IngestSummary:
+                          engine: str = "local", stall_timeout_s: Optional[float] = None) -> IngestSummary:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     from nemo_telemetry.analysis import ingest_with_engine  # noqa: PLC0415
@@ -72,7 +79,8 @@ def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], tot
         def update(bytes_done: int, spans_done: int) -> None:
             progress.update(task, completed=bytes_done, spans=spans_done)
 
-        return ingest_with_engine(inputs, out=out, engine=engine, format=fmt, progress=update)
+        return ingest_with_engine(inputs, out=out, engine=engine, format=fmt, progress=update,
+                                  stall_timeout_s=stall_timeout_s)
 
 
 def _compiling_column():

@@ -174,11 +174,12 @@ def test_a_stopped_decode_worker_is_given_up_after_the_stall_timeout(ray_cluster
     within the bound, naming the file, instead of waiting forever."""
     from nemo_telemetry.analysis.engines.ray_engine import ray_ingest
 
+    ray_ingest(dumps, out=tmp_path / "warm")  # workers started: the bound is not spent starting them
     started = time.monotonic()
     with DecodeWorkerSignaller(signal.SIGSTOP) as stopper:
         try:
-            with pytest.raises(IngestError, match=r"traces-\d.jsonl: the Ray task decoding it sent nothing for 3 s"):
-                ray_ingest(dumps, out=tmp_path / "ds", stall_timeout_s=3)
+            with pytest.raises(IngestError, match=r"traces-\d.jsonl: the Ray task decoding it sent nothing for 15 s"):
+                ray_ingest(dumps, out=tmp_path / "ds", stall_timeout_s=15)
         finally:
             stopper.done.set()
             for pid in stopper.hit:  # the cluster's CPUs back for the tests after this one
@@ -196,3 +197,26 @@ def test_cli_ingest_on_ray_exits_2_naming_the_file_when_its_workers_keep_dying(r
     assert "traces-0.jsonl: the Ray task decoding it failed" in result.stderr
     assert "Traceback" not in result.output
     assert killer.hit
+
+
+def test_cli_ingest_on_ray_gives_up_a_stopped_worker_after_stall_timeout_s(ray_cluster, dumps, tmp_path):
+    from nemo_telemetry.analysis.engines.ray_engine import ray_ingest
+
+    ray_ingest(dumps, out=tmp_path / "warm")  # workers started: the bound is not spent starting them
+    with DecodeWorkerSignaller(signal.SIGSTOP) as stopper:
+        try:
+            result = CliRunner().invoke(app, ["ingest", str(dumps), "--out", str(tmp_path / "ds"), "--engine", "ray",
+                                              "--stall-timeout-s", "15"])
+        finally:
+            stopper.done.set()
+            for pid in stopper.hit:
+                os.kill(pid, signal.SIGKILL)
+    assert result.exit_code == 2, result.output
+    assert "the Ray task decoding it sent nothing for 15 s" in "".join(result.stderr.split("\n"))
+    assert stopper.hit
+
+
+def test_cli_ingest_refuses_a_stall_timeout_that_is_not_positive(tmp_path):
+    result = CliRunner().invoke(app, ["ingest", str(tmp_path), "--out", str(tmp_path / "ds"), "--engine", "ray",
+                                      "--stall-timeout-s", "0"])
+    assert result.exit_code == 2 and "--stall-timeout-s must be positive" in result.stderr

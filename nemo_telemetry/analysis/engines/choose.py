@@ -114,13 +114,16 @@ def check_with_engine(source, *, engine: str = "local", **options):
     return check_run(read_for_analysis(source), **options)
 
 
-def ingest_with_engine(inputs, *, out, engine: str = "local", format: str | None = None, progress=None):
-    """``ingest`` on the chosen engine: ``ray`` decodes the files in parallel Ray tasks."""
+def ingest_with_engine(inputs, *, out, engine: str = "local", format: str | None = None, progress=None,
+                       stall_timeout_s: float | None = None):
+    """``ingest`` on the chosen engine: ``ray`` decodes the files in parallel Ray tasks
+    (``stall_timeout_s``: how long one may send nothing before the ingest fails; None: its default)."""
     _check_engine(engine)
     if engine == "ray":
-        from nemo_telemetry.analysis.engines.ray_engine import ray_ingest
+        from nemo_telemetry.analysis.engines.ray_engine import STALL_TIMEOUT_S, ray_ingest
 
-        return ray_ingest(inputs, out=out, format=format, progress=progress)
+        return ray_ingest(inputs, out=out, format=format, progress=progress,
+                          stall_timeout_s=STALL_TIMEOUT_S if stall_timeout_s is None else stall_timeout_s)
     from nemo_telemetry.analysis.ingestion.ingest import ingest
 
     return ingest(inputs, out=out, format=format, progress=progress)
