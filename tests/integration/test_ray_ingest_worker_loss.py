@@ -220,3 +220,17 @@ def test_cli_ingest_refuses_a_stall_timeout_that_is_not_positive(tmp_path):
     result = CliRunner().invoke(app, ["ingest", str(tmp_path), "--out", str(tmp_path / "ds"), "--engine", "ray",
                                       "--stall-timeout-s", "0"])
     assert result.exit_code == 2 and "--stall-timeout-s must be positive" in result.stderr
+
+
+def test_a_cluster_that_cannot_be_joined_is_exit_2_not_a_traceback(dumps, tmp_path):
+    """A fresh process (this one may be connected already): ``RAY_ADDRESS`` that is no address."""
+    import subprocess
+    import sys
+
+    code = "import sys; from nemo_telemetry.cli.app import app; sys.argv[0] = 'nemo-telemetry'; app()"
+    environ = {**os.environ, "RAY_ADDRESS": "not-an-address"}
+    done = subprocess.run([sys.executable, "-c", code, "ingest", str(dumps), "--out", str(tmp_path / "ds"),
+                           "--engine", "ray", "--json"], capture_output=True, text=True, timeout=120, env=environ)
+    assert done.returncode == 2, done.stderr
+    assert "--engine ray could not start or join the Ray cluster at RAY_ADDRESS=not-an-address" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -52,8 +52,13 @@ def connect():
         raise NemoTelemetryError("--engine ray needs Ray: pip install ray") from None
     if not ray.is_initialized():
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
-                 configure_logging=False, log_to_driver=False)
+        address = os.environ.get("RAY_ADDRESS") or None
+        try:
+            ray.init(address=address, include_dashboard=False, configure_logging=False, log_to_driver=False)
+        except Exception as exc:  # noqa: BLE001 - Ray raises plain Exception / ConnectionError for these
+            where = f"the Ray cluster at RAY_ADDRESS={address}" if address else "a local Ray cluster"
+            raise NemoTelemetryError(f"--engine ray could not start or join {where} ({exc}); check that the "
+                                     "cluster is up (ray status), or use --engine local") from None
     return ray
 
 
