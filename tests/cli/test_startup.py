@@ -23,7 +23,7 @@ HEAVY = ("numpy", "pandas", "pyarrow", "ray", "matplotlib")
 PINNED_OPTIONS = {
     "resolve": {"--namespace", "-n", "--json"},
     "groups": {"--json"},
-    "ingest": {"--out", "-o", "--format", "-f", "--quiet", "-q", "--json", "--engine"},
+    "ingest": {"--out", "-o", "--format", "-f", "--quiet", "-q", "--json", "--engine", "--stall-timeout-s"},
     "collect": {"--out", "-o", "--host", "--port", "-p", "--max-request-mib", "--max-connections",
                 "--read-timeout-s"},
     "warmup": set(),
