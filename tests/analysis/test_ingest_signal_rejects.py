@@ -102,3 +102,33 @@ def test_cli_ingest_counts_and_names_them_in_text_and_json(run, tmp_path):
     assert "rejected records" in text.stdout and "Traceback" not in text.output
     shown = "".join(text.stderr.split())  # rich wraps the lines at the terminal's width
     assert "doesnotfitinint64" in shown and "severityText5isint" in shown
+
+
+@pytest.mark.parametrize(("field", "value", "why"), [
+    ("timeUnixNano", 2000.5, "timeUnixNano 2000.5 is not an integer"),
+    ("timeUnixNano", True, "timeUnixNano True is not an integer"),
+    ("timeUnixNano", "2e3", "timeUnixNano '2e3' is not an integer"),
+    ("timeUnixNano", str(1 << 63), "timeUnixNano 9223372036854775808 does not fit in int64"),
+    ("severityNumber", "SEVERITY_NUMBER_INFO9", "severityNumber 'SEVERITY_NUMBER_INFO9' is not a severity"),
+    ("body", "plain text", "body is str, not an AnyValue object"),
+    ("attributes", [{"key": 5, "value": {"stringValue": "x"}}], "attributes[0] has no string key"),
+    ("attributes", [{"key": "n", "value": {"intValue": 1.5}}], "attributes[0] ('n'): intValue 1.5 is not an integer"),
+])
+def test_a_log_record_field_is_never_rounded_or_coerced(field, value, why, tmp_path):
+    from nemo_telemetry.analysis.ingestion.logs import read_log_dumps
+
+    path = tmp_path / "logs-1.jsonl"
+    path.write_text(json.dumps(_log_request([_record(0), _record(1, **{field: value}), _record(2)])) + "\n"
+                    + json.dumps(_log_request([_record(3)])) + "\n")
+    result = read_log_dumps([path])
+    assert result.table["body"].to_pylist() == ["line 0", "line 2", "line 3"]
+    assert result.problems == [f"{path}:1: resourceLogs[0].scopeLogs[0].logRecords[1]: {why}"]
+
+
+def test_an_integral_log_time_given_as_a_float_is_read_exactly(tmp_path):
+    from nemo_telemetry.analysis.ingestion.logs import read_log_dumps
+
+    path = tmp_path / "logs-1.jsonl"
+    path.write_text(json.dumps(_log_request([_record(0, timeUnixNano=2000.0)])) + "\n")
+    result = read_log_dumps([path])
+    assert result.problems == [] and result.table["time_ns"].to_pylist() == [2000]

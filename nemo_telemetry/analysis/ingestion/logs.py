@@ -183,7 +183,7 @@ def _hex_id(value: Any, length: int, what: str) -> str | None:
 def _int(value: Any, what: str) -> int:
     """An OTLP/JSON int64 (a number, or decimal digits as text); never rounded: 1.5, true or
     "1e3" are not integers."""
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer() and abs(value) < (1 << 53):  # exact as a double
         value = int(value)
     if isinstance(value, str) and value.isascii() and value.lstrip("-").isdigit() and len(value) <= 21:
         value = int(value)
