@@ -132,3 +132,24 @@ def test_an_integral_log_time_given_as_a_float_is_read_exactly(tmp_path):
     path.write_text(json.dumps(_log_request([_record(0, timeUnixNano=2000.0)])) + "\n")
     result = read_log_dumps([path])
     assert result.problems == [] and result.table["time_ns"].to_pylist() == [2000]
+
+
+def test_a_time_of_thousands_of_digits_costs_only_its_record_or_point(tmp_path):
+    """A number no double holds (orjson refuses the line): the span reader leaves the line to
+    the log and metrics readers, which reject the one record or point that holds it."""
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    huge = "9" * 5000
+    logs = json.dumps(_log_request([_record(0), _record(1, timeUnixNano="HUGE")])).replace('"HUGE"', huge)
+    (folder / "logs-1.jsonl").write_text(logs + "\n" + json.dumps(_log_request([_record(2)])) + "\n")
+    metrics = json.dumps(_metrics_request([_point(0), _point(1, timeUnixNano="HUGE")])).replace('"HUGE"', huge)
+    (folder / "metrics-1.jsonl").write_text(metrics + "\n" + json.dumps(_metrics_request([_point(2)])) + "\n")
+    summary = ingest(folder, out=tmp_path / "ds")
+    assert (summary.logs, summary.metric_points, summary.rejected_records) == (2, 2, 2), summary.warnings
+    assert read_logs(tmp_path / "ds")["body"].to_pylist() == ["line 0", "line 2"]
+    points = metrics_for_source(tmp_path / "ds")
+    assert sorted(dict(a)["i"] for a in points["attributes"].to_pylist()) == ["0", "2"]
+    assert any(w.startswith(f"{folder / 'logs-1.jsonl'}:1: resourceLogs[0].scopeLogs[0].logRecords[1]: timeUnixNano")
+               for w in summary.warnings)
+    assert f"{folder / 'metrics-1.jsonl'}:1: resourceMetrics[0].scopeMetrics[0].metrics[0] 'rl.efficiency.seconds'" \
+           ".dataPoints[1]: timeUnixNano: a number of thousands of digits, past int64" in summary.warnings

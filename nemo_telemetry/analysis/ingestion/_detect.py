@@ -49,6 +49,8 @@ __all__ = [
     "expand_inputs_found",
     "iter_records",
     "classify_json_line",
+    "json_with_oversized_numbers",
+    "OversizedNumber",
 ]
 
 ACCEPTED_FORMATS = (
@@ -400,7 +402,7 @@ def classify_json_line(line: bytes, where: str) -> Record:
     try:
         doc = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        doc = _with_oversized_numbers(line) if "number" in str(exc) else None
+        doc = json_with_oversized_numbers(line) if "number" in str(exc) else None
         if doc is None:
             if not line.endswith(b"\n"):
                 return Record("rejected", where, "truncated last record (the writer stopped mid-line)")
@@ -418,9 +420,11 @@ class OversizedNumber:
         return f"<a number of {self.digits} characters>"
 
 
-def _with_oversized_numbers(line: bytes) -> object | None:
+def json_with_oversized_numbers(line: bytes) -> object | None:
     """``line`` parsed with numbers past a double's range kept as :class:`OversizedNumber`
-    (None when it is not JSON for another reason: NaN and Infinity are refused, as by orjson)."""
+    (None when it is not JSON for another reason: NaN and Infinity are refused, as by orjson).
+    Every reader of JSON lines parses a line orjson refuses for a number this way, so that the
+    span, log and metrics readers of one file agree on what the line is."""
     import json
 
     def integer(text: str) -> object:

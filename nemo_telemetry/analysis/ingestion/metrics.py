@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.ingestion._detect import is_metrics_dump
+from nemo_telemetry.analysis.ingestion._detect import is_metrics_dump, json_with_oversized_numbers
 from nemo_telemetry.analysis.ingestion.anyvalue import json_flag, proto_value_string
 from nemo_telemetry.errors import IngestError
 
@@ -208,7 +208,7 @@ def _json_requests(path: Path, data: bytes, counts: _Counts, strict: bool) -> It
     try:  # a single document (pretty-printed, or a list of requests)
         doc = json.loads(data.decode("utf-8"))
         docs = [(f"{path}", d) for d in (doc if isinstance(doc, list) else [doc])]
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # not one document; UnicodeDecodeError, JSONDecodeError are ValueErrors
         docs = []
         for number, line in enumerate(data.split(b"\n"), 1):  # lines as the span reader numbers them
             if not line.strip():
@@ -221,6 +221,8 @@ def _json_requests(path: Path, data: bytes, counts: _Counts, strict: bool) -> It
                 counts.bad(f"{path}:{number}", f"not JSON ({exc.msg})", strict)
             except RecursionError:
                 counts.bad(f"{path}:{number}", "JSON nested too deep", strict)
+            except ValueError:  # an integer of thousands of digits: its point alone is rejected
+                docs.append((f"{path}:{number}", json_with_oversized_numbers(line)))
     for where, doc in docs:
         if not isinstance(doc, dict):
             counts.bad(where, "not an OTLP request object", strict)
@@ -328,7 +330,10 @@ def _parsed_metric(metric: Any, where: str, at: str, counts: _Counts, metrics_pb
 def _parse_problem(exc: Exception) -> str:
     if isinstance(exc, RecursionError):
         return "values nested too deep"
-    return str(exc).replace("Failed to parse ", "").replace(" field: ", ": ")
+    text = str(exc).replace("Failed to parse ", "").replace(" field: ", ": ")
+    if "'OversizedNumber'" in text:  # json_with_oversized_numbers' stand-in: no int64 or double holds it
+        return f"{text.split(':')[0]}: a number of thousands of digits, past int64"
+    return text
 
 
 def _for_parse_dict(doc: Any) -> Any:
