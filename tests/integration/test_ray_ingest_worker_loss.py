@@ -9,6 +9,7 @@ worker killed while stopped under that title was killed in the middle of its tas
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -234,3 +235,16 @@ def test_a_cluster_that_cannot_be_joined_is_exit_2_not_a_traceback(dumps, tmp_pa
     assert done.returncode == 2, done.stderr
     assert "--engine ray could not start or join the Ray cluster at RAY_ADDRESS=not-an-address" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_cli_ingest_on_ray_with_a_killed_worker_prints_the_summary_alone_on_stdout(ray_cluster, dumps, local, tmp_path):
+    """Ray prints its raylet's note about the dead worker on stdout; ``--json`` stays one document."""
+    with DecodeWorkerSignaller(signal.SIGKILL, limit=1) as killer:
+        result = CliRunner().invoke(app, ["ingest", str(dumps), "--out", str(tmp_path / "ds"), "--engine", "ray",
+                                          "--json"])
+    assert result.exit_code == 0, result.output
+    assert killer.hit
+    expected = local[0]
+    assert json.loads(result.stdout) == {name: list(v) if isinstance(v, tuple) else v
+                                         for name, v in vars(expected).items()}
+    assert _sorted(tmp_path / "ds") == local[1]
