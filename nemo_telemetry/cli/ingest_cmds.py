@@ -36,6 +36,10 @@ def ingest(
     max_request_mib: Optional[float] = typer.Option(
         None, "--max-request-mib", help="Longest line, protobuf record or JSON document, once decompressed "
         "(default 64, collect's bound on a request); a longer one is rejected and named, the rest kept."),
+    stall_timeout_s: Optional[float] = typer.Option(
+        None, "--stall-timeout-s", help="--engine ray: a file's decode task that sends nothing this long fails "
+                                        "the ingest (exit 2; default 900). A task whose worker dies is run again "
+                                        "(4 attempts in all)."),
 ) -> None:
     """Ingest OTLP dumps (JSON lines, length-prefixed protobuf, OTLP/JSON; .gz/.zst) into a Parquet dataset.
 
@@ -45,21 +49,34 @@ def ingest(
 
     if max_request_mib is not None and not max_request_mib > 0:
         raise fail(f"--max-request-mib {max_request_mib!r}: give a size in MiB > 0")
+    if stall_timeout_s is not None and not stall_timeout_s > 0:
+        raise fail("--stall-timeout-s must be positive")
     bound = None if max_request_mib is None else int(max_request_mib * (1 << 20))
-    with library_errors():
+    with library_errors(), _ray_messages_on_stderr(engine):
         total = sum(path.stat().st_size for path in dump_files(inputs))
         if quiet or as_json:
-            summary = ingest_with_engine(inputs, out=out, engine=engine, format=format, max_request_bytes=bound)
+            summary = ingest_with_engine(inputs, out=out, engine=engine, format=format, max_request_bytes=bound,
+                                         stall_timeout_s=stall_timeout_s)
         else:
-            summary = _ingest_with_progress(inputs, out, format, total, engine, bound)
+            summary = _ingest_with_progress(inputs, out, format, total, engine, bound, stall_timeout_s)
     if as_json:
         print_json({name: getattr(summary, name) for name in summary.__dataclass_fields__})
     elif not quiet:
         _print_summary(summary, out)
 
 
+def _ray_messages_on_stderr(engine: str):
+    """While Ray runs the ingest, what Ray prints to stdout (its raylet's "a worker died" notes, on
+    a thread of its own) goes to stderr: stdout holds the summary only, so ``--json`` parses."""
+    import contextlib  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    return contextlib.redirect_stdout(sys.stderr) if engine == "ray" else contextlib.nullcontext()
+
+
 def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], total: int,
-                          engine: str = "local", bound: Optional[int] = None) -> IngestSummary:
+                          engine: str = "local", bound: Optional[int] = None,
+                          stall_timeout_s: Optional[float] = None) -> IngestSummary:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     from nemo_telemetry.analysis import ingest_with_engine  # noqa: PLC0415
@@ -79,7 +96,7 @@ def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], tot
             progress.update(task, completed=bytes_done, spans=spans_done)
 
         return ingest_with_engine(inputs, out=out, engine=engine, format=fmt, progress=update,
-                                  max_request_bytes=bound)
+                                  max_request_bytes=bound, stall_timeout_s=stall_timeout_s)
 
 
 def _compiling_column():

@@ -127,7 +127,8 @@ def test_the_same_value_reads_the_same_in_a_span_a_metric_and_a_log(tmp_path, fo
 
 
 def test_a_metric_value_nested_too_deep_costs_only_its_request_and_is_named(tmp_path):
-    """The nesting bound spans and logs keep holds for metrics too: the request is counted, not read."""
+    """The nesting bound spans and logs keep holds for metrics too: the point (here its request's
+    only one) is counted and named, not read."""
     deep = {"stringValue": "x"}
     for _ in range(40):
         deep = {"arrayValue": {"values": [deep]}}
@@ -140,4 +141,6 @@ def test_a_metric_value_nested_too_deep_costs_only_its_request_and_is_named(tmp_
     from nemo_telemetry.analysis.ingestion.metrics import FIRST_PROBLEM_KEY, MALFORMED_KEY
 
     assert table.schema.metadata[MALFORMED_KEY] == b"1"
-    assert table.schema.metadata[FIRST_PROBLEM_KEY].decode().startswith(f"{path}:1: an attribute value nested")
+    assert table.schema.metadata[FIRST_PROBLEM_KEY].decode() == (
+        f"{path}:1: resourceMetrics[0].scopeMetrics[0].metrics[0] 'rl.probe'.dataPoints[0].attributes: "
+        "an attribute value nested more than 32 deep")

@@ -22,6 +22,7 @@ a summary, with sane timestamps. On failure the assertion names the seed and the
 
 from __future__ import annotations
 
+import ast
 import base64
 import copy
 import random
@@ -466,6 +467,18 @@ FORMATS = {
 }
 
 
+def _siblings_kept(how: str, request: dict) -> list:
+    """The spans a JSON type swap inside one span's fields (not the span object itself) must leave
+    as they are: every other span of the request; a bad field costs only its span."""
+    if not how.startswith("type swap at ("):
+        return []
+    path = ast.literal_eval(how[len("type swap at "):])
+    if len(path) <= 6 or path[0] != "resourceSpans" or path[2] != "scopeSpans" or path[4] != "spans":
+        return []
+    return [(s["traceId"], s["spanId"]) for r, rs in enumerate(request["resourceSpans"])
+            for c, ss in enumerate(rs["scopeSpans"]) for k, s in enumerate(ss["spans"]) if (r, c, k) != path[1:6:2]]
+
+
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_a_mutated_record_costs_only_itself(fmt, baselines, tmp_path, monkeypatch):
     records, dump, mutate, truth = FORMATS[fmt]
@@ -502,6 +515,8 @@ def test_a_mutated_record_costs_only_itself(fmt, baselines, tmp_path, monkeypatc
             assert (rows[0]["start_ns"], rows[0]["end_ns"]) == (start, end), f"{where}: span {key} timestamps changed"
         if len(from_mutated) + read.summary.duplicates_dropped < count:
             assert read.summary.rejected_records > 0, f"{where}: spans dropped without a rejection counted"
+        for key in _siblings_kept(how, BASE[target]):
+            assert spans.get(key) == spans0[key], f"{where}: span {key} lost with the one mistyped field of another"
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))

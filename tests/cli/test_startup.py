@@ -23,7 +23,8 @@ HEAVY = ("numpy", "pandas", "pyarrow", "ray", "matplotlib")
 PINNED_OPTIONS = {
     "resolve": {"--namespace", "-n", "--json"},
     "groups": {"--json"},
-    "ingest": {"--out", "-o", "--format", "-f", "--quiet", "-q", "--json", "--engine", "--max-request-mib"},
+    "ingest": {"--out", "-o", "--format", "-f", "--quiet", "-q", "--json", "--engine", "--max-request-mib",
+               "--stall-timeout-s"},
     "collect": {"--out", "-o", "--host", "--port", "-p", "--max-request-mib", "--max-connections",
                 "--read-timeout-s", "--token-file", "--tls-cert", "--tls-key", "--insecure"},
     "warmup": set(),

@@ -120,18 +120,20 @@ def check_with_engine(source, *, engine: str = "local", **options):
 
 
 def ingest_with_engine(inputs, *, out, engine: str = "local", format: str | None = None, progress=None,
-                       max_request_bytes: int | None = None):
+                       max_request_bytes: int | None = None, stall_timeout_s: float | None = None):
     """``ingest`` on the chosen engine: ``ray`` decodes the files in parallel Ray tasks.
     ``max_request_bytes``: the bound on one decompressed line, record or document (None: the
-    default, ``collect``'s); the Ray tasks keep the default."""
+    default, ``collect``'s); the Ray tasks keep the default. ``stall_timeout_s`` (Ray): how long
+    one task may send nothing before the ingest fails (None: its default)."""
     _check_engine(engine)
     if engine == "ray":
         if max_request_bytes is not None:
             raise NemoTelemetryError("--max-request-mib applies to --engine local; Ray tasks keep the default bound "
                               "(64 MiB): drop the option or use --engine local")
-        from nemo_telemetry.analysis.engines.ray_engine import ray_ingest
+        from nemo_telemetry.analysis.engines.ray_engine import STALL_TIMEOUT_S, ray_ingest
 
-        return ray_ingest(inputs, out=out, format=format, progress=progress)
+        return ray_ingest(inputs, out=out, format=format, progress=progress,
+                          stall_timeout_s=STALL_TIMEOUT_S if stall_timeout_s is None else stall_timeout_s)
     from nemo_telemetry.analysis.ingestion.ingest import ingest
 
     if max_request_bytes is None:

@@ -26,6 +26,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -33,12 +34,14 @@ from nemo_telemetry.analysis.goodput import partials as streaming
 from nemo_telemetry.analysis.store.dataset import DatasetWriter, drop_duplicates
 from nemo_telemetry.analysis.ingestion.ingest import (BATCH_SPANS, FILE_ROWS, WRITE_AHEAD, IngestSummary, Source, IngestPipeline,
                                             SignalDumps, dump_files_detected, ingest_inputs)
-from nemo_telemetry.errors import NemoTelemetryError
+from nemo_telemetry.errors import IngestError, NemoTelemetryError
 
 __all__ = ["connect", "map_groups", "map_reduce", "reducer_count", "ray_scan", "ray_ingest", "ray_goodput", "ray_check"]
 
 _FILES_IN_FLIGHT_PER_CPU = 2
 _BATCHES_AHEAD = 2  # decoded batches a file task may hold before this process takes them
+TASK_ATTEMPTS = 4  # a file's decode tasks whose worker may die before the ingest fails (Ray's default: 3 retries)
+STALL_TIMEOUT_S = 900.0  # seconds a file's decode task may send nothing before the ingest fails
 
 
 def connect():
@@ -49,8 +52,13 @@ def connect():
         raise NemoTelemetryError("--engine ray needs Ray: pip install ray") from None
     if not ray.is_initialized():
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
-                 configure_logging=False, log_to_driver=False)
+        address = os.environ.get("RAY_ADDRESS") or None
+        try:
+            ray.init(address=address, include_dashboard=False, configure_logging=False, log_to_driver=False)
+        except Exception as exc:  # noqa: BLE001 - Ray raises plain Exception / ConnectionError for these
+            where = f"the Ray cluster at RAY_ADDRESS={address}" if address else "a local Ray cluster"
+            raise NemoTelemetryError(f"--engine ray could not start or join {where} ({exc}); check that the "
+                                     "cluster is up (ray status), or use --engine local") from None
     return ray
 
 
@@ -175,22 +183,35 @@ def ray_check(root: str | Path, **options):
 # -- ingest ------------------------------------------------------------------------------------
 
 
-def _decode_file(path: str, fmt: str | None, batch_spans: int, data: bytes | None = None) -> Iterator[tuple]:
+def _decode_file(path: str, fmt: str | None, batch_spans: int, data: bytes | None = None,
+                 skip_spans: int = 0) -> Iterator[tuple]:
     """Ray task body: ("tables", OtlpTables) per batch of ``path`` (``data``: its bytes, read
-    already by the driver for a metrics or log dump), then ("counts", dict)."""
+    already by the driver for a metrics or log dump), then ("counts", dict). ``skip_spans``: the
+    first spans of the file, taken already from an attempt whose worker died, are not sent again."""
     batches: list = []
     # One Ray task per file is already the parallelism: decode in this task's thread, not two more.
     pipeline = IngestPipeline(lambda tables: batches.append(tables) or tables, batch_spans=batch_spans, decode_ahead=0)
     pipeline.counts["files"] += 1
     from nemo_telemetry.analysis.ingestion._detect import iter_records
 
+    def unsent() -> Iterator[tuple]:
+        nonlocal skip_spans
+        while batches:
+            tables = batches.pop(0)
+            rows = tables.spans.num_rows
+            if skip_spans >= rows:
+                skip_spans -= rows
+                continue
+            if skip_spans:
+                tables = tables.keep_spans(np.arange(rows) >= skip_spans)
+                skip_spans = 0
+            yield ("tables", tables)
+
     for record in iter_records(Path(path), fmt, buffers=pipeline.buffers, data=data):
         pipeline.add_record(record.kind, record.where, record.payload)
-        while batches:
-            yield ("tables", batches.pop(0))
+        yield from unsent()
     summary = pipeline.summary()
-    while batches:
-        yield ("tables", batches.pop(0))
+    yield from unsent()
     yield ("counts", {"rejected_records": summary.rejected_records, "skipped_records": summary.skipped_records,
                       "warnings": list(summary.warnings)})
 
@@ -202,19 +223,31 @@ def ray_ingest(
     format: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     batch_spans: int = BATCH_SPANS,
+    stall_timeout_s: float = STALL_TIMEOUT_S,
 ) -> IngestSummary:
     """:func:`ingest.ingest` with each file decoded by a Ray task; the dataset and summary are the same.
 
     Tasks run ahead (two files per cluster CPU), and this process takes their batches file by
     file, in input order, so the deduplication keeps the same first copy of a repeated span.
+    A file whose task's worker or node dies is decoded again from the first span not yet taken,
+    at most :data:`TASK_ATTEMPTS` times in all; a task that sends nothing for
+    ``stall_timeout_s`` is given up. Either failure is an :class:`IngestError` naming the file,
+    and the dataset keeps what it had committed (this ingest is recorded as incomplete, and
+    re-running it completes it).
     """
+    if not stall_timeout_s > 0:
+        raise IngestError(f"stall_timeout_s must be positive, not {stall_timeout_s!r}")
     ray = connect()
     files, skipped = dump_files_detected(inputs, format)
     writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
     try:
         writer.start(ingest_inputs(inputs))
         signals = SignalDumps()
-        summary = _ingest_files(ray, [(dump, signals.read(dump)) for dump in files], writer, progress, batch_spans)
+        decodes = _FileDecodes(ray, batch_spans, stall_timeout_s)
+        try:
+            summary = _ingest_files(decodes, [(dump, signals.read(dump)) for dump in files], writer, progress)
+        finally:
+            decodes.cancel()
         summary = dataclasses.replace(summary, skipped_files=len(skipped), warnings=tuple(skipped) + summary.warnings)
         summary = signals.stage(writer, summary)  # the metrics and logs tables, as ingest stages them
     except BaseException:
@@ -224,26 +257,115 @@ def ray_ingest(
     return summary
 
 
-def _ingest_files(ray, files: list, writer: DatasetWriter, progress, batch_spans: int) -> IngestSummary:
+class _FileDecodes:
+    """The files' decode tasks on the cluster, run ahead of this process, and taken in order.
+
+    Ray's own task retries are off for them: a streaming generator retried with backpressure on
+    can wait forever for items its first attempt sent (ray-project/ray#43914, #54529), so a
+    worker that dies is answered here, by a new task that skips the spans already taken.
+    """
+
+    def __init__(self, ray, batch_spans: int, stall_timeout_s: float) -> None:
+        self.ray = ray
+        self.batch_spans = batch_spans
+        self.stall_timeout_s = stall_timeout_s
+        self.remote = ray.remote(_decode_file).options(num_cpus=1, max_retries=0,
+                                                       _generator_backpressure_num_objects=_BATCHES_AHEAD)
+        self.running: deque = deque()  # (dump, data, generator), in input order
+        self.lost = _system_failures(ray)
+
+    def submit(self, dump, data: bytes | None) -> None:
+        self.running.append((dump, data, self._start(dump, data, 0)))
+
+    def _start(self, dump, data: bytes | None, skip_spans: int):
+        return self.remote.remote(str(dump.path), dump.format, self.batch_spans, data, skip_spans)
+
+    def next_file(self) -> Iterator[tuple]:
+        """The items of the oldest running file's task: ("tables", OtlpTables) ..., ("counts", dict)."""
+        dump, data, generator = self.running.popleft()
+        taken, failures = 0, []
+        while True:
+            try:
+                for kind, payload in self._items(dump.path, generator):
+                    taken += payload.spans.num_rows if kind == "tables" else 0
+                    yield kind, payload
+                return
+            except self.lost as exc:
+                failures.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+                if len(failures) >= TASK_ATTEMPTS:
+                    raise IngestError(
+                        f"{dump.path}: the Ray task decoding it failed {len(failures)} times, its worker "
+                        f"or node lost each time (last: {failures[-1]}); nothing of this ingest was "
+                        "committed: re-run it once the cluster is healthy") from None
+                generator = self._restart(dump, data, taken)
+
+    def _restart(self, dump, data: bytes | None, taken: int):
+        """A new task for ``dump`` from span ``taken`` on, queued ahead of new tasks for the files
+        after it: theirs are stopped, as they may hold every CPU while they wait to be taken."""
+        generator = self._start(dump, data, taken)
+        later = list(self.running)
+        self.running.clear()
+        for other, other_data, other_generator in later:
+            self._stop(other_generator)
+            self.running.append((other, other_data, self._start(other, other_data, 0)))
+        return generator
+
+    def _items(self, path: Path, generator) -> Iterator[tuple]:
+        ray = self.ray
+        while True:
+            ready, _ = ray.wait([generator], timeout=self.stall_timeout_s)
+            if not ready:
+                raise self._stalled(path)
+            try:
+                ref = next(generator)
+            except StopIteration:
+                return
+            try:
+                yield ray.get(ref, timeout=self.stall_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise self._stalled(path) from None
+
+    def _stalled(self, path: Path) -> IngestError:
+        return IngestError(
+            f"{path}: the Ray task decoding it sent nothing for {self.stall_timeout_s:g} s (a lost or "
+            "stuck worker, or a cluster with no free CPU); nothing of this ingest was committed: re-run "
+            "it, with a larger stall_timeout_s if the cluster is busy")
+
+    def cancel(self) -> None:
+        """Stop the tasks still running (after a failure); their partial output is dropped."""
+        while self.running:
+            self._stop(self.running.popleft()[2])
+
+    def _stop(self, generator) -> None:
+        try:
+            self.ray.cancel(generator, force=True)
+        except Exception:  # noqa: BLE001 - best effort: a task that ended cannot be cancelled
+            pass
+
+
+def _system_failures(ray) -> tuple[type, ...]:
+    """Ray's errors for a task's worker, node or output lost (not an error the task raised)."""
+    names = ("WorkerCrashedError", "NodeDiedError", "LocalRayletDiedError", "ObjectLostError", "OutOfMemoryError",
+             "RaySystemError")
+    return tuple(getattr(ray.exceptions, name) for name in names if hasattr(ray.exceptions, name))
+
+
+def _ingest_files(decodes: _FileDecodes, files: list, writer: DatasetWriter, progress) -> IngestSummary:
     """Decode ``files`` ((DumpFile, its bytes or None) pairs) on Ray tasks and write their batches
     in input order."""
-    decode = ray.remote(_decode_file).options(num_cpus=1, _generator_backpressure_num_objects=_BATCHES_AHEAD)
-    limit = max(1, int(ray.cluster_resources().get("CPU", 1)) * _FILES_IN_FLIGHT_PER_CPU)
+    limit = max(1, int(decodes.ray.cluster_resources().get("CPU", 1)) * _FILES_IN_FLIGHT_PER_CPU)
     todo = deque(files)
-    running: deque = deque()
     totals = dict.fromkeys(("spans", "events", "links", "duplicates_dropped", "rejected_records",
                             "skipped_records"), 0)
     traces: set = set()
     runs: set = set()
     warnings: list[str] = []
     done_bytes = 0
-    while todo or running:
-        while todo and len(running) < limit:
-            dump, data = todo.popleft()
-            running.append((dump.path, decode.remote(str(dump.path), dump.format, batch_spans, data)))
-        path, generator = running.popleft()
-        for ref in generator:
-            kind, payload = ray.get(ref)
+    while todo or decodes.running:
+        while todo and len(decodes.running) < limit:
+            decodes.submit(*todo.popleft())
+        path = decodes.running[0][0].path
+        for kind, payload in decodes.next_file():
             if kind == "counts":
                 totals["rejected_records"] += payload["rejected_records"]
                 totals["skipped_records"] += payload["skipped_records"]

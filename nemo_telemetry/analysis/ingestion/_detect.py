@@ -64,6 +64,8 @@ __all__ = [
     "truncated_frame",
     "classify_document",
     "MAX_PROTO_RECORD",
+    "json_with_oversized_numbers",
+    "OversizedNumber",
 ]
 
 ACCEPTED_FORMATS = (
@@ -462,14 +464,53 @@ def _line_ends(buffer: bytearray, size: int) -> np.ndarray:
 
 
 def classify_json_line(line: bytes, where: str) -> Record:
-    """One JSON line parsed by orjson: ``traces`` (a dict), ``other-signal`` or ``rejected``."""
+    """One JSON line parsed by orjson: ``traces`` (a dict), ``other-signal`` or ``rejected``.
+
+    A number no double holds (a 5,000-digit timestamp) fails orjson's parse of the whole line;
+    such a line is parsed again with that number kept as an :class:`OversizedNumber`, so the
+    decoder rejects the one span (or record) whose field holds it and keeps the rest."""
     try:
         doc = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        if not line.endswith(b"\n"):
-            return Record("rejected", where, "truncated last record (the writer stopped mid-line)")
-        return Record("rejected", where, f"malformed JSON line ({exc})")
+        doc = json_with_oversized_numbers(line) if "number" in str(exc) else None
+        if doc is None:
+            if not line.endswith(b"\n"):
+                return Record("rejected", where, "truncated last record (the writer stopped mid-line)")
+            return Record("rejected", where, f"malformed JSON line ({exc})")
     return _classify(doc, where)
+
+
+class OversizedNumber:
+    """A JSON number too long for int64 or a double: a type no field accepts (never rounded)."""
+
+    def __init__(self, text: str) -> None:
+        self.digits = len(text)
+
+    def __repr__(self) -> str:
+        return f"<a number of {self.digits} characters>"
+
+
+def json_with_oversized_numbers(line: bytes) -> object | None:
+    """``line`` parsed with numbers past a double's range kept as :class:`OversizedNumber`
+    (None when it is not JSON for another reason: NaN and Infinity are refused, as by orjson).
+    Every reader of JSON lines parses a line orjson refuses for a number this way, so that the
+    span, log and metrics readers of one file agree on what the line is."""
+    import json
+
+    def integer(text: str) -> object:
+        return int(text) if len(text) <= 40 else OversizedNumber(text)
+
+    def decimal(text: str) -> object:
+        value = float(text)
+        return value if value not in (float("inf"), float("-inf")) else OversizedNumber(text)
+
+    def constant(text: str) -> object:
+        raise ValueError(f"{text} is not JSON")
+
+    try:
+        return json.loads(line, parse_int=integer, parse_float=decimal, parse_constant=constant)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None
 
 
 def _json_document(stream: BinaryIO, path: Path, buffers: ReadBuffers, limit: int) -> Iterator[Record]:

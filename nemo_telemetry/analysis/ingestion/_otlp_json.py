@@ -89,11 +89,13 @@ def _timestamp_problem(value: Any, required: bool) -> str | None:
     if type(value) is int:
         number = value
     elif type(value) is str and _DECIMAL.fullmatch(value):
+        if len(value) > 20:  # past int64 whatever the digits; int() of thousands of them is refused
+            return f"is out of range ({_shown(value)}: not 0..2^63-1)"
         number = int(value)
     else:
         return f"is not an integer ({_shown(value)})"
     if number >= _TOP or number < 0:
-        return f"is out of range ({number}: not 0..2^63-1)"
+        return f"is out of range ({_shown(number)}: not 0..2^63-1)"
     if number == 0 and required:
         return "is missing (0)"
     return None
@@ -149,6 +151,9 @@ def span_problem(span: Any) -> str | None:
     ))
     if problem is not None:
         return problem
+    for key in ("events", "links"):
+        if get(key) is not None and not isinstance(get(key), list):
+            return f"{key} is not a list ({_shown(get(key))})"
     for i, event in enumerate(get("events") or ()):
         if (problem := event_problem(event)) is not None:
             return f"events[{i}].{problem}"

@@ -66,7 +66,7 @@ def json_value_to_python(value: dict | None, depth: int = 0) -> Any:
     if "stringValue" in value:
         return value["stringValue"]
     if "intValue" in value:
-        return int(value["intValue"])
+        return _json_int(value["intValue"])
     if "boolValue" in value:
         return json_flag(value["boolValue"])
     if "doubleValue" in value:
@@ -79,6 +79,25 @@ def json_value_to_python(value: dict | None, depth: int = 0) -> Any:
         kvs = (value["kvlistValue"] or _EMPTY).get("values") or ()
         return {kv["key"]: json_value_to_python(kv.get("value"), depth + 1) for kv in kvs}
     return None
+
+
+_INT64 = 1 << 63
+_EXACT_DOUBLE = 1 << 53  # a JSON number parsed as a double is an exact integer below this
+
+
+def _json_int(value: Any) -> int:
+    """An OTLP/JSON ``intValue``: an int64 as a JSON number or a string of ASCII digits. Never
+    rounded: 1.5, "1.5", true or a number past int64 is ``ValueError`` (its owner is rejected)."""
+    if type(value) is float and value.is_integer() and abs(value) < _EXACT_DOUBLE:
+        value = int(value)
+    elif type(value) is str and value.isascii() and value.lstrip("-").isdigit() and len(value) <= 20:
+        value = int(value)
+    if type(value) is not int:
+        text = repr(value)
+        raise ValueError(f"intValue {text if len(text) <= 40 else text[:37] + '...'} is not an integer")
+    if not -_INT64 <= value < _INT64:
+        raise ValueError(f"intValue {value} does not fit in int64")
+    return value
 
 
 def json_value_string(value: dict | None) -> str | None:

@@ -35,7 +35,7 @@ from nemo_telemetry.analysis.ingestion._detect import (
 from nemo_telemetry.analysis.ingestion._otlp_json_fast import LINE_FALLBACK, LINE_OTHER_SIGNAL, decode_json_block
 from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
 from nemo_telemetry.analysis.ingestion._otlp_wire import decode_batch, decode_frames_each
-from nemo_telemetry.analysis.ingestion.metrics import dataset_metric_file
+from nemo_telemetry.analysis.ingestion.metrics import dataset_metric_points
 from nemo_telemetry.analysis.ingestion.logs import dataset_log_files
 from nemo_telemetry.analysis.store.commits import dataset_state
 from nemo_telemetry.analysis.store.dataset import (
@@ -446,6 +446,7 @@ class SignalDumps:
     spans too), their tables staged into the ingest's final commit. Every engine's ingest uses it."""
 
     metric_files: list = field(default_factory=list)
+    metric_problems: list = field(default_factory=list)  # bad points (or metrics) left out, each named
     log_dumps: list = field(default_factory=list)
 
     def read(self, dump: DumpFile) -> bytes | None:
@@ -453,8 +454,11 @@ class SignalDumps:
         if not (dump.metrics or dump.logs):
             return None
         data = dump.path.read_bytes()
-        if dump.metrics and (metric_file := dataset_metric_file(dump.path, data)) is not None:
-            self.metric_files.append(metric_file)
+        if dump.metrics:
+            points = dataset_metric_points(dump.path, data)
+            self.metric_problems.extend(points.problems)
+            if points.file is not None:
+                self.metric_files.append(points.file)
         if dump.logs:
             self.log_dumps.append((dump.path, data))
         return data
@@ -468,7 +472,10 @@ class SignalDumps:
         logs = dataset_log_files(self.log_dumps)
         for relative, table in logs.files:
             writer.stage_table(relative, table)
-        return _with_logs(dataclasses.replace(summary, metric_points=points), logs)
+        summary = dataclasses.replace(summary, metric_points=points,
+                                      rejected_records=summary.rejected_records + len(self.metric_problems),
+                                      warnings=summary.warnings + tuple(self.metric_problems))
+        return _with_logs(summary, logs)
 
 
 def _with_logs(summary: IngestSummary, logs) -> IngestSummary:

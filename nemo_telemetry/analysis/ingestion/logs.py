@@ -19,7 +19,7 @@ import orjson
 import pyarrow as pa
 
 from nemo_telemetry.analysis.ingestion._columns import text_id_hex
-from nemo_telemetry.analysis.ingestion._detect import is_log_dump, open_decompressed
+from nemo_telemetry.analysis.ingestion._detect import is_log_dump, json_with_oversized_numbers, open_decompressed
 from nemo_telemetry.analysis.ingestion._otlp_json import camel_case
 from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string
 from nemo_telemetry.errors import IngestError
@@ -136,7 +136,12 @@ def _documents(path: Path, problems: list[str], data: bytes | None = None) -> It
         try:
             yield f"{path}:{number}", orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            problems.append(f"{path}:{number}: not JSON ({exc})")
+            # a number no double holds: its record alone is rejected (the span reader agrees)
+            doc = json_with_oversized_numbers(line) if "number" in str(exc) else None
+            if doc is None:
+                problems.append(f"{path}:{number}: not JSON ({exc})")
+            else:
+                yield f"{path}:{number}", doc
 
 
 def _get(obj: dict, key: str, default: Any = None) -> Any:
@@ -150,10 +155,24 @@ def _any_text(value: Any) -> str | None:
     return json_value_string(value)
 
 
-def _attributes(kvs: Any) -> list[tuple[str, str | None]]:
+def _attributes(kvs: Any, what: str = "attributes") -> list[tuple[str, str | None]]:
     if not kvs:
         return []
-    return [(str(kv["key"]), _any_text(kv.get("value"))) for kv in kvs]
+    if not isinstance(kvs, list):
+        raise ValueError(f"{what} is {type(kvs).__name__}, not a list")
+    out = []
+    for index, kv in enumerate(kvs):
+        key = kv.get("key") if isinstance(kv, dict) else None
+        if not isinstance(key, str):
+            raise ValueError(f"{what}[{index}] has no string key")
+        value = kv.get("value")
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"{what}[{index}] ({key!r}): value is {type(value).__name__}, not an AnyValue object")
+        try:
+            out.append((key, _any_text(value)))
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            raise ValueError(f"{what}[{index}] ({key!r}): {exc}") from None
+    return out
 
 
 def _hex_id(value: Any, length: int, what: str) -> str | None:
@@ -167,10 +186,16 @@ def _hex_id(value: Any, length: int, what: str) -> str | None:
 
 
 def _int(value: Any, what: str) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} {value!r} is not an integer") from None
+    """An OTLP/JSON int64 (a number, or decimal digits as text); never rounded: 1.5, true or
+    "1e3" are not integers."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < (1 << 53):  # exact as a double
+        value = int(value)
+    if isinstance(value, str) and value.isascii() and value.lstrip("-").isdigit() and len(value) <= 21:
+        value = int(value)
+    if type(value) is not int:
+        shown = value if not isinstance(value, str) or len(value) <= 40 else f"{value[:40]}..."
+        raise ValueError(f"{what} {shown!r} is not an integer")
+    number = value
     if not -(1 << 63) <= number < (1 << 63):
         raise ValueError(f"{what} {value!r} does not fit in int64")
     return number
@@ -185,7 +210,10 @@ def _severity_number(value: Any) -> int | None:
         letters, digits = name.rstrip("0123456789"), name[len(name.rstrip("0123456789")):]
         if letters not in base:
             raise ValueError(f"severityNumber {value!r} is not a severity")
-        return base[letters] + (int(digits) - 1 if digits else 0)
+        number = base[letters] + (int(digits) - 1 if digits and len(digits) <= 2 else 0 if not digits else 99)
+        if not base[letters] <= number < base[letters] + 4:
+            raise ValueError(f"severityNumber {value!r} is not a severity")
+        return number
     number = _int(value, "severityNumber")
     if not 0 <= number <= 24:
         raise ValueError(f"severityNumber {value!r} is outside 0-24")
@@ -196,8 +224,10 @@ def _record_row(record: dict) -> dict:
     time_ns = _int(_get(record, "timeUnixNano", 0), "timeUnixNano")
     observed = _int(_get(record, "observedTimeUnixNano", 0), "observedTimeUnixNano")
     number = _severity_number(_get(record, "severityNumber"))
-    text = _get(record, "severityText") or (
-        _SEVERITY_NAMES.get((number - 1) // 4 * 4 + 1) if number else None)
+    text = _get(record, "severityText")
+    if not isinstance(text, (str, type(None))):
+        raise ValueError(f"severityText {text!r} is {type(text).__name__}, not a string")
+    text = text or (_SEVERITY_NAMES.get((number - 1) // 4 * 4 + 1) if number else None)
     return {
         "trace_id": _hex_id(_get(record, "traceId"), 16, "traceId"),
         "span_id": _hex_id(_get(record, "spanId"), 8, "spanId"),
@@ -205,9 +235,25 @@ def _record_row(record: dict) -> dict:
         "observed_time_ns": observed or None,
         "severity_number": number,
         "severity": text,
-        "body": _any_text(record.get("body")),
+        "body": _body(record.get("body")),
         "attributes": _attributes(record.get("attributes")),
     }
+
+
+def _body(value: Any) -> str | None:
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"body is {type(value).__name__}, not an AnyValue object")
+    try:
+        return _any_text(value)
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        raise ValueError(f"body: {exc}") from None
+
+
+def _scope_name(scope: Any) -> str | None:
+    name = scope.get("name") if isinstance(scope, dict) else None
+    if not isinstance(name, (str, type(None))):
+        raise ValueError(f"scope.name {name!r} is {type(name).__name__}, not a string")
+    return name or None
 
 
 def _decode(doc: Any, where: str, rows: _Rows, problems: list[str], unreadable: list[str]) -> bool:
@@ -223,7 +269,7 @@ def _decode(doc: Any, where: str, rows: _Rows, problems: list[str], unreadable: 
     for r_index, resource_logs in enumerate(resources if isinstance(resources, list) else [resources]):
         part = f"{where}: resourceLogs[{r_index}]"
         try:
-            resource = _attributes((resource_logs.get("resource") or {}).get("attributes"))
+            resource = _attributes((resource_logs.get("resource") or {}).get("attributes"), "resource.attributes")
             scopes = _get(resource_logs, "scopeLogs") or ()
             scopes = [(s_index, scope, scope.get("scope") or {}, _get(scope, "logRecords") or ())
                       for s_index, scope in enumerate(scopes)]
@@ -232,10 +278,13 @@ def _decode(doc: Any, where: str, rows: _Rows, problems: list[str], unreadable: 
             continue
         common = _resource_columns(resource)
         for s_index, _, scope, records in scopes:
+            if not isinstance(records, list):
+                problems.append(f"{part}.scopeLogs[{s_index}].logRecords is {type(records).__name__}, not a list")
+                continue
             for index, record in enumerate(records):
                 try:
                     row = _record_row(record)
-                    row["scope_name"] = scope.get("name") or None
+                    row["scope_name"] = _scope_name(scope)
                 except (ValueError, KeyError, TypeError, AttributeError) as exc:
                     problems.append(f"{part}.scopeLogs[{s_index}].logRecords[{index}]: {exc}")
                     continue

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.ingestion._detect import is_metrics_dump
+from nemo_telemetry.analysis.ingestion._detect import is_metrics_dump, json_with_oversized_numbers
 from nemo_telemetry.analysis.ingestion.anyvalue import json_flag, proto_value_string
 from nemo_telemetry.errors import IngestError
 
@@ -47,6 +47,8 @@ __all__ = [
     "metrics_for_source",
     "with_step_metrics",
     "dataset_metric_file",
+    "MetricFilePoints",
+    "dataset_metric_points",
 ]
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
@@ -98,13 +100,18 @@ class _Counts:
     malformed: int = 0
     skipped: int = 0
     first_problem: str = ""
+    # bad parts of metrics requests that were read (points, metrics, headers): what an ingest
+    # counts; a line or record that is no request at all its span reader counts already
+    inside: list = field(default_factory=list)
 
-    def bad(self, where: str, why: str, strict: bool) -> None:
+    def bad(self, where: str, why: str, strict: bool, *, inside: bool = False) -> None:
         if strict:
             raise IngestError(f"{where}: {why}. Fix or remove that record, or read without strict=True "
                               "to skip it and keep the others.")
         self.malformed += 1
         self.first_problem = self.first_problem or f"{where}: {why}"
+        if inside:
+            self.inside.append(f"{where}: {why}")
 
 
 @dataclass
@@ -132,14 +139,18 @@ def read_metrics(source: str | Path | Iterable[str | Path], *, strict: bool = Fa
     """The metrics table of ``source``: a dump file, a directory of ``metrics-*`` files, or several.
 
     Raises IngestError for a path that does not exist or cannot be read, and (with ``strict``)
-    for the first malformed record, naming the file and line.
+    for the first malformed record, naming the file and line. Without ``strict`` a bad data
+    point (a field of the wrong type, a time past int64) costs only itself.
     """
-    paths = _expand(source)
+    return _read(_expand(source), strict, contents)[0]
+
+
+def _read(paths: list[Path], strict: bool, contents) -> tuple[pa.Table, _Counts]:
     cols, counts = _Columns(), _Counts()
     for path, raw in zip(paths, [None] * len(paths) if contents is None else contents):
         for where, request in _requests(path, counts, strict, raw):
             _decode_request(request, cols, where, counts, strict)
-    return cols.to_table(counts)
+    return cols.to_table(counts), counts
 
 
 def metrics_table(requests: Iterable[dict]) -> pa.Table:
@@ -194,29 +205,38 @@ def _requests(path: Path, counts: _Counts, strict: bool, raw: bytes | None = Non
 
 
 def _json_requests(path: Path, data: bytes, counts: _Counts, strict: bool) -> Iterator[tuple[str, Any]]:
-    text = data.decode("utf-8", errors="replace")
     try:  # a single document (pretty-printed, or a list of requests)
-        doc = json.loads(text)
+        doc = json.loads(data.decode("utf-8"))
         docs = [(f"{path}", d) for d in (doc if isinstance(doc, list) else [doc])]
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not one document; UnicodeDecodeError, JSONDecodeError are ValueErrors
         docs = []
-        for number, line in enumerate(text.splitlines(), 1):
+        for number, line in enumerate(data.split(b"\n"), 1):  # lines as the span reader numbers them
             if not line.strip():
                 continue
             try:
-                docs.append((f"{path}:{number}", json.loads(line)))
+                docs.append((f"{path}:{number}", json.loads(line.decode("utf-8"))))
+            except UnicodeDecodeError:
+                counts.bad(f"{path}:{number}", "not UTF-8 text", strict)
             except json.JSONDecodeError as exc:
                 counts.bad(f"{path}:{number}", f"not JSON ({exc.msg})", strict)
+            except RecursionError:
+                counts.bad(f"{path}:{number}", "JSON nested too deep", strict)
+            except ValueError:  # an integer of thousands of digits: its point alone is rejected
+                docs.append((f"{path}:{number}", json_with_oversized_numbers(line)))
     for where, doc in docs:
         if not isinstance(doc, dict):
             counts.bad(where, "not an OTLP request object", strict)
         elif any(key in doc for key in _OTHER_SIGNALS):
             counts.skipped += 1
+        elif not any(key in doc for key in ("resourceMetrics", "resource_metrics")):
+            counts.bad(where, "no resourceMetrics: not an OTLP metrics request", strict)
         else:
             try:
                 yield where, _parse(doc, where)
             except IngestError as exc:
-                counts.bad(where, str(exc), strict)
+                if strict:
+                    counts.bad(where, str(exc), strict)
+                yield where, _parse_each(doc, where, counts)
 
 
 def _parse(doc: dict, where: str):
@@ -227,8 +247,93 @@ def _parse(doc: dict, where: str):
         raise IngestError("no resourceMetrics: not an OTLP metrics request")
     try:
         return ParseDict(_for_parse_dict(doc), ExportMetricsServiceRequest(), ignore_unknown_fields=True)
-    except ParseError as exc:
-        raise IngestError(f"not a valid OTLP metrics request ({exc})") from exc
+    except (ParseError, RecursionError) as exc:
+        raise IngestError(f"not a valid OTLP metrics request ({_parse_problem(exc)})") from exc
+
+
+_POINT_TYPES = {"gauge": "NumberDataPoint", "sum": "NumberDataPoint", "histogram": "HistogramDataPoint",
+                "exponentialHistogram": "ExponentialHistogramDataPoint",
+                "exponential_histogram": "ExponentialHistogramDataPoint", "summary": "SummaryDataPoint"}
+
+
+def _parse_each(doc: dict, where: str, counts: _Counts):
+    """A request protobuf's parser refused as a whole, parsed a part at a time: a bad data
+    point costs only itself, a bad metric, scope or resource header only what it holds; each
+    is counted and named by its path in the request."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+    from opentelemetry.proto.metrics.v1 import metrics_pb2
+
+    request = ExportMetricsServiceRequest()
+    for r, resource in _parts(doc, ("resourceMetrics", "resource_metrics"), where, "", counts):
+        at = f"resourceMetrics[{r}]"
+        head = _parsed_part(resource, ("scopeMetrics", "scope_metrics"), metrics_pb2.ResourceMetrics, where, at, counts)
+        if head is None:
+            continue
+        for s, scope in _parts(resource, ("scopeMetrics", "scope_metrics"), where, at, counts):
+            scope_at = f"{at}.scopeMetrics[{s}]"
+            scope_head = _parsed_part(scope, ("metrics",), metrics_pb2.ScopeMetrics, where, scope_at, counts)
+            if scope_head is None:
+                continue
+            for m, metric in _parts(scope, ("metrics",), where, scope_at, counts):
+                metric_message = _parsed_metric(metric, where, f"{scope_at}.metrics[{m}]", counts, metrics_pb2)
+                if metric_message is not None:
+                    scope_head.metrics.append(metric_message)
+            head.scope_metrics.append(scope_head)
+        request.resource_metrics.append(head)
+    return request
+
+
+def _parts(doc: Any, keys: tuple[str, ...], where: str, at: str, counts: _Counts) -> Iterator[tuple[int, Any]]:
+    """``(index, object)`` of the list ``doc`` holds under one of ``keys``; a list that is not one is named."""
+    value = next((doc[k] for k in keys if isinstance(doc, dict) and doc.get(k) is not None), [])
+    if not isinstance(value, list):
+        counts.bad(where, f"{at + '.' if at else ''}{keys[0]} is {type(value).__name__}, not a list", False,
+                   inside=True)
+        return
+    yield from enumerate(value)
+
+
+def _parsed_part(doc: Any, children: tuple[str, ...], message_type, where: str, at: str, counts: _Counts):
+    """``doc`` without its ``children`` list as a ``message_type`` message; None (counted) when it is bad."""
+    from google.protobuf.json_format import ParseDict, ParseError
+
+    if not isinstance(doc, dict):
+        counts.bad(where, f"{at}: not an object", False, inside=True)
+        return None
+    try:
+        return ParseDict(_for_parse_dict({k: v for k, v in doc.items() if k not in children}), message_type(),
+                         ignore_unknown_fields=True)
+    except (ParseError, ValueError, TypeError, RecursionError) as exc:
+        counts.bad(where, f"{at}: {_parse_problem(exc)}", False, inside=True)
+        return None
+
+
+def _parsed_metric(metric: Any, where: str, at: str, counts: _Counts, metrics_pb2):
+    """One metric, its data points parsed one by one (each bad one counted and left out)."""
+    kind = next((k for k in _POINT_TYPES if isinstance(metric, dict) and k in metric), None)
+    data = metric.get(kind) if kind else None
+    if kind is None or not isinstance(data, dict):
+        return _parsed_part(metric, (), metrics_pb2.Metric, where, at, counts)
+    head = _parsed_part({**metric, kind: {k: v for k, v in data.items() if k not in ("dataPoints", "data_points")}},
+                        (), metrics_pb2.Metric, where, at, counts)
+    if head is None:
+        return None
+    points = getattr(head, head.WhichOneof("data")).data_points
+    point_type = getattr(metrics_pb2, _POINT_TYPES[kind])
+    for p, point in _parts(data, ("dataPoints", "data_points"), where, f"{at} {head.name!r}.{kind}", counts):
+        parsed = _parsed_part(point, (), point_type, where, f"{at} {head.name!r}.dataPoints[{p}]", counts)
+        if parsed is not None:
+            points.append(parsed)
+    return head
+
+
+def _parse_problem(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return "values nested too deep"
+    text = str(exc).replace("Failed to parse ", "").replace(" field: ", ": ")
+    if "'OversizedNumber'" in text:  # json_with_oversized_numbers' stand-in: no int64 or double holds it
+        return f"{text.split(':')[0]}: a number of thousands of digits, past int64"
+    return text
 
 
 def _for_parse_dict(doc: Any) -> Any:
@@ -283,55 +388,69 @@ def _int_or_none(text: str | None) -> int | None:
 
 
 def _decode_request(request, cols: _Columns, where: str, counts: _Counts, strict: bool) -> None:
-    """Append the data points of one request; one whose attribute values cannot be encoded
-    (nested too deep) costs only that request, counted and named like any malformed record."""
-    kept = len(cols.rows["name"])
-    try:
-        _append_points(request, cols, where, counts, strict)
-    except ValueError as exc:
-        for values in cols.rows.values():
-            del values[kept:]
-        counts.bad(where, str(exc), strict)
-
-
-def _append_points(request, cols: _Columns, where: str, counts: _Counts, strict: bool) -> None:
+    """Append the data points of one request. A point with a bad field (a time or count past
+    int64, attribute values nested too deep) costs only itself; a resource or scope whose own
+    attributes cannot be encoded costs its points; each counted and named by its path."""
     rows = cols.rows
-    for rm in request.resource_metrics:
-        resource = _attributes(rm.resource.attributes)
+    for r, rm in enumerate(request.resource_metrics):
+        try:
+            resource = _attributes(rm.resource.attributes)
+        except ValueError as exc:
+            counts.bad(where, f"resourceMetrics[{r}].resource.attributes: {exc}", strict, inside=True)
+            continue
         res = dict(resource)
         common = (res.get("nemo.run.id"), res.get("service.name"), _int_or_none(res.get("nv.dl.rank")))
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
+        for s, sm in enumerate(rm.scope_metrics):
+            for m, metric in enumerate(sm.metrics):
+                at = f"resourceMetrics[{r}].scopeMetrics[{s}].metrics[{m}] {metric.name!r}"
                 kind = metric.WhichOneof("data")
                 if kind is None:
-                    counts.bad(where, f"metric {metric.name!r} has no data", strict)
+                    counts.bad(where, f"metric {metric.name!r} has no data", strict, inside=True)
                     continue
                 data = getattr(metric, kind)
                 temporality = _TEMPORALITY.get(getattr(data, "aggregation_temporality", 0), "unspecified")
-                monotonic = data.is_monotonic if kind == "sum" else None
-                for point in data.data_points:
-                    if kind in ("gauge", "sum"):
-                        which = point.WhichOneof("value")
-                        value = float(getattr(point, which)) if which else None
-                        count = None
-                    else:
-                        value = float(point.sum) if point.HasField("sum") or kind == "summary" else None
-                        count = int(point.count)
-                    rows["run_id"].append(common[0])
-                    rows["service_name"].append(common[1])
-                    rows["rank"].append(common[2])
-                    rows["name"].append(metric.name)
-                    rows["kind"].append(kind)
-                    rows["unit"].append(metric.unit or None)
-                    rows["temporality"].append(temporality if kind not in ("gauge", "summary") else None)
-                    rows["is_monotonic"].append(monotonic)
-                    rows["start_time_ns"].append(int(point.start_time_unix_nano) or None)
-                    rows["time_ns"].append(int(point.time_unix_nano))
-                    rows["value"].append(value)
-                    rows["count"].append(count)
-                    rows["attributes"].append(_attributes(point.attributes))
-                    rows["resource_attributes"].append(resource)
-                    rows["scope_name"].append(sm.scope.name or None)
+                fixed = (common[0], common[1], common[2], metric.name, kind, metric.unit or None,
+                         temporality if kind not in ("gauge", "summary") else None,
+                         data.is_monotonic if kind == "sum" else None)
+                for p, point in enumerate(data.data_points):
+                    try:
+                        values = _point_values(point, kind)
+                    except ValueError as exc:
+                        counts.bad(where, f"{at}.dataPoints[{p}].{exc}", strict, inside=True)
+                        continue
+                    for name, value in zip(_POINT_COLUMNS, fixed + values + (resource, sm.scope.name or None)):
+                        rows[name].append(value)
+
+
+_POINT_COLUMNS = ("run_id", "service_name", "rank", "name", "kind", "unit", "temporality", "is_monotonic",
+                  "start_time_ns", "time_ns", "value", "count", "attributes", "resource_attributes", "scope_name")
+_INT64_TOP = 1 << 63
+
+
+def _point_values(point, kind: str) -> tuple:
+    """``(start_time_ns, time_ns, value, count, attributes)`` of a data point; ValueError
+    naming the field when one does not fit its column (uint64 on the wire, int64 here)."""
+    if kind in ("gauge", "sum"):
+        which = point.WhichOneof("value")
+        value = float(getattr(point, which)) if which else None
+        count = None
+    else:
+        value = float(point.sum) if point.HasField("sum") or kind == "summary" else None
+        count = _fits("count", point.count)
+    start = _fits("startTimeUnixNano", point.start_time_unix_nano)
+    try:
+        attributes = _attributes(point.attributes)
+    except ValueError as exc:
+        raise ValueError(f"attributes: {exc}") from None
+    if not point.time_unix_nano:
+        raise ValueError("timeUnixNano: missing (a data point needs its collection time)")
+    return start or None, _fits("timeUnixNano", point.time_unix_nano), value, count, attributes
+
+
+def _fits(name: str, number: int) -> int:
+    if not 0 <= number < _INT64_TOP:
+        raise ValueError(f"{name}: {number} does not fit in int64")
+    return int(number)
 
 
 # -- per step ---------------------------------------------------------------------------------
@@ -508,20 +627,35 @@ def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | 
     return pa.concat_tables(tables) if tables else None
 
 
-def dataset_metric_file(path: Path, data: bytes) -> tuple[str, pa.Table] | None:
+@dataclass(frozen=True)
+class MetricFilePoints:
+    """What :func:`dataset_metric_points` made of one metrics dump: the dataset file to write
+    (``(metrics/<hash>.parquet, points)``, None when it has no points) and each bad part of its
+    requests (``file:line: path in the request: why``), which the ingest counts as rejected."""
+
+    file: tuple[str, pa.Table] | None
+    problems: tuple[str, ...] = ()
+
+
+def dataset_metric_points(path: Path, data: bytes) -> MetricFilePoints:
     """The data points of one metrics dump (``data``: its bytes, read once by the ingest for
-    its spans and metrics) as the dataset file to write, ``(metrics/<hash>.parquet, points)``;
-    None when it has none.
+    its spans and metrics) as the dataset file to write, and the bad parts left out.
 
     Named by the input's content hash, so re-ingesting a file replaces its points instead of
-    adding them twice.
+    adding them twice. Lines or records that are no request at all are not among the problems:
+    the ingest's span reader, which reads the same bytes, counts those.
     """
     import hashlib
 
-    table = read_metrics(path, contents=[data])
-    if not table.num_rows:
-        return None
-    return f"metrics/{hashlib.sha1(data).hexdigest()[:20]}.parquet", table.replace_schema_metadata(None)
+    table, counts = _read([Path(path)], False, [data])
+    relative = f"metrics/{hashlib.sha1(data).hexdigest()[:20]}.parquet"
+    return MetricFilePoints((relative, table.replace_schema_metadata(None)) if table.num_rows else None,
+                            tuple(counts.inside))
+
+
+def dataset_metric_file(path: Path, data: bytes) -> tuple[str, pa.Table] | None:
+    """:func:`dataset_metric_points`' file alone: ``(metrics/<hash>.parquet, points)``, or None."""
+    return dataset_metric_points(path, data).file
 
 
 def with_step_metrics(runs: tuple, source) -> tuple:
