@@ -48,6 +48,9 @@ _log = logging.getLogger("nemo_telemetry")
 
 DEFAULT_DUMP_DIR = "nemo_telemetry_dump"
 DEFAULT_TIMEOUT_S = 5.0
+# The fewest spans an OTLP request carries when a batch is sent in slices: fewer would cost more
+# in per-request HTTP work than it saves in encoding stretches.
+OTLP_MIN_SLICE_SPANS = 64
 
 
 @dataclasses.dataclass
@@ -343,7 +346,9 @@ def make_span_exporter(cfg: TelemetryConfig, *, service_name: str | None = None)
         _log.warning("OTLP %s exporter unavailable (%s); spans are not exported. "
                      "pip install opentelemetry-exporter-otlp-proto-%s", protocol, exc, package)
         return None
-    return OTLPSpanExporter()
+    from nemo_telemetry.instrument._slices import sliced_span_exporter
+
+    return sliced_span_exporter(OTLPSpanExporter, min_items=OTLP_MIN_SLICE_SPANS)()
 
 
 # -- flushing and stopping --------------------------------------------------------------------

@@ -1,0 +1,147 @@
+"""Encoding an export batch in short slices, resting between them, so the training thread keeps the GIL.
+
+An exporter's encoding is pure-Python work (the OTLP encoder builds one protobuf message per
+span; ``MessageToDict`` walks them back). Run over a whole batch on the export thread, it takes
+the GIL from the training thread in switch-interval stretches whenever that thread lets go of it
+(a numpy call, a CUDA sync, I/O) and keeps it until the interpreter forces a switch: one step in
+a few hundred grows by the whole batch's encoding time. :class:`SlicePacer` cuts a batch into
+slices each a fraction of the interpreter's switch interval long (sized from the time the
+previous slices took per item in this thread's CPU time, so no size is fixed for a CPU) and, between slices, releases the
+GIL and rests so the batch is spread over at most half the time since the previous batch began
+(capped by ``max_spread_s``): the export keeps pace with the rate batches arrive at, so pacing
+never makes the queue overflow, and a flush or shutdown waits at most ``max_spread_s`` longer.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Callable, Iterator, Sequence, TypeVar
+
+__all__ = ["SlicePacer", "merge_requests", "sliced_span_exporter"]
+
+T = TypeVar("T")
+
+FIRST_SLICE_ITEMS = 16
+MAX_SLICE_ITEMS = 512
+
+
+class SlicePacer:
+    """Yields a batch in slices, resting (GIL released) between them; one per exporter, thread-safe.
+
+    ``slice_fraction`` of the interpreter's switch interval is the time a slice aims at;
+    ``min_items`` bounds a slice from below (an OTLP request per slice should carry more than a
+    handful of spans). ``spread_fraction`` of the time since the previous batch began, at most
+    ``max_spread_s``, is the wall time a batch may be spread over.
+    """
+
+    def __init__(self, *, slice_fraction: float = 0.2, min_items: int = 1, spread_fraction: float = 0.5,
+                 max_spread_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 cpu_clock: Callable[[], float] = time.thread_time,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.slice_fraction = slice_fraction
+        self.min_items = max(1, min_items)
+        self.spread_fraction = spread_fraction
+        self.max_spread_s = max_spread_s
+        self._clock = clock
+        self._cpu_clock = cpu_clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._seconds_per_item: float | None = None
+        self._previous_start = clock()
+        self.slices_yielded = 0  # how many slices this pacer has handed out (for tests and benchmarks)
+
+    def _slice_items(self) -> int:
+        if self._seconds_per_item is None or self._seconds_per_item <= 0:
+            return max(self.min_items, FIRST_SLICE_ITEMS)
+        target_s = sys.getswitchinterval() * self.slice_fraction
+        return max(self.min_items, min(MAX_SLICE_ITEMS, int(target_s / self._seconds_per_item)))
+
+    def slices(self, items: Sequence[T]) -> Iterator[Sequence[T]]:
+        """``items`` in consecutive slices, in order, each item exactly once."""
+        total = len(items)
+        if total == 0:
+            return
+        with self._lock:
+            start = self._clock()
+            window = min(self.max_spread_s, max(0.0, (start - self._previous_start) * self.spread_fraction))
+            self._previous_start = start
+        done = 0
+        while done < total:
+            size = self._slice_items()
+            cpu_began = self._cpu_clock()
+            chunk = items[done:done + size]
+            self.slices_yielded += 1
+            yield chunk
+            # Sized by this thread's CPU time, not the wall clock: time spent waiting for the GIL
+            # (or for a busy core) says nothing about how long a slice holds the GIL.
+            cpu_s = self._cpu_clock() - cpu_began
+            done += len(chunk)
+            if cpu_s > 0:
+                self._seconds_per_item = cpu_s / len(chunk)
+            if done < total:
+                # On schedule for the window: rest until this fraction of it has passed; at least
+                # release the GIL once (sleep(0)), so a waiting thread takes it now.
+                due = start + window * done / total
+                self._sleep(max(0.0, due - self._clock()))
+
+
+def merge_requests(parts: Sequence[dict], resource_key: str, scope_key: str, items_key: str) -> dict:
+    """One OTLP/JSON request from the requests of consecutive slices of one batch.
+
+    Entries with the same resource (and, within it, the same scope) are joined in order of first
+    appearance, items in slice order: the OTLP encoder's own grouping of the whole batch.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    import orjson
+
+    resources: dict[bytes, tuple[dict, dict[bytes, dict]]] = {}
+    for part in parts:
+        for resource_entry in part.get(resource_key, ()):
+            resource_id = orjson.dumps({k: v for k, v in resource_entry.items() if k != scope_key},
+                                       option=orjson.OPT_SORT_KEYS)
+            if resource_id not in resources:
+                merged = {k: ([] if k == scope_key else v) for k, v in resource_entry.items()}
+                merged.setdefault(scope_key, [])
+                resources[resource_id] = (merged, {})
+            merged, scopes = resources[resource_id]
+            for scope_entry in resource_entry.get(scope_key, ()):
+                scope_id = orjson.dumps({k: v for k, v in scope_entry.items() if k != items_key},
+                                        option=orjson.OPT_SORT_KEYS)
+                if scope_id not in scopes:
+                    scope_copy = dict(scope_entry)
+                    scope_copy[items_key] = list(scope_entry.get(items_key, ()))
+                    scopes[scope_id] = scope_copy
+                    merged[scope_key].append(scope_copy)
+                else:
+                    scopes[scope_id][items_key].extend(scope_entry.get(items_key, ()))
+    return {resource_key: [merged for merged, _ in resources.values()]}
+
+
+def sliced_span_exporter(exporter_class: type, **pacer_options) -> type:
+    """A subclass of ``exporter_class`` (an OTLP span exporter) that sends each batch in paced slices.
+
+    Each slice is one request of the parent's ``export``; the first slice that fails ends the
+    batch (its rest is dropped, as a failed batch is), so a dead collector costs one request's
+    retries per batch, not one per slice.
+    """
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    class SlicedSpanExporter(exporter_class):
+        __doc__ = f"{exporter_class.__name__} sending each batch in paced slices (see nemo_telemetry's _slices)."
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.pacer = SlicePacer(**pacer_options)
+
+        def export(self, spans):
+            for chunk in self.pacer.slices(spans):
+                result = super().export(chunk)
+                if result is not SpanExportResult.SUCCESS:
+                    return result
+            return SpanExportResult.SUCCESS
+
+    SlicedSpanExporter.__name__ = SlicedSpanExporter.__qualname__ = f"Sliced{exporter_class.__name__}"
+    return SlicedSpanExporter
