@@ -191,9 +191,10 @@ def _jitter_child(config: str, steps: int, warmup: int, sort_size: int, python_i
     array = np.random.default_rng(0).random(sort_size)
     leaves = [(getattr(RLSpanGroup, group), name) for group, name in LEAVES]
     step_ms: list[float] = []
+    cpu_ms: list[float] = []  # the training thread's own CPU time a step: what the loop itself costs
     try:
         for step in range(1, warmup + steps + 1):
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.thread_time()
             with iteration_scope(step), umbrella_span(RLSpanGroup.U_STEP, "rl.grpo.step"):
                 for group, name in leaves:
                     with managed_span(group, name):
@@ -201,10 +202,11 @@ def _jitter_child(config: str, steps: int, warmup: int, sort_size: int, python_i
                 log.info("step %d done", step)
             if step > warmup:
                 step_ms.append((time.perf_counter() - start) * 1e3)
+                cpu_ms.append((time.thread_time() - cpu_start) * 1e3)
     finally:
         shutdown_telemetry()
     written = sum(1 for name in os.listdir(dump_dir) if name.endswith(".jsonl")) if os.path.isdir(dump_dir) else 0
-    print(json.dumps({"config": config, "step_ms": step_ms, "dump_files": written}))
+    print(json.dumps({"config": config, "step_ms": step_ms, "cpu_ms": cpu_ms, "dump_files": written}))
 
 
 class _Receiver:
@@ -280,16 +282,20 @@ def jitter_figures(args: argparse.Namespace) -> None:
     rounds: list[dict[str, dict[str, float]]] = []
     try:
         print(f"step-time jitter: {args.steps} steps (+{args.warmup} warm-up) of 8 spans, "
-              f"{args.rounds} rounds, configurations in fresh subprocesses; load {os.getloadavg()[0]:.2f}")
+              f"{args.rounds} rounds, configurations in fresh subprocesses; load {os.getloadavg()[0]:.2f}; "
+              f"nemo_telemetry from {os.path.dirname(os.path.dirname(__import__('nemo_telemetry').__file__))}")
         for number in range(1, args.rounds + 1):
             figures: dict[str, dict[str, float]] = {}
-            for config in JITTER_CONFIGS:
+            turn = (number - 1) % len(JITTER_CONFIGS)  # rotate the order, so no configuration always runs first
+            for config in JITTER_CONFIGS[turn:] + JITTER_CONFIGS[:turn]:
                 result = _run_child(config, args, receiver.endpoint)
                 times = result["step_ms"]
                 figures[config] = {"p50": _percentile(times, 50), "p99": _percentile(times, 99),
-                                   "max": max(times)}
+                                   "max": max(times), "cpu_p50": _percentile(result["cpu_ms"], 50)}
                 print(f"  round {number}  {config:<5} p50 {figures[config]['p50']:7.2f} ms   "
-                      f"p99 {figures[config]['p99']:7.2f} ms   max {figures[config]['max']:7.2f} ms")
+                      f"p99 {figures[config]['p99']:7.2f} ms   max {figures[config]['max']:7.2f} ms   "
+                      f"training thread's CPU a step p50 {figures[config]['cpu_p50']:6.2f} ms   "
+                      f"files {result['dump_files']}")
             rounds.append(figures)
     finally:
         receiver.close()

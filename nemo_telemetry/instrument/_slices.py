@@ -2,14 +2,16 @@
 
 An exporter's encoding is pure-Python work (the OTLP encoder builds one protobuf message per
 span; ``MessageToDict`` walks them back). Run over a whole batch on the export thread, it takes
-the GIL from the training thread in switch-interval stretches whenever that thread lets go of it
-(a numpy call, a CUDA sync, I/O) and keeps it until the interpreter forces a switch: one step in
-a few hundred grows by the whole batch's encoding time. :class:`SlicePacer` cuts a batch into
-slices each a fraction of the interpreter's switch interval long (sized from the time the
-previous slices took per item in this thread's CPU time, so no size is fixed for a CPU) and, between slices, releases the
-GIL and rests so the batch is spread over at most half the time since the previous batch began
-(capped by ``max_spread_s``): the export keeps pace with the rate batches arrive at, so pacing
-never makes the queue overflow, and a flush or shutdown waits at most ``max_spread_s`` longer.
+the GIL from the training thread whenever that thread lets go of it (a numpy call, a CUDA sync,
+I/O) and keeps it until the interpreter forces a switch, one switch interval after the training
+thread asked for it back: the step it lands in grows by most of the batch's encoding time.
+
+:class:`SlicePacer` cuts a batch into slices each a fraction of the interpreter's switch interval
+long (sized from the CPU time this thread spent per item in the previous slices, so no size is
+fixed for a CPU) and, between slices, releases the GIL and rests, so a batch is spread over at
+most half the time since the previous batch began (at most ``max_spread_s``). The rests shrink
+to nothing when batches come fast, so the export keeps pace with the rate they arrive at and
+pacing does not make the queue overflow; a flush or shutdown waits at most ``max_spread_s`` longer.
 """
 
 from __future__ import annotations
