@@ -255,3 +255,41 @@ def test_the_lifecycles_otlp_exporter_is_sliced(monkeypatch):
     exporter = make_span_exporter(TelemetryConfig(exporter="otlp"))
     assert isinstance(exporter, OTLPSpanExporter) and isinstance(exporter.pacer, SlicePacer)
     exporter.shutdown()
+
+
+def test_ingest_reads_the_sliced_dump_as_it_reads_the_whole_batch_encoding(tmp_path):
+    """The analysis sees the same spans and the same goodput from the sliced dump as from the unsliced one."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from nemo_telemetry.analysis import goodput_by_step, ingest, read_spans
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "trainer", "nemo.run.id": "run-s",
+                                                        "nv.dl.rank": 0}))
+    sliced_dir, whole_dir = tmp_path / "sliced", tmp_path / "whole"
+    provider.add_span_processor(BatchSpanProcessor(DumpSpanExporter(sliced_dir), max_export_batch_size=512))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("nemo_telemetry")
+    for step in range(1, 101):  # 800 spans: a full 512-span batch and a partial one
+        with tracer.start_as_current_span("rl.grpo.step", attributes={"rl.iteration": step}):
+            for phase, bucket in enumerate(("productive", "overhead", "productive", "idle", "overhead", "productive",
+                                            "overhead")):
+                with tracer.start_as_current_span(f"rl.grpo.phase{phase}",
+                                                  attributes={"rl.iteration": step, "rl.bucket": bucket}):
+                    pass
+    provider.shutdown()
+    spans = list(memory.get_finished_spans())
+    whole_dir.mkdir()
+    with open(whole_dir / "traces-trainer-1-reference.jsonl", "w", encoding="utf-8") as reference:
+        for i in range(0, len(spans), 512):
+            reference.write(json.dumps(spans_to_otlp_json(spans[i:i + 512]), separators=(",", ":")) + "\n")
+
+    tables = {}
+    for name, directory in (("sliced", sliced_dir), ("whole", whole_dir)):
+        ingest([str(directory)], out=tmp_path / f"{name}.dataset")
+        tables[name] = read_spans(str(tmp_path / f"{name}.dataset"))
+    sliced, whole = (tables[n].sort_by("span_id") for n in ("sliced", "whole"))
+    assert sliced.num_rows == whole.num_rows == 800
+    assert sliced.column_names == whole.column_names and sliced.equals(whole)
+    assert goodput_by_step(tables["sliced"]).sort_by("iteration").equals(
+        goodput_by_step(tables["whole"]).sort_by("iteration"))
