@@ -1,7 +1,7 @@
 """What an instrumentation site costs, against baselines measured in the same run.
 
     .venv/bin/python bench/overhead.py [--loops 20000] [--repeats 60] [--steps 200] [--rounds 3]
-                                       [--only sites|jitter]
+                                       [--only sites|jitter] [--together]
 
 Prints ns per call (min and median over repeats) and the ratios the instrument side is held to,
 each the median of per-repeat ratios (the cases run back to back within a repeat, so load from
@@ -26,7 +26,9 @@ public ``nemo_telemetry.instrument`` API. Each configuration runs in a fresh sub
 
 Prints p50 and p99 step time per configuration and round, and each exporter's p50 / p99 over
 the baseline's of the same round (the configurations of a round run back to back), as the median
-over ``--rounds`` and its spread (min-max). Target: p99 ratio <= 1.2x, p50 ratio ~1.0x.
+over ``--rounds`` and its spread (min-max). Target: p99 ratio <= 1.2x, p50 ratio ~1.0x. On a
+machine other work shares, ``--together`` starts a round's configurations at the same moment, so
+the load they meet is the same (each is then one of three loops on the cores).
 """
 
 from __future__ import annotations
@@ -256,24 +258,41 @@ def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
-def _run_child(config: str, args: argparse.Namespace, endpoint: str) -> dict:
+def _run_children(configs: tuple[str, ...], args: argparse.Namespace, endpoint: str,
+                  together: bool) -> dict[str, dict]:
+    """Each configuration in a fresh subprocess: one after another, or all started at once (``together``)."""
     import json
     import subprocess
     import sys
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="nemo-jitter-") as dump_dir:
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        for name in [k for k in env if k.startswith(("NEMO_TELEMETRY_", "OTEL_"))]:
-            del env[name]
-        command = [sys.executable, __file__, "--jitter-child", config, "--steps", str(args.steps),
-                   "--warmup", str(args.warmup), "--sort-size", str(args.sort_size),
-                   "--python-iterations", str(args.python_iterations), "--dump-dir", dump_dir,
-                   "--endpoint", endpoint]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise SystemExit(f"jitter child {config} failed ({done.returncode}):\n{done.stderr}")
-        return json.loads(done.stdout.strip().splitlines()[-1])
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    for name in [k for k in env if k.startswith(("NEMO_TELEMETRY_", "OTEL_"))]:
+        del env[name]
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="nemo-jitter-") as root:
+        def start(config: str) -> subprocess.Popen:
+            dump_dir = os.path.join(root, config)
+            command = [sys.executable, __file__, "--jitter-child", config, "--steps", str(args.steps),
+                       "--warmup", str(args.warmup), "--sort-size", str(args.sort_size),
+                       "--python-iterations", str(args.python_iterations), "--dump-dir", dump_dir,
+                       "--endpoint", endpoint]
+            return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def finish(config: str, child: subprocess.Popen) -> None:
+            out, err = child.communicate(timeout=600)
+            if child.returncode != 0:
+                raise SystemExit(f"jitter child {config} failed ({child.returncode}):\n{err}")
+            results[config] = json.loads(out.strip().splitlines()[-1])
+
+        if together:
+            children = {config: start(config) for config in configs}
+            for config, child in children.items():
+                finish(config, child)
+        else:
+            for config in configs:
+                finish(config, start(config))
+    return results
 
 
 def jitter_figures(args: argparse.Namespace) -> None:
@@ -282,13 +301,16 @@ def jitter_figures(args: argparse.Namespace) -> None:
     rounds: list[dict[str, dict[str, float]]] = []
     try:
         print(f"step-time jitter: {args.steps} steps (+{args.warmup} warm-up) of 8 spans, "
-              f"{args.rounds} rounds, configurations in fresh subprocesses; load {os.getloadavg()[0]:.2f}; "
+              f"{args.rounds} rounds, configurations in fresh subprocesses "
+              f"({'started together' if args.together else 'one after another'}); load {os.getloadavg()[0]:.2f}; "
               f"nemo_telemetry from {os.path.dirname(os.path.dirname(__import__('nemo_telemetry').__file__))}")
         for number in range(1, args.rounds + 1):
             figures: dict[str, dict[str, float]] = {}
             turn = (number - 1) % len(JITTER_CONFIGS)  # rotate the order, so no configuration always runs first
-            for config in JITTER_CONFIGS[turn:] + JITTER_CONFIGS[:turn]:
-                result = _run_child(config, args, receiver.endpoint)
+            order = JITTER_CONFIGS[turn:] + JITTER_CONFIGS[:turn]
+            results = _run_children(order, args, receiver.endpoint, args.together)
+            for config in order:
+                result = results[config]
                 times = result["step_ms"]
                 figures[config] = {"p50": _percentile(times, 50), "p99": _percentile(times, 99),
                                    "max": max(times), "cpu_p50": _percentile(result["cpu_ms"], 50)}
@@ -327,6 +349,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sort-size", type=int, default=400_000, help="floats each leaf sorts (numpy)")
     parser.add_argument("--python-iterations", type=int, default=40_000, help="each leaf's pure-Python loop")
+    parser.add_argument("--together", action="store_true",
+                        help="start a round's configurations at once, so load from other work hits all alike")
     parser.add_argument("--jitter-child", choices=JITTER_CONFIGS, help=argparse.SUPPRESS)
     parser.add_argument("--dump-dir", help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)

@@ -293,3 +293,9 @@ def test_ingest_reads_the_sliced_dump_as_it_reads_the_whole_batch_encoding(tmp_p
     assert sliced.column_names == whole.column_names and sliced.equals(whole)
     assert goodput_by_step(tables["sliced"]).sort_by("iteration").equals(
         goodput_by_step(tables["whole"]).sort_by("iteration"))
+
+
+def test_a_line_orjson_refuses_is_written_by_the_standard_encoder():
+    document = {"resourceSpans": [], "big": 2**70, "name": "é"}
+    assert encode_line(document) == (json.dumps(document, separators=(",", ":")) + "\n").encode()
+    assert json.loads(encode_line({"name": "é", "n": [1, 2.5]})) == {"name": "é", "n": [1, 2.5]}
