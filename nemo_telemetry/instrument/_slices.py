@@ -9,9 +9,10 @@ thread asked for it back: the step it lands in grows by most of the batch's enco
 :class:`SlicePacer` cuts a batch into slices each a fraction of the interpreter's switch interval
 long (sized from the CPU time this thread spent per item in the previous slices, so no size is
 fixed for a CPU) and, between slices, releases the GIL and rests, so a batch is spread over at
-most half the time since the previous batch began (at most ``max_spread_s``). The rests shrink
-to nothing when batches come fast, so the export keeps pace with the rate they arrive at and
-pacing does not make the queue overflow; a flush or shutdown waits at most ``max_spread_s`` longer.
+most half the time the exporter sat idle since the previous batch (at most ``max_spread_s``). The
+rests shrink to nothing when batches come back to back, so the export keeps pace with the rate
+they arrive at and pacing does not make the queue overflow; a flush or shutdown waits at most
+``max_spread_s`` longer (the batch in progress; the batches it drains after are not paced).
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ MAX_SLICE_ITEMS = 512
 
 
 class SlicePacer:
-    """Yields a batch in slices, resting (GIL released) between them; one per exporter, thread-safe.
+    """Yields a batch in slices, resting (GIL released) between them; one per exporter.
 
     ``slice_fraction`` of the interpreter's switch interval is the time a slice aims at;
     ``min_items`` bounds a slice from below (an OTLP request per slice should carry more than a
-    handful of spans). ``spread_fraction`` of the time since the previous batch began, at most
-    ``max_spread_s``, is the wall time a batch may be spread over.
+    handful of spans). ``spread_fraction`` of the time since the previous batch was done, at most
+    ``max_spread_s``, is the wall time a batch may be spread over: batches that come back to back
+    (a backlog, a flush draining the queue) are not paced.
     """
 
     def __init__(self, *, slice_fraction: float = 0.2, min_items: int = 1, spread_fraction: float = 0.5,
@@ -51,7 +53,7 @@ class SlicePacer:
         self._sleep = sleep
         self._lock = threading.Lock()
         self._seconds_per_item: float | None = None
-        self._previous_start = clock()
+        self._previous_end = clock()
         self.slices_yielded = 0  # how many slices this pacer has handed out (for tests and benchmarks)
 
     def _slice_items(self) -> int:
@@ -62,14 +64,19 @@ class SlicePacer:
 
     def slices(self, items: Sequence[T]) -> Iterator[Sequence[T]]:
         """``items`` in consecutive slices, in order, each item exactly once."""
-        total = len(items)
-        if total == 0:
+        if len(items) == 0:
             return
         with self._lock:
             start = self._clock()
-            window = min(self.max_spread_s, max(0.0, (start - self._previous_start) * self.spread_fraction))
-            self._previous_start = start
-        done = 0
+            window = min(self.max_spread_s, max(0.0, (start - self._previous_end) * self.spread_fraction))
+        try:
+            yield from self._paced(items, start, window)
+        finally:
+            with self._lock:
+                self._previous_end = self._clock()
+
+    def _paced(self, items: Sequence[T], start: float, window: float) -> Iterator[Sequence[T]]:
+        total, done = len(items), 0
         while done < total:
             size = self._slice_items()
             cpu_began = self._cpu_clock()
