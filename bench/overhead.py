@@ -166,6 +166,20 @@ def _leaf_work(array, python_iterations: int) -> int:
     return total
 
 
+def _run_delay_s() -> float:
+    """Seconds this thread has been runnable but waiting for a core (Linux schedstat); 0 where unknown.
+
+    A thread waiting for the GIL sleeps on a condition variable, so this counts other processes'
+    load and not the GIL: a step's wall time less it is the step the loop would take on idle
+    cores, GIL waits included.
+    """
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as stat:
+            return int(stat.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _jitter_child(config: str, steps: int, warmup: int, sort_size: int, python_iterations: int,
                   dump_dir: str, endpoint: str | None) -> None:
     """One configuration in this (fresh) process; prints one JSON line of step times in ms."""
@@ -194,9 +208,10 @@ def _jitter_child(config: str, steps: int, warmup: int, sort_size: int, python_i
     leaves = [(getattr(RLSpanGroup, group), name) for group, name in LEAVES]
     step_ms: list[float] = []
     cpu_ms: list[float] = []  # the training thread's own CPU time a step: what the loop itself costs
+    core_wait_ms: list[float] = []  # time it was runnable but had no core (other work on the machine)
     try:
         for step in range(1, warmup + steps + 1):
-            start, cpu_start = time.perf_counter(), time.thread_time()
+            start, cpu_start, wait_start = time.perf_counter(), time.thread_time(), _run_delay_s()
             with iteration_scope(step), umbrella_span(RLSpanGroup.U_STEP, "rl.grpo.step"):
                 for group, name in leaves:
                     with managed_span(group, name):
@@ -205,10 +220,12 @@ def _jitter_child(config: str, steps: int, warmup: int, sort_size: int, python_i
             if step > warmup:
                 step_ms.append((time.perf_counter() - start) * 1e3)
                 cpu_ms.append((time.thread_time() - cpu_start) * 1e3)
+                core_wait_ms.append((_run_delay_s() - wait_start) * 1e3)
     finally:
         shutdown_telemetry()
     written = sum(1 for name in os.listdir(dump_dir) if name.endswith(".jsonl")) if os.path.isdir(dump_dir) else 0
-    print(json.dumps({"config": config, "step_ms": step_ms, "cpu_ms": cpu_ms, "dump_files": written}))
+    print(json.dumps({"config": config, "step_ms": step_ms, "cpu_ms": cpu_ms, "core_wait_ms": core_wait_ms,
+                      "dump_files": written}))
 
 
 class _Receiver:
@@ -295,28 +312,54 @@ def _run_children(configs: tuple[str, ...], args: argparse.Namespace, endpoint: 
     return results
 
 
+def _quantiles(values: list[float]) -> dict[str, float]:
+    return {"p50": _percentile(values, 50), "p99": _percentile(values, 99), "max": max(values)}
+
+
+def _print_ratios(rounds: list[dict[str, dict[str, dict[str, float]]]], measure: str) -> None:
+    for config in JITTER_CONFIGS:
+        cells = []
+        for quantile in ("p50", "p99"):
+            values = [r[config][measure][quantile] for r in rounds]
+            cells.append(f"{quantile} {statistics.median(values):6.2f} ms [{min(values):.2f}-{max(values):.2f}]")
+        if config != "none":
+            for quantile, target in (("p50", None), ("p99", 1.2)):
+                ratios = [r[config][measure][quantile] / r["none"][measure][quantile] for r in rounds]
+                median = statistics.median(ratios)
+                verdict = "" if target is None else ("  ok" if median <= target else "  OVER TARGET")
+                cells.append(f"{quantile} {median:4.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+                             + (f" target <= {target:.1f}x{verdict}" if target else ""))
+        print(f"    {config:<5} " + "   ".join(cells))
+
+
 def jitter_figures(args: argparse.Namespace) -> None:
-    """p50 / p99 step time with no exporter, the dump exporter and OTLP, and same-round ratios."""
+    """p50 / p99 step time with no exporter, the dump exporter and OTLP, and same-round ratios.
+
+    Two measures of a step: its wall time, and its wall time less the time the training thread
+    was runnable with no free core (``/proc/thread-self/schedstat``), which takes out the load of
+    other processes and keeps the GIL waits the exporters cause.
+    """
     receiver = _Receiver()
-    rounds: list[dict[str, dict[str, float]]] = []
+    rounds: list[dict[str, dict[str, dict[str, float]]]] = []
     try:
         print(f"step-time jitter: {args.steps} steps (+{args.warmup} warm-up) of 8 spans, "
               f"{args.rounds} rounds, configurations in fresh subprocesses "
               f"({'started together' if args.together else 'one after another'}); load {os.getloadavg()[0]:.2f}; "
               f"nemo_telemetry from {os.path.dirname(os.path.dirname(__import__('nemo_telemetry').__file__))}")
         for number in range(1, args.rounds + 1):
-            figures: dict[str, dict[str, float]] = {}
+            figures: dict[str, dict[str, dict[str, float]]] = {}
             turn = (number - 1) % len(JITTER_CONFIGS)  # rotate the order, so no configuration always runs first
             order = JITTER_CONFIGS[turn:] + JITTER_CONFIGS[:turn]
             results = _run_children(order, args, receiver.endpoint, args.together)
             for config in order:
                 result = results[config]
-                times = result["step_ms"]
-                figures[config] = {"p50": _percentile(times, 50), "p99": _percentile(times, 99),
-                                   "max": max(times), "cpu_p50": _percentile(result["cpu_ms"], 50)}
-                print(f"  round {number}  {config:<5} p50 {figures[config]['p50']:7.2f} ms   "
-                      f"p99 {figures[config]['p99']:7.2f} ms   max {figures[config]['max']:7.2f} ms   "
-                      f"training thread's CPU a step p50 {figures[config]['cpu_p50']:6.2f} ms   "
+                on_core = [wall - wait for wall, wait in zip(result["step_ms"], result["core_wait_ms"])]
+                figures[config] = {"wall": _quantiles(result["step_ms"]), "on_core": _quantiles(on_core),
+                                   "cpu": _quantiles(result["cpu_ms"])}
+                wall, core, cpu = figures[config]["wall"], figures[config]["on_core"], figures[config]["cpu"]
+                print(f"  round {number}  {config:<5} wall p50 {wall['p50']:7.2f} p99 {wall['p99']:7.2f} "
+                      f"max {wall['max']:7.2f} ms   less core waits p50 {core['p50']:6.2f} p99 {core['p99']:6.2f} "
+                      f"max {core['max']:6.2f} ms   training thread's CPU p50 {cpu['p50']:6.2f} ms   "
                       f"files {result['dump_files']}")
             rounds.append(figures)
     finally:
@@ -324,19 +367,10 @@ def jitter_figures(args: argparse.Namespace) -> None:
     print(f"  OTLP receiver: {receiver.requests} requests, {receiver.bytes / 1e6:.1f} MB; "
           f"load {os.getloadavg()[0]:.2f}")
     print("ratios to no exporter (same round), median [min-max] over rounds:")
-    for config in JITTER_CONFIGS:
-        cells = []
-        for quantile in ("p50", "p99"):
-            values = [r[config][quantile] for r in rounds]
-            cells.append(f"{quantile} {statistics.median(values):6.2f} ms [{min(values):.2f}-{max(values):.2f}]")
-        if config != "none":
-            for quantile, target in (("p50", None), ("p99", 1.2)):
-                ratios = [r[config][quantile] / r["none"][quantile] for r in rounds]
-                median = statistics.median(ratios)
-                verdict = "" if target is None else ("  ok" if median <= target else "  OVER TARGET")
-                cells.append(f"{quantile} {median:4.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
-                             + (f" target <= {target:.1f}x{verdict}" if target else ""))
-        print(f"  {config:<5} " + "   ".join(cells))
+    print("  step wall time:")
+    _print_ratios(rounds, "wall")
+    print("  step time less the training thread's waits for a core (other processes' load):")
+    _print_ratios(rounds, "on_core")
 
 
 def main() -> None:
