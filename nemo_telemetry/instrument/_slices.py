@@ -17,6 +17,7 @@ they arrive at and pacing does not make the queue overflow; a flush or shutdown 
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -129,6 +130,7 @@ def merge_requests(parts: Sequence[dict], resource_key: str, scope_key: str, ite
     return {resource_key: [merged for merged, _ in resources.values()]}
 
 
+@functools.lru_cache(maxsize=None)
 def sliced_span_exporter(exporter_class: type, **pacer_options) -> type:
     """A subclass of ``exporter_class`` (an OTLP span exporter) that sends each batch in paced slices.
 
