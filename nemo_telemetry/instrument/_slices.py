@@ -21,7 +21,8 @@ import functools
 import sys
 import threading
 import time
-from typing import Callable, Iterator, Sequence, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 __all__ = ["SlicePacer", "merge_requests", "sliced_span_exporter"]
 
@@ -130,7 +131,7 @@ def merge_requests(parts: Sequence[dict], resource_key: str, scope_key: str, ite
     return {resource_key: [merged for merged, _ in resources.values()]}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sliced_span_exporter(exporter_class: type, **pacer_options) -> type:
     """A subclass of ``exporter_class`` (an OTLP span exporter) that sends each batch in paced slices.
 

@@ -17,9 +17,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from nemo_telemetry.instrument import DumpSpanExporter
+from nemo_telemetry.instrument._config import TelemetryConfig
 from nemo_telemetry.instrument._dump import encode_line, spans_to_otlp_json
 from nemo_telemetry.instrument._lifecycle import make_span_exporter
-from nemo_telemetry.instrument._config import TelemetryConfig
 from nemo_telemetry.instrument._slices import SlicePacer, merge_requests, sliced_span_exporter
 
 
