@@ -9,14 +9,16 @@ thread asked for it back: the step it lands in grows by most of the batch's enco
 :class:`SlicePacer` cuts a batch into slices each a fraction of the interpreter's switch interval
 long (sized from the CPU time this thread spent per item in the previous slices, so no size is
 fixed for a CPU) and, between slices, releases the GIL and rests, so a batch is spread over at
-most half the time the exporter sat idle since the previous batch (at most ``max_spread_s``). The
-rests shrink to nothing when batches come back to back, so the export keeps pace with the rate
-they arrive at and pacing does not make the queue overflow; a flush or shutdown waits at most
-``max_spread_s`` longer (the batch in progress; the batches it drains after are not paced).
+most as long as the exporter sat idle before it (and at most ``max_spread_s``): batches that
+arrive every T seconds are each spread over about T/2. The rests shrink to nothing when batches
+come back to back, so the export keeps pace with the rate they arrive at and pacing does not make
+the queue overflow. A flush or shutdown does not wait on pacing: inside :func:`hurried` (which
+the lifecycle's flush and shutdown enter) no pacer rests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import threading
@@ -24,12 +26,33 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
-__all__ = ["SlicePacer", "merge_requests", "sliced_span_exporter"]
+__all__ = ["SlicePacer", "merge_requests", "sliced_span_exporter", "hurried"]
 
 T = TypeVar("T")
 
 FIRST_SLICE_ITEMS = 16
 MAX_SLICE_ITEMS = 512
+
+# Set while a flush or shutdown waits: every pacer stops resting (see :func:`hurried`).
+_HURRY = threading.Event()
+_hurry_lock = threading.Lock()
+_hurry_depth = 0
+
+
+@contextlib.contextmanager
+def hurried() -> Iterator[None]:
+    """While inside, no pacer rests between slices (a flush or shutdown should not wait on pacing)."""
+    global _hurry_depth
+    with _hurry_lock:
+        _hurry_depth += 1
+        _HURRY.set()
+    try:
+        yield
+    finally:
+        with _hurry_lock:
+            _hurry_depth -= 1
+            if _hurry_depth == 0:
+                _HURRY.clear()
 
 
 class SlicePacer:
@@ -42,17 +65,17 @@ class SlicePacer:
     (a backlog, a flush draining the queue) are not paced.
     """
 
-    def __init__(self, *, slice_fraction: float = 0.2, min_items: int = 1, spread_fraction: float = 0.5,
-                 max_spread_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, *, slice_fraction: float = 0.2, min_items: int = 1, spread_fraction: float = 1.0,
+                 max_spread_s: float = 2.0, clock: Callable[[], float] = time.monotonic,
                  cpu_clock: Callable[[], float] = time.thread_time,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] | None = None) -> None:
         self.slice_fraction = slice_fraction
         self.min_items = max(1, min_items)
         self.spread_fraction = spread_fraction
         self.max_spread_s = max_spread_s
         self._clock = clock
         self._cpu_clock = cpu_clock
-        self._sleep = sleep
+        self._sleep = sleep or _rest
         self._lock = threading.Lock()
         self._seconds_per_item: float | None = None
         self._previous_end = clock()
@@ -96,6 +119,14 @@ class SlicePacer:
                 # release the GIL once (sleep(0)), so a waiting thread takes it now.
                 due = start + window * done / total
                 self._sleep(max(0.0, due - self._clock()))
+
+
+def _rest(seconds: float) -> None:
+    """Sleep ``seconds`` (GIL released), cut short by :func:`hurried`; at least yield the GIL once."""
+    if seconds <= 0 or _HURRY.is_set():
+        time.sleep(0)
+    else:
+        _HURRY.wait(seconds)
 
 
 def merge_requests(parts: Sequence[dict], resource_key: str, scope_key: str, items_key: str) -> dict:

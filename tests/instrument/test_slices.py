@@ -20,7 +20,7 @@ from nemo_telemetry.instrument import DumpSpanExporter
 from nemo_telemetry.instrument._config import TelemetryConfig
 from nemo_telemetry.instrument._dump import encode_line, spans_to_otlp_json
 from nemo_telemetry.instrument._lifecycle import make_span_exporter
-from nemo_telemetry.instrument._slices import SlicePacer, merge_requests, sliced_span_exporter
+from nemo_telemetry.instrument._slices import SlicePacer, hurried, merge_requests, sliced_span_exporter
 
 
 class _Clock:
@@ -67,13 +67,13 @@ def test_every_item_is_handed_out_once_in_order_in_more_than_one_slice():
     assert list(pacer.slices([])) == []
 
 
-def test_a_batch_is_spread_over_half_the_idle_time_before_it_at_most_max_spread():
+def test_a_batch_is_spread_over_the_idle_time_before_it_at_most_max_spread():
     clock = _Clock()
     pacer = SlicePacer(clock=clock, cpu_clock=clock, sleep=clock.sleep, max_spread_s=1.0)
-    clock.now += 0.6  # idle for 0.6 s: this batch may take 0.3 s
+    clock.now += 0.6  # idle for 0.6 s: this batch may take 0.6 s
     for _ in pacer.slices(list(range(200))):
         pass
-    assert 0.3 * 0.8 <= sum(clock.rests) <= 0.3
+    assert 0.6 * 0.8 <= sum(clock.rests) <= 0.6
     clock.rests.clear()
     for _ in pacer.slices(list(range(200))):  # back to back (a backlog, a flush): not paced
         pass
@@ -83,6 +83,48 @@ def test_a_batch_is_spread_over_half_the_idle_time_before_it_at_most_max_spread(
     for _ in pacer.slices(list(range(200))):
         pass
     assert 0.8 <= sum(clock.rests) <= 1.0
+
+
+class _BackwardClock(_Clock):
+    """A clock running back an hour at every reading: every rest the pacer works out is hours long."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now -= 3600.0
+        return self.now
+
+
+def _export_in_thread(items: list, started: threading.Event) -> tuple[threading.Thread, list]:
+    out: list = []
+
+    def export() -> None:
+        for chunk in SlicePacer(clock=_BackwardClock()).slices(items):
+            out.extend(chunk)
+            started.set()
+
+    thread = threading.Thread(target=export, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_inside_hurried_a_pacer_does_not_rest_and_an_ongoing_rest_is_cut_short():
+    items = list(range(300))
+    with hurried():  # hours of rests due, none taken
+        thread, out = _export_in_thread(items, threading.Event())
+        thread.join(60)
+    assert not thread.is_alive() and out == items
+
+    started = threading.Event()
+    thread, out = _export_in_thread(items, started)
+    assert started.wait(10)
+    thread.join(0.2)
+    assert thread.is_alive() and len(out) < len(items)  # resting, an hour to go
+    with hurried():  # as flush_telemetry / shutdown_telemetry do: the rest in progress ends now
+        thread.join(60)
+    assert not thread.is_alive() and out == items
 
 
 def test_slices_are_sized_from_the_cpu_time_an_item_takes():
