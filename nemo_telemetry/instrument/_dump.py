@@ -24,7 +24,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from nemo_telemetry.instrument._slices import SlicePacer, merge_requests
 
-__all__ = ["DumpSpanExporter", "DumpFile", "encode_line", "spans_to_otlp_json", "otlp_json_ids_to_base64"]
+__all__ = ["DumpSpanExporter", "DumpFile", "encode_line", "load_encoder", "spans_to_otlp_json",
+           "otlp_json_ids_to_base64"]
 
 _log = logging.getLogger("nemo_telemetry")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._]+")
@@ -78,6 +79,20 @@ def encode_line(document: dict) -> bytes:
         return orjson.dumps(document, option=orjson.OPT_APPEND_NEWLINE)
     except TypeError:
         return (json.dumps(document, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def load_encoder(module: str) -> None:
+    """Import an OTLP encoder module and the JSON side now, at start-up.
+
+    Left to the first export, the imports would run on the export thread and hold the GIL
+    (and the import lock) through a training step.
+    """
+    import importlib
+
+    import orjson  # noqa: F401
+    from google.protobuf import json_format  # noqa: F401
+
+    importlib.import_module(module)
 
 
 class DumpFile:
@@ -161,6 +176,7 @@ class DumpSpanExporter(SpanExporter):
         self._dump = DumpFile(directory, prefix=prefix, service_name=service_name, what="span dumps")
         self.directory = self._dump.directory
         self.pacer = SlicePacer()
+        load_encoder("opentelemetry.exporter.otlp.proto.common.trace_encoder")
 
     @property
     def path(self) -> str | None:

@@ -21,7 +21,7 @@ try:  # the SDK's current names; older SDKs have only LogExporter / LogExportRes
 except ImportError:  # pragma: no cover - older SDKs
     from opentelemetry.sdk._logs.export import LogExporter, LogExportResult
 
-from nemo_telemetry.instrument._dump import DumpFile
+from nemo_telemetry.instrument._dump import DumpFile, load_encoder
 from nemo_telemetry.instrument._slices import SlicePacer, merge_requests
 
 __all__ = ["DumpLogExporter", "logs_to_otlp_json"]
@@ -62,6 +62,7 @@ class DumpLogExporter(LogExporter):
         self._dump = DumpFile(directory, prefix="logs", service_name=service_name, what="log dumps")
         self.directory = self._dump.directory
         self.pacer = SlicePacer()
+        load_encoder("opentelemetry.exporter.otlp.proto.common._log_encoder")
 
     @property
     def path(self) -> str | None:

@@ -344,3 +344,27 @@ def test_a_line_orjson_refuses_is_written_by_the_standard_encoder():
     document = {"resourceSpans": [], "big": 2**70, "name": "é"}
     assert encode_line(document) == (json.dumps(document, separators=(",", ":")) + "\n").encode()
     assert json.loads(encode_line({"name": "é", "n": [1, 2.5]})) == {"name": "é", "n": [1, 2.5]}
+
+
+def test_the_dump_exporters_load_their_encoders_when_built_not_on_the_first_export(tmp_path):
+    """Imports on the export thread would hold the GIL (and the import lock) through a step."""
+    import subprocess
+
+    script = (
+        "import sys\n"
+        "from nemo_telemetry.instrument._dump import DumpSpanExporter\n"
+        "from nemo_telemetry.instrument._log_dump import DumpLogExporter\n"
+        "from nemo_telemetry.instrument._metrics_dump import DumpMetricExporter\n"
+        "wanted = ['google.protobuf.json_format', 'orjson',\n"
+        "          'opentelemetry.exporter.otlp.proto.common.trace_encoder',\n"
+        "          'opentelemetry.exporter.otlp.proto.common._log_encoder',\n"
+        "          'opentelemetry.exporter.otlp.proto.common.metrics_encoder']\n"
+        "before = [m for m in wanted if m in sys.modules]\n"
+        f"DumpSpanExporter({str(tmp_path)!r}); DumpLogExporter({str(tmp_path)!r}); DumpMetricExporter({str(tmp_path)!r})\n"
+        "print(before, [m for m in wanted if m not in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded_early, missing = done.stdout.strip().rsplit("] [", 1)
+    assert missing == "]", f"not loaded by the exporters' construction: {missing}"
+    assert "json_format" not in loaded_early  # importing the modules alone does not load it
