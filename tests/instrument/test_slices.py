@@ -360,7 +360,8 @@ def test_the_dump_exporters_load_their_encoders_when_built_not_on_the_first_expo
         "          'opentelemetry.exporter.otlp.proto.common._log_encoder',\n"
         "          'opentelemetry.exporter.otlp.proto.common.metrics_encoder']\n"
         "before = [m for m in wanted if m in sys.modules]\n"
-        f"DumpSpanExporter({str(tmp_path)!r}); DumpLogExporter({str(tmp_path)!r}); DumpMetricExporter({str(tmp_path)!r})\n"
+        f"directory = {str(tmp_path)!r}\n"
+        "DumpSpanExporter(directory), DumpLogExporter(directory), DumpMetricExporter(directory)\n"
         "print(before, [m for m in wanted if m not in sys.modules])\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
