@@ -22,7 +22,10 @@ from typing import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-__all__ = ["DumpSpanExporter", "DumpFile", "spans_to_otlp_json", "otlp_json_ids_to_base64"]
+from nemo_telemetry.instrument._slices import SlicePacer, merge_requests
+
+__all__ = ["DumpSpanExporter", "DumpFile", "encode_line", "load_encoder", "spans_to_otlp_json",
+           "otlp_json_ids_to_base64"]
 
 _log = logging.getLogger("nemo_telemetry")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._]+")
@@ -64,6 +67,34 @@ def otlp_json_ids_to_base64(request: dict) -> dict:
     return _convert_ids(request, _hex_to_b64)
 
 
+def encode_line(document: dict) -> bytes:
+    """``document`` as one compact JSON line (UTF-8, newline-terminated).
+
+    orjson, a single short C call; the standard library's encoder for what orjson refuses (an
+    integer beyond 64 bits), with the same compact separators.
+    """
+    import orjson
+
+    try:
+        return orjson.dumps(document, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError:
+        return (json.dumps(document, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def load_encoder(module: str) -> None:
+    """Import an OTLP encoder module and the JSON side now, at start-up.
+
+    Left to the first export, the imports would run on the export thread and hold the GIL
+    (and the import lock) through a training step.
+    """
+    import importlib
+
+    import orjson  # noqa: F401
+    from google.protobuf import json_format  # noqa: F401
+
+    importlib.import_module(module)
+
+
 class DumpFile:
     """This process's ``<prefix>-<service>-<pid>-<random>.jsonl`` under ``directory``, one JSON document a line.
 
@@ -90,11 +121,11 @@ class DumpFile:
         if self._closed or self._failed:
             return False
         try:
-            line = json.dumps(document, separators=(",", ":"))
+            line = encode_line(document)
             with self._lock:
                 if self._file is None:
                     self._open(self.service_name or service)
-                self._file.write(line + "\n")
+                self._file.write(line)
                 self._file.flush()
         except OSError as exc:
             self._failed = True
@@ -109,7 +140,7 @@ class DumpFile:
         name = f"{self.prefix}-{safe}-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, name)
-        self._file = open(path, "a", encoding="utf-8")
+        self._file = open(path, "ab")
         self.path = path
 
     def flush(self) -> bool:
@@ -133,12 +164,19 @@ class DumpFile:
 
 
 class DumpSpanExporter(SpanExporter):
-    """Append each exported batch as one OTLP/JSON line to this process's ``traces-*.jsonl`` file."""
+    """Append each exported batch as one OTLP/JSON line to this process's ``traces-*.jsonl`` file.
+
+    The batch is encoded in slices (:class:`~nemo_telemetry.instrument._slices.SlicePacer`) merged
+    into that one line, so the export thread gives the GIL back to the training thread between
+    slices.
+    """
 
     def __init__(self, directory: str | os.PathLike, *, service_name: str | None = None,
                  prefix: str = "traces") -> None:
         self._dump = DumpFile(directory, prefix=prefix, service_name=service_name, what="span dumps")
         self.directory = self._dump.directory
+        self.pacer = SlicePacer()
+        load_encoder("opentelemetry.exporter.otlp.proto.common.trace_encoder")
 
     @property
     def path(self) -> str | None:
@@ -148,7 +186,8 @@ class DumpSpanExporter(SpanExporter):
         if not spans:
             return SpanExportResult.SUCCESS
         try:
-            document = spans_to_otlp_json(spans)
+            parts = [spans_to_otlp_json(chunk) for chunk in self.pacer.slices(spans)]
+            document = merge_requests(parts, "resourceSpans", "scopeSpans", "spans")
         except Exception:
             _log.warning("dump exporter: could not encode a batch of %d spans; it is dropped", len(spans),
                          exc_info=True)

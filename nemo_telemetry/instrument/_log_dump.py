@@ -21,7 +21,8 @@ try:  # the SDK's current names; older SDKs have only LogExporter / LogExportRes
 except ImportError:  # pragma: no cover - older SDKs
     from opentelemetry.sdk._logs.export import LogExporter, LogExportResult
 
-from nemo_telemetry.instrument._dump import DumpFile
+from nemo_telemetry.instrument._dump import DumpFile, load_encoder
+from nemo_telemetry.instrument._slices import SlicePacer, merge_requests
 
 __all__ = ["DumpLogExporter", "logs_to_otlp_json"]
 
@@ -52,11 +53,16 @@ def _service_of(request: dict) -> str:
 
 
 class DumpLogExporter(LogExporter):
-    """Append each exported batch as one OTLP/JSON line to this process's ``logs-*.jsonl`` file."""
+    """Append each exported batch as one OTLP/JSON line to this process's ``logs-*.jsonl`` file.
+
+    Encoded in slices merged into that one line, as the span dump is.
+    """
 
     def __init__(self, directory: str | os.PathLike, *, service_name: str | None = None) -> None:
         self._dump = DumpFile(directory, prefix="logs", service_name=service_name, what="log dumps")
         self.directory = self._dump.directory
+        self.pacer = SlicePacer()
+        load_encoder("opentelemetry.exporter.otlp.proto.common._log_encoder")
 
     @property
     def path(self) -> str | None:
@@ -66,7 +72,8 @@ class DumpLogExporter(LogExporter):
         if not batch:
             return LogExportResult.SUCCESS
         try:
-            document = logs_to_otlp_json(batch)
+            parts = [logs_to_otlp_json(chunk) for chunk in self.pacer.slices(batch)]
+            document = merge_requests(parts, "resourceLogs", "scopeLogs", "logRecords")
         except Exception:
             _log.warning("log dump exporter: could not encode a batch of %d records; it is dropped", len(batch),
                          exc_info=True)

@@ -22,7 +22,7 @@ import os
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
-from nemo_telemetry.instrument._dump import DumpFile
+from nemo_telemetry.instrument._dump import DumpFile, load_encoder
 
 __all__ = ["DumpMetricExporter", "metrics_to_otlp_json", "fresh_gauges_temporality"]
 
@@ -75,6 +75,7 @@ class DumpMetricExporter(MetricExporter):
                          else preferred_temporality)
         self._dump = DumpFile(directory, prefix="metrics", service_name=service_name, what="metrics dumps")
         self.directory = self._dump.directory
+        load_encoder("opentelemetry.exporter.otlp.proto.common.metrics_encoder")
 
     @property
     def path(self) -> str | None:
