@@ -14,8 +14,8 @@ WORDS = tuple("the quick brown fox jumps over a lazy dog and then runs home to e
 SPECIAL = ["<pad>", "<eos>", "<unk>"]
 
 
-def build_tiny_model(directory: str, *, seed: int = 0) -> str:
-    """Save a 2-layer random Qwen2 and its tokenizer under ``directory``; returns the path."""
+def build_tiny_model(directory: str, *, seed: int = 0, hidden_size: int = 16) -> str:
+    """Save a 2-layer random Qwen2 (``hidden_size`` wide) and its tokenizer under ``directory``."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -30,7 +30,8 @@ def build_tiny_model(directory: str, *, seed: int = 0) -> str:
                                "{% if add_generation_prompt %}{% endif %}")
     tokenizer.save_pretrained(directory)
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+    config = Qwen2Config(vocab_size=len(vocab), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
                          pad_token_id=vocab["<pad>"], eos_token_id=vocab["<eos>"], bos_token_id=None,
                          tie_word_embeddings=True)
@@ -46,8 +47,9 @@ def load_tokenizer(directory: str):
     return PreTrainedTokenizerFast.from_pretrained(directory, padding_side="left")
 
 
-def prompts(count: int, *, seed: int = 0) -> list[str]:
+def prompts(count: int, *, seed: int = 0, words: int = 4) -> list[str]:
+    """``count`` texts of ``words`` words drawn from the vocabulary."""
     import random
 
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(4)) for _ in range(count)]
+    return [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(count)]

@@ -24,13 +24,14 @@ fetching the step's batches            ``rl.<algo>.data_processing``       overh
 ``accelerator.backward``               ``rl.<algo>.backward``              productive
 clipping, ``optimizer.step()``,        ``rl.<algo>.optimizer_step``        productive
 scheduler and ``zero_grad``
-``evaluate()``                         ``rl.<algo>.evaluate``, its forward  umbrella; leaves
-                                       passes inside ``bucket_scope``      overhead
+``evaluate()``                         ``rl.<algo>.evaluate``, inside it    umbrella; the loop
+                                       ``rl.<algo>.evaluation_loop`` (its  overhead
+                                       forward passes unbucketed children)
 checkpoint save                        ``rl.<algo>.checkpointing``         overhead
 =====================================  ==================================  ======================
 
 The seams, and how each is guarded: ``get_batch_samples``, ``training_step``, ``compute_loss``,
-``evaluate`` and ``train`` are public ``Trainer`` methods, ``backward`` a public ``Accelerator``
+``evaluate``, ``evaluation_loop`` and ``train`` are public ``Trainer`` methods, ``backward`` a public ``Accelerator``
 method, ``on_step_end`` / ``on_train_end`` callback events; ``_save_checkpoint(model, trial)`` is
 private, the one seam transformers gives no public event for (``on_save`` fires after the save).
 :data:`TRAINER_SEAMS` lists each with the parameters it is called with;
@@ -92,6 +93,7 @@ TRAINER_SEAMS: dict[str, tuple[str, ...]] = {
     "training_step": ("model", "inputs", "num_items_in_batch"),
     "compute_loss": ("model", "inputs", "return_outputs", "num_items_in_batch"),
     "evaluate": ("eval_dataset", "ignore_keys", "metric_key_prefix"),
+    "evaluation_loop": ("dataloader", "description", "prediction_loss_only"),
     "_save_checkpoint": ("model", "trial"),
 }
 """``Trainer`` methods the integration wraps -> the leading parameters it passes through by name."""
@@ -101,6 +103,7 @@ _SEAM_PHASES = {
     "training_step": "the optimizer step",
     "compute_loss": "the forward pass",
     "evaluate": "evaluation",
+    "evaluation_loop": "evaluation's batches",
     "_save_checkpoint": "checkpoint saves",
 }
 
@@ -369,6 +372,19 @@ class TrainerTelemetry:
 
         return evaluate
 
+    def traced_evaluation_loop(self, original: Callable) -> Callable:
+        from nemo_telemetry.instrument import RLSpanGroup
+
+        @functools.wraps(original)
+        def evaluation_loop(*args: Any, **kwargs: Any) -> Any:
+            # One overhead leaf over every batch of the evaluation: its loop's own costs (batching,
+            # gathering, metrics) are evaluation too; the forward / generation seams inside it are
+            # unbucketed children (``leaf``), so nothing is counted twice.
+            with self.leaf(RLSpanGroup.EVALUATE, "evaluation_loop", **{"rl.bucket": "overhead"}):
+                return original(*args, **kwargs)
+
+        return evaluation_loop
+
     def traced_save_checkpoint(self, original: Callable) -> Callable:
         from nemo_telemetry.instrument import RLSpanGroup
 
@@ -451,6 +467,7 @@ def instrument_trainer(trainer: Any) -> TrainerTelemetry:
     _wrap_method(trainer, "training_step", telemetry.traced_training_step)
     _wrap_method(trainer, "compute_loss", telemetry.traced_compute_loss)
     _wrap_method(trainer, "evaluate", telemetry.traced_evaluate)
+    _wrap_method(trainer, "evaluation_loop", telemetry.traced_evaluation_loop)
     _wrap_method(trainer, "_save_checkpoint", telemetry.traced_save_checkpoint)
     accelerator = getattr(trainer, "accelerator", None)
     if accelerator is not None and callable(getattr(accelerator, "backward", None)):

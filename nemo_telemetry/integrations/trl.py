@@ -131,7 +131,6 @@ def _block_scope(telemetry: TrainerTelemetry, block: str) -> Any:
 def _traced_enter(original: Callable) -> Callable:
     @functools.wraps(original)
     def __enter__(self: Any) -> Any:
-        result = original(self)
         telemetry = active_trainer_telemetry()
         if telemetry is not None and telemetry.training:
             try:
@@ -141,7 +140,7 @@ def _traced_enter(original: Callable) -> Callable:
                 self.__dict__["_nemo_telemetry_block"] = _BlockSpan(scope)
             except Exception:
                 _log.warning("telemetry: could not trace a TRL block", exc_info=True)
-        return result
+        return original(self)  # inside the span: the span is the whole block TRL times
 
     __enter__.__nemo_telemetry_original__ = original  # type: ignore[attr-defined]
     return __enter__
@@ -150,13 +149,15 @@ def _traced_enter(original: Callable) -> Callable:
 def _traced_exit(original: Callable) -> Callable:
     @functools.wraps(original)
     def __exit__(self: Any, exc_type: Any, exc: Any, tb: Any) -> Any:
-        held = self.__dict__.pop("_nemo_telemetry_block", None)
-        if held is not None:
-            try:
-                held.scope.__exit__(exc_type, exc, tb)
-            except Exception:
-                _log.warning("telemetry: could not end a TRL block's span", exc_info=True)
-        return original(self, exc_type, exc, tb)
+        try:
+            return original(self, exc_type, exc, tb)
+        finally:
+            held = self.__dict__.pop("_nemo_telemetry_block", None)
+            if held is not None:
+                try:
+                    held.scope.__exit__(exc_type, exc, tb)
+                except Exception:
+                    _log.warning("telemetry: could not end a TRL block's span", exc_info=True)
 
     __exit__.__nemo_telemetry_original__ = original  # type: ignore[attr-defined]
     return __exit__

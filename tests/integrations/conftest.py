@@ -35,6 +35,9 @@ else:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # One torch thread: torch's spinning pool threads would take cores from the training thread at
+    # random moments, between the test's clocks and the spans', on a 2-core machine.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     # As tests/vllm_engine: this environment's numba keeps its own kernel cache.
     os.environ.setdefault("NUMBA_CACHE_DIR", str(Path(sys.prefix) / "numba-cache"))
     sys.path.insert(0, str(HERE))
@@ -138,8 +141,6 @@ class PhaseTimers:
         monkeypatch.setattr(accelerate.Accelerator, "backward", self.timed("backward", accelerate.Accelerator.backward))
         monkeypatch.setattr(trainer_class, "_save_checkpoint",
                             self.timed("checkpointing", trainer_class._save_checkpoint))
-        if hasattr(trainer_class, "_calculate_rewards"):
-            self.install_block_timers(monkeypatch)
         original_evaluate = trainer_class.evaluate
 
         def evaluate(*args, **kwargs):
@@ -150,6 +151,8 @@ class PhaseTimers:
                 timers.in_eval -= 1
 
         monkeypatch.setattr(trainer_class, "evaluate", evaluate)
+        monkeypatch.setattr(trainer_class, "evaluation_loop",
+                            self.timed("evaluation_loop", trainer_class.evaluation_loop))
         original_step = trainer_class.training_step
 
         def training_step(trainer, *args, **kwargs):
@@ -161,7 +164,9 @@ class PhaseTimers:
         monkeypatch.setattr(trainer_class, "training_step", training_step)
 
     def install_block_timers(self, monkeypatch) -> None:
-        """Clocks on the blocks TRL times itself (``ProfilingContext``): generation, rewards, log-probs."""
+        """Clocks on the blocks TRL times itself (``ProfilingContext``): generation, rewards, log-probs.
+
+        Put on after ``instrument_trl()``, so they sit right outside the integration's spans."""
         from trl.extras.profiling import ProfilingContext
 
         timers = self
@@ -219,7 +224,9 @@ class Run:
 def tiny_model(tmp_path_factory) -> str:
     from nemo_telemetry.demo.tiny_hf import build_tiny_model
 
-    return build_tiny_model(str(tmp_path_factory.mktemp("tiny-qwen2")))
+    # Wide enough that a step's compute, not the trainer loop's fixed costs, fills its window (as in
+    # any real run): a 16-wide model's 20 ms steps leave evaluation's loop overhead over 20% of one.
+    return build_tiny_model(str(tmp_path_factory.mktemp("tiny-qwen2")), hidden_size=128)
 
 
 def common_args(output_dir: Path) -> dict:
@@ -242,6 +249,9 @@ def train_traced(kind: str, tiny_model: str, out: Path, monkeypatch, *, reward=N
     timers = PhaseTimers()
     timers.install(monkeypatch, trainer_class)
     instrument_trl()
+    block_timers = pytest.MonkeyPatch()
+    if kind == "grpo":
+        timers.install_block_timers(block_timers)
     tokenizer = load_tokenizer(tiny_model)
     args = common_args(out / "run")
     if kind == "grpo":
@@ -252,15 +262,16 @@ def train_traced(kind: str, tiny_model: str, out: Path, monkeypatch, *, reward=N
                                   eval_dataset=Dataset.from_dict({"prompt": prompts(4, seed=1)}),
                                   processing_class=tokenizer, callbacks=[timers.callback()])
     elif kind == "sft":
-        config = trl.SFTConfig(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_length=16,
+        config = trl.SFTConfig(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_length=32,
                                per_device_eval_batch_size=2, bf16=False, **args)
-        trainer = trl.SFTTrainer(model=tiny_model, args=config, train_dataset=Dataset.from_dict({"text": prompts(40)}),
-                                 eval_dataset=Dataset.from_dict({"text": prompts(4, seed=1)}),
+        trainer = trl.SFTTrainer(model=tiny_model, args=config, train_dataset=Dataset.from_dict({"text": prompts(40, words=24)}),
+                                 eval_dataset=Dataset.from_dict({"text": prompts(4, seed=1, words=24)}),
                                  processing_class=tokenizer, callbacks=[timers.callback()])
     else:
-        chosen, rejected, asked = prompts(40, seed=2), prompts(40, seed=3), prompts(40)
+        chosen, rejected = prompts(40, seed=2, words=16), prompts(40, seed=3, words=16)
+        asked = prompts(40, words=8)
         data = {"prompt": asked, "chosen": chosen, "rejected": rejected}
-        config = trl.DPOConfig(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_length=16,
+        config = trl.DPOConfig(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_length=32,
                                per_device_eval_batch_size=2, bf16=False, **args)
         trainer = trl.DPOTrainer(model=tiny_model, args=config, train_dataset=Dataset.from_dict(data),
                                  eval_dataset=Dataset.from_dict({k: v[:4] for k, v in data.items()}),
@@ -276,6 +287,7 @@ def train_traced(kind: str, tiny_model: str, out: Path, monkeypatch, *, reward=N
         error = exc
     finally:
         gc.enable()
+        block_timers.undo()
         shutdown_telemetry()
         uninstrument_trl()
     return Run(dump_dir=out / "run" / "telemetry", timers=timers, metrics=metrics, model=tiny_model,
