@@ -213,16 +213,34 @@ def _umbrella_bucket(ctx: _Context) -> tuple[int, list[Finding]]:
     return _per_group(ctx, "umbrella-bucket", lambda rows: (a.run[rows], a.name[rows]), message)
 
 
-def _nested_bucket(ctx: _Context) -> tuple[int, list[Finding]]:
+def _nested_bucket(ctx: _Context, tolerance_ns: int) -> tuple[dict[str, int], list[Finding]]:
+    """``nested-bucket`` per (run, name, bucketed ancestor's name): ``info`` for nested spans that
+    last at most the overlap tolerance (they cannot count more than that twice), an error otherwise."""
     a, facts = ctx.arrays, ctx.merged.facts
-
-    def keys(rows):  # the nearest bucketed ancestor's name, from the walk
-        return a.run[rows], a.name[rows], facts.walked_ancestor[np.searchsorted(facts.walked, rows)]
-
-    return _per_group(ctx, "nested-bucket", keys, lambda key, members, more: (
-        f"{len(members)} bucketed span(s) named {ctx.name(key[1])!r} sit under the bucketed "
-        f"{ctx.name(key[2])!r}{more}, so their time is counted twice: make the outer span an umbrella "
-        "(umbrella_span) or drop the inner span's bucket"))
+    rows = ctx.merged.offenders["nested-bucket"]
+    short = ((a.end[rows] - a.start[rows]) <= tolerance_ns).astype(np.int64)
+    ancestor = facts.walked_ancestor[np.searchsorted(facts.walked, rows)]
+    count, groups = _groups(rows, a.run[rows], short, a.name[rows], ancestor)
+    counts = {"error": 0, "info": 0}
+    out = []
+    for i, (key, members) in enumerate(groups):
+        severity = "info" if key[1] else "error"
+        counts[severity] += 1
+        if i >= ctx.limit:
+            continue
+        _, more = ctx.ids(members)
+        if key[1]:
+            message = (f"{len(members)} bucketed span(s) named {ctx.name(key[2])!r} sit under the bucketed "
+                       f"{ctx.name(key[3])!r}{more}, each lasting at most the {tolerance_ns / 1e6:g} ms overlap "
+                       "tolerance: at most that is counted twice (double_counted_s counts it); still, make the "
+                       "outer span an umbrella (umbrella_span) or drop the inner span's bucket")
+        else:
+            message = (f"{len(members)} bucketed span(s) named {ctx.name(key[2])!r} sit under the bucketed "
+                       f"{ctx.name(key[3])!r}{more}, so their time is counted twice: make the outer span an umbrella "
+                       "(umbrella_span) or drop the inner span's bucket")
+        out.append(ctx.finding("nested-bucket", message, members, key[0], severity=severity,
+                               iteration=ctx.common_iteration(members)))
+    return counts, out
 
 
 def _unstamped(ctx: _Context) -> tuple[int, list[Finding]]:
@@ -290,16 +308,31 @@ def _row(table: Columns, i: int) -> dict[str, Any]:
     return {name: values[i] for name, values in table.items()}
 
 
-def _steps_over_wall(ctx: _Context) -> tuple[int, list[Finding]]:
-    t = ctx.merged.table
-
-    def message(row, i: int) -> str:
-        return (f"step {int(row['iteration'])}: its buckets sum to {row['bucket_sum_ns'] / 1e9:.3f} s, more than its "
-                f"{row['wall_s']:.3f} s wall ({row['double_counted_s']:.3f} s counted twice): see the bucketed-overlap "
-                "and nested-bucket findings, and keep buckets on leaves that do not run concurrently")
-
-    return _step_findings(ctx, "bucket-exceeds-wall", np.flatnonzero(t["bucket_sum_ns"] > t["wall_ns"]),
-                          message)
+def _steps_over_wall(ctx: _Context, tolerance_ns: int) -> tuple[dict[str, int], list[Finding]]:
+    """``bucket-exceeds-wall`` per step: ``info`` where the excess is within the overlap tolerance
+    (no two of its bucketed spans overlap by more, as ``bucketed-overlap`` decides, and its spans
+    reach past the window by at most the tolerance in all), an error otherwise."""
+    t, m = ctx.merged.table, ctx.merged
+    over = np.flatnonzero(t["bucket_sum_ns"] > t["wall_ns"])
+    within = ~np.isin(over, m.deep) & (t["union_ns"][over] - t["wall_ns"][over] <= tolerance_ns)
+    out = []
+    for i, is_within in _take(zip(over, within), ctx.limit):
+        row = _row(t, int(i))
+        if is_within:
+            message = (f"step {int(row['iteration'])}: its buckets sum to {row['bucket_sum_ns'] / 1e9:.6f} s, more "
+                       f"than its {row['wall_s']:.6f} s wall, by overlaps each within the "
+                       f"{tolerance_ns / 1e6:g} ms overlap tolerance: clock granularity (an SDK that records whole "
+                       "milliseconds), not double counting. Raise --overlap-tolerance only for a coarser clock")
+            severity = "info"
+        else:
+            message = (f"step {int(row['iteration'])}: its buckets sum to {row['bucket_sum_ns'] / 1e9:.3f} s, more "
+                       f"than its {row['wall_s']:.3f} s wall ({row['double_counted_s']:.3f} s counted twice): see "
+                       "the bucketed-overlap and nested-bucket findings, and keep buckets on leaves that do not run "
+                       "concurrently")
+            severity = "error"
+        out.append(replace(ctx.step_finding("bucket-exceeds-wall", message, int(i), int(row["iteration"])),
+                           severity=severity))
+    return {"error": int((~within).sum()), "info": int(within.sum())}, out
 
 
 def _unattributed(ctx: _Context, threshold: float) -> tuple[int, list[Finding]]:
@@ -368,6 +401,12 @@ _BATCH_PRODUCERS = {"invalid-interval": _invalid_interval, "unknown-bucket": _un
                     "umbrella-bucket": _umbrella_bucket}
 
 
+def _per_severity(counted: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Each producer's count as ``{severity: n}``: a bare number is a single-severity code's, at its
+    severity (a code whose findings differ in severity returns its dict itself)."""
+    return {code: dict(n) if isinstance(n, dict) else {FINDING_CODES[code]: int(n)} for code, n in counted.items()}
+
+
 # -- entry points ------------------------------------------------------------------------------
 
 
@@ -377,9 +416,9 @@ def finish(merged: Merged, *, unattributed_threshold: float = 0.2, tolerance_ns:
     ctx = _Context(merged, max_span_ids, max_findings_per_code)
     producers = {
         **{code: (lambda produce=produce: produce(ctx)) for code, produce in _BATCH_PRODUCERS.items()},
-        "nested-bucket": lambda: _nested_bucket(ctx),
+        "nested-bucket": lambda: _nested_bucket(ctx, tolerance_ns),
         "bucketed-overlap": lambda: _overlaps(ctx, tolerance_ns),
-        "bucket-exceeds-wall": lambda: _steps_over_wall(ctx),
+        "bucket-exceeds-wall": lambda: _steps_over_wall(ctx, tolerance_ns),
         "unstamped-span": lambda: _unstamped(ctx),
         "unattributed-step-time": lambda: _unattributed(ctx, unattributed_threshold),
         "missing-group-spans": lambda: missing_group_findings(merged.presence, ctx.arrays.names, ctx.arrays.runs,
@@ -393,7 +432,7 @@ def finish(merged: Merged, *, unattributed_threshold: float = 0.2, tolerance_ns:
     for code, produce in producers.items():
         counted[code], written = produce()
         findings.extend(written)
-    return report(findings, counted)
+    return report(findings, _per_severity(counted))
 
 
 def check_run(
@@ -507,7 +546,7 @@ def check_batch(spans: pa.Table, *, max_span_ids: int = 10, max_findings_per_cod
     for code, produce in _BATCH_PRODUCERS.items():
         counted[code], written = produce(ctx)
         findings.extend(written)
-    return report(findings, counted)
+    return report(findings, _per_severity(counted))
 
 
 @dataclass(frozen=True, eq=False)
