@@ -233,3 +233,20 @@ def test_an_unknown_run_is_the_same_error_on_every_engine(ray_cluster, scenario)
             result = runner.invoke(app, [command, str(scenario), "--run", "nope", "--engine", engine])
             assert result.exit_code == 2, (command, engine, result.output)
             assert expected in result.stderr
+
+
+tolerance_tools = _scenario_module("test_one_tolerance")
+
+
+@pytest.mark.parametrize("tolerance_s", [0.0, 0.001, 0.01])
+def test_ray_check_applies_the_tolerance_to_every_interval_code_as_check_run(ray_cluster, tmp_path_factory,
+                                                                           tolerance_s):
+    """bucketed-overlap, bucket-exceeds-wall and nested-bucket: the same severities on Ray."""
+    from nemo_telemetry.analysis.engines.ray_engine import ray_check
+
+    root = tolerance_tools.write_dataset(tmp_path_factory.mktemp("ray-tol") / "ds")
+    expected = check_run(read_for_analysis(root), overlap_tolerance_s=tolerance_s).to_dict()
+    assert ray_check(root, overlap_tolerance_s=tolerance_s).to_dict() == expected
+    want = {0.0: {k: "error" for k in tolerance_tools.WITHIN_DEFAULT}, 0.001: tolerance_tools.WITHIN_DEFAULT,
+            0.01: {k: "info" for k in tolerance_tools.WITHIN_DEFAULT}}[tolerance_s]
+    assert tolerance_tools.severities(expected) == want
