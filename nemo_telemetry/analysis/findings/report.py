@@ -30,6 +30,7 @@ FINDING_CODES: dict[str, str] = {  # code -> severity (missing-group-spans is in
     "unattributed-step-time": "warning",
     "missing-group-spans": "warning",
     "step-time-outlier": "info",
+    "step-without-iteration": "info",  # warning where the process stamps its other step spans
 }
 # Overlaps of bucketed spans up to this long are clock granularity (the OpenTelemetry JS SDK records
 # start times in whole milliseconds), reported at info severity.
