@@ -39,7 +39,9 @@ from nemo_telemetry.analysis.engines.check_rows import (
     FIRST_ANCHOR, SPAN_FLAGS, STEP_FACTS, Codes, in_dataset_order, merged_partials, step_heads,
 )
 from nemo_telemetry.analysis.findings import checks, rules
-from nemo_telemetry.analysis.goodput.numbering import StepNumbers, file_number_partial, number_steps, step_numbers
+from nemo_telemetry.analysis.goodput.numbering import (
+    StepNumbers, file_number_partial, file_unstamped_steps, no_step_numbers, number_steps, step_numbers,
+)
 from nemo_telemetry.analysis.goodput.rules import step_windows
 from nemo_telemetry.analysis.goodput import partials as streaming
 from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, span_arrays
@@ -81,6 +83,10 @@ def _read(path: str, columns: Sequence[str] = READ_COLUMNS, numbers: StepNumbers
     """One file as ``read_for_analysis`` reads the dataset (same projection, same dictionaries),
     its step spans without rl.iteration numbered (``numbers``: :mod:`goodput.numbering`)."""
     return number_steps(with_id_keys(read_span_files([path], columns=tuple(columns))), numbers)
+
+
+def _unstamped_steps(paths: list[str]) -> list[int]:
+    return [file_unstamped_steps(p) for p in paths]
 
 
 def _number_partials(paths: list[str]) -> list[pa.Table]:
@@ -414,7 +420,8 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
 
         return checks.check_run(read_for_analysis(root), run_id=run_id, unattributed_threshold=unattributed_threshold,
                                 overlap_tolerance_s=overlap_tolerance_s, **options)
-    numbers = step_numbers(p for group in file_map(_number_partials, files) for p in group)
+    numbers = (step_numbers(p for group in file_map(_number_partials, files) for p in group)
+               if any(n for group in file_map(_unstamped_steps, files) for n in group) else no_step_numbers())
     facts = [f for group in file_map(_facts, files, run_id, numbers) for f in group]
     codes = Codes()
     for f in facts:

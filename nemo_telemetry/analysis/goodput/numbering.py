@@ -35,7 +35,8 @@ from nemo_telemetry.analysis.model.tree import hex_to_uint64, key_column, with_i
 from nemo_telemetry.analysis.model.walk import KeyIndex
 
 __all__ = ["NUMBER_COLUMNS", "StepNumbers", "step_number_partial", "step_numbers", "number_steps", "numbered_spans",
-           "file_number_partial", "number_arrays",
+           "file_number_partial", "number_arrays", "FIND_COLUMNS", "unstamped_step_count", "no_step_numbers",
+           "file_unstamped_steps",
            "file_step_numbers"]
 
 NUMBER_COLUMNS = ("name", ITERATION, "start_ns", "run_id", "service_name", "rank", "trace_id", "span_id",
@@ -68,6 +69,27 @@ class StepNumbers:
         keep = iteration >= 0
         return KeyIndex.of(key_column(self.spans, "trace_key")[keep], key_column(self.spans, "span_key")[keep],
                            iteration[keep])
+
+
+FIND_COLUMNS = ("name", ITERATION)
+"""What :func:`unstamped_step_count` reads: the first pass, which most datasets end with."""
+
+
+def unstamped_step_count(batch: pa.Table) -> pa.Table:
+    """One row: how many step spans of the batch carry no ``rl.iteration`` (a run that stamps its
+    steps reads two columns for the numbering, and no more)."""
+    count = 0
+    if batch.num_rows and "name" in batch.column_names:
+        is_step = _step_mask(batch.column("name"))
+        if ITERATION in batch.column_names:
+            is_step &= ~pc.is_valid(batch.column(ITERATION)).to_numpy(zero_copy_only=False)
+        count = int(is_step.sum())
+    return pa.table({"unstamped": pa.array([count], pa.int64())})
+
+
+def no_step_numbers() -> StepNumbers:
+    """The numbering of a dataset whose step spans all carry ``rl.iteration``."""
+    return StepNumbers(_PARTIAL_SCHEMA.empty_table().append_column("iteration", pa.array(np.zeros(0, np.int64))))
 
 
 def step_number_partial(batch: pa.Table) -> pa.Table:
@@ -124,8 +146,7 @@ def step_numbers(partials: Iterable[pa.Table]) -> StepNumbers:
     table = pa.concat_tables(parts) if parts else _PARTIAL_SCHEMA.empty_table()
     stamped = table.column("stamped").to_numpy(zero_copy_only=False).astype(bool)
     if stamped.all():
-        return StepNumbers(table.filter(pa.array(np.zeros(len(table), bool))).append_column(
-            "iteration", pa.array(np.zeros(0, np.int64))))
+        return no_step_numbers()
     run = string_codes(table.column("run_id").to_numpy(zero_copy_only=False))[0]
     service = string_codes(table.column("service_name").to_numpy(zero_copy_only=False))[0]
     rank = pc.fill_null(table.column("rank"), -(1 << 62)).to_numpy().astype(np.int64)
@@ -184,13 +205,25 @@ def numbered_spans(spans: pa.Table) -> tuple[pa.Table, StepNumbers]:
 
 
 def file_step_numbers(files: Sequence[str | Path]) -> StepNumbers:
-    """:func:`step_numbers` of spans files, read a few columns at a time (the engines' first pass)."""
+    """:func:`step_numbers` of spans files (the engines' first pass): two columns of each file,
+    then, only where a step span lacks ``rl.iteration``, a few more."""
+    if not any(file_unstamped_steps(str(f)) for f in files):
+        return no_step_numbers()
     return step_numbers(file_number_partial(str(f)) for f in files)
+
+
+def _file_pass(path: str, fn, columns: Sequence[str], empty: pa.Table) -> pa.Table:
+    reader = pq.ParquetFile(path)
+    present = [c for c in columns if c in reader.schema_arrow.names]
+    return pa.concat_tables([fn(pa.Table.from_batches([b])) for b in reader.iter_batches(columns=present)] or [empty])
+
+
+def file_unstamped_steps(path: str) -> int:
+    """:func:`unstamped_step_count` of one spans file."""
+    counts = _file_pass(path, unstamped_step_count, FIND_COLUMNS, pa.table({"unstamped": pa.array([], pa.int64())}))
+    return int(pc.sum(counts.column("unstamped")).as_py() or 0)
 
 
 def file_number_partial(path: str) -> pa.Table:
     """:func:`step_number_partial` of one spans file (what a Ray task or this process reads)."""
-    reader = pq.ParquetFile(path)
-    present = [c for c in NUMBER_COLUMNS if c in reader.schema_arrow.names]
-    return pa.concat_tables([step_number_partial(pa.Table.from_batches([b], schema=None))
-                             for b in reader.iter_batches(columns=present)] or [_PARTIAL_SCHEMA.empty_table()])
+    return _file_pass(path, step_number_partial, NUMBER_COLUMNS, _PARTIAL_SCHEMA.empty_table())

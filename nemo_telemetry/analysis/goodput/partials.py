@@ -32,7 +32,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from nemo_telemetry.analysis.goodput.numbering import (
-    NUMBER_COLUMNS, StepNumbers, number_steps, step_number_partial, step_numbers,
+    FIND_COLUMNS, NUMBER_COLUMNS, StepNumbers, no_step_numbers, number_steps, step_number_partial, step_numbers,
+    unstamped_step_count,
 )
 from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_batch_partial, ranks_tables
 from nemo_telemetry.analysis.goodput.rules import (
@@ -218,6 +219,14 @@ class Attribution:
         return numbered_scan(scan, self.numbers)
 
 
+def scan_step_numbers(scan: Scan, files: Sequence[Path]) -> StepNumbers:
+    """:func:`step_numbers` through ``scan``: two columns of every file, and only where some step
+    span lacks rl.iteration, a pass over a few more."""
+    if not any(pc.sum(t.column("unstamped")).as_py() for t in scan(unstamped_step_count, FIND_COLUMNS, files)):
+        return no_step_numbers()
+    return step_numbers(scan(step_number_partial, NUMBER_COLUMNS, files))
+
+
 def numbered_scan(scan: Scan, numbers: StepNumbers | None) -> Scan:
     """``scan`` whose ``fn`` reads each batch with the step spans of ``numbers`` numbered."""
     if numbers is None or numbers.numbered == 0:
@@ -234,7 +243,7 @@ def attribution(root: Path, scan: Scan, *, run_id: str | None = None) -> Attribu
     order = run_order(root)
     UnknownRunError.unless_present(run_id, order)
     files = span_files(root)
-    numbers = step_numbers(scan(step_number_partial, NUMBER_COLUMNS, files))
+    numbers = scan_step_numbers(scan, files)
     resolved = resolve_attribution(numbered_scan(scan, numbers), files, run_id=run_id)
     attributed = _KeyIndex.of(resolved["trace_key"], resolved["parent_key"], resolved["iteration"])
     return Attribution(order, span_files(root, run_id=run_id) if run_id is not None else files, attributed, numbers)
