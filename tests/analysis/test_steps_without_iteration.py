@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from nemo_telemetry.analysis import check_run, goodput_with_engine, check_with_engine, run_goodput, spans_table
+from nemo_telemetry.analysis import check_run, check_with_engine, goodput_with_engine, run_goodput, spans_table
 from nemo_telemetry.analysis.engines.choose import CHECK_COLUMNS
 from nemo_telemetry.analysis.engines.partitioned_check import stream_check
 from nemo_telemetry.analysis.goodput.partials import stream_goodput

@@ -28,9 +28,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from nemo_telemetry.analysis.goodput.rules import STEP_SPAN_REGEX
-from nemo_telemetry.analysis.model.grouping import Columns, group_by, string_codes
-from nemo_telemetry.analysis.model.schema import ITERATION
 from nemo_telemetry.analysis.model.columns import column_rows
+from nemo_telemetry.analysis.model.grouping import group_by, string_codes
+from nemo_telemetry.analysis.model.schema import ITERATION
 from nemo_telemetry.analysis.model.tree import hex_to_uint64, key_column, with_id_keys
 from nemo_telemetry.analysis.model.walk import KeyIndex
 
@@ -112,7 +112,8 @@ def step_number_partial(batch: pa.Table) -> pa.Table:
         values = rows.column(column)
         return (values.cast(pa.string()) if pa.types.is_dictionary(values.type) else values).combine_chunks()
 
-    rank = rows.column("rank").combine_chunks().cast(pa.int64()) if "rank" in rows.column_names else pa.nulls(n, pa.int64())
+    rank = (rows.column("rank").combine_chunks().cast(pa.int64()) if "rank" in rows.column_names
+            else pa.nulls(n, pa.int64()))
     stamped = (pc.is_valid(rows.column(ITERATION)) if ITERATION in rows.column_names
                else pa.array(np.zeros(n, bool)))
     trace_key, span_key = (key_column(rows, c) if c in rows.column_names else hex_to_uint64(rows.column(id_column))
@@ -122,7 +123,7 @@ def step_number_partial(batch: pa.Table) -> pa.Table:
     return pa.table([text("run_id"), text("service_name"), rank, names.combine_chunks(),
                      rows.column("start_ns").combine_chunks().cast(pa.int64()), text("trace_id"), span_ids,
                      pa.array(trace_key, pa.uint64()), pa.array(span_key, pa.uint64()),
-                     pa.chunked_array([stamped]).combine_chunks() if isinstance(stamped, pa.ChunkedArray) else stamped],
+                     stamped.combine_chunks() if isinstance(stamped, pa.ChunkedArray) else stamped],
                     schema=_PARTIAL_SCHEMA)
 
 
