@@ -264,6 +264,19 @@ def test_finding_dict_has_the_contract_keys():
     assert {"code", "severity", "message", "trace_id", "span_ids", "iteration"} <= set(data["findings"][0])
 
 
+def test_step_spans_without_iteration_are_numbered_with_an_info_finding():
+    t = Trace()
+    job = t.span("rl.grpo.job", 0, 30)
+    for k in (2, 1):  # written in reverse: numbered by start
+        step = t.span("rl.grpo.step", k * 10, k * 10 + 10, job)
+        t.span("rl.vllm.generate", k * 10, k * 10 + 10, step, bucket="productive")
+    report = check_run(t.table())
+    f = only(report, "step-without-iteration")
+    assert f.severity == "info" and "numbered 1..2 in start order" in f.message
+    assert f.span_ids == (f"{4:016x}", f"{2:016x}")  # the step starting at 10 s is step 1
+    assert "unstamped-span" not in codes(report)
+
+
 @pytest.mark.parametrize("code", sorted(FINDING_CODES))
 def test_every_code_has_a_test_above(code):
     source = open(__file__).read()

@@ -202,3 +202,19 @@ def test_goodput_steps_get_one_efficiency_column_per_category():
     field = out.schema.field("efficiency/idle/refit_event_wait_s")
     assert field.metadata[b"rl.efficiency.measurement"] == b"collector_wall_clock"
     assert with_efficiency_columns(steps, metrics_table([])) == steps
+
+
+def test_read_metrics_of_a_dataset_is_what_ingest_wrote(dump_dir, tmp_path):
+    """``read_metrics(DATASET)`` reads the dataset's ``metrics/`` table, the points of the dump ingested."""
+    from nemo_telemetry.analysis import ingest
+
+    dataset = tmp_path / "ds"
+    ingest([dump_dir], out=dataset)
+    assert list((dataset / "metrics").glob("*.parquet"))  # ingest wrote the points into the dataset
+    from_dump = read_metrics(dump_dir)
+    from_dataset = read_metrics(dataset)
+    assert from_dump.num_rows >= 4
+    key = repr
+    assert sorted(from_dataset.to_pylist(), key=key) == sorted(from_dump.to_pylist(), key=key)
+    both = read_metrics([dataset, dump_dir])  # a dataset beside a dump: both tables
+    assert both.num_rows == 2 * from_dump.num_rows

@@ -28,7 +28,8 @@ def check_records(seed: int = 1) -> list[dict]:
     - in run-a, a stamped bucketed phase with a bucketed child on rank 2 and a bucketed grandchild
       on rank 3 (nested-bucket twice, the ancestor found across partitions);
     - a startup trace (separate by design: no detached-trace finding);
-    - enabled span groups (resource attribute) with no spans (missing-group-spans), on two runs.
+    - enabled span groups (resource attribute) with no spans (missing-group-spans), on two runs;
+    - run-c, whose step spans carry no rl.iteration (step-without-iteration).
     """
     rng = random.Random(seed)
     records = scenario_records()
@@ -63,6 +64,18 @@ def check_records(seed: int = 1) -> list[dict]:
     add("rl.setup.ray_init", T0 - 5 * S, T0 - 4 * S, parent=root, trace_id=startup)
     add("rl.grpo.validate", T0, T0 + S, run="run-b", rank=1, trace_id=f"{rng.getrandbits(128) | 1:032x}",
         resource={SPAN_GROUPS: "step,evaluate,data_plane"})
+    # run-c: a loop that opens its step spans without rl.iteration (numbered per run and process,
+    # step-without-iteration at info), their bucketed spans on rank 1 (the walk crosses partitions),
+    # and a process (rank 4) that stamps one of its two step spans (the other left out, at warning)
+    loop = f"{rng.getrandbits(128) | 1:032x}"
+    job = add("rl.grpo.job", T0, T0 + 40 * S, run="run-c", trace_id=loop)
+    for k in (3, 1, 2):
+        step = add("rl.grpo.step", T0 + k * 10 * S, T0 + k * 10 * S + 5 * S, parent=job, run="run-c",
+                   trace_id=loop)
+        add("rl.vllm.generate", T0 + k * 10 * S, T0 + k * 10 * S + 4 * S, parent=step, rank=1, bucket="productive",
+            run="run-c", trace_id=loop)
+    add("rl.grpo.step", T0 + S, T0 + 2 * S, parent=job, rank=4, iteration=7, run="run-c", trace_id=loop)
+    add("rl.grpo.step", T0 + 3 * S, T0 + 4 * S, parent=job, rank=4, run="run-c", trace_id=loop)
     rng.shuffle(records)
     return records
 

@@ -233,3 +233,48 @@ def test_an_unknown_run_is_the_same_error_on_every_engine(ray_cluster, scenario)
             result = runner.invoke(app, [command, str(scenario), "--run", "nope", "--engine", engine])
             assert result.exit_code == 2, (command, engine, result.output)
             assert expected in result.stderr
+
+
+tolerance_tools = _scenario_module("test_one_tolerance")
+
+
+@pytest.mark.parametrize("tolerance_s", [0.0, 0.001, 0.01])
+def test_ray_check_applies_the_tolerance_to_every_interval_code_as_check_run(ray_cluster, tmp_path_factory,
+                                                                           tolerance_s):
+    """bucketed-overlap, bucket-exceeds-wall and nested-bucket: the same severities on Ray."""
+    from nemo_telemetry.analysis.engines.ray_engine import ray_check
+
+    root = tolerance_tools.write_dataset(tmp_path_factory.mktemp("ray-tol") / "ds")
+    expected = check_run(read_for_analysis(root), overlap_tolerance_s=tolerance_s).to_dict()
+    assert ray_check(root, overlap_tolerance_s=tolerance_s).to_dict() == expected
+    want = {0.0: {k: "error" for k in tolerance_tools.WITHIN_DEFAULT}, 0.001: tolerance_tools.WITHIN_DEFAULT,
+            0.01: {k: "info" for k in tolerance_tools.WITHIN_DEFAULT}}[tolerance_s]
+    assert tolerance_tools.severities(expected) == want
+
+
+unstamped_tools = _scenario_module("test_steps_without_iteration")
+
+
+def test_ray_numbers_step_spans_without_iteration_as_the_local_engine(ray_cluster, tmp_path_factory):
+    """goodput and check on Ray: the same numbered steps, attributed spans and finding, and the CLI."""
+    from nemo_telemetry.analysis.engines.choose import CHECK_COLUMNS
+    from nemo_telemetry.analysis.engines.ray_engine import ray_check, ray_goodput
+
+    root = tmp_path_factory.mktemp("ray-unstamped")
+    mixed = unstamped_tools.loop_records(run="run-mixed", stamped=(1, 3), trace="e" * 32)
+    for r in mixed:  # another run in the same dataset: ids of its own
+        r["span_id"] = "c" + r["span_id"][1:]
+        r["parent_span_id"] = r["parent_span_id"] and "c" + r["parent_span_id"][1:]
+    dataset = unstamped_tools.write_dataset(unstamped_tools.loop_records() + mixed, root / "ds")
+    local = run_goodput(read_for_analysis(dataset, columns=CHECK_COLUMNS))
+    remote = ray_goodput(dataset)
+    assert goodput_document(remote) == goodput_document(local)
+    steps = {r.run_id: [s["iteration"] for s in r.steps.to_pylist()] for r in remote}
+    assert steps == {"run-nemo": [1, 2, 3, 4], "run-mixed": [10, 30]}
+    expected = check_run(read_for_analysis(dataset, columns=CHECK_COLUMNS)).to_dict()
+    assert ray_check(dataset).to_dict() == expected
+    assert sorted((f["run_id"], f["severity"]) for f in expected["findings"] if f["code"] == "step-without-iteration") \
+        == [("run-mixed", "warning"), ("run-nemo", "info")]
+    result = CliRunner().invoke(app, ["goodput", str(dataset), "--engine", "ray", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == json.loads(json.dumps(goodput_document(local)))

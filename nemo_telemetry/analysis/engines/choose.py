@@ -19,6 +19,7 @@ from nemo_telemetry.analysis.goodput.rules import check_by
 from nemo_telemetry.analysis.store.read import (
     GOODPUT_COLUMNS,
     STEP_GOODPUT_COLUMNS,
+    READ_COLUMNS,
     read_for_analysis,
     reading_errors,
     span_source_files,
@@ -95,7 +96,14 @@ def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
         if rows is not None:
             return _goodput.goodput_of_rows(rows, run_id=run_id)
     columns = STEP_GOODPUT_COLUMNS if by == "step" else GOODPUT_COLUMNS
+    columns = tuple(dict.fromkeys((*columns, *_PROCESS_COLUMNS)))
     return _goodput.run_goodput(read_for_analysis(source, columns=columns), run_id=run_id, by=by)
+
+
+# A process (service, rank): the step spans without rl.iteration are numbered per run and process.
+_PROCESS_COLUMNS = ("service_name", "rank")
+CHECK_COLUMNS = tuple(dict.fromkeys((*READ_COLUMNS, *_PROCESS_COLUMNS)))
+"""What ``check`` reads of a dataset it holds in memory."""
 
 
 def check_with_engine(source, *, engine: str = "local", **options):
@@ -116,7 +124,7 @@ def check_with_engine(source, *, engine: str = "local", **options):
             report = check_span_files(files, **options)
         if report is not None:
             return report
-    return check_run(read_for_analysis(source), **options)
+    return check_run(read_for_analysis(source, columns=CHECK_COLUMNS), **options)
 
 
 def ingest_with_engine(inputs, *, out, engine: str = "local", format: str | None = None, progress=None,

@@ -26,6 +26,7 @@ dataset's global codes and in dataset order, and :func:`checks.finish` writes th
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -38,6 +39,9 @@ from nemo_telemetry.analysis.engines.check_rows import (
     FIRST_ANCHOR, SPAN_FLAGS, STEP_FACTS, Codes, in_dataset_order, merged_partials, step_heads,
 )
 from nemo_telemetry.analysis.findings import checks, rules
+from nemo_telemetry.analysis.goodput.numbering import (
+    StepNumbers, file_number_partial, file_unstamped_steps, no_step_numbers, number_steps, step_numbers,
+)
 from nemo_telemetry.analysis.goodput.rules import step_windows
 from nemo_telemetry.analysis.goodput import partials as streaming
 from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, span_arrays
@@ -75,9 +79,18 @@ def local_map_reduce(map_function: Callable, reduce_function: Callable, files: S
     return [o[0] for o in outputs], [reduce_function(*[o[1 + r] for o in outputs]) for r in range(reducers)]
 
 
-def _read(path: str, columns: Sequence[str] = READ_COLUMNS) -> pa.Table:
-    """One file as ``read_for_analysis`` reads the dataset (same projection, same dictionaries)."""
-    return with_id_keys(read_span_files([path], columns=tuple(columns)))
+def _read(path: str, columns: Sequence[str] = READ_COLUMNS, numbers: StepNumbers | None = None) -> pa.Table:
+    """One file as ``read_for_analysis`` reads the dataset (same projection, same dictionaries),
+    its step spans without rl.iteration numbered (``numbers``: :mod:`goodput.numbering`)."""
+    return number_steps(with_id_keys(read_span_files([path], columns=tuple(columns))), numbers)
+
+
+def _unstamped_steps(paths: list[str]) -> list[int]:
+    return [file_unstamped_steps(p) for p in paths]
+
+
+def _number_partials(paths: list[str]) -> list[pa.Table]:
+    return [file_number_partial(p) for p in paths]
 
 
 
@@ -98,8 +111,8 @@ def _values(codes: np.ndarray, values: tuple, none: Any = None) -> np.ndarray:
 # -- 1. facts ----------------------------------------------------------------------------------
 
 
-def _facts(paths: list[str], run_id: str | None) -> list[dict]:
-    return [_facts_of(_read(p), run_id) for p in paths]
+def _facts(paths: list[str], run_id: str | None, numbers: StepNumbers | None = None) -> list[dict]:
+    return [_facts_of(_read(p, numbers=numbers), run_id) for p in paths]
 
 
 def _facts_of(table: pa.Table, run_id: str | None) -> dict:
@@ -151,13 +164,13 @@ def _pairs(trace: np.ndarray, key: np.ndarray) -> Columns:
 # -- 2. walks ----------------------------------------------------------------------------------
 
 
-def _lookup(paths: list[str], targets: KeyIndex) -> list[Columns]:
+def _lookup(paths: list[str], targets: KeyIndex, numbers: StepNumbers | None = None) -> list[Columns]:
     """Per file: the rows whose (trace, span) is a target, climbed as far as the file holds the tree
     (:func:`walk.climb_batch`, until both an iteration and a bucketed ancestor were met): what the
     walk met, and in ``parent`` the key of the ancestor to look up elsewhere (0: it ended here)."""
     out = []
     for path in paths:
-        table = _read(path, _LOOKUP_COLUMNS)
+        table = _read(path, _LOOKUP_COLUMNS, numbers)
         trace, span = key_column(table, "trace_key"), key_column(table, "span_key")
         bucketed = (pc.is_valid(table.column(BUCKET)).to_numpy(zero_copy_only=False) if BUCKET in table.column_names
                     else np.zeros(len(span), bool))
@@ -194,7 +207,8 @@ class _Walks:
         return np.where(hit >= 0, values[np.maximum(hit, 0)], len(self.found) - 1)
 
 
-def _walk(file_map: FileMap, files: Sequence[Path], starts: Columns, candidates: Columns) -> tuple[Columns, Columns]:
+def _walk(file_map: FileMap, files: Sequence[Path], starts: Columns, candidates: Columns,
+          numbers: StepNumbers | None = None) -> tuple[Columns, Columns]:
     """Every walk to its end (:func:`walk.resolve_walks`, a pass over the files per hop between
     them); and which orphan ``candidates`` name a parent found nowhere (looked up in the first pass)."""
     first = {"candidates": {"trace": candidates["trace"], "at": candidates["key"]}}
@@ -205,7 +219,7 @@ def _walk(file_map: FileMap, files: Sequence[Path], starts: Columns, candidates:
         if extra is not None:
             trace, at = np.concatenate([trace, extra["trace"]]), np.concatenate([at, extra["at"]])
         targets = KeyIndex.of(trace, at)  # repeats are harmless: the index only tests membership
-        found = concat([f for group in file_map(_lookup, files, targets) for f in group], _NOT_FOUND)
+        found = concat([f for group in file_map(_lookup, files, targets, numbers) for f in group], _NOT_FOUND)
         # a repeated span id: the first copy in dataset order, as the in-memory index
         found = take(found, first_rows(found["trace"], found["at"]))
         if extra is not None:
@@ -244,6 +258,7 @@ class _Shared:
     names: tuple  # the dataset's names (global codes), for the nested-bucket ancestors
     file_index: dict  # path -> position in dataset order (orders the clusters' heads across files)
     tolerance_ns: int  # overlaps up to this long are clock granularity (bucketed-overlap at info)
+    numbers: StepNumbers | None = None  # the step spans without rl.iteration, numbered as each file is read
 
 
 @dataclass(frozen=True, eq=False)
@@ -315,7 +330,7 @@ def _rows(view: _View, rows: np.ndarray, **extra) -> Columns:
 def _file_findings(paths: list[str], reducers: int, shared: _Shared) -> tuple:
     """Map task: per file, the rules' partials; and for each reducer, the goodput partials of the
     steps it owns (merged over the group) and the overlap clusters of those steps."""
-    results = [_findings_of(_read(p), shared) for p in paths]
+    results = [_findings_of(_read(p, numbers=shared.numbers), shared) for p in paths]
     partials = streaming.split_by_step([r.pop("partial") for r in results], reducers)
     clusters, deep = (concat([_in_file(r.pop(key), shared.file_index[p]) for r, p in zip(results, paths)], _CLUSTERS)
                       for key in ("clusters", "deep_clusters"))
@@ -374,7 +389,7 @@ def _collect(paths: list[str], shared: _Shared, steps: np.ndarray, traces: Colum
     (run names, NO_RUN for none)."""
     out = []
     for path in paths:
-        view = _view(_read(path), shared)
+        view = _view(_read(path, numbers=shared.numbers), shared)
         a = view.facts.arrays
         inside = np.isin(view.step, steps) & (view.step >= 0)
         local = {run: i for i, run in enumerate(a.runs)}
@@ -405,13 +420,16 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
 
         return checks.check_run(read_for_analysis(root), run_id=run_id, unattributed_threshold=unattributed_threshold,
                                 overlap_tolerance_s=overlap_tolerance_s, **options)
-    facts = [f for group in file_map(_facts, files, run_id) for f in group]
+    numbers = (step_numbers(p for group in file_map(_number_partials, files) for p in group)
+               if any(n for group in file_map(_unstamped_steps, files) for n in group) else no_step_numbers())
+    facts = [f for group in file_map(_facts, files, run_id, numbers) for f in group]
     codes = Codes()
     for f in facts:
         codes.add(f)
     UnknownRunError.unless_present(run_id, codes.runs)
-    walked, missing = _walk(file_map, files, _concat(f["walks"] for f in facts), _concat(f["missing"] for f in facts))
-    shared = _shared(facts, codes, walked, missing, run_id, files, tolerance_ns)
+    walked, missing = _walk(file_map, files, _concat(f["walks"] for f in facts), _concat(f["missing"] for f in facts),
+                            numbers)
+    shared = dataclasses.replace(_shared(facts, codes, walked, missing, run_id, files, tolerance_ns), numbers=numbers)
     groups, reduced = map_reduce(_file_findings, _reduce_findings, files, reducers, shared)
     results = [r for group in groups for r in group]
     accumulator = streaming.GoodputAccumulator()
@@ -431,7 +449,8 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
         if len(overlap_steps) or len(traces["run"]) else []
     offenders = [_of_file(r["offenders"], i, part="offender") for i, r in enumerate(results)]
     rows = in_dataset_order(offenders + collected + [step_heads(facts, analysis.steps, codes)])
-    merged = merged_partials(rows, codes, analysis, facts, overlapping, deep, detached)
+    merged = dataclasses.replace(merged_partials(rows, codes, analysis, facts, overlapping, deep, detached),
+                                 numbers=numbers)
     return checks.finish(merged, unattributed_threshold=unattributed_threshold, tolerance_ns=tolerance_ns, **options)
 
 

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.goodput import partials as streaming
+from nemo_telemetry.analysis.goodput.numbering import number_steps
 from nemo_telemetry.analysis.store.dataset import DatasetWriter, drop_duplicates
 from nemo_telemetry.analysis.ingestion.ingest import (BATCH_SPANS, FILE_ROWS, WRITE_AHEAD, IngestSummary, Source, IngestPipeline,
                                             SignalDumps, dump_files_detected, ingest_inputs)
@@ -148,7 +149,8 @@ def ray_goodput(root: str | Path, *, run_id: str | None = None, by: str = "step"
     """
     connect()
     plan = streaming.attribution(Path(root), ray_scan(), run_id=run_id)
-    _, reduced = map_reduce(_partials_by_step, _reduce_steps, plan.files, reducer_count(), plan.attributed, run_id)
+    _, reduced = map_reduce(_partials_by_step, _reduce_steps, plan.files, reducer_count(), plan.attributed, run_id,
+                            plan.numbers)
     accumulator = streaming.GoodputAccumulator()
     for table in reduced:
         accumulator.add(table)
@@ -156,10 +158,12 @@ def ray_goodput(root: str | Path, *, run_id: str | None = None, by: str = "step"
     return streaming.with_ranks(runs, accumulator.merged(), ray_scan(), plan, run_id=run_id) if by == "rank" else runs
 
 
-def _partials_by_step(paths: list[str], reducers: int, attributed, run_id: str | None) -> tuple:
-    """Map task: nothing for the driver, and the group's partials in ``reducers`` pieces by their step's owner."""
+def _partials_by_step(paths: list[str], reducers: int, attributed, run_id: str | None, numbers=None) -> tuple:
+    """Map task: nothing for the driver, and the group's partials in ``reducers`` pieces by their
+    step's owner (``numbers``: the step spans without rl.iteration, numbered as they are read)."""
     return (None, *streaming.split_by_step(_scan_group(
-        paths, lambda b: streaming.goodput_partial(b, attributed=attributed, run_id=run_id),
+        paths, lambda b: streaming.goodput_partial(number_steps(b, numbers), attributed=attributed,
+                                                   run_id=run_id),
         streaming.GOODPUT_COLUMNS), reducers))
 
 

@@ -67,6 +67,7 @@ from nemo_telemetry.analysis.findings.rules import (
     overlapping_steps,
     row_traces,
 )
+from nemo_telemetry.analysis.goodput.numbering import StepNumbers, file_step_numbers, number_arrays, numbered_spans
 from nemo_telemetry.analysis.goodput.steps import Analysis, analyse, run_filter
 from nemo_telemetry.analysis.goodput.steps import step_outliers
 from nemo_telemetry.analysis.model._arrays import (
@@ -107,6 +108,7 @@ class Merged:
     detached_rows: np.ndarray  # rows (of anchored runs, outside anchored traces) of at least the first of them
     anchor_trace: dict  # run code -> trace id of its first job or step span
     presence: tuple  # ({run code: enabled groups}, [(run code, name code) present])
+    numbers: StepNumbers | None = None  # the step spans without rl.iteration (goodput.numbering)
 
 
 @dataclass(frozen=True)
@@ -213,16 +215,34 @@ def _umbrella_bucket(ctx: _Context) -> tuple[int, list[Finding]]:
     return _per_group(ctx, "umbrella-bucket", lambda rows: (a.run[rows], a.name[rows]), message)
 
 
-def _nested_bucket(ctx: _Context) -> tuple[int, list[Finding]]:
+def _nested_bucket(ctx: _Context, tolerance_ns: int) -> tuple[dict[str, int], list[Finding]]:
+    """``nested-bucket`` per (run, name, bucketed ancestor's name): ``info`` for nested spans that
+    last at most the overlap tolerance (they cannot count more than that twice), an error otherwise."""
     a, facts = ctx.arrays, ctx.merged.facts
-
-    def keys(rows):  # the nearest bucketed ancestor's name, from the walk
-        return a.run[rows], a.name[rows], facts.walked_ancestor[np.searchsorted(facts.walked, rows)]
-
-    return _per_group(ctx, "nested-bucket", keys, lambda key, members, more: (
-        f"{len(members)} bucketed span(s) named {ctx.name(key[1])!r} sit under the bucketed "
-        f"{ctx.name(key[2])!r}{more}, so their time is counted twice: make the outer span an umbrella "
-        "(umbrella_span) or drop the inner span's bucket"))
+    rows = ctx.merged.offenders["nested-bucket"]
+    short = ((a.end[rows] - a.start[rows]) <= tolerance_ns).astype(np.int64)
+    ancestor = facts.walked_ancestor[np.searchsorted(facts.walked, rows)]
+    count, groups = _groups(rows, a.run[rows], short, a.name[rows], ancestor)
+    counts = {"error": 0, "info": 0}
+    out = []
+    for i, (key, members) in enumerate(groups):
+        severity = "info" if key[1] else "error"
+        counts[severity] += 1
+        if i >= ctx.limit:
+            continue
+        _, more = ctx.ids(members)
+        if key[1]:
+            message = (f"{len(members)} bucketed span(s) named {ctx.name(key[2])!r} sit under the bucketed "
+                       f"{ctx.name(key[3])!r}{more}, each lasting at most the {tolerance_ns / 1e6:g} ms overlap "
+                       "tolerance: at most that is counted twice (double_counted_s counts it); still, make the "
+                       "outer span an umbrella (umbrella_span) or drop the inner span's bucket")
+        else:
+            message = (f"{len(members)} bucketed span(s) named {ctx.name(key[2])!r} sit under the bucketed "
+                       f"{ctx.name(key[3])!r}{more}, so their time is counted twice: make the outer span an umbrella "
+                       "(umbrella_span) or drop the inner span's bucket")
+        out.append(ctx.finding("nested-bucket", message, members, key[0], severity=severity,
+                               iteration=ctx.common_iteration(members)))
+    return counts, out
 
 
 def _unstamped(ctx: _Context) -> tuple[int, list[Finding]]:
@@ -290,16 +310,31 @@ def _row(table: Columns, i: int) -> dict[str, Any]:
     return {name: values[i] for name, values in table.items()}
 
 
-def _steps_over_wall(ctx: _Context) -> tuple[int, list[Finding]]:
-    t = ctx.merged.table
-
-    def message(row, i: int) -> str:
-        return (f"step {int(row['iteration'])}: its buckets sum to {row['bucket_sum_ns'] / 1e9:.3f} s, more than its "
-                f"{row['wall_s']:.3f} s wall ({row['double_counted_s']:.3f} s counted twice): see the bucketed-overlap "
-                "and nested-bucket findings, and keep buckets on leaves that do not run concurrently")
-
-    return _step_findings(ctx, "bucket-exceeds-wall", np.flatnonzero(t["bucket_sum_ns"] > t["wall_ns"]),
-                          message)
+def _steps_over_wall(ctx: _Context, tolerance_ns: int) -> tuple[dict[str, int], list[Finding]]:
+    """``bucket-exceeds-wall`` per step: ``info`` where the excess is within the overlap tolerance
+    (no two of its bucketed spans overlap by more, as ``bucketed-overlap`` decides, and its spans
+    reach past the window by at most the tolerance in all), an error otherwise."""
+    t, m = ctx.merged.table, ctx.merged
+    over = np.flatnonzero(t["bucket_sum_ns"] > t["wall_ns"])
+    within = ~np.isin(over, m.deep) & (t["union_ns"][over] - t["wall_ns"][over] <= tolerance_ns)
+    out = []
+    for i, is_within in _take(zip(over, within), ctx.limit):
+        row = _row(t, int(i))
+        if is_within:
+            message = (f"step {int(row['iteration'])}: its buckets sum to {row['bucket_sum_ns'] / 1e9:.6f} s, more "
+                       f"than its {row['wall_s']:.6f} s wall, by overlaps each within the "
+                       f"{tolerance_ns / 1e6:g} ms overlap tolerance: clock granularity (an SDK that records whole "
+                       "milliseconds), not double counting. Raise --overlap-tolerance only for a coarser clock")
+            severity = "info"
+        else:
+            message = (f"step {int(row['iteration'])}: its buckets sum to {row['bucket_sum_ns'] / 1e9:.3f} s, more "
+                       f"than its {row['wall_s']:.3f} s wall ({row['double_counted_s']:.3f} s counted twice): see "
+                       "the bucketed-overlap and nested-bucket findings, and keep buckets on leaves that do not run "
+                       "concurrently")
+            severity = "error"
+        out.append(replace(ctx.step_finding("bucket-exceeds-wall", message, int(i), int(row["iteration"])),
+                           severity=severity))
+    return {"error": int((~within).sum()), "info": int(within.sum())}, out
 
 
 def _unattributed(ctx: _Context, threshold: float) -> tuple[int, list[Finding]]:
@@ -350,6 +385,46 @@ def _overlaps(ctx: _Context, tolerance_ns: int) -> tuple[dict[str, int], list[Fi
     return {"error": len(m.deep), "info": len(m.overlapping) - len(m.deep)}, out
 
 
+def _steps_without_iteration(ctx: _Context) -> tuple[dict[str, int], list[Finding]]:
+    """``step-without-iteration`` per (run, process, name) of step spans that carry no rl.iteration:
+    ``info`` where they were numbered in start order, ``warning`` where their process stamps its
+    other step spans, so they were left out of the steps."""
+    numbers = ctx.merged.numbers
+    counts = {"info": 0, "warning": 0}
+    if numbers is None or len(numbers) == 0:
+        return counts, []
+    spans = numbers.spans.to_pydict()
+    groups: dict[tuple, list[int]] = {}
+    for i, key in enumerate(zip(spans["run_id"], spans["service_name"], spans["rank"], spans["name"],
+                                (n >= 0 for n in spans["iteration"]))):
+        groups.setdefault(key, []).append(i)
+    out = []
+    for (run, service, rank, name, numbered), members in sorted(groups.items(), key=lambda kv: (
+            tuple("" if v is None else str(v) for v in kv[0]))):
+        severity = "info" if numbered else "warning"
+        counts[severity] += 1
+        if len(out) >= ctx.limit:
+            continue
+        process = f"{service or '(no service.name)'} rank {'?' if rank is None else rank}"
+        shown = members[: ctx.max_span_ids]
+        more = f" (and {len(members) - len(shown)} more)" if len(members) > len(shown) else ""
+        how = ("stamp each step with its trainer's number: open it inside iteration_scope(n), or with "
+               "start_step_span(n, ...)")
+        if numbered:
+            first, last = spans["iteration"][members[0]], spans["iteration"][members[-1]]
+            message = (f"{len(members)} {name} span(s) of {process} carry no rl.iteration{more}; they are numbered "
+                       f"{first}..{last} in start order per run and process, and the spans under them are attributed "
+                       f"to those steps: {how}")
+        else:
+            message = (f"{len(members)} {name} span(s) of {process} carry no rl.iteration{more} while its other step "
+                       f"spans do, so they are left out of the steps (a guessed number could merge two steps): {how}")
+        out.append(Finding(code="step-without-iteration", severity=severity, message=message,
+                           trace_id=spans["trace_id"][members[0]], span_ids=tuple(spans["span_id"][i] for i in shown),
+                           iteration=spans["iteration"][members[0]] if numbered and len(members) == 1 else None,
+                           run_id=run))
+    return counts, out
+
+
 def _outliers(ctx: _Context) -> tuple[int, list[Finding]]:
     out = []
     steps, table = ctx.merged.steps, ctx.merged.table
@@ -368,6 +443,12 @@ _BATCH_PRODUCERS = {"invalid-interval": _invalid_interval, "unknown-bucket": _un
                     "umbrella-bucket": _umbrella_bucket}
 
 
+def _per_severity(counted: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Each producer's count as ``{severity: n}``: a bare number is a single-severity code's, at its
+    severity (a code whose findings differ in severity returns its dict itself)."""
+    return {code: dict(n) if isinstance(n, dict) else {FINDING_CODES[code]: int(n)} for code, n in counted.items()}
+
+
 # -- entry points ------------------------------------------------------------------------------
 
 
@@ -377,14 +458,15 @@ def finish(merged: Merged, *, unattributed_threshold: float = 0.2, tolerance_ns:
     ctx = _Context(merged, max_span_ids, max_findings_per_code)
     producers = {
         **{code: (lambda produce=produce: produce(ctx)) for code, produce in _BATCH_PRODUCERS.items()},
-        "nested-bucket": lambda: _nested_bucket(ctx),
+        "nested-bucket": lambda: _nested_bucket(ctx, tolerance_ns),
         "bucketed-overlap": lambda: _overlaps(ctx, tolerance_ns),
-        "bucket-exceeds-wall": lambda: _steps_over_wall(ctx),
+        "bucket-exceeds-wall": lambda: _steps_over_wall(ctx, tolerance_ns),
         "unstamped-span": lambda: _unstamped(ctx),
         "unattributed-step-time": lambda: _unattributed(ctx, unattributed_threshold),
         "missing-group-spans": lambda: missing_group_findings(merged.presence, ctx.arrays.names, ctx.arrays.runs,
                                                               max_findings_per_code),
         "step-time-outlier": lambda: _outliers(ctx),
+        "step-without-iteration": lambda: _steps_without_iteration(ctx),
         "orphan-span": lambda: _orphans(ctx),
         "detached-trace": lambda: _detached(ctx),
     }
@@ -393,7 +475,7 @@ def finish(merged: Merged, *, unattributed_threshold: float = 0.2, tolerance_ns:
     for code, produce in producers.items():
         counted[code], written = produce()
         findings.extend(written)
-    return report(findings, counted)
+    return report(findings, _per_severity(counted))
 
 
 def check_run(
@@ -412,12 +494,12 @@ def check_run(
     ``overlap_tolerance_s`` (clock granularity) give a ``bucketed-overlap`` at info severity, not
     an error; ``double_counted_s`` counts them either way.
     """
-    table = with_id_keys(spans)
+    table, numbers = numbered_spans(with_id_keys(spans))
     with ThreadPoolExecutor(max_workers=4) as pool:
         # The id-key index and the orphan test are sorts and gathers, which numpy runs without the
         # GIL: a worker builds the mixed keys while this thread decodes the rest.
         keys = pool.submit(key_index, table, sort=False)
-        return _check_decoded(pool, keys, lambda: span_arrays(table), run_id=run_id,
+        return _check_decoded(pool, keys, lambda: span_arrays(table), run_id=run_id, numbers=numbers,
                               unattributed_threshold=unattributed_threshold, overlap_tolerance_s=overlap_tolerance_s,
                               max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
 
@@ -428,6 +510,7 @@ def check_span_files(files: list[str], *, run_id: str | None = None, unattribute
     """:func:`check_run` over a dataset's spans files, decoded batch by batch (of ``batch_rows``) as
     they are read (:func:`~nemo_telemetry.analysis.model._arrays.decode_span_files`); None for files
     without id key columns, which the caller reads whole."""
+    numbers = file_step_numbers(files)
     with ThreadPoolExecutor(max_workers=4) as pool:
         # times only where a rule reads them: bucketed spans, and job and step spans (the anchors)
         decoded = decode_span_files(files, batch_rows=batch_rows, timed_names=ANCHOR_REGEX,
@@ -436,14 +519,15 @@ def check_span_files(files: list[str], *, run_id: str | None = None, unattribute
             return None
         arrays, index = decoded
         keys = index if isinstance(index, FileParents) else pool.submit(lambda: index)
-        return _check_decoded(pool, keys, lambda: arrays, run_id=run_id, unattributed_threshold=unattributed_threshold,
+        return _check_decoded(pool, keys, lambda: arrays, run_id=run_id, numbers=numbers,
+                              unattributed_threshold=unattributed_threshold,
                               overlap_tolerance_s=overlap_tolerance_s, max_span_ids=max_span_ids,
                               max_findings_per_code=max_findings_per_code)
 
 
 def _check_decoded(pool: ThreadPoolExecutor, keys: Future | FileParents, decode: Callable[[], SpanArrays], *,
                    run_id: str | None, unattributed_threshold: float, overlap_tolerance_s: float, max_span_ids: int,
-                   max_findings_per_code: int) -> CheckReport:
+                   max_findings_per_code: int, numbers: StepNumbers | None = None) -> CheckReport:
     """The findings once ``keys`` (a :func:`key_index`, unsorted, or the parent rows spans files
     hold) and ``decode()`` are there.
 
@@ -476,9 +560,11 @@ def _check_decoded(pool: ThreadPoolExecutor, keys: Future | FileParents, decode:
         presence = after_sort(group_presence, arrays, keep)
         anchors = after_sort(anchored, arrays, keep)
         arrays.adopt_index(index.result() if file_parents is None else file_parents.resolved(arrays.table))
+        number_arrays(arrays, numbers)  # the step spans without rl.iteration (numbered already in a table)
         analysis = analyse(arrays.table, run_id=run_id, ancestors=True, arrays=arrays)
         merged = merge_in_memory(analysis, tolerance_ns, presence.result(), anchors=anchors.result(),
-                                 orphans_found=lambda: orphans is None or arrays.adopt_index(orphans.result()))
+                                 orphans_found=lambda: orphans is None or arrays.adopt_index(orphans.result()),
+                                 numbers=numbers)
     finally:
         for pending in (parents, orphans):  # a bad run_id: do not wait for a test no one reads
             if pending is not None:
@@ -507,7 +593,7 @@ def check_batch(spans: pa.Table, *, max_span_ids: int = 10, max_findings_per_cod
     for code, produce in _BATCH_PRODUCERS.items():
         counted[code], written = produce(ctx)
         findings.extend(written)
-    return report(findings, counted)
+    return report(findings, _per_severity(counted))
 
 
 @dataclass(frozen=True, eq=False)
@@ -536,7 +622,8 @@ def anchored(arrays: SpanArrays, keep: np.ndarray) -> Anchored:
 
 
 def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: tuple,
-                    orphans_found: Callable[[], None] = lambda: None, anchors: Anchored | None = None) -> Merged:
+                    orphans_found: Callable[[], None] = lambda: None, anchors: Anchored | None = None,
+                    numbers: StepNumbers | None = None) -> Merged:
     """The partials of the one batch that is the whole table, which merge to themselves.
 
     ``orphans_found()`` returns once ``analysis.arrays`` has its orphan test (run in other
@@ -560,4 +647,4 @@ def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: tuple,
                   table=analysis.table, overlapping=overlapping_steps([clusters]), deep=overlapping_steps([deep]),
                   overlap_rows=rows, overlap_step=step, detached=detached_traces(detached_counts(facts, loose)),
                   detached_rows=loose, anchor_trace={r: a.trace_id([row])[0] for r, row in first_anchor.items()},
-                  presence=presence)
+                  presence=presence, numbers=numbers)

@@ -30,6 +30,7 @@ FINDING_CODES: dict[str, str] = {  # code -> severity (missing-group-spans is in
     "unattributed-step-time": "warning",
     "missing-group-spans": "warning",
     "step-time-outlier": "info",
+    "step-without-iteration": "info",  # warning where the process stamps its other step spans
 }
 # Overlaps of bucketed spans up to this long are clock granularity (the OpenTelemetry JS SDK records
 # start times in whole milliseconds), reported at info severity.
@@ -80,19 +81,29 @@ def overlap_tolerance_ns(overlap_tolerance_s: float) -> int:
 def report(findings: list[Finding], counted: dict[str, Any]) -> CheckReport:
     """The report from each code's findings as written and its full count (errors first).
 
-    ``counted[code]`` is a number at the code's severity, or ``{severity: number}`` for a code
-    whose findings differ in severity; findings past the per-code cap still count, at theirs.
+    ``counted[code]`` is ``{severity: number}``, the code's findings at each severity, written or
+    past the per-code cap. A bare number is the code's total: its written findings count at their
+    own severities and only the rest (past the cap) at the code's default. A severity's count is
+    never below the findings written at it, so the counts equal the findings listed whenever
+    nothing is capped.
     """
     findings = sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
-    counts: dict[str, Any] = {s: 0 for s in SEVERITIES}
+    written: dict[str, dict[str, int]] = {}
     for f in findings:
-        counts[f.severity] += 1
+        per_code = written.setdefault(f.code, {})
+        per_code[f.severity] = per_code.get(f.severity, 0) + 1
+    counts: dict[str, Any] = {s: 0 for s in SEVERITIES}
     by_code: dict[str, int] = {code: 0 for code in FINDING_CODES}
-    for code, n in counted.items():
-        per_severity = n if isinstance(n, dict) else {FINDING_CODES[code]: n}
+    for code in {**written, **counted}:
+        shown = written.get(code, {})
+        n = counted.get(code, 0)
+        if isinstance(n, dict):
+            per_severity = {s: max(int(n.get(s, 0)), shown.get(s, 0)) for s in SEVERITIES}
+        else:
+            per_severity = {s: shown.get(s, 0) for s in SEVERITIES}
+            per_severity[FINDING_CODES.get(code, "warning")] += max(0, int(n) - sum(shown.values()))
         by_code[code] = sum(per_severity.values())
         for severity, total in per_severity.items():
-            written = sum(1 for f in findings if f.code == code and f.severity == severity)
-            counts[severity] += max(0, total - written)
+            counts[severity] += total
     counts["by_code"] = by_code
     return CheckReport(findings=tuple(findings), counts=counts)

@@ -31,6 +31,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from nemo_telemetry.analysis.goodput.numbering import (
+    FIND_COLUMNS, NUMBER_COLUMNS, StepNumbers, no_step_numbers, number_steps, step_number_partial, step_numbers,
+    unstamped_step_count,
+)
 from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_batch_partial, ranks_tables
 from nemo_telemetry.analysis.goodput.rules import (
     PARTIAL_SCHEMA, STEP, UNION, GoodputAccumulator, MergedSteps, RunGoodput, bucketed_rows, goodput_partial,
@@ -52,6 +56,7 @@ __all__ = [
     "PARTIAL_SCHEMA",
     "Scan",
     "local_scan",
+    "numbered_scan",
     "goodput_partial",
     "AttributionIndex",
     "walk_starts",
@@ -208,6 +213,30 @@ class Attribution:
     order: list
     files: list
     attributed: _KeyIndex
+    numbers: StepNumbers | None = None  # step spans without rl.iteration (goodput.numbering)
+
+    def scan(self, scan: Scan) -> Scan:
+        """``scan`` with each batch's unnumbered step spans numbered before ``fn`` reads it."""
+        return numbered_scan(scan, self.numbers)
+
+
+def scan_step_numbers(scan: Scan, files: Sequence[Path]) -> StepNumbers:
+    """:func:`step_numbers` through ``scan``: two columns of every file, and only where some step
+    span lacks rl.iteration, a pass over a few more."""
+    if not any(pc.sum(t.column("unstamped")).as_py() for t in scan(unstamped_step_count, FIND_COLUMNS, files)):
+        return no_step_numbers()
+    return step_numbers(scan(step_number_partial, NUMBER_COLUMNS, files))
+
+
+def numbered_scan(scan: Scan, numbers: StepNumbers | None) -> Scan:
+    """``scan`` whose ``fn`` reads each batch with the step spans of ``numbers`` numbered."""
+    if numbers is None or numbers.numbered == 0:
+        return scan
+
+    def numbered(fn, columns, files):
+        return scan(lambda b: fn(number_steps(b, numbers)), columns, files)
+
+    return numbered
 
 
 def attribution(root: Path, scan: Scan, *, run_id: str | None = None) -> Attribution:
@@ -215,15 +244,17 @@ def attribution(root: Path, scan: Scan, *, run_id: str | None = None) -> Attribu
     order = run_order(root)
     UnknownRunError.unless_present(run_id, order)
     files = span_files(root)
-    resolved = resolve_attribution(scan, files, run_id=run_id)
+    numbers = scan_step_numbers(scan, files)
+    resolved = resolve_attribution(numbered_scan(scan, numbers), files, run_id=run_id)
     attributed = _KeyIndex.of(resolved["trace_key"], resolved["parent_key"], resolved["iteration"])
-    return Attribution(order, span_files(root, run_id=run_id) if run_id is not None else files, attributed)
+    return Attribution(order, span_files(root, run_id=run_id) if run_id is not None else files, attributed, numbers)
 
 
 def partitioned_goodput(root: Path, scan: Scan, *, run_id: str | None = None, compact_rows: int = 1 << 20,
                         by: str = "step") -> tuple[RunGoodput, ...]:
     """``run_goodput`` of the dataset at ``root``, computed batch by batch through ``scan``."""
     plan = attribution(Path(root), scan, run_id=run_id)
+    scan = plan.scan(scan)
     accumulator = GoodputAccumulator(compact_rows)
     for partial in scan(lambda b: goodput_partial(b, attributed=plan.attributed, run_id=run_id), GOODPUT_COLUMNS,
                         plan.files):
@@ -236,7 +267,7 @@ def with_ranks(runs: tuple[RunGoodput, ...], merged: pa.Table, scan: Scan, plan:
                run_id: str | None = None) -> tuple[RunGoodput, ...]:
     """``runs`` with their ``--by rank`` tables: one more scan for the rank partials, merged here,
     finished over the steps of ``merged`` (goodput's merged partials)."""
-    pieces = list(scan(lambda b: rank_batch_partial(b, attributed=plan.attributed, run_id=run_id), RANK_READ_COLUMNS,
+    pieces = list(plan.scan(scan)(lambda b: rank_batch_partial(b, attributed=plan.attributed, run_id=run_id), RANK_READ_COLUMNS,
                        plan.files))
     tables = ranks_tables(merge_ranks(pieces), merged_steps(merged, plan.order), plan.order)
     return tuple(replace(run, ranks=tables[run.run_id]) for run in runs)

@@ -391,7 +391,7 @@ def merged_steps(merged: pa.Table, run_order: Sequence[str | None]) -> MergedSte
 
 def step_frame(steps: Steps, sums: np.ndarray, merged) -> Columns:
     """The per-step table (columns: ``run`` code, ``iteration``, ``start_ns``, ``end_ns``, the sums
-    of ``STEP_COLUMNS`` in seconds, ``bucket_sum_ns``, ``wall_ns``) from each step's bucket sums
+    of ``STEP_COLUMNS`` in seconds, ``bucket_sum_ns``, ``wall_ns``, ``union_ns``) from each step's bucket sums
     (ns, shape steps x BUCKETS) and the merged intervals of its bucketed spans (grouped by step index).
 
     Only the union's length and its length inside the window are read, so merged partial unions
@@ -411,6 +411,7 @@ def step_frame(steps: Steps, sums: np.ndarray, merged) -> Columns:
     frame["goodput"] = np.where(wall > 0, sums[:, 0] / np.where(wall > 0, wall, 1), np.nan)
     frame["bucket_sum_ns"] = sums.sum(axis=1)
     frame["wall_ns"] = steps.end - steps.start
+    frame["union_ns"] = union  # the bucketed time counted once: bucket_sum_ns less what overlaps
     return frame
 
 

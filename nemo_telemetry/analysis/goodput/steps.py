@@ -20,6 +20,7 @@ from nemo_telemetry.analysis.goodput.rules import (
     check_by, empty_step_frame, finish, merged_steps, partial_of, step_outliers, step_windows, steps_table,
 )
 from nemo_telemetry.analysis.model.grouping import Columns
+from nemo_telemetry.analysis.goodput.numbering import file_step_numbers, number_steps, numbered_spans
 from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_partial, ranks_tables
 from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, span_arrays
 from nemo_telemetry.analysis.model.columns import code_values
@@ -200,6 +201,7 @@ def run_goodput(spans: pa.Table, *, run_id: str | None = None, by: str = "step")
     ``by="rank"`` adds ``ranks``: the same sums per (service, rank) over all of the run's steps.
     """
     check_by(by)
+    spans, _ = numbered_spans(spans)
     if by == "step":
         return goodput_of_rows(goodput_rows(spans), run_id=run_id)
     arrays = span_arrays(spans)
@@ -252,10 +254,14 @@ def read_goodput_rows(files: list[str], columns: tuple[str, ...], *, batch_rows:
     """
     rows, position, kept, runs = [], [], [], {}
     at = 0
+    numbers = None
     for batch in scan_span_files(files, columns=columns, batch_rows=batch_rows):
         if not has_id_keys(batch.schema):
             return None
-        one = pa.Table.from_batches([batch])
+        if numbers is None:  # the step spans without rl.iteration, numbered over every file first
+            numbers = file_step_numbers(files)
+        one = number_steps(pa.Table.from_batches([batch]), numbers)
+        batch = one.to_batches()[0] if one.num_rows else batch
         for value in code_values(one, "run_id"):  # the whole table's run order, as code_values gives it
             runs.setdefault(value, len(runs))
         picked = _goodput_rows(one)

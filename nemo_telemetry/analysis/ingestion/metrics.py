@@ -136,12 +136,24 @@ class _Columns:
 
 def read_metrics(source: str | Path | Iterable[str | Path], *, strict: bool = False,
                  contents: Iterable[bytes | None] | None = None) -> pa.Table:
-    """The metrics table of ``source``: a dump file, a directory of ``metrics-*`` files, or several.
+    """The metrics table of ``source``: a dump file, a directory of ``metrics-*`` files, a dataset
+    directory (the ``metrics/`` table ``ingest`` wrote), or several.
 
     Raises IngestError for a path that does not exist or cannot be read, and (with ``strict``)
     for the first malformed record, naming the file and line. Without ``strict`` a bad data
     point (a field of the wrong type, a time past int64) costs only itself.
     """
+    if contents is None:
+        from nemo_telemetry.analysis.store.sources import split_sources
+
+        datasets, others = split_sources(source)
+        if datasets:
+            from nemo_telemetry.analysis.store.dataset import read_dataset
+
+            raw = read_metrics(others, strict=strict) if others else None
+            tables = [read_dataset(item, "metrics", schema=METRICS_SCHEMA) for item in datasets]
+            table = pa.concat_tables(tables + ([raw] if raw is not None else []))
+            return table.replace_schema_metadata(raw.schema.metadata if raw is not None else None)
     return _read(_expand(source), strict, contents)[0]
 
 

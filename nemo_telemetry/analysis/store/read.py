@@ -34,6 +34,7 @@ __all__ = ["READ_COLUMNS", "GOODPUT_COLUMNS", "STEP_GOODPUT_COLUMNS", "read_for_
 READ_COLUMNS = (
     "trace_id", "name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION,
     EFFICIENCY_CATEGORY, "span_groups", "trace_key", "span_key", "parent_key",
+    "service_name", "rank",  # the process: step spans without rl.iteration are numbered per run and process
 )
 # Promoted resource columns that files written before them lack: such a file holds the
 # attribute in the resource map, which a read of the column then adds (resource_pairs reads both).
