@@ -34,3 +34,15 @@ def test_reading_the_catalogue_does_not_load_the_sdk():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert json.loads(out.stdout) == [[], True, True]
+
+
+def test_importing_the_trainer_integrations_loads_no_trainer_library():
+    """instrument_trl() imports TRL when called; importing the module (to read its tables) does not."""
+    import subprocess
+    import sys
+
+    code = ("import sys, nemo_telemetry.integrations.trl, nemo_telemetry.integrations.transformers\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'trl', 'accelerate', 'pyarrow', 'pandas') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
