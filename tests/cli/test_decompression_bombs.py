@@ -119,7 +119,8 @@ def _metrics_line(i: int) -> bytes:
 
 def _logs_line(i: int) -> bytes:
     records = [{"timeUnixNano": str(2_000 + i), "severityText": "INFO", "body": {"stringValue": f"line {i}"}}]
-    return json.dumps({"resourceLogs": [{"resource": _RESOURCE, "scopeLogs": [{"logRecords": records}]}]}).encode() + b"\n"
+    request = {"resourceLogs": [{"resource": _RESOURCE, "scopeLogs": [{"logRecords": records}]}]}
+    return json.dumps(request).encode() + b"\n"
 
 
 def _metrics_record(i: int) -> bytes:
@@ -190,7 +191,7 @@ def test_read_metrics_alone_names_the_bomb_and_keeps_the_other_points(signal_bom
     folder, expected, _ = signal_bombs
     code = ("import sys; from nemo_telemetry.analysis import read_metrics; from nemo_telemetry.analysis.ingestion."
             "metrics import FIRST_PROBLEM_KEY, MALFORMED_KEY; t = read_metrics(sys.argv[1]); "
-            "print(t.num_rows, t.schema.metadata[MALFORMED_KEY].decode(), t.schema.metadata[FIRST_PROBLEM_KEY].decode())")
+            "meta = t.schema.metadata; print(t.num_rows, meta[MALFORMED_KEY].decode(), meta[FIRST_PROBLEM_KEY].decode())")
 
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (CAP, CAP))
