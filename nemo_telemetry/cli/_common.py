@@ -35,6 +35,12 @@ def console(*, stderr: bool = False, width: int | None = None) -> Console:
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
+def ray_messages_on_stderr(engine: str):
+    """While Ray runs a command's work, what Ray prints to stdout (its raylet's "a worker died" notes,
+    on a thread of its own) goes to stderr: stdout holds the command's output only, so JSON parses."""
+    return contextlib.redirect_stdout(sys.stderr) if engine == "ray" else contextlib.nullcontext()
+
+
 def print_json(payload: Any) -> None:
     """Stable JSON on stdout (no rich markup, sorted nowhere: the contract's key order)."""
     sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from nemo_telemetry.cli._common import EXIT_FINDINGS, console, fail, library_errors, print_json
+from nemo_telemetry.cli._common import (EXIT_FINDINGS, console, fail, library_errors, print_json,
+                                        ray_messages_on_stderr)
 from nemo_telemetry.cli.app import app
 from nemo_telemetry.cli.startup import skip_pyarrow_pandas_probe
 
@@ -55,7 +56,8 @@ def goodput_command(
     from nemo_telemetry.cli.render import bar_width_for, render_run  # noqa: PLC0415
 
     with library_errors():
-        runs = goodput_with_engine(source, engine=engine, run_id=run, by=by)
+        with ray_messages_on_stderr(engine):  # stdout holds the document alone
+            runs = goodput_with_engine(source, engine=engine, run_id=run, by=by)
         base = run_goodput(read_for_analysis(baseline, columns=GOODPUT_COLUMNS)) if baseline is not None else ()
         if plot is not None:
             from nemo_telemetry.analysis import write_goodput_plot  # noqa: PLC0415 (matplotlib is optional)
@@ -129,7 +131,7 @@ def check_command(
     from nemo_telemetry.analysis import check_with_engine  # noqa: PLC0415
     from nemo_telemetry.cli.render import render_report  # noqa: PLC0415
 
-    with library_errors():
+    with library_errors(), ray_messages_on_stderr(engine):  # stdout holds the report alone
         report = check_with_engine(source, engine=engine, run_id=run, unattributed_threshold=unattributed_threshold,
                                    overlap_tolerance_s=tolerance_s)
     if output == "json":

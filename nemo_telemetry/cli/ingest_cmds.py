@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from nemo_telemetry.analysis import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, FORMATS
-from nemo_telemetry.cli._common import console, fail, library_errors, print_json, stop_on_signals, warn_line
+from nemo_telemetry.cli._common import (console, fail, library_errors, print_json, ray_messages_on_stderr,
+                                        stop_on_signals, warn_line)
 from nemo_telemetry.cli.app import app
 from nemo_telemetry.errors import ListenError
 
@@ -52,7 +53,7 @@ def ingest(
     if stall_timeout_s is not None and not stall_timeout_s > 0:
         raise fail("--stall-timeout-s must be positive")
     bound = None if max_request_mib is None else int(max_request_mib * (1 << 20))
-    with library_errors(), _ray_messages_on_stderr(engine):
+    with library_errors(), ray_messages_on_stderr(engine):
         total = sum(path.stat().st_size for path in dump_files(inputs))
         if quiet or as_json:
             summary = ingest_with_engine(inputs, out=out, engine=engine, format=format, max_request_bytes=bound,
@@ -63,15 +64,6 @@ def ingest(
         print_json({name: getattr(summary, name) for name in summary.__dataclass_fields__})
     elif not quiet:
         _print_summary(summary, out)
-
-
-def _ray_messages_on_stderr(engine: str):
-    """While Ray runs the ingest, what Ray prints to stdout (its raylet's "a worker died" notes, on
-    a thread of its own) goes to stderr: stdout holds the summary only, so ``--json`` parses."""
-    import contextlib  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    return contextlib.redirect_stdout(sys.stderr) if engine == "ray" else contextlib.nullcontext()
 
 
 def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], total: int,

@@ -103,6 +103,4 @@ def test_ingest_cli_takes_max_request_mib_and_refuses_a_bad_one(tmp_path, reques
     assert f"{path}:3: line longer than {LIMIT} bytes" in summary["warnings"][0]
     bad = runner.invoke(app, ["ingest", str(path), "--out", str(tmp_path / "ds2"), "--max-request-mib", "0"])
     assert bad.exit_code == 2 and "--max-request-mib" in bad.output
-    ray = runner.invoke(app, ["ingest", str(path), "--out", str(tmp_path / "ds3"), "--engine", "ray",
-                              "--max-request-mib", "1"])
-    assert ray.exit_code == 2 and "--engine local" in ray.output
+    # --engine ray takes the bound too: tests/integration/test_ray_ingest_bound.py

@@ -70,3 +70,19 @@ def test_the_ray_engine_names_the_damaged_file_and_exits_2(ray_cluster, clean, d
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     error = " ".join(result.stderr.split())
     assert "Traceback" not in result.output and f"{rel} (" in error and "damaged" in error, error
+
+
+@pytest.mark.parametrize("function", ["ray_goodput", "ray_check"])
+def test_the_ray_engines_own_functions_name_a_damaged_page(ray_cluster, clean, tmp_path, function):
+    """Called from Python, not through the CLI or ``*_with_engine``: the page that fails its read in a
+    task is a ``DamagedDatasetError`` naming the file, not Ray's error."""
+    from nemo_telemetry.analysis.engines import ray_engine
+    from nemo_telemetry.errors import DamagedDatasetError
+
+    root = tmp_path / "ds"
+    shutil.copytree(clean, root)
+    target = span_files(root)[-1]
+    _damage(target, "page")
+    with pytest.raises(DamagedDatasetError) as raised:
+        getattr(ray_engine, function)(root)
+    assert f"{target.relative_to(root)} (" in str(raised.value) and "damaged" in str(raised.value)

@@ -47,9 +47,10 @@ def _descends_from_us(pid: int) -> bool:
     return False
 
 
-def decode_workers() -> list[int]:
-    """Pids of this cluster's worker processes running a decode task now."""
-    found = []
+def decode_workers(title: bytes = _TITLE) -> list[int]:
+    """Pids of this cluster's worker processes running a decode task (a task whose title starts
+    with ``title``) now."""
+    found, prefix = [], title
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -58,7 +59,7 @@ def decode_workers() -> list[int]:
                 title = cmdline.read()
         except OSError:
             continue
-        if title.startswith(_TITLE) and _descends_from_us(int(entry)):
+        if title.startswith(prefix) and _descends_from_us(int(entry)):
             found.append(int(entry))
     return found
 
@@ -74,19 +75,19 @@ def _title(pid: int) -> bytes:
 class DecodeWorkerSignaller(threading.Thread):
     """Sends ``signum`` to up to ``limit`` decode workers, each caught in the middle of its task."""
 
-    def __init__(self, signum: int, limit: int | None = None) -> None:
+    def __init__(self, signum: int, limit: int | None = None, title: bytes = _TITLE) -> None:
         super().__init__(daemon=True)
-        self.signum, self.limit = signum, limit
+        self.signum, self.limit, self.title = signum, limit, title
         self.hit: list[int] = []
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.is_set() and (self.limit is None or len(self.hit) < self.limit):
-            for pid in decode_workers():
+            for pid in decode_workers(self.title):
                 if pid in self.hit or (self.limit is not None and len(self.hit) >= self.limit):
                     continue
                 os.kill(pid, signal.SIGSTOP)
-                if _title(pid).startswith(_TITLE):  # still in its task, and it cannot leave it now
+                if _title(pid).startswith(self.title):  # still in its task, and it cannot leave it now
                     if self.signum != signal.SIGSTOP:
                         os.kill(pid, self.signum)
                     self.hit.append(pid)
@@ -248,3 +249,25 @@ def test_cli_ingest_on_ray_with_a_killed_worker_prints_the_summary_alone_on_stdo
     assert json.loads(result.stdout) == {name: list(v) if isinstance(v, tuple) else v
                                          for name, v in vars(expected).items()}
     assert _sorted(tmp_path / "ds") == local[1]
+
+
+@pytest.mark.parametrize("command", ["goodput", "check"])
+def test_cli_goodput_and_check_on_ray_with_a_killed_worker_print_the_document_alone_on_stdout(
+        ray_cluster, dumps, local, tmp_path, command):
+    """A task of goodput's or check's (``ray::_scan_group``, ``ray::_partials_by_step`` ...) killed in
+    the middle: Ray runs it again, and its raylet's note about the dead worker goes to stderr, so
+    ``--format json`` parses and equals the local engine's document."""
+    root = tmp_path / "ds"
+    ingest(dumps, out=root)
+    runner = CliRunner()
+    args = [command, str(root), "--format", "json", *(["--fail-on", "never"] if command == "check" else [])]
+    expected = runner.invoke(app, args)
+    assert expected.exit_code == 0, expected.output
+    for _ in range(5):  # the tasks are short: until one is caught in the middle
+        with DecodeWorkerSignaller(signal.SIGKILL, limit=1, title=b"ray::_") as killer:
+            result = runner.invoke(app, [*args, "--engine", "ray"])
+        if killer.hit:
+            break
+    assert killer.hit and all(_gone(pid) for pid in killer.hit)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == json.loads(expected.stdout)

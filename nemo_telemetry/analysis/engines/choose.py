@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from nemo_telemetry.analysis.choices import ENGINES
+from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES, ENGINES
 from nemo_telemetry.analysis.goodput import steps as _goodput
 from nemo_telemetry.analysis.goodput.rules import check_by
 from nemo_telemetry.analysis.store.read import (
@@ -81,9 +81,7 @@ def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
     if engine == "ray":
         from nemo_telemetry.analysis.engines.ray_engine import ray_goodput
 
-        root = _dataset_for(source, engine)
-        with reading_errors(root):  # a task's read error (a RayTaskError is also its cause's class)
-            return ray_goodput(root, run_id=run_id, by=by)
+        return ray_goodput(_dataset_for(source, engine), run_id=run_id, by=by)  # names a damaged file itself
     root = single_dataset(source)
     budget = _memory_budget() if memory_budget is None else memory_budget
     if root is not None and _dataset_rows(root) * _IN_MEMORY_BYTES_PER_SPAN > budget:
@@ -113,9 +111,7 @@ def check_with_engine(source, *, engine: str = "local", **options):
     if engine == "ray":
         from nemo_telemetry.analysis.engines.ray_engine import ray_check
 
-        root = _dataset_for(source, engine)
-        with reading_errors(root):
-            return ray_check(root, **options)
+        return ray_check(_dataset_for(source, engine), **options)  # names a damaged file itself
     from nemo_telemetry.analysis.findings.checks import check_run, check_span_files
 
     root, files = span_source_files(source)
@@ -130,20 +126,16 @@ def check_with_engine(source, *, engine: str = "local", **options):
 def ingest_with_engine(inputs, *, out, engine: str = "local", format: str | None = None, progress=None,
                        max_request_bytes: int | None = None, stall_timeout_s: float | None = None):
     """``ingest`` on the chosen engine: ``ray`` decodes the files in parallel Ray tasks.
-    ``max_request_bytes``: the bound on one decompressed line, record or document (None: the
-    default, ``collect``'s); the Ray tasks keep the default. ``stall_timeout_s`` (Ray): how long
-    one task may send nothing before the ingest fails (None: its default)."""
+    ``max_request_bytes``: the bound on one decompressed line, record or document, on either engine
+    (None: the default, ``collect``'s). ``stall_timeout_s`` (Ray): how long one task may send
+    nothing before the ingest fails (None: its default)."""
     _check_engine(engine)
+    bound = DEFAULT_MAX_REQUEST_BYTES if max_request_bytes is None else max_request_bytes
     if engine == "ray":
-        if max_request_bytes is not None:
-            raise NemoTelemetryError("--max-request-mib applies to --engine local; Ray tasks keep the default bound "
-                              "(64 MiB): drop the option or use --engine local")
         from nemo_telemetry.analysis.engines.ray_engine import STALL_TIMEOUT_S, ray_ingest
 
-        return ray_ingest(inputs, out=out, format=format, progress=progress,
+        return ray_ingest(inputs, out=out, format=format, progress=progress, max_request_bytes=bound,
                           stall_timeout_s=STALL_TIMEOUT_S if stall_timeout_s is None else stall_timeout_s)
     from nemo_telemetry.analysis.ingestion.ingest import ingest
 
-    if max_request_bytes is None:
-        return ingest(inputs, out=out, format=format, progress=progress)
-    return ingest(inputs, out=out, format=format, progress=progress, max_request_bytes=max_request_bytes)
+    return ingest(inputs, out=out, format=format, progress=progress, max_request_bytes=bound)

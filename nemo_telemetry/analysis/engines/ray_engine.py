@@ -21,6 +21,7 @@ a local one, unless this process is already connected.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections import deque
 from pathlib import Path
@@ -30,9 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES
 from nemo_telemetry.analysis.goodput import partials as streaming
 from nemo_telemetry.analysis.goodput.numbering import number_steps
 from nemo_telemetry.analysis.store.dataset import DatasetWriter, drop_duplicates
+from nemo_telemetry.analysis.store.read import reading_errors
 from nemo_telemetry.analysis.ingestion.ingest import (BATCH_SPANS, FILE_ROWS, WRITE_AHEAD, IngestSummary, Source, IngestPipeline,
                                             SignalDumps, dump_files_detected, ingest_inputs)
 from nemo_telemetry.errors import IngestError, NemoTelemetryError
@@ -138,6 +141,20 @@ def ray_scan() -> streaming.Scan:
     return scan
 
 
+def _damage_named(function: Callable) -> Callable:
+    """``function(root, ...)`` with a spans file that fails its read, in this process or in a task
+    (a ``RayTaskError`` is also its cause's class), raised as the store names it: a
+    ``DamagedDatasetError`` naming the file, for every caller of the engine's public functions."""
+
+    @functools.wraps(function)
+    def named(root: str | Path, **options):
+        with reading_errors(Path(root)):
+            return function(root, **options)
+
+    return named
+
+
+@_damage_named
 def ray_goodput(root: str | Path, *, run_id: str | None = None, by: str = "step"):
     """``run_goodput`` of the dataset at ``root``, computed on the Ray cluster.
 
@@ -175,6 +192,7 @@ def _reduce_steps(*pieces: pa.Table) -> pa.Table:
     return streaming.partial_table(streaming.condense_unions(accumulator.merged()))
 
 
+@_damage_named
 def ray_check(root: str | Path, **options):
     """``check_run`` of the dataset at ``root``, its work done by Ray tasks over groups of files
     (:mod:`partitioned_check`: per-file facts, the walk's lookups, the rules' partials per file);
@@ -188,10 +206,11 @@ def ray_check(root: str | Path, **options):
 
 
 def _decode_file(path: str, fmt: str | None, batch_spans: int, data: bytes | None = None,
-                 skip_spans: int = 0) -> Iterator[tuple]:
+                 skip_spans: int = 0, max_record_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Iterator[tuple]:
     """Ray task body: ("tables", OtlpTables) per batch of ``path`` (``data``: its bytes, read
     already by the driver for a metrics or log dump), then ("counts", dict). ``skip_spans``: the
-    first spans of the file, taken already from an attempt whose worker died, are not sent again."""
+    first spans of the file, taken already from an attempt whose worker died, are not sent again.
+    A line, record or document longer than ``max_record_bytes`` is rejected, as ingest rejects it."""
     batches: list = []
     # One Ray task per file is already the parallelism: decode in this task's thread, not two more.
     pipeline = IngestPipeline(lambda tables: batches.append(tables) or tables, batch_spans=batch_spans, decode_ahead=0)
@@ -211,7 +230,8 @@ def _decode_file(path: str, fmt: str | None, batch_spans: int, data: bytes | Non
                 skip_spans = 0
             yield ("tables", tables)
 
-    for record in iter_records(Path(path), fmt, buffers=pipeline.buffers, data=data):
+    for record in iter_records(Path(path), fmt, buffers=pipeline.buffers, data=data,
+                               max_record_bytes=max_record_bytes):
         pipeline.add_record(record.kind, record.where, record.payload)
         yield from unsent()
     summary = pipeline.summary()
@@ -228,6 +248,7 @@ def ray_ingest(
     progress: Callable[[int, int], None] | None = None,
     batch_spans: int = BATCH_SPANS,
     stall_timeout_s: float = STALL_TIMEOUT_S,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> IngestSummary:
     """:func:`ingest.ingest` with each file decoded by a Ray task; the dataset and summary are the same.
 
@@ -237,17 +258,20 @@ def ray_ingest(
     at most :data:`TASK_ATTEMPTS` times in all; a task that sends nothing for
     ``stall_timeout_s`` is given up. Either failure is an :class:`IngestError` naming the file,
     and the dataset keeps what it had committed (this ingest is recorded as incomplete, and
-    re-running it completes it).
+    re-running it completes it). ``max_request_bytes`` bounds a decompressed line, record or document
+    in the tasks and in the metrics and log readers, as :func:`ingest.ingest`'s does.
     """
     if not stall_timeout_s > 0:
         raise IngestError(f"stall_timeout_s must be positive, not {stall_timeout_s!r}")
+    if not max_request_bytes > 0:
+        raise IngestError(f"max_request_bytes={max_request_bytes!r}: give a number of bytes > 0")
     ray = connect()
     files, skipped = dump_files_detected(inputs, format)
     writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
     try:
         writer.start(ingest_inputs(inputs))
-        signals = SignalDumps()
-        decodes = _FileDecodes(ray, batch_spans, stall_timeout_s)
+        signals = SignalDumps(max_record_bytes=max_request_bytes)
+        decodes = _FileDecodes(ray, batch_spans, stall_timeout_s, max_request_bytes)
         try:
             summary = _ingest_files(decodes, [(dump, signals.read(dump)) for dump in files], writer, progress)
         finally:
@@ -269,10 +293,12 @@ class _FileDecodes:
     worker that dies is answered here, by a new task that skips the spans already taken.
     """
 
-    def __init__(self, ray, batch_spans: int, stall_timeout_s: float) -> None:
+    def __init__(self, ray, batch_spans: int, stall_timeout_s: float,
+                 max_record_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
         self.ray = ray
         self.batch_spans = batch_spans
         self.stall_timeout_s = stall_timeout_s
+        self.max_record_bytes = max_record_bytes
         self.remote = ray.remote(_decode_file).options(num_cpus=1, max_retries=0,
                                                        _generator_backpressure_num_objects=_BATCHES_AHEAD)
         self.running: deque = deque()  # (dump, data, generator), in input order
@@ -282,7 +308,8 @@ class _FileDecodes:
         self.running.append((dump, data, self._start(dump, data, 0)))
 
     def _start(self, dump, data: bytes | None, skip_spans: int):
-        return self.remote.remote(str(dump.path), dump.format, self.batch_spans, data, skip_spans)
+        return self.remote.remote(str(dump.path), dump.format, self.batch_spans, data, skip_spans,
+                                  self.max_record_bytes)
 
     def next_file(self) -> Iterator[tuple]:
         """The items of the oldest running file's task: ("tables", OtlpTables) ..., ("counts", dict)."""

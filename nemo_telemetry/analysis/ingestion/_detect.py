@@ -79,6 +79,7 @@ _HEAD_BYTES = 1 << 16
 JSON_BLOCK_BYTES = 16 << 20  # JSON lines are read (and scanned) in blocks of about this size
 PROTO_BLOCK_BYTES = 16 << 20  # length-prefixed protobuf is read (and walked) in blocks of about this size
 _KEPT_BUFFERS = 8  # free read buffers a ReadBuffers holds on to
+_KEPT_BUFFER_BYTES = 3 * max(JSON_BLOCK_BYTES, PROTO_BLOCK_BYTES)  # a larger free buffer is not kept
 MAX_PROTO_RECORD = 1 << 30  # a larger length prefix means a corrupt or non-OTLP file
 _OTHER_SIGNALS = ("resourceMetrics", "resourceLogs", "resource_metrics", "resource_logs")
 _TRACES = ("resourceSpans", "resource_spans")
@@ -101,7 +102,8 @@ class Record:
     """One request read from a file (or a block of them): ``kind`` is ``traces``,
     ``json-lines``, ``protobuf-frames``, ``other-signal`` or ``rejected``.
 
-    ``payload`` is a parsed JSON object or protobuf bytes for ``traces``, a :class:`JsonLines`
+    ``payload`` is a parsed JSON object or protobuf bytes for ``traces``, the parsed JSON
+    request (when it was parsed) for ``other-signal``, a :class:`JsonLines`
     block for ``json-lines``, a :class:`ProtoFrames` block for ``protobuf-frames``, the
     problem for ``rejected``; ``where`` is ``file:line`` or ``file: record N (byte B)``.
     """
@@ -153,8 +155,9 @@ class ReadBuffers:
         return bytearray(size + max(size // 8, 1 << 16))
 
     def give(self, buffer: bytearray) -> None:
-        """Take ``buffer`` back: nothing may read it (or a view of it) after this."""
-        if len(self._free) < _KEPT_BUFFERS:
+        """Take ``buffer`` back: nothing may read it (or a view of it) after this. One grown for a
+        line or frame longer than a block is let go: kept, it would hold its memory unused."""
+        if len(self._free) < _KEPT_BUFFERS and len(buffer) <= _KEPT_BUFFER_BYTES:
             self._free.append(buffer)
 
 
@@ -326,7 +329,7 @@ def _classify(doc: object, where: str) -> Record:
         if any(k in doc for k in _TRACES):
             return Record("traces", where, doc)
         if any(k in doc for k in _OTHER_SIGNALS):
-            return Record("other-signal", where)
+            return Record("other-signal", where, doc)  # the request, for its own signal's reader
     return Record("rejected", where, "valid JSON but not an OTLP request (no resourceSpans)")
 
 
@@ -358,6 +361,7 @@ def _json_lines(stream: BinaryIO, path: Path, buffers: ReadBuffers, limit: int) 
     ``limit`` is rejected and skipped to its newline, never held whole."""
     number = 1
     tail = b""  # the start of a line that continues in the next block
+    held = None  # the buffer ``tail`` is a view of while a line longer than a block grows (not copied)
     while True:
         if len(tail) > limit:
             yield Record("rejected", f"{path}:{number}", over_bound("line", limit))
@@ -366,18 +370,30 @@ def _json_lines(stream: BinaryIO, path: Path, buffers: ReadBuffers, limit: int) 
                 return
             number += 1
             continue
-        room = max(JSON_BLOCK_BYTES, len(tail))  # a line longer than a block: double the room
-        buffer = buffers.take(len(tail) + room)
-        buffer[: len(tail)] = tail
-        size = len(tail) + _fill(stream, memoryview(buffer)[len(tail) : len(tail) + room])
-        if size == len(tail):
-            if tail:
+        carried = len(tail)
+        room = max(JSON_BLOCK_BYTES, carried)  # a line longer than a block: double the room
+        if carried >= JSON_BLOCK_BYTES:  # but no more than the bound needs
+            room = min(room, limit + 1 - carried)
+        buffer = buffers.take(carried + room)
+        memoryview(buffer)[:carried] = tail  # a bytearray's slice assignment would copy ``tail`` first
+        if held is not None:
+            tail, held = b"", buffers.give(held)
+        size = carried + _fill(stream, memoryview(buffer)[carried : carried + room])
+        if size == carried:
+            if carried:
                 yield from _bounded_block(path, buffer, size, number, limit)
             return
         cut = buffer.rfind(b"\n", 0, size) + 1
-        if cut == 0:
-            tail = bytes(memoryview(buffer)[:size])
+        if cut == 0 and size > limit:  # past the bound already: rejected, never copied
             buffers.give(buffer)
+            yield Record("rejected", f"{path}:{number}", over_bound("line", limit))
+            tail = _skip_line(stream)
+            if tail is None:
+                return
+            number += 1
+            continue
+        if cut == 0:
+            tail, held = memoryview(buffer)[:size], buffer
             continue
         tail = bytes(memoryview(buffer)[cut:size])
         records = list(_bounded_block(path, buffer, cut, number, limit))

@@ -36,7 +36,7 @@ from nemo_telemetry.analysis.ingestion._otlp_json_fast import LINE_FALLBACK, LIN
 from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
 from nemo_telemetry.analysis.ingestion._otlp_wire import decode_batch, decode_frames_each
 from nemo_telemetry.analysis.ingestion.metrics import dataset_metric_points
-from nemo_telemetry.analysis.ingestion.logs import dataset_log_files
+from nemo_telemetry.analysis.ingestion.logs import DatasetLogFiles, dataset_log_files
 from nemo_telemetry.analysis.store.commits import dataset_state
 from nemo_telemetry.analysis.store.dataset import (
     DatasetWriter,
@@ -429,7 +429,7 @@ def ingest(
         pipeline = IngestPipeline(writer.write_fresh, dedup=writer.dedup, progress=progress,
                                   max_record_bytes=max_request_bytes)
         pipeline.skip_files(skipped)
-        signals = SignalDumps()
+        signals = SignalDumps(max_record_bytes=max_request_bytes)
         for dump in files:
             pipeline.add_file(dump.path, dump.format, signals.read(dump))
         summary = signals.stage(writer, pipeline.summary())
@@ -447,7 +447,8 @@ class SignalDumps:
 
     metric_files: list = field(default_factory=list)
     metric_problems: list = field(default_factory=list)  # bad points (or metrics) left out, each named
-    log_dumps: list = field(default_factory=list)
+    log_files: list = field(default_factory=list)  # a DatasetLogFiles per log dump, read with its bytes
+    max_record_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # a longer line, record or document is rejected
 
     def read(self, dump: DumpFile) -> bytes | None:
         """The bytes of ``dump`` when it is a metrics or log dump (its tables kept), else None."""
@@ -455,12 +456,12 @@ class SignalDumps:
             return None
         data = dump.path.read_bytes()
         if dump.metrics:
-            points = dataset_metric_points(dump.path, data)
+            points = dataset_metric_points(dump.path, data, self.max_record_bytes)
             self.metric_problems.extend(points.problems)
             if points.file is not None:
                 self.metric_files.append(points.file)
-        if dump.logs:
-            self.log_dumps.append((dump.path, data))
+        if dump.logs:  # read now: the bytes are let go once the file's spans are read
+            self.log_files.append(dataset_log_files([(dump.path, data)], self.max_record_bytes))
         return data
 
     def stage(self, writer: DatasetWriter, summary: IngestSummary) -> IngestSummary:
@@ -469,7 +470,9 @@ class SignalDumps:
         for relative, table in self.metric_files:
             writer.stage_table(relative, table)
             points += table.num_rows
-        logs = dataset_log_files(self.log_dumps)
+        parts = self.log_files
+        logs = DatasetLogFiles(tuple(f for part in parts for f in part.files), sum(part.records for part in parts),
+                               sum(part.requests for part in parts), tuple(p for part in parts for p in part.problems))
         for relative, table in logs.files:
             writer.stage_table(relative, table)
         summary = dataclasses.replace(summary, metric_points=points,

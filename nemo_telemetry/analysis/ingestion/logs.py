@@ -11,6 +11,7 @@ line, field) and costs only itself. ``ingest`` writes the table to ``DATASET/log
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -19,7 +20,9 @@ import orjson
 import pyarrow as pa
 
 from nemo_telemetry.analysis.ingestion._columns import text_id_hex
-from nemo_telemetry.analysis.ingestion._detect import is_log_dump, json_with_oversized_numbers, open_decompressed
+from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES
+from nemo_telemetry.analysis.ingestion._detect import (JsonLines, ReadBuffers, is_log_dump, iter_records,
+                                                     json_with_oversized_numbers)
 from nemo_telemetry.analysis.ingestion._otlp_json import camel_case
 from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string
 from nemo_telemetry.errors import IngestError
@@ -115,33 +118,44 @@ def log_dump_files(source: str | Path | Iterable[str | Path]) -> list[Path]:
 # -- reading ----------------------------------------------------------------------------------
 
 
-def _documents(path: Path, problems: list[str], data: bytes | None = None) -> Iterator[tuple[str, Any]]:
-    """``(where, document)`` for each JSON document of ``path`` (``data``: its bytes, read already)."""
+def _documents(path: Path, problems: list[str], data: bytes | None = None,
+               limit: int = DEFAULT_MAX_REQUEST_BYTES) -> Iterator[tuple[str, Any]]:
+    """``(where, document)`` for each JSON document of ``path`` (``data``: its bytes, read already),
+    read by the span reader's :func:`iter_records`: a line or document longer than ``limit`` once
+    decompressed is named in ``problems`` without being held, and the file is read on."""
+    buffers = ReadBuffers()
+    records = iter_records(path, buffers=buffers, data=data, max_record_bytes=limit)
     try:
-        stream, _ = open_decompressed(path, data)
-        with stream:
-            data = stream.read()
-    except Exception as exc:  # OSError, EOFError, zstandard.ZstdError
+        first = next(records, None)
+    except Exception as exc:  # OSError, IngestError: not OTLP, or not compressed as it claims
         problems.append(f"{path}: cannot be read ({exc})")
         return
-    try:  # a single document (pretty-printed, or a list of requests); JSON lines fail at line 2
-        doc = orjson.loads(data)
-        yield from ((str(path), d) for d in (doc if isinstance(doc, list) else [doc]))
-        return
-    except orjson.JSONDecodeError:
-        pass
-    for number, line in enumerate(data.splitlines(), 1):
+    for record in itertools.chain([first] if first is not None else [], records):
+        if record.kind == "json-lines":
+            yield from _line_documents(record.payload, problems)
+            buffers.give(record.payload.storage)
+        elif record.kind == "rejected":
+            problems.append(f"{record.where}: {record.payload}")
+        elif record.kind == "protobuf-frames" or not isinstance(record.payload, dict):
+            problems.append(f"{record.where}: protobuf; log dumps are read as JSON only")
+        else:
+            yield record.where, record.payload
+
+
+def _line_documents(block: JsonLines, problems: list[str]) -> Iterator[tuple[str, Any]]:
+    for index in range(len(block.starts)):
+        where, line = block.line(index)
         if not line.strip():
             continue
         try:
-            yield f"{path}:{number}", orjson.loads(line)
+            yield where, orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             # a number no double holds: its record alone is rejected (the span reader agrees)
             doc = json_with_oversized_numbers(line) if "number" in str(exc) else None
             if doc is None:
-                problems.append(f"{path}:{number}: not JSON ({exc})")
+                problems.append(f"{where}: not JSON ({exc})")
             else:
-                yield f"{path}:{number}", doc
+                yield where, doc
 
 
 def _get(obj: dict, key: str, default: Any = None) -> Any:
@@ -307,13 +321,16 @@ def _resource_columns(resource: list[tuple[str, str | None]]) -> dict[str, Any]:
             "resource_attributes": resource}
 
 
-def read_log_dumps(files: Iterable[str | Path], *, contents: Iterable[bytes | None] | None = None) -> LogReadResult:
+def read_log_dumps(files: Iterable[str | Path], *, contents: Iterable[bytes | None] | None = None,
+                   max_record_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> LogReadResult:
     """The logs table of the given dump files, with the number of log requests and each problem;
-    ``contents``: each file's bytes when the caller read them already."""
+    ``contents``: each file's bytes when the caller read them already. A line or document longer
+    than ``max_record_bytes`` once decompressed (``collect``'s bound on a request) is unreadable,
+    never held whole."""
     files = [Path(f) for f in files]
     rows, problems, unreadable, requests = _Rows(), [], [], 0
     for path, data in zip(files, [None] * len(files) if contents is None else contents):
-        for where, doc in _documents(path, unreadable, data):
+        for where, doc in _documents(path, unreadable, data, max_record_bytes):
             requests += _decode(doc, where, rows, problems, unreadable)
     return LogReadResult(rows.table(), requests, problems, unreadable)
 
@@ -344,17 +361,19 @@ def read_logs(source: str | Path | Iterable[str | Path]) -> pa.Table:
     return pa.concat_tables(tables).sort_by([("time_ns", "ascending")])
 
 
-def dataset_log_files(dumps: Iterable[tuple[Path, bytes]]) -> DatasetLogFiles:
+def dataset_log_files(dumps: Iterable[tuple[Path, bytes]],
+                      max_record_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> DatasetLogFiles:
     """The records of log dumps (each ``(path, its bytes)``, read once by the ingest for its
     spans and logs) as the dataset files to stage, one per input.
 
     Named by the input's content hash, so re-ingesting a file replaces its records instead of
     adding them twice; the writer stages them into the ingest's final commit, so a reader sees
-    them with the spans or not at all.
+    them with the spans or not at all. A line past ``max_record_bytes`` is not among the problems:
+    the ingest's span reader, reading the same bytes with the same bound, counts it.
     """
     out, written, requests, problems = [], 0, 0, []
     for path, data in dumps:
-        result = read_log_dumps([path], contents=[data])
+        result = read_log_dumps([path], contents=[data], max_record_bytes=max_record_bytes)
         requests += result.requests
         problems += result.problems
         if not result.table.num_rows:

@@ -15,7 +15,7 @@ once per step (``flush_metrics``) land on that step; cumulative sums become per-
 
 from __future__ import annotations
 
-import gzip
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +25,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.ingestion._detect import is_metrics_dump, json_with_oversized_numbers
+from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES
+from nemo_telemetry.analysis.ingestion._detect import (Record, ReadBuffers, is_metrics_dump, iter_records,
+                                                     json_with_oversized_numbers)
 from nemo_telemetry.analysis.ingestion.anyvalue import json_flag, proto_value_string
 from nemo_telemetry.errors import IngestError
 
@@ -135,13 +137,16 @@ class _Columns:
 
 
 def read_metrics(source: str | Path | Iterable[str | Path], *, strict: bool = False,
-                 contents: Iterable[bytes | None] | None = None) -> pa.Table:
+                 contents: Iterable[bytes | None] | None = None,
+                 max_record_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> pa.Table:
     """The metrics table of ``source``: a dump file, a directory of ``metrics-*`` files, a dataset
     directory (the ``metrics/`` table ``ingest`` wrote), or several.
 
     Raises IngestError for a path that does not exist or cannot be read, and (with ``strict``)
     for the first malformed record, naming the file and line. Without ``strict`` a bad data
-    point (a field of the wrong type, a time past int64) costs only itself.
+    point (a field of the wrong type, a time past int64) costs only itself. A line, record or
+    document longer than ``max_record_bytes`` once decompressed (``collect``'s bound on a
+    request) is a malformed record, never held whole.
     """
     if contents is None:
         from nemo_telemetry.analysis.store.sources import split_sources
@@ -150,17 +155,18 @@ def read_metrics(source: str | Path | Iterable[str | Path], *, strict: bool = Fa
         if datasets:
             from nemo_telemetry.analysis.store.dataset import read_dataset
 
-            raw = read_metrics(others, strict=strict) if others else None
+            raw = read_metrics(others, strict=strict, max_record_bytes=max_record_bytes) if others else None
             tables = [read_dataset(item, "metrics", schema=METRICS_SCHEMA) for item in datasets]
             table = pa.concat_tables(tables + ([raw] if raw is not None else []))
             return table.replace_schema_metadata(raw.schema.metadata if raw is not None else None)
-    return _read(_expand(source), strict, contents)[0]
+    return _read(_expand(source), strict, contents, max_record_bytes)[0]
 
 
-def _read(paths: list[Path], strict: bool, contents) -> tuple[pa.Table, _Counts]:
+def _read(paths: list[Path], strict: bool, contents,
+          limit: int = DEFAULT_MAX_REQUEST_BYTES) -> tuple[pa.Table, _Counts]:
     cols, counts = _Columns(), _Counts()
     for path, raw in zip(paths, [None] * len(paths) if contents is None else contents):
-        for where, request in _requests(path, counts, strict, raw):
+        for where, request in _requests(path, counts, strict, raw, limit):
             _decode_request(request, cols, where, counts, strict)
     return cols.to_table(counts), counts
 
@@ -188,53 +194,65 @@ def _expand(source: str | Path | Iterable[str | Path]) -> list[Path]:
     return paths
 
 
-def _read_bytes(path: Path, data: bytes | None = None) -> bytes:
-    """The decompressed contents of ``path`` (``data``: its bytes, read already)."""
+def _requests(path: Path, counts: _Counts, strict: bool, raw: bytes | None = None,
+              limit: int = DEFAULT_MAX_REQUEST_BYTES) -> Iterator[tuple[str, Any]]:
+    """``(where, ExportMetricsServiceRequest)`` for each metrics record in the file (``raw``: its bytes, read
+    already), read by the span reader's :func:`iter_records`: a line, record or document longer than
+    ``limit`` once decompressed is rejected and named without being held, and the file is read on."""
+    buffers = ReadBuffers()
+    records = iter_records(path, buffers=buffers, data=raw, max_record_bytes=limit)
     try:
-        data = path.read_bytes() if data is None else data
-        if data[:2] == b"\x1f\x8b":
-            return gzip.decompress(data)
-        if data[:4] == b"\x28\xb5\x2f\xfd":
-            import zstandard
-
-            return zstandard.ZstdDecompressor().decompressobj().decompress(data)
-        return data
-    except (OSError, EOFError, ValueError) as exc:
+        first = next(records, None)
+    except IngestError as exc:  # not an OTLP dump, or not compressed as it claims
+        counts.bad(f"{path}", str(exc).removeprefix(f"{path}: "), strict)
+        return
+    except OSError as exc:
         raise IngestError(f"{path}: cannot be read ({exc}). Check the file is a complete "
                           "(optionally gzip/zstd compressed) OTLP metrics dump.") from exc
-    except Exception as exc:  # zstandard.ZstdError
-        raise IngestError(f"{path}: cannot be decompressed ({exc}).") from exc
+    for record in itertools.chain([first] if first is not None else [], records):
+        yield from _record_requests(path, record, counts, strict)
+        storage = getattr(record.payload, "storage", None)
+        if storage is not None:  # the block is decoded: its buffer reads the next one
+            buffers.give(storage)
 
 
-def _requests(path: Path, counts: _Counts, strict: bool, raw: bytes | None = None) -> Iterator[tuple[str, Any]]:
-    """``(where, ExportMetricsServiceRequest)`` for each metrics record in the file (``raw``: its bytes, read already)."""
-    data = _read_bytes(path, raw)
-    head = data.lstrip()[:1]
-    if head in (b"{", b"["):
-        yield from _json_requests(path, data, counts, strict)
-    elif data:
-        yield from _proto_requests(path, data, counts, strict)
+def _record_requests(path: Path, record: Record, counts: _Counts, strict: bool) -> Iterator[tuple[str, Any]]:
+    """The metrics requests of one of :func:`iter_records`' records (a block of lines or frames,
+    one request, or a rejected record, which the span reader of the same bytes counts too)."""
+    kind, payload = record.kind, record.payload
+    if kind == "json-lines":
+        for index in range(len(payload.starts)):
+            where, line = payload.line(index)
+            if line.strip():
+                yield from _json_doc_requests(_json_line(where, line, counts, strict), counts, strict)
+    elif kind == "protobuf-frames":
+        for index in range(len(payload.starts)):
+            yield from _proto_request(f"{path}: record {payload.numbers[index]}", payload.payload(index),
+                                      counts, strict)
+    elif kind == "rejected":
+        counts.bad(record.where, str(payload), strict)
+    elif isinstance(payload, (bytes, bytearray, memoryview)):  # a zstd-compressed protobuf record
+        yield from _proto_request(record.where, bytes(payload), counts, strict)
+    else:  # a JSON document or record, of whichever signal
+        yield from _json_doc_requests([(record.where, payload)], counts, strict)
 
 
-def _json_requests(path: Path, data: bytes, counts: _Counts, strict: bool) -> Iterator[tuple[str, Any]]:
-    try:  # a single document (pretty-printed, or a list of requests)
-        doc = json.loads(data.decode("utf-8"))
-        docs = [(f"{path}", d) for d in (doc if isinstance(doc, list) else [doc])]
-    except (ValueError, RecursionError):  # not one document; UnicodeDecodeError, JSONDecodeError are ValueErrors
-        docs = []
-        for number, line in enumerate(data.split(b"\n"), 1):  # lines as the span reader numbers them
-            if not line.strip():
-                continue
-            try:
-                docs.append((f"{path}:{number}", json.loads(line.decode("utf-8"))))
-            except UnicodeDecodeError:
-                counts.bad(f"{path}:{number}", "not UTF-8 text", strict)
-            except json.JSONDecodeError as exc:
-                counts.bad(f"{path}:{number}", f"not JSON ({exc.msg})", strict)
-            except RecursionError:
-                counts.bad(f"{path}:{number}", "JSON nested too deep", strict)
-            except ValueError:  # an integer of thousands of digits: its point alone is rejected
-                docs.append((f"{path}:{number}", json_with_oversized_numbers(line)))
+def _json_line(where: str, line: bytes, counts: _Counts, strict: bool) -> list[tuple[str, Any]]:
+    """``[(where, the line's JSON)]``, or ``[]`` (counted) when it is not JSON."""
+    try:
+        return [(where, json.loads(line.decode("utf-8")))]
+    except UnicodeDecodeError:
+        counts.bad(where, "not UTF-8 text", strict)
+    except json.JSONDecodeError as exc:
+        counts.bad(where, f"not JSON ({exc.msg})", strict)
+    except RecursionError:
+        counts.bad(where, "JSON nested too deep", strict)
+    except ValueError:  # an integer of thousands of digits: its point alone is rejected
+        return [(where, json_with_oversized_numbers(line))]
+    return []
+
+
+def _json_doc_requests(docs: list[tuple[str, Any]], counts: _Counts, strict: bool) -> Iterator[tuple[str, Any]]:
     for where, doc in docs:
         if not isinstance(doc, dict):
             counts.bad(where, "not an OTLP request object", strict)
@@ -360,32 +378,21 @@ def _for_parse_dict(doc: Any) -> Any:
     return doc
 
 
-def _proto_requests(path: Path, data: bytes, counts: _Counts, strict: bool) -> Iterator[tuple[str, Any]]:
+def _proto_request(where: str, payload: bytes, counts: _Counts, strict: bool) -> Iterator[tuple[str, Any]]:
+    """``(where, request)`` of one length-prefixed record's bytes, when it is a metrics request."""
     from google.protobuf.message import DecodeError
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-    offset, number = 0, 0
-    while offset + 4 <= len(data):
-        number += 1
-        size = int.from_bytes(data[offset:offset + 4], "big")
-        payload = data[offset + 4:offset + 4 + size]
-        offset += 4 + size
-        where = f"{path}: record {number}"
-        if len(payload) != size:
-            counts.bad(where, "truncated length-prefixed record", strict)
-            return
-        request = ExportMetricsServiceRequest()
-        try:
-            request.ParseFromString(payload)
-        except DecodeError as exc:
-            counts.bad(where, f"not a protobuf ExportMetricsServiceRequest ({exc})", strict)
-            continue
-        if not request.resource_metrics:
-            counts.skipped += 1
-            continue
-        yield where, request
-    if offset != len(data):
-        counts.bad(f"{path}: byte {offset}", "trailing bytes that are not a length-prefixed record", strict)
+    request = ExportMetricsServiceRequest()
+    try:
+        request.ParseFromString(payload)
+    except DecodeError as exc:
+        counts.bad(where, f"not a protobuf ExportMetricsServiceRequest ({exc})", strict)
+        return
+    if not request.resource_metrics:
+        counts.skipped += 1
+        return
+    yield where, request
 
 
 def _attributes(kvs) -> list[tuple[str, str | None]]:
@@ -649,17 +656,19 @@ class MetricFilePoints:
     problems: tuple[str, ...] = ()
 
 
-def dataset_metric_points(path: Path, data: bytes) -> MetricFilePoints:
+def dataset_metric_points(path: Path, data: bytes,
+                          max_record_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> MetricFilePoints:
     """The data points of one metrics dump (``data``: its bytes, read once by the ingest for
     its spans and metrics) as the dataset file to write, and the bad parts left out.
 
     Named by the input's content hash, so re-ingesting a file replaces its points instead of
     adding them twice. Lines or records that are no request at all are not among the problems:
-    the ingest's span reader, which reads the same bytes, counts those.
+    the ingest's span reader, which reads the same bytes with the same ``max_record_bytes``
+    bound, counts those (a line or record past the bound among them).
     """
     import hashlib
 
-    table, counts = _read([Path(path)], False, [data])
+    table, counts = _read([Path(path)], False, [data], max_record_bytes)
     relative = f"metrics/{hashlib.sha1(data).hexdigest()[:20]}.parquet"
     return MetricFilePoints((relative, table.replace_schema_metadata(None)) if table.num_rows else None,
                             tuple(counts.inside))
