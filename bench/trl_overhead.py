@@ -23,12 +23,13 @@ import tempfile
 CHILD = r"""
 import json, os, sys
 os.environ["HF_HUB_OFFLINE"] = "1"
-out, traced, steps, trainer_kind = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4]
+out, traced, steps, trainer_kind, exporter = (sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4],
+                                              sys.argv[5])
 from nemo_telemetry.demo.tiny_hf import build_tiny_model, load_tokenizer, prompts
 model = build_tiny_model(os.path.join(out, "model"))
 if traced:
     from nemo_telemetry.integrations.trl import instrument_trl
-    instrument_trl({"exporter": "dump", "dump_dir": os.path.join(out, "dumps")})
+    instrument_trl({"exporter": exporter, "dump_dir": os.path.join(out, "dumps")})
 import trl
 from datasets import Dataset
 from transformers import PrinterCallback
@@ -57,9 +58,10 @@ def _child_environment() -> dict[str, str]:
     return env
 
 
-def one_run(traced: bool, steps: int, trainer: str) -> float:
+def one_run(traced: bool, steps: int, trainer: str, exporter: str) -> float:
     with tempfile.TemporaryDirectory(prefix="trl-overhead-") as out:
-        done = subprocess.run([sys.executable, "-c", CHILD, out, "1" if traced else "0", str(steps), trainer],
+        done = subprocess.run([sys.executable, "-c", CHILD, out, "1" if traced else "0", str(steps), trainer,
+                               exporter],
                               capture_output=True, text=True, timeout=1800,
                               env=_child_environment())
         if done.returncode != 0:
@@ -72,19 +74,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--trainer", choices=("grpo", "sft"), default="grpo")
+    parser.add_argument("--exporter", choices=("dump", "none"), default="dump",
+                        help="where the traced side's spans go (none: made and dropped, the spans' own cost)")
     options = parser.parse_args()
     plain, traced, ratios = [], [], []
     for repeat in range(options.repeats):
         first_traced = repeat % 2 == 1  # alternate which side runs first
         pair = {}
         for side in (first_traced, not first_traced):
-            pair[side] = one_run(side, options.steps, options.trainer)
+            pair[side] = one_run(side, options.steps, options.trainer, options.exporter)
         plain.append(pair[False])
         traced.append(pair[True])
         ratios.append(pair[True] / pair[False])
         print(f"pair {repeat + 1}: plain {pair[False]:.3f} s, traced {pair[True]:.3f} s, "
               f"ratio {ratios[-1]:.3f}", flush=True)
-    print(f"{options.trainer}, {options.steps} steps, {options.repeats} pairs: train_runtime plain median "
+    print(f"{options.trainer}, {options.steps} steps, exporter {options.exporter}, {options.repeats} pairs: "
+          f"train_runtime plain median "
           f"{statistics.median(plain):.3f} s, traced median {statistics.median(traced):.3f} s; "
           f"traced / plain median {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f})")
 
