@@ -337,25 +337,18 @@ class TrainerTelemetry:
 
         return training_step
 
-    def traced_compute_loss(self, original: Callable) -> Callable:
-        from nemo_telemetry.instrument import RLSpanGroup
+    def traced_leaf(self, group: str, phase: str, **attributes: Any) -> Callable[[Callable], Callable]:
+        """A wrapper that runs the method inside the leaf ``rl.<algo>.<phase>`` of ``group``."""
 
-        @functools.wraps(original)
-        def compute_loss(*args: Any, **kwargs: Any) -> Any:
-            with self.leaf(RLSpanGroup.POLICY_UPDATE, "forward"):
-                return original(*args, **kwargs)
+        def wrap(original: Callable) -> Callable:
+            @functools.wraps(original)
+            def traced(*args: Any, **kwargs: Any) -> Any:
+                with self.leaf(group, phase, **attributes):
+                    return original(*args, **kwargs)
 
-        return compute_loss
+            return traced
 
-    def traced_backward(self, original: Callable) -> Callable:
-        from nemo_telemetry.instrument import RLSpanGroup
-
-        @functools.wraps(original)
-        def backward(*args: Any, **kwargs: Any) -> Any:
-            with self.leaf(RLSpanGroup.POLICY_UPDATE, "backward"):
-                return original(*args, **kwargs)
-
-        return backward
+        return wrap
 
     def traced_evaluate(self, original: Callable) -> Callable:
         from nemo_telemetry.instrument import NOOP_SPAN, Bucket, RLSpanGroup, bucket_scope, umbrella_span
@@ -371,30 +364,6 @@ class TrainerTelemetry:
                     return original(*args, **kwargs)
 
         return evaluate
-
-    def traced_evaluation_loop(self, original: Callable) -> Callable:
-        from nemo_telemetry.instrument import RLSpanGroup
-
-        @functools.wraps(original)
-        def evaluation_loop(*args: Any, **kwargs: Any) -> Any:
-            # One overhead leaf over every batch of the evaluation: its loop's own costs (batching,
-            # gathering, metrics) are evaluation too; the forward / generation seams inside it are
-            # unbucketed children (``leaf``), so nothing is counted twice.
-            with self.leaf(RLSpanGroup.EVALUATE, "evaluation_loop", **{"rl.bucket": "overhead"}):
-                return original(*args, **kwargs)
-
-        return evaluation_loop
-
-    def traced_save_checkpoint(self, original: Callable) -> Callable:
-        from nemo_telemetry.instrument import RLSpanGroup
-
-        @functools.wraps(original)
-        def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
-            with self.leaf(RLSpanGroup.CHECKPOINT, "checkpointing"):
-                return original(*args, **kwargs)
-
-        return save_checkpoint
-
 
 def _syncs_gradients(trainer: Any) -> bool:
     """Whether the micro-batch that just ran was the last of its optimizer step."""
@@ -457,6 +426,8 @@ def instrument_trainer(trainer: Any) -> TrainerTelemetry:
     Idempotent; returns the trainer's :class:`TrainerTelemetry`. Telemetry must be started (by
     :func:`instrument_transformers`, or ``init_telemetry_driver``) for spans to be recorded.
     """
+    from nemo_telemetry.instrument import RLSpanGroup as G
+
     existing = trainer.__dict__.get("_nemo_telemetry")
     if existing is not None:
         return existing
@@ -465,13 +436,16 @@ def instrument_trainer(trainer: Any) -> TrainerTelemetry:
     _wrap_method(trainer, "train", telemetry.traced_train)
     _wrap_method(trainer, "get_batch_samples", telemetry.traced_get_batch_samples)
     _wrap_method(trainer, "training_step", telemetry.traced_training_step)
-    _wrap_method(trainer, "compute_loss", telemetry.traced_compute_loss)
+    _wrap_method(trainer, "compute_loss", telemetry.traced_leaf(G.POLICY_UPDATE, "forward"))
     _wrap_method(trainer, "evaluate", telemetry.traced_evaluate)
-    _wrap_method(trainer, "evaluation_loop", telemetry.traced_evaluation_loop)
-    _wrap_method(trainer, "_save_checkpoint", telemetry.traced_save_checkpoint)
+    # One overhead leaf over every batch of an evaluation: its loop's own costs (batching, gathering,
+    # metrics) are evaluation too; the forward / generation seams inside it are unbucketed children.
+    _wrap_method(trainer, "evaluation_loop", telemetry.traced_leaf(G.EVALUATE, "evaluation_loop",
+                                                                   **{"rl.bucket": "overhead"}))
+    _wrap_method(trainer, "_save_checkpoint", telemetry.traced_leaf(G.CHECKPOINT, "checkpointing"))
     accelerator = getattr(trainer, "accelerator", None)
     if accelerator is not None and callable(getattr(accelerator, "backward", None)):
-        accelerator.backward = telemetry.traced_backward(accelerator.backward)
+        accelerator.backward = telemetry.traced_leaf(G.POLICY_UPDATE, "backward")(accelerator.backward)
     else:
         _warn_once("seam:backward", "telemetry: %s has no accelerator.backward(); the backward pass goes "
                    "unattributed", type(trainer).__name__)
