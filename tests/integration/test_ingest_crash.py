@@ -5,6 +5,7 @@ data without one); that command then completes the dataset, each span once, no l
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import signal
@@ -82,7 +83,9 @@ def _read_all(root: Path) -> tuple[dict, list[str]]:
 
 
 def _files(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+    """Every file under ``root``, read while a writer may be renaming and removing folders there
+    (``os.walk`` skips a folder that vanished between listing and entering it; ``rglob`` raises)."""
+    return {str((Path(folder) / name).relative_to(root)) for folder, _, names in os.walk(root) for name in names}
 
 
 def _reached(moment: str, root: Path, before: set[str]) -> bool:
