@@ -30,7 +30,7 @@ from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 
 from nemo_telemetry.instrument import _gate, _scopes
-from nemo_telemetry.instrument._primitives import leaf_attributes, record_error, stamp_iteration
+from nemo_telemetry.instrument._primitives import LiveSpan, leaf_attributes, record_error, stamp_iteration
 from nemo_telemetry.instrument.span_groups import RLSpanGroup
 
 __all__ = ["NOOP_HANDLE", "SpanHandle", "start_span", "start_step_span", "start_umbrella_span"]
@@ -138,11 +138,8 @@ NOOP_HANDLE = _NoopHandle()
 
 
 def _started(name: str, attributes: dict[str, Any], tracer: trace_api.Tracer | None) -> trace_api.Span | None:
-    try:
-        return (tracer or _gate.tracer).start_span(name, attributes=attributes)  # nemo-telemetry-lint: allow raw-otel-span
-    except Exception:
-        _log.warning("could not start span %r; running without it", name, exc_info=True)
-        return None
+    """The span started as every enabled site starts one (a failure warns and gives None)."""
+    return LiveSpan(tracer or _gate.tracer, name, attributes).start_detached()
 
 
 def start_span(group: str, name: str, *, current: bool = True, tracer: trace_api.Tracer | None = None,

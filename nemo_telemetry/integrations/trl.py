@@ -96,15 +96,6 @@ def online_span_groups(trainer: Any) -> frozenset[str]:
     return frozenset()
 
 
-class _BlockSpan:
-    """The span a ``ProfilingContext`` block opened, kept on the block until it exits."""
-
-    __slots__ = ("scope",)
-
-    def __init__(self, scope: Any) -> None:
-        self.scope = scope
-
-
 def _block_scope(telemetry: TrainerTelemetry, block: str) -> Any:
     from nemo_telemetry.instrument import NOOP_SPAN, span_cm
 
@@ -137,7 +128,7 @@ def _traced_enter(original: Callable) -> Callable:
                 block = str(getattr(self, "name", "")).split(".", 1)[-1]
                 scope = _block_scope(telemetry, block)
                 scope.__enter__()
-                self.__dict__["_nemo_telemetry_block"] = _BlockSpan(scope)
+                self.__dict__["_nemo_telemetry_block"] = scope  # until the block exits
             except Exception:
                 _log.warning("telemetry: could not trace a TRL block", exc_info=True)
         return original(self)  # inside the span: the span is the whole block TRL times
@@ -155,7 +146,7 @@ def _traced_exit(original: Callable) -> Callable:
             held = self.__dict__.pop("_nemo_telemetry_block", None)
             if held is not None:
                 try:
-                    held.scope.__exit__(exc_type, exc, tb)
+                    held.__exit__(exc_type, exc, tb)
                 except Exception:
                     _log.warning("telemetry: could not end a TRL block's span", exc_info=True)
 
