@@ -14,6 +14,8 @@ import unicodedata
 from pathlib import Path
 from urllib.parse import unquote
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _LINK = re.compile(r"(?<!!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -107,14 +109,21 @@ def test_docs_build_strict(tmp_path):
     assert (tmp_path / "site" / "index.html").exists()
 
 
-def test_docs_build_fails_on_a_broken_link(tmp_path):
-    """The strict build is a gate: a link to a missing anchor, or to a missing page, fails it."""
-    for broken in ("[x](index.md#no-such-heading)", "[x](no-such-page.md)"):
-        copy = tmp_path / broken.strip("[]x()#.").replace("#", "_")
-        shutil.copytree(ROOT / "docs", copy / "docs")
-        shutil.copy(ROOT / "mkdocs.yml", copy / "mkdocs.yml")
-        with (copy / "docs" / "index.md").open("a", encoding="utf-8") as f:
-            f.write(f"\n{broken}\n")
-        built = _mkdocs_build(copy / "mkdocs.yml", copy / "site")
-        assert built.returncode != 0, broken
-        assert "index.md" in built.stdout + built.stderr, built.stdout + built.stderr
+@pytest.mark.parametrize(
+    ("page", "text", "named"),
+    [
+        ("index.md", "[x](index.md#no-such-heading)", "index.md"),
+        ("index.md", "[x](no-such-page.md)", "index.md"),
+        ("not-in-nav.md", "# A page the nav does not list", "not-in-nav.md"),
+    ],
+    ids=["missing-anchor", "missing-page", "page-not-in-nav"],
+)
+def test_docs_build_fails_on_a_broken_link(tmp_path, page, text, named):
+    """The strict build is a gate: a link to a missing anchor or page, or a page left out of the nav, fails it."""
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    with (tmp_path / "docs" / page).open("a", encoding="utf-8") as f:
+        f.write(f"\n{text}\n")
+    built = _mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert built.returncode != 0, built.stdout + built.stderr
+    assert named in built.stdout + built.stderr, built.stdout + built.stderr
