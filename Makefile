@@ -10,7 +10,7 @@ PIP    := $(BIN)/python -m pip
 VLLM_VENV := .venv-vllm
 VLLM_BIN  := $(VLLM_VENV)/bin
 
-.PHONY: demo test install install-test install-vllm browser clean
+.PHONY: demo test docs install install-test install-vllm browser clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,5 +67,10 @@ test: install-test install-vllm browser
 	$(VLLM_BIN)/python -m pytest tests/vllm_engine tests/integrations || status=1; \
 	exit $$status
 
+# The reference in docs/ as a static site in site/ (mkdocs, from the test extra). `make test` builds it
+# too, with --strict (tests/test_docs.py): a link to a missing page or heading fails the suite.
+docs: install-test
+	$(BIN)/python -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build site *.egg-info

@@ -141,7 +141,7 @@ def test_sigterm_is_not_held_up_by_a_stalled_client(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 0
-    assert stopped_in < 3, stopped_in  # the README's bound: about a second plus the commit in flight
+    assert stopped_in < 3, stopped_in  # docs/guarantees.md's bound: about a second plus the commit in flight
     assert re.search(r"spans\s+│\s+11", stdout) and re.search(r"unavailable requests\s+│\s+1", stdout)
 
 

@@ -3,7 +3,7 @@
 A fast unit test on the vLLM stand-in (``tests/instrument/fake_vllm.py``). The real path is not run
 end to end here: TRL 1.16 supports vLLM up to 0.31, and with the CPU build this environment has
 (0.32) TRL's own weight sync into the engine fails (``'Parameter' object has no attribute
-'weight_loader'``) before any span of ours is involved; see the README's known limitations.
+'weight_loader'``) before any span of ours is involved; see docs/limitations.md.
 """
 
 from __future__ import annotations
