@@ -119,10 +119,10 @@ def prefer_avx2_sort(*, cpuinfo: str | None = None, numpy_version: tuple[int, in
 
 class _ScopedEnvironmentLoader(importlib.abc.Loader):
     """numpy's own loader, run with ``settings`` in ``os.environ`` and the environment as it was
-    right after."""
+    right after; ``done`` is called once numpy's import has run."""
 
-    def __init__(self, loader, settings: dict[str, str]) -> None:
-        self._loader, self._settings = loader, settings
+    def __init__(self, loader, settings: dict[str, str], done) -> None:
+        self._loader, self._settings, self._done = loader, settings, done
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
@@ -140,25 +140,35 @@ class _ScopedEnvironmentLoader(importlib.abc.Loader):
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+            self._done()
 
     def __getattr__(self, name):  # resources, source, ...: numpy's loader answers
         return getattr(self._loader, name)
 
 
 class _NumpyImport(importlib.abc.MetaPathFinder):
-    """Finds numpy as the other finders do, once, with :class:`_ScopedEnvironmentLoader` as its loader."""
+    """Finds numpy as the other finders do, with :class:`_ScopedEnvironmentLoader` as its loader,
+    until numpy is imported (a mere ``find_spec("numpy")`` of some library imports nothing)."""
 
     def __init__(self, settings: dict[str, str]) -> None:
         self.settings = settings
+        self._finding = False
 
     def find_spec(self, name, path=None, target=None):
-        if name != "numpy":
+        if name != "numpy" or self._finding:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        self._finding = True  # the other finders answer the search below
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._finding = False
         if spec is not None and spec.loader is not None:
-            spec.loader = _ScopedEnvironmentLoader(spec.loader, self.settings)
+            spec.loader = _ScopedEnvironmentLoader(spec.loader, self.settings, self._remove)
         return spec
+
+    def _remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
 
 
 def _numpy_version() -> tuple[int, int]:

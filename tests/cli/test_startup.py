@@ -89,6 +89,8 @@ def _numpy_started(env: dict, settings: dict | None = None) -> dict:
     code = ("import json, os, subprocess, sys\n"
             "from nemo_telemetry.cli import startup\n"
             + prepare +
+            "import importlib.util\n"
+            "assert importlib.util.find_spec('numpy')  # a library asking where numpy is imports nothing\n"
             "import numpy\n"
             "core = getattr(numpy, '_core', None) or numpy.core\n"
             "um = core._multiarray_umath\n"
