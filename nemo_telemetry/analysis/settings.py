@@ -61,15 +61,15 @@ def available_cpus(*, root: str | os.PathLike = "/") -> int:
 def cpu_quota(*, root: str | os.PathLike = "/") -> float | None:
     """The CPUs the cgroup quota of this process allows (``cpu.max`` 150000 100000: 1.5), the
     tightest of its cgroup and their ancestors'; None where no quota is set or there is no cgroup."""
-    quotas = []
+    quotas: list[float] = []
     for version, folder in _cgroup_folders(Path(root), "cpu"):
         if version == 2:
             fields = _read(folder / "cpu.max").split()
-            if len(fields) == 2 and fields[0] != "max":
-                quotas.append(_ratio(fields[0], fields[1]))
+            quota = _ratio(fields[0], fields[1]) if len(fields) == 2 and fields[0] != "max" else None
         else:
-            quotas.append(_ratio(_read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")))
-    quotas = [q for q in quotas if q is not None]
+            quota = _ratio(_read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us"))
+        if quota is not None:
+            quotas.append(quota)
     return min(quotas) if quotas else None
 
 
@@ -77,7 +77,7 @@ def cgroup_memory_available(*, root: str | os.PathLike = "/") -> int | None:
     """Bytes this process's cgroup may still allocate before its memory limit (its limit less its
     use, inactive page cache counted as free), the tightest of its cgroup and their ancestors';
     None where no limit is set or there is no cgroup."""
-    room = []
+    room: list[int] = []
     for version, folder in _cgroup_folders(Path(root), "memory"):
         if version == 2:
             limit, used, cache = _read(folder / "memory.max"), _read(folder / "memory.current"), "inactive_file"
@@ -119,6 +119,7 @@ def memory_limit_bytes(*, root: str | os.PathLike = "/") -> int | None:
 def parse_bytes(text: str | int) -> int:
     """``"4G"``, ``"512MiB"``, ``"1.5g"`` or a number of bytes, as bytes (binary units: 1G = 2**30).
     Raises :class:`~nemo_telemetry.errors.SettingsError` for anything else."""
+    value: float
     if isinstance(text, int):
         value, unit = text, ""
     else:

@@ -187,7 +187,7 @@ def _cpuinfo_head() -> str:
     """The first processor's lines of ``/proc/cpuinfo`` (empty where there is none: not Linux)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            lines = []
+            lines: list[str] = []
             for line in f:
                 if not line.strip() or len(lines) >= _CPUINFO_HEAD_LINES:
                     break
@@ -200,7 +200,7 @@ def _cpuinfo_head() -> str:
 def _is_zen4(cpuinfo: str) -> bool:
     """Whether ``/proc/cpuinfo``'s first processor is AMD family 19h with AVX-512 (Zen 4) and every
     feature of numpy's X86_V3 target."""
-    fields = {}
+    fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         key, sep, value = line.partition(":")
         if sep:
