@@ -205,18 +205,13 @@ def _peak_gb() -> float:
 def measure(root: Path, command: str) -> dict:
     """In this (fresh) process, what the command runs on its local engine (its read included):
     ``goodput_with_engine`` / ``check_with_engine``; times, CPU and peak RSS."""
-    try:  # numpy's settings, as the console script applies them before anything imports numpy
-        from nemo_telemetry.cli.startup import prepare_numpy
-    except ImportError:  # another checkout measured may not have it
+    try:  # the console script's settings for its own process (NEMO_TELEMETRY_PROCESS_TUNING=0: none)
+        from nemo_telemetry.cli.startup import console_script_process, skip_pyarrow_pandas_probe
+    except ImportError:  # another checkout measured may not have them
         pass
     else:
-        prepare_numpy()
-    try:  # as the goodput and check commands start
-        from nemo_telemetry.cli.startup import skip_pyarrow_pandas_probe
-    except ImportError:
-        pass
-    else:
-        skip_pyarrow_pandas_probe()
+        console_script_process()
+        skip_pyarrow_pandas_probe()  # as the goodput and check commands start
     # what the CLI's goodput and check commands import and call
     from nemo_telemetry.analysis.engines.choose import (
         check_with_engine,
@@ -313,11 +308,8 @@ def main() -> None:
             print(f"wrote {root} in {time.perf_counter() - t:.1f} s")
         load = os.getloadavg()[0]
         # This checkout, after any PYTHONPATH given (to measure another checkout's analysis on the same data).
-        # Small pages for numpy, as the nemo-telemetry entry point asks (cli/startup.py prefer_small_pages),
-        # unless NUMPY_MADVISE_HUGEPAGE is set here (for a checkout measured that sets it in its entry point only).
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (os.environ.get("PYTHONPATH"), str(Path(__file__).resolve().parents[1])) if p),
-            "NUMPY_MADVISE_HUGEPAGE": os.environ.get("NUMPY_MADVISE_HUGEPAGE", "0")}
+            p for p in (os.environ.get("PYTHONPATH"), str(Path(__file__).resolve().parents[1])) if p)}
         commands = ("goodput", "check", "duckdb") if importlib.util.find_spec("duckdb") else ("goodput", "check")
         figures, whole = {}, {}
         runs: dict[str, list] = {command: [] for command in commands}

@@ -25,6 +25,11 @@ __all__ = [
     "NEMO_TELEMETRY_COMPILED",
     "NEMO_TELEMETRY_KERNEL_CACHE_DIR",
     "NEMO_TELEMETRY_KERNEL_FAULT",
+    "NEMO_TELEMETRY_THREADS",
+    "NEMO_TELEMETRY_MEMORY_BUDGET",
+    "NEMO_TELEMETRY_PROCESS_TUNING",
+    "OPENBLAS_NUM_THREADS",
+    "NPY_ENABLE_CPU_FEATURES",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_PROTOCOL",
@@ -79,6 +84,36 @@ sources); default ``NUMBA_CACHE_DIR``, else ``$XDG_CACHE_HOME/nemo-telemetry/ker
 NEMO_TELEMETRY_KERNEL_FAULT: Final = "NEMO_TELEMETRY_KERNEL_FAULT"
 """Test hook: ``import``, ``compile`` or ``call`` makes every compiled kernel fail that way, to
 check that the reference paths take over with one warning. Never set it in production."""
+
+NEMO_TELEMETRY_THREADS: Final = "NEMO_TELEMETRY_THREADS"
+"""Analysis side: worker threads one analysis call may use (what ``--threads`` sets for one command).
+Unset: the CPUs this process may run on (its affinity mask, e.g. ``taskset``), fewer where its
+cgroup's CPU quota allows fewer (``nemo_telemetry.analysis.settings.available_cpus``)."""
+
+NEMO_TELEMETRY_MEMORY_BUDGET: Final = "NEMO_TELEMETRY_MEMORY_BUDGET"
+"""Analysis side: bytes (or ``512M``, ``4G``) the in-memory path may take before ``goodput`` streams
+the dataset in batches (what ``--memory-budget`` sets for one command). Unset: a quarter of the
+memory available, the tighter of the host's ``MemAvailable`` and the room left under the cgroup's
+memory limit; where neither can be told, a quarter of the physical memory (macOS)."""
+
+NEMO_TELEMETRY_PROCESS_TUNING: Final = "NEMO_TELEMETRY_PROCESS_TUNING"
+"""Console script only: ``0`` turns off the settings the ``nemo-telemetry`` command applies to its
+own process (:data:`OPENBLAS_NUM_THREADS` and :data:`NPY_ENABLE_CPU_FEATURES` while numpy is
+imported, and pyarrow's pandas probe answered without pandas in ``goodput`` and ``check``).
+None of them reaches the library's callers or a child process."""
+
+OPENBLAS_NUM_THREADS: Final = "OPENBLAS_NUM_THREADS"
+"""OpenBLAS's own variable. The ``nemo-telemetry`` command sets it to ``1`` while it imports numpy
+(where the process may use more than one CPU and neither it nor ``OMP_NUM_THREADS`` is set), and
+removes it right after: OpenBLAS reads it once when numpy loads it, so that process starts no BLAS
+thread per core (the analysis does no linear algebra), and no child process inherits it."""
+
+NPY_ENABLE_CPU_FEATURES: Final = "NPY_ENABLE_CPU_FEATURES"
+"""numpy's own variable. The ``nemo-telemetry`` command sets it to ``X86_V2 X86_V3`` while it imports
+numpy where the CPU is AMD Zen 4 (family 19h with AVX-512, AVX2, FMA, BMI2), numpy is 2.4 or later
+and neither it nor ``NPY_DISABLE_CPU_FEATURES`` is set, and removes it right after: numpy then sorts
+with its AVX2 code, as Zen 4 runs the AVX-512 sort's compressed stores in microcode. Listing
+features numpy has in its baseline is allowed, so no numpy build fails to import."""
 
 OTEL_EXPORTER_OTLP_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_ENDPOINT"
 """Standard OTLP endpoint for all signals (``http://collector:4318`` or ``http://collector:4317``)."""

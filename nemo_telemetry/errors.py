@@ -37,6 +37,7 @@ __all__ = [
     "LintError",
     "DemoError",
     "MonitorError",
+    "SettingsError",
     "IncompleteDatasetWarning",
     "IngestWarning",
     "CompiledPathWarning",
@@ -118,6 +119,11 @@ class DemoError(NemoTelemetryError, ValueError):
 
 class MonitorError(NemoTelemetryError, ValueError):
     """A monitor was asked for something it cannot do (no source or two, a bad threshold or period)."""
+
+
+class SettingsError(NemoTelemetryError, ValueError):
+    """A thread count or memory budget (``--threads``, ``--memory-budget``, or their environment
+    variables) that cannot be read; the message names the value and the forms accepted."""
 
 
 class IncompleteDatasetWarning(UserWarning):

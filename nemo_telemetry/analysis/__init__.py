@@ -100,13 +100,15 @@ __all__ = [
     "repair_dataset",
     "VerifyReport",
     "RepairReport",
+    "ReadSettings",
+    "SettingsError",
 ]
 
 _MODULE_NAMES = {  # each module and the public names it defines, in the pipeline's order
     "nemo_telemetry.errors": (
         "IngestError", "IncompleteDatasetWarning", "IngestWarning", "CompiledPathWarning", "LintError",
         "UnknownRunError", "WaterfallError", "MonitorError", "DatasetLockedError", "DamagedDatasetError",
-        "ReceiverSecurityError",
+        "ReceiverSecurityError", "SettingsError",
     ),
     "nemo_telemetry.analysis.choices": (
         "FORMATS", "SEVERITIES", "ENGINES", "DEFAULT_COLLAPSE_THRESHOLD", "DEFAULT_MAX_CONNECTIONS",
@@ -118,6 +120,7 @@ _MODULE_NAMES = {  # each module and the public names it defines, in the pipelin
     "nemo_telemetry.analysis.model.walk": ("attributed_iterations",),
     "nemo_telemetry.analysis.model.intervals": ("merge_intervals",),
     "nemo_telemetry.analysis.store.read": ("read_for_analysis", "GOODPUT_COLUMNS"),
+    "nemo_telemetry.analysis.settings": ("ReadSettings",),
     "nemo_telemetry.analysis.store.repair": ("verify_dataset", "repair_dataset", "VerifyReport", "RepairReport"),
     "nemo_telemetry.analysis.kernels.warmup": ("KernelWarmUp", "warm_up_kernels", "kernels_compiling"),
     "nemo_telemetry.analysis.ingestion.ingest": (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from nemo_telemetry.cli.startup import prepare_numpy
+from nemo_telemetry.cli.startup import console_script_process
 
 app = typer.Typer(
     name="nemo-telemetry",
@@ -33,8 +33,9 @@ from nemo_telemetry.cli import waterfall_cmds  # noqa: E402,F401
 
 
 def main() -> None:
-    """Console-script entry point."""
-    prepare_numpy()
+    """Console-script entry point: this process runs the one command, with its own settings
+    (:mod:`nemo_telemetry.cli.startup`), which the Typer app run inside another program does not get."""
+    console_script_process()
     app()
 
 

@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 # that defining the commands, and so `--help`, loads none of them.
 
 _SOURCE_HELP = "A dataset directory (from `ingest`) or OTLP dump files."
+_THREADS_HELP = ("Threads the read may keep busy (default: the CPUs this process may run on, fewer under a "
+                 "cgroup CPU quota; or NEMO_TELEMETRY_THREADS).")
+_MEMORY_HELP = ("Bytes, or a size such as 512M or 4G, the in-memory path may take before goodput streams the "
+                "dataset in batches (default: a quarter of the memory available, the tighter of the host's and "
+                "the cgroup limit's; or NEMO_TELEMETRY_MEMORY_BUDGET).")
 _ENGINE_HELP = ("local: this process (streams a dataset larger than memory); ray: Ray tasks on the cluster "
                 "RAY_ADDRESS names, else a local one (needs a dataset directory).")
 
@@ -39,6 +44,8 @@ def goodput_command(
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="Compare with another run's SOURCE, "
                                                                       "bucket by bucket per mean step."),
     engine: str = typer.Option("local", "--engine", help=_ENGINE_HELP),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help=_THREADS_HELP),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help=_MEMORY_HELP),
 ) -> None:
     """Goodput per step: wall clock split into productive / overhead / idle / wasted / unattributed.
 
@@ -51,13 +58,15 @@ def goodput_command(
     if plot is not None and plot.suffix.lower() not in (".png", ".html"):
         raise fail(f"--plot {plot}: the file name must end in .png or .html")
     skip_pyarrow_pandas_probe()
-    from nemo_telemetry.analysis import (GOODPUT_COLUMNS, goodput_document, goodput_with_engine,  # noqa: PLC0415
-                                         read_for_analysis, run_goodput)
+    from nemo_telemetry.analysis import (GOODPUT_COLUMNS, ReadSettings, goodput_document,  # noqa: PLC0415
+                                         goodput_with_engine, read_for_analysis, run_goodput)
     from nemo_telemetry.cli.render import bar_width_for, render_run  # noqa: PLC0415
 
     with library_errors():
+        settings = ReadSettings.from_machine(threads=threads, memory_budget=memory_budget)
         with ray_messages_on_stderr(engine):  # stdout holds the document alone
-            runs = goodput_with_engine(source, engine=engine, run_id=run, by=by)
+            runs = goodput_with_engine(source, engine=engine, run_id=run, by=by, threads=settings.threads,
+                                       memory_budget=settings.memory_budget)
         base = run_goodput(read_for_analysis(baseline, columns=GOODPUT_COLUMNS)) if baseline is not None else ()
         if plot is not None:
             from nemo_telemetry.analysis import write_goodput_plot  # noqa: PLC0415 (matplotlib is optional)
@@ -114,6 +123,8 @@ def check_command(
                                                "granularity, an info finding: 1ms, 500us, 0.002 (seconds)."),
     run: Optional[str] = typer.Option(None, "--run", help="Only this run (nemo.run.id)."),
     engine: str = typer.Option("local", "--engine", help=_ENGINE_HELP),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help=_THREADS_HELP),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help=_MEMORY_HELP),
 ) -> None:
     """Findings that would make the goodput breakdown lie; exit 1 when one is at error severity.
 
@@ -128,12 +139,14 @@ def check_command(
         raise fail(f"--overlap-tolerance {overlap_tolerance}: give a duration >= 0 such as 1ms, 500us or 0.002 "
                    "(seconds)")
     skip_pyarrow_pandas_probe()
-    from nemo_telemetry.analysis import check_with_engine  # noqa: PLC0415
+    from nemo_telemetry.analysis import ReadSettings, check_with_engine  # noqa: PLC0415
     from nemo_telemetry.cli.render import render_report  # noqa: PLC0415
 
     with library_errors(), ray_messages_on_stderr(engine):  # stdout holds the report alone
+        settings = ReadSettings.from_machine(threads=threads, memory_budget=memory_budget)
         report = check_with_engine(source, engine=engine, run_id=run, unattributed_threshold=unattributed_threshold,
-                                   overlap_tolerance_s=tolerance_s)
+                                   overlap_tolerance_s=tolerance_s, threads=settings.threads,
+                                   memory_budget=settings.memory_budget)
     if output == "json":
         print_json(report.to_dict())
     else:

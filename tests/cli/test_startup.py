@@ -28,8 +28,9 @@ PINNED_OPTIONS = {
     "collect": {"--out", "-o", "--host", "--port", "-p", "--max-request-mib", "--max-connections",
                 "--read-timeout-s", "--token-file", "--tls-cert", "--tls-key", "--insecure"},
     "warmup": set(),
-    "goodput": {"--format", "-f", "--run", "--by", "--plot", "--baseline", "--engine"},
-    "check": {"--format", "-f", "--fail-on", "--unattributed-threshold", "--overlap-tolerance", "--run", "--engine"},
+    "goodput": {"--format", "-f", "--run", "--by", "--plot", "--baseline", "--engine", "--threads", "--memory-budget"},
+    "check": {"--format", "-f", "--fail-on", "--unattributed-threshold", "--overlap-tolerance", "--run", "--engine",
+              "--threads", "--memory-budget"},
     "waterfall": {"--run", "--trace", "--step", "--depth", "--min-duration", "--collapse", "--expand", "--export"},
     "demo": {"--out", "--steps", "--mode", "--span-groups", "--seed", "--no-carrier", "--trainer"},
     "lint": {"--format", "-f"},
@@ -78,19 +79,31 @@ def test_each_command_keeps_its_pinned_options_and_shows_them_in_help():
             assert option in shown.output, (name, option)
 
 
-def _numpy_started(env: dict) -> dict:
+def _numpy_started(env: dict, settings: dict | None = None) -> dict:
     """How numpy starts in a fresh process started as the console script starts (numpy reads its
-    settings once, when imported): whether it asks for huge pages, its dispatch targets in use."""
-    code = ("import json, os\n"
-            "from nemo_telemetry.cli.startup import prepare_numpy\n"
-            "prepare_numpy()\n"
+    settings once, when imported): whether it asks for huge pages, the threads running after the
+    import, its dispatch targets in use and its baseline, the environment the process and a child
+    it starts see afterwards. ``settings``: what numpy imports under instead of the machine's."""
+    prepare = ("startup.console_script_process()\n" if settings is None
+               else f"startup.prepare_numpy({settings!r})\n")
+    code = ("import json, os, subprocess, sys\n"
+            "from nemo_telemetry.cli import startup\n"
+            + prepare +
+            "import importlib.util\n"
+            "assert importlib.util.find_spec('numpy')  # a library asking where numpy is imports nothing\n"
             "import numpy\n"
             "core = getattr(numpy, '_core', None) or numpy.core\n"
             "um = core._multiarray_umath\n"
+            "names = ('OPENBLAS_NUM_THREADS', 'NPY_ENABLE_CPU_FEATURES', 'NPY_DISABLE_CPU_FEATURES',\n"
+            "         'NUMPY_MADVISE_HUGEPAGE')\n"
+            "child = subprocess.run([sys.executable, '-c', 'import json, os; print(json.dumps(dict(os.environ)))'],\n"
+            "                       capture_output=True, text=True, check=True).stdout\n"
             "print(json.dumps({'huge_pages': int(core.multiarray._set_madvise_hugepage(False)),\n"
             "                  'threads': len(os.listdir('/proc/self/task')),\n"
             "                  'dispatch': [f for f in um.__cpu_dispatch__ if um.__cpu_features__.get(f)],\n"
-            "                  'disabled': os.environ.get('NPY_DISABLE_CPU_FEATURES')}))\n")
+            "                  'baseline': list(um.__cpu_baseline__),\n"
+            "                  'environ': {n: os.environ.get(n) for n in names},\n"
+            "                  'child': {n: json.loads(child).get(n) for n in names}}))\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
@@ -99,50 +112,87 @@ def _env_without(*names: str) -> dict:
     return {k: v for k, v in os.environ.items() if k not in names}
 
 
-def test_the_entry_point_gives_numpy_small_pages_unless_the_user_chose():
-    env = _env_without("NUMPY_MADVISE_HUGEPAGE")
-    assert _numpy_started(env)["huge_pages"] == 0
-    assert _numpy_started({**env, "NUMPY_MADVISE_HUGEPAGE": "1"})["huge_pages"] == 1
+def _plain_numpy(env: dict) -> dict:
+    """The same, without the console script's settings (NEMO_TELEMETRY_PROCESS_TUNING=0)."""
+    return _numpy_started({**env, "NEMO_TELEMETRY_PROCESS_TUNING": "0"})
 
 
-def test_the_entry_point_keeps_numpy_from_starting_blas_threads_unless_the_user_chose():
-    env = _env_without("OPENBLAS_NUM_THREADS")
-    assert _numpy_started(env)["threads"] == 1
+NUMPY_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "NPY_ENABLE_CPU_FEATURES", "NPY_DISABLE_CPU_FEATURES",
+                   "NUMPY_MADVISE_HUGEPAGE")
+
+
+def test_the_entry_point_leaves_numpy_its_huge_pages():
+    """Small pages help only on a host whose free memory is fragmented, which cannot be told in
+    advance: numpy asks for huge pages as it would without the entry point."""
+    env = _env_without(*NUMPY_VARIABLES)
+    assert _numpy_started(env)["huge_pages"] == _plain_numpy(env)["huge_pages"]
+
+
+def test_the_entry_point_keeps_numpy_from_starting_blas_threads_and_no_child_inherits_it():
+    env = _env_without(*NUMPY_VARIABLES)
+    started = _numpy_started(env)
+    assert started["threads"] == 1
+    assert started["environ"]["OPENBLAS_NUM_THREADS"] is None  # gone once numpy is imported
+    assert started["child"]["OPENBLAS_NUM_THREADS"] is None
     if (os.cpu_count() or 1) > 1:
-        assert _numpy_started({**env, "OPENBLAS_NUM_THREADS": "2"})["threads"] > 1
+        assert _plain_numpy(env)["threads"] > 1  # what it keeps from happening
+        chosen = _numpy_started({**env, "OPENBLAS_NUM_THREADS": "2"})
+        assert chosen["threads"] > 1 and chosen["child"]["OPENBLAS_NUM_THREADS"] == "2"
 
 
+ZEN4_FLAGS = ("fpu sse4_2 movbe popcnt avx f16c abm fma bmi1 avx2 bmi2 avx512f avx512dq avx512cd avx512bw "
+              "avx512vl avx512_vbmi2")
 ZEN4 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
-        "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse4_2 avx2 avx512f avx512dq avx512vl\n")
+        f"model name\t: AMD EPYC 9R14\nflags\t\t: {ZEN4_FLAGS}\n")
 
 
 @pytest.mark.parametrize("cpuinfo, zen4", [
     (ZEN4, True),
-    (ZEN4.replace(" avx512f avx512dq avx512vl", ""), False),  # Zen 3: family 19h without AVX-512
+    (ZEN4.replace(" avx512f avx512dq avx512cd avx512bw avx512vl avx512_vbmi2", ""), False),  # Zen 3: no AVX-512
     (ZEN4.replace("cpu family\t: 25", "cpu family\t: 26"), False),  # Zen 5 runs the AVX-512 sort fast
     (ZEN4.replace("AuthenticAMD", "GenuineIntel").replace(": 25", ": 6"), False),
+    (ZEN4.replace(" bmi2", ""), False),  # a VM that hides a feature numpy's X86_V3 needs
     ("", False),  # no /proc/cpuinfo
-], ids=["zen4", "zen3", "zen5", "intel", "none"])
+], ids=["zen4", "zen3", "zen5", "intel", "no-bmi2", "none"])
 def test_only_zen4_is_told_apart_for_the_avx2_sort(cpuinfo, zen4):
     assert startup._is_zen4(cpuinfo) is zen4
 
 
-def test_the_entry_point_sorts_with_avx2_on_zen4_unless_the_user_chose():
-    """Where this machine is Zen 4 and numpy names its targets as 2.4 does, numpy starts without its
-    AVX-512 targets (whose sort is microcoded there); elsewhere, and where the user set numpy's own
-    variables, numpy starts as it would have."""
-    env = _env_without("NPY_DISABLE_CPU_FEATURES", "NPY_ENABLE_CPU_FEATURES")
-    started = _numpy_started(env)
-    applies = startup._is_zen4(startup._cpuinfo_head()) and startup._numpy_version() >= (2, 4)
-    if applies:
-        assert started["disabled"] == startup.ZEN4_DISABLED_NUMPY_FEATURES
-        assert not {"X86_V4", "AVX512_ICL", "AVX512_SPR"} & set(started["dispatch"])
-    else:
-        assert started["disabled"] is None
-    chosen = _numpy_started({**env, "NPY_DISABLE_CPU_FEATURES": ""})
-    assert chosen["disabled"] == ""
-    if applies:
-        assert "X86_V4" in chosen["dispatch"]
+def test_the_avx2_sort_is_asked_for_on_zen4_with_numpy_2_4_unless_the_user_chose(monkeypatch):
+    for name in NUMPY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    asked = startup.numpy_import_settings(cpuinfo=ZEN4, numpy_version=(2, 4))
+    assert asked == {"OPENBLAS_NUM_THREADS": "1", "NPY_ENABLE_CPU_FEATURES": startup.ZEN4_ENABLED_NUMPY_FEATURES}
+    assert "NPY_ENABLE_CPU_FEATURES" not in startup.numpy_import_settings(cpuinfo=ZEN4, numpy_version=(2, 3))
+    assert startup.numpy_import_settings(cpuinfo=ZEN4.replace(": 25", ": 26"), numpy_version=(2, 4)) == {
+        "OPENBLAS_NUM_THREADS": "1"}
+    monkeypatch.setenv("NPY_DISABLE_CPU_FEATURES", "")
+    assert "NPY_ENABLE_CPU_FEATURES" not in startup.numpy_import_settings(cpuinfo=ZEN4, numpy_version=(2, 4))
+
+
+def _numpy_2_4_on_x86_v3() -> bool:
+    version = startup._numpy_version()
+    flags = set(ZEN4_FLAGS.split()) - {"avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx512_vbmi2"}
+    return version >= (2, 4) and flags <= set(startup._cpuinfo_head().partition("flags")[2].split())
+
+
+@pytest.mark.skipif(not _numpy_2_4_on_x86_v3(), reason="the Zen 4 setting names numpy 2.4's x86 targets")
+def test_numpy_imports_under_the_zen4_setting_without_avx512_and_gives_it_back():
+    """What a Zen 4 machine's command gets, on this machine: numpy's AVX-512 targets off, its
+    baseline (named in the setting too) accepted, and the variable gone before any child starts."""
+    env = _env_without(*NUMPY_VARIABLES)
+    started = _numpy_started(env, {"NPY_ENABLE_CPU_FEATURES": startup.ZEN4_ENABLED_NUMPY_FEATURES})
+    assert not set(startup.ZEN4_DISABLED_NUMPY_FEATURES.split()) & set(started["dispatch"])
+    assert started["environ"]["NPY_ENABLE_CPU_FEATURES"] is None
+    assert started["child"]["NPY_ENABLE_CPU_FEATURES"] is None
+    assert set(started["baseline"]) & set(startup.ZEN4_ENABLED_NUMPY_FEATURES.split())  # a baseline feature named
+
+
+def test_the_entry_point_starts_numpy_as_it_would_where_the_user_set_its_variables():
+    env = {**_env_without(*NUMPY_VARIABLES), "NPY_DISABLE_CPU_FEATURES": "", "OPENBLAS_NUM_THREADS": "2"}
+    started, plain = _numpy_started(env), _plain_numpy(env)
+    assert started["dispatch"] == plain["dispatch"]
+    assert started["environ"] == plain["environ"] == started["child"]
 
 
 # -- goodput and check load no pandas ----------------------------------------------------------

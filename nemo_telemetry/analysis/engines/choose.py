@@ -8,7 +8,6 @@ dataset's files to :mod:`engines.ray_engine`, imported only then. Each engine dr
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,6 +15,7 @@ import pyarrow.parquet as pq
 from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES, ENGINES
 from nemo_telemetry.analysis.goodput import steps as _goodput
 from nemo_telemetry.analysis.goodput.rules import check_by
+from nemo_telemetry.analysis.settings import ReadSettings
 from nemo_telemetry.analysis.store.read import (
     GOODPUT_COLUMNS,
     STEP_GOODPUT_COLUMNS,
@@ -38,14 +38,6 @@ def _dataset_rows(root: Path) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in span_files(root))
 
 
-def _memory_budget() -> int:
-    """A quarter of the memory available now (what the in-memory path may take before streaming)."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
-    except (ValueError, OSError, AttributeError):  # not Linux: assume a laptop's 4 GB
-        return 4 << 30
-
-
 def _check_engine(engine: str) -> None:
     if engine not in ENGINES:
         raise NemoTelemetryError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
@@ -60,37 +52,39 @@ def _dataset_for(source, engine: str) -> Path:
 
 
 def goodput_with_engine(source, *, engine: str = "local", run_id: str | None = None, by: str = "step",
-                        memory_budget: int | None = None) -> tuple[_goodput.RunGoodput, ...]:
+                        memory_budget: int | None = None, threads: int | None = None) -> tuple[_goodput.RunGoodput, ...]:
     """``run_goodput`` of a dataset or dump files on the chosen engine.
 
     ``local`` works in memory, or streams the dataset a batch at a time when its goodput
-    columns would take more than ``memory_budget`` bytes (default: a quarter of the memory
-    available); ``ray`` runs Ray tasks over the dataset's files. ``by="rank"`` reads the dataset once
-    more on the streaming and Ray engines (the rank partials).
+    columns would take more than ``memory_budget`` bytes (default: :class:`ReadSettings`', a
+    quarter of the memory available to this process, its cgroup's limit included); ``ray`` runs Ray
+    tasks over the dataset's files. ``threads``: how many threads the local read keeps busy
+    (default: the CPUs this process may use). ``by="rank"`` reads the dataset once more on the
+    streaming and Ray engines (the rank partials).
     """
     _check_engine(engine)
     from nemo_telemetry.analysis.ingestion.metrics import with_step_metrics
 
     return with_step_metrics(_goodput_on_engine(source, engine=engine, run_id=run_id, by=by,
-                                                memory_budget=memory_budget), source)
+                                                memory_budget=memory_budget, threads=threads), source)
 
 
 def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
-                       memory_budget: int | None) -> tuple[_goodput.RunGoodput, ...]:
+                       memory_budget: int | None, threads: int | None) -> tuple[_goodput.RunGoodput, ...]:
     check_by(by)
     if engine == "ray":
         from nemo_telemetry.analysis.engines.ray_engine import ray_goodput
 
         return ray_goodput(_dataset_for(source, engine), run_id=run_id, by=by)  # names a damaged file itself
     root = single_dataset(source)
-    budget = _memory_budget() if memory_budget is None else memory_budget
-    if root is not None and _dataset_rows(root) * _IN_MEMORY_BYTES_PER_SPAN > budget:
+    settings = ReadSettings.from_machine(threads=threads, memory_budget=memory_budget)
+    if root is not None and _dataset_rows(root) * _IN_MEMORY_BYTES_PER_SPAN > settings.memory_budget:
         with reading_errors(root):
             return stream_goodput(root, run_id=run_id, by=by)
     if by == "step" and root is not None:
         _, files = span_source_files(root)
         with reading_errors(root):
-            rows = _goodput.read_goodput_rows(files, STEP_GOODPUT_COLUMNS) if files else None
+            rows = _goodput.read_goodput_rows(files, STEP_GOODPUT_COLUMNS, threads=settings.threads) if files else None
         if rows is not None:
             return _goodput.goodput_of_rows(rows, run_id=run_id)
     columns = STEP_GOODPUT_COLUMNS if by == "step" else GOODPUT_COLUMNS
@@ -104,10 +98,14 @@ CHECK_COLUMNS = tuple(dict.fromkeys((*READ_COLUMNS, *_PROCESS_COLUMNS)))
 """What ``check`` reads of a dataset it holds in memory."""
 
 
-def check_with_engine(source, *, engine: str = "local", **options):
+def check_with_engine(source, *, engine: str = "local", memory_budget: int | None = None,
+                      threads: int | None = None, **options):
     """``check_run`` over a dataset or dump files; on ``ray`` the findings' rules run in Ray tasks
-    (:mod:`partitioned_check`), the report being the same."""
+    (:mod:`partitioned_check`), the report being the same. ``memory_budget`` and ``threads`` are
+    checked as :class:`ReadSettings` takes them; the local engine decodes a dataset batch by batch
+    whatever its size."""
     _check_engine(engine)
+    ReadSettings.from_machine(threads=threads, memory_budget=memory_budget)
     if engine == "ray":
         from nemo_telemetry.analysis.engines.ray_engine import ray_check
 

@@ -36,7 +36,7 @@ from nemo_telemetry.analysis.goodput import partials as streaming
 from nemo_telemetry.analysis.goodput.numbering import number_steps
 from nemo_telemetry.analysis.store.dataset import DatasetWriter, drop_duplicates
 from nemo_telemetry.analysis.store.read import reading_errors
-from nemo_telemetry.analysis.ingestion.ingest import (BATCH_SPANS, FILE_ROWS, WRITE_AHEAD, IngestSummary, Source, IngestPipeline,
+from nemo_telemetry.analysis.ingestion.ingest import (BATCH_SPANS, FILE_ROWS, write_threads, IngestSummary, Source, IngestPipeline,
                                             SignalDumps, dump_files_detected, ingest_inputs)
 from nemo_telemetry.errors import IngestError, NemoTelemetryError
 
@@ -267,7 +267,7 @@ def ray_ingest(
         raise IngestError(f"max_request_bytes={max_request_bytes!r}: give a number of bytes > 0")
     ray = connect()
     files, skipped = dump_files_detected(inputs, format)
-    writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
+    writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=write_threads())
     try:
         writer.start(ingest_inputs(inputs))
         signals = SignalDumps(max_record_bytes=max_request_bytes)

@@ -245,7 +245,8 @@ def goodput_rows(spans: pa.Table) -> GoodputRows:
     return GoodputRows(_take(spans, position), position, code_values(spans, "run_id"), lambda: spans)
 
 
-def read_goodput_rows(files: list[str], columns: tuple[str, ...], *, batch_rows: int | None = None) -> GoodputRows | None:
+def read_goodput_rows(files: list[str], columns: tuple[str, ...], *, batch_rows: int | None = None,
+                      threads: int | None = None) -> GoodputRows | None:
     """:class:`GoodputRows` of a dataset's spans files, read batch by batch: each batch's rows
     goodput reads and its walk columns (:data:`WALK_READ`) are kept, the rest of it let go.
 
@@ -255,7 +256,7 @@ def read_goodput_rows(files: list[str], columns: tuple[str, ...], *, batch_rows:
     rows, position, kept, runs = [], [], [], {}
     at = 0
     numbers = None
-    for batch in scan_span_files(files, columns=columns, batch_rows=batch_rows):
+    for batch in scan_span_files(files, columns=columns, batch_rows=batch_rows, threads=threads):
         if not has_id_keys(batch.schema):
             return None
         if numbers is None:  # the step spans without rl.iteration, numbered over every file first

@@ -37,6 +37,7 @@ from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
 from nemo_telemetry.analysis.ingestion._otlp_wire import decode_batch, decode_frames_each
 from nemo_telemetry.analysis.ingestion.metrics import dataset_metric_points
 from nemo_telemetry.analysis.ingestion.logs import DatasetLogFiles, dataset_log_files
+from nemo_telemetry.analysis.settings import available_cpus
 from nemo_telemetry.analysis.store.commits import dataset_state
 from nemo_telemetry.analysis.store.dataset import (
     DatasetWriter,
@@ -49,6 +50,8 @@ from nemo_telemetry.analysis.store.sources import Source, split_sources
 from nemo_telemetry.errors import IngestError, IngestWarning
 
 __all__ = [
+    "decode_threads",
+    "write_threads",
     "IngestSummary",
     "IngestWarning",
     "TraceTables",
@@ -71,9 +74,22 @@ BATCH_SPANS = 1 << 16  # spans decoded before a batch is converted and written
 # files gather up to this.
 BATCH_PROTOBUF_BYTES = 8 << 20
 BATCH_JSON_BYTES = 8 << 20
-DECODE_AHEAD = 2  # batches decoding on worker threads while the next one is read
-WRITE_AHEAD = 2  # Parquet files written on worker threads while the next batches decode
+DECODE_AHEAD = 2  # the fewest batches decoding on worker threads while the next one is read (decode_threads)
+WRITE_AHEAD = 2  # the fewest Parquet files written on worker threads while the next batches decode (write_threads)
 FILE_ROWS = 1 << 17  # spans of a (run, rank) partition gathered into one Parquet file
+
+
+def decode_threads() -> int:
+    """Batches decoding at once: one per CPU this process may use (:func:`available_cpus`: its
+    affinity and its cgroup's CPU quota), at least :data:`DECODE_AHEAD` so that one batch decodes
+    while the next is read even on one CPU. The decoders release the GIL."""
+    return max(DECODE_AHEAD, available_cpus())
+
+
+def write_threads() -> int:
+    """Parquet files encoded and fsync'd at once while the next batches decode: half the CPUs
+    (decoding takes the others), at least :data:`WRITE_AHEAD` (the writes wait on the disk too)."""
+    return max(WRITE_AHEAD, available_cpus() // 2)
 
 
 @dataclass(frozen=True)
@@ -128,7 +144,7 @@ class IngestPipeline:
     protobuf_bytes: int = 0
     json_blocks: list = field(default_factory=list)  # JsonLines blocks waiting for the scan
     json_bytes: int = 0
-    decode_ahead: int = DECODE_AHEAD  # 0: decode in the calling thread (e.g. inside a Ray task)
+    decode_ahead: int = field(default_factory=decode_threads)  # 0: decode in the calling thread (a Ray task)
     executor: ThreadPoolExecutor | None = None
     in_flight: deque = field(default_factory=deque)  # (future of _Decoded, its read buffers), oldest first
     buffers: ReadBuffers = field(default_factory=ReadBuffers)  # blocks are read into these, reused
@@ -188,7 +204,7 @@ class IngestPipeline:
         """Hand the pending records to a decoding thread; write finished batches in order.
 
         The compiled scans and Arrow release the GIL, so one batch decodes while the next is
-        read and the one before is deduplicated and written. At most ``DECODE_AHEAD`` batches
+        read and the one before is deduplicated and written. At most ``decode_ahead`` batches
         are in flight, which bounds the memory held beyond the tables themselves.
         """
         if not len(self.cols) and not self.protobuf and not self.json_blocks and not self.protobuf_blocks:
@@ -423,7 +439,7 @@ def ingest(
     if not max_request_bytes > 0:
         raise IngestError(f"max_request_bytes={max_request_bytes!r}: give a number of bytes > 0")
     files, skipped = dump_files_detected(inputs, format)
-    writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=WRITE_AHEAD)
+    writer = DatasetWriter(Path(out), file_rows=FILE_ROWS, background_writes=write_threads())
     try:
         writer.start(ingest_inputs(inputs))
         pipeline = IngestPipeline(writer.write_fresh, dedup=writer.dedup, progress=progress,

@@ -5,7 +5,6 @@ as record batches, and which files a source (a dataset directory or raw dump fil
 
 from __future__ import annotations
 
-import ctypes
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
@@ -15,6 +14,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
+from nemo_telemetry.analysis.settings import available_cpus
 from nemo_telemetry.analysis.store.commits import FileProblem, committed_files, damaged_error
 from nemo_telemetry.analysis.store.dataset import checked_parquet
 from nemo_telemetry.analysis.store.repair import verify_dataset
@@ -44,7 +44,7 @@ _PROMOTED_LATER = ("span_groups",)
 # over the columns runs a few times instead of a hundred.
 _READ_BATCH_ROWS = 1 << 20
 _SCAN_BATCH_ROWS = 1 << 17  # scan_span_files: small enough that the pool reuses each batch's pages for the next
-_SCAN_READAHEAD = 4  # batches decoded ahead per file: both cores busy, a few batches' memory in flight
+_READAHEAD_PER_THREAD = 2  # batches decoded ahead per file and thread: each thread has the next batch to decode
 _DICTIONARY_READS = ("trace_id", "resource_attributes.key_value.key", "resource_attributes.key_value.value")
 
 GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "service_name", "run_id", "rank", BUCKET, ITERATION,
@@ -67,9 +67,7 @@ def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.
 
         return read_spans(source)
     with reading_errors(root):
-        table = read_span_files(files, columns=columns)
-    _trim_malloc()
-    return table
+        return read_span_files(files, columns=columns)
 
 
 def span_source_files(source) -> tuple[Path | None, list[str]]:
@@ -98,36 +96,38 @@ def read_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS
     dataset, columns = span_projection(files, columns)
     # Into the system allocator's pool rather than Arrow's default (mimalloc): on a loaded 2-core
     # machine 10M spans read in 2-3 s against 6-10 s there, and check's peak RSS is 0.1-0.2 GB lower.
-    table = dataset.to_table(columns=columns, batch_size=_READ_BATCH_ROWS, memory_pool=pa.system_memory_pool())
-    pa.default_memory_pool().release_unused()  # the reader's own scratch (0.15 GB at 10M spans), back to the OS
-    return table
+    return dataset.to_table(columns=columns, batch_size=_READ_BATCH_ROWS, memory_pool=pa.system_memory_pool())
 
 
 def scan_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS,
-                    batch_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+                    batch_rows: int | None = None, threads: int | None = None) -> Iterator[pa.RecordBatch]:
     """:func:`read_span_files`' projection as record batches in dataset order, for a caller that keeps
     only part of each batch (goodput keeps its few rows and the walk's columns).
 
     Small batches in a pool that reuses what the previous batches freed (jemalloc, where this
     pyarrow has it): the columns a caller lets go cost no new pages, and page faults are most of
-    a read's system time on these VMs (10M spans: goodput's read faults in 0.44 GB instead of 0.78).
+    a read's system time (10M spans: goodput's read faults in 0.44 GB instead of 0.78). ``threads``:
+    how many threads the scan keeps busy (default: :func:`~nemo_telemetry.analysis.settings.available_cpus`).
     """
     dataset, columns = span_projection(files, columns)
-    yield from scan_batches(dataset, columns, batch_rows)
+    yield from scan_batches(dataset, columns, batch_rows, threads=threads)
 
 
-def scan_batches(dataset: ds.Dataset, columns: list[str], batch_rows: int | None) -> Iterator[pa.RecordBatch]:
+def scan_batches(dataset: ds.Dataset, columns: list[str], batch_rows: int | None, *,
+                 threads: int | None = None) -> Iterator[pa.RecordBatch]:
     """``columns`` of ``dataset`` as record batches in dataset order (:func:`scan_span_files`)."""
-    for _, batch in scan_file_batches(dataset, columns, batch_rows):
+    for _, batch in scan_file_batches(dataset, columns, batch_rows, threads=threads):
         yield batch
 
 
-def scan_file_batches(dataset: ds.Dataset, columns: list[str],
-                      batch_rows: int | None) -> Iterator[tuple[str, pa.RecordBatch]]:
+def scan_file_batches(dataset: ds.Dataset, columns: list[str], batch_rows: int | None, *,
+                      threads: int | None = None) -> Iterator[tuple[str, pa.RecordBatch]]:
     """:func:`scan_batches`, each batch with the path of the file it comes from (a file's batches
-    come together, in its order)."""
+    come together, in its order). A few batches per thread are decoded ahead: every thread has the
+    next batch to decode, and a few batches' memory is in flight."""
+    readahead = _READAHEAD_PER_THREAD * (threads if threads else available_cpus())
     scanner = dataset.scanner(columns=columns, batch_size=batch_rows or _SCAN_BATCH_ROWS,
-                              batch_readahead=_SCAN_READAHEAD, memory_pool=reusing_pool())
+                              batch_readahead=readahead, memory_pool=reusing_pool())
     for tagged in scanner.scan_batches():
         yield tagged.fragment.path, tagged.record_batch
 
@@ -178,24 +178,3 @@ def reusing_pool() -> pa.MemoryPool:
         return pa.jemalloc_memory_pool()
     except NotImplementedError:  # a pyarrow built without jemalloc
         return pa.system_memory_pool()
-
-
-def _trim_malloc() -> None:
-    """Hand the decoders' freed scratch in the system allocator back to the OS (glibc only).
-
-    The reader's threads free 0.2-0.3 GB per 10M spans into glibc's per-thread arenas, which keep
-    it; ``check`` then peaks that much lower (under 2 GB at 10M spans). Arrow's system pool does
-    not trim on ``release_unused``, so ``malloc_trim`` is called directly where glibc has it.
-    Once per whole-table read: the partitioned engines' per-file reads reuse that scratch.
-    """
-    trim = getattr(_libc(), "malloc_trim", None)
-    if trim is not None:
-        trim(0)
-
-
-@cache
-def _libc():
-    try:
-        return ctypes.CDLL(None)
-    except OSError:  # no C library to load symbols from (a static or exotic build): nothing to trim
-        return None
