@@ -23,7 +23,7 @@ from nemo_telemetry.analysis.model.columns import (
     row_value,
 )
 from nemo_telemetry.analysis.model.keys import (
-    NO_PARENT, PARENT_ELSEWHERE, key_index, orphan_mask, parent_rows, sort_index,
+    NO_PARENT, PARENT_ELSEWHERE, build_index, key_index, orphan_mask, parent_rows, sort_index,
 )
 from nemo_telemetry.analysis.model.resources import resource_pairs, resource_values
 from nemo_telemetry.analysis.model.schema import (

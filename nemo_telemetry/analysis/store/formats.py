@@ -65,7 +65,7 @@ class SpansFormat:
         for fragment in dataset.get_fragments():
             missing = self.missing(fragment.physical_schema)
             if missing:
-                raise format_error(fragment.path, UNVERSIONED, _lacks(fragment.path, missing))
+                raise format_error(fragment.path, UNVERSIONED, _lacks(fragment.path, missing, named=False))
         return list(columns)
 
 
@@ -104,16 +104,16 @@ def dataset_format(root: Path, recorded: int | None, spans_files: Callable[[], I
     return DATASET_FORMAT
 
 
-def _lacks(path, missing: list[str]) -> str:
-    return (f"unversioned, its spans files in a layout older than format {DATASET_FORMAT}: {path} has no "
-            f"{', '.join(missing)} column{'s' if len(missing) > 1 else ''}")
+def _lacks(path, missing: list[str], *, named: bool = True) -> str:
+    return (f"unversioned, its spans files in a layout older than format {DATASET_FORMAT}: "
+            f"{path if named else 'this file'} has no {', '.join(missing)} column{'s' if len(missing) > 1 else ''}")
 
 
 def format_error(where, version: int, why: str) -> DatasetFormatError:
     """The refusal every reader gives: the format, why, which formats are read, and the fix."""
     read = ", ".join(str(v) for v in sorted(READERS))
-    fix = "Upgrade nemo-telemetry, or re-run" if version > DATASET_FORMAT else "Re-run"
+    fix = "upgrade nemo-telemetry, or re-run" if version > DATASET_FORMAT else "re-run"
     return DatasetFormatError(
         f"{where}: dataset format {version} ({why}), which this nemo-telemetry does not read (it reads format "
-        f"{read}). {fix} nemo-telemetry ingest of its dumps into a new folder: "
+        f"{read}); {fix} nemo-telemetry ingest of its dumps into a new folder: "
         f"nemo-telemetry ingest DUMPS --out NEW_DATASET", version, tuple(sorted(READERS)))
