@@ -350,6 +350,7 @@ class FileParents:
         self.wanted: list[np.ndarray] = []  # per batch: those runs' references (mixed keys)
         self.parent: list[np.ndarray] = []  # per batch: and their parent keys
         self.file_keys: list[tuple] = []  # the current file's batches: (span, trace, parent) keys, to check the column
+        self.scratch: dict[str, np.ndarray] = {}  # the check's buffers, reused from file to file (no new pages)
 
     def add(self, path: str, batch: pa.RecordBatch) -> None:
         if path != self.path:
@@ -358,8 +359,7 @@ class FileParents:
         local = filled(batch.column(PARENT_ROW), PARENT_ELSEWHERE)  # a null (never written): looked up
         if len(local) == 0:
             return
-        self.file_keys.append(tuple(filled(batch.column(c), 0).astype(np.uint64, copy=False)
-                                    for c in ("span_key", "trace_key", "parent_key")))
+        self.file_keys.append(tuple(batch.column(c) for c in ("span_key", "trace_key", "parent_key")))
         if local.min() < PARENT_ELSEWHERE:
             self._damaged(int(local.min()))
         self.highest = max(self.highest, int(local.max()))
@@ -388,19 +388,30 @@ class FileParents:
             self._damaged(self.highest)
         if not self.file_keys:
             return
-        span, trace, parent = (np.concatenate(k) for k in zip(*self.file_keys))
+        span, trace, parent = (filled(k[0] if len(k) == 1 else pa.chunked_array(k), 0).astype(np.uint64, copy=False)
+                               for k in zip(*self.file_keys))  # a file of one batch: no copy
         self.file_keys = []
         rows = self.rows[self.file_start:self.at]
-        child = np.flatnonzero(rows >= 0)
-        local = rows[child] - self.file_start
-        wrong = (span[local] != parent[child]) | (trace[local] != trace[child])
+        local, got, wrong, other = (self._buffer(name, len(rows), dtype) for name, dtype in (
+            ("local", rows.dtype), ("got", np.uint64), ("wrong", bool), ("other", bool)))
+        np.subtract(rows, self.file_start, out=local)
+        np.maximum(local, 0, out=local)  # where no parent is in the file (< 0): row 0, its mismatch ignored below
+        np.not_equal(np.take(span, local, out=got), parent, out=wrong)
+        wrong |= np.not_equal(np.take(trace, local, out=got), trace, out=other)
+        wrong &= np.greater_equal(rows, 0, out=other)
         if wrong.any():
             at = int(np.argmax(wrong))
-            problem = (f"its {PARENT_ROW} column does not index its rows (row {int(child[at])} names parent "
-                       f"{int(parent[child[at]]):016x}, its {PARENT_ROW} row {int(local[at])} holds span "
+            problem = (f"its {PARENT_ROW} column does not index its rows (row {at} names parent "
+                       f"{int(parent[at]):016x}, its {PARENT_ROW} row {int(local[at])} holds span "
                        f"{int(span[local[at]]):016x}): rewritten in another row order, or damaged")
             raise DamagedDatasetError(f"{self.path}: {problem}. Re-run nemo-telemetry ingest of its dumps into a "
                                       "new folder", ((str(self.path), problem),))
+
+    def _buffer(self, name: str, n: int, dtype) -> np.ndarray:
+        held = self.scratch.get(name)
+        if held is None or len(held) < n or held.dtype != dtype:
+            held = self.scratch[name] = np.empty(n, dtype=dtype)
+        return held[:n]
 
     def _damaged(self, value: int) -> None:
         raise IngestError(f"{self.path}: its {PARENT_ROW} column holds {value}, which is no row of the file; "
