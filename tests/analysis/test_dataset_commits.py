@@ -266,7 +266,7 @@ def test_spans_files_of_an_older_layout_are_refused_without_their_dataset(tables
     pq.write_table(dataset.with_parent_rows(tables.spans.slice(0, 100)), new)
     pq.write_table(tables.spans.slice(100, 200), old)
     assert read_span_files([str(new)]).num_rows == 100
-    with pytest.raises(DatasetFormatError, match="old.parquet: .*this file has no parent_row column"):
+    with pytest.raises(DatasetFormatError, match="old.parquet: dataset format 0 .*it has no parent_row column"):
         read_span_files([str(new), str(old)])
 
 

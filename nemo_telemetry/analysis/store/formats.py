@@ -105,8 +105,11 @@ def dataset_format(root: Path, recorded: int | None, spans_files: Callable[[], I
 
 
 def _lacks(path, missing: list[str], *, named: bool = True) -> str:
-    return (f"unversioned, its spans files in a layout older than format {DATASET_FORMAT}: "
-            f"{path if named else 'this file'} has no {', '.join(missing)} column{'s' if len(missing) > 1 else ''}")
+    """Why a dataset (``named``: its file ``path``) or one spans file is of no format read here."""
+    columns = f"{', '.join(missing)} column{'s' if len(missing) > 1 else ''}"
+    if named:
+        return f"unversioned, its spans files in a layout older than format {DATASET_FORMAT}: {path} has no {columns}"
+    return f"a spans file in a layout older than format {DATASET_FORMAT}: it has no {columns}"
 
 
 def format_error(where, version: int, why: str) -> DatasetFormatError:
