@@ -208,6 +208,7 @@ def _refused(version: int):
 
 def _every_reader_refuses(root: Path, version: int) -> None:
     for read in (lambda: read_for_analysis(root), lambda: commits.dataset_state(root), lambda: span_files(root),
+                 lambda: read_spans(root),  # waterfall's read, and a monitor resuming its --out dataset
                  lambda: dataset.DatasetWriter(root), lambda: verify_dataset(root)):
         with _refused(version) as caught:
             read()
