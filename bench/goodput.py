@@ -4,8 +4,8 @@
 
 Writes a synthetic dataset in ingest's layout (``DIR/spans/run_id=<run>/rank=<rank>/part-*.parquet``,
 each process's spans in the order it exports them, as they end, in files of ingest's ``FILE_ROWS``;
-the uint64 id key columns, the ``span_groups`` column and each file's ``parent_row`` included)
-unless DIR already holds one, then
+the uint64 id key columns, the ``span_groups`` column and each file's ``parent_row`` included, and
+a commit record naming them, their sizes and the dataset format) unless DIR already holds one, then
 measures each command in a fresh child process of its own, as a user running ``nemo-telemetry
 goodput`` and then ``nemo-telemetry check`` gets them (nothing read or allocated by one helps
 the other; the measured package byte-compiled first, as an installed one is: ``bench/_bytecode.py``):
@@ -165,6 +165,7 @@ def write_dataset(root: Path, spans: int) -> None:
     import pyarrow.parquet as pq
 
     from nemo_telemetry.analysis.ingestion.ingest import FILE_ROWS
+    from nemo_telemetry.analysis.store import commits
     from nemo_telemetry.analysis.store.dataset import (
         SPANS_PARQUET_OPTIONS,
         with_parent_rows,
@@ -188,6 +189,11 @@ def write_dataset(root: Path, spans: int) -> None:
                 pq.write_table(with_parent_rows(table.take(rows[lo:lo + FILE_ROWS])), folder / f"part-{i:09d}.parquet",
                                **SPANS_PARQUET_OPTIONS)
         del table
+    # the record ingest writes: readers trust its format instead of opening every file's footer for it
+    written = sorted(str(p.relative_to(root)) for p in (root / "spans").rglob("*.parquet"))
+    (root / commits.COMMITS).mkdir(exist_ok=True)
+    commits.write_record(root, "bench", 0, {"kind": "commit", "files": written, "sizes": {
+        rel: commits.file_info(root / rel, pq.ParquetFile(root / rel).metadata.num_rows) for rel in written}})
 
 
 def _peak_gb() -> float:

@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 
 from _columns import dictionary, uint64_hex  # bench/_columns.py (this script's folder is on sys.path)
 from nemo_telemetry.analysis.ingestion._columns import SPANS_TABLE_SCHEMA
+from nemo_telemetry.analysis.store.dataset import with_parent_rows
 from nemo_telemetry.analysis.store.partitions import split_by_partition
 
 RANKS = 8
@@ -131,7 +132,8 @@ def write_dataset(root: Path, spans: int, *, steps_per_chunk: int = 2_000) -> No
                 table = pa.concat_tables([job, table])
             for folder, part in split_by_partition(table):
                 (root / "spans" / folder).mkdir(parents=True, exist_ok=True)
-                pq.write_table(part, root / "spans" / folder / f"part-{index:05d}.parquet", row_group_size=1 << 17)
+                pq.write_table(with_parent_rows(part), root / "spans" / folder / f"part-{index:05d}.parquet",
+                               row_group_size=1 << 17)  # a spans file of dataset format 1: its parent rows
     for table in ("events", "links"):
         (root / table).mkdir(parents=True, exist_ok=True)
 

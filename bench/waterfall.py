@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 
 from nemo_telemetry.analysis import SPANS_SCHEMA, read_spans, waterfall, with_id_keys
+from nemo_telemetry.analysis.store.dataset import with_parent_rows
 from nemo_telemetry.cli.render import print_waterfall
 
 S = 1_000_000_000
@@ -92,7 +93,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "spans").mkdir()
-        pq.write_table(synthetic_run(args.spans), root / "spans" / "part-0.parquet")
+        pq.write_table(with_parent_rows(synthetic_run(args.spans)), root / "spans" / "part-0.parquet")  # format 1
         read_s, spans = best_of(args.repeat, lambda: read_spans(root))
         print(f"spans: {spans.num_rows:,}")
         print(f"baseline  read_spans (Parquet dataset)      {read_s:7.3f} s")

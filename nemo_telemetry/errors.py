@@ -7,7 +7,8 @@ Kept free of heavy imports so :mod:`nemo_telemetry.instrument` can raise them ch
      ├── RegistryError    a span-group registration that conflicts with an existing one
      ├── IngestError      an input that is not OTLP, or a dataset that cannot be read
      │    ├── DatasetLockedError   a second writer on a dataset another writer holds
-     │    └── DamagedDatasetError  a committed file of a dataset that is missing or damaged
+     │    ├── DamagedDatasetError  a committed file of a dataset that is missing or damaged
+     │    └── DatasetFormatError   a dataset of a format (layout) this version does not read
      ├── UnknownRunError  a --run / run_id that none of the spans carry
      ├── ListenError      a receiver that cannot bind its address
      ├── ReceiverSecurityError  a receiver beyond loopback without a token, or a token / TLS file it cannot use
@@ -30,6 +31,7 @@ __all__ = [
     "IngestError",
     "DatasetLockedError",
     "DamagedDatasetError",
+    "DatasetFormatError",
     "UnknownRunError",
     "ListenError",
     "ReceiverSecurityError",
@@ -76,6 +78,18 @@ class DamagedDatasetError(IngestError):
     def __init__(self, message: str, damaged: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(message)
         self.damaged = tuple(damaged)
+
+
+class DatasetFormatError(IngestError):
+    """A dataset (or one of its spans files) of a format this nemo-telemetry does not read: one
+    written before format versions in a layout since retired, or by a newer version. The message
+    names the format and says to re-run ``nemo-telemetry ingest`` into a new folder. ``version`` is
+    the dataset's format (0: unversioned, in a retired layout); ``supported`` the formats read."""
+
+    def __init__(self, message: str, version: int, supported: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.version = version
+        self.supported = tuple(supported)
 
 
 class UnknownRunError(NemoTelemetryError):

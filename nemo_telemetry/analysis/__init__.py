@@ -96,6 +96,7 @@ __all__ = [
     "MonitorError",
     "DatasetLockedError",
     "DamagedDatasetError",
+    "DatasetFormatError",
     "verify_dataset",
     "repair_dataset",
     "VerifyReport",
@@ -108,7 +109,7 @@ _MODULE_NAMES = {  # each module and the public names it defines, in the pipelin
     "nemo_telemetry.errors": (
         "IngestError", "IncompleteDatasetWarning", "IngestWarning", "CompiledPathWarning", "LintError",
         "UnknownRunError", "WaterfallError", "MonitorError", "DatasetLockedError", "DamagedDatasetError",
-        "ReceiverSecurityError", "SettingsError",
+        "ReceiverSecurityError", "SettingsError", "DatasetFormatError",
     ),
     "nemo_telemetry.analysis.choices": (
         "FORMATS", "SEVERITIES", "ENGINES", "DEFAULT_COLLAPSE_THRESHOLD", "DEFAULT_MAX_CONNECTIONS",

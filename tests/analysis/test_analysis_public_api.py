@@ -30,6 +30,8 @@ PINNED |= {"run_monitor", "MonitorState", "MonitorSummary", "MonitorView", "Step
 # issue 33: one writer at a time, damaged files named, verify and repair
 PINNED |= {"DatasetLockedError", "DamagedDatasetError", "verify_dataset", "repair_dataset", "VerifyReport",
            "RepairReport"}
+# issue 32: a dataset of a format this version does not read
+PINNED |= {"DatasetFormatError"}
 # issue 33: the receivers' bearer token file and the error of a receiver that refuses to start as asked
 PINNED |= {"read_token_file", "ReceiverSecurityError"}
 

@@ -15,12 +15,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from nemo_telemetry.errors import IngestError
+from nemo_telemetry.errors import DatasetFormatError, IngestError
 from nemo_telemetry.analysis import IncompleteDatasetWarning, ingest, load_traces, read_events, read_links, read_spans
 from nemo_telemetry.analysis.store import commits
 from nemo_telemetry.analysis.store import dataset
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
-from nemo_telemetry.analysis.store.read import read_for_analysis
+from nemo_telemetry.analysis.store.formats import DATASET_FORMAT
+from nemo_telemetry.analysis.store.read import read_for_analysis, read_span_files
+from nemo_telemetry.analysis.store.repair import verify_dataset
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed
 
@@ -178,11 +180,13 @@ def test_leftovers_of_a_writer_that_is_gone_are_removed_and_stray_files_ignored(
 
 
 def test_a_dataset_without_commit_record_reads_as_before_and_is_adopted(tables, tmp_path):
-    """Files an older version wrote (no ``_commits``): all read; the next writer records them first."""
+    """Files an older version wrote (no ``_commits``) in the current layout: all read, as format 1;
+    the next writer records them first, and its records name the format."""
     root = tmp_path / "old"
     folder = root / "spans" / "run_id=synthetic-run"
     folder.mkdir(parents=True)
-    pq.write_table(tables.spans.slice(0, 400), folder / "part-0.parquet")
+    pq.write_table(dataset.with_parent_rows(tables.spans.slice(0, 400)), folder / "part-0.parquet")
+    assert commits.dataset_state(root).format == DATASET_FORMAT
     assert _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 400))
     writer = dataset.DatasetWriter(root)
     writer.write(_batch(tables, 0, 1_100))
@@ -190,6 +194,81 @@ def test_a_dataset_without_commit_record_reads_as_before_and_is_adopted(tables, 
     spans = _quiet_read(root)
     assert spans.num_rows == 1_100 and _ids(spans) == _ids(tables.spans)
     assert "spans/run_id=synthetic-run/part-0.parquet" in commits.dataset_state(root).committed
+    records = [json.loads(p.read_bytes()) for p in sorted((root / commits.COMMITS).glob("*.json"))]
+    assert records and all(r["dataset_format"] == DATASET_FORMAT for r in records)
+
+
+def _refused(version: int):
+    """What every reader and writer raises for a dataset of format ``version``: it names the
+    format, the formats read, and the fix (the dumps ingested again, into a new folder)."""
+    return pytest.raises(DatasetFormatError, match=(
+        rf"dataset format {version} \(.*\), which this nemo-telemetry does not read \(it reads format 1\); "
+        r"(upgrade nemo-telemetry, or )?re-run nemo-telemetry ingest of its dumps into a new folder"))
+
+
+def _every_reader_refuses(root: Path, version: int) -> None:
+    for read in (lambda: read_for_analysis(root), lambda: commits.dataset_state(root), lambda: span_files(root),
+                 lambda: read_spans(root),  # waterfall's read, and a monitor resuming its --out dataset
+                 lambda: dataset.DatasetWriter(root), lambda: verify_dataset(root)):
+        with _refused(version) as caught:
+            read()
+        assert caught.value.version == version and caught.value.supported == (DATASET_FORMAT,)
+
+
+@pytest.mark.parametrize("layout", ["no-parent-row", "no-id-keys", "no-span-groups"])
+def test_an_unversioned_dataset_of_an_older_layout_is_refused_by_every_reader(tables, tmp_path, layout):
+    """Files of a layout before format 1, with no commit record or records that name no format (an
+    earlier version's): refused as format 0, naming the file and the column it lacks; nothing written."""
+    spans = dataset.with_parent_rows(tables.spans.slice(0, 400))
+    dropped = {"no-parent-row": ["parent_row"], "no-id-keys": ["trace_key", "span_key", "parent_key", "parent_row"],
+               "no-span-groups": ["span_groups"]}[layout]
+    root = tmp_path / "old"
+    folder = root / "spans" / "run_id=synthetic-run"
+    folder.mkdir(parents=True)
+    pq.write_table(spans.drop_columns(dropped), folder / "part-0.parquet")
+    before = _files(root)
+    _every_reader_refuses(root, 0)
+    with pytest.raises(DatasetFormatError, match=rf"part-0\.parquet has no {dropped[0]}"):
+        read_for_analysis(root)
+    assert [f for f in _files(root) if f != "_lock"] == before  # the writer refused before recording anything
+    # the same files committed by an earlier version's records (no "dataset_format"): refused alike
+    other = tmp_path / "recorded"
+    writer = dataset.DatasetWriter(other)
+    writer.write(_batch(tables, 0, 400))
+    writer.close()
+    for path in span_files(other):
+        pq.write_table(pq.read_table(path).drop_columns(dropped), path)
+    for record in (other / commits.COMMITS).glob("*.json"):
+        content = json.loads(record.read_bytes())
+        del content["dataset_format"]
+        content.pop("sizes", None)  # an earlier version's records hold no file sizes
+        record.write_text(json.dumps(content))
+    _every_reader_refuses(other, 0)
+
+
+def test_a_dataset_of_a_newer_format_is_refused_with_upgrade(tables, tmp_path):
+    root = tmp_path / "ds"
+    writer = dataset.DatasetWriter(root)
+    writer.write(_batch(tables, 0, 400))
+    writer.close()
+    assert _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 400))
+    latest = sorted((root / commits.COMMITS).glob("*.json"))[-1]
+    content = json.loads(latest.read_bytes())
+    latest.write_text(json.dumps({**content, "dataset_format": DATASET_FORMAT + 1}))
+    _every_reader_refuses(root, DATASET_FORMAT + 1)
+    with pytest.raises(DatasetFormatError, match="written by a newer nemo-telemetry.*upgrade nemo-telemetry"):
+        read_for_analysis(root)
+
+
+def test_spans_files_of_an_older_layout_are_refused_without_their_dataset(tables, tmp_path):
+    """The format's reader checks every file it opens, not only the first (whose schema a
+    dataset of files takes): a file without ``parent_row`` among current ones is named."""
+    new, old = tmp_path / "new.parquet", tmp_path / "old.parquet"
+    pq.write_table(dataset.with_parent_rows(tables.spans.slice(0, 100)), new)
+    pq.write_table(tables.spans.slice(100, 200), old)
+    assert read_span_files([str(new)]).num_rows == 100
+    with pytest.raises(DatasetFormatError, match="old.parquet: dataset format 0 .*it has no parent_row column"):
+        read_span_files([str(new), str(old)])
 
 
 def test_many_commits_are_compacted_and_read_the_same(tables, tmp_path):

@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from nemo_telemetry.analysis.model._arrays import decode_span_files, span_arrays
-from nemo_telemetry.analysis.model.tree import with_id_keys
+from nemo_telemetry.analysis.model.schema import SPANS_SCHEMA
+from nemo_telemetry.analysis.store.dataset import with_parent_rows
 
 
 def spans_batch(names: list[str], iterations: list[int | None], first_id: int) -> pa.RecordBatch:
@@ -73,7 +74,10 @@ def test_spans_files_widen_as_the_batch_that_needs_it_is_read(tmp_path, order):
     for i, batch in enumerate(batches):  # a file each, read in this order
         table = pa.Table.from_batches([batch])
         path = tmp_path / f"part-{i}.parquet"
-        pq.write_table(with_id_keys(table), path)
+        for field in SPANS_SCHEMA:  # a spans file of dataset format 1: every column, the others null
+            if field.name not in table.column_names:
+                table = table.append_column(field.with_nullable(True), pa.nulls(table.num_rows, field.type))
+        pq.write_table(with_parent_rows(table), path)
         files.append(str(path))
     arrays, _ = decode_span_files(files, batch_rows=4_096)
     assert decoded(arrays) == expected(batches)

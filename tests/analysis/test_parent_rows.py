@@ -6,11 +6,13 @@ building a key index of every span, looking up only the references a file does n
 What a user relies on:
 
 - the column says what it claims, checked against a plain Python reference;
-- ``check`` over a dataset gives the same report whether its files carry the column, lack it
-  (datasets ingested before it), or some do and some do not, and the same report as the in-memory
-  ``check_run`` and the partitioned engine, with parents across files, orphans, detached traces
-  and unstamped spans walking across files to their stamped ancestor; goodput does not move;
-- a damaged column is a clear error naming the file (exit 2 from the CLI), never a wrong report.
+- ``check`` over a dataset gives the same report as the in-memory ``check_run`` (the key index)
+  and the partitioned engine, with parents across files, orphans, detached traces and unstamped
+  spans walking across files to their stamped ancestor;
+- a dataset whose files (some or all) lack the column is of a layout before dataset format 1:
+  refused, naming the file, not read another way;
+- a damaged column, or a file whose rows another tool reordered, is a clear error naming the file
+  (exit 2 from the CLI), never a wrong report.
 """
 
 from __future__ import annotations
@@ -47,16 +49,18 @@ from nemo_telemetry.analysis.model.keys import (
     NO_PARENT,
     PARENT_ELSEWHERE,
     index_orphans,
+    key_index,
     local_parent_rows,
     sort_index,
 )
 from nemo_telemetry.analysis.model.records import spans_table
 from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA, PARENT_ROW
 from nemo_telemetry.analysis.model.tree import with_id_keys
+from nemo_telemetry.analysis.store import commits
 from nemo_telemetry.analysis.store.dataset import DatasetWriter, with_parent_rows
 from nemo_telemetry.analysis.store.read import read_for_analysis, span_source_files
 from nemo_telemetry.cli.app import app
-from nemo_telemetry.errors import IngestError
+from nemo_telemetry.errors import DamagedDatasetError, DatasetFormatError, IngestError
 
 ID_KEYS = ("span_key", "trace_key", "parent_key")
 runner = CliRunner()
@@ -179,12 +183,12 @@ def test_local_parent_rows_equals_the_reference_over_random_files(block_rows, mo
     assert seen == {NO_PARENT, PARENT_ELSEWHERE, 0}  # every kind of answer came up
 
 
-def test_with_parent_rows_appends_the_column_only_where_the_id_keys_are():
+def test_with_parent_rows_appends_the_column_and_the_id_keys_it_is_made_from():
     """A spans table with its id keys gets ``parent_row`` (int32, never null) as its last column;
-    one without them (spans written before the keys) is left as it is."""
+    one without them gets the keys first (a spans file always holds both: dataset format 1)."""
     spans = spans_table(check_records())
-    assert with_parent_rows(spans).equals(spans)
     keyed = with_id_keys(spans)
+    assert "span_key" not in spans.column_names and with_parent_rows(spans).equals(with_parent_rows(keyed))
     out = with_parent_rows(keyed)
     assert out.column_names == [*keyed.column_names, PARENT_ROW]
     assert out.schema.field(PARENT_ROW).type == pa.int32() and out.column(PARENT_ROW).null_count == 0
@@ -220,7 +224,8 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def layout(request, tmp_path_factory) -> tuple[Path, Path]:
-    """(a dataset as ingest writes it, a copy whose files were rewritten without ``parent_row``)."""
+    """(a dataset as ingest writes it, a copy whose files were rewritten without ``parent_row``: a
+    layout before dataset format 1, refused)."""
     base = tmp_path_factory.mktemp(request.param)
     root = write_dataset(base / "ds", **LAYOUTS[request.param])
     return root, stripped_copy(root, base / "stripped")
@@ -284,21 +289,22 @@ OPTIONS = [{}, {"run_id": "run-a"}, {"max_findings_per_code": 2, "max_span_ids":
 
 @pytest.mark.parametrize("options", OPTIONS, ids=["defaults", "one-run", "capped"])
 def test_check_with_parent_rows_equals_every_other_way(layout, options):
-    """The report from the files' parent rows is the report of the same dataset without them (the
-    key index path), and of check_run over the spans table in memory; with the default options,
-    of the partitioned engine too (which never reads the column). The scenario's every finding
-    code comes up, so the walks (unstamped micro-batches up two ranks to their step), orphans,
-    detached traces and nested buckets across files all count."""
+    """The report from the files' parent rows is the report of check_run over the spans table in
+    memory (the key index path); with the default options, of the partitioned engine too (which
+    never reads the column). The scenario's every finding code comes up, so the walks (unstamped
+    micro-batches up two ranks to their step), orphans, detached traces and nested buckets across
+    files all count. The copy without the column is refused, naming a file."""
     root, stripped = layout
     assert isinstance(decode_span_files(spans_files(root))[1], FileParents)
-    assert isinstance(decode_span_files(spans_files(stripped))[1], dict)  # the fallback: a key index
+    with pytest.raises(DatasetFormatError, match=r"dataset format 0 .*has no parent_row column.*re-run nemo-telemetry "
+                                                 r"ingest"):
+        check_with_engine(stripped, **options)
 
     report = check_with_engine(root, **options).to_dict()
     if not options:
         by_code = report["counts"]["by_code"]
         assert all(by_code.values()), by_code
         assert by_code["orphan-span"] and by_code["detached-trace"] and by_code["nested-bucket"]
-    assert check_with_engine(stripped, **options).to_dict() == report
     assert check_run(read_for_analysis(root), **options).to_dict() == report
     if not options:  # the slowest engine here: the options' partials are tested in test_streaming_check
         assert stream_check(root).to_dict() == report
@@ -308,19 +314,9 @@ def test_check_with_parent_rows_equals_every_other_way(layout, options):
 def test_check_with_parent_rows_is_the_same_whatever_the_read_batches(layout, batch_rows):
     """A file read in several batches (parent rows of one file arriving in pieces, references
     gathered per batch) gives the report of the whole-file read."""
-    root, stripped = layout
-    expected = check_with_engine(stripped).to_dict()
+    root, _ = layout
+    expected = check_run(read_for_analysis(root)).to_dict()
     assert check_span_files(spans_files(root), batch_rows=batch_rows).to_dict() == expected
-
-
-@pytest.mark.parametrize("by", ["step", "rank"])
-def test_goodput_is_the_same_with_or_without_parent_rows(layout, by):
-    """Goodput, by step and by rank, does not depend on the column (its micro-batches walk up
-    across files to their stamped step either way)."""
-    root, stripped = layout
-    expected = as_plain(goodput_with_engine(stripped, by=by))
-    assert expected and any(r["steps"] for r in expected)
-    assert as_plain(goodput_with_engine(root, by=by)) == expected
 
 
 def self_named_records() -> list[dict]:
@@ -336,16 +332,14 @@ def self_named_records() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def self_named(tmp_path_factory) -> tuple[Path, Path]:
-    """(a dataset with a span naming itself, a copy without ``parent_row``)."""
-    base = tmp_path_factory.mktemp("self-named")
-    root = write_dataset(base / "ds", batch=100_000, records=self_named_records())
-    return root, stripped_copy(root, base / "stripped")
+    """A dataset with a span naming itself."""
+    return write_dataset(tmp_path_factory.mktemp("self-named") / "ds", batch=100_000, records=self_named_records())
 
 
-def key_index_parents(files: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(parent row, orphan) of every span as the key index path finds them (files without the column)."""
-    arrays, index = decode_span_files(files)
-    assert isinstance(index, dict)
+def key_index_parents(root: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(parent row, orphan) of every span as the key index path finds them (the table in memory)."""
+    table = with_id_keys(read_for_analysis(root))
+    arrays, index = span_arrays(table), key_index(table, sort=False)
     arrays.adopt_index(sort_index(index))
     arrays.adopt_index(index_orphans(index))
     return arrays.parent_of(np.arange(len(arrays))), arrays.orphan
@@ -354,7 +348,7 @@ def key_index_parents(files: list[str]) -> tuple[np.ndarray, np.ndarray]:
 def test_a_span_naming_itself_gets_no_parent_row_either_way(self_named):
     """The span naming itself is never its own parent (a walk up from it ends there), whether its
     parent comes from the files' parent rows and the lookup across files, or from the key index."""
-    root, stripped = self_named
+    root = self_named
     files = spans_files(root)
     arrays, parents = decode_span_files(files)
     resolved = parents.resolved(arrays.table)
@@ -362,18 +356,17 @@ def test_a_span_naming_itself_gets_no_parent_row_either_way(self_named):
     loop = arrays.span_id(np.arange(len(arrays))).index(f"{0xF00F:016x}")
     assert expected[loop] == -1
     assert resolved["parents"].tolist() == expected.tolist()
-    assert key_index_parents(spans_files(stripped))[0].tolist() == expected.tolist()
+    assert key_index_parents(root)[0].tolist() == expected.tolist()
 
 
 def test_a_span_naming_itself_is_reported_alike_either_way(self_named):
     """Whether a span naming itself is an orphan is decided as the key index decides it (test_orphans:
     its trace holds the id it names): the same orphans, and the same report, from every path."""
-    root, stripped = self_named
+    root = self_named
     arrays, parents = decode_span_files(spans_files(root))
     _, orphan = dataset_parents_by_hand(spans_files(root))
-    assert key_index_parents(spans_files(stripped))[1].tolist() == orphan.tolist()
+    assert key_index_parents(root)[1].tolist() == orphan.tolist()
     expected = check_run(read_for_analysis(root)).to_dict()
-    assert check_with_engine(stripped).to_dict() == expected
     assert stream_check(root).to_dict() == expected
     assert parents.resolved(arrays.table)["orphan"].tolist() == orphan.tolist()
     assert check_with_engine(root).to_dict() == expected
@@ -389,17 +382,23 @@ MIXES = {
 
 
 @pytest.mark.parametrize("mix", list(MIXES))
-def test_a_dataset_where_some_files_lack_parent_rows_falls_back_to_the_key_index(layout, mix, tmp_path):
-    """A dataset partly written before the column (some files have it, some do not) is checked
-    with the key index over every span, and reports what the dataset without the column does."""
-    root, stripped = layout
+def test_a_dataset_where_some_files_lack_parent_rows_is_refused_naming_one(layout, mix, tmp_path):
+    """A dataset whose records say format 1 but some of whose files lack the column (rewritten
+    by another tool) is refused by the format's reader, which checks every file (not only the
+    first, whose schema a dataset of files takes): the error names a file without it."""
+    root, _ = layout
     mixed = stripped_copy(root, tmp_path / "mixed", MIXES[mix])
     files = spans_files(mixed)
     has = [PARENT_ROW in pq.read_schema(f).names for f in files]
     assert any(has) and not all(has)
-    assert isinstance(decode_span_files(files)[1], dict)
-    expected = check_with_engine(stripped).to_dict()
-    assert check_with_engine(mixed).to_dict() == expected
+    lacking = {f for f, h in zip(files, has) if not h}
+    for read in (lambda: check_with_engine(mixed), lambda: decode_span_files(files),
+                 lambda: read_for_analysis(mixed)):
+        with pytest.raises(DatasetFormatError, match="has no parent_row column") as raised:
+            read()
+        assert any(f in str(raised.value) for f in lacking)
+    result = runner.invoke(app, ["check", str(mixed)])
+    assert result.exit_code == 2 and "re-run nemo-telemetry ingest" in result.output.replace("\n", "")
 
 
 # --- 5. damaged parent rows ---------------------------------------------------------------------
@@ -477,10 +476,62 @@ def test_run_pairs_gathered_by_the_decode_equal_those_read_from_the_columns(layo
 def test_parent_lookups_of_rows_asked_many_times_equal_those_asked_once(layout):
     """The key index finds a row's parent however often the row is asked for in one call (a walk
     asks for shared ancestors once per walk), past the number of rows the index holds."""
-    _, stripped = layout
-    arrays = span_arrays(with_id_keys(read_for_analysis(stripped)))
+    root, _ = layout
+    arrays = span_arrays(with_id_keys(read_for_analysis(root)))
     rows = np.arange(len(arrays))
     once = arrays.parent_of(rows)
     assert (once >= 0).any()
     assert arrays.parent_of(np.tile(rows, 3)).tolist() == np.tile(once, 3).tolist()
     assert arrays.parent_of(rows[::-1]).tolist() == once[::-1].tolist()
+
+
+# --- 6. a file whose rows another tool reordered --------------------------------------------------
+
+def reordered(root: Path, dest: Path, *, record: bool) -> tuple[Path, str]:
+    """A copy of ``root`` whose largest spans file is rewritten with pyarrow, its rows in reverse
+    order (``parent_row`` moved with its rows, as any tool that knows nothing of it moves it); with
+    ``record``, the commit record updated to the rewritten file's size and footer, as a tool that
+    keeps the record consistent would. (the copy, that file)"""
+    shutil.copytree(root, dest)
+    files = spans_files(dest)
+    path = max(files, key=lambda f: pq.ParquetFile(f).metadata.num_rows)
+    table = pq.read_table(path)
+    pq.write_table(table.take(pa.array(np.arange(table.num_rows)[::-1])), path)
+    if record:
+        rel = str(Path(path).relative_to(dest))
+        latest = sorted((dest / commits.COMMITS).glob("*.json"))[-1]
+        content = json.loads(latest.read_bytes())
+        content.setdefault("sizes", {})[rel] = commits.file_info(Path(path), table.num_rows)
+        content["files"] = sorted({*content["files"], rel})
+        latest.write_text(json.dumps(content))
+    return dest, path
+
+
+def test_a_reordered_file_is_caught_by_its_commit_records_footer_checksum(many_files, tmp_path):
+    """Rewritten in another row order behind the commit record's back: the file is not the one
+    committed (its footer), named with the fix, before any read."""
+    root, path = reordered(many_files, tmp_path / "ds", record=False)
+    with pytest.raises(DamagedDatasetError, match=r"1 committed file\(s\) damaged.*nemo-telemetry repair") as raised:
+        check_with_engine(root)
+    assert str(Path(path).relative_to(root)) in str(raised.value)
+
+
+@pytest.mark.parametrize("batch_rows", [None, 7])
+def test_a_reordered_file_with_its_record_updated_is_named_by_the_parent_row_check(many_files, tmp_path,
+                                                                                   batch_rows):
+    """The same rewrite with a commit record that matches it: check's reader compares each file's
+    parent rows with its own keys (read whole or in batches) and names the file, never reporting
+    wrong parents; the CLI exits 2. Goodput, which does not read the column, stays right, and the
+    partitioned check (which does not either) counts the findings of the dataset before the rewrite."""
+    root, path = reordered(many_files, tmp_path / "ds", record=True)
+    assert len(commits.dataset_state(root).files("spans")) == len(spans_files(many_files))  # as committed
+    with pytest.raises(DamagedDatasetError, match="does not index its rows.*another row order") as raised:
+        check_span_files(spans_files(root), batch_rows=batch_rows)
+    assert path in str(raised.value) and raised.value.damaged[0][0] == path
+    result = runner.invoke(app, ["check", str(root)])
+    output = result.output.replace("\n", "")
+    assert result.exit_code == 2 and path in output and "re-run nemo-telemetry ingest" in output.lower(), output
+    assert "Traceback" not in result.output
+    assert as_plain(goodput_with_engine(root)) == as_plain(goodput_with_engine(many_files))
+    counts = stream_check(many_files).to_dict()["counts"]  # the span ids a finding lists follow the row order
+    assert stream_check(root).to_dict()["counts"] == counts and counts["error"] > 0

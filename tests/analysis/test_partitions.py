@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
-from nemo_telemetry.analysis.store.dataset import DatasetWriter, read_dataset
+from nemo_telemetry.analysis.store.dataset import DatasetWriter, read_dataset, with_parent_rows
 from nemo_telemetry.analysis.store.partitions import NO_VALUE, span_files, span_partitions, split_by_partition
 from nemo_telemetry.analysis.model.records import spans_table
 from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
@@ -53,7 +53,7 @@ def test_datasets_without_the_rank_level_still_read(tmp_path):
     spans = _spans([("a", 0), ("a", 1)])
     folder = tmp_path / "spans" / "run_id=a"
     folder.mkdir(parents=True)
-    pq.write_table(spans, folder / "part-0.parquet")
+    pq.write_table(with_parent_rows(spans), folder / "part-0.parquet")  # a spans file of format 1, no record
     assert [(p.run_id, p.rank) for p in span_partitions(tmp_path)] == [("a", None)]
     assert read_dataset(tmp_path).num_rows == 2
 

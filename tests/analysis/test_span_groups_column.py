@@ -1,5 +1,6 @@
 """The enabled span groups: ingest writes them as a column of their own, and ``check`` reads that
-column, or the resource map of files written before it, with the same ``missing-group-spans``."""
+column (in-memory tables, with the resource map too); files written before the column are of a
+layout before dataset format 1, refused by every engine with the format and the fix."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from nemo_telemetry.analysis.model._arrays import decode_span_files
 from nemo_telemetry.analysis.store.read import read_for_analysis
 from nemo_telemetry.analysis.model.records import spans_table
 from nemo_telemetry.analysis.store.commits import committed_files
+from nemo_telemetry.errors import DatasetFormatError
 
 from test_streaming_check import write_check_scenario
 
@@ -45,9 +47,10 @@ def with_layout(source: Path, dest: Path, layout: str) -> Path:
     old = {"new": [], "old": files, "old-first": files[:1], "new-first": files[1:]}[layout]
     for path in old:
         as_old_layout(path)
-    for record in (dest / "_commits").glob("*.json"):  # an earlier version's records hold no file sizes
+    for record in (dest / "_commits").glob("*.json"):  # an earlier version's records: no file sizes, no format
         content = json.loads(record.read_bytes())
         content.pop("sizes", None)
+        content.pop("dataset_format", None)
         record.write_text(json.dumps(content))
     return dest
 
@@ -89,25 +92,34 @@ def test_check_reads_the_column_and_not_the_resource_map_of_a_new_dataset(datase
 
 
 @pytest.mark.parametrize("layout", ["old", "old-first", "new-first"])
-def test_a_dataset_with_files_from_before_the_column_reads_the_resource_map_too(datasets, layout):
-    table = read_for_analysis(datasets[layout])
-    assert "resource_attributes" in table.column_names
-    assert ("span_groups" in table.column_names) == (layout != "old")
+def test_a_dataset_with_files_from_before_the_column_is_refused_by_every_engine(datasets, layout):
+    """Whichever file lacks the column (the first, whose schema a dataset of files takes, or
+    another): format 0, the column named, the fix given; never a report without those groups."""
+    root = datasets[layout]
+    for read in (lambda: read_for_analysis(root), lambda: check_with_engine(root), lambda: stream_check(root),
+                 lambda: committed_files(root, "spans")):
+        with pytest.raises(DatasetFormatError, match=r"dataset format 0 .*has no span_groups column.*re-run "
+                                                     r"nemo-telemetry ingest") as raised:
+            read()
+        assert raised.value.version == 0
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_every_layout_and_engine_gives_the_same_report(datasets, layout):
-    """New, old and mixed datasets, in memory and file by file: identical reports, whose
-    missing-group-spans findings are those of the new layout (no process's groups lost)."""
-    expected = check_run(read_for_analysis(datasets["new"])).to_dict()
-    assert _missing(check_run(read_for_analysis(datasets[layout]))) == EXPECTED_MISSING
-    assert check_run(read_for_analysis(datasets[layout])).to_dict() == expected
-    assert check_with_engine(datasets[layout]).to_dict() == expected  # the CLI's local engine
-    files = [str(f) for f in committed_files(datasets[layout], "spans")]
-    assert check_span_files(files, batch_rows=64).to_dict() == expected  # batches across files
-    assert stream_check(datasets[layout]).to_dict() == expected
-    one_run = check_run(read_for_analysis(datasets["new"]), run_id="run-b").to_dict()
-    assert stream_check(datasets[layout], run_id="run-b").to_dict() == one_run
+@pytest.mark.parametrize("engine", ["memory", "local", "batches", "partitioned"])
+def test_every_engine_gives_the_same_report_from_the_column(datasets, engine):
+    """A dataset of the current layout whose records name no format (an earlier version's) reads as
+    format 1, in memory and file by file: identical reports, every process's groups found."""
+    root = datasets["new"]
+    expected = check_run(read_for_analysis(root)).to_dict()
+    assert _missing(check_run(read_for_analysis(root))) == EXPECTED_MISSING
+    files = [str(f) for f in committed_files(root, "spans")]
+    report = {"memory": lambda: check_run(read_for_analysis(root)),
+              "local": lambda: check_with_engine(root),  # the CLI's local engine
+              "batches": lambda: check_span_files(files, batch_rows=64),  # batches across files
+              "partitioned": lambda: stream_check(root)}[engine]()
+    assert report.to_dict() == expected
+    if engine == "partitioned":
+        one_run = check_run(read_for_analysis(root), run_id="run-b").to_dict()
+        assert stream_check(root, run_id="run-b").to_dict() == one_run
 
 
 def test_spans_table_promotes_the_span_groups_as_ingest_does():

@@ -283,16 +283,22 @@ def test_the_local_engine_reads_a_dataset_batch_by_batch_as_the_table_gives(scen
     assert as_plain(goodput_with_engine(scenario, run_id=run_id)) == expected
 
 
-def test_a_dataset_without_id_keys_is_read_whole(tmp_path):
-    """Files written before the id key columns: the batch read gives way to the whole-table read."""
+def test_spans_written_without_id_keys_are_stored_with_them_and_read_by_batch(tmp_path):
+    """A writer given spans without the id key columns stores them with the keys and their parent
+    rows (the dataset format: a file without them is refused, see test_dataset_commits), so the
+    batch read serves them."""
     spans = spans_table(scenario_records(steps=3))
+    assert "trace_key" not in spans.column_names
     writer = DatasetWriter(tmp_path / "ds")
     writer.write(OtlpTables(spans, EVENTS_SCHEMA.empty_table(), LINKS_SCHEMA.empty_table()))
     writer.close()
-    from nemo_telemetry.analysis.goodput.steps import read_goodput_rows
+    from nemo_telemetry.analysis.goodput.steps import goodput_of_rows, read_goodput_rows
     from nemo_telemetry.analysis.store.read import STEP_GOODPUT_COLUMNS, span_source_files
 
     _, files = span_source_files(tmp_path / "ds")
-    assert not any("trace_key" in pq.read_schema(f).names for f in files)  # as a dataset from before the keys
-    assert read_goodput_rows(files, STEP_GOODPUT_COLUMNS) is None
+    assert files and all({"trace_key", "span_key", "parent_key", "parent_row"} <= set(pq.read_schema(f).names)
+                         for f in files)
+    rows = read_goodput_rows(files, STEP_GOODPUT_COLUMNS)
+    assert rows is not None
+    assert as_plain(goodput_of_rows(rows)) == as_plain(run_goodput(spans))
     assert as_plain(goodput_with_engine(tmp_path / "ds")) == as_plain(run_goodput(spans))

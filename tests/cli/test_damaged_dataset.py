@@ -22,6 +22,7 @@ from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed
 from nemo_telemetry.analysis.model.tree import with_id_keys
 from nemo_telemetry.cli.app import app
+from nemo_telemetry.analysis.store.dataset import with_parent_rows
 
 runner = CliRunner()
 
@@ -31,7 +32,7 @@ def damaged_dataset(root: Path) -> Path:
     its data pages overwritten between the header and the footer."""
     (root / "spans").mkdir(parents=True)
     path = root / "spans" / "part-0.parquet"
-    pq.write_table(with_id_keys(spans_table(records() * 200)), path, row_group_size=64)
+    pq.write_table(with_parent_rows(spans_table(records() * 200)), path, row_group_size=64)
     data = bytearray(path.read_bytes())
     footer = int.from_bytes(data[-8:-4], "little") + 8
     data[4:len(data) - footer] = b"\xff" * (len(data) - footer - 4)

@@ -64,6 +64,45 @@ def _one_error_line(result) -> str:
     return lines[0]
 
 
+@pytest.fixture(scope="module")
+def older_layout(tmp_path_factory):
+    """(a dataset as an earlier version wrote it: spans files without ``parent_row``, records that
+    name no format and hold no sizes; its dump)."""
+    import pyarrow.parquet as pq
+
+    from nemo_telemetry.analysis.store.commits import COMMITS, committed_files
+
+    base = tmp_path_factory.mktemp("older")
+    dump = write_json_lines(base / "traces.jsonl", synthetic_requests(44, spans_per_request=11, ranks=2))
+    root = base / "ds"
+    ingest([dump], out=root)
+    for path in committed_files(root, "spans"):
+        pq.write_table(pq.read_table(path).drop_columns(["parent_row"]), path)
+    for record in (root / COMMITS).glob("*.json"):
+        content = json.loads(record.read_bytes())
+        content.pop("dataset_format")
+        content.pop("sizes", None)
+        record.write_text(json.dumps(content))
+    return root, dump
+
+
+@pytest.mark.parametrize("command", [["goodput"], ["goodput", "--engine", "local", "--by", "rank"], ["check"],
+                                     ["check", "--engine", "local"], ["waterfall"], ["verify"], ["repair"],
+                                     ["ingest"]])
+def test_every_command_refuses_a_dataset_of_an_older_layout_with_the_format_and_the_fix(older_layout, command):
+    """A dataset format this version does not read: one error line naming the format, the file and
+    the fix (re-run the ingest into a new folder), exit 2; nothing written to it."""
+    root, dump = older_layout
+    before = sorted(str(p) for p in root.rglob("*") if p.is_file() and "_writers" not in p.parts and p.name != "_lock")
+    args = [command[0], str(dump), "--out", str(root)] if command[0] == "ingest" else [command[0], str(root),
+                                                                                       *command[1:]]
+    line = _one_error_line(runner.invoke(app, args, env={"COLUMNS": "400"}))
+    assert "dataset format 0" in line and "has no parent_row column" in line, line
+    assert "re-run nemo-telemetry ingest of its dumps into a new folder" in line
+    after = sorted(str(p) for p in root.rglob("*") if p.is_file() and "_writers" not in p.parts and p.name != "_lock")
+    assert after == before
+
+
 def test_out_under_a_regular_file_exits_2_naming_the_path(tmp_path):
     dump = write_json_lines(tmp_path / "traces.jsonl", synthetic_requests(22, spans_per_request=11, ranks=1))
     (tmp_path / "file").write_text("x")

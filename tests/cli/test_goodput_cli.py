@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from nemo_telemetry.analysis import run_goodput, spans_table
 from nemo_telemetry.cli.app import app
 from nemo_telemetry.cli.render import render_run, step_bar
+from nemo_telemetry.analysis.store.dataset import with_parent_rows
 
 S = 1_000_000_000
 TRACE = "a" * 32
@@ -51,7 +52,7 @@ def records(productive: float = 6.0, run_id: str = "run-1") -> list[dict]:
 
 def write_dataset(root: Path, recs: list[dict]) -> Path:
     (root / "spans").mkdir(parents=True)
-    pq.write_table(spans_table(recs), root / "spans" / "part-0.parquet")
+    pq.write_table(with_parent_rows(spans_table(recs)), root / "spans" / "part-0.parquet")  # format 1
     return root
 
 

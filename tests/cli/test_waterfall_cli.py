@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from nemo_telemetry.analysis import spans_table, waterfall, with_id_keys
 from nemo_telemetry.cli.app import app
 from nemo_telemetry.cli.render import format_duration, print_waterfall
+from nemo_telemetry.analysis.store.dataset import with_parent_rows
 
 S = 1_000_000_000
 TRACE, OTHER_TRACE = "a" * 32, "b" * 32
@@ -46,7 +47,7 @@ def records() -> list[dict]:
 def dataset(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("dataset")
     (root / "spans").mkdir()
-    pq.write_table(with_id_keys(spans_table(records())), root / "spans" / "part-0.parquet")
+    pq.write_table(with_parent_rows(spans_table(records())), root / "spans" / "part-0.parquet")  # format 1
     return root
 
 

@@ -108,15 +108,18 @@ def test_ray_check_equals_check_run(ray_cluster, check_scenario, options):
 
 
 @pytest.mark.parametrize("layout", ["old", "new-first"])
-def test_ray_check_reads_the_span_groups_of_files_from_before_their_column(ray_cluster, check_scenario, tmp_path,
-                                                                           layout):
-    """Every file, or all but the first, as written before the ``span_groups`` column (the groups
-    in the resource map): the Ray engine's report is the new layout's, missing-group-spans included."""
-    from nemo_telemetry.analysis.engines.ray_engine import ray_check
+def test_ray_refuses_a_dataset_with_files_from_before_the_span_groups_column(ray_cluster, check_scenario, tmp_path,
+                                                                            layout):
+    """Every file, or all but the first, as written before the ``span_groups`` column (a layout before
+    dataset format 1): the Ray engine refuses it as the local one does, with the format and the fix."""
+    from nemo_telemetry.analysis.engines.ray_engine import ray_check, ray_goodput
+    from nemo_telemetry.errors import DatasetFormatError
 
-    expected = check_run(read_for_analysis(check_scenario)).to_dict()
-    assert expected["counts"]["by_code"]["missing-group-spans"] == len(layout_tools.EXPECTED_MISSING)
-    assert ray_check(layout_tools.with_layout(check_scenario, tmp_path / layout, layout)).to_dict() == expected
+    old = layout_tools.with_layout(check_scenario, tmp_path / layout, layout)
+    for run in (lambda: ray_check(old), lambda: ray_goodput(old)):
+        with pytest.raises(DatasetFormatError, match=r"dataset format 0 .*has no span_groups column.*re-run "
+                                                     r"nemo-telemetry ingest"):
+            run()
 
 
 def test_cli_check_on_ray_equals_local(ray_cluster, check_scenario):

@@ -214,9 +214,9 @@ def file_step_numbers(files: Sequence[str | Path]) -> StepNumbers:
 
 
 def _file_pass(path: str, fn, columns: Sequence[str], empty: pa.Table) -> pa.Table:
-    reader = pq.ParquetFile(path)
-    present = [c for c in columns if c in reader.schema_arrow.names]
-    return pa.concat_tables([fn(pa.Table.from_batches([b])) for b in reader.iter_batches(columns=present)] or [empty])
+    reader = pq.ParquetFile(path)  # a spans file of the dataset's format: every column is there
+    return pa.concat_tables([fn(pa.Table.from_batches([b])) for b in reader.iter_batches(columns=list(columns))]
+                            or [empty])
 
 
 def file_unstamped_steps(path: str) -> int:

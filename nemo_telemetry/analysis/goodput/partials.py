@@ -96,8 +96,7 @@ def local_scan(batch_rows: int = BATCH_ROWS) -> Scan:
     def scan(fn, columns, files) -> Iterator[pa.Table]:
         for path in files:
             reader = pq.ParquetFile(path, page_checksum_verification=True)  # as every reader of a dataset
-            present = [c for c in columns if c in reader.schema_arrow.names]
-            for batch in reader.iter_batches(batch_size=batch_rows, columns=present):
+            for batch in reader.iter_batches(batch_size=batch_rows, columns=list(columns)):
                 yield fn(pa.Table.from_batches([batch]))
 
     return scan

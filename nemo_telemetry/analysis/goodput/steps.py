@@ -25,7 +25,7 @@ from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_partial, ran
 from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, span_arrays
 from nemo_telemetry.analysis.model.columns import code_values
 from nemo_telemetry.analysis.model.walk import walk_rows
-from nemo_telemetry.analysis.store.read import has_id_keys, scan_span_files
+from nemo_telemetry.analysis.store.read import scan_span_files
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.errors import UnknownRunError
@@ -250,15 +250,12 @@ def read_goodput_rows(files: list[str], columns: tuple[str, ...], *, batch_rows:
     """:class:`GoodputRows` of a dataset's spans files, read batch by batch: each batch's rows
     goodput reads and its walk columns (:data:`WALK_READ`) are kept, the rest of it let go.
 
-    None when the files hold no spans or no id key columns (a dataset written before them): the
-    caller reads them whole.
+    None when the files hold no spans: the caller reads them whole.
     """
     rows, position, kept, runs = [], [], [], {}
     at = 0
     numbers = None
     for batch in scan_span_files(files, columns=columns, batch_rows=batch_rows, threads=threads):
-        if not has_id_keys(batch.schema):
-            return None
         if numbers is None:  # the step spans without rl.iteration, numbered over every file first
             numbers = file_step_numbers(files)
         one = number_steps(pa.Table.from_batches([batch]), numbers)
@@ -268,7 +265,7 @@ def read_goodput_rows(files: list[str], columns: tuple[str, ...], *, batch_rows:
         picked = _goodput_rows(one)
         rows.append(batch.take(pa.array(picked, pa.int64())))
         position.append(picked + at)
-        kept.append(batch.select([c for c in WALK_READ if c in batch.schema.names]))
+        kept.append(batch.select(list(WALK_READ)))
         at += batch.num_rows
     if not kept:
         return None

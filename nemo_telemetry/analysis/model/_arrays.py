@@ -31,10 +31,8 @@ from nemo_telemetry.analysis.model.schema import (
 )
 from nemo_telemetry.analysis.model.tree import mixed_key, parent_indices, unmixed_key, with_id_keys
 from nemo_telemetry.analysis.model.walk import KeyScan, climb
-from nemo_telemetry.analysis.store.read import (
-    READ_COLUMNS, every_file_has, has_id_keys, scan_file_batches, span_projection,
-)
-from nemo_telemetry.errors import IngestError
+from nemo_telemetry.analysis.store.read import READ_COLUMNS, scan_file_batches, span_projection
+from nemo_telemetry.errors import DamagedDatasetError, IngestError
 
 __all__ = ["BUCKETS", "UNKNOWN_BUCKET", "NO_BUCKET", "HeldRows", "SpanArrays", "span_arrays", "decode_span_files",
            "FileParents"]
@@ -281,11 +279,10 @@ def span_arrays(spans: pa.Table) -> SpanArrays:
 
 def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS, batch_rows: int | None = None,
                       timed_names: str | None = None,
-                      run_resources: tuple[str, ...] = ()) -> tuple[SpanArrays, dict | FileParents] | None:
+                      run_resources: tuple[str, ...] = ()) -> tuple[SpanArrays, FileParents]:
     """:func:`span_arrays` of the spans ``files``, decoded batch by batch as :func:`scan_span_files`
-    reads them, and how their parents are found: the :func:`key_index` (unsorted: see
-    :func:`sort_index`), or the :class:`FileParents` the files hold (for
-    :meth:`SpanArrays.adopt_index`, either way).
+    reads them, and their parents: the :class:`FileParents` the files hold (for
+    :meth:`SpanArrays.adopt_index`).
 
     Each batch's decoded columns (names, runs, buckets, times, iterations; efficiency categories
     only where a span has a bucket, the only rows a rule reads them at) are let go once copied;
@@ -297,26 +294,17 @@ def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUM
     pairs are gathered from each batch as it is read (:meth:`SpanArrays.run_resources`,
     :meth:`SpanArrays.run_names`), and their promoted columns let go (40 MB at 10M spans).
 
-    Where every file holds its spans' parent rows (``parent_row``, which ingest writes), the
-    parents come from there (:class:`FileParents`) and no key index is built. Else (a
-    dataset written before that column), the key index is built from the id keys on the way, so
-    the read and the decode touch each value's memory once, and the span and parent keys are let
-    go (160 MB at 10M spans): the index's mixed keys hold them, and the span ids a report names
-    are recovered from those (:func:`~nemo_telemetry.analysis.model.tree.unmixed_key`).
-
-    None when the files have no id key columns (a dataset written before them).
+    Every file holds its spans' parent rows (``parent_row``: the dataset format,
+    :mod:`~nemo_telemetry.analysis.store.formats`), so the parents come from there
+    (:class:`FileParents`, which checks each file's column against its keys) and no key index is built.
     """
-    dataset, columns = span_projection(files, columns)
-    if not has_id_keys(dataset.schema):
-        return None
+    dataset, columns = span_projection(files, tuple(dict.fromkeys((*columns, PARENT_ROW))))
     n = dataset.count_rows()
     decoder = _SpanDecoder(n, bucketed_codes=(EFFICIENCY_CATEGORY,), timed_names=timed_names,
                            run_resources=run_resources)
-    parents = FileParents(n) if every_file_has(dataset, PARENT_ROW) else None
-    if parents is not None:
-        columns = [*columns, PARENT_ROW]
+    parents = FileParents(n)
     # what the table keeps: what a rule or a message reads, other than the decoded columns
-    let_go = ({*decoder.columns, PARENT_ROW, "parent_key"} | ({"span_key"} if parents is None else set())
+    let_go = ({*decoder.columns, PARENT_ROW, "parent_key"}
               | {PROMOTED_RESOURCE_ATTRIBUTES[key] for key in run_resources if key in PROMOTED_RESOURCE_ATTRIBUTES})
     kept_columns = [c for c in columns if c not in let_go]
     kept: list[pa.RecordBatch] = []
@@ -325,25 +313,17 @@ def decode_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUM
         for path, batch in scan_file_batches(dataset, columns, batch_rows):
             decoder.add(batch)
             kept.append(batch.select(kept_columns))
-            if parents is not None:
-                parents.add(path, batch)
+            parents.add(path, batch)
             yield batch
 
-    if parents is None:
-        index = build_index(([filled(batch.column(c), 0).astype(np.uint64, copy=False)
-                              for c in ("span_key", "trace_key", "parent_key")] for batch in batches()), n, None)
-    else:
-        for _ in batches():
-            pass
+    for _ in batches():
+        pass
     table = pa.Table.from_batches(kept, schema=pa.schema([dataset.schema.field(c) for c in kept_columns]))
     arrays = decoder.arrays(table)
     if run_resources:
         arrays.__dict__["_run_pairs"] = decoder.run_pairs
     arrays.__dict__["_bucketed_category"] = decoder.bucketed_codes_of(EFFICIENCY_CATEGORY)  # no column left to read
-    if parents is not None:
-        return arrays, parents
-    arrays.__dict__["_mixed"] = index["_mixed"]  # the span keys' only holder (the sort leaves them as they are)
-    return arrays, index
+    return arrays, parents
 
 
 class FileParents:
@@ -353,6 +333,11 @@ class FileParents:
 
     Those references are gathered from each batch as it is read, a run of equal ones (siblings
     stored together) once: a million references of a few thousand parents cost as those.
+
+    The column indexes its file's row order, which a tool that rewrites the file can change: once a
+    file is read, its keys are gathered at the rows the column names (one gather per file) and
+    compared with each span's trace and parent keys, so a reordered file is an error naming it,
+    never wrong parents.
     """
 
     def __init__(self, n: int) -> None:
@@ -364,6 +349,8 @@ class FileParents:
         self.fresh: list[np.ndarray] = []  # per batch: which of those start a run of equal references
         self.wanted: list[np.ndarray] = []  # per batch: those runs' references (mixed keys)
         self.parent: list[np.ndarray] = []  # per batch: and their parent keys
+        self.file_keys: list[tuple] = []  # the current file's batches: (span, trace, parent) keys, to check the column
+        self.scratch: dict[str, np.ndarray] = {}  # the check's buffers, reused from file to file (no new pages)
 
     def add(self, path: str, batch: pa.RecordBatch) -> None:
         if path != self.path:
@@ -372,6 +359,7 @@ class FileParents:
         local = filled(batch.column(PARENT_ROW), PARENT_ELSEWHERE)  # a null (never written): looked up
         if len(local) == 0:
             return
+        self.file_keys.append(tuple(batch.column(c) for c in ("span_key", "trace_key", "parent_key")))
         if local.min() < PARENT_ELSEWHERE:
             self._damaged(int(local.min()))
         self.highest = max(self.highest, int(local.max()))
@@ -398,6 +386,32 @@ class FileParents:
     def _file_done(self) -> None:
         if self.highest >= self.at - self.file_start:
             self._damaged(self.highest)
+        if not self.file_keys:
+            return
+        span, trace, parent = (filled(k[0] if len(k) == 1 else pa.chunked_array(k), 0).astype(np.uint64, copy=False)
+                               for k in zip(*self.file_keys))  # a file of one batch: no copy
+        self.file_keys = []
+        rows = self.rows[self.file_start:self.at]
+        local, got, wrong, other = (self._buffer(name, len(rows), dtype) for name, dtype in (
+            ("local", rows.dtype), ("got", np.uint64), ("wrong", bool), ("other", bool)))
+        np.subtract(rows, self.file_start, out=local)
+        np.maximum(local, 0, out=local)  # where no parent is in the file (< 0): row 0, its mismatch ignored below
+        np.not_equal(np.take(span, local, out=got), parent, out=wrong)
+        wrong |= np.not_equal(np.take(trace, local, out=got), trace, out=other)
+        wrong &= np.greater_equal(rows, 0, out=other)
+        if wrong.any():
+            at = int(np.argmax(wrong))
+            problem = (f"its {PARENT_ROW} column does not index its rows (row {at} names parent "
+                       f"{int(parent[at]):016x}, its {PARENT_ROW} row {int(local[at])} holds span "
+                       f"{int(span[local[at]]):016x}): rewritten in another row order, or damaged")
+            raise DamagedDatasetError(f"{self.path}: {problem}. Re-run nemo-telemetry ingest of its dumps into a "
+                                      "new folder", ((str(self.path), problem),))
+
+    def _buffer(self, name: str, n: int, dtype) -> np.ndarray:
+        held = self.scratch.get(name)
+        if held is None or len(held) < n or held.dtype != dtype:
+            held = self.scratch[name] = np.empty(n, dtype=dtype)
+        return held[:n]
 
     def _damaged(self, value: int) -> None:
         raise IngestError(f"{self.path}: its {PARENT_ROW} column holds {value}, which is no row of the file; "

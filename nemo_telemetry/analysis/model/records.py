@@ -49,7 +49,7 @@ def spans_table(records: Iterable[Mapping[str, Any]]) -> pa.Table:
     ``rl.*`` columns; ``duration_ns`` is computed; attribute maps are ``{str: str}`` dicts. A
     promoted resource attribute in ``resource_attributes`` (``nemo.telemetry.span_groups``...) goes
     to its column, as ingest puts it, unless the record gives that column itself (the attribute
-    then stays in the map: how files written before the column hold it).
+    then stays in the map, where the findings read it too).
     """
     rows = []
     for i, record in enumerate(records):

@@ -39,7 +39,7 @@ def resource_pairs(spans: pa.Table, key: str, group: np.ndarray, keep: np.ndarra
 
     A promoted attribute is read from its column (:data:`PROMOTED_RESOURCE_ATTRIBUTES`) and from
     the map, each where the table has it: a row holds its value in one of them (ingest puts it in
-    the column; a file written before the column, or a hand-built map, in the map). A process's
+    the column; a hand-built table may put it in the map). A process's
     resource is the same on every one of its spans, so a chunk whose kept rows all share one
     group (ingest writes one run per file) only needs the distinct values in it.
     """

@@ -6,8 +6,8 @@ resource ``service_name``, ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank
 ``span_groups`` = ``nemo.telemetry.span_groups``) are taken out of the attribute maps; every
 other span attribute is in ``attributes`` and every other resource attribute in
 ``resource_attributes``. ``span_groups`` has a column of its own so that ``check`` reads a
-dictionary column instead of the resource map (hundreds of MB at 10M spans); files written
-before it hold the attribute in ``resource_attributes``, where readers still look for it. Attribute values are strings: OTLP string
+dictionary column instead of the resource map (hundreds of MB at 10M spans); a hand-built table
+may hold the attribute in ``resource_attributes``, where the findings look for it too. Attribute values are strings: OTLP string
 values as they are, ints in decimal, doubles as Python's ``repr``, bools ``true``/``false``,
 bytes as lowercase hex, arrays and key-value lists as compact JSON.
 Strings that repeat are dictionary-encoded.
@@ -21,7 +21,9 @@ A spans *file* of a dataset has one more column, ``parent_row`` (int32, :data:`P
 row in that file of each span's parent, -1 for a span that names no parent, -2 for one whose
 parent is not in the file (:func:`nemo_telemetry.analysis.model.keys.local_parent_rows`). It is
 an index the file carries, not a column of the table: ``check`` joins only the references the
-file does not answer itself. Readers of whole tables leave it out.
+file does not answer itself, after checking it against the file's keys (it makes the file's row
+order part of the dataset format: :mod:`nemo_telemetry.analysis.store.formats`). Readers of
+whole tables leave it out.
 """
 
 from __future__ import annotations

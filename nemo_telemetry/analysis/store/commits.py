@@ -25,8 +25,10 @@ uncommitted file. A reader that finds a committed file still staged (the writer 
 the two) reads it there; the next writer renames it. Writers hold ``_lock`` (:class:`DatasetLock`): one at
 a time, so the spans a writer loads at its start to deduplicate against are all there are.
 
-A dataset with no record (no ``_commits`` folder, or an empty one) was written by a version
-without commit records: every ``*.parquet`` file in it is read. The first writer to open a
+Every record carries the dataset format of the files it commits (``dataset_format``:
+:mod:`~nemo_telemetry.analysis.store.formats`); :func:`dataset_state` refuses a dataset of a format
+this version does not read. A dataset with no record (no ``_commits`` folder, or an empty one) was written by a version
+without commit records: every ``*.parquet`` file in it is read, when its spans files are of a format read here. The first writer to open a
 dataset writes a first record before anything else, listing those files as committed (none
 for a new dataset), so from then on only recorded files count (:func:`prepare`).
 """
@@ -45,6 +47,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nemo_telemetry.analysis.store.formats import DATASET_FORMAT, FORMAT_KEY, dataset_format
 from nemo_telemetry.errors import DamagedDatasetError, DatasetLockedError, IncompleteDatasetWarning, IngestError
 
 __all__ = [
@@ -160,6 +163,7 @@ class DatasetState:
     committed: frozenset[str] | None  # paths relative to root; None: no commit record (every file)
     unfinished: tuple[UnfinishedIngest, ...]
     info: dict = field(default_factory=dict)  # relative path -> [bytes, rows, footer crc32] its commit recorded
+    format: int = DATASET_FORMAT  # the dataset format of its files (store.formats): one this version reads
 
     def recorded(self, table: str) -> list[str]:
         """The committed files of ``table`` as the record names them (relative, sorted), unchecked."""
@@ -394,7 +398,8 @@ def stage_record(root: Path, writer: str, sequence: int, record: dict) -> tuple[
     try:
         with open(tmp, "wb") as handle:
             version = _FORMAT_REMOVES if record.get("removes") else _FORMAT  # a reader of format 1 would keep them
-            handle.write(json.dumps({"format": version, "writer": writer, **record}, separators=(",", ":")).encode())
+            content = {"format": version, FORMAT_KEY: DATASET_FORMAT, "writer": writer, **record}
+            handle.write(json.dumps(content, separators=(",", ":")).encode())
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         raise with_path(exc, final) if isinstance(exc, OSError) else exc from exc
@@ -425,6 +430,7 @@ class _Union:
     names: list  # the record files read
     info: dict = field(default_factory=dict)
     removed: set = field(default_factory=set)
+    format: int | None = None  # the dataset format the latest record names (None: it names none)
 
     def committed(self) -> set:
         return self.files
@@ -468,6 +474,9 @@ def _add(union: _Union, path: Path) -> None:
             raise IngestError(f"{path}: a commit record of format {version!r}, which this nemo-telemetry cannot "
                               f"read (it reads {_FORMAT} to {_FORMAT_REMOVES}); upgrade nemo-telemetry")
         kind = record["kind"]
+        union.format = record.get(FORMAT_KEY)
+        if union.format is not None and not isinstance(union.format, int):
+            raise TypeError(f"{FORMAT_KEY} {union.format!r}")
         if kind == "begin":
             union.begun[record["writer"]] = record
         elif kind == "commit":
@@ -493,19 +502,31 @@ def dataset_state(root: Path, *, warn: bool = True) -> DatasetState:
     root = Path(root)
     union = _read_union(root)
     if union is None or not union.names:  # the first record (prepare's) is written before any file
-        return DatasetState(root, None, ())
+        state = DatasetState(root, None, ())
+        dataset_format(root, None, lambda: (root / rel for rel in state.recorded("spans")))
+        return state
     unfinished = tuple(
         UnfinishedIngest(writer, tuple(begin.get("inputs", ())), begin.get("out", str(root)),
                          int(begin.get("started_ns", 0)), _alive(root, writer), begin.get("tool", "ingest"))
         for writer, begin in sorted(union.begun.items(), key=lambda item: item[1].get("started_ns", 0))
         if writer not in union.finished
     )
+    committed = union.committed()
+    info = {rel: recorded for rel, recorded in union.info.items() if rel in committed}
+    state = DatasetState(root, frozenset(committed), unfinished, info)
+    version = dataset_format(root, union.format, lambda: _readable(state, "spans"))
     if warn:
         for ingest in unfinished:
             warnings.warn(ingest.describe(), IncompleteDatasetWarning, stacklevel=2)
-    committed = union.committed()
-    info = {rel: recorded for rel, recorded in union.info.items() if rel in committed}
-    return DatasetState(root, frozenset(committed), unfinished, info)
+    return DatasetState(root, state.committed, unfinished, info, version)
+
+
+def _readable(state: DatasetState, table: str):
+    """Where each committed file of ``table`` is, skipping the damaged ones (:meth:`DatasetState.files` names them)."""
+    for rel in state.recorded(table):
+        path, problem = inspect_file(state.root, rel, state.info.get(rel))
+        if problem is None:
+            yield path
 
 
 def ingest_inputs(root: Path) -> dict[str, tuple[str, ...]]:

@@ -46,6 +46,7 @@ from nemo_telemetry.analysis.store.partitions import split_by_partition
 from nemo_telemetry.analysis.model.columns import filled
 from nemo_telemetry.analysis.model.keys import local_parent_rows
 from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, ITERATION, LINKS_SCHEMA, PARENT_ROW
+from nemo_telemetry.analysis.model.tree import with_id_keys
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
@@ -564,10 +565,10 @@ class DatasetWriter:
 
 def with_parent_rows(spans: pa.Table) -> pa.Table:
     """``spans`` (one file's) and its ``parent_row`` column
-    (:func:`~nemo_telemetry.analysis.model.keys.local_parent_rows`), as a spans file holds them;
-    a table without the id key columns, as it is (the index is made from them)."""
-    if not all(c in spans.column_names for c in _ID_KEYS):
-        return spans
+    (:func:`~nemo_telemetry.analysis.model.keys.local_parent_rows`), as a spans file holds them (the
+    dataset format: :mod:`~nemo_telemetry.analysis.store.formats`); a table without the id key columns
+    gets them first (the index is made from them)."""
+    spans = with_id_keys(spans)
     keys = (filled(spans.column(c), 0).astype(np.uint64, copy=False) for c in _ID_KEYS)
     return spans.append_column(pa.field(PARENT_ROW, pa.int32(), nullable=False), pa.array(local_parent_rows(*keys)))
 

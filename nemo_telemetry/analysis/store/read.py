@@ -17,28 +17,25 @@ from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, IT
 from nemo_telemetry.analysis.settings import available_cpus
 from nemo_telemetry.analysis.store.commits import FileProblem, committed_files, damaged_error
 from nemo_telemetry.analysis.store.dataset import checked_parquet
+from nemo_telemetry.analysis.store.formats import reader
 from nemo_telemetry.analysis.store.repair import verify_dataset
 from nemo_telemetry.analysis.store.sources import single_dataset
 from nemo_telemetry.errors import DamagedDatasetError, IngestError
 
 __all__ = ["READ_COLUMNS", "GOODPUT_COLUMNS", "STEP_GOODPUT_COLUMNS", "read_for_analysis", "span_source_files",
-           "reading_errors", "read_span_files", "scan_span_files", "scan_batches", "span_projection", "has_id_keys",
-           "reusing_pool", "scan_file_batches", "every_file_has"]
+           "reading_errors", "read_span_files", "scan_span_files", "scan_batches", "span_projection",
+           "reusing_pool", "scan_file_batches"]
 
 # What check reads from a dataset: span and parent ids come from the uint64 keys (hex strings
 # cost more to read than everything else together); trace ids are read as dictionaries, as ingest
 # writes them, since their values repeat on every span of a trace. The enabled span groups come
-# from their own column, not the resource attribute map (200 MB in memory at 10M spans); a file
-# written before that column adds the map to the read (:func:`read_span_files`). No finding reads
-# service_name or rank (goodput's by="rank" does: GOODPUT_COLUMNS has them).
+# from their own column, not the resource attribute map (200 MB in memory at 10M spans). No finding
+# reads service_name or rank (goodput's by="rank" does: GOODPUT_COLUMNS has them).
 READ_COLUMNS = (
     "trace_id", "name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION,
     EFFICIENCY_CATEGORY, "span_groups", "trace_key", "span_key", "parent_key",
     "service_name", "rank",  # the process: step spans without rl.iteration are numbered per run and process
 )
-# Promoted resource columns that files written before them lack: such a file holds the
-# attribute in the resource map, which a read of the column then adds (resource_pairs reads both).
-_PROMOTED_LATER = ("span_groups",)
 # Row-group-sized batches (ingest writes pyarrow's default row groups, 2**20 rows): a few large chunks decode
 # with less overhead per batch than the scanner's default 2**17, and every per-chunk loop
 # over the columns runs a few times instead of a hundred.
@@ -90,9 +87,8 @@ def reading_errors(root: Path | None):
 
 
 def read_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.Table:
-    """``columns`` of the spans Parquet ``files``, the one projection every engine reads: the string
-    columns that repeat as dictionaries, the hex ids where a file was written before the id keys,
-    and the resource map where one was written before the span groups column."""
+    """``columns`` of the spans Parquet ``files``, the one projection every engine reads (the string
+    columns that repeat as dictionaries), by the reader of the dataset format (:func:`span_projection`)."""
     dataset, columns = span_projection(files, columns)
     # Into the system allocator's pool rather than Arrow's default (mimalloc): on a loaded 2-core
     # machine 10M spans read in 2-3 s against 6-10 s there, and check's peak RSS is 0.1-0.2 GB lower.
@@ -132,44 +128,13 @@ def scan_file_batches(dataset: ds.Dataset, columns: list[str], batch_rows: int |
         yield tagged.fragment.path, tagged.record_batch
 
 
-def every_file_has(dataset: ds.Dataset, column: str) -> bool:
-    """Whether every file of ``dataset`` holds ``column`` (its schema is the first file's)."""
-    return all(column in fragment.physical_schema.names for fragment in dataset.get_fragments())
-
-
 def span_projection(files: list[str], columns: tuple[str, ...]) -> tuple[ds.Dataset, list[str]]:
+    """The spans ``files`` as one dataset and the columns of ``columns`` to read of it, by the reader
+    of the dataset format (:mod:`~nemo_telemetry.analysis.store.formats`), which refuses a file of
+    another format (a :class:`~nemo_telemetry.errors.DatasetFormatError` naming it)."""
     fmt = checked_parquet(ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
-    dataset, columns = _promoted_later(ds.dataset(files, format=fmt), columns)
-    names = dataset.schema.names
-    columns = [c for c in columns if c in names]
-    if not has_id_keys(dataset.schema):
-        columns += [c for c in ("trace_id", "span_id", "parent_span_id") if c in names and c not in columns]
-    return dataset, columns
-
-
-def _promoted_later(dataset: ds.Dataset, columns) -> tuple[ds.Dataset, tuple]:
-    """The dataset and columns to read for ``columns`` when they name a :data:`_PROMOTED_LATER`
-    column: the resource map too where a file lacks the column (its values are there), and the
-    column in the schema where the first file lacks it and another has it (``ds.dataset`` takes
-    its schema from the first file only; the files without it read as nulls)."""
-    later = [c for c in _PROMOTED_LATER if c in columns]
-    if not later:
-        return dataset, tuple(columns)
-    schemas = [fragment.physical_schema for fragment in dataset.get_fragments()]  # each file's footer
-    fields = {c: [schema.field(c) for schema in schemas if c in schema.names] for c in later}
-    if any(len(found) < len(schemas) for found in fields.values()) and "resource_attributes" not in columns:
-        columns = (*columns, "resource_attributes")
-    added = [found[0] for c, found in fields.items() if found and c not in dataset.schema.names]
-    schema = dataset.schema
-    for field in added:
-        schema = schema.append(field)
-    # the same fragments, whose footers are read now: the scan does not read them again
-    return dataset.replace_schema(schema) if added else dataset, tuple(columns)
-
-
-def has_id_keys(schema: pa.Schema) -> bool:
-    """Whether a spans table (or dataset) has the uint64 id key columns ingest writes."""
-    return all(key in schema.names for key in ("trace_key", "span_key", "parent_key"))
+    dataset = ds.dataset(files, format=fmt)
+    return dataset, reader().project(dataset, columns)
 
 
 @cache

@@ -148,7 +148,7 @@ def _repair(root: Path, writer: str) -> RepairReport:
             tmp = commits.staging_name(root, root / new_rel, writer)
             tmp.parent.mkdir(parents=True, exist_ok=True)
             if table == "spans":
-                write_span_file(rows.drop_columns([PARENT_ROW]) if PARENT_ROW in rows.column_names else rows, tmp)
+                write_span_file(rows.drop_columns([PARENT_ROW]), tmp)  # the kept rows' own parent rows
             else:
                 write_table_file(rows, tmp)
             added.append(new_rel)

@@ -1,0 +1,122 @@
+"""The dataset format: which layout of spans files a dataset holds, and the one reader of each
+format this nemo-telemetry reads.
+
+Every commit record a writer writes carries the format of the files it commits
+(``"dataset_format"``, :data:`DATASET_FORMAT`). A dataset is read as the format its latest
+record names. One whose latest record names none (written before formats were recorded, or
+with no commit record at all) is read as format 1 when every committed spans file holds format
+1's columns, and refused otherwise as format 0: the layouts before format 1 (files without the
+uint64 id keys, without the ``span_groups`` column, without ``parent_row``) have no reader here.
+A format above the ones read (a newer nemo-telemetry's) is refused too. Either refusal is a
+:class:`~nemo_telemetry.errors.DatasetFormatError` that names the format and the fix: the same
+dumps ingested again, into a new folder. :func:`~nemo_telemetry.analysis.store.commits.dataset_state`,
+where every reader and writer of a dataset starts, decides the format; the reader of that format
+(:data:`READERS`) checks each spans file it opens, so spans files handed over without their
+dataset are held to it as well.
+
+Format 1 (the spans files ingest writes)::
+
+    every column of SPANS_SCHEMA (span_groups included), the uint64 id keys trace_key, span_key
+    and parent_key, and parent_row (int32): each span's parent as a row of the same file
+
+``parent_row`` makes a file's row order part of the format: a file whose rows another tool
+reordered is found by the reader that uses the column
+(:class:`~nemo_telemetry.analysis.model._arrays.FileParents`), which checks each file's column
+against the file's own keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from nemo_telemetry.analysis.model.schema import PARENT_ROW, SPANS_SCHEMA
+from nemo_telemetry.errors import DatasetFormatError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+__all__ = ["DATASET_FORMAT", "FORMAT_KEY", "UNVERSIONED", "SpansFormat", "READERS", "reader", "dataset_format",
+           "format_error"]
+
+DATASET_FORMAT = 1  # the format this nemo-telemetry writes
+FORMAT_KEY = "dataset_format"  # the commit record's field that holds it
+UNVERSIONED = 0  # a dataset whose records name no format and whose files are in no layout read here
+
+
+@dataclass(frozen=True)
+class SpansFormat:
+    """One dataset format's spans files: the columns each file holds, and the projection of a read."""
+
+    version: int
+    columns: tuple[str, ...]
+
+    def missing(self, schema: "pa.Schema") -> list[str]:
+        """The columns of this format a spans file's ``schema`` lacks."""
+        names = set(schema.names)
+        return [c for c in self.columns if c not in names]
+
+    def project(self, dataset: "ds.Dataset", columns: Iterable[str]) -> list[str]:
+        """The columns of ``dataset`` (spans files of this format) a read of ``columns`` takes,
+        after checking every file holds this format's columns (each file's footer, which the scan
+        reads anyway: the fragments keep it)."""
+        for fragment in dataset.get_fragments():
+            missing = self.missing(fragment.physical_schema)
+            if missing:
+                raise format_error(fragment.path, UNVERSIONED, _lacks(fragment.path, missing, named=False))
+        return list(columns)
+
+
+# Every column ingest writes into a spans file: the table's, its id keys and the parent rows.
+_V1 = SpansFormat(1, (*SPANS_SCHEMA.names, *(n for n in ("trace_key", "span_key", "parent_key")
+                                               if n not in SPANS_SCHEMA.names), PARENT_ROW))
+READERS: dict[int, SpansFormat] = {1: _V1}  # one reader per format read
+
+
+def reader(version: int = DATASET_FORMAT) -> SpansFormat:
+    """The reader of dataset format ``version`` (one this nemo-telemetry reads)."""
+    return READERS[version]
+
+
+def dataset_format(root: Path, recorded: int | None, spans_files: Callable[[], Iterable[Path]]) -> int:
+    """The format of the dataset at ``root``: ``recorded`` (its latest commit record's), or, where no
+    record names one, the format whose columns every spans file (``spans_files()``) holds. A
+    :class:`~nemo_telemetry.errors.DatasetFormatError` when that is no format read here."""
+    if recorded is not None:
+        if recorded not in READERS:
+            raise format_error(root, recorded, "written by a newer nemo-telemetry" if recorded > DATASET_FORMAT
+                               else "a format no nemo-telemetry wrote")
+        return recorded
+    import pyarrow as pa  # noqa: PLC0415 - only for a dataset whose records name no format
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    current = READERS[DATASET_FORMAT]
+    for path in spans_files():
+        try:
+            schema = pq.read_schema(path)
+        except (pa.ArrowInvalid, OSError):  # not a Parquet file: the check of committed files names it
+            continue
+        missing = current.missing(schema)
+        if missing:
+            raise format_error(root, UNVERSIONED, _lacks(path, missing))
+    return DATASET_FORMAT
+
+
+def _lacks(path, missing: list[str], *, named: bool = True) -> str:
+    """Why a dataset (``named``: its file ``path``) or one spans file is of no format read here."""
+    columns = f"{', '.join(missing)} column{'s' if len(missing) > 1 else ''}"
+    if named:
+        return f"unversioned, its spans files in a layout older than format {DATASET_FORMAT}: {path} has no {columns}"
+    return f"a spans file in a layout older than format {DATASET_FORMAT}: it has no {columns}"
+
+
+def format_error(where, version: int, why: str) -> DatasetFormatError:
+    """The refusal every reader gives: the format, why, which formats are read, and the fix."""
+    read = ", ".join(str(v) for v in sorted(READERS))
+    fix = "upgrade nemo-telemetry, or re-run" if version > DATASET_FORMAT else "re-run"
+    return DatasetFormatError(
+        f"{where}: dataset format {version} ({why}), which this nemo-telemetry does not read (it reads format "
+        f"{read}); {fix} nemo-telemetry ingest of its dumps into a new folder: "
+        f"nemo-telemetry ingest DUMPS --out NEW_DATASET", version, tuple(sorted(READERS)))
