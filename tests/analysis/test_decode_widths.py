@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from nemo_telemetry.analysis.model._arrays import decode_span_files, span_arrays
+from nemo_telemetry.analysis.decode import SpanReader, span_arrays
 from nemo_telemetry.analysis.model.tree import with_id_keys
 
 
@@ -75,5 +75,6 @@ def test_spans_files_widen_as_the_batch_that_needs_it_is_read(tmp_path, order):
         path = tmp_path / f"part-{i}.parquet"
         pq.write_table(with_id_keys(table), path)
         files.append(str(path))
-    arrays, _ = decode_span_files(files, batch_rows=4_096)
+    with SpanReader() as read:
+        arrays = read.files(files, batch_rows=4_096)
     assert decoded(arrays) == expected(batches)

@@ -42,13 +42,11 @@ from nemo_telemetry.analysis.findings.checks import (
 )
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
 from nemo_telemetry.analysis.model import keys as keys_module
-from nemo_telemetry.analysis.model._arrays import FileParents, decode_span_files, span_arrays
+from nemo_telemetry.analysis.decode import SpanReader, span_arrays
 from nemo_telemetry.analysis.model.keys import (
     NO_PARENT,
     PARENT_ELSEWHERE,
-    index_orphans,
     local_parent_rows,
-    sort_index,
 )
 from nemo_telemetry.analysis.model.records import spans_table
 from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA, PARENT_ROW
@@ -267,12 +265,11 @@ def test_check_reads_parents_from_the_files_and_finds_those_in_other_files(layou
     references (a trace spread over files), so this is the cross-file lookup at work."""
     root, _ = layout
     files = spans_files(root)
-    arrays, parents = decode_span_files(files)
-    assert isinstance(parents, FileParents)
-    resolved = parents.resolved(arrays.table)
+    assert all(PARENT_ROW in pq.read_schema(f).names for f in files)
+    arrays = decode_files(files)
     expected, orphan = dataset_parents_by_hand(files)
-    assert resolved["parents"].tolist() == expected.tolist()
-    assert resolved["orphan"].tolist() == orphan.tolist()
+    assert arrays.parents.tolist() == expected.tolist()
+    assert arrays.orphan.tolist() == orphan.tolist()
     assert 0 < orphan.sum()
     local = np.concatenate([pq.read_table(f, columns=[PARENT_ROW]).column(0).to_numpy() for f in files])
     across = (local == PARENT_ELSEWHERE) & (expected >= 0)
@@ -290,8 +287,8 @@ def test_check_with_parent_rows_equals_every_other_way(layout, options):
     code comes up, so the walks (unstamped micro-batches up two ranks to their step), orphans,
     detached traces and nested buckets across files all count."""
     root, stripped = layout
-    assert isinstance(decode_span_files(spans_files(root))[1], FileParents)
-    assert isinstance(decode_span_files(spans_files(stripped))[1], dict)  # the fallback: a key index
+    assert all(PARENT_ROW in pq.read_schema(f).names for f in spans_files(root))
+    assert not any(PARENT_ROW in pq.read_schema(f).names for f in spans_files(stripped))  # the key index
 
     report = check_with_engine(root, **options).to_dict()
     if not options:
@@ -342,12 +339,16 @@ def self_named(tmp_path_factory) -> tuple[Path, Path]:
     return root, stripped_copy(root, base / "stripped")
 
 
+def decode_files(files: list[str], **options):
+    """The spans ``files`` as check decodes them (batch by batch)."""
+    with SpanReader() as read:
+        return read.files(files, **options)
+
+
 def key_index_parents(files: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(parent row, orphan) of every span as the key index path finds them (files without the column)."""
-    arrays, index = decode_span_files(files)
-    assert isinstance(index, dict)
-    arrays.adopt_index(sort_index(index))
-    arrays.adopt_index(index_orphans(index))
+    assert not any(PARENT_ROW in pq.read_schema(f).names for f in files)
+    arrays = decode_files(files)
     return arrays.parent_of(np.arange(len(arrays))), arrays.orphan
 
 
@@ -356,12 +357,11 @@ def test_a_span_naming_itself_gets_no_parent_row_either_way(self_named):
     parent comes from the files' parent rows and the lookup across files, or from the key index."""
     root, stripped = self_named
     files = spans_files(root)
-    arrays, parents = decode_span_files(files)
-    resolved = parents.resolved(arrays.table)
+    arrays = decode_files(files)
     expected, _ = dataset_parents_by_hand(files)
     loop = arrays.span_id(np.arange(len(arrays))).index(f"{0xF00F:016x}")
     assert expected[loop] == -1
-    assert resolved["parents"].tolist() == expected.tolist()
+    assert arrays.parents.tolist() == expected.tolist()
     assert key_index_parents(spans_files(stripped))[0].tolist() == expected.tolist()
 
 
@@ -369,13 +369,13 @@ def test_a_span_naming_itself_is_reported_alike_either_way(self_named):
     """Whether a span naming itself is an orphan is decided as the key index decides it (test_orphans:
     its trace holds the id it names): the same orphans, and the same report, from every path."""
     root, stripped = self_named
-    arrays, parents = decode_span_files(spans_files(root))
+    arrays = decode_files(spans_files(root))
     _, orphan = dataset_parents_by_hand(spans_files(root))
     assert key_index_parents(spans_files(stripped))[1].tolist() == orphan.tolist()
     expected = check_run(read_for_analysis(root)).to_dict()
     assert check_with_engine(stripped).to_dict() == expected
     assert stream_check(root).to_dict() == expected
-    assert parents.resolved(arrays.table)["orphan"].tolist() == orphan.tolist()
+    assert arrays.orphan.tolist() == orphan.tolist()
     assert check_with_engine(root).to_dict() == expected
 
 
@@ -397,7 +397,6 @@ def test_a_dataset_where_some_files_lack_parent_rows_falls_back_to_the_key_index
     files = spans_files(mixed)
     has = [PARENT_ROW in pq.read_schema(f).names for f in files]
     assert any(has) and not all(has)
-    assert isinstance(decode_span_files(files)[1], dict)
     expected = check_with_engine(stripped).to_dict()
     assert check_with_engine(mixed).to_dict() == expected
 
@@ -457,9 +456,9 @@ def test_run_pairs_gathered_by_the_decode_equal_those_read_from_the_columns(layo
     from the table's columns; a selection that is not whole runs is refused, not answered wrong."""
     root, _ = layout
     files = spans_files(root)
-    arrays, _ = decode_span_files(files, run_resources=(SPAN_GROUPS_ATTRIBUTE,))
+    arrays = decode_files(files)
     table = with_id_keys(read_for_analysis(root))
-    plain = decode_span_files(files)[0]
+    plain = span_arrays(table)
     assert "span_groups" not in arrays.table.column_names and "span_groups" in plain.table.column_names
     every = np.ones(len(arrays), dtype=bool)
     assert arrays.run_names(every) == plain.run_names(every)

@@ -22,7 +22,7 @@ from nemo_telemetry.analysis.goodput.rules import (
 from nemo_telemetry.analysis.model.grouping import Columns
 from nemo_telemetry.analysis.goodput.numbering import file_step_numbers, number_steps, numbered_spans
 from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_partial, ranks_tables
-from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, span_arrays
+from nemo_telemetry.analysis.decode import NO_BUCKET, SpanArrays, span_arrays
 from nemo_telemetry.analysis.model.columns import code_values
 from nemo_telemetry.analysis.model.walk import walk_rows
 from nemo_telemetry.analysis.store.read import has_id_keys, scan_span_files
