@@ -79,7 +79,7 @@ from nemo_telemetry.analysis.settings import ReadSettings
 __all__ = ["FINDING_CODES", "SEVERITIES", "Finding", "CheckReport", "check_run", "SPAN_GROUPS_ATTRIBUTE",
            "DEFAULT_OVERLAP_TOLERANCE_S", "overlap_tolerance_ns", "report", "Merged", "finish", "merge_in_memory",
            "group_presence", "check_span_files", "check_batch", "Anchored", "anchored",
-           "BATCH_FINDING_CODES"]
+           "BATCH_FINDING_CODES", "check_arrays"]
 
 # -- what the finish reads ---------------------------------------------------------------------
 
@@ -495,7 +495,7 @@ def check_run(
     """
     table, numbers = numbered_spans(with_id_keys(spans))
     with SpanReader(settings) as read:
-        return _check_arrays(read.table(table), run_id=run_id, numbers=numbers,
+        return check_arrays(read.table(table), run_id=run_id, numbers=numbers,
                              unattributed_threshold=unattributed_threshold, overlap_tolerance_s=overlap_tolerance_s,
                              max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
 
@@ -512,12 +512,12 @@ def check_span_files(files: list[str], *, run_id: str | None = None, unattribute
         arrays = read.files(files, batch_rows=batch_rows)
         if arrays is None:
             return None
-        return _check_arrays(number_arrays(arrays, numbers), run_id=run_id, numbers=numbers,
+        return check_arrays(number_arrays(arrays, numbers), run_id=run_id, numbers=numbers,
                              unattributed_threshold=unattributed_threshold, overlap_tolerance_s=overlap_tolerance_s,
                              max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
 
 
-def _check_arrays(arrays: SpanArrays, *, run_id: str | None, unattributed_threshold: float,
+def check_arrays(arrays: SpanArrays, *, run_id: str | None, unattributed_threshold: float,
                   overlap_tolerance_s: float, max_span_ids: int, max_findings_per_code: int,
                   numbers: StepNumbers | None = None) -> CheckReport:
     """The findings over decoded ``arrays``. What reads neither the walks nor the orphan test (the
