@@ -98,5 +98,5 @@ def reference_arrays(spans: pa.Table) -> SpanArrays:
         name=name, names=names, run=run, runs=runs, start=start, end=end, valid_interval=end >= start,
         bucket=bucket, bucket_raw=bucket_raw, bucket_values=bucket_values, category=category, categories=categories,
         iteration=iteration, has_iteration=has_iteration,
-        links=Later.known(Parents(parent, has_parent, orphan)),
+        links=Later.known(Parents(parent.__getitem__, has_parent)), orphans=Later.known(orphan),
         pairs=Later.known(RunPairs(names_present, resources)))

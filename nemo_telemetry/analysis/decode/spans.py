@@ -6,9 +6,9 @@ over every row: the rules cannot tell which one built their input. Strings that 
 buckets, runs, categories) are integer codes into a small tuple of values
 (:mod:`model.columns`), so every rule over names is decided once per distinct name.
 
-Two parts cost more than the rest and are often not read (goodput by step never looks at
-orphans): how spans hang together (:class:`Parents`) and the (run, name) and (run, resource
-value) pairs (:class:`RunPairs`). They are :class:`Later` values: computed once, when first
+Three parts cost more than the rest and are often not read (goodput by step never looks at
+orphans): how spans hang together (:class:`Parents`), the orphan test, and the (run, name) and
+(run, resource value) pairs (:class:`RunPairs`). They are :class:`Later` values: computed once, when first
 read, in the reading thread or by a worker a strategy started; a rule reads them the same way
 either way.
 """
@@ -71,15 +71,20 @@ class Later(Generic[T]):
 class Parents:
     """How the spans hang together, over every row.
 
-    ``row``: the parent's row (-1: a root, or a parent not in the data): the lowest other row whose
-    span id and trace are the reference's. ``has_parent``: the span names a parent
-    (``parent_span_id`` set, else a ``parent_key`` other than 0). ``orphan``: it names one that no
-    row holds (not even itself).
+    ``of(rows)``: each row's parent row (-1: a root, or a parent not in the data): the lowest other
+    row whose span id and trace are the reference's; a strategy answers it from whatever it holds
+    (an array of every row's parent, or a sorted key index it searches: a walk from a few rows
+    then costs a few lookups). ``has_parent``: the span names a parent (``parent_span_id`` set,
+    else a ``parent_key`` other than 0).
     """
 
-    row: np.ndarray
+    of: Callable[[np.ndarray], np.ndarray]
     has_parent: np.ndarray
-    orphan: np.ndarray
+
+    @cached_property
+    def row(self) -> np.ndarray:
+        """Every row's parent row."""
+        return self.of(np.arange(len(self.has_parent), dtype=np.int64))
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,6 +121,7 @@ class SpanArrays:
     iteration: np.ndarray  # own rl.iteration (0 where none)
     has_iteration: np.ndarray
     links: Later[Parents]
+    orphans: Later[np.ndarray]  # spans naming a parent that no row holds (not even themselves)
     pairs: Later[RunPairs]
 
     def __len__(self) -> int:
@@ -165,11 +171,14 @@ class SpanArrays:
     @property
     def orphan(self) -> np.ndarray:
         """Spans that name a parent which is not in the table (same trace)."""
-        return self.links.get().orphan
+        return self.orphans.get()
 
     def parent_of(self, rows: np.ndarray) -> np.ndarray:
         """Parent row of each of ``rows`` (-1: root or orphan)."""
-        return self.parents[rows].astype(np.int64, copy=False)
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.asarray(self.links.get().of(rows), dtype=np.int64)
 
     def walk_up(self, rows: np.ndarray, *, ancestors: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For ``rows``: (attributed iteration, whether one was found, nearest bucketed ancestor or -1).

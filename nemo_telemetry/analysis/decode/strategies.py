@@ -41,7 +41,7 @@ from nemo_telemetry.analysis.settings import ReadSettings
 from nemo_telemetry.analysis.store.read import READ_COLUMNS, every_file_has, has_id_keys, scan_file_batches, span_projection
 from nemo_telemetry.errors import IngestError
 
-__all__ = ["span_arrays", "SpanReader", "rows_arrays", "FileParents", "table_parents"]
+__all__ = ["span_arrays", "SpanReader", "rows_arrays", "FileParents", "table_parents", "index_parents"]
 
 # What the decoded arrays replace: columns a reader lets go of once a batch is decoded.
 _DECODED = ("name", "run_id", BUCKET, EFFICIENCY_CATEGORY, "start_ns", "end_ns", ITERATION)
@@ -54,23 +54,32 @@ def span_arrays(spans: pa.Table, *, threads: int = 1) -> SpanArrays:
     decoder = _SpanDecoder(spans.num_rows)
     for batch in spans.to_batches():
         decoder.add(batch)
-    return decoder.arrays(spans, Later(lambda: table_parents(spans, threads=threads)),
+    index = Later(lambda: sort_index(key_index(spans, sort=False), threads=threads))
+    return decoder.arrays(spans, Later(lambda: index_parents(index.get())),
+                          Later(lambda: index_orphans(index.get(), threads=threads)["orphan"]),
                           Later(lambda: table_pairs(spans, decoder)))
 
 
-def table_parents(spans: pa.Table, *, threads: int = 1) -> Parents:
-    """:class:`Parents` of a table with its id key columns, from its key index (:mod:`model.keys`)."""
+def table_parents(spans: pa.Table, *, threads: int = 1) -> tuple[Parents, np.ndarray]:
+    """(:class:`Parents`, orphan test) of a table with its id key columns, from its key index
+    (:mod:`model.keys`)."""
     index = sort_index(key_index(spans, sort=False), threads=threads)
-    return Parents(_index_rows(index), index["has_parent"], index_orphans(index, threads=threads)["orphan"])
+    return index_parents(index), index_orphans(index, threads=threads)["orphan"]
 
 
-def _index_rows(index: dict) -> np.ndarray:
-    """Every span's parent row, by the sorted key index."""
-    has_parent = index["has_parent"]
-    out = np.full(len(has_parent), -1, dtype=np.int64)
-    rows = np.flatnonzero(has_parent)
-    out[rows] = parent_rows(index["_sorted_spans"], index["_mixed"][1][rows], rows)
-    return out
+def index_parents(index: dict) -> Parents:
+    """:class:`Parents` that search a sorted key index for the rows asked about."""
+    has_parent, wanted, sorted_spans = index["has_parent"], index["_mixed"][1], index["_sorted_spans"]
+
+    def of(rows: np.ndarray) -> np.ndarray:
+        out = np.full(len(rows), -1, dtype=np.int64)
+        asked = has_parent[rows]
+        named = rows[asked]
+        if len(named):
+            out[asked] = parent_rows(sorted_spans, wanted[named], named)
+        return out
+
+    return Parents(of, has_parent)
 
 
 def table_pairs(spans: pa.Table, decoder: _SpanDecoder | None = None, *,
@@ -115,23 +124,23 @@ class SpanReader:
         self._pending.append(future)
         return future
 
-    def _links_of_index(self, index: Future) -> Later[Parents]:
-        """The parents and orphans of an unsorted key index (a future), each found by a worker."""
+    def _links_of_index(self, index: Future) -> tuple[Later[Parents], Later[np.ndarray]]:
+        """The parents and orphans of an unsorted key index (a future): a worker sorts it, then
+        another runs the orphan test while the parents are searched for the rows a walk asks."""
         threads = self.settings.threads
         ordered = self._submit(lambda: sort_index(index.result(), threads=threads))
-        rows = self._submit(lambda: _index_rows(ordered.result()))
         orphan = self._submit(lambda: index_orphans(ordered.result(), threads=threads)["orphan"])
-        return Later(lambda: Parents(rows.result(), ordered.result()["has_parent"], orphan.result()))
+        return Later(lambda: index_parents(ordered.result())), Later(orphan.result)
 
     def table(self, spans: pa.Table) -> SpanArrays:
         """:func:`span_arrays` of a whole table, its tree found by the workers meanwhile."""
         spans = with_id_keys(spans)
         index = self._submit(key_index, spans, sort=False)
-        links = self._links_of_index(index)
+        links, orphans = self._links_of_index(index)
         decoder = _SpanDecoder(spans.num_rows)
         for batch in spans.to_batches():
             decoder.add(batch)
-        return decoder.arrays(spans, links, Later(lambda: table_pairs(spans, decoder)))
+        return decoder.arrays(spans, links, orphans, Later(lambda: table_pairs(spans, decoder)))
 
     def files(self, files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS,
               batch_rows: int | None = None) -> SpanArrays | None:
@@ -169,9 +178,10 @@ class SpanReader:
         pairs = Later.known(decoder.run_pairs())
         if parents is not None:
             resolved = self._submit(parents.resolved, table)
-            return decoder.arrays(table, Later(resolved.result), pairs)
+            return decoder.arrays(table, Later(lambda: resolved.result()[0]), Later(lambda: resolved.result()[1]),
+                                  pairs)
         index = self._submit(build_index, keys, n, None)
-        return decoder.arrays(table, self._links_of_index(index), pairs)
+        return decoder.arrays(table, *self._links_of_index(index), pairs)
 
 
 def rows_arrays(*, trace_id: list, keys: tuple[np.ndarray, np.ndarray, np.ndarray], name: tuple[np.ndarray, tuple],
@@ -187,15 +197,15 @@ def rows_arrays(*, trace_id: list, keys: tuple[np.ndarray, np.ndarray, np.ndarra
     n = len(span_key)
 
     def links() -> Parents:
-        index = sort_index(build_index([keys], n, None))
-        return Parents(_index_rows(index), index["has_parent"], np.asarray(orphan, bool))
+        return index_parents(sort_index(build_index([keys], n, None)))
 
     bucket_raw, bucket_values = bucket
     return SpanArrays(
         table=table, name=name[0], names=name[1], run=run[0], runs=run[1], start=start, end=end,
         valid_interval=end >= start, bucket=_bucket_index(bucket_values)[bucket_raw], bucket_raw=bucket_raw,
         bucket_values=bucket_values, category=category[0], categories=category[1], iteration=iteration,
-        has_iteration=has_iteration, links=Later(links), pairs=Later.known(pairs))
+        has_iteration=has_iteration, links=Later(links), orphans=Later.known(np.asarray(orphan, bool)),
+        pairs=Later.known(pairs))
 
 
 def _bucket_index(bucket_values: tuple) -> np.ndarray:
@@ -262,9 +272,9 @@ class FileParents:
         raise IngestError(f"{self.path}: its {PARENT_ROW} column holds {value}, which is no row of the file; "
                           "re-run nemo-telemetry ingest")
 
-    def resolved(self, table: pa.Table) -> Parents:
-        """Every span's :class:`Parents` (``table``: the decoded one, which holds the span and
-        trace keys the lookups read)."""
+    def resolved(self, table: pa.Table) -> tuple[Parents, np.ndarray]:
+        """Every span's :class:`Parents` and orphan test (``table``: the decoded one, which holds
+        the span and trace keys the lookups read)."""
         self._file_done()
         parents = self.rows
         orphan = parents == PARENT_ELSEWHERE  # then: those whose reference no span holds (not even itself)
@@ -277,7 +287,7 @@ class FileParents:
                 parents[rows], held = KeyScan.pick(found, run, rows)
                 orphan[rows[held]] = False
         np.maximum(parents, -1, out=parents)  # a reference no file answered: no parent row
-        return Parents(parents, self.has_parent, orphan)
+        return Parents(parents.__getitem__, self.has_parent), orphan
 
 
 class _SpanDecoder:
@@ -356,7 +366,8 @@ class _SpanDecoder:
         out, values = self._codes[column]
         return out, tuple(values)
 
-    def arrays(self, table: pa.Table, links: Later[Parents], pairs: Later[RunPairs]) -> SpanArrays:
+    def arrays(self, table: pa.Table, links: Later[Parents], orphans: Later[np.ndarray],
+               pairs: Later[RunPairs]) -> SpanArrays:
         if self.at != self.n:
             raise IngestError(f"the spans files hold {self.at} rows where their metadata counts {self.n}; "
                               "re-run nemo-telemetry ingest")
@@ -370,4 +381,4 @@ class _SpanDecoder:
             table=table, name=name, names=names, run=run, runs=runs, start=start, end=end,
             valid_interval=end >= start, bucket=_bucket_index(bucket_values)[bucket_raw], bucket_raw=bucket_raw,
             bucket_values=bucket_values, category=category, categories=categories, iteration=iteration,
-            has_iteration=has_iteration, links=links, pairs=pairs)
+            has_iteration=has_iteration, links=links, orphans=orphans, pairs=pairs)
