@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from nemo_telemetry.analysis.decode import SpanReader, reference_arrays, span_arrays
+from nemo_telemetry.analysis.decode import SpanReader, reference_arrays, rows_arrays, span_arrays
 from nemo_telemetry.analysis.engines.choose import check_with_engine, goodput_with_engine
 from nemo_telemetry.analysis.engines.partitioned_check import stream_check
 from nemo_telemetry.analysis.findings.checks import check_arrays, check_run, check_span_files
@@ -176,6 +176,23 @@ def test_spans_files_batch_by_batch_decode_as_the_reference(dataset, batch_rows)
         got = read.files(files, batch_rows=batch_rows)
     assert_same(got, want)
     assert_same(span_arrays(read_for_analysis(root)), want)  # the projection check reads, in memory
+
+
+def test_rows_handed_over_as_arrays_decode_as_the_reference(dataset):
+    """The partitioned check's driver gets rows as values and uint64 ids (its orphan test and run
+    pairs done over the files): handed every row so, it holds what the reference holds."""
+    _, _, whole = dataset
+    want = reference_arrays(whole)
+    every = np.arange(len(want))
+    keys = tuple(np.asarray(want.table.column(c).to_numpy(), np.uint64) for c in ("span_key", "trace_key"))
+    parent_key = np.array([0 if p is None else int(p, 16) for p in whole.column("parent_span_id").to_pylist()],
+                          np.uint64)
+    got = rows_arrays(
+        trace_id=want.trace_id(every), keys=(*keys, parent_key), name=(want.name, want.names),
+        run=(want.run, want.runs), bucket=(want.bucket_raw, want.bucket_values),
+        category=(want.category, want.categories), start=want.start, end=want.end, iteration=want.iteration,
+        has_iteration=want.has_iteration, orphan=want.orphan, pairs=want.pairs.get())
+    assert_same(got, want)
 
 
 def _sorted_report(report) -> dict:
