@@ -122,7 +122,8 @@ def assert_same(got, want) -> None:
     assert len(got) == n
     for codes, table in (("name", "names"), ("run", "runs"), ("bucket_raw", "bucket_values"),
                          ("category", "categories")):
-        assert values(getattr(got, codes), getattr(got, table)) == values(getattr(want, codes), getattr(want, table)), codes
+        got_values, want_values = (values(getattr(a, codes), getattr(a, table)) for a in (got, want))
+        assert got_values == want_values, codes
     for field in ("start", "end", "valid_interval", "bucket", "iteration", "has_iteration"):
         assert getattr(got, field).tolist() == getattr(want, field).tolist(), field
     assert got.parents.tolist() == want.parents.tolist()
@@ -208,7 +209,8 @@ def test_check_and_goodput_are_the_same_from_every_strategy(dataset):
     expected = check_run(table).to_dict()
     assert sum(expected["counts"]["by_code"].values()) > 0
     assert check_span_files(files).to_dict() == expected
-    assert check_span_files(files, batch_rows=11, settings=ReadSettings(threads=1, memory_budget=0)).to_dict() == expected
+    one_thread = ReadSettings(threads=1, memory_budget=0)
+    assert check_span_files(files, batch_rows=11, settings=one_thread).to_dict() == expected
     assert check_run(table, settings=ReadSettings(threads=4, memory_budget=1 << 30)).to_dict() == expected
     assert check_with_engine(root).to_dict() == expected
     assert stream_check(root).to_dict() == expected

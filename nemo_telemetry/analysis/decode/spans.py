@@ -26,7 +26,6 @@ import pyarrow as pa
 from nemo_telemetry.analysis.model.columns import (
     code_mask, codes_matching, column_codes, column_rows, int_column, row_value,
 )
-from nemo_telemetry.analysis.model.resources import resource_values
 from nemo_telemetry.analysis.model.walk import climb
 
 __all__ = ["BUCKETS", "UNKNOWN_BUCKET", "NO_BUCKET", "Later", "Parents", "RunPairs", "SpanArrays",
@@ -100,9 +99,11 @@ class RunPairs:
 class SpanArrays:
     """Columns of one spans table as numpy arrays, one entry per row, whatever built them.
 
-    ``table`` keeps what is read only for messages or by few rules: ``trace_id`` (where read),
-    ``trace_key`` and ``span_key`` (ids), ``service_name`` and ``rank`` (goodput by rank, decoded on
-    first use).
+    ``table`` keeps what is read only for messages or by few rules, in every strategy:
+    ``trace_key`` and ``span_key`` (ids), ``trace_id`` where it was read, ``service_name`` and
+    ``rank`` where they were read (goodput by rank, decoded on first use). A strategy may keep more
+    (a table in memory keeps every column it was given; a caller that decodes its own batch may
+    read those), never less.
     """
 
     table: pa.Table
@@ -206,11 +207,6 @@ class SpanArrays:
     def rows_of_names(self, regex: str) -> np.ndarray:
         """Boolean mask of the rows whose name matches ``regex``."""
         return code_mask(self.name, codes_matching(self.names, regex), len(self.names))
-
-    def resource_values(self, key: str, rows: np.ndarray) -> tuple[np.ndarray, tuple]:
-        """(codes, values) of resource attribute ``key`` for ``rows`` (code -1: absent), where
-        ``table`` holds it."""
-        return resource_values(self.table, key, rows)
 
     def run_names(self, keep: np.ndarray) -> list[tuple[int, int]]:
         """The distinct (run code, name code) pairs of the ``keep`` rows (whole runs), sorted."""

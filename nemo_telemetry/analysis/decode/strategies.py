@@ -38,7 +38,9 @@ from nemo_telemetry.analysis.model.schema import (
 from nemo_telemetry.analysis.model.tree import mixed_key, with_id_keys
 from nemo_telemetry.analysis.model.walk import KeyScan
 from nemo_telemetry.analysis.settings import ReadSettings
-from nemo_telemetry.analysis.store.read import READ_COLUMNS, every_file_has, has_id_keys, scan_file_batches, span_projection
+from nemo_telemetry.analysis.store.read import (
+    READ_COLUMNS, every_file_has, has_id_keys, scan_file_batches, span_projection,
+)
 from nemo_telemetry.errors import IngestError
 
 __all__ = ["span_arrays", "SpanReader", "rows_arrays", "FileParents", "table_parents", "index_parents"]
@@ -82,14 +84,11 @@ def index_parents(index: dict) -> Parents:
     return Parents(of, has_parent)
 
 
-def table_pairs(spans: pa.Table, decoder: _SpanDecoder | None = None, *,
-                run: np.ndarray | None = None, name: np.ndarray | None = None, names: int = 0) -> RunPairs:
-    """:class:`RunPairs` of a whole table (its codes from ``decoder``, or given)."""
-    if decoder is not None:
-        run, (name, values) = decoder.codes_of("run_id")[0], decoder.codes_of("name")
-        names = len(values)
+def table_pairs(spans: pa.Table, decoder: _SpanDecoder) -> RunPairs:
+    """:class:`RunPairs` of a whole table, whose codes ``decoder`` holds."""
+    run, (name, names) = decoder.codes_of("run_id")[0], decoder.codes_of("name")
     every = np.ones(len(run), dtype=bool)
-    return RunPairs(frozenset(pairs_present(run, name, names)),
+    return RunPairs(frozenset(pairs_present(run, name, len(names))),
                     {key: frozenset(resource_pairs(spans, key, run, every)) for key in RUN_RESOURCES})
 
 
@@ -98,7 +97,8 @@ class SpanReader:
 
     What the workers compute (the key index, the parents, the orphan test) reaches the arrays as
     :class:`Later` values; when the block ends the workers finish (so the arrays stay whole after
-    it) and are joined; when it ends by an exception, work still queued is cancelled. Workers only ever wait for work submitted before theirs, so one thread is enough.
+    it) and are joined; when it ends by an exception, work still queued is cancelled. Workers
+    only ever wait for work submitted before theirs, so one thread is enough.
     """
 
     def __init__(self, settings: ReadSettings | None = None) -> None:
