@@ -45,25 +45,27 @@ class Later(Generic[T]):
     """A value computed once, on the first :meth:`get`: by ``compute`` in the thread that asks, or
     by a worker (``compute`` is then the worker's future's ``result``). Thread-safe."""
 
-    __slots__ = ("_compute", "_value", "_lock")
-    _UNSET = object()
+    __slots__ = ("_compute", "_value", "_done", "_lock")
 
     def __init__(self, compute: Callable[[], T]) -> None:
-        self._compute, self._value, self._lock = compute, Later._UNSET, threading.Lock()
+        self._compute: Callable[[], T] | None = compute
+        self._value: T | None = None
+        self._done = False
+        self._lock = threading.Lock()
 
     @classmethod
     def known(cls, value: T) -> Later[T]:
         later = cls(lambda: value)
-        later._value = value
+        later._value, later._done, later._compute = value, True, None
         return later
 
     def get(self) -> T:
-        if self._value is Later._UNSET:
+        if not self._done:
             with self._lock:
-                if self._value is Later._UNSET:
+                if not self._done and self._compute is not None:
                     self._value = self._compute()
-                    self._compute = None
-        return self._value
+                    self._compute, self._done = None, True
+        return self._value  # type: ignore[return-value]  # set once _done
 
 
 @dataclass(frozen=True, eq=False)

@@ -19,6 +19,7 @@ for the tests.
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -114,7 +115,8 @@ class SpanReader:
         if exc_type is not None:  # a bad run_id, say: no one reads what is still queued
             for pending in self._pending:
                 pending.cancel()
-        self._pool.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         self._pool = None
 
     def _submit(self, work, *args, **kwargs) -> Future:
@@ -153,20 +155,20 @@ class SpanReader:
 
         None when the files have no id key columns (a dataset written before them).
         """
-        dataset, columns = span_projection(files, columns)
+        dataset, read = span_projection(files, columns)
         if not has_id_keys(dataset.schema):
             return None
         n = dataset.count_rows()
         decoder = _SpanDecoder(n, gather_pairs=True)
         parents = FileParents(n) if every_file_has(dataset, PARENT_ROW) else None
         if parents is not None:
-            columns = [*columns, PARENT_ROW]
+            read = [*read, PARENT_ROW]
         gathered = set(decoder.gathered_columns)
         let_go = {*_DECODED, PARENT_ROW, "parent_key", "resource_attributes"} | gathered
-        kept_columns = [c for c in columns if c not in let_go]
+        kept_columns = [c for c in read if c not in let_go]
         kept: list[pa.RecordBatch] = []
         keys: list[list[np.ndarray]] = []
-        for path, batch in scan_file_batches(dataset, columns, batch_rows or self.settings.batch_rows):
+        for path, batch in scan_file_batches(dataset, read, batch_rows or self.settings.batch_rows):
             decoder.add(batch)
             kept.append(batch.select(kept_columns))
             if parents is not None:
@@ -227,7 +229,8 @@ class FileParents:
     def __init__(self, n: int) -> None:
         self.rows = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
         self.has_parent = np.empty(n, dtype=bool)
-        self.at, self.path, self.file_start, self.highest = 0, None, 0, -1
+        self.at, self.file_start, self.highest = 0, 0, -1
+        self.path: str | None = None
         self.last = None  # the last reference gathered
         self.elsewhere: list[np.ndarray] = []  # per batch: its rows whose parent is not in their file
         self.fresh: list[np.ndarray] = []  # per batch: which of those start a run of equal references
@@ -301,11 +304,14 @@ class _SpanDecoder:
         self.n, self.at = n, 0
         # Codes and iterations as int16 and int32 while their values fit (a column is widened, its
         # rows so far copied, before a batch that may not): 100 MB less to write at 10M spans.
-        self._codes = {c: (np.empty(n, np.int16), {}) for c in self.CODES}
-        self._ints = {c: (np.empty(n, np.int32 if c == ITERATION else np.int64),
-                          np.empty(n, bool) if c == ITERATION else None) for c in self.INTS}
+        self._codes: dict[str, tuple[np.ndarray, dict]] = {c: (np.empty(n, np.int16), {}) for c in self.CODES}
+        self._ints: dict[str, tuple[np.ndarray, np.ndarray | None]] = {
+            c: (np.empty(n, np.int32 if c == ITERATION else np.int64), np.empty(n, bool) if c == ITERATION else None)
+            for c in self.INTS}
         # (run, name) pairs and (run, value) pairs of resource attributes, gathered batch by batch
-        self._pairs = (set(), {key: set() for key in RUN_RESOURCES}) if gather_pairs else None
+        self._names: set[tuple[int, int]] = set()
+        self._resources: dict[str, set[tuple[int, str]]] = {key: set() for key in RUN_RESOURCES}
+        self._gather = gather_pairs
 
     @property
     def gathered_columns(self) -> tuple[str, ...]:
@@ -339,20 +345,21 @@ class _SpanDecoder:
                 out[rows] = 0
                 if valid is not None:
                     valid[rows] = False
-        if self._pairs is not None:
+        if self._gather:
             self._gather_pairs(batch, rows)
         self.at = rows.stop
 
     def _gather_pairs(self, batch: pa.RecordBatch, rows: slice) -> None:
         run, (name, names) = self._codes["run_id"][0][rows], self._codes["name"]
-        self._pairs[0].update(pairs_present(run, name[rows], len(names)))
+        self._names.update(pairs_present(run, name[rows], len(names)))
         if len(run):
             table, every = pa.Table.from_batches([batch]), np.ones(len(run), dtype=bool)
-            for key, pairs in self._pairs[1].items():
+            for key, pairs in self._resources.items():
                 pairs |= resource_pairs(table, key, run, every)
 
     def run_pairs(self) -> RunPairs:
-        return RunPairs(frozenset(self._pairs[0]), {key: frozenset(v) for key, v in self._pairs[1].items()})
+        """The pairs gathered from every batch (a decoder built with ``gather_pairs``)."""
+        return RunPairs(frozenset(self._names), {key: frozenset(v) for key, v in self._resources.items()})
 
     def _widen(self, arrays: dict, column: str, dtype) -> np.ndarray:
         """``column``'s array in ``arrays`` as the wider ``dtype``, with the rows decoded so far."""
@@ -375,8 +382,8 @@ class _SpanDecoder:
         run, runs = self.codes_of("run_id")
         bucket_raw, bucket_values = self.codes_of(BUCKET)
         category, categories = self.codes_of(EFFICIENCY_CATEGORY)
-        iteration, has_iteration = self._ints[ITERATION]
-        (start, _), (end, _) = (self._ints[c] for c in ("start_ns", "end_ns"))
+        iteration, has_iteration = self._ints[ITERATION][0], cast(np.ndarray, self._ints[ITERATION][1])
+        start, end = self._ints["start_ns"][0], self._ints["end_ns"][0]
         return SpanArrays(
             table=table, name=name, names=names, run=run, runs=runs, start=start, end=end,
             valid_interval=end >= start, bucket=_bucket_index(bucket_values)[bucket_raw], bucket_raw=bucket_raw,
