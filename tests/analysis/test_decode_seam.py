@@ -223,3 +223,25 @@ def test_check_and_goodput_are_the_same_from_every_strategy(dataset):
         runs = run_goodput(table, by=by)
         assert goodput_with_engine(root, by=by) == runs
         assert stream_goodput(root, by=by) == runs
+
+
+def test_the_rules_and_engines_read_spans_through_the_seam_only():
+    """goodput/, findings/ and engines/ import the seam's public module, never its parts, and no
+    thread pool or future of their own schedules a decode (the seam owns its workers)."""
+    import ast
+
+    import nemo_telemetry.analysis as analysis
+
+    base = Path(analysis.__file__).parent
+    seen = 0
+    for package in ("goodput", "findings", "engines"):
+        for path in (base / package).glob("*.py"):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    seen += 1
+                    assert not node.module.startswith("nemo_telemetry.analysis.decode."), (path, node.module)
+                    assert node.module != "nemo_telemetry.analysis.model._arrays", path
+            if package != "engines":
+                assert "ThreadPoolExecutor" not in path.read_text(), path
+    assert seen > 20
