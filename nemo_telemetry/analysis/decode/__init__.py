@@ -11,8 +11,8 @@ from nemo_telemetry.analysis.decode.reference import reference_arrays
 from nemo_telemetry.analysis.decode.spans import (
     BUCKETS, NO_BUCKET, RUN_RESOURCES, SPAN_GROUPS_ATTRIBUTE, UNKNOWN_BUCKET, Later, Parents, RunPairs, SpanArrays,
 )
-from nemo_telemetry.analysis.decode.strategies import FileParents, SpanReader, rows_arrays, span_arrays, table_parents
+from nemo_telemetry.analysis.decode.strategies import FileParents, SpanReader, index_parents, rows_arrays, span_arrays
 
 __all__ = ["BUCKETS", "NO_BUCKET", "UNKNOWN_BUCKET", "RUN_RESOURCES", "SPAN_GROUPS_ATTRIBUTE", "Later", "Parents",
-           "RunPairs", "SpanArrays", "FileParents", "SpanReader", "rows_arrays", "span_arrays", "table_parents",
+           "RunPairs", "SpanArrays", "FileParents", "SpanReader", "rows_arrays", "span_arrays", "index_parents",
            "reference_arrays"]

@@ -44,7 +44,7 @@ from nemo_telemetry.analysis.store.read import (
 )
 from nemo_telemetry.errors import IngestError
 
-__all__ = ["span_arrays", "SpanReader", "rows_arrays", "FileParents", "table_parents", "index_parents"]
+__all__ = ["span_arrays", "SpanReader", "rows_arrays", "FileParents", "index_parents"]
 
 # What the decoded arrays replace: columns a reader lets go of once a batch is decoded.
 _DECODED = ("name", "run_id", BUCKET, EFFICIENCY_CATEGORY, "start_ns", "end_ns", ITERATION)
@@ -61,13 +61,6 @@ def span_arrays(spans: pa.Table, *, threads: int = 1) -> SpanArrays:
     return decoder.arrays(spans, Later(lambda: index_parents(index.get())),
                           Later(lambda: index_orphans(index.get(), threads=threads)["orphan"]),
                           Later(lambda: table_pairs(spans, decoder)))
-
-
-def table_parents(spans: pa.Table, *, threads: int = 1) -> tuple[Parents, np.ndarray]:
-    """(:class:`Parents`, orphan test) of a table with its id key columns, from its key index
-    (:mod:`model.keys`)."""
-    index = sort_index(key_index(spans, sort=False), threads=threads)
-    return index_parents(index), index_orphans(index, threads=threads)["orphan"]
 
 
 def index_parents(index: dict) -> Parents:
