@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from nemo_telemetry.analysis.decode import SpanReader, reference_arrays, rows_arrays, span_arrays
+from nemo_telemetry.analysis.decode import SpanReader, file_rows, reference_arrays, rows_arrays, span_arrays
 from nemo_telemetry.analysis.engines.choose import check_with_engine, goodput_with_engine
 from nemo_telemetry.analysis.engines.partitioned_check import stream_check
 from nemo_telemetry.analysis.findings.checks import check_arrays, check_run, check_span_files
@@ -194,6 +194,27 @@ def test_rows_handed_over_as_arrays_decode_as_the_reference(dataset):
         category=(want.category, want.categories), start=want.start, end=want.end, iteration=want.iteration,
         has_iteration=want.has_iteration, orphan=want.orphan, pairs=want.pairs.get())
     assert_same(got, want)
+
+
+@pytest.mark.parametrize("batch_rows", [13, None])
+def test_the_rows_goodput_reads_decode_as_the_reference_there(dataset, batch_rows):
+    """goodput by step reads only the bucketed, step and job spans of the files (and every row's
+    walk columns): those rows hold what the reference holds at them, and the walk columns are
+    every row's."""
+    _, files, whole = dataset
+    want = reference_arrays(whole)
+    read = file_rows(files, ("name", "start_ns", "end_ns", "run_id", "rl.bucket", "rl.iteration", "trace_key",
+                             "span_key", "parent_key"), r"^rl\.grpo\.step$|^rl\.job$", batch_rows=batch_rows)
+    expected = np.flatnonzero((want.bucket != -1) | want.rows_of_names(r"^rl\.grpo\.step$|^rl\.job$"))
+    assert 0 < len(expected) < len(want) and read.position.tolist() == expected.tolist()
+    got = span_arrays(read.rows)
+    for codes, table in (("name", "names"), ("run", "runs"), ("bucket_raw", "bucket_values")):
+        assert values(getattr(got, codes), getattr(got, table)) == [
+            values(getattr(want, codes), getattr(want, table))[i] for i in expected], codes
+    for field in ("start", "end", "iteration", "has_iteration", "bucket"):
+        assert getattr(got, field).tolist() == getattr(want, field)[expected].tolist(), field
+    walk = read.walk_table()
+    assert walk.column("span_key").to_pylist() == want.table.column("span_key").to_pylist()
 
 
 def _sorted_report(report) -> dict:
