@@ -124,7 +124,7 @@ def analyse(spans: pa.Table, *, run_id: str | None = None, ancestors: bool = Fal
     """Decode, attribute and sum once; goodput and check_run both read the result.
 
     ``ancestors`` also finds each bucketed span's nearest bucketed ancestor (for the findings);
-    ``arrays`` are ``spans`` already decoded (check_run decodes them beside a second thread).
+    ``arrays`` are ``spans`` already decoded (check_run's come from the read seam).
     """
     arrays = span_arrays(spans) if arrays is None else arrays
     one = _one_batch(arrays, run_filter(arrays, run_id), arrays.runs, ancestors=ancestors)
