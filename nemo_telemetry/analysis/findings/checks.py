@@ -51,7 +51,6 @@ from nemo_telemetry.analysis.findings.report import (
     report,
 )
 from nemo_telemetry.analysis.findings.rules import (
-    ANCHOR_REGEX,
     BATCH_FINDING_CODES,
     RowFacts,
     anchor_rows,
