@@ -266,3 +266,22 @@ def test_the_rules_and_engines_read_spans_through_the_seam_only():
             if package != "engines":
                 assert "ThreadPoolExecutor" not in path.read_text(), path
     assert seen > 20
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_reader_uses_the_threads_its_settings_give_and_joins_them(dataset, threads):
+    """The seam's workers number at most ``ReadSettings.threads``, are gone once its block ends, and
+    leave the arrays whole (every Later answered after the block)."""
+    import threading
+
+    _, files, whole = dataset
+    want = reference_arrays(whole)
+    with SpanReader(ReadSettings(threads=threads, memory_budget=0)) as read:
+        got = read.table(whole)
+        files_got = read.files(files)
+        workers = [t for t in threading.enumerate() if t.name.startswith("nemo-decode")]
+        assert 1 <= len(workers) <= threads
+    assert not [t for t in threading.enumerate() if t.name.startswith("nemo-decode")]
+    assert_same(got, want)
+    assert_same(files_got, want)
+
