@@ -6,7 +6,7 @@ On ``bench/goodput.py``'s synthetic dataset (written to DIR unless it holds one)
 in this process, medians of ``--repeat`` runs of wall and of CPU seconds (every thread of the
 process: the steadier figure on a shared machine):
 
-- decode:   ``decode_span_files`` of every file and the parents resolved (what ``check`` reads
+- decode:   ``SpanReader.files`` of every file and the parents resolved (what ``check`` reads
             and decodes), with each file's ``parent_row`` checked against its keys, as it ships;
 - unchecked: the same with the check skipped;
 - compute:  ``local_parent_rows`` of each file's keys (the index ingest writes), which a reader
@@ -41,13 +41,14 @@ def main() -> None:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from nemo_telemetry.analysis.model import _arrays
+    from nemo_telemetry.analysis.decode import SpanReader
+    from nemo_telemetry.analysis.decode.strategies import FileParents
     from nemo_telemetry.analysis.model.columns import filled
     from nemo_telemetry.analysis.model.keys import local_parent_rows
     from nemo_telemetry.analysis.store.read import span_source_files
 
     _, files = span_source_files(args.dataset)
-    checked_file_done = _arrays.FileParents._file_done
+    checked_file_done = FileParents._file_done
 
     def unchecked_file_done(self) -> None:
         self.file_keys = []  # what the check would gather, let go unread
@@ -56,8 +57,8 @@ def main() -> None:
 
     def decode() -> tuple[float, float]:
         t, c = time.perf_counter(), time.process_time()
-        arrays, parents = _arrays.decode_span_files(files)
-        parents.resolved(arrays.table)
+        with SpanReader() as read:
+            read.files(files).parents  # the parents resolved, as check reads them
         return time.perf_counter() - t, time.process_time() - c
 
     keys = [tuple(filled(pq.read_table(f, columns=[c]).column(0), 0).astype(np.uint64, copy=False)
@@ -72,11 +73,11 @@ def main() -> None:
     timings: dict[str, list[tuple[float, float]]] = {"decode": [], "unchecked": [], "compute": []}
     decode()  # warm: imports, the compiled kernels, the page cache
     for _ in range(max(1, args.repeat)):
-        _arrays.FileParents._file_done = checked_file_done
+        FileParents._file_done = checked_file_done
         timings["decode"].append(decode())
-        _arrays.FileParents._file_done = unchecked_file_done
+        FileParents._file_done = unchecked_file_done
         timings["unchecked"].append(decode())
-        _arrays.FileParents._file_done = checked_file_done
+        FileParents._file_done = checked_file_done
         timings["compute"].append(compute())
     wall = {name: statistics.median(v[0] for v in values) for name, values in timings.items()}
     cpu = {name: statistics.median(v[1] for v in values) for name, values in timings.items()}

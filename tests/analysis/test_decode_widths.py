@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from nemo_telemetry.analysis.model._arrays import decode_span_files, span_arrays
+from nemo_telemetry.analysis.decode import SpanReader, span_arrays
 from nemo_telemetry.analysis.model.schema import SPANS_SCHEMA
 from nemo_telemetry.analysis.store.dataset import with_parent_rows
 
@@ -79,5 +79,6 @@ def test_spans_files_widen_as_the_batch_that_needs_it_is_read(tmp_path, order):
                 table = table.append_column(field.with_nullable(True), pa.nulls(table.num_rows, field.type))
         pq.write_table(with_parent_rows(table), path)
         files.append(str(path))
-    arrays, _ = decode_span_files(files, batch_rows=4_096)
+    with SpanReader() as read:
+        arrays = read.files(files, batch_rows=4_096)
     assert decoded(arrays) == expected(batches)

@@ -44,14 +44,11 @@ from nemo_telemetry.analysis.findings.checks import (
 )
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
 from nemo_telemetry.analysis.model import keys as keys_module
-from nemo_telemetry.analysis.model._arrays import FileParents, decode_span_files, span_arrays
+from nemo_telemetry.analysis.decode import SpanReader, span_arrays
 from nemo_telemetry.analysis.model.keys import (
     NO_PARENT,
     PARENT_ELSEWHERE,
-    index_orphans,
-    key_index,
     local_parent_rows,
-    sort_index,
 )
 from nemo_telemetry.analysis.model.records import spans_table
 from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA, PARENT_ROW
@@ -272,12 +269,11 @@ def test_check_reads_parents_from_the_files_and_finds_those_in_other_files(layou
     references (a trace spread over files), so this is the cross-file lookup at work."""
     root, _ = layout
     files = spans_files(root)
-    arrays, parents = decode_span_files(files)
-    assert isinstance(parents, FileParents)
-    resolved = parents.resolved(arrays.table)
+    assert all(PARENT_ROW in pq.read_schema(f).names for f in files)
+    arrays = decode_files(files)
     expected, orphan = dataset_parents_by_hand(files)
-    assert resolved["parents"].tolist() == expected.tolist()
-    assert resolved["orphan"].tolist() == orphan.tolist()
+    assert arrays.parents.tolist() == expected.tolist()
+    assert arrays.orphan.tolist() == orphan.tolist()
     assert 0 < orphan.sum()
     local = np.concatenate([pq.read_table(f, columns=[PARENT_ROW]).column(0).to_numpy() for f in files])
     across = (local == PARENT_ELSEWHERE) & (expected >= 0)
@@ -295,7 +291,7 @@ def test_check_with_parent_rows_equals_every_other_way(layout, options):
     micro-batches up two ranks to their step), orphans, detached traces and nested buckets across
     files all count. The copy without the column is refused, naming a file."""
     root, stripped = layout
-    assert isinstance(decode_span_files(spans_files(root))[1], FileParents)
+    assert all(PARENT_ROW in pq.read_schema(f).names for f in spans_files(root))
     with pytest.raises(DatasetFormatError, match=r"dataset format 0 .*has no parent_row column.*re-run nemo-telemetry "
                                                  r"ingest"):
         check_with_engine(stripped, **options)
@@ -336,12 +332,15 @@ def self_named(tmp_path_factory) -> tuple[Path, Path]:
     return write_dataset(tmp_path_factory.mktemp("self-named") / "ds", batch=100_000, records=self_named_records())
 
 
+def decode_files(files: list[str], **options):
+    """The spans ``files`` as check decodes them (batch by batch)."""
+    with SpanReader() as read:
+        return read.files(files, **options)
+
+
 def key_index_parents(root: Path) -> tuple[np.ndarray, np.ndarray]:
     """(parent row, orphan) of every span as the key index path finds them (the table in memory)."""
-    table = with_id_keys(read_for_analysis(root))
-    arrays, index = span_arrays(table), key_index(table, sort=False)
-    arrays.adopt_index(sort_index(index))
-    arrays.adopt_index(index_orphans(index))
+    arrays = span_arrays(with_id_keys(read_for_analysis(root)))
     return arrays.parent_of(np.arange(len(arrays))), arrays.orphan
 
 
@@ -350,12 +349,11 @@ def test_a_span_naming_itself_gets_no_parent_row_either_way(self_named):
     parent comes from the files' parent rows and the lookup across files, or from the key index."""
     root = self_named
     files = spans_files(root)
-    arrays, parents = decode_span_files(files)
-    resolved = parents.resolved(arrays.table)
+    arrays = decode_files(files)
     expected, _ = dataset_parents_by_hand(files)
     loop = arrays.span_id(np.arange(len(arrays))).index(f"{0xF00F:016x}")
     assert expected[loop] == -1
-    assert resolved["parents"].tolist() == expected.tolist()
+    assert arrays.parents.tolist() == expected.tolist()
     assert key_index_parents(root)[0].tolist() == expected.tolist()
 
 
@@ -363,12 +361,12 @@ def test_a_span_naming_itself_is_reported_alike_either_way(self_named):
     """Whether a span naming itself is an orphan is decided as the key index decides it (test_orphans:
     its trace holds the id it names): the same orphans, and the same report, from every path."""
     root = self_named
-    arrays, parents = decode_span_files(spans_files(root))
+    arrays = decode_files(spans_files(root))
     _, orphan = dataset_parents_by_hand(spans_files(root))
     assert key_index_parents(root)[1].tolist() == orphan.tolist()
     expected = check_run(read_for_analysis(root)).to_dict()
     assert stream_check(root).to_dict() == expected
-    assert parents.resolved(arrays.table)["orphan"].tolist() == orphan.tolist()
+    assert arrays.orphan.tolist() == orphan.tolist()
     assert check_with_engine(root).to_dict() == expected
 
 
@@ -392,7 +390,7 @@ def test_a_dataset_where_some_files_lack_parent_rows_is_refused_naming_one(layou
     has = [PARENT_ROW in pq.read_schema(f).names for f in files]
     assert any(has) and not all(has)
     lacking = {f for f, h in zip(files, has) if not h}
-    for read in (lambda: check_with_engine(mixed), lambda: decode_span_files(files),
+    for read in (lambda: check_with_engine(mixed), lambda: decode_files(files),
                  lambda: read_for_analysis(mixed)):
         with pytest.raises(DatasetFormatError, match="has no parent_row column") as raised:
             read()
@@ -456,9 +454,9 @@ def test_run_pairs_gathered_by_the_decode_equal_those_read_from_the_columns(layo
     from the table's columns; a selection that is not whole runs is refused, not answered wrong."""
     root, _ = layout
     files = spans_files(root)
-    arrays, _ = decode_span_files(files, run_resources=(SPAN_GROUPS_ATTRIBUTE,))
+    arrays = decode_files(files)
     table = with_id_keys(read_for_analysis(root))
-    plain = decode_span_files(files)[0]
+    plain = span_arrays(table)
     assert "span_groups" not in arrays.table.column_names and "span_groups" in plain.table.column_names
     every = np.ones(len(arrays), dtype=bool)
     assert arrays.run_names(every) == plain.run_names(every)

@@ -16,7 +16,7 @@ import pytest
 from nemo_telemetry.analysis.engines.choose import check_with_engine
 from nemo_telemetry.analysis.engines.partitioned_check import stream_check
 from nemo_telemetry.analysis.findings.checks import SPAN_GROUPS_ATTRIBUTE, check_run, check_span_files
-from nemo_telemetry.analysis.model._arrays import decode_span_files
+from nemo_telemetry.analysis.decode import SPAN_GROUPS_ATTRIBUTE, SpanReader
 from nemo_telemetry.analysis.store.read import read_for_analysis
 from nemo_telemetry.analysis.model.records import spans_table
 from nemo_telemetry.analysis.store.commits import committed_files
@@ -86,8 +86,10 @@ def test_check_reads_the_column_and_not_the_resource_map_of_a_new_dataset(datase
     assert len(files) > 20 and all("span_groups" in pq.read_schema(f).names for f in files)
     table = read_for_analysis(datasets["new"])
     assert "span_groups" in table.column_names and "resource_attributes" not in table.column_names
-    decoded, _ = decode_span_files([str(f) for f in files])
-    assert "span_groups" in decoded.table.column_names and "resource_attributes" not in decoded.table.column_names
+    with SpanReader() as read:
+        decoded = read.files([str(f) for f in files])
+    assert "resource_attributes" not in decoded.table.column_names  # the groups came from the column
+    assert decoded.pairs.get().resources[SPAN_GROUPS_ATTRIBUTE]
     assert _missing(check_run(table)) == EXPECTED_MISSING
 
 

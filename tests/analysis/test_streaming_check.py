@@ -184,29 +184,6 @@ def test_the_local_engine_decodes_a_dataset_batch_by_batch_as_the_table_gives(ma
     assert check_with_engine(many_files, **options).to_dict() == expected
 
 
-def test_a_decode_that_keeps_times_at_some_rows_gives_them_there_and_refuses_the_others(many_files):
-    """check keeps start and end only at the bucketed, job and step spans (and every row's validity):
-    those rows read as the whole decode has them; any other row is an error, never a made-up time."""
-    import numpy as np
-
-    from nemo_telemetry.analysis.findings.rules import ANCHOR_REGEX
-    from nemo_telemetry.analysis.model._arrays import decode_span_files
-    from nemo_telemetry.analysis.store.read import span_source_files
-
-    _, files = span_source_files(many_files)
-    whole, _ = decode_span_files(files, batch_rows=64)
-    held, _ = decode_span_files(files, batch_rows=64, timed_names=ANCHOR_REGEX)
-    timed = np.flatnonzero((whole.bucket != -1) | whole.rows_of_names(ANCHOR_REGEX))
-    assert 0 < len(timed) < len(whole)
-    assert np.array_equal(held.start[timed], whole.start[timed]) and np.array_equal(held.end[timed], whole.end[timed])
-    assert np.array_equal(held.valid_interval, whole.valid_interval) and not whole.valid_interval.all()
-    other = np.setdiff1d(np.arange(len(whole)), timed)[:3]
-    with pytest.raises(IndexError):
-        held.start[other]
-    with pytest.raises(IndexError):
-        held.bucketed_category(other)
-
-
 def test_spans_written_without_id_keys_are_checked_file_by_file(tmp_path):
     """A writer given spans without the id keys stores them with the keys and parent rows (dataset
     format 1), so check reads the files batch by batch and reports what the whole table does."""

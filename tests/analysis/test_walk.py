@@ -88,7 +88,7 @@ def test_walk_rows_finds_what_the_sorted_index_walk_finds():
     cycles, parents found nowhere, the same id in two traces, a parent_span_id column or keys only."""
     import pyarrow as pa
 
-    from nemo_telemetry.analysis.model._arrays import span_arrays
+    from nemo_telemetry.analysis.decode import span_arrays
     from nemo_telemetry.analysis.model.walk import walk_rows
 
     rng = np.random.default_rng(9)

@@ -13,14 +13,13 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
 
 from nemo_telemetry.analysis.findings import checks, rules
-from nemo_telemetry.analysis.model._arrays import BUCKETS, NO_BUCKET, UNKNOWN_BUCKET, SpanArrays
+from nemo_telemetry.analysis.decode import RUN_RESOURCES, SPAN_GROUPS_ATTRIBUTE, RunPairs, SpanArrays, rows_arrays
 from nemo_telemetry.analysis.model.grouping import Columns, concat, find_keys, first_rows, string_codes, take
 from nemo_telemetry.analysis.model.schema import NO_RUN
 
-__all__ = ["SPAN_FLAGS", "Codes", "quoted_arrays", "ROW_COLUMNS", "EMPTY_ROWS", "in_dataset_order",
+__all__ = ["SPAN_FLAGS", "Codes", "quoted_arrays", "dataset_pairs", "ROW_COLUMNS", "EMPTY_ROWS", "in_dataset_order",
            "merged_partials", "step_heads", "STEP_FACTS", "FIRST_ANCHOR"]
 
 SPAN_FLAGS = {code: 1 << i for i, code in enumerate(rules.SPAN_CODES)}  # span-level code -> its bit in "flags"
@@ -49,23 +48,27 @@ class Codes:
         return tuple(getattr(self, key))
 
 
-def quoted_arrays(rows: Columns, codes: Codes) -> SpanArrays:
-    """A SpanArrays over ``rows`` (dataset order) with the dataset's codes, as check_run would see them."""
-    bucket_values = codes.tuple("buckets")
-    lookup = np.array([BUCKETS.index(v) if v in BUCKETS else UNKNOWN_BUCKET for v in bucket_values] + [NO_BUCKET],
-                      dtype=np.int8)
+def quoted_arrays(rows: Columns, codes: Codes, pairs: RunPairs | None = None) -> SpanArrays:
+    """A SpanArrays over ``rows`` (dataset order) with the dataset's codes, as check_run would see
+    them; ``pairs``: the dataset's run pairs (:func:`dataset_pairs`), none given: none."""
     keys = tuple(np.asarray(rows[c], np.uint64) for c in ("span_key", "trace_key", "parent_key"))
-    columns = {"trace_id": pa.array(list(rows["trace_id"]), pa.string()),
-               "span_key": pa.array(keys[0]), "trace_key": pa.array(keys[1]), "parent_key": pa.array(keys[2])}
-    bucket_raw = codes.code("buckets", rows["bucket"])
-    arrays = SpanArrays(
-        table=pa.table(columns), name=codes.code("names", rows["name"]), names=codes.tuple("names"),
-        run=codes.code("runs", rows["run"]), runs=codes.tuple("runs"), start=rows["start"], end=rows["end"],
-        bucket=lookup[bucket_raw], bucket_raw=bucket_raw, bucket_values=bucket_values,
-        iteration=rows["own_iteration"], has_iteration=rows["has_iteration"])
-    arrays.__dict__.update(_keys=keys, orphan=rows["orphan"],
-                           _category=(codes.code("categories", rows["category"]), codes.tuple("categories")))
-    return arrays
+    return rows_arrays(
+        trace_id=list(rows["trace_id"]), keys=keys, name=(codes.code("names", rows["name"]), codes.tuple("names")),
+        run=(codes.code("runs", rows["run"]), codes.tuple("runs")),
+        bucket=(codes.code("buckets", rows["bucket"]), codes.tuple("buckets")),
+        category=(codes.code("categories", rows["category"]), codes.tuple("categories")),
+        start=np.asarray(rows["start"], np.int64), end=np.asarray(rows["end"], np.int64),
+        iteration=rows["own_iteration"], has_iteration=rows["has_iteration"], orphan=rows["orphan"],
+        pairs=pairs if pairs is not None else RunPairs(frozenset(), {key: frozenset() for key in RUN_RESOURCES}))
+
+
+def dataset_pairs(facts: list[dict], codes: Codes) -> RunPairs:
+    """The dataset's :class:`RunPairs` from the files' facts, in the dataset's codes."""
+    names = {(int(r), int(n)) for f in facts
+             for r, n in zip(codes.code("runs", [p[0] for p in f["names_present"]]),
+                             codes.code("names", [p[1] for p in f["names_present"]])) if r >= 0 and n >= 0}
+    groups = {(int(codes.code("runs", [run])[0]), spec) for f in facts for run, spec in f["span_groups"]}
+    return RunPairs(frozenset(names), {SPAN_GROUPS_ATTRIBUTE: frozenset(p for p in groups if p[0] >= 0)})
 
 
 # The columns of the driver-side rows: name, type, and the value of a part that does not give it.
@@ -94,7 +97,7 @@ def in_dataset_order(parts: list[Columns]) -> Columns:
 def merged_partials(rows: Columns, codes: Codes, analysis, facts: list[dict], overlapping: np.ndarray,
                     deep: np.ndarray, detached: Columns) -> checks.Merged:
     """The merged partials over the rows they name (``rows``, dataset order, global codes)."""
-    arrays = quoted_arrays(rows, codes)
+    arrays = quoted_arrays(rows, codes, dataset_pairs(facts, codes))
     part, flags = rows["part"], rows["flags"]
     offender = part == "offender"
     walked = np.flatnonzero(rows["walked"])

@@ -84,7 +84,7 @@ def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
     if by == "step" and root is not None:
         _, files = span_source_files(root)
         with reading_errors(root):
-            rows = _goodput.read_goodput_rows(files, STEP_GOODPUT_COLUMNS, threads=settings.threads) if files else None
+            rows = _goodput.read_goodput_rows(files, STEP_GOODPUT_COLUMNS, settings=settings) if files else None
         if rows is not None:
             return _goodput.goodput_of_rows(rows, run_id=run_id)
     columns = STEP_GOODPUT_COLUMNS if by == "step" else GOODPUT_COLUMNS
@@ -105,7 +105,7 @@ def check_with_engine(source, *, engine: str = "local", memory_budget: int | Non
     checked as :class:`ReadSettings` takes them; the local engine decodes a dataset batch by batch
     whatever its size."""
     _check_engine(engine)
-    ReadSettings.from_machine(threads=threads, memory_budget=memory_budget)
+    settings = ReadSettings.from_machine(threads=threads, memory_budget=memory_budget)
     if engine == "ray":
         from nemo_telemetry.analysis.engines.ray_engine import ray_check
 
@@ -115,7 +115,7 @@ def check_with_engine(source, *, engine: str = "local", memory_budget: int | Non
     root, files = span_source_files(source)
     if files:
         with reading_errors(root):
-            report = check_span_files(files, **options)
+            report = check_span_files(files, settings=settings, **options)
         if report is not None:
             return report
     return check_run(read_for_analysis(source, columns=CHECK_COLUMNS), **options)

@@ -44,7 +44,7 @@ from nemo_telemetry.analysis.goodput.numbering import (
 )
 from nemo_telemetry.analysis.goodput.rules import step_windows
 from nemo_telemetry.analysis.goodput import partials as streaming
-from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, span_arrays
+from nemo_telemetry.analysis.decode import NO_BUCKET, SpanArrays, span_arrays
 from nemo_telemetry.analysis.store.read import READ_COLUMNS, read_span_files, reading_errors
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION, NO_RUN

@@ -34,7 +34,6 @@ Decisions where the design leaves room:
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
@@ -52,7 +51,6 @@ from nemo_telemetry.analysis.findings.report import (
     report,
 )
 from nemo_telemetry.analysis.findings.rules import (
-    ANCHOR_REGEX,
     BATCH_FINDING_CODES,
     RowFacts,
     anchor_rows,
@@ -70,19 +68,17 @@ from nemo_telemetry.analysis.findings.rules import (
 from nemo_telemetry.analysis.goodput.numbering import StepNumbers, file_step_numbers, number_arrays, numbered_spans
 from nemo_telemetry.analysis.goodput.steps import Analysis, analyse, run_filter
 from nemo_telemetry.analysis.goodput.steps import step_outliers
-from nemo_telemetry.analysis.model._arrays import (
-    BUCKETS, NO_BUCKET, FileParents, SpanArrays, decode_span_files, span_arrays,
-)
+from nemo_telemetry.analysis.decode import BUCKETS, NO_BUCKET, SpanArrays, SpanReader, span_arrays
 from nemo_telemetry.analysis.model.columns import code_mask
-from nemo_telemetry.analysis.model.keys import index_orphans, index_parents, key_index, sort_index
 from nemo_telemetry.analysis.model.grouping import Columns, find_keys, group_by, take
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.analysis.model.tree import with_id_keys
+from nemo_telemetry.analysis.settings import ReadSettings
 
 __all__ = ["FINDING_CODES", "SEVERITIES", "Finding", "CheckReport", "check_run", "SPAN_GROUPS_ATTRIBUTE",
            "DEFAULT_OVERLAP_TOLERANCE_S", "overlap_tolerance_ns", "report", "Merged", "finish", "merge_in_memory",
            "group_presence", "check_span_files", "check_batch", "Anchored", "anchored",
-           "BATCH_FINDING_CODES"]
+           "BATCH_FINDING_CODES", "check_arrays"]
 
 # -- what the finish reads ---------------------------------------------------------------------
 
@@ -486,89 +482,52 @@ def check_run(
     overlap_tolerance_s: float = DEFAULT_OVERLAP_TOLERANCE_S,
     max_span_ids: int = 10,
     max_findings_per_code: int = 100,
+    settings: ReadSettings | None = None,
 ) -> CheckReport:
     """Every finding over ``spans`` (one run, or all runs), errors first: the rules' one-batch case.
 
     ``unattributed_threshold`` is the share of a step's wall that may be under no bucketed span
     before ``unattributed-step-time`` fires. Bucketed spans that overlap by at most
     ``overlap_tolerance_s`` (clock granularity) give a ``bucketed-overlap`` at info severity, not
-    an error; ``double_counted_s`` counts them either way.
+    an error; ``double_counted_s`` counts them either way. ``settings``: what the decode may use
+    (:meth:`ReadSettings.from_machine` by default).
     """
     table, numbers = numbered_spans(with_id_keys(spans))
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        # The id-key index and the orphan test are sorts and gathers, which numpy runs without the
-        # GIL: a worker builds the mixed keys while this thread decodes the rest.
-        keys = pool.submit(key_index, table, sort=False)
-        return _check_decoded(pool, keys, lambda: span_arrays(table), run_id=run_id, numbers=numbers,
-                              unattributed_threshold=unattributed_threshold, overlap_tolerance_s=overlap_tolerance_s,
-                              max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
+    with SpanReader(settings) as read:
+        return check_arrays(read.table(table), run_id=run_id, numbers=numbers,
+                             unattributed_threshold=unattributed_threshold, overlap_tolerance_s=overlap_tolerance_s,
+                             max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
 
 
 def check_span_files(files: list[str], *, run_id: str | None = None, unattributed_threshold: float = 0.2,
                      overlap_tolerance_s: float = DEFAULT_OVERLAP_TOLERANCE_S, max_span_ids: int = 10,
-                     max_findings_per_code: int = 100, batch_rows: int | None = None) -> CheckReport | None:
+                     max_findings_per_code: int = 100, batch_rows: int | None = None,
+                     settings: ReadSettings | None = None) -> CheckReport | None:
     """:func:`check_run` over a dataset's spans files, decoded batch by batch (of ``batch_rows``) as
-    they are read (:func:`~nemo_telemetry.analysis.model._arrays.decode_span_files`); None for files
+    they are read (:meth:`~nemo_telemetry.analysis.decode.SpanReader.files`); None for files
     without id key columns, which the caller reads whole."""
     numbers = file_step_numbers(files)
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        # times only where a rule reads them: bucketed spans, and job and step spans (the anchors)
-        decoded = decode_span_files(files, batch_rows=batch_rows, timed_names=ANCHOR_REGEX,
-                                    run_resources=(SPAN_GROUPS_ATTRIBUTE,))
-        if decoded is None:
+    with SpanReader(settings) as read:
+        arrays = read.files(files, batch_rows=batch_rows)
+        if arrays is None:
             return None
-        arrays, index = decoded
-        keys = index if isinstance(index, FileParents) else pool.submit(lambda: index)
-        return _check_decoded(pool, keys, lambda: arrays, run_id=run_id, numbers=numbers,
-                              unattributed_threshold=unattributed_threshold,
-                              overlap_tolerance_s=overlap_tolerance_s, max_span_ids=max_span_ids,
-                              max_findings_per_code=max_findings_per_code)
+        return check_arrays(number_arrays(arrays, numbers), run_id=run_id, numbers=numbers,
+                             unattributed_threshold=unattributed_threshold, overlap_tolerance_s=overlap_tolerance_s,
+                             max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
 
 
-def _check_decoded(pool: ThreadPoolExecutor, keys: Future | FileParents, decode: Callable[[], SpanArrays], *,
-                   run_id: str | None, unattributed_threshold: float, overlap_tolerance_s: float, max_span_ids: int,
-                   max_findings_per_code: int, numbers: StepNumbers | None = None) -> CheckReport:
-    """The findings once ``keys`` (a :func:`key_index`, unsorted, or the parent rows spans files
-    hold) and ``decode()`` are there.
-
-    With a key index, workers sort the span index (on both cores: the analysis waits for it),
-    then, beside the analysis in this thread, find the parent references left to look up and run
-    the orphan test. With parent rows, this thread looks up the few references they leave. Either
-    way, workers read what needs neither the walks nor the orphan test (the span groups the
-    processes enabled, the anchors and the rows outside their traces) meanwhile. This thread
-    decodes first, when ``decode`` does.
-    """
+def check_arrays(arrays: SpanArrays, *, run_id: str | None, unattributed_threshold: float,
+                  overlap_tolerance_s: float, max_span_ids: int, max_findings_per_code: int,
+                  numbers: StepNumbers | None = None) -> CheckReport:
+    """The findings over decoded ``arrays``. What reads neither the walks nor the orphan test (the
+    span groups the processes enabled, the anchors and the rows outside their traces) comes
+    first, while the seam's workers may still be finding the parents."""
     tolerance_ns = overlap_tolerance_ns(overlap_tolerance_s)
-    file_parents = keys if isinstance(keys, FileParents) else None
-    index = None if file_parents is not None else pool.submit(lambda: sort_index(keys.result()))
-
-    def after_sort(work: Callable, *args) -> Future:
-        def run():
-            if index is not None:
-                index.result()
-            return work(*args)
-        return pool.submit(run)
-
-    parents = orphans = None
-    if index is not None:
-        parents = after_sort(lambda: index_parents(keys.result()))
-        orphans = pool.submit(lambda: index_orphans(index.result(), parents.result()))
-
-    try:
-        arrays = decode()
-        keep = run_filter(arrays, run_id)
-        presence = after_sort(group_presence, arrays, keep)
-        anchors = after_sort(anchored, arrays, keep)
-        arrays.adopt_index(index.result() if file_parents is None else file_parents.resolved(arrays.table))
-        number_arrays(arrays, numbers)  # the step spans without rl.iteration (numbered already in a table)
-        analysis = analyse(arrays.table, run_id=run_id, ancestors=True, arrays=arrays)
-        merged = merge_in_memory(analysis, tolerance_ns, presence.result(), anchors=anchors.result(),
-                                 orphans_found=lambda: orphans is None or arrays.adopt_index(orphans.result()),
-                                 numbers=numbers)
-    finally:
-        for pending in (parents, orphans):  # a bad run_id: do not wait for a test no one reads
-            if pending is not None:
-                pending.cancel()
+    keep = run_filter(arrays, run_id)
+    presence = group_presence(arrays, keep)
+    anchors = anchored(arrays, keep)
+    analysis = analyse(arrays.table, run_id=run_id, ancestors=True, arrays=arrays)
+    merged = merge_in_memory(analysis, tolerance_ns, presence, anchors=anchors, numbers=numbers)
     return finish(merged, unattributed_threshold=unattributed_threshold, tolerance_ns=tolerance_ns,
                   max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
 
@@ -626,8 +585,8 @@ def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: tuple,
                     numbers: StepNumbers | None = None) -> Merged:
     """The partials of the one batch that is the whole table, which merge to themselves.
 
-    ``orphans_found()`` returns once ``analysis.arrays`` has its orphan test (run in other
-    threads): what reads no orphan is done before waiting for it. ``anchors``: :func:`anchored`
+    ``orphans_found()`` is called before the orphan test is first read (what reads no orphan is
+    done before: the seam's workers may still be running it). ``anchors``: :func:`anchored`
     of the analysis' rows, when the caller found them already.
     """
     a = analysis.arrays

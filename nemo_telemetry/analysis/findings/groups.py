@@ -14,12 +14,12 @@ import numpy as np
 
 from nemo_telemetry.analysis.findings.report import Finding
 from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX
-from nemo_telemetry.analysis.model._arrays import SpanArrays
+from nemo_telemetry.analysis.decode import SPAN_GROUPS_ATTRIBUTE as SPAN_GROUPS, SpanArrays
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 
 __all__ = ["SPAN_GROUPS_ATTRIBUTE", "group_presence", "missing_group_findings"]
 
-SPAN_GROUPS_ATTRIBUTE = "nemo.telemetry.span_groups"
+SPAN_GROUPS_ATTRIBUTE = SPAN_GROUPS  # the resource attribute every process carries
 
 # Known coverage gaps (seed 000, "Coverage gaps"): an enabled group that is legitimately empty.
 _KNOWN_GAPS = {

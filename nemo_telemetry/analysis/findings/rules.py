@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX
-from nemo_telemetry.analysis.model._arrays import NO_BUCKET, UNKNOWN_BUCKET, SpanArrays
+from nemo_telemetry.analysis.decode import NO_BUCKET, UNKNOWN_BUCKET, SpanArrays
 from nemo_telemetry.analysis.model.columns import code_mask, codes_matching, column_rows
 from nemo_telemetry.analysis.model.grouping import Columns, concat, group_by, take
 from nemo_telemetry.analysis.model.intervals import merge_intervals

@@ -18,6 +18,8 @@ in-memory, streaming and Ray engines number the same spans the same way.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -181,20 +183,27 @@ def number_steps(table: pa.Table, numbers: StepNumbers | None) -> pa.Table:
     return table.set_column(table.schema.get_field_index(ITERATION), table.schema.field(ITERATION), filled)
 
 
-def number_arrays(arrays, numbers: StepNumbers | None) -> None:
-    """Number the step spans of decoded ``arrays`` (a :class:`SpanArrays` whose parents are
-    adopted, so span ids are known) in place: what :func:`number_steps` does to a table."""
+def number_arrays(arrays, numbers: StepNumbers | None):
+    """Decoded ``arrays`` (a :class:`~nemo_telemetry.analysis.decode.SpanArrays`) with their step
+    spans numbered: what :func:`number_steps` does to a table. The same arrays when nothing is
+    numbered; else a copy whose iteration columns are new (the decoded ones are not written)."""
     if numbers is None or numbers.numbered == 0 or len(arrays) == 0:
-        return
+        return arrays
     rows = np.flatnonzero(arrays.rows_of_names(STEP_SPAN_REGEX) & ~arrays.has_iteration)
     if len(rows) == 0:
-        return
+        return arrays
     trace = column_rows(arrays.table.column("trace_key"), rows, 0).astype(np.uint64, copy=False)
     span = hex_to_uint64(pa.array(arrays.span_id(rows), pa.string()))
     found = numbers.index().lookup(trace, span)
     hit = found >= 0
-    arrays.iteration[rows[hit]] = found[hit]
-    arrays.has_iteration[rows[hit]] = True
+    if not hit.any():
+        return arrays
+    iteration, has_iteration = arrays.iteration.copy(), arrays.has_iteration.copy()
+    if iteration.dtype != np.int64 and found[hit].max(initial=0) > np.iinfo(iteration.dtype).max:
+        iteration = iteration.astype(np.int64)
+    iteration[rows[hit]] = found[hit]
+    has_iteration[rows[hit]] = True
+    return dataclasses.replace(arrays, iteration=iteration, has_iteration=has_iteration)
 
 
 def numbered_spans(spans: pa.Table) -> tuple[pa.Table, StepNumbers]:

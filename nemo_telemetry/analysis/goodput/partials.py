@@ -41,7 +41,7 @@ from nemo_telemetry.analysis.goodput.rules import (
     merged_steps, partial_columns, partial_rows,
 )
 from nemo_telemetry.analysis.model.grouping import Columns, find_keys, first_rows, group_by, string_codes, take
-from nemo_telemetry.analysis.model._arrays import span_arrays
+from nemo_telemetry.analysis.decode import span_arrays
 from nemo_telemetry.analysis.store.partitions import span_files, span_partitions
 from nemo_telemetry.analysis.store.read import reading_errors
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION, NO_RUN

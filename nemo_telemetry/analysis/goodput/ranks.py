@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.goodput.rules import BUCKETS, MergedSteps, batch_attribution, coalesced_union
-from nemo_telemetry.analysis.model._arrays import SpanArrays
+from nemo_telemetry.analysis.decode import SpanArrays
 from nemo_telemetry.analysis.model.grouping import Columns, find_keys, first_rows, group_by, string_codes, take
 from nemo_telemetry.analysis.model.walk import KeyIndex
 

@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.model._arrays import BUCKETS, SpanArrays, span_arrays
+from nemo_telemetry.analysis.decode import BUCKETS, SpanArrays, span_arrays
 from nemo_telemetry.analysis.model.grouping import Columns, find_keys, group_by, string_codes, take
 from nemo_telemetry.analysis.model.intervals import clipped_union_length, merge_intervals, union_length
 from nemo_telemetry.analysis.model.walk import KeyIndex

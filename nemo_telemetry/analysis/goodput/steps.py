@@ -13,7 +13,6 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.goodput.rules import (
     BUCKETS, JOB_SPAN_REGEX, STEP_COLUMNS, STEP_SPAN_REGEX, GoodputAccumulator, RunGoodput, Steps, StepOutlier,
@@ -22,11 +21,11 @@ from nemo_telemetry.analysis.goodput.rules import (
 from nemo_telemetry.analysis.model.grouping import Columns
 from nemo_telemetry.analysis.goodput.numbering import file_step_numbers, number_steps, numbered_spans
 from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_partial, ranks_tables
-from nemo_telemetry.analysis.model._arrays import NO_BUCKET, SpanArrays, span_arrays
-from nemo_telemetry.analysis.model.columns import code_values
+from nemo_telemetry.analysis.decode import (
+    NO_BUCKET, KeptRows, Later, SpanArrays, file_rows, span_arrays, table_rows,
+)
 from nemo_telemetry.analysis.model.walk import walk_rows
-from nemo_telemetry.analysis.store.read import scan_span_files
-from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
+from nemo_telemetry.analysis.settings import ReadSettings
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.errors import UnknownRunError
 
@@ -115,36 +114,9 @@ def _walk_in_whole(arrays: SpanArrays, walked: np.ndarray, whole) -> tuple[np.nd
     return iteration, stamped
 
 
-def _goodput_rows(spans: pa.Table) -> np.ndarray:
-    """The rows goodput reads: spans with an ``rl.bucket``, step spans and job spans (a few percent of
-    a run's spans; the per-prompt and worker spans without a bucket are only walked through)."""
-    mask = np.zeros(spans.num_rows, dtype=bool)
-    if BUCKET in spans.column_names:
-        mask |= pc.is_valid(spans.column(BUCKET)).to_numpy(zero_copy_only=False)
-    if "name" in spans.column_names:
-        at = 0
-        for chunk in spans.column("name").chunks:
-            if not pa.types.is_dictionary(chunk.type):
-                chunk = pc.dictionary_encode(chunk)
-            named = pc.match_substring_regex(chunk.dictionary, _STEP_OR_JOB)
-            hit = pc.fill_null(pc.take(named, chunk.indices), False).to_numpy(zero_copy_only=False)
-            mask[at:at + len(chunk)] |= hit
-            at += len(chunk)
-    return np.flatnonzero(mask)
-
-
 _STEP_OR_JOB = f"{STEP_SPAN_REGEX}|{JOB_SPAN_REGEX}"
-
-
-def _take(spans: pa.Table, rows: np.ndarray) -> pa.Table:
-    """``spans.take(rows)`` (``rows`` sorted) batch by batch: no column is concatenated whole first."""
-    batches, at = [], 0
-    for batch in spans.to_batches():
-        lo, hi = np.searchsorted(rows, [at, at + batch.num_rows])
-        if hi > lo:
-            batches.append(batch.take(pa.array(rows[lo:hi] - at, pa.int64())))
-        at += batch.num_rows
-    return pa.Table.from_batches(batches, schema=spans.schema) if batches else spans.slice(0, 0)
+"""The rows goodput reads: spans with an ``rl.bucket``, step spans and job spans (a few percent of
+a run's spans; the per-prompt and worker spans without a bucket are only walked through)."""
 
 
 def analyse(spans: pa.Table, *, run_id: str | None = None, ancestors: bool = False,
@@ -152,7 +124,7 @@ def analyse(spans: pa.Table, *, run_id: str | None = None, ancestors: bool = Fal
     """Decode, attribute and sum once; goodput and check_run both read the result.
 
     ``ancestors`` also finds each bucketed span's nearest bucketed ancestor (for the findings);
-    ``arrays`` are ``spans`` already decoded (check_run decodes them beside a second thread).
+    ``arrays`` are ``spans`` already decoded (check_run's come from the read seam).
     """
     arrays = span_arrays(spans) if arrays is None else arrays
     one = _one_batch(arrays, run_filter(arrays, run_id), arrays.runs, ancestors=ancestors)
@@ -212,7 +184,7 @@ def run_goodput(spans: pa.Table, *, run_id: str | None = None, by: str = "step")
 
 
 def _narrow_batch(read: GoodputRows, run_id: str | None) -> _OneBatch:
-    """The one batch of only the rows goodput reads (:func:`_goodput_rows`), so the columns of the
+    """The one batch of only the rows goodput reads (:data:`_STEP_OR_JOB`), so the columns of the
     many spans without a bucket are never decoded; runs keep the whole table's order."""
     UnknownRunError.unless_present(run_id, read.run_order)
     arrays = span_arrays(read.rows)
@@ -225,52 +197,26 @@ def _narrow_batch(read: GoodputRows, run_id: str | None) -> _OneBatch:
     return _one_batch(arrays, keep, read.run_order, whole=whole)
 
 
-WALK_READ = ("trace_key", "span_key", "parent_key", ITERATION)
-"""What the walks of unstamped bucketed spans read of every row (:func:`read_goodput_rows` keeps them)."""
-
-
-@dataclass(frozen=True, eq=False)
-class GoodputRows:
-    """What goodput by step reads of a spans table: the rows it decodes, and what the walks need."""
-
-    rows: pa.Table  # the bucketed, step and job spans (_goodput_rows), every column read
-    position: np.ndarray  # their row numbers in the whole table
-    run_order: tuple  # the whole table's runs, in code_values order
-    walk_table: Callable[[], pa.Table]  # every row's id keys and rl.iteration, for walks that leave ``rows``
+GoodputRows = KeptRows
+"""What goodput by step reads of a spans table (the seam's :class:`~nemo_telemetry.analysis.decode.KeptRows`)."""
 
 
 def goodput_rows(spans: pa.Table) -> GoodputRows:
     """:class:`GoodputRows` of a table in memory."""
-    position = _goodput_rows(spans)
-    return GoodputRows(_take(spans, position), position, code_values(spans, "run_id"), lambda: spans)
+    return table_rows(spans, _STEP_OR_JOB)
 
 
 def read_goodput_rows(files: list[str], columns: tuple[str, ...], *, batch_rows: int | None = None,
-                      threads: int | None = None) -> GoodputRows | None:
-    """:class:`GoodputRows` of a dataset's spans files, read batch by batch: each batch's rows
-    goodput reads and its walk columns (:data:`WALK_READ`) are kept, the rest of it let go.
+                      settings: ReadSettings | None = None) -> GoodputRows | None:
+    """:class:`GoodputRows` of a dataset's spans files, read batch by batch by the seam
+    (:func:`~nemo_telemetry.analysis.decode.file_rows`), each batch's step spans without
+    rl.iteration numbered first (over every file, on the first batch).
 
     None when the files hold no spans: the caller reads them whole.
     """
-    rows, position, kept, runs = [], [], [], {}
-    at = 0
-    numbers = None
-    for batch in scan_span_files(files, columns=columns, batch_rows=batch_rows, threads=threads):
-        if numbers is None:  # the step spans without rl.iteration, numbered over every file first
-            numbers = file_step_numbers(files)
-        one = number_steps(pa.Table.from_batches([batch]), numbers)
-        batch = one.to_batches()[0] if one.num_rows else batch
-        for value in code_values(one, "run_id"):  # the whole table's run order, as code_values gives it
-            runs.setdefault(value, len(runs))
-        picked = _goodput_rows(one)
-        rows.append(batch.take(pa.array(picked, pa.int64())))
-        position.append(picked + at)
-        kept.append(batch.select(list(WALK_READ)))
-        at += batch.num_rows
-    if not kept:
-        return None
-    return GoodputRows(pa.Table.from_batches(rows), np.concatenate(position), tuple(runs),
-                       lambda: pa.Table.from_batches(kept))
+    numbers = Later(lambda: file_step_numbers(files))
+    return file_rows(files, columns, _STEP_OR_JOB, prepare=lambda batch: number_steps(batch, numbers.get()),
+                     settings=settings, batch_rows=batch_rows)
 
 
 def goodput_of_rows(read: GoodputRows, *, run_id: str | None = None) -> tuple[RunGoodput, ...]:

@@ -1,7 +1,7 @@
 """Arrow columns as numpy: strings that repeat as integer codes, integers with their nulls, a
 column's values at some rows.
 
-Every decode of spans shares these (:mod:`model._arrays` for whole tables and spans files,
+Every decode of spans shares these (:mod:`nemo_telemetry.analysis.decode` for whole tables and spans files,
 :mod:`model.resources`, :mod:`model.keys`, :mod:`model.walk`): a string column becomes codes into
 a small tuple of values, decided once per distinct value and then broadcast by code, and a chunked
 column is read chunk by chunk, never concatenated first.
@@ -56,7 +56,7 @@ def codes_into(chunk: pa.Array, values: dict, into: np.ndarray) -> None:
 
 def code_values(spans: pa.Table, column: str) -> tuple:
     """The distinct values of a column in the order
-    :func:`~nemo_telemetry.analysis.model._arrays.span_arrays` numbers them (its ``runs``,
+    :func:`~nemo_telemetry.analysis.decode.span_arrays` numbers them (its ``runs``,
     ``names``...), from the chunks' dictionaries alone when the column is dictionary-encoded."""
     if column not in spans.column_names or spans.num_rows == 0:
         return ()

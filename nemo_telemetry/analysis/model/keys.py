@@ -20,7 +20,7 @@ from nemo_telemetry.analysis.model.columns import LOOKUP_ROWS, filled
 from nemo_telemetry.analysis.model.tree import SPAN_SPREAD, trace_mix
 
 __all__ = ["BLOCK_ROWS", "SortedSet", "isin_sorted", "key_index", "sort_index", "build_index", "index_parents",
-           "index_orphans", "distinct_parents", "orphan_mask", "in_two_threads", "parent_rows", "NO_PARENT",
+           "index_orphans", "distinct_parents", "orphan_mask", "in_threads", "parent_rows", "NO_PARENT",
            "PARENT_ELSEWHERE", "local_parent_rows"]
 
 _SEARCH_STRETCH = 1024  # sorted queries searched together within one slice of the sorted values
@@ -140,7 +140,8 @@ def distinct_parents(has_parent: np.ndarray, wanted: np.ndarray, own: np.ndarray
 
 
 def orphan_mask(has_parent: np.ndarray, mixed: tuple[np.ndarray, np.ndarray],
-                sorted_spans: tuple[np.ndarray, np.ndarray, int], ordered: np.ndarray | None = None) -> np.ndarray:
+                sorted_spans: tuple[np.ndarray, np.ndarray, int], ordered: np.ndarray | None = None, *,
+                threads: int = 1) -> np.ndarray:
     """Spans that name a parent which is not in the table (same trace), from the key index.
 
     Each distinct parent reference (``ordered``: :func:`distinct_parents`, which a caller may
@@ -156,19 +157,21 @@ def orphan_mask(has_parent: np.ndarray, mixed: tuple[np.ndarray, np.ndarray],
     high = ~np.uint64((1 << bits) - 1)
     ordered = distinct_parents(has_parent, mixed[1], mixed[0]) if ordered is None else ordered
     # A block of references at a time: the positions and candidates of every reference at once
-    # would double the test's memory at its peak. Every other block in a second thread: the
-    # searches and gathers release the GIL (4M references into 10M spans: 0.16 s against 0.27 s).
+    # would double the test's memory at its peak. The blocks spread over ``threads``: the searches
+    # and gathers release the GIL.
     blocks = [ordered[lo:lo + LOOKUP_ROWS] for lo in range(0, len(ordered), LOOKUP_ROWS)]
-    missing = in_two_threads(lambda block: _missing_parents(block, own, packed, high), blocks)
+    missing = in_threads(lambda block: _missing_parents(block, own, packed, high), blocks, threads)
     missing = np.concatenate(missing) if missing else ordered[:0]
     if missing.size:  # rare: back from the distinct parents to the spans that name them
         out = has_parent & isin_sorted(mixed[1], missing)
     return out
 
 
-def in_two_threads(work, items: list) -> list:
-    """``[work(item) for item in items]``, every other item in a second thread."""
-    if len(items) < 2:
+def in_threads(work, items: list, threads: int) -> list:
+    """``[work(item) for item in items]``, the items dealt round-robin over ``threads`` threads
+    (this one included): for numpy work that lets go of the GIL."""
+    threads = max(1, min(int(threads), len(items)))
+    if threads < 2:
         return [work(item) for item in items]
     out: list = [None] * len(items)
 
@@ -176,10 +179,11 @@ def in_two_threads(work, items: list) -> list:
         for i in indices:
             out[i] = work(items[i])
 
-    with ThreadPoolExecutor(max_workers=1) as helper:
-        odd = helper.submit(run, range(1, len(items), 2))
-        run(range(0, len(items), 2))
-        odd.result()
+    with ThreadPoolExecutor(max_workers=threads - 1) as helpers:
+        others = [helpers.submit(run, range(t, len(items), threads)) for t in range(1, threads)]
+        run(range(0, len(items), threads))
+        for other in others:
+            other.result()
     return out
 
 
@@ -228,11 +232,11 @@ def _search_sorted(values: np.ndarray, queries: np.ndarray) -> np.ndarray:
 
 def key_index(table: pa.Table, *, sort: bool = True) -> dict:
     """The mixed id keys, the sorted span index and which spans name a parent,
-    of a table that already has its key columns (for
-    :meth:`~nemo_telemetry.analysis.model._arrays.SpanArrays.adopt_index`).
+    of a table that already has its key columns (for the read seam's parents,
+    :mod:`nemo_telemetry.analysis.decode`).
 
     Independent of the other columns, so a caller can build it in a second thread while
-    :func:`~nemo_telemetry.analysis.model._arrays.span_arrays` decodes the rest (numpy sorts
+    the read seam decodes the rest (numpy sorts
     without the GIL). Built a block of rows at a time straight from the Arrow key columns: the
     three key columns are never copied whole, and no temporary is larger than a block.
     ``sort=False`` leaves the span index unsorted, for :func:`sort_index` to finish while another
@@ -247,19 +251,19 @@ def key_index(table: pa.Table, *, sort: bool = True) -> dict:
     return sort_index(index) if sort else index
 
 
-def sort_index(index: dict) -> dict:
+def sort_index(index: dict, *, threads: int = 1) -> dict:
     """Sort the span index of a ``key_index(..., sort=False)`` in place; the index, for chaining.
 
-    A large index is split at its median first (a linear partition in place), and the two halves
-    sort in two threads (numpy sorts without the GIL): 10M keys in 0.1 s of wall instead of 0.18.
+    With ``threads`` > 1, a large index is split at its median first (a linear partition in
+    place), and the two halves sort in two threads (numpy sorts without the GIL).
     """
     packed = index["_sorted_spans"][1]
-    if len(packed) < LOOKUP_ROWS:
+    if len(packed) < LOOKUP_ROWS or threads < 2:
         packed.sort()
         return index
     middle = len(packed) // 2
     packed.partition(middle)
-    in_two_threads(np.ndarray.sort, [packed[:middle], packed[middle:]])
+    in_threads(np.ndarray.sort, [packed[:middle], packed[middle:]], threads)
     return index
 
 
@@ -345,12 +349,13 @@ def index_parents(index: dict) -> np.ndarray:
     return distinct_parents(index["has_parent"], wanted, own)
 
 
-def index_orphans(index: dict, parents: np.ndarray | None = None) -> dict:
+def index_orphans(index: dict, parents: np.ndarray | None = None, *, threads: int = 1) -> dict:
     """The orphan test over a sorted :func:`key_index` (for
-    :meth:`~nemo_telemetry.analysis.model._arrays.SpanArrays.adopt_index`, like the index);
+    the read seam's parents, like the index);
     ``parents`` from :func:`index_parents`, when another thread has sorted them already.
 
     It needs nothing but the index: a caller runs it in other threads while the rest is decoded
     and analysed.
     """
-    return {"orphan": orphan_mask(index["has_parent"], index["_mixed"], index["_sorted_spans"], parents)}
+    return {"orphan": orphan_mask(index["has_parent"], index["_mixed"], index["_sorted_spans"], parents,
+                                  threads=threads)}

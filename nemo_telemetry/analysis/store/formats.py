@@ -21,7 +21,7 @@ Format 1 (the spans files ingest writes)::
 
 ``parent_row`` makes a file's row order part of the format: a file whose rows another tool
 reordered is found by the reader that uses the column
-(:class:`~nemo_telemetry.analysis.model._arrays.FileParents`), which checks each file's column
+(:class:`~nemo_telemetry.analysis.decode.strategies.FileParents`), which checks each file's column
 against the file's own keys.
 """
 
