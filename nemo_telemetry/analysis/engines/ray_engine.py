@@ -59,7 +59,7 @@ def connect():
         address = os.environ.get("RAY_ADDRESS") or None
         try:
             ray.init(address=address, include_dashboard=False, configure_logging=False, log_to_driver=False)
-        except Exception as exc:  # noqa: BLE001 - Ray raises plain Exception / ConnectionError for these
+        except Exception as exc:  # Ray raises plain Exception / ConnectionError for these
             where = f"the Ray cluster at RAY_ADDRESS={address}" if address else "a local Ray cluster"
             raise NemoTelemetryError(f"--engine ray could not start or join {where} ({exc}); check that the "
                                      "cluster is up (ray status), or use --engine local") from None
@@ -370,7 +370,7 @@ class _FileDecodes:
     def _stop(self, generator) -> None:
         try:
             self.ray.cancel(generator, force=True)
-        except Exception:  # noqa: BLE001 - best effort: a task that ended cannot be cancelled
+        except Exception:  # best effort: a task that ended cannot be cancelled
             pass
 
 

@@ -471,7 +471,7 @@ class DatasetWriter:
         for future in self._pending:
             try:
                 future.result()
-            except BaseException:  # noqa: BLE001 - the first error is already on its way up
+            except BaseException:  # the first error is already on its way up
                 pass
         self._pending.clear()
         self._held.clear()

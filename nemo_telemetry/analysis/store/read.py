@@ -63,7 +63,7 @@ def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.
     if not files:
         # The decoders (and the OpenTelemetry SDK they import) only for raw files: 0.1 s of start-up
         # a command over a dataset does not pay.
-        from nemo_telemetry.analysis.ingestion.ingest import read_spans  # noqa: PLC0415
+        from nemo_telemetry.analysis.ingestion.ingest import read_spans
 
         return read_spans(source)
     with reading_errors(root):
