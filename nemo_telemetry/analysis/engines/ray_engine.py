@@ -95,9 +95,9 @@ def map_groups(function: Callable, files: Sequence[Path], *args) -> list:
     """``function(paths, *args)`` as one Ray task per group of files; the results in file order.
 
     The arguments are put in the object store once for all the tasks (a lookup index can be
-    large). Plain tasks, not Ray Data: a pass over a small dataset then costs tens of
-    milliseconds per task instead of Ray Data's seconds of planning per pass, and goodput's
-    scans of 10M spans take 1.5 s against Ray Data's 15 to 18 s on 2 cores (``bench/ray_goodput.py``).
+    large). Plain tasks, not Ray Data: Ray Data plans every pass before it runs one, and a
+    pass over a small dataset costs little more than its tasks (``bench/ray_goodput.py`` compares
+    the two).
     """
     ray = connect()
     if not files:

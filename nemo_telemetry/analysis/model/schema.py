@@ -6,7 +6,7 @@ resource ``service_name``, ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank
 ``span_groups`` = ``nemo.telemetry.span_groups``) are taken out of the attribute maps; every
 other span attribute is in ``attributes`` and every other resource attribute in
 ``resource_attributes``. ``span_groups`` has a column of its own so that ``check`` reads a
-dictionary column instead of the resource map (hundreds of MB at 10M spans); files written
+dictionary column instead of the resource map (every resource attribute of every span); files written
 before it hold the attribute in ``resource_attributes``, where readers still look for it. Attribute values are strings: OTLP string
 values as they are, ints in decimal, doubles as Python's ``repr``, bools ``true``/``false``,
 bytes as lowercase hex, arrays and key-value lists as compact JSON.

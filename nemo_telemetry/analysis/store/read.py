@@ -28,7 +28,7 @@ __all__ = ["READ_COLUMNS", "GOODPUT_COLUMNS", "STEP_GOODPUT_COLUMNS", "read_for_
 # What check reads from a dataset: span and parent ids come from the uint64 keys (hex strings
 # cost more to read than everything else together); trace ids are read as dictionaries, as ingest
 # writes them, since their values repeat on every span of a trace. The enabled span groups come
-# from their own column, not the resource attribute map (200 MB in memory at 10M spans); a file
+# from their own column, not the resource attribute map (every resource attribute of every span); a file
 # written before that column adds the map to the read (:func:`read_span_files`). No finding reads
 # service_name or rank (goodput's by="rank" does: GOODPUT_COLUMNS has them).
 READ_COLUMNS = (
@@ -61,7 +61,7 @@ def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.
     """
     root, files = span_source_files(source)
     if not files:
-        # The decoders (and the OpenTelemetry SDK they import) only for raw files: 0.1 s of start-up
+        # The decoders (and the OpenTelemetry SDK they import) only for raw files: start-up time
         # a command over a dataset does not pay.
         from nemo_telemetry.analysis.ingestion.ingest import read_spans
 
