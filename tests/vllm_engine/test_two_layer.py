@@ -71,7 +71,8 @@ def test_one_llm_request_per_prompt_under_its_generate_span(vllm_run, rows):
     assert len(requests) == sum(call.prompts for call in vllm_run.calls)
     assert all(rows.parents[i] >= 0 and rows.rows[rows.parents[i]]["name"] in GENERATES for i in requests)
     for g, call in _generates_with_calls(vllm_run, rows):
-        assert len(rows.children(g, "llm_request")) == call.prompts > 0 == int(rows.attributes[g]["rl.vllm.num_prompts"])
+        assert call.prompts > 0
+        assert len(rows.children(g, "llm_request")) == call.prompts == int(rows.attributes[g]["rl.vllm.num_prompts"])
         generate = rows.rows[g]
         for r in rows.children(g, "llm_request"):
             assert generate["start_ns"] <= rows.rows[r]["start_ns"] <= rows.rows[r]["end_ns"] <= generate["end_ns"]
