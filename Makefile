@@ -10,7 +10,7 @@ PIP    := $(BIN)/python -m pip
 VLLM_VENV := .venv-vllm
 VLLM_BIN  := $(VLLM_VENV)/bin
 
-.PHONY: demo test docs install install-test install-vllm browser clean
+.PHONY: demo test docs lint install install-test install-vllm browser clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,10 +59,15 @@ browser:
 demo: install
 	$(BIN)/nemo-telemetry demo
 
-# Two runs, both always: the suite in .venv, then, in .venv-vllm, tests/vllm_engine against the real
-# engine and tests/integrations against the real TRL / transformers trainers (CPU torch).
+# ruff (pinned in the test extra, configured in pyproject.toml) over the whole tree.
+lint: install-test
+	$(BIN)/ruff check .
+
+# Three runs, all always: the lint, the suite in .venv, then, in .venv-vllm, tests/vllm_engine against
+# the real engine and tests/integrations against the real TRL / transformers trainers (CPU torch).
 test: install-test install-vllm browser
 	@status=0; \
+	$(BIN)/ruff check . || status=1; \
 	$(BIN)/python -m pytest || status=1; \
 	$(VLLM_BIN)/python -m pytest tests/vllm_engine tests/integrations || status=1; \
 	exit $$status

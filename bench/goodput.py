@@ -46,6 +46,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
 
 # Nothing heavy at the top: each child imports what its command imports (ours the CLI's modules,
 # DuckDB's only duckdb); the dataset writer imports numpy and pyarrow for itself.
@@ -266,7 +271,7 @@ GROUP BY ALL
 def measure_duckdb(root: Path) -> dict:
     """In this (fresh) process: the per-step bucket sums by DuckDB's SQL on 2 threads, imports included."""
     t0, c0 = time.perf_counter(), time.process_time()
-    import duckdb  # noqa: PLC0415 (a bench-only dependency)
+    import duckdb  # a bench-only dependency
 
     connection = duckdb.connect()
     connection.execute("SET threads = 2")

@@ -240,7 +240,7 @@ class _Receiver:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_POST(self) -> None:  # noqa: N802 - the http.server name
+            def do_POST(self) -> None:  # the http.server name
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
                 receiver.requests += 1

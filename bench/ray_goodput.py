@@ -26,7 +26,7 @@ from nemo_telemetry.analysis.goodput import partials
 
 def ray_data_scan(ray):
     """A ``partials.Scan`` whose batches are read and mapped by Ray Data."""
-    import ray.data  # noqa: F401 (a submodule ray does not import by itself)
+    import ray.data  # a submodule ray does not import by itself
 
     def scan(fn, columns, files):
         names = pq.ParquetFile(files[0]).schema_arrow.names

@@ -218,7 +218,7 @@ def _start_ray():
         try:
             ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False, log_to_driver=False)
             break
-        except Exception:  # noqa: BLE001 - Ray raises a bare Exception on a start-up timeout
+        except Exception:  # Ray raises a bare Exception on a start-up timeout
             if attempt == 4:
                 raise
             time.sleep(5)

@@ -41,7 +41,6 @@ def synthetic_run(total: int) -> pa.Table:
     base = 1 + step * per_step
     prompt = (k - FIXED_PER_STEP) // 2
     is_rollout = (k >= FIXED_PER_STEP) & ((k - FIXED_PER_STEP) % 2 == 0)
-    is_generate = (k >= FIXED_PER_STEP) & ~is_rollout
     t0 = step * 60 * S
     rollout_start = t0 + 1 * S + prompt * (30 * S // prompts)
     kind = np.select([idx == 0, k == 0, k == 1, k == 2, k == 3, is_rollout], [0, 1, 2, 3, 4, 5], 6)

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
 _TELEMETRY_ENV_PREFIXES = ("NEMO_TELEMETRY_", "OTEL_")
-
-# The suite tests the compiled decoders on small inputs too: outside tests only inputs of a few
-# MiB take them (nemo_telemetry/analysis/kernels/_compiled.py). Tests of that choice set "auto" themselves.
-os.environ.setdefault("NEMO_TELEMETRY_COMPILED", "1")
-
 
 # The telemetry variables as the session found them. Each test restores these, not what it found
 # at its own start: a module-scoped fixture that starts a driver writes NEMO_TELEMETRY_* into the
@@ -32,6 +28,32 @@ def _reset_telemetry_state():
     for key in [k for k in os.environ if k.startswith(_TELEMETRY_ENV_PREFIXES)]:
         del os.environ[key]
     os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _kernels_as_a_new_process_finds_them():
+    """Each test starts with no compiled kernel module loaded or turned off, as a new process does,
+    so in the default mode (auto) a small input takes the reference path whichever tests ran before
+    it (a module loaded by an earlier test would otherwise take every later input)."""
+    seam = sys.modules.get("nemo_telemetry.analysis.kernels._compiled")
+    if seam is not None:
+        seam._reset_for_tests()
+
+
+@pytest.fixture()
+def compiled_kernels(monkeypatch):
+    """The compiled decoders on whatever input the test gives: by default (``auto``) only inputs of
+    a few MiB take them (nemo_telemetry/analysis/kernels/_compiled.py), and the suite otherwise runs
+    in that default. Tests of the kernels themselves use this (``pytest.mark.usefixtures``)."""
+    monkeypatch.setenv("NEMO_TELEMETRY_COMPILED", "1")
+
+
+@pytest.fixture(params=["1", "0"], ids=["compiled", "reference"])
+def kernel_path(request, monkeypatch) -> str:
+    """Each path in turn, on the test's small inputs: ``1`` the compiled kernels, ``0``
+    the reference paths (what ``auto`` takes below its thresholds)."""
+    monkeypatch.setenv("NEMO_TELEMETRY_COMPILED", request.param)
+    return request.param
 
 
 

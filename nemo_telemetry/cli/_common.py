@@ -30,7 +30,7 @@ EXIT_USAGE = 2
 
 def console(*, stderr: bool = False, width: int | None = None) -> Console:
     """A console for one command; stdout unless told otherwise; the terminal's width unless given."""
-    from rich.console import Console  # noqa: PLC0415 (only a command that prints loads rich)
+    from rich.console import Console  # only a command that prints loads rich
 
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
@@ -48,7 +48,7 @@ def print_json(payload: Any) -> None:
 
 def fail(message: str, code: int = EXIT_USAGE) -> "typer.Exit":
     """Print an error on stderr and return the Exit to raise."""
-    from rich.markup import escape  # noqa: PLC0415
+    from rich.markup import escape
 
     # soft_wrap: an error is one line a user can grep, not a paragraph wrapped at the terminal width
     console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
@@ -69,7 +69,7 @@ _OS_ERROR_HINTS = {
 
 def warn_line(message: str) -> None:
     """One warning on stderr, one line a user can grep."""
-    from rich.markup import escape  # noqa: PLC0415
+    from rich.markup import escape
 
     console(stderr=True).print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
 

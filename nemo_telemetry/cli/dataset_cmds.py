@@ -22,7 +22,7 @@ def verify_command(
 
     Example: nemo-telemetry verify run.dataset
     """
-    from nemo_telemetry.analysis import verify_dataset  # noqa: PLC0415
+    from nemo_telemetry.analysis import verify_dataset
 
     with library_errors():
         report = verify_dataset(dataset)
@@ -58,7 +58,7 @@ def repair_command(
 
     Example: nemo-telemetry repair run.dataset
     """
-    from nemo_telemetry.analysis import repair_dataset  # noqa: PLC0415
+    from nemo_telemetry.analysis import repair_dataset
 
     with library_errors():
         report = repair_dataset(dataset)

@@ -40,7 +40,7 @@ def demo_command(
     Example: nemo-telemetry demo --mode async --steps 6 --out ./demo-run
     Example: nemo-telemetry demo --trainer trl --steps 5
     """
-    from nemo_telemetry.demo import run_demo  # noqa: PLC0415 (Ray and the analysis load only here)
+    from nemo_telemetry.demo import run_demo  # Ray and the analysis load only here
 
     out_console = console()
     with library_errors():
@@ -55,7 +55,7 @@ def demo_command(
 
 def print_demo_report(result, out: Console) -> None:
     """The run's header, then the same renderings ``goodput``, ``check`` and ``waterfall`` print."""
-    from nemo_telemetry.cli.render import bar_width_for, print_waterfall, render_report, render_run  # noqa: PLC0415
+    from nemo_telemetry.cli.render import bar_width_for, print_waterfall, render_report, render_run
 
     carrier = ", collector WITHOUT the job's carrier" if result.no_carrier else ""
     if result.trainer == "trl":

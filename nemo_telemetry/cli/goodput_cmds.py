@@ -58,9 +58,9 @@ def goodput_command(
     if plot is not None and plot.suffix.lower() not in (".png", ".html"):
         raise fail(f"--plot {plot}: the file name must end in .png or .html")
     skip_pyarrow_pandas_probe()
-    from nemo_telemetry.analysis import (GOODPUT_COLUMNS, ReadSettings, goodput_document,  # noqa: PLC0415
+    from nemo_telemetry.analysis import (GOODPUT_COLUMNS, ReadSettings, goodput_document,
                                          goodput_with_engine, read_for_analysis, run_goodput)
-    from nemo_telemetry.cli.render import bar_width_for, render_run  # noqa: PLC0415
+    from nemo_telemetry.cli.render import bar_width_for, render_run
 
     with library_errors():
         settings = ReadSettings.from_machine(threads=threads, memory_budget=memory_budget)
@@ -69,7 +69,7 @@ def goodput_command(
                                        memory_budget=settings.memory_budget)
         base = run_goodput(read_for_analysis(baseline, columns=GOODPUT_COLUMNS)) if baseline is not None else ()
         if plot is not None:
-            from nemo_telemetry.analysis import write_goodput_plot  # noqa: PLC0415 (matplotlib is optional)
+            from nemo_telemetry.analysis import write_goodput_plot  # matplotlib is optional
 
             write_goodput_plot(runs, plot)
     if output == "json":
@@ -93,13 +93,13 @@ def goodput_command(
 
 def _natural_width(out, renderable) -> int:
     """The width ``renderable`` takes when nothing has to be shortened."""
-    from rich.measure import Measurement  # noqa: PLC0415
+    from rich.measure import Measurement
 
     return Measurement.get(out, out.options.update(width=10_000), renderable).maximum
 
 
 def _write_csv(runs: tuple[RunGoodput, ...], by: str) -> None:
-    from nemo_telemetry.analysis import STEP_COLUMNS  # noqa: PLC0415
+    from nemo_telemetry.analysis import STEP_COLUMNS
 
     writer = csv.writer(sys.stdout, lineterminator="\n")
     tables = [r.ranks if by == "rank" else r.steps for r in runs]
@@ -139,8 +139,8 @@ def check_command(
         raise fail(f"--overlap-tolerance {overlap_tolerance}: give a duration >= 0 such as 1ms, 500us or 0.002 "
                    "(seconds)")
     skip_pyarrow_pandas_probe()
-    from nemo_telemetry.analysis import ReadSettings, check_with_engine  # noqa: PLC0415
-    from nemo_telemetry.cli.render import render_report  # noqa: PLC0415
+    from nemo_telemetry.analysis import ReadSettings, check_with_engine
+    from nemo_telemetry.cli.render import render_report
 
     with library_errors(), ray_messages_on_stderr(engine):  # stdout holds the report alone
         settings = ReadSettings.from_machine(threads=threads, memory_budget=memory_budget)

@@ -26,7 +26,7 @@ _WARNINGS_SHOWN = 20
 def ingest(
     inputs: List[Path] = typer.Argument(..., help="Dump files or directories of them (rotated files)."),
     out: Path = typer.Option(..., "--out", "-o", help="Dataset directory to create or append to."),
-    format: Optional[str] = typer.Option(  # noqa: A002 - the option's name
+    format: Optional[str] = typer.Option(  # the option's name
         None, "--format", "-f", help=f"Force the input format ({', '.join(FORMATS)}); default: detect."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
@@ -46,7 +46,7 @@ def ingest(
 
     Example: nemo-telemetry ingest otel-dumps/ --out run.dataset
     """
-    from nemo_telemetry.analysis import dump_files, ingest_with_engine  # noqa: PLC0415
+    from nemo_telemetry.analysis import dump_files, ingest_with_engine
 
     if max_request_mib is not None and not max_request_mib > 0:
         raise fail(f"--max-request-mib {max_request_mib!r}: give a size in MiB > 0")
@@ -69,9 +69,9 @@ def ingest(
 def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], total: int,
                           engine: str = "local", bound: Optional[int] = None,
                           stall_timeout_s: Optional[float] = None) -> IngestSummary:
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from nemo_telemetry.analysis import ingest_with_engine  # noqa: PLC0415
+    from nemo_telemetry.analysis import ingest_with_engine
 
     columns = (
         TextColumn("[bold]ingest"),
@@ -94,10 +94,10 @@ def _ingest_with_progress(inputs: List[Path], out: Path, fmt: Optional[str], tot
 def _compiling_column():
     """A progress column that says so while the compiled kernels compile (no bytes move
     meanwhile); rendered on rich's refresh thread, so it shows during the compilation itself."""
-    from rich.progress import ProgressColumn  # noqa: PLC0415
-    from rich.text import Text  # noqa: PLC0415
+    from rich.progress import ProgressColumn
+    from rich.text import Text
 
-    from nemo_telemetry.analysis import kernels_compiling  # noqa: PLC0415
+    from nemo_telemetry.analysis import kernels_compiling
 
     class CompilingColumn(ProgressColumn):
         def render(self, task) -> Text:
@@ -107,7 +107,7 @@ def _compiling_column():
 
 
 def _print_summary(summary: IngestSummary, out: Path) -> None:
-    from rich.table import Table  # noqa: PLC0415
+    from rich.table import Table
 
     table = Table(title=f"ingested into {out}", show_header=False)
     table.add_column("what")
@@ -171,7 +171,7 @@ def collect(
             warn_line(f"--insecure: anyone who reaches {server.url} can write spans into {out}; --token-file guards it")
 
     with stop_on_signals() as stop:
-        from nemo_telemetry.analysis import read_token_file, run_collector  # noqa: PLC0415
+        from nemo_telemetry.analysis import read_token_file, run_collector
 
         with library_errors():
             token = read_token_file(token_file) if token_file is not None else None
@@ -190,7 +190,7 @@ def collect(
 
 
 def _print_collect_summary(summary: CollectSummary, out: Path) -> None:
-    from rich.table import Table  # noqa: PLC0415
+    from rich.table import Table
 
     table = Table(title=f"collected into {out}", show_header=False)
     table.add_column("what")
@@ -211,7 +211,7 @@ def warmup() -> None:
 
     Example (Dockerfile): RUN NEMO_TELEMETRY_KERNEL_CACHE_DIR=/opt/kernels nemo-telemetry warmup
     """
-    from nemo_telemetry.analysis import warm_up_kernels  # noqa: PLC0415
+    from nemo_telemetry.analysis import warm_up_kernels
 
     with library_errors():
         result = warm_up_kernels()

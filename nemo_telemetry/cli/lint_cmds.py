@@ -31,7 +31,7 @@ def lint(
 
     Example: nemo-telemetry lint src/ --format json
     """
-    from nemo_telemetry.analysis import lint_paths  # noqa: PLC0415
+    from nemo_telemetry.analysis import lint_paths
 
     with library_errors():
         findings = lint_paths(paths)

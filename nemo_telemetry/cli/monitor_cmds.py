@@ -87,7 +87,7 @@ def monitor(
                    on_ready=on_ready,
                    tls_cert=tls_cert, tls_key=tls_key, insecure=insecure)
     with stop_on_signals() as stop, library_errors():  # taken first: a signal while it loads stops it cleanly
-        from nemo_telemetry.analysis import read_token_file, run_monitor  # noqa: PLC0415 - loaded only here
+        from nemo_telemetry.analysis import read_token_file, run_monitor  # loaded only here
 
         options["token"] = read_token_file(token_file) if token_file is not None else None
 
@@ -105,9 +105,9 @@ def monitor(
 
 
 def _run_live(run_monitor, options: dict, out):
-    from rich.live import Live  # noqa: PLC0415
+    from rich.live import Live
 
-    from nemo_telemetry.cli.render import bar_width_for, render_monitor  # noqa: PLC0415
+    from nemo_telemetry.cli.render import bar_width_for, render_monitor
 
     with Live(console=out, auto_refresh=False, transient=False) as live:
         def on_view(view) -> None:

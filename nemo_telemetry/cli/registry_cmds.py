@@ -67,7 +67,7 @@ _BUCKET_STYLE = {"productive": "green", "overhead": "yellow", "idle": "blue", "w
 
 
 def _groups_table(title: str, names: list[str]) -> Table:
-    from rich.table import Table  # noqa: PLC0415
+    from rich.table import Table
 
     catalogue = {info.name: info for info in REGISTRY.catalogue()}
     table = Table(title=title, show_lines=False)

@@ -205,7 +205,7 @@ def render_waterfall(shown: Waterfall, *, width: int = 160) -> _Lines:
         return out
     labels = [_clean(_label(rows, i)) for i in range(n)]
     prefixes = [_capped(p, d) for p, d in zip(_tree_prefixes(rows["depth"], rows["parent"]), rows["depth"])]
-    name_width = min(max(len(p) + len(l) for p, l in zip(prefixes, labels)), 64)
+    name_width = min(max(len(p) + len(label) for p, label in zip(prefixes, labels)), 64)
     bar_width = max(10, min(60, width - name_width - 50))
     t0, span_ns = shown.window_start_ns, max(shown.window_ns, 1)
     last_run = object()

@@ -235,7 +235,7 @@ def skip_pyarrow_pandas_probe() -> None:
     finder = _HiddenPandas()
     sys.meta_path.insert(0, finder)
     try:
-        import pyarrow as pa  # noqa: PLC0415 (--help loads this module, and no pyarrow)
+        import pyarrow as pa  # --help loads this module, and no pyarrow
 
         pa.array([0])
     finally:

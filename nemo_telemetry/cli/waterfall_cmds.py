@@ -42,8 +42,8 @@ def waterfall_command(
     min_ns = parse_duration(min_duration)
     if export is not None and export.suffix.lower() not in (".json", ".html"):
         raise fail(f"--export {export}: the file name must end in .json (Perfetto) or .html (browser view)")
-    from nemo_telemetry.analysis import read_spans, waterfall  # noqa: PLC0415
-    from nemo_telemetry.cli.render import print_waterfall  # noqa: PLC0415
+    from nemo_telemetry.analysis import read_spans, waterfall
+    from nemo_telemetry.cli.render import print_waterfall
 
     with library_errors():
         spans = read_spans(source)
@@ -56,10 +56,10 @@ def waterfall_command(
 
 
 def _export(spans, path: Path, *, run, trace, step, source) -> None:
-    from nemo_telemetry.analysis import read_logs, to_chrome_trace, to_html  # noqa: PLC0415
+    from nemo_telemetry.analysis import read_logs, to_chrome_trace, to_html
 
     if path.suffix.lower() == ".json":
-        import json  # noqa: PLC0415
+        import json
 
         document = to_chrome_trace(spans, run_id=run, trace_id=trace, step=step)
         path.write_text(json.dumps(document, separators=(",", ":")), encoding="utf-8")

@@ -272,7 +272,7 @@ class _Loop:
         """Poll the collector until it has a batch; a starved wait is one span with ``rl.idle.polls``."""
         import ray
 
-        wait = None
+        wait, started = None, 0.0
         while True:
             batch = ray.get(self.fleet.collector.sample.remote())
             if batch is not None:

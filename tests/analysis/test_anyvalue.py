@@ -20,6 +20,9 @@ from nemo_telemetry.analysis.ingestion._otlp_proto import decode_proto_request
 from nemo_telemetry.analysis.ingestion._otlp_wire import decode_requests
 from nemo_telemetry.analysis.synthetic import to_protobuf
 
+# Tests of the compiled kernels: they take them on these small inputs too, as auto would not.
+pytestmark = pytest.mark.usefixtures("compiled_kernels")
+
 RAW = b"\x00\xff\x10"
 # (AnyValue in OTLP/JSON, the string model/schema.py says the tables hold)
 VALUES = {

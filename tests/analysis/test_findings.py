@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import pyarrow as pa
 import pytest
 
 from nemo_telemetry.analysis import spans_table
-from nemo_telemetry.analysis.findings.checks import FINDING_CODES, SPAN_GROUPS_ATTRIBUTE, check_run
+from nemo_telemetry.analysis.findings import checks
+from nemo_telemetry.analysis.findings.checks import FINDING_CODES, SPAN_GROUPS_ATTRIBUTE
 from nemo_telemetry.analysis.model.tree import with_id_keys
 
 from _hand_traces import S, Trace
@@ -19,6 +22,38 @@ def healthy_step(t: Trace, parent: str | None, i: int, at: float) -> str:
     t.span("rl.vllm.generate", at + 1, at + 6, step, iteration=i, bucket="productive")
     t.span("rl.grpo.policy_training", at + 6, at + 10, step, iteration=i, bucket="productive")
     return step
+
+
+# The codes each test declares with @emits, and the codes its check_run calls produce while it runs.
+EMITTED_BY: dict[str, list[str]] = {}
+_produced: list[set[str]] = []
+
+
+def check_run(*args, **kwargs):
+    """``checks.check_run``, noting the codes of its findings for the running @emits test."""
+    report = checks.check_run(*args, **kwargs)
+    if _produced:
+        _produced[-1].update(f.code for f in report.findings)
+    return report
+
+
+def emits(*declared: str):
+    """The test's own checks must produce each code in ``declared``: a test that asserts inside a
+    filter (``{... if f.code == code}``) or on a code's absence cannot pass without the finding."""
+    def decorate(test):
+        for code in declared:
+            EMITTED_BY.setdefault(code, []).append(test.__name__)
+
+        @functools.wraps(test)
+        def run(*args, **kwargs):
+            _produced.append(set())
+            try:
+                test(*args, **kwargs)
+            finally:
+                produced = _produced.pop()
+            assert set(declared) <= produced, f"{test.__name__} produced {sorted(produced)}, declares {declared}"
+        return run
+    return decorate
 
 
 def codes(report) -> list[str]:
@@ -47,6 +82,7 @@ def test_a_healthy_run_with_a_late_checkpoint_finalize_has_no_findings():
     assert not report.has("info")
 
 
+@emits("bucketed-overlap", "bucket-exceeds-wall")
 def test_concurrent_generate_spans_are_a_bucketed_overlap():
     t = Trace()
     step = t.span("rl.grpo.step", 0, 10, iteration=5)
@@ -59,6 +95,7 @@ def test_concurrent_generate_spans_are_a_bucketed_overlap():
     assert "bucket-exceeds-wall" in codes(check_run(t.table()))  # 12 s of buckets in a 10 s step
 
 
+@emits("nested-bucket")
 def test_bucketed_span_under_bucketed_ancestor_is_nested():
     t = Trace()
     step = t.span("rl.grpo.step", 0, 10, iteration=1)
@@ -69,6 +106,7 @@ def test_bucketed_span_under_bucketed_ancestor_is_nested():
     assert f.span_ids == (inner,) and f.iteration == 1 and "rl.grpo.policy_training" in f.message
 
 
+@emits("umbrella-bucket")
 def test_bucket_on_an_umbrella_or_declared_unbucketed_name():
     t = Trace()
     step = t.span("rl.grpo.step", 0, 10, iteration=1, bucket="productive")  # step: umbrella group only
@@ -83,6 +121,7 @@ def test_bucket_on_an_umbrella_or_declared_unbucketed_name():
     assert all(f.severity == "error" for f in found.values())
 
 
+@emits("bucket-exceeds-wall")
 def test_bucket_sum_past_the_wall():
     t = Trace()
     step = t.span("rl.grpo.step", 0, 10, iteration=2)
@@ -92,6 +131,7 @@ def test_bucket_sum_past_the_wall():
     assert "bucketed-overlap" not in codes(check_run(t.table()))
 
 
+@emits("unknown-bucket")
 def test_unknown_bucket_value():
     t = Trace()
     step = t.span("rl.grpo.step", 0, 10, iteration=1)
@@ -100,6 +140,7 @@ def test_unknown_bucket_value():
     assert "'useful'" in f.message and "productive" in f.message and f.severity == "error"
 
 
+@emits("unstamped-span")
 def test_unstamped_bucketed_span():
     t = Trace()
     t.span("rl.grpo.step", 0, 10, iteration=1)
@@ -109,6 +150,7 @@ def test_unstamped_bucketed_span():
     assert f.span_ids == (lone,) and f.iteration is None and f.severity == "warning"
 
 
+@emits("orphan-span")
 def test_orphan_span_names_a_parent_not_in_the_data():
     t = Trace()
     step = t.span("rl.grpo.step", 0, 10, iteration=1)
@@ -126,6 +168,7 @@ def test_a_parent_in_another_trace_does_not_count():
     assert "orphan-span" in codes(check_run(t.table()))
 
 
+@emits("detached-trace")
 def test_async_collector_batch_in_its_own_trace_is_detached():
     t = Trace()
     job = t.span("rl.grpo.job", 0, 30)
@@ -168,6 +211,7 @@ def test_no_trace_is_detached_when_the_run_has_no_job_or_step_at_all():
     assert "detached-trace" not in codes(check_run(t.table()))
 
 
+@emits("unattributed-step-time")
 def test_unattributed_step_time_past_the_threshold():
     t = Trace()
     step = t.span("rl.grpo.step", 0, 10, iteration=3)
@@ -181,6 +225,7 @@ def resources(groups: str, **extra) -> dict:
     return {"resource_attributes": {SPAN_GROUPS_ATTRIBUTE: groups, "rl.algorithm": "grpo", **extra}}
 
 
+@emits("missing-group-spans")
 def test_missing_group_spans_takes_the_union_over_the_runs_processes():
     t = Trace()
     driver = resources("step,generation,reward,policy_update")
@@ -208,6 +253,7 @@ def test_missing_group_without_a_known_gap_is_a_warning_and_sft_never_opens_logp
     assert f.severity == "info" and "rl.sft runs never open logprob" in f.message
 
 
+@emits("invalid-interval")
 def test_invalid_interval():
     t = Trace()
     step = t.span("rl.grpo.step", 0, 10, iteration=1)
@@ -217,6 +263,7 @@ def test_invalid_interval():
     assert f.span_ids == (bad,) and f.severity == "error" and f.iteration == 1
 
 
+@emits("step-time-outlier")
 def test_step_time_outlier_is_info_and_names_the_bucket():
     t = Trace()
     at = 0.0
@@ -264,6 +311,7 @@ def test_finding_dict_has_the_contract_keys():
     assert {"code", "severity", "message", "trace_id", "span_ids", "iteration"} <= set(data["findings"][0])
 
 
+@emits("step-without-iteration")
 def test_step_spans_without_iteration_are_numbered_with_an_info_finding():
     t = Trace()
     job = t.span("rl.grpo.job", 0, 30)
@@ -278,6 +326,6 @@ def test_step_spans_without_iteration_are_numbered_with_an_info_finding():
 
 
 @pytest.mark.parametrize("code", sorted(FINDING_CODES))
-def test_every_code_has_a_test_above(code):
-    source = open(__file__).read()
-    assert f'"{code}"' in source.split("def test_every_code_has_a_test_above")[0]
+def test_every_code_has_a_test_that_produces_it(code):
+    """Each code is declared by an @emits test above, which fails unless its checks produce the code."""
+    assert EMITTED_BY.get(code), f"no test declares @emits({code!r})"

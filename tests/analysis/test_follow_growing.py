@@ -30,6 +30,9 @@ from nemo_telemetry.analysis import (
 )
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 
+# Each test on both paths: the compiled kernels and the reference ones (auto's choice on inputs this small).
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 FORMATS = ["jsonl", "jsonl.gz", "jsonl.gz-members", "jsonl.zst", "pb", "pb.zst", "pb-zstd-records", "json-pretty",
            "json-pretty.zst"]
 

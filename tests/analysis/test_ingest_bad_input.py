@@ -15,6 +15,9 @@ from nemo_telemetry.analysis.synthetic import (
     write_length_prefixed,
 )
 
+# Each test on both paths: the compiled kernels and the reference ones (auto's choice on inputs this small).
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 
 @pytest.fixture(scope="module")
 def three_requests():

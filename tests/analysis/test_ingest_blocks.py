@@ -17,6 +17,9 @@ from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 
 from test_ingest_wire import _upb
 
+# Tests of the compiled kernels: they take them on these small inputs too, as auto would not.
+pytestmark = pytest.mark.usefixtures("compiled_kernels")
+
 
 @pytest.fixture(scope="module")
 def requests():

@@ -17,6 +17,9 @@ from nemo_telemetry.analysis.ingestion.collect import CollectorServer
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 from nemo_telemetry.cli.app import app
 
+# Each test on both paths: the compiled kernels and the reference ones (auto's choice on inputs this small).
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 LIMIT = 1 << 16
 
 

@@ -25,6 +25,9 @@ from nemo_telemetry.analysis import ingest, read_events, read_links, read_spans
 from nemo_telemetry.analysis.model.schema import SPANS_SCHEMA
 from nemo_telemetry.analysis.synthetic import write_json_lines, write_length_prefixed
 
+# Each test on both paths: the compiled kernels and the reference ones (auto's choice on inputs this small).
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 
 def make_sdk_spans(run_id: str = "run-a"):
     """Spans of two processes of one run: every attribute type, events, links, statuses."""

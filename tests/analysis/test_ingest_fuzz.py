@@ -412,7 +412,7 @@ def _read(path, monkeypatch, compiled: bool, where: str):
         return load_traces(path)
     except IngestError as exc:
         return exc
-    except Exception as exc:  # noqa: BLE001 - the finding: named with its case
+    except Exception as exc:  # the finding: named with its case
         path_name = "compiled" if compiled else "reference"
         raise AssertionError(f"{where}: {path_name} path raised {type(exc).__name__}: {exc}") from exc
 

@@ -266,7 +266,7 @@ def test_a_mutated_log_or_metrics_request_costs_only_itself(name, tmp_path):
         where = f"{name} case {case} (seed {seed}): request {target + 1}, {how}"
         try:
             rows, problems = read(path, dump(records[:target] + [mutated] + records[target + 1:]))
-        except Exception as exc:  # noqa: BLE001 - the finding: named with its case
+        except Exception as exc:  # the finding: named with its case
             raise AssertionError(f"{where}: raised {type(exc).__name__}: {exc}") from exc
         found = _by_key(rows, key)
         untouched = set().union(*(owners[r] for r in range(RECORDS) if r != target))
@@ -289,7 +289,7 @@ def _held(record: bytes, name: str) -> int:
     if name.endswith("proto"):
         try:
             request = ExportMetricsServiceRequest.FromString(record)
-        except Exception:  # noqa: BLE001 - DecodeError, RecursionError
+        except Exception:  # DecodeError, RecursionError
             return 0
         return sum(len(getattr(m, m.WhichOneof("data")).data_points) for rm in request.resource_metrics
                    for sm in rm.scope_metrics for m in sm.metrics if m.WhichOneof("data"))

@@ -15,6 +15,9 @@ from nemo_telemetry.analysis.synthetic import synthetic_requests
 from test_ingest_formats import hex_ids, make_sdk_spans, numbers_and_enum_ints
 from test_ingest_wire import _with_every_value_type
 
+# Tests of the compiled kernels: they take them on these small inputs too, as auto would not.
+pytestmark = pytest.mark.usefixtures("compiled_kernels")
+
 
 def _orjson_path(lines):
     cols = SpanColumns()

@@ -16,6 +16,9 @@ from nemo_telemetry.analysis.synthetic import synthetic_requests
 
 from test_ingest_json_scan import _orjson_path
 
+# Tests of the compiled kernels: they take them on these small inputs too, as auto would not.
+pytestmark = pytest.mark.usefixtures("compiled_kernels")
+
 
 @pytest.fixture(scope="module")
 def request_dict():

@@ -7,8 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from nemo_telemetry.analysis import ingest, read_logs, read_metrics, read_spans
 from nemo_telemetry.analysis.synthetic import synthetic_requests
+
+# Each test on both paths: the compiled kernels and the reference ones (auto's choice on inputs this small).
+pytestmark = pytest.mark.usefixtures("kernel_path")
 
 RESOURCE = {"attributes": [{"key": "service.name", "value": {"stringValue": "svc"}},
                            {"key": "nemo.run.id", "value": {"stringValue": "run-1"}}]}

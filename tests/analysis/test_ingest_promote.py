@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from nemo_telemetry.analysis.ingestion._promote import promote, promote_arrow
 from nemo_telemetry.analysis.model.schema import PROMOTED_SPAN_ATTRIBUTES
+
+# Tests of the compiled kernels: they take them on these small inputs too, as auto would not.
+pytestmark = pytest.mark.usefixtures("compiled_kernels")
 
 OWNERS = [
     [],

@@ -19,6 +19,9 @@ from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 
 from test_ingest_wire import _upb
 
+# Each test on both paths: the compiled kernels and the reference ones (auto's choice on inputs this small).
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 ingest_module = importlib.import_module("nemo_telemetry.analysis.ingestion.ingest")  # the package exports ingest()
 
 

@@ -18,6 +18,9 @@ from nemo_telemetry.analysis.ingestion.metrics import metrics_for_source
 from nemo_telemetry.analysis.synthetic import synthetic_requests, write_json_lines
 from nemo_telemetry.cli.app import app
 
+# Each test on both paths: the compiled kernels and the reference ones (auto's choice on inputs this small).
+pytestmark = pytest.mark.usefixtures("kernel_path")
+
 RESOURCE = {"attributes": [{"key": "service.name", "value": {"stringValue": "svc"}},
                            {"key": "nemo.run.id", "value": {"stringValue": "run-1"}}]}
 

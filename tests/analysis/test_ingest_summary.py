@@ -20,6 +20,7 @@ def _expected(requests: list[dict]) -> tuple[int, int, int]:
     return len({(t, s) for t, s, _ in spans}), len({t for t, _, _ in spans}), len({r for _, _, r in spans})
 
 
+@pytest.mark.usefixtures("kernel_path")  # the compiled kernels, then the reference paths
 @pytest.mark.parametrize("fmt", ["jsonl", "proto"])
 def test_summary_counts_distinct_traces_and_runs_over_batches_and_duplicates(fmt, tmp_path, monkeypatch):
     ingest_module = importlib.import_module("nemo_telemetry.analysis.ingestion.ingest")
@@ -43,6 +44,7 @@ def test_summary_counts_distinct_traces_and_runs_over_batches_and_duplicates(fmt
                                                  for rs in r["resourceSpans"] for s in rs["scopeSpans"])
 
 
+@pytest.mark.usefixtures("compiled_kernels")  # the walk's own id words
 def test_protobuf_decoder_id_words_equal_the_parsed_hex_ids():
     """The protobuf walk hands the deduplicator each span's id words read from the bytes; they
     must be what parsing the table's hex ids gives, or duplicates would slip through."""
@@ -54,6 +56,7 @@ def test_protobuf_decoder_id_words_equal_the_parsed_hex_ids():
     assert (tables.span_words == span_keys(tables.spans)).all()
 
 
+@pytest.mark.usefixtures("kernel_path")
 def test_the_same_spans_in_another_format_are_duplicates(tmp_path):
     """Dedup keys agree between the JSON scan (hex text) and the protobuf walk (bytes)."""
     requests = list(synthetic_requests(1200, spans_per_request=200))

@@ -14,6 +14,9 @@ from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 
 from test_ingest_formats import make_sdk_spans
 
+# Tests of the compiled kernels: they take them on these small inputs too, as auto would not.
+pytestmark = pytest.mark.usefixtures("compiled_kernels")
+
 
 def _with_every_value_type() -> bytes:
     request = encode_spans(make_sdk_spans())

@@ -14,6 +14,9 @@ from nemo_telemetry.analysis.ingestion._columns import SpanColumns
 from nemo_telemetry.analysis.ingestion._otlp_proto import decode_proto_request
 from nemo_telemetry.analysis.ingestion._otlp_wire import WireError, decode_batch, decode_requests
 
+# Tests of the compiled kernels: they take them on these small inputs too, as auto would not.
+pytestmark = pytest.mark.usefixtures("compiled_kernels")
+
 TRACE = bytes(range(1, 17))
 SPAN = bytes(range(0xA0, 0xA8))
 PARENT = bytes(range(0xF0, 0xF8))

@@ -190,7 +190,7 @@ def test_otlp_metrics_push_reaches_the_standard_endpoint(tmp_path, monkeypatch):
     bodies = []
 
     class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             bodies.append((self.path, self.rfile.read(int(self.headers["Content-Length"]))))
             self.send_response(200)
             self.send_header("Content-Length", "0")

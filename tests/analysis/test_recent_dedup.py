@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from nemo_telemetry.analysis.store.dataset import RecentSpanDeduplicator, SpanDeduplicator
+
+# Each test on both paths: the compiled kernels and the reference ones (auto's choice on inputs this small).
+pytestmark = pytest.mark.usefixtures("kernel_path")
 
 
 def _spans(start: int, count: int) -> pa.Table:

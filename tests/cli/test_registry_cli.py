@@ -70,6 +70,7 @@ def test_groups_table_renders_presets():
 
 
 def test_every_command_help_has_an_example():
+    assert {"goodput", "check", "ingest"} <= {c.name or c.callback.__name__ for c in app.registered_commands}
     for command in app.registered_commands:
         name = command.name or command.callback.__name__
         result = runner.invoke(app, [name, "--help"])

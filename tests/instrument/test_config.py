@@ -81,6 +81,7 @@ def test_every_environment_variable_is_documented():
     import nemo_telemetry.environment_variables as module
 
     source = open(module.__file__).read()
+    assert "NEMO_TELEMETRY_COMPILED" in module.__all__
     for name in module.__all__:
         if name == "NEMO_TELEMETRY_VARIABLES":
             continue

@@ -102,6 +102,7 @@ def test_ids_and_times_match_the_sdk_spans(tmp_path):
             for ss in rs.scope_spans:
                 for s in ss.spans:
                     dumped[s.name] = s
+    assert dumped and set(dumped) == {span.name for span in memory.get_finished_spans()}
     for span in memory.get_finished_spans():
         pb = dumped[span.name]
         assert int.from_bytes(pb.trace_id, "big") == span.context.trace_id

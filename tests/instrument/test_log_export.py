@@ -19,7 +19,7 @@ def otlp_logs_server():
     received: list[tuple[str, bytes]] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - the http.server interface
+        def do_POST(self):  # the http.server interface
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             received.append((self.path, body))
             self.send_response(200)

@@ -107,4 +107,16 @@ def test_build_meter_provider_for_the_lifecycle(tmp_path, exporter):
     finally:
         set_meter_provider(None)
         provider.shutdown()
-    assert len(os.listdir(tmp_path)) == (1 if exporter == "dump" else 0)
+    if exporter == "none":
+        assert os.listdir(tmp_path) == []
+        return
+    (name,) = os.listdir(tmp_path)
+    lines = (tmp_path / name).read_text().splitlines()
+    request = ParseDict(json.loads(lines[0]), ExportMetricsServiceRequest())
+    resource = {a.key: a.value.string_value for a in request.resource_metrics[0].resource.attributes}
+    assert resource["service.name"] == "w"
+    (metric,) = request.resource_metrics[0].scope_metrics[0].metrics
+    assert metric.name == "rl.setup.duration"
+    (point,) = metric.gauge.data_points
+    assert point.as_double == 2.0
+    assert {a.key: a.value.string_value for a in point.attributes} == {"phase": "ray_init"}

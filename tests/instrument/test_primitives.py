@@ -103,7 +103,9 @@ def test_umbrella_groups_carry_no_bucket_even_inside_a_bucket_scope(exporter, gr
             pass
         with managed_span(group_name, "rl.grpo.managed_on_umbrella"):  # correct output as well
             pass
-    for span in exporter.get_finished_spans():
+    spans = exporter.get_finished_spans()
+    assert sorted(span.name for span in spans) == ["rl.grpo.managed_on_umbrella", "rl.grpo.umbrella"]
+    for span in spans:
         assert "rl.bucket" not in span.attributes, span.name
 
 

@@ -15,8 +15,6 @@ from nemo_telemetry.instrument import (
     in_per_prompt_scope,
     iteration_scope,
     managed_span,
-    per_prompt_scope,
-    set_enabled_span_groups,
     span_cm,
     umbrella_span,
 )

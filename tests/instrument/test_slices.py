@@ -240,7 +240,7 @@ def otlp_server():
     status = [200]
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - the http.server interface
+        def do_POST(self):  # the http.server interface
             received.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
             self.send_response(status[0])
             self.send_header("Content-Type", "application/x-protobuf")

@@ -9,7 +9,6 @@ from nemo_telemetry.instrument import (
     Bucket,
     GymSpanGroup,
     RLSpanGroup,
-    SpanRegistry,
     group,
     resolve,
 )

@@ -131,7 +131,6 @@ class PhaseTimers:
     def install(self, monkeypatch, trainer_class) -> None:
         """Timers on the classes (the integration wraps the instance, outside them)."""
         import accelerate
-        import transformers
 
         timers = self
         monkeypatch.setattr(trainer_class, "get_batch_samples",

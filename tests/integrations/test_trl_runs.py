@@ -87,6 +87,7 @@ def _span_seconds(run, iteration: int) -> dict[str, float]:
 
 def test_bucket_sums_match_the_tests_own_timers(run):
     steps = _steps(run)
+    assert steps, "the goodput table has no step"
     for iteration, step in steps.items():
         timed = run.timers.seconds[iteration]
         productive = sum(timed[p] for p in PRODUCTIVE[run.kind])

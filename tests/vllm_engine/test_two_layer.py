@@ -51,6 +51,14 @@ def _generate_spans_in_order(rows: Rows) -> list[int]:
     return sorted(rows.named(*GENERATES), key=lambda i: rows.rows[i]["start_ns"])
 
 
+def _generates_with_calls(vllm_run, rows: Rows) -> list[tuple[int, object]]:
+    """Each generate span with the call that made it; one span per call and at least one call, so
+    a test that loops over them cannot pass on none (``zip`` stops at the shorter side)."""
+    generates = _generate_spans_in_order(rows)
+    assert len(generates) == len(vllm_run.calls) > 0, (len(generates), len(vllm_run.calls))
+    return list(zip(generates, vllm_run.calls))
+
+
 def test_the_headers_path_joins_every_llm_request_with_no_stitching(vllm_run, rows):
     assert vllm_run.trace_path == "headers"
     assert {rows.attributes[i][TRACE_PATH_KEY] for i in rows.named(*GENERATES)} == {"headers"}
@@ -62,9 +70,8 @@ def test_one_llm_request_per_prompt_under_its_generate_span(vllm_run, rows):
     requests = rows.named("llm_request")
     assert len(requests) == sum(call.prompts for call in vllm_run.calls)
     assert all(rows.parents[i] >= 0 and rows.rows[rows.parents[i]]["name"] in GENERATES for i in requests)
-    generates = _generate_spans_in_order(rows)
-    assert len(generates) == len(vllm_run.calls)
-    for g, call in zip(generates, vllm_run.calls):
+    for g, call in _generates_with_calls(vllm_run, rows):
+        assert call.prompts > 0
         assert len(rows.children(g, "llm_request")) == call.prompts == int(rows.attributes[g]["rl.vllm.num_prompts"])
         generate = rows.rows[g]
         for r in rows.children(g, "llm_request"):
@@ -73,15 +80,17 @@ def test_one_llm_request_per_prompt_under_its_generate_span(vllm_run, rows):
 
 def test_llm_requests_are_attributed_to_the_step_that_generated_them(vllm_run, rows):
     per_step = Counter(rows.iterations[i] for i in rows.named("llm_request"))
+    assert vllm_run.steps > 0
     assert per_step == {step: 2 * PROMPTS_PER_CALL + VALIDATION_PROMPTS for step in range(1, vllm_run.steps + 1)}
-    for g, call in zip(_generate_spans_in_order(rows), vllm_run.calls):
+    for g, call in _generates_with_calls(vllm_run, rows):
         assert rows.iterations[g] == call.step
         assert rows.ancestors(g)[0] == STEP_SPAN
 
 
 def test_token_usage_on_both_layers_is_what_generate_returned(vllm_run, rows):
-    for g, call in zip(_generate_spans_in_order(rows), vllm_run.calls):
+    for g, call in _generates_with_calls(vllm_run, rows):
         requests = rows.children(g, "llm_request")
+        assert requests and call.generated_tokens > 0
         assert int(rows.attributes[g]["gen_ai.usage.output_tokens"]) == call.generated_tokens
         assert int(rows.attributes[g]["gen_ai.usage.input_tokens"]) == call.prompt_tokens
         assert sum(int(rows.attributes[r]["gen_ai.usage.completion_tokens"]) for r in requests) == call.generated_tokens
@@ -89,25 +98,27 @@ def test_token_usage_on_both_layers_is_what_generate_returned(vllm_run, rows):
 
 
 def test_validation_generation_is_counted_as_overhead(vllm_run, rows):
-    generates = _generate_spans_in_order(rows)
+    pairs = _generates_with_calls(vllm_run, rows)
     buckets = {call.kind: set() for call in vllm_run.calls}
-    for g, call in zip(generates, vllm_run.calls):
+    for g, call in pairs:
         buckets[call.kind].add(rows.rows[g]["rl.bucket"])
     assert buckets == {"tokens": {"productive"}, "text": {"productive"}, "validation": {"overhead"}}
     steps = {r["iteration"]: r for r in goodput_by_step(vllm_run.spans).to_pylist()}
-    assert sorted(steps) == list(range(1, vllm_run.steps + 1))
+    assert vllm_run.steps > 0 and sorted(steps) == list(range(1, vllm_run.steps + 1))
     for step, row in steps.items():
         def seconds(kind: str) -> float:
             return sum((rows.rows[g]["end_ns"] - rows.rows[g]["start_ns"]) / 1e9
-                       for g, call in zip(generates, vllm_run.calls) if call.step == step and call.kind == kind)
+                       for g, call in pairs if call.step == step and call.kind == kind)
         assert row["overhead_s"] == pytest.approx(seconds("validation"), rel=1e-6)
         assert row["productive_s"] == pytest.approx(seconds("tokens") + seconds("text"), rel=1e-6)
 
 
 def test_engine_counter_deltas_per_step_are_the_tokens_generated(vllm_run):
     values = {(r["iteration"], r["name"]): r["value"] for r in vllm_run.by_step.to_pylist()}
+    assert vllm_run.steps > 0
     for step in range(1, vllm_run.steps + 1):
         calls = [c for c in vllm_run.calls if c.step == step]
+        assert calls
         assert values[(step, "rl.vllm.generation_tokens")] == sum(c.generated_tokens for c in calls)
         assert values[(step, "rl.vllm.prompt_tokens")] == sum(c.prompt_tokens for c in calls)
         assert values[(step, "rl.vllm.requests_finished")] == sum(c.prompts for c in calls)

@@ -59,7 +59,7 @@ def connect():
         address = os.environ.get("RAY_ADDRESS") or None
         try:
             ray.init(address=address, include_dashboard=False, configure_logging=False, log_to_driver=False)
-        except Exception as exc:  # noqa: BLE001 - Ray raises plain Exception / ConnectionError for these
+        except Exception as exc:  # Ray raises plain Exception / ConnectionError for these
             where = f"the Ray cluster at RAY_ADDRESS={address}" if address else "a local Ray cluster"
             raise NemoTelemetryError(f"--engine ray could not start or join {where} ({exc}); check that the "
                                      "cluster is up (ray status), or use --engine local") from None
@@ -95,9 +95,9 @@ def map_groups(function: Callable, files: Sequence[Path], *args) -> list:
     """``function(paths, *args)`` as one Ray task per group of files; the results in file order.
 
     The arguments are put in the object store once for all the tasks (a lookup index can be
-    large). Plain tasks, not Ray Data: a pass over a small dataset then costs tens of
-    milliseconds per task instead of Ray Data's seconds of planning per pass, and goodput's
-    scans of 10M spans take 1.5 s against Ray Data's 15 to 18 s on 2 cores (``bench/ray_goodput.py``).
+    large). Plain tasks, not Ray Data: Ray Data plans every pass before it runs one, and a
+    pass over a small dataset costs little more than its tasks (``bench/ray_goodput.py`` compares
+    the two).
     """
     ray = connect()
     if not files:
@@ -370,7 +370,7 @@ class _FileDecodes:
     def _stop(self, generator) -> None:
         try:
             self.ray.cancel(generator, force=True)
-        except Exception:  # noqa: BLE001 - best effort: a task that ended cannot be cancelled
+        except Exception:  # best effort: a task that ended cannot be cancelled
             pass
 
 

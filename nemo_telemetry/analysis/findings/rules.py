@@ -96,7 +96,7 @@ def rows_in_traces(arrays: SpanArrays, traces: np.ndarray) -> np.ndarray:
     if len(traces) > _FEW_TRACES or column.null_count:
         found = pc.is_in(column, value_set=pa.array(traces, pa.uint64()))
         return found.to_numpy(zero_copy_only=False) if len(arrays) else np.zeros(0, bool)
-    # A run's steps sit in one trace or a few: a comparison per trace beats hashing every key (5x).
+    # A run's steps sit in one trace or a few: a comparison per trace beats hashing every key.
     out = np.zeros(len(arrays), dtype=bool)
     at = 0
     for chunk in column.chunks:

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from nemo_telemetry.analysis.goodput.rules import (
     BUCKETS, JOB_SPAN_REGEX, STEP_COLUMNS, STEP_SPAN_REGEX, GoodputAccumulator, RunGoodput, Steps, StepOutlier,
-    check_by, empty_step_frame, finish, merged_steps, partial_of, step_outliers, step_windows, steps_table,
+    check_by, empty_step_frame, finish, merged_steps, partial_of, step_outliers, step_windows, steps_table,  # noqa: F401
 )
 from nemo_telemetry.analysis.model.grouping import Columns
 from nemo_telemetry.analysis.goodput.numbering import file_step_numbers, number_steps, numbered_spans

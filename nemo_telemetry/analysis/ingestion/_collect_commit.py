@@ -72,7 +72,7 @@ class Committer:
         if self._writer is not None:
             try:
                 self._writer.close()
-            except Exception as exc:  # noqa: BLE001 - reported in the summary
+            except Exception as exc:  # reported in the summary
                 self._record_failure(exc)
         if self._failed_ids:
             with self._lock:
@@ -84,7 +84,7 @@ class Committer:
         try:
             committed = SpanDeduplicator()
             committed.remember(read_dataset(self._root, "spans", columns=["trace_id", "span_id"]))
-        except Exception as exc:  # noqa: BLE001 - cannot tell: count every failed span
+        except Exception as exc:  # cannot tell: count every failed span
             self._record_failure(exc)
             return ids.num_rows
         return int(committed.admit(ids).sum())
@@ -115,7 +115,7 @@ class Committer:
             for ticket in group:
                 ticket.error = exc
             return
-        except Exception as exc:  # noqa: BLE001 - answered 400; the thread lives on
+        except Exception as exc:  # answered 400; the thread lives on
             if len(group) == 1:
                 group[0].error = exc
                 return
@@ -133,7 +133,7 @@ class Committer:
         if self._on_commit is not None and written.spans.num_rows:
             try:
                 self._on_commit(written.spans)
-            except Exception:  # noqa: BLE001 - a consumer's fault must not fail a durable commit
+            except Exception:  # a consumer's fault must not fail a durable commit
                 _log.exception("the on_commit hook failed; the spans are committed")
 
     def _write(self, tables: OtlpTables, *, requests: int) -> OtlpTables:
@@ -146,7 +146,7 @@ class Committer:
             self._writer = None
             try:
                 writer.abort()
-            except Exception:  # noqa: BLE001 - the write's own error is the one to report
+            except Exception:  # the write's own error is the one to report
                 pass
             raise
         writer.commit(source="collect", requests=requests)

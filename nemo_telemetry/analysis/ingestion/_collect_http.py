@@ -101,7 +101,7 @@ def decode_body(body: bytes, content_type: str) -> tuple[OtlpTables, list[str]]:
         tables, rejected = decode_batch([body], problems)
     except (ValueError, orjson.JSONDecodeError) as exc:
         raise Reject(400, f"bad OTLP {content_type} payload: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - a decoder bug must not reset the connection
+    except Exception as exc:  # a decoder bug must not reset the connection
         raise Reject(400, f"bad OTLP {content_type} payload: {type(exc).__name__}: {exc}") from None
     if rejected:
         raise Reject(400, f"bad OTLP {content_type} payload: {rejected[0][1]}")
@@ -134,7 +134,7 @@ class _OtlpHandler(BaseHTTPRequestHandler):
     _overloaded = False
     _linger = False  # a body is left unread: discard it after the reply, then close
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the stdlib's name
+    def log_message(self, format: str, *args) -> None:  # the stdlib's name
         """Quiet: the library never prints; the CLI reports the summary."""
 
     def handle(self) -> None:
@@ -205,7 +205,7 @@ class _OtlpHandler(BaseHTTPRequestHandler):
             return False
         return super().handle_expect_100()
 
-    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_POST(self) -> None:  # the stdlib's name
         try:
             self._check_headers()
             body = self._read_body()

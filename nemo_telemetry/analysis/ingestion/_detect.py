@@ -136,8 +136,8 @@ class _CountingReader(io.RawIOBase):
 class ReadBuffers:
     """Buffers that blocks are read into, given back once a block is decoded.
 
-    A fresh buffer costs a page fault per 4 KiB the first time it is written (several µs each
-    on a VM): reading a 400 MB file into fresh blocks costs about 100,000 of them. A pipeline
+    A fresh buffer costs a page fault per 4 KiB page the first time it is written: reading a
+    large file into fresh blocks costs one for every page of it. A pipeline
     that gives its blocks' buffers back reads the whole file through the few it has in flight.
     Taken and given back on the reading thread only.
     """

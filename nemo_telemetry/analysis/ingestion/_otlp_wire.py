@@ -1,7 +1,7 @@
 """Batches of serialized ``ExportTraceServiceRequest`` straight into Arrow columns.
 
-upb parses a request fast, but reading a million spans back out through Python attribute
-access costs ~10 µs a span. Instead a compiled walk (:mod:`._wire_kernel`, numba) records
+upb parses a request fast, but reading its spans back out through Python attribute access
+costs a Python object per span and field. Instead a compiled walk (:mod:`._wire_kernel`, numba) records
 where each string's bytes are, each number, and each id as uint64 keys; here the strings are
 cut out of the buffer in bulk (span names dictionary-encoded, only the distinct ones copied),
 ids become hex from their keys, and only rare values (doubles, bytes, arrays, key-value lists,

@@ -159,7 +159,7 @@ class _KernelLoader:
                         return
             if not self._stopping.is_set():
                 load_kernels()
-        except Exception as exc:  # noqa: BLE001 - the reference paths serve; the receiver goes on
+        except Exception as exc:  # the reference paths serve; the receiver goes on
             _log.warning("collect: loading the compiled kernels failed (%s: %s); the reference decoders serve",
                          type(exc).__name__, exc)
 

@@ -505,7 +505,7 @@ def metrics_by_step(metrics: pa.Table, steps: pa.Table, *, names: Iterable[str] 
     give their last value, cumulative sums their increase since the previous point (the first
     point counts from zero), delta sums the sum of their points. Histograms are left out.
     """
-    import pandas as pd  # noqa: PLC0415 (only where there are metrics: goodput without them loads no pandas)
+    import pandas as pd  # only where there are metrics: goodput without them loads no pandas
 
     frame = _point_frame(metrics, names)
     if frame.empty or steps.num_rows == 0:
@@ -554,7 +554,7 @@ def with_efficiency_columns(steps: pa.Table, metrics: pa.Table) -> pa.Table:
     What ``goodput`` shows beside a step's span buckets. Each added field's metadata names its
     ``rl.efficiency.measurement``; a step without a value for a category gets null.
     """
-    import pandas as pd  # noqa: PLC0415 (only where there are metrics: goodput without them loads no pandas)
+    import pandas as pd  # only where there are metrics: goodput without them loads no pandas
 
     eff = efficiency_by_step(metrics, steps).to_pandas()
     if eff.empty:
@@ -587,7 +587,7 @@ def _point_frame(metrics: pa.Table, names: Iterable[str] | None) -> pd.DataFrame
     table = metrics.filter(mask)
     attributes_key = [json.dumps(sorted(a), separators=(",", ":")) if a else "[]"
                       for a in table["attributes"].to_pylist()]
-    import pandas as pd  # noqa: PLC0415 (as metrics_by_step)
+    import pandas as pd  # as metrics_by_step
 
     return pd.DataFrame({
         "run_id": pc.cast(table["run_id"], pa.string()).to_pandas(),

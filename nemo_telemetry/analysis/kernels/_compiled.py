@@ -1,8 +1,8 @@
 """The one seam in front of the compiled (numba) kernels: every kernel module is loaded here.
 
 A compiled path pays for itself only past some input size: importing numba and loading the
-kernels from the cache costs about half a second, compiling them on a fresh install half a
-minute on 2 cores, while the reference paths (orjson, upb, numpy) start at once. So :func:`kernels` answers, per call
+kernels from the cache takes a fixed time, compiling them on a fresh install much longer,
+while the reference paths (orjson, upb, numpy) start at once. So :func:`kernels` answers, per call
 site and per amount of work, whether the compiled path is worth taking:
 
 * ``NEMO_TELEMETRY_COMPILED=0``: never (every input takes the reference paths);
@@ -58,20 +58,18 @@ KERNEL_HELPERS = ("_words", "_json_layout", "_json_lex", "_json_objects")
 _SOURCES = KERNEL_MODULES + KERNEL_HELPERS
 
 SMALL_BYTES = 4 << 20
-"""Protobuf bytes below which the walk takes upb's path when the kernels are not loaded yet.
-``bench/ingest.py --crossover --repeat 3`` (a fresh process each, warm cache, 2 shared cores,
-load 2.3-2.5), compiled/reference wall: 1.62 at 0.74 MiB, 1.30 at 2.95 MiB, 0.67 at 11.8 MiB;
-the rows of both formats cross at about 40,000 spans. Below the 16 MiB blocks and 8 MiB batches
-ingest reads, so a large input has whole batches past it."""
+"""Protobuf bytes below which the walk takes upb's path when the kernels are not loaded yet:
+about where ``bench/ingest.py --crossover`` finds the compiled path's load paid back. Below the
+16 MiB blocks and 8 MiB batches ingest reads, so a large input has whole batches past it."""
 
 SMALL_JSON_BYTES = 8 << 20
 """JSON-lines bytes below which the scan leaves every line to orjson when the kernels are not
-loaded yet. The same run: 1.58 at 2 MiB, 1.28 at 7.9 MiB, 0.55 at 31.7 MiB; half a block."""
+loaded yet: the same crossover for JSON lines; half a block."""
 
 SMALL_ROWS = 20_000
 """Spans (or attribute entries) below which dedup and attribute promotion take their
-reference paths when the kernels are not loaded yet: half the crossover's 40,000 spans, where
-the reference set's Python probes cost ~2.5 µs a key (50 ms) against the kernel's load."""
+reference paths when the kernels are not loaded yet: half the spans at the crossover, since the
+reference set's Python probes per key stay cheaper than the kernels' load below it."""
 
 _THRESHOLDS = {"bytes": SMALL_BYTES, "json-bytes": SMALL_JSON_BYTES, "rows": SMALL_ROWS}
 
@@ -100,7 +98,7 @@ def source_digest(here: Path = Path(__file__).parent) -> str:
         from importlib.metadata import version
 
         digest.update(f"numba {version('numba')} llvmlite {version('llvmlite')}".encode())
-    except Exception:  # noqa: BLE001 - metadata missing: the sources still key the directory
+    except Exception:  # metadata missing: the sources still key the directory
         pass
     return digest.hexdigest()[:16]
 
@@ -144,7 +142,7 @@ def _cached(directory: Path | None, name: str) -> bool:
 
 def cached(*names: str) -> bool:
     """Whether each of the kernel modules ``names`` has compiled code in :func:`cache_dir`
-    (loading it costs about a second, not a compilation); False when nothing is writable."""
+    (it is then loaded, not compiled); False when nothing is writable."""
     directory = cache_dir()
     return directory is not None and all(_cached(directory, name) for name in names)
 
@@ -175,7 +173,7 @@ def _announce(directory: Path | None) -> None:
     _announced = True
     where = f"cached in {directory}" if directory else "nothing cached: no writable cache directory"
     warnings.warn(
-        f"compiling the ingest kernels for this large input first (about half a minute on 2 cores, once; {where}); "
+        f"compiling the ingest kernels for this large input first (once; {where}); "
         "`nemo-telemetry warmup` does it ahead of time", CompiledPathWarning, stacklevel=3,
     )
 
@@ -244,7 +242,7 @@ def kernels(*names: str, work: int, unit: str = "bytes") -> tuple | None:
             for name in names:
                 if name not in _loaded:
                     _loaded[name] = _import(name)
-        except Exception as exc:  # noqa: BLE001 - numba missing or broken: the reference path works
+        except Exception as exc:  # numba missing or broken: the reference path works
             _fail(names, exc)
             return None
         return tuple(_loaded[name] for name in names)
@@ -273,7 +271,7 @@ def run(names: tuple[str, ...], work: int, compiled: Callable[..., T], reference
         return compiled(*modules)
     except passes:
         raise
-    except Exception as exc:  # noqa: BLE001 - telemetry analysis never ends on a broken kernel
+    except Exception as exc:  # telemetry analysis never ends on a broken kernel
         _fail(names, exc)
     finally:
         _compiling.difference_update(names)

@@ -367,7 +367,7 @@ def promote_records(data, key_start, key_length, kind, value, length, special_of
     :func:`promote`).
 
     Compiled without reference counting, as the walk is (every array is the caller's for the
-    whole call; counting the arrays passed to inlined helpers cost half the time), so the
+    whole call; counting the arrays passed to inlined helpers would dominate the walk), so the
     caller gives the room: ``last`` and ``remove`` one per promoted key, ``which`` one per
     attribute of the owner with the most."""
     string_kind, special_kind = kinds[0], kinds[3]

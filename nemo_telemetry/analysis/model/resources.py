@@ -72,7 +72,7 @@ def _column_pairs(spans: pa.Table, column: str, group: np.ndarray, keep: np.ndar
 def _codes_present(codes: np.ndarray) -> list[int]:
     """The distinct codes (-1 left out) of a chunk, which holds one or a few: its least and
     greatest are present, and each code between them is tested by one comparison pass (a
-    count of every code converts them all to 64 bits first: 8x slower)."""
+    count of every code converts them all to 64 bits first, a copy the passes do not make)."""
     low, high = int(codes.min()), int(codes.max())
     if high - low > _FEW_VALUES:
         return np.flatnonzero(np.bincount(codes[codes >= 0], minlength=high + 1)).tolist()
@@ -88,7 +88,7 @@ def _map_pairs(spans: pa.Table, key: str, group: np.ndarray, keep: np.ndarray) -
         here, kept = group[start:start + len(chunk)], keep[start:start + len(chunk)]
         if kept.all() and here.size and here.min() == here.max():
             present = np.zeros(len(local), dtype=bool)  # the last slot is where null values (-1) land
-            if len(local) <= _FEW_VALUES:  # one comparison pass per value beats gathering every entry (3x)
+            if len(local) <= _FEW_VALUES:  # one comparison pass per value beats gathering every entry
                 for code in range(len(local) - 1):
                     present[code] = (is_key & (item_codes == code)).any()
             else:

@@ -6,8 +6,8 @@ resource ``service_name``, ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank
 ``span_groups`` = ``nemo.telemetry.span_groups``) are taken out of the attribute maps; every
 other span attribute is in ``attributes`` and every other resource attribute in
 ``resource_attributes``. ``span_groups`` has a column of its own so that ``check`` reads a
-dictionary column instead of the resource map (hundreds of MB at 10M spans); a hand-built table
-may hold the attribute in ``resource_attributes``, where the findings look for it too. Attribute values are strings: OTLP string
+dictionary column instead of the resource map (every resource attribute of every span); a hand-built
+table may hold the attribute in ``resource_attributes``, where the findings look for it too. Attribute values are strings: OTLP string
 values as they are, ints in decimal, doubles as Python's ``repr``, bools ``true``/``false``,
 bytes as lowercase hex, arrays and key-value lists as compact JSON.
 Strings that repeat are dictionary-encoded.

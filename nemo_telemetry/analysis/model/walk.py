@@ -232,7 +232,7 @@ def walk_rows(table: pa.Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
     No sorted index of every span: each level of the climb finds the parents it asks for by one
     pass over the spans' mixed keys (:class:`KeyScan`), and reads ``rl.iteration`` only at the
-    rows it visits. At 10M spans and 64k walks one level up, 0.1 s against the index's 0.7 s.
+    rows it visits: a few passes instead of sorting every span's key into an index.
     """
     table = with_id_keys(table)
     rows = np.asarray(rows, dtype=np.int64)

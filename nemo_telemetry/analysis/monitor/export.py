@@ -69,7 +69,7 @@ class PrometheusEndpoint:
     """``/metrics`` on ``host:port`` (``port=0``: a free one) through ``prometheus_client``."""
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 9464) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415 - monitor only
+        from prometheus_client import CollectorRegistry, start_http_server  # monitor only
 
         self._latest = _Latest()
         registry = CollectorRegistry(auto_describe=False)
@@ -98,7 +98,7 @@ class _PrometheusCollector:
         self._latest = latest
 
     def collect(self) -> Iterable[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: PLC0415
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         snapshot = self._latest.snapshot
         for name, (kind, description) in MONITOR_SERIES.items():
@@ -115,11 +115,11 @@ class OtlpMetricsPush:
     """The series pushed every ``interval_s`` over OTLP/HTTP by the OpenTelemetry SDK."""
 
     def __init__(self, *, interval_s: float = 10.0, resource_attributes: dict[str, str] | None = None) -> None:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter  # noqa: PLC0415
-        from opentelemetry.metrics import Observation  # noqa: PLC0415
-        from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
-        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader  # noqa: PLC0415
-        from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.metrics import Observation
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
 
         self._latest = _Latest()
         self._lock = threading.Lock()

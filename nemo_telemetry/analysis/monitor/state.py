@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.goodput.steps import BUCKETS
-from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
+from nemo_telemetry.analysis.model.schema import BUCKET
 from nemo_telemetry.analysis.monitor import rules
 from nemo_telemetry.errors import MonitorError
 

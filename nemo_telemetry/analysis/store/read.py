@@ -29,8 +29,8 @@ __all__ = ["READ_COLUMNS", "GOODPUT_COLUMNS", "STEP_GOODPUT_COLUMNS", "read_for_
 # What check reads from a dataset: span and parent ids come from the uint64 keys (hex strings
 # cost more to read than everything else together); trace ids are read as dictionaries, as ingest
 # writes them, since their values repeat on every span of a trace. The enabled span groups come
-# from their own column, not the resource attribute map (200 MB in memory at 10M spans). No finding
-# reads service_name or rank (goodput's by="rank" does: GOODPUT_COLUMNS has them).
+# from their own column, not the resource attribute map (every resource attribute of every span). No
+# finding reads service_name or rank (goodput's by="rank" does: GOODPUT_COLUMNS has them).
 READ_COLUMNS = (
     "trace_id", "name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION,
     EFFICIENCY_CATEGORY, "span_groups", "trace_key", "span_key", "parent_key",
@@ -58,9 +58,9 @@ def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.
     """
     root, files = span_source_files(source)
     if not files:
-        # The decoders (and the OpenTelemetry SDK they import) only for raw files: 0.1 s of start-up
+        # The decoders (and the OpenTelemetry SDK they import) only for raw files: start-up time
         # a command over a dataset does not pay.
-        from nemo_telemetry.analysis.ingestion.ingest import read_spans  # noqa: PLC0415
+        from nemo_telemetry.analysis.ingestion.ingest import read_spans
 
         return read_spans(source)
     with reading_errors(root):

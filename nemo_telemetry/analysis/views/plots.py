@@ -40,10 +40,10 @@ def write_goodput_plot(runs: tuple[RunGoodput, ...], path: Path) -> Path:
 
 def _png(runs: tuple[RunGoodput, ...], path: Path) -> None:
     try:
-        import matplotlib  # noqa: PLC0415
+        import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
+        import matplotlib.pyplot as plt
     except ImportError:
         raise NemoTelemetryError("a .png plot needs matplotlib: pip install 'nemo-telemetry[plot]', "
                                  "or write .html instead") from None
