@@ -20,7 +20,6 @@ from nemo_telemetry.analysis.engines.partitioned_check import stream_check
 from nemo_telemetry.analysis.goodput.partials import stream_goodput
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed
-from nemo_telemetry.analysis.model.tree import with_id_keys
 from nemo_telemetry.cli.app import app
 from nemo_telemetry.analysis.store.dataset import with_parent_rows
 

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from nemo_telemetry.analysis import spans_table, waterfall, with_id_keys
+from nemo_telemetry.analysis import spans_table, waterfall
 from nemo_telemetry.cli.app import app
 from nemo_telemetry.cli.render import format_duration, print_waterfall
 from nemo_telemetry.analysis.store.dataset import with_parent_rows

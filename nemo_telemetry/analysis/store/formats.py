@@ -89,8 +89,8 @@ def dataset_format(root: Path, recorded: int | None, spans_files: Callable[[], I
             raise format_error(root, recorded, "written by a newer nemo-telemetry" if recorded > DATASET_FORMAT
                                else "a format no nemo-telemetry wrote")
         return recorded
-    import pyarrow as pa  # noqa: PLC0415 - only for a dataset whose records name no format
-    import pyarrow.parquet as pq  # noqa: PLC0415
+    import pyarrow as pa  # only for a dataset whose records name no format
+    import pyarrow.parquet as pq
 
     current = READERS[DATASET_FORMAT]
     for path in spans_files():
