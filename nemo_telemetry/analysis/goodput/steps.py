@@ -309,11 +309,27 @@ def _clean(value: Any) -> Any:
     return None if isinstance(value, float) and value != value else value
 
 
+_FAILED_BUCKETS = tuple(f"failed_{b}_s" for b in BUCKETS)
+
+
+def _step_document(row: dict[str, Any]) -> dict[str, Any]:
+    """A step of the document: its columns, the failed ones nested as ``failed_buckets``."""
+    out = {k: _clean(v) for k, v in row.items() if k != "run_id" and k not in _FAILED_BUCKETS}
+    if "failed" in row:
+        out["failed"] = bool(row["failed"])
+        out["failed_buckets"] = ({k.removeprefix("failed_"): _clean(row[k]) for k in _FAILED_BUCKETS}
+                                 if row["failed"] else None)
+    return out
+
+
 def goodput_document(runs: tuple[RunGoodput, ...], *, baseline: tuple[RunGoodput, ...] = ()) -> dict[str, Any]:
     """The ``goodput --format json`` document (README: "goodput JSON"); extra keys may be added, never renamed.
 
     ``{"runs": [{"run_id", "steps": [{"iteration", "wall_s", <bucket>_s..., "unattributed_s",
-    "double_counted_s", "goodput", ...}], "total": {...}, "outside_steps": {...}, "job_wall_s"}]}``;
+    "double_counted_s", "goodput", "failed", "failed_buckets", ...}], "total": {..., "failed_steps",
+    "failed_buckets"}, "outside_steps": {...}, "job_wall_s", "caveats": [...]}]}``. A failed step's
+    bucketed time is in ``wasted_s``; ``failed_buckets`` holds the ``<bucket>_s`` it would have had
+    (null for a step that did not fail). ``caveats`` says what the run's number does not mean;
     with ``baseline``, each run also gets ``"baseline": {"run_id", "per_step": compare_runs(...)}``
     against the baseline run of the same id, else the baseline's first run.
     """
@@ -322,11 +338,12 @@ def goodput_document(runs: tuple[RunGoodput, ...], *, baseline: tuple[RunGoodput
     for run in runs:
         item: dict[str, Any] = {
             "run_id": run.run_id,
-            "steps": [{k: _clean(v) for k, v in row.items() if k != "run_id"} for row in run.steps.to_pylist()],
+            "steps": [_step_document(row) for row in run.steps.to_pylist()],
             "total": {k: _clean(v) for k, v in run.total.items()},
             "outside_steps": dict(run.outside_steps),
             "job_wall_s": run.job_wall_s,
             "outliers": [vars(o) for o in run.outliers],
+            "caveats": list(run.caveats),
         }
         if run.ranks is not None:
             item["ranks"] = [{k: _clean(v) for k, v in row.items() if k != "run_id"} for row in run.ranks.to_pylist()]

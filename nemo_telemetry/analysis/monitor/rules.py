@@ -27,7 +27,7 @@ STEP, SUM, UNION, JOB = rules.STEP, rules.SUM, rules.UNION, rules.JOB
 _SCHEMA = pa.schema([pa.field("name", pa.string()), pa.field("start_ns", pa.int64()), pa.field("end_ns", pa.int64()),
                      pa.field("run_id", pa.string()), pa.field(BUCKET, pa.string()), pa.field(ITERATION, pa.int64()),
                      pa.field("trace_key", pa.uint64()), pa.field("span_key", pa.uint64()),
-                     pa.field("parent_key", pa.uint64())])
+                     pa.field("parent_key", pa.uint64()), pa.field("status_code", pa.string())])
 
 
 def goodput_columns(spans: pa.Table) -> pa.Table:

@@ -35,6 +35,7 @@ READ_COLUMNS = (
     "trace_id", "name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION,
     EFFICIENCY_CATEGORY, "span_groups", "trace_key", "span_key", "parent_key",
     "service_name", "rank",  # the process: step spans without rl.iteration are numbered per run and process
+    "status_code", "status_message",  # a step whose span ended in error is failed; the finding quotes the message
 )
 # Promoted resource columns that files written before them lack: such a file holds the
 # attribute in the resource map, which a read of the column then adds (resource_pairs reads both).
@@ -48,7 +49,7 @@ _SCAN_READAHEAD = 4  # batches decoded ahead per file: both cores busy, a few ba
 _DICTIONARY_READS = ("trace_id", "resource_attributes.key_value.key", "resource_attributes.key_value.value")
 
 GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "service_name", "run_id", "rank", BUCKET, ITERATION,
-                   "trace_key", "span_key", "parent_key")
+                   "trace_key", "span_key", "parent_key", "status_code")  # status: failed steps
 # goodput by step reads no service_name or rank (only by="rank" does): two columns fewer to read.
 STEP_GOODPUT_COLUMNS = tuple(c for c in GOODPUT_COLUMNS if c not in ("service_name", "rank"))
 
