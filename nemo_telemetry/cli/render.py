@@ -474,7 +474,7 @@ def render_monitor(view, *, bar_width: int = BAR_WIDTH) -> Group:
         longest = max([s.figures["wall_s"] for s in steps] or [0.0])
         for step in steps:
             f = step.figures
-            table.add_row(str(step.iteration), _fmt(f["wall_s"]), *(_fmt(f[f"{b}_s"]) for b in BUCKETS),
+            table.add_row(_step_label({"iteration": step.iteration, "failed": f.get("failed")}), _fmt(f["wall_s"]), *(_fmt(f[f"{b}_s"]) for b in BUCKETS),
                           _fmt(f["unattributed_s"]), _pct(f["goodput"]), step_bar(f, longest, bar_width))
         parts.append(table)
     if not view.runs:
