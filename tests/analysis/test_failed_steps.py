@@ -118,7 +118,8 @@ def test_goodput_counts_the_failed_steps_buckets_as_wasted_and_keeps_them_beside
     total = result.total
     assert total["failed_steps"] == 1 and total["steps"] == 3
     assert total["productive_s"] == pytest.approx(hand[1]["productive"] + hand[3]["productive"], abs=1e-9)
-    assert total["failed_buckets"]["productive_s"] == pytest.approx(hand[FAILED]["productive"], abs=1e-9)
+    assert total["failed_productive_s"] == pytest.approx(hand[FAILED]["productive"], abs=1e-9)
+    assert goodput_document((result,))["runs"][0]["total"] == total
     assert total["goodput"] == pytest.approx(total["productive_s"] / total["wall_s"])
 
 

@@ -30,7 +30,7 @@ def check_records(seed: int = 1) -> list[dict]:
     - a startup trace (separate by design: no detached-trace finding);
     - enabled span groups (resource attribute) with no spans (missing-group-spans), on two runs;
     - run-c, whose step spans carry no rl.iteration (step-without-iteration);
-    - in run-a, a reward span on rank 2 that ended in error status, stamped only through its
+    - in run-a, a generate span on rank 2 that ended in error status, stamped only through its
       step across partitions (failed-step).
     """
     rng = random.Random(seed)
@@ -62,8 +62,8 @@ def check_records(seed: int = 1) -> list[dict]:
         iteration=run_a["iteration"], category="idle/refit_event_wait")
     add("app.wait", t + 12 * S + S // 4, t + 12 * S + S // 2, parent=run_a["span_id"], rank=1, bucket="idle",
         iteration=run_a["iteration"], category="idle/refit_bubble")
-    add("rl.grpo.reward_calculation", t + 12 * S + S // 2, t + 12 * S + S * 3 // 4, parent=run_a["span_id"], rank=2,
-        bucket="productive", status="ValueError: the reward function raised")
+    add("rl.vllm.generate", t + 12 * S + S // 2, t + 12 * S + S * 3 // 4, parent=run_a["span_id"], rank=2,
+        bucket="productive", status="RuntimeError: the generation worker died")
     startup = f"{rng.getrandbits(128) | 1:032x}"
     root = add("rl.startup", T0 - 5 * S, T0 - S, trace_id=startup, resource=groups_a)
     add("rl.setup.ray_init", T0 - 5 * S, T0 - 4 * S, parent=root, trace_id=startup)

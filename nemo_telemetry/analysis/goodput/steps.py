@@ -327,9 +327,10 @@ def goodput_document(runs: tuple[RunGoodput, ...], *, baseline: tuple[RunGoodput
 
     ``{"runs": [{"run_id", "steps": [{"iteration", "wall_s", <bucket>_s..., "unattributed_s",
     "double_counted_s", "goodput", "failed", "failed_buckets", ...}], "total": {..., "failed_steps",
-    "failed_buckets"}, "outside_steps": {...}, "job_wall_s", "caveats": [...]}]}``. A failed step's
-    bucketed time is in ``wasted_s``; ``failed_buckets`` holds the ``<bucket>_s`` it would have had
-    (null for a step that did not fail). ``caveats`` says what the run's number does not mean;
+    "failed_<bucket>_s"...}, "outside_steps": {...}, "job_wall_s", "caveats": [...]}]}``. A failed
+    step's bucketed time is in ``wasted_s``; ``failed_buckets`` holds the ``<bucket>_s`` it would
+    have had (null for a step that did not fail); the total is ``RunGoodput.total`` as it is (flat:
+    every value a number). ``caveats`` says what the run's number does not mean;
     with ``baseline``, each run also gets ``"baseline": {"run_id", "per_step": compare_runs(...)}``
     against the baseline run of the same id, else the baseline's first run.
     """
