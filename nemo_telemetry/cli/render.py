@@ -142,9 +142,11 @@ def _efficiency_table(run: RunGoodput) -> list:
 
 
 class _EfficiencyTables:
-    """The efficiency table, cut into as many tables as it takes to fit the console's width: a
-    column is never cut, its header wraps at ``/`` and ``_`` to its values' width, and a legend
-    says what each measurement label means."""
+    """The efficiency table, as wide as the console allows: each column as wide as its category,
+    its measurement label and its values when they all fit; else columns of
+    ``_EFFICIENCY_WIDTH`` whose headers wrap at ``/`` and ``_``, cut into as many tables of whole
+    columns as it takes. A value or a header is never cut; a legend says what each measurement
+    label means."""
 
     def __init__(self, steps, columns: list[str]) -> None:
         self.rows = steps.select(["iteration", *columns]).to_pylist()
@@ -153,25 +155,33 @@ class _EfficiencyTables:
         for column in columns:
             meta = steps.schema.field(column).metadata or {}
             self.measurement[column] = meta.get(b"rl.efficiency.measurement", b"").decode() or None
+        self.values = {c: [_fmt(None if v is None or v != v else v) for v in (row[c] for row in self.rows)]
+                       for c in columns}
 
-    def _header(self, column: str) -> Text:
+    def _names(self, column: str) -> tuple[str, str]:
         category = column.removeprefix("efficiency/").removesuffix("_s")
-        label = MEASUREMENTS.get(self.measurement[column], (self.measurement[column] or "unlabelled",))[0]
-        return Text("\n".join([*_wrap_name(category, _EFFICIENCY_WIDTH), *_wrap_name(label, _EFFICIENCY_WIDTH)]))
+        return category, MEASUREMENTS.get(self.measurement[column], (self.measurement[column] or "unlabelled",))[0]
+
+    def _width(self, column: str) -> int:
+        return max(len(self._names(column)[0]), len(self._names(column)[1]), *map(len, self.values[column]), 5)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        per_table = max(1, (options.max_width - 6) // (_EFFICIENCY_WIDTH + 1))
+        step_width = max([5, *(len(str(row["iteration"])) for row in self.rows)])
+        natural = step_width + sum(self._width(c) + 1 for c in self.columns)
+        width = None if natural <= options.max_width else _EFFICIENCY_WIDTH
+        per_table = len(self.columns) if width is None else max(1, (options.max_width - step_width - 1) // (width + 1))
         yield Text("efficiency metrics per step (seconds, rl.efficiency.seconds; under each category, whose "
                    "clock measured it)")
         for first in range(0, len(self.columns), per_table):
             chunk = self.columns[first:first + per_table]
             table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
-            table.add_column("step", justify="right", min_width=5, no_wrap=True)
+            table.add_column("step", justify="right", min_width=step_width, no_wrap=True)
             for column in chunk:
-                table.add_column(self._header(column), justify="right", width=_EFFICIENCY_WIDTH, overflow="fold")
-            for row in self.rows:
-                table.add_row(str(row["iteration"]), *(_fmt(None if v is None or v != v else v)
-                                                       for v in (row[c] for c in chunk)))
+                at = width or self._width(column)
+                lines = [line for name in self._names(column) for line in _wrap_name(name, at)]
+                table.add_column(Text("\n".join(lines)), justify="right", width=at, overflow="fold")
+            for i, row in enumerate(self.rows):
+                table.add_row(str(row["iteration"]), *(self.values[c][i] for c in chunk))
             yield table
         used = dict.fromkeys(m for m in self.measurement.values() if m in MEASUREMENTS)
         if used:
