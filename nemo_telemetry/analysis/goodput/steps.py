@@ -17,7 +17,8 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.goodput.rules import (
     BUCKETS, JOB_SPAN_REGEX, STEP_COLUMNS, STEP_SPAN_REGEX, GoodputAccumulator, RunGoodput, Steps, StepOutlier,
-    check_by, empty_step_frame, finish, merged_steps, partial_of, step_outliers, step_windows, steps_table,
+    async_span_regex, check_by, empty_step_frame, finish, merged_steps, partial_of, step_outliers, step_windows,
+    steps_table,
 )
 from nemo_telemetry.analysis.model.grouping import Columns
 from nemo_telemetry.analysis.goodput.numbering import file_step_numbers, number_steps, numbered_spans
@@ -116,9 +117,10 @@ def _walk_in_whole(arrays: SpanArrays, walked: np.ndarray, whole) -> tuple[np.nd
 
 
 def _goodput_rows(spans: pa.Table) -> np.ndarray:
-    """The rows goodput reads: spans with an ``rl.bucket``, step spans and job spans (a few percent of
+    """The rows goodput reads: spans with an ``rl.bucket``, step, job and async-phase spans (a few percent of
     a run's spans; the per-prompt and worker spans without a bucket are only walked through)."""
     mask = np.zeros(spans.num_rows, dtype=bool)
+    read_names = f"{_STEP_OR_JOB}|{async_span_regex()}"  # and the async phases' spans, bucketed or not: caveats
     if BUCKET in spans.column_names:
         mask |= pc.is_valid(spans.column(BUCKET)).to_numpy(zero_copy_only=False)
     if "name" in spans.column_names:
@@ -126,7 +128,7 @@ def _goodput_rows(spans: pa.Table) -> np.ndarray:
         for chunk in spans.column("name").chunks:
             if not pa.types.is_dictionary(chunk.type):
                 chunk = pc.dictionary_encode(chunk)
-            named = pc.match_substring_regex(chunk.dictionary, _STEP_OR_JOB)
+            named = pc.match_substring_regex(chunk.dictionary, read_names)
             hit = pc.fill_null(pc.take(named, chunk.indices), False).to_numpy(zero_copy_only=False)
             mask[at:at + len(chunk)] |= hit
             at += len(chunk)
