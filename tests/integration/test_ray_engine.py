@@ -300,3 +300,15 @@ def test_ray_gives_the_failed_step_of_a_run_whose_reward_raised_as_the_local_eng
     expected = check_run(spans).to_dict()
     assert expected["counts"]["by_code"]["failed-step"] == 1
     assert ray_check(dataset).to_dict() == expected
+
+
+async_tools = _scenario_module("test_async_caveat")
+
+
+def test_ray_gives_an_async_run_its_caveat_as_the_local_engine(ray_cluster, tmp_path_factory):
+    from nemo_telemetry.analysis.engines.ray_engine import ray_goodput
+
+    dataset = async_tools.write_dataset(async_tools.records(), tmp_path_factory.mktemp("ray-async") / "ds", per_file=2)
+    expected = {r.run_id: r.caveats for r in run_goodput(read_spans(dataset))}
+    assert expected["run-sync"] == () and len(expected["run-async"]) == 1
+    assert {r.run_id: r.caveats for r in ray_goodput(dataset)} == expected
