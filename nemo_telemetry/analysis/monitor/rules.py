@@ -37,12 +37,19 @@ _SCHEMA = pa.schema([pa.field("name", pa.string()), pa.field("start_ns", pa.int6
 
 
 def goodput_columns(spans: pa.Table) -> pa.Table:
-    """The columns the rules read, in one plain schema (so batches from any source concatenate)."""
+    """The columns the rules read, in one plain schema (so batches from any source concatenate).
+    The status is kept only where it is an error (the only status a rule reads), so the spans the
+    state holds carry no string per span for it."""
     spans = with_id_keys(spans)
+    error = pa.chunked_array([pa.array(error_rows(spans))]) if "status_code" in spans.column_names else None
     columns = []
     for field in _SCHEMA:
         if field.name in spans.column_names:
-            columns.append(pc.cast(spans.column(field.name), field.type))
+            column = pc.cast(spans.column(field.name), field.type)
+            if field.name in ("status_code", "status_message"):
+                column = (pc.if_else(error, column, pa.scalar(None, field.type)) if error is not None
+                          else pa.nulls(spans.num_rows, field.type))
+            columns.append(column)
         else:
             columns.append(pa.nulls(spans.num_rows, field.type))
     return pa.table(columns, schema=_SCHEMA)
