@@ -123,6 +123,10 @@ def _print_end(summary, err) -> None:
                   f"{'-' if goodput is None else f'{goodput:.3f}'}", soft_wrap=True)
     err.print(f"monitor: {summary.spans} spans, {summary.steps_reported} steps reported, "
               f"{summary.revisions} revised, {summary.late_spans} late spans not applied", soft_wrap=True)
+    failed = summary.findings_by_code.get("failed-step", 0)
+    if failed:
+        warn_line(f"{failed} failed step(s) (failed-step: a span ended in error status); their bucketed time is "
+                  "counted as wasted_s: `check` the dataset names each span")
     if summary.follow is not None:
         for warning in summary.follow.warnings:
             warn_line(warning)

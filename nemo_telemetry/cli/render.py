@@ -19,7 +19,7 @@ from rich.text import Text
 from nemo_telemetry.analysis import BUCKETS, SEVERITIES, CheckReport, RunGoodput, Waterfall, compare_runs
 
 __all__ = ["BUCKET_STYLES", "UNATTRIBUTED_STYLE", "UNBUCKETED_STYLE", "SEVERITY_STYLES", "CRITICAL_MARK", "BAR_WIDTH",
-           "NO_STEPS_NOTE", "step_bar", "bar_width_for", "render_run", "render_report", "format_duration",
+           "NO_STEPS_NOTE", "FAILED_MARK", "MEASUREMENTS", "step_bar", "bar_width_for", "render_run", "render_report", "format_duration",
            "render_waterfall", "print_waterfall", "render_monitor"]
 
 BUCKET_STYLES = {"productive": "green", "overhead": "yellow", "idle": "blue", "wasted": "red"}
@@ -27,6 +27,7 @@ UNATTRIBUTED_STYLE = "grey50"
 UNBUCKETED_STYLE = UNATTRIBUTED_STYLE
 SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 CRITICAL_MARK = "◆"
+FAILED_MARK = "✗"  # a failed step's row: its step span or a bucketed span in it ended in error status
 BAR_WIDTH = 30
 
 NO_STEPS_NOTE = (
@@ -91,7 +92,7 @@ def render_run(run: RunGoodput, baseline: tuple[RunGoodput, ...] = (), *, bar_wi
     longest = max([r["wall_s"] for r in rows] or [0.0])
     for r in rows:
         head = (f"{r['service_name'] or '-'}:{'-' if r['rank'] is None else r['rank']}"
-                if run.ranks is not None else str(r["iteration"]),)
+                if run.ranks is not None else _step_label(r),)
         table.add_row(*head, _fmt(r["wall_s"]), *(_fmt(r[f"{b}_s"]) for b in BUCKETS), _fmt(r["unattributed_s"]),
                       _fmt(r["double_counted_s"]), _pct(r["goodput"]),
                       *([step_bar(r, longest, bar_width)] if run.ranks is None else []))
@@ -100,22 +101,109 @@ def render_run(run: RunGoodput, baseline: tuple[RunGoodput, ...] = (), *, bar_wi
     table.add_row("total", _fmt(t["wall_s"]), *(_fmt(t[f"{b}_s"]) for b in BUCKETS),
                   _fmt(t["unattributed_s"]), _fmt(t["double_counted_s"]), _pct(t["goodput"]),
                   *([""] if run.ranks is None else []), style="bold")
-    return Group(table, *_efficiency_table(run), *_run_notes(run, baseline))
+    caveats = [Text(c, style="yellow") for c in getattr(run, "caveats", ())]  # under the total, before anything else
+    return Group(table, *caveats, *_failed_note(run), *_efficiency_table(run), *_run_notes(run, baseline))
+
+
+def _step_label(row: dict) -> Text | str:
+    """The step column: the iteration, marked when the step failed."""
+    if row.get("failed"):
+        return Text(f"{FAILED_MARK}{row['iteration']}", style="bold red")
+    return str(row["iteration"])
+
+
+def _failed_note(run: RunGoodput) -> list:
+    """What the mark on failed steps means, and the time they would otherwise have counted."""
+    failed = [r for r in run.steps.to_pylist() if r.get("failed")]
+    if not failed:
+        return []
+    steps = ", ".join(str(r["iteration"]) for r in failed[:10]) + (" ..." if len(failed) > 10 else "")
+    was = ", ".join(f"{b} {_fmt(sum(r[f'failed_{b}_s'] or 0.0 for r in failed))} s" for b in BUCKETS
+                    if any(r[f"failed_{b}_s"] for r in failed))
+    return [Text(f"{FAILED_MARK} failed step(s) {steps}: a span ended in error status, so their bucketed time is "
+                 f"counted as wasted ({was or 'none'} before); `check` names the span", style="red")]
+
+
+# What each rl.efficiency.measurement's seconds are, as the efficiency table labels its columns.
+MEASUREMENTS = {"driver_wall_clock": ("driver wall", "the driver's wall clock (sequential waits of the loop)"),
+                "collector_wall_clock": ("collector wall", "the collector's wall clock (concurrent with training: "
+                                                           "not part of the step's wall)"),
+                "thread_seconds": ("thread-s", "seconds summed over worker threads (may exceed the wall)")}
+_EFFICIENCY_WIDTH = 10  # a value column: the widest _fmt value, and a label's longest line
 
 
 def _efficiency_table(run: RunGoodput) -> list:
-    """The step's efficiency metrics (rl.efficiency.seconds) beside its span buckets, when recorded."""
+    """The step's efficiency metrics (rl.efficiency.seconds) beside its span buckets, when recorded:
+    each column labelled with its measurement (whose clock), as wide as the terminal allows."""
     columns = [c for c in run.steps.column_names if c.startswith("efficiency/")]
     if not columns or run.ranks is not None:
         return []
-    table = Table(title="efficiency metrics per step (seconds, rl.efficiency.seconds)", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
-    table.add_column("step", justify="right", min_width=5)
-    for column in columns:
-        table.add_column(column.removeprefix("efficiency/").removesuffix("_s"), justify="right", no_wrap=True)
-    for row in run.steps.select(["iteration", *columns]).to_pylist():
-        table.add_row(str(row["iteration"]), *(_fmt(None if v != v else v) for v in (row[c] for c in columns)))
-    return [table]
+    return [_EfficiencyTables(run.steps, columns)]
+
+
+class _EfficiencyTables:
+    """The efficiency table, as wide as the console allows: each column as wide as its category,
+    its measurement label and its values when they all fit; else columns of
+    ``_EFFICIENCY_WIDTH`` whose headers wrap at ``/`` and ``_``, cut into as many tables of whole
+    columns as it takes. A value or a header is never cut; a legend says what each measurement
+    label means."""
+
+    def __init__(self, steps, columns: list[str]) -> None:
+        self.rows = steps.select(["iteration", *columns]).to_pylist()
+        self.columns = columns
+        self.measurement = {}
+        for column in columns:
+            meta = steps.schema.field(column).metadata or {}
+            self.measurement[column] = meta.get(b"rl.efficiency.measurement", b"").decode() or None
+        self.values = {c: [_fmt(None if v is None or v != v else v) for v in (row[c] for row in self.rows)]
+                       for c in columns}
+
+    def _names(self, column: str) -> tuple[str, str]:
+        category = column.removeprefix("efficiency/").removesuffix("_s")
+        return category, MEASUREMENTS.get(self.measurement[column], (self.measurement[column] or "unlabelled",))[0]
+
+    def _width(self, column: str) -> int:
+        return max(len(self._names(column)[0]), len(self._names(column)[1]), *map(len, self.values[column]), 5)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        step_width = max([5, *(len(str(row["iteration"])) for row in self.rows)])
+        natural = step_width + sum(self._width(c) + 1 for c in self.columns)
+        width = None if natural <= options.max_width else _EFFICIENCY_WIDTH
+        per_table = len(self.columns) if width is None else max(1, (options.max_width - step_width - 1) // (width + 1))
+        yield Text("efficiency metrics per step (seconds, rl.efficiency.seconds; under each category, whose "
+                   "clock measured it)")
+        for first in range(0, len(self.columns), per_table):
+            chunk = self.columns[first:first + per_table]
+            table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+            table.add_column("step", justify="right", min_width=step_width, no_wrap=True)
+            for column in chunk:
+                at = width or self._width(column)
+                lines = [line for name in self._names(column) for line in _wrap_name(name, at)]
+                table.add_column(Text("\n".join(lines)), justify="right", width=at, overflow="fold")
+            for i, row in enumerate(self.rows):
+                table.add_row(str(row["iteration"]), *(self.values[c][i] for c in chunk))
+            yield table
+        used = dict.fromkeys(m for m in self.measurement.values() if m in MEASUREMENTS)
+        if used:
+            yield Text("; ".join(f"{MEASUREMENTS[m][0]}: {MEASUREMENTS[m][1]}" for m in used), style="dim")
+
+
+def _wrap_name(name: str, width: int) -> list[str]:
+    """``name`` in lines of at most ``width``, broken after ``/``, ``_`` or a space where it can
+    be, else folded: every character stays."""
+    pieces = re.findall(r"[^/_ ]*[/_ ]?", name)
+    lines, line = [], ""
+    for piece in (p for p in pieces if p):
+        if line and len(line) + len(piece.rstrip()) > width:
+            lines.append(line.rstrip())
+            line = ""
+        while len(piece) > width and not (len(piece) == width + 1 and piece.endswith(" ")):
+            lines.append(piece[:width])
+            piece = piece[width:]
+        line += piece
+    if line.strip():
+        lines.append(line.rstrip())
+    return lines
 
 
 def _run_notes(run: RunGoodput, baseline: tuple[RunGoodput, ...]) -> list:
@@ -396,7 +484,7 @@ def render_monitor(view, *, bar_width: int = BAR_WIDTH) -> Group:
         longest = max([s.figures["wall_s"] for s in steps] or [0.0])
         for step in steps:
             f = step.figures
-            table.add_row(str(step.iteration), _fmt(f["wall_s"]), *(_fmt(f[f"{b}_s"]) for b in BUCKETS),
+            table.add_row(_step_label({"iteration": step.iteration, "failed": f.get("failed")}), _fmt(f["wall_s"]), *(_fmt(f[f"{b}_s"]) for b in BUCKETS),
                           _fmt(f["unattributed_s"]), _pct(f["goodput"]), step_bar(f, longest, bar_width))
         parts.append(table)
     if not view.runs:

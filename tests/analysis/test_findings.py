@@ -325,6 +325,27 @@ def test_step_spans_without_iteration_are_numbered_with_an_info_finding():
     assert "unstamped-span" not in codes(report)
 
 
+def test_a_step_whose_span_ended_in_error_is_a_failed_step_naming_the_span_and_its_message():
+    t = Trace()
+    job = t.span("rl.grpo.job", 0, 40)
+    healthy_step(t, job, 1, 0)
+    step = t.span("rl.grpo.step", 10, 20, job, iteration=2)
+    t.span("rl.grpo.data_processing", 10, 11, step, iteration=2, bucket="overhead")
+    t.span("rl.vllm.generate", 11, 16, step, iteration=2, bucket="productive")
+    reward = t.span("rl.grpo.reward_calculation", 16, 17, step, bucket="productive", status_code="error",
+                    status_message="ValueError: reward function raised")  # stamped only through its step
+    t.span("rl.grpo.policy_training", 17, 20, step, iteration=2, bucket="productive")
+    t.span("rl.grpo.step", 30, 35, job, iteration=3, status_code="error")  # the step span itself, no message
+    report = check_run(t.table())
+    found = sorted((f for f in report.findings if f.code == "failed-step"), key=lambda f: f.iteration)
+    assert [(f.iteration, f.severity) for f in found] == [(2, "warning"), (3, "warning")]
+    assert found[0].span_ids == (reward,) and found[0].trace_id == "a" * 32 and found[0].run_id == "run-1"
+    assert "'rl.grpo.reward_calculation'" in found[0].message and "ValueError: reward function raised" in found[0].message
+    assert "productive 9.000 s, overhead 1.000 s" in found[0].message and "wasted_s" in found[0].message
+    assert "'rl.grpo.step'" in found[1].message and "no status message" in found[1].message
+    assert report.counts["by_code"]["failed-step"] == 2 and report.has("warning") and not report.has("error")
+
+
 @pytest.mark.parametrize("code", sorted(FINDING_CODES))
 def test_every_code_has_a_test_that_produces_it(code):
     """Each code is declared by an @emits test above, which fails unless its checks produce the code."""

@@ -29,7 +29,9 @@ def check_records(seed: int = 1) -> list[dict]:
       on rank 3 (nested-bucket twice, the ancestor found across partitions);
     - a startup trace (separate by design: no detached-trace finding);
     - enabled span groups (resource attribute) with no spans (missing-group-spans), on two runs;
-    - run-c, whose step spans carry no rl.iteration (step-without-iteration).
+    - run-c, whose step spans carry no rl.iteration (step-without-iteration);
+    - in run-a, a generate span on rank 2 that ended in error status, stamped only through its
+      step across partitions (failed-step).
     """
     rng = random.Random(seed)
     records = scenario_records()
@@ -38,12 +40,13 @@ def check_records(seed: int = 1) -> list[dict]:
     groups_a = {SPAN_GROUPS: "step,generation,reward,checkpoint"}
 
     def add(name, start, end, *, parent=None, rank=0, bucket=None, iteration=None, run="run-a", trace_id=trace,
-            resource=None, category=None):
+            resource=None, category=None, status=None):
         span_id = f"{rng.getrandbits(64) | 1:016x}"
         records.append({"trace_id": trace_id, "span_id": span_id, "parent_span_id": parent, "name": name,
                         "start_ns": int(start), "end_ns": int(end), "run_id": run, "rank": rank, "bucket": bucket,
                         "iteration": iteration, "resource_attributes": resource or {},
-                        "efficiency_category": category})
+                        "efficiency_category": category,
+                        **({"status_code": "error", "status_message": status} if status else {})})
         return span_id
 
     t = run_a["start_ns"]
@@ -59,6 +62,8 @@ def check_records(seed: int = 1) -> list[dict]:
         iteration=run_a["iteration"], category="idle/refit_event_wait")
     add("app.wait", t + 12 * S + S // 4, t + 12 * S + S // 2, parent=run_a["span_id"], rank=1, bucket="idle",
         iteration=run_a["iteration"], category="idle/refit_bubble")
+    add("rl.vllm.generate", t + 12 * S + S // 2, t + 12 * S + S * 3 // 4, parent=run_a["span_id"], rank=2,
+        bucket="productive", status="RuntimeError: the generation worker died")
     startup = f"{rng.getrandbits(128) | 1:032x}"
     root = add("rl.startup", T0 - 5 * S, T0 - S, trace_id=startup, resource=groups_a)
     add("rl.setup.ray_init", T0 - 5 * S, T0 - 4 * S, parent=root, trace_id=startup)

@@ -67,3 +67,48 @@ def test_goodput_without_metrics_has_no_efficiency_columns(dumps):
     result = runner.invoke(app, ["goodput", str(dumps), "--format", "json"])
     (run,) = json.loads(result.stdout)["runs"]
     assert not [k for k in run["steps"][0] if k.startswith("efficiency/")]
+
+
+# Categories on each of the three clocks, more than 80 columns hold side by side.
+CLOCKS = {"idle/buffer_starvation": 0.25, "idle/refit_bubble": 91234.5, "idle/refit_event_wait": 9.87654,
+          "idle/generation_limit_pause": 0.5, "wasted/failed_trajectory": 12.25, "idle/buffer_full_backoff": 3.0}
+
+
+def test_the_efficiency_table_labels_each_clock_and_fits_80_columns_without_cutting(tmp_path):
+    import io
+    import re
+
+    from rich.console import Console
+
+    from nemo_telemetry.analysis import goodput_with_engine
+    from nemo_telemetry.cli.render import MEASUREMENTS, bar_width_for, render_run
+
+    init_telemetry_driver({"enabled": True, "span_groups": "per_step", "exporter": "dump",
+                           "dump_dir": str(tmp_path / "dumps")}, algorithm="grpo")
+    for step in (1, 2):
+        with iteration_scope(step), umbrella_span(RLSpanGroup.U_STEP, "rl.grpo.step"):
+            with managed_span(RLSpanGroup.GENERATION, "rl.vllm.generate"):
+                time.sleep(0.01)
+            tee_metrics("efficiency", {k: v * step for k, v in CLOCKS.items()})
+            assert flush_metrics()
+    shutdown_telemetry()
+    dumps = tmp_path / "dumps"
+    (run,) = goodput_with_engine(dumps)
+    measured = {f.name: f.metadata[b"rl.efficiency.measurement"].decode() for f in run.steps.schema
+                if f.name.startswith("efficiency/")}
+    assert sorted(set(measured.values())) == ["collector_wall_clock", "driver_wall_clock", "thread_seconds"]
+    words = [w for name in measured for w in re.split(r"[/_]", name.removeprefix("efficiency/").removesuffix("_s"))
+             if w]
+    labels = [w for m in measured.values() for w in MEASUREMENTS[m][0].split()]
+    values = ["0.250", "0.500", "91234", "9.877", "12.25", "3.000", "1.000", "19.75", "24.50", "6.000"]
+    buffer = io.StringIO()
+    Console(file=buffer, width=80, color_system=None).print(render_run(run, bar_width=bar_width_for(80)))
+    table = runner.invoke(app, ["goodput", str(dumps)], env={"COLUMNS": "80"})
+    assert table.exit_code == 0, table.output
+    for text in (buffer.getvalue(), table.stdout):
+        assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+        efficiency = text[text.index("efficiency metrics per step"):]
+        assert all(cell in efficiency for cell in words + labels + values), \
+            [c for c in words + labels + values if c not in efficiency]
+        legend = " ".join(efficiency.split())
+        assert all(f"{label}: {meaning}" in legend for label, meaning in MEASUREMENTS.values())

@@ -8,7 +8,9 @@ back, so it checks the instrumentation and the analysis together, the way a user
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
 
 import pandas as pd
 import pytest
@@ -169,6 +171,53 @@ def test_async_steps_carry_their_efficiency_metrics_beside_the_buckets(async_run
     bubble_spans = spans[spans["name"] == "rl.idle.refit_bubble"].set_index("rl.iteration")["duration_ns"] / 1e9
     assert (bubble - bubble_spans.reindex(bubble.index)).abs().max() < 0.05
     assert not [c for c in sync_run.goodput.steps.column_names if c.startswith("efficiency/")]
+
+
+def test_an_async_run_says_what_its_goodput_means_in_json_and_under_the_total(async_run, sync_run):
+    """Seed 000: a span-derived ratio on an async run has no productive generation term."""
+    (caveat,) = async_run.goodput.caveats
+    assert "no productive generation term" in caveat and "generation contributed nothing" in caveat
+    assert sync_run.goodput.caveats == ()
+    runner = CliRunner()
+    for run, expected in ((async_run, [caveat]), (sync_run, [])):
+        doc = json.loads(runner.invoke(app, ["goodput", str(run.dataset), "--format", "json"]).stdout)
+        assert doc["runs"][0]["caveats"] == expected
+    lines = runner.invoke(app, ["goodput", str(async_run.dataset)], env={"COLUMNS": "120"}).output.splitlines()
+    total = next(i for i, line in enumerate(lines) if line.strip().startswith("total"))
+    first = next(i for i, line in enumerate(lines) if line.startswith("async run:"))
+    assert first > total and all(not line.strip() for line in lines[total + 1:first])  # right under the total
+
+
+def _efficiency_cells(run) -> list[str]:
+    """What the efficiency table must show whole: every category's words and every value."""
+    from nemo_telemetry.cli.render import MEASUREMENTS, _fmt
+
+    cells = []
+    for field in run.steps.schema:
+        if field.name.startswith("efficiency/"):
+            category = field.name.removeprefix("efficiency/").removesuffix("_s")
+            cells += [w for w in re.split(r"[/_]", category) if w]
+            measurement = field.metadata[b"rl.efficiency.measurement"].decode()
+            cells += MEASUREMENTS[measurement][0].split()
+            cells += [_fmt(v) for v in run.steps.column(field.name).to_pylist() if v is not None]
+    return cells
+
+
+def test_the_async_efficiency_table_labels_each_measurement_and_fits_80_columns(async_run):
+    from nemo_telemetry.cli.render import bar_width_for, render_run
+
+    cells = _efficiency_cells(async_run.goodput)
+    assert "driver" in cells and len(cells) > 8
+    buffer = io.StringIO()
+    Console(file=buffer, width=80, color_system=None).print(render_run(async_run.goodput, bar_width=bar_width_for(80)))
+    result = CliRunner().invoke(app, ["goodput", str(async_run.dataset)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    for text in (buffer.getvalue(), result.output):
+        assert "…" not in text  # nothing cut: no header, value or step column
+        assert max(len(line) for line in text.splitlines()) <= 80
+        efficiency = text[text.index("efficiency metrics"):]
+        assert all(cell in efficiency for cell in cells), [c for c in cells if c not in efficiency]
+        assert "driver wall: the driver's wall clock" in " ".join(efficiency.split())  # the legend
 
 
 # -- --no-carrier breaks it, and the findings say so ------------------------------------------

@@ -281,3 +281,37 @@ def test_ray_numbers_step_spans_without_iteration_as_the_local_engine(ray_cluste
     result = CliRunner().invoke(app, ["goodput", str(dataset), "--engine", "ray", "--format", "json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == json.loads(json.dumps(goodput_document(local)))
+
+
+failed_tools = _scenario_module("test_failed_steps")
+
+
+def test_ray_gives_the_failed_step_of_a_run_whose_reward_raised_as_the_local_engine(ray_cluster, tmp_path_factory):
+    """A run written by the instrument, its reward function raising at one step: the Ray engine's
+    goodput (per step and by rank) and check are the local engine's, failed step and finding included."""
+    from nemo_telemetry.analysis.engines.ray_engine import ray_check, ray_goodput
+
+    root = tmp_path_factory.mktemp("ray-failed")
+    failed_tools.run_with_a_failing_reward(root / "dumps")
+    ingest([root / "dumps"], out=root / "ingested")
+    spans = read_spans(root / "ingested")
+    dataset = failed_tools._in_files_of(spans, root / "ds", 4)
+    local = goodput_document(run_goodput(spans))
+    assert [s["failed"] for s in local["runs"][0]["steps"]] == [False, True, False]
+    assert goodput_document(ray_goodput(dataset)) == local
+    assert goodput_document(ray_goodput(dataset, by="rank")) == goodput_document(run_goodput(spans, by="rank"))
+    expected = check_run(spans).to_dict()
+    assert expected["counts"]["by_code"]["failed-step"] == 1
+    assert ray_check(dataset).to_dict() == expected
+
+
+async_tools = _scenario_module("test_async_caveat")
+
+
+def test_ray_gives_an_async_run_its_caveat_as_the_local_engine(ray_cluster, tmp_path_factory):
+    from nemo_telemetry.analysis.engines.ray_engine import ray_goodput
+
+    dataset = async_tools.write_dataset(async_tools.records(), tmp_path_factory.mktemp("ray-async") / "ds", per_file=2)
+    expected = {r.run_id: r.caveats for r in run_goodput(read_spans(dataset))}
+    assert expected["run-sync"] == () and len(expected["run-async"]) == 1
+    assert {r.run_id: r.caveats for r in ray_goodput(dataset)} == expected

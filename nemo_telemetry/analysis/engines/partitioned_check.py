@@ -372,12 +372,16 @@ def _findings_of(table: pa.Table, shared: _Shared) -> dict:
                              + ([-1] if NO_RUN in shared.anchored_runs else []), np.int64)
     _, detached = rules.detached_partial(facts, shared.anchored_traces, anchored_runs)
     detached["run"] = _values(detached["run"], a.runs, NO_RUN)
+    bucketed = np.flatnonzero((a.bucket >= 0) & a.valid_interval & facts.keep)  # as goodput's bucketed rows
+    failed = rules.failed_partial(a, facts.keep, bucketed, np.where(view.stamped, view.iteration, 0)[bucketed],
+                                  view.stamped[bucketed])
     return {
         "offenders": _rows(view, offenders, flags=flags[offenders]),
         "partial": streaming.goodput_partial(table, attributed=shared.attributed, run_id=shared.run_id),
         "clusters": clusters,
         "deep_clusters": deep,
         "detached": detached,
+        "failed": failed,
     }
 
 
@@ -449,8 +453,10 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
         if len(overlap_steps) or len(traces["run"]) else []
     offenders = [_of_file(r["offenders"], i, part="offender") for i, r in enumerate(results)]
     rows = in_dataset_order(offenders + collected + [step_heads(facts, analysis.steps, codes)])
+    failed = rules.failed_spans([{**r["failed"], "file": np.full(len(r["failed"]["run"]), i, np.int64)}
+                                 for i, r in enumerate(results)])
     merged = dataclasses.replace(merged_partials(rows, codes, analysis, facts, overlapping, deep, detached),
-                                 numbers=numbers)
+                                 numbers=numbers, failed=failed)
     return checks.finish(merged, unattributed_threshold=unattributed_threshold, tolerance_ns=tolerance_ns, **options)
 
 

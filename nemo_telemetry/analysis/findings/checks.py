@@ -30,6 +30,9 @@ Decisions where the design leaves room:
   overlap tolerance (default 1 ms: clock granularity), ``error`` once any two overlap by more.
 - ``missing-group-spans`` is ``info`` where seed 000 lists a known coverage gap for the group
   (or the run's algorithm never opens it), ``warning`` otherwise; never ``error``.
+- ``failed-step`` is a ``warning`` per failed step (goodput's ``failed``: its step span or a bucketed
+  span attributed to it ended in error status), naming the first span that failed and its status
+  message: the number is right (that time is wasted), the run is not.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ from nemo_telemetry.analysis.findings.rules import (
     catalogue_name_sets,
     detached_counts,
     detached_traces,
+    failed_partial,
+    failed_spans,
     group_name_codes,
     loose_rows,
     offenders,
@@ -105,6 +110,7 @@ class Merged:
     anchor_trace: dict  # run code -> trace id of its first job or step span
     presence: tuple  # ({run code: enabled groups}, [(run code, name code) present])
     numbers: StepNumbers | None = None  # the step spans without rl.iteration (goodput.numbering)
+    failed: Columns | None = None  # rules.failed_spans: per failed (run name, iteration), its first failing span
 
 
 @dataclass(frozen=True)
@@ -434,6 +440,37 @@ def _outliers(ctx: _Context) -> tuple[int, list[Finding]]:
     return len(out), out[: ctx.limit]
 
 
+def _failed_steps(ctx: _Context) -> tuple[int, list[Finding]]:
+    """``failed-step`` per step goodput reports failed, naming the first span that failed it."""
+    t, steps, detail = ctx.merged.table, ctx.merged.steps, ctx.merged.failed
+    failed = np.flatnonzero(np.asarray(t.get("failed", np.zeros(len(steps), bool)), bool))
+    at = np.full(len(steps), -1, np.int64)
+    if detail is not None and len(detail["run"]):
+        runs = {name: i for i, name in enumerate(ctx.arrays.runs)}
+        code = np.array([runs.get(r, -2) if r is not None else -1 for r in detail["run"]], np.int64)
+        step = steps.index_of(code, detail["iteration"], code >= -1)
+        at[step[step >= 0]] = np.flatnonzero(step >= 0)
+    out = []
+    for i in failed[: ctx.limit]:
+        row = _row(t, int(i))
+        it = int(row["iteration"])
+        buckets = ", ".join(f"{b} {row[f'failed_{b}_s']:.3f} s" for b in BUCKETS if row[f"failed_{b}_s"])
+        lost = f"its bucketed time ({buckets or 'none'}) is counted as wasted_s, kept in failed_buckets"
+        how = f"fix what raised (its exception event: waterfall --step {it}); the step fed no update"
+        if at[i] < 0:
+            out.append(ctx.step_finding("failed-step", f"step {it} failed: its step span ended in error status; "
+                                        f"{lost}: {how}", int(i), it))
+            continue
+        d = {k: v[at[i]] for k, v in detail.items()}
+        said = f": {d['message']!r}" if d["message"] else " (no status message)"
+        more = f" ({int(d['spans']) - 1} more of its spans failed too)" if d["spans"] > 1 else ""
+        out.append(Finding(code="failed-step", severity=FINDING_CODES["failed-step"], message=(
+            f"step {it} failed: span {d['name']!r} (span {d['span_id']}, trace {d['trace_id']}) ended in error status"
+            f"{said}{more}; {lost}: {how}"), trace_id=d["trace_id"], span_ids=(d["span_id"],), iteration=it,
+            run_id=ctx.run_name(int(steps.run[i]))))
+    return len(failed), out
+
+
 # The findings of BATCH_FINDING_CODES, which finish and check_batch both write.
 _BATCH_PRODUCERS = {"invalid-interval": _invalid_interval, "unknown-bucket": _unknown_bucket,
                     "umbrella-bucket": _umbrella_bucket}
@@ -465,6 +502,7 @@ def finish(merged: Merged, *, unattributed_threshold: float = 0.2, tolerance_ns:
         "step-without-iteration": lambda: _steps_without_iteration(ctx),
         "orphan-span": lambda: _orphans(ctx),
         "detached-trace": lambda: _detached(ctx),
+        "failed-step": lambda: _failed_steps(ctx),
     }
     findings: list[Finding] = []
     counted: dict[str, Any] = {}
@@ -606,4 +644,6 @@ def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: tuple,
                   table=analysis.table, overlapping=overlapping_steps([clusters]), deep=overlapping_steps([deep]),
                   overlap_rows=rows, overlap_step=step, detached=detached_traces(detached_counts(facts, loose)),
                   detached_rows=loose, anchor_trace={r: a.trace_id([row])[0] for r, row in first_anchor.items()},
-                  presence=presence, numbers=numbers)
+                  presence=presence, numbers=numbers,
+                  failed=failed_spans([failed_partial(a, analysis.keep, analysis.bucketed, analysis.bucketed_iteration,
+                                                      analysis.bucketed_stamped)]))

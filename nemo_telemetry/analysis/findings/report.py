@@ -31,6 +31,7 @@ FINDING_CODES: dict[str, str] = {  # code -> severity (missing-group-spans is in
     "missing-group-spans": "warning",
     "step-time-outlier": "info",
     "step-without-iteration": "info",  # warning where the process stamps its other step spans
+    "failed-step": "warning",
 }
 # Overlaps of bucketed spans up to this long are clock granularity (the OpenTelemetry JS SDK records
 # start times in whole milliseconds), reported at info severity.

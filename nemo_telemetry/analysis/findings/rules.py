@@ -19,6 +19,10 @@ the dataset, and its facts come from the walk over every file.
   (run, name) pairs present; merging is their union.
 - Step-level codes (``bucket-exceeds-wall``, ``unattributed-step-time``, ``step-time-outlier``)
   read goodput's finished per-step table only.
+- ``failed-step``: which steps failed is goodput's (its ``failed`` column, from
+  :func:`goodput.rules.failing_rows`); :func:`failed_partial` gives the batch's spans that fail a
+  step, with what a finding quotes of them, and :func:`failed_spans` merges any number of them
+  into the first (earliest start, then dataset order) of each step.
 """
 
 from __future__ import annotations
@@ -30,18 +34,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nemo_telemetry.analysis.goodput.rules import failing_rows
 from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX
 from nemo_telemetry.analysis.decode import NO_BUCKET, UNKNOWN_BUCKET, SpanArrays
 from nemo_telemetry.analysis.model.columns import code_mask, codes_matching, column_rows
-from nemo_telemetry.analysis.model.grouping import Columns, concat, group_by, take
+from nemo_telemetry.analysis.model.grouping import Columns, concat, group_by, string_codes, take
 from nemo_telemetry.analysis.model.intervals import merge_intervals
+from nemo_telemetry.analysis.model.status import status_messages
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 
 __all__ = ["RowFacts", "row_traces", "rows_in_traces", "SPAN_CODES", "ANCHOR_REGEX", "STANDALONE_GROUPS", "offenders",
            "BATCH_FINDING_CODES", "batch_offenders", "catalogue_name_sets",
            "group_name_codes", "anchor_rows", "overlap_partial", "overlapping_steps", "detached_partial", "loose_rows", "detached_counts",
-           "detached_traces"]
+           "detached_traces", "FAILED_SPANS", "failed_partial", "failed_spans"]
 
 _FEW_TRACES = 4  # anchored traces up to which rows_in_traces compares keys instead of hashing them
 
@@ -255,3 +261,45 @@ def detached_traces(counts: Columns) -> Columns:
     detached = traces.reduce(np.add, np.asarray(counts["designed"], np.int64)) < traces.reduce(
         np.add, np.asarray(counts["rows"], np.int64))
     return {"run": traces.key(run)[detached], "trace": traces.key(trace)[detached]}
+
+
+# -- failed-step -------------------------------------------------------------------------------
+
+FAILED_SPANS = {"run": np.zeros(0, object), "iteration": np.zeros(0, np.int64), "start": np.zeros(0, np.int64),
+                "name": np.zeros(0, object), "span_id": np.zeros(0, object), "trace_id": np.zeros(0, object),
+                "message": np.zeros(0, object), "file": np.zeros(0, np.int64), "row": np.zeros(0, np.int64),
+                "spans": np.zeros(0, np.int64)}
+"""The columns of :func:`failed_partial` and :func:`failed_spans` (``spans``: how many failed the step)."""
+
+
+def failed_partial(arrays: SpanArrays, keep: np.ndarray, rows: np.ndarray, iteration: np.ndarray,
+                   stamped: np.ndarray) -> Columns:
+    """The batch's spans that fail a step (:func:`goodput.rules.failing_rows` of its bucketed
+    ``rows``, attributed ``iteration`` where ``stamped``), as values a finding quotes: run name,
+    iteration, start, name, span and trace id, status message."""
+    found, its = failing_rows(arrays, keep, rows, iteration, stamped)
+    if len(found) == 0:
+        return {k: v.copy() for k, v in FAILED_SPANS.items()}
+    lookup = np.array([*arrays.runs, None], dtype=object)
+    names = np.array([*arrays.names, None], dtype=object)
+    return {"run": lookup[arrays.run[found]], "iteration": its, "start": np.asarray(arrays.start[found], np.int64),
+            "name": names[arrays.name[found]], "span_id": np.array(arrays.span_id(found), dtype=object),
+            "trace_id": np.array(arrays.trace_id(found), dtype=object),
+            "message": np.array(status_messages(arrays.table, found), dtype=object),
+            "file": np.zeros(len(found), np.int64), "row": found.astype(np.int64),
+            "spans": np.ones(len(found), np.int64)}
+
+
+def failed_spans(parts: list[Columns]) -> Columns:
+    """Partials of :func:`failed_partial` merged (each with its ``file``: position in dataset
+    order): per (run, iteration), the first span that failed it (earliest start, then dataset
+    order) and in ``spans`` how many did."""
+    rows = concat(parts, FAILED_SPANS)
+    run, _ = string_codes(rows["run"])
+    order = np.lexsort((rows["row"], rows["file"], rows["start"], rows["iteration"], run))
+    rows, run = take(rows, order), run[order]
+    new = np.ones(len(run), dtype=bool)
+    new[1:] = (run[1:] != run[:-1]) | (rows["iteration"][1:] != rows["iteration"][:-1])
+    heads = np.flatnonzero(new)
+    counts = np.bincount(np.cumsum(new) - 1, weights=rows["spans"], minlength=len(heads)).astype(np.int64)
+    return {**take(rows, heads), "spans": counts}

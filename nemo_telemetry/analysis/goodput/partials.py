@@ -77,7 +77,8 @@ __all__ = [
 ]
 
 BATCH_ROWS = 1 << 18
-GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION, "trace_key", "span_key", "parent_key")
+GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION, "trace_key", "span_key", "parent_key",
+                   "status_code")  # status: a step whose span ended in error is failed (goodput.rules)
 EDGE_COLUMNS = ("trace_key", "span_key", "parent_key", ITERATION)
 RANK_READ_COLUMNS = (*GOODPUT_COLUMNS, "service_name", "rank")
 

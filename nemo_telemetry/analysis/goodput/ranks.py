@@ -5,7 +5,8 @@ attributed to a step only), ``steps`` (how many steps it has a bucketed span in)
 (per step, the union of its intervals inside the window, summed), ``double_counted_s`` (sum minus
 the per-step unions), and ``wall_s`` the run's whole step wall. Every (service, rank) with a span
 in the run has a row, sorted by service name then rank, so a worker whose spans carry no bucket
-shows as zeros rather than missing.
+shows as zeros rather than missing. A failed step's bucketed time is wasted on every rank, as in
+the per-step table.
 
 A partial (``RANK_SCHEMA``) has, per batch: WHO rows (a (run, service, rank) present), SUM rows
 (per run, iteration, service, rank, bucket: nanoseconds) and UNION rows (per run, iteration,
@@ -120,10 +121,11 @@ def ranks_tables(merged: Columns, steps: MergedSteps, run_order) -> dict[str | N
     step = windows.index_of(code, merged["iteration"], merged["iteration"] >= 0)
     merged = {**merged, "code": code, "step": np.where(merged["kind"] == WHO, -1, step)}
     codes = {(run_order[c] if c >= 0 else None): int(c) for c in np.unique(code)}
-    return {run: _run_ranks(take(merged, merged["code"] == c), windows, c, run) for run, c in codes.items()}
+    failed = np.asarray(steps.table["failed"], bool)
+    return {run: _run_ranks(take(merged, merged["code"] == c), windows, c, run, failed) for run, c in codes.items()}
 
 
-def _run_ranks(rows: Columns, windows, code: int, run: str | None) -> pa.Table:
+def _run_ranks(rows: Columns, windows, code: int, run: str | None, failed: np.ndarray) -> pa.Table:
     who = take(rows, rows["kind"] == WHO)
     name = ["" if s is None else s for s in who["service"]]  # no service sorts first
     who = take(who, np.array(sorted(range(len(name)), key=lambda i: (name[i], who["rank"][i])), np.int64))
@@ -132,9 +134,10 @@ def _run_ranks(rows: Columns, windows, code: int, run: str | None) -> pa.Table:
     service, services = string_codes(np.concatenate([who["service"], inside["service"]]))
     at = find_keys((service[:n], who["rank"]), (service[n:], inside["rank"]))
     sums_rows, union_rows = inside["kind"] == SUM, inside["kind"] == UNION
-    sums = np.zeros((n, len(BUCKETS)), np.int64)
-    np.add.at(sums, (at[sums_rows], inside["bucket"].astype(np.int64)[sums_rows]), inside["a"][sums_rows])
     step = inside["step"]
+    bucket = np.where(failed[step], BUCKETS.index("wasted"), inside["bucket"].astype(np.int64))  # failed: wasted
+    sums = np.zeros((n, len(BUCKETS)), np.int64)
+    np.add.at(sums, (at[sums_rows], bucket[sums_rows]), inside["a"][sums_rows])
     a, b = inside["a"], inside["b"]
     clipped = np.clip(np.minimum(b, windows.end[step]) - np.maximum(a, windows.start[step]), 0, None)
     union = np.bincount(at[union_rows], weights=(b - a)[union_rows].astype(np.float64), minlength=n)

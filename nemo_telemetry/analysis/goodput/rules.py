@@ -10,6 +10,13 @@
   ``unattributed_s = wall_s - covered_s``; ``double_counted_s`` = (sum over buckets) - (length
   of the union of their intervals); ``goodput = productive_s / wall_s``.
 
+A step is *failed* when its step span, or a bucketed span attributed to it, ended in error status
+(``status_code`` error): its bucketed time is reported as ``wasted_s`` (``productive_s``,
+``overhead_s`` and ``idle_s`` become 0, so its ``goodput`` is 0) and the buckets it would have
+had are kept beside it in ``failed_<bucket>_s``: a step whose reward function raised fed no
+update, and its generation must not read as good time. ``covered_s``, ``unattributed_s`` and
+``double_counted_s`` are interval figures and stay as they are.
+
 Per run (``nemo.run.id``) the total sums the steps (``goodput = sum(productive) / sum(wall)``).
 Bucketed time that no step window takes is reported apart, in ``outside_steps``: unstamped spans,
 and spans attributed to an iteration that has no step span (validation at iteration 0, or a run
@@ -23,7 +30,8 @@ The three stages, so that every engine gets the same numbers by only scheduling 
 1. :func:`goodput_partial` (one batch of spans, its walks already attributed) gives
    ``PARTIAL_SCHEMA`` rows, per (run, iteration): the step window (min start, max end of its
    step spans), per-bucket duration sums in integer nanoseconds, the union of its bucketed
-   intervals (touching intervals coalesced); per run, the job spans' bounds.
+   intervals (touching intervals coalesced); per run, the job spans' bounds; per (run, iteration),
+   how many of its step spans and attributed bucketed spans ended in error (:func:`failing_rows`).
 2. :class:`GoodputAccumulator` merges partials by min / max / sum / union, as they arrive.
 3. :func:`finish` turns the merged rows into each run's :class:`RunGoodput`.
 
@@ -42,6 +50,7 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.decode import BUCKETS, SpanArrays, span_arrays
 from nemo_telemetry.analysis.model.grouping import Columns, find_keys, group_by, string_codes, take
 from nemo_telemetry.analysis.model.intervals import clipped_union_length, merge_intervals, union_length
+from nemo_telemetry.analysis.model.status import error_rows
 from nemo_telemetry.analysis.model.walk import KeyIndex
 from nemo_telemetry.analysis.model.tree import key_column
 from nemo_telemetry.errors import NemoTelemetryError
@@ -51,13 +60,16 @@ __all__ = [
     "Steps", "step_windows", "bucketed_rows", "PARTIAL_SCHEMA", "STEP", "SUM", "UNION", "JOB", "goodput_partial", "batch_attribution", "partial_of",
     "coalesced_union", "partial_rows", "partial_columns", "GoodputAccumulator", "MergedSteps", "merged_steps", "finish",
     "step_frame", "empty_step_frame", "steps_table", "run_total", "outside_summary", "step_outliers",
+    "FAIL", "FAILED_COLUMNS", "failing_rows", "ASYNC", "ASYNC_CAVEAT", "async_span_regex",
 ]
 
 STEP_SPAN_REGEX = r"^rl\.[^.]+\.step$"
 JOB_SPAN_REGEX = r"^rl\.[^.]+\.job$"
 _NS = 1e9
 _SUM_KEYS = ("wall_s", *(f"{b}_s" for b in BUCKETS), "covered_s", "unattributed_s", "double_counted_s")
-STEP_COLUMNS = ("run_id", "iteration", "start_ns", "end_ns", *_SUM_KEYS, "goodput")
+FAILED_COLUMNS = ("failed", *(f"failed_{b}_s" for b in BUCKETS))
+"""Per step: whether it failed, and (null where it did not) the bucket sums it would have had."""
+STEP_COLUMNS = ("run_id", "iteration", "start_ns", "end_ns", *_SUM_KEYS, "goodput", *FAILED_COLUMNS)
 RANK_COLUMNS = ("run_id", "service_name", "rank", "steps", *_SUM_KEYS, "goodput")
 _GREW_CANDIDATES = (*(f"{b}_s" for b in BUCKETS), "unattributed_s")
 
@@ -94,6 +106,7 @@ class RunGoodput:
     job_wall_s: float | None
     outliers: tuple[StepOutlier, ...] = ()
     ranks: pa.Table | None = None  # RANK_COLUMNS, when asked for by="rank"
+    caveats: tuple[str, ...] = ()  # what the number does not mean (ASYNC_CAVEAT on an async run)
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,10 +147,11 @@ def step_windows(arrays: SpanArrays, keep: np.ndarray) -> Steps:
 # -- 1. partial -------------------------------------------------------------------------------
 
 # One table shape for every partial row; ``kind`` says which fields mean what.
-STEP, SUM, UNION, JOB = 0, 1, 2, 3
+STEP, SUM, UNION, JOB, FAIL, ASYNC = 0, 1, 2, 3, 4, 5
 PARTIAL_SCHEMA = pa.schema([
-    pa.field("kind", pa.int8()),  # STEP: a=min start, b=max end | SUM: a=ns, count=spans
+    pa.field("kind", pa.int8()),  # STEP: a=min start, b=max end | SUM: a=ns, count=spans | FAIL: a=min start, count=spans
     pa.field("run", pa.string()),  # UNION: [a, b) one interval  | JOB: a=min start, b=max end (valid), count=spans
+    # ASYNC: per run, count = its spans of the async-only efficiency phases (async_span_regex)
     pa.field("iteration", pa.int64()),  # null: unstamped (SUM) or not applicable (JOB)
     pa.field("bucket", pa.int8()),
     pa.field("a", pa.int64()),
@@ -181,7 +195,7 @@ def partial_of(arrays: SpanArrays, keep: np.ndarray, rows: np.ndarray, iteration
     kept), with their attributed ``iteration`` where ``stamped``; ``keep`` the rows of the run asked
     for; ``steps`` the batch's :func:`step_windows` when the caller has them already."""
     runs = np.array(list(arrays.runs) + [None], dtype=object)  # code -1 -> None
-    parts = [_step_rows(arrays, keep, runs, steps), _job_rows(arrays, keep, runs)]
+    parts = [_step_rows(arrays, keep, runs, steps), _job_rows(arrays, keep, runs), _async_rows(arrays, keep, runs)]
     run, bucket = arrays.run[rows].astype(np.int64), arrays.bucket[rows].astype(np.int64)
     iteration = np.where(stamped, iteration, 0)
     order, heads = _group_starts(run, stamped, iteration, bucket)
@@ -191,7 +205,33 @@ def partial_of(arrays: SpanArrays, keep: np.ndarray, rows: np.ndarray, iteration
                        count=np.diff(np.append(heads, len(order)))))
     parts.append(_union_rows(runs, run[stamped], iteration[stamped], arrays.start[rows][stamped],
                              arrays.end[rows][stamped]))
+    parts.append(_fail_rows(arrays, runs, *failing_rows(arrays, keep, rows, iteration, stamped)))
     return pa.concat_tables(parts)
+
+
+def failing_rows(arrays: SpanArrays, keep: np.ndarray, rows: np.ndarray, iteration: np.ndarray,
+                 stamped: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, their iteration) of the spans that fail a step: the stamped step spans (valid interval,
+    kept) and the attributed bucketed ``rows`` (``iteration`` where ``stamped``) whose status is
+    error. The one rule goodput (``FAIL`` partial rows) and the ``failed-step`` finding read."""
+    error = error_rows(arrays.table)
+    if not error.any():
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    steps = np.flatnonzero(error & arrays.has_iteration & keep)
+    steps = steps[arrays.rows_of_names(STEP_SPAN_REGEX)[steps] & arrays.valid_interval[steps]]
+    bucketed = np.flatnonzero(error[rows] & stamped)
+    return (np.concatenate([steps, rows[bucketed]]).astype(np.int64),
+            np.concatenate([arrays.iteration[steps], iteration[bucketed]]).astype(np.int64))
+
+
+def _fail_rows(arrays, runs: np.ndarray, rows: np.ndarray, iteration: np.ndarray) -> pa.Table:
+    """``FAIL`` rows: per (run, iteration), how many spans of ``rows`` failed it, the first start."""
+    run = arrays.run[rows].astype(np.int64)
+    order, heads = _group_starts(run, iteration)
+    first = order[heads]
+    return partial_rows(FAIL, runs[run[first]], iteration[first], np.ones(len(heads), bool),
+                        a=_reduce(np.minimum, arrays.start[rows][order].astype(np.int64), heads),
+                        count=np.diff(np.append(heads, len(order))))
 
 
 
@@ -241,6 +281,33 @@ def _job_rows(arrays, keep: np.ndarray, runs: np.ndarray) -> pa.Table:
     return partial_rows(JOB, runs[run[order[heads]]], np.zeros(len(heads), np.int64), np.zeros(len(heads), bool),
                  bucket=_reduce(np.maximum, valid[order].astype(np.int64), heads), a=_reduce(np.minimum, start[order], heads),
                  b=_reduce(np.maximum, end[order], heads), count=np.diff(np.append(heads, len(order))))
+
+
+def async_span_regex() -> str:
+    """Span names only an async run opens: the efficiency group's phases (the async driver's
+    buffer starvation and refit bubble, the collector's waits, the initial buffer fill), from the
+    span-group catalogue the instrument tags spans from."""
+    from nemo_telemetry.instrument import REGISTRY, span_name_regex  # noqa: PLC0415 (the catalogue, on first use)
+
+    spans = [p for info in REGISTRY.catalogue() if info.name == "efficiency" for p in info.spans]
+    return "|".join(span_name_regex(p) for p in spans) if spans else r"[^\s\S]"  # none: matches nothing
+
+
+ASYNC_CAVEAT = (
+    "async run: this goodput has no productive generation term. Generation runs as a continuously "
+    "batched pipeline beside training and the driver opens no productive generation span, so its "
+    "contribution is a utilization question (fleet metrics), not a span duration: do not read the "
+    "ratio as 'generation contributed nothing'.")
+"""The caveat a run with spans of :func:`async_span_regex` carries (seed 000, "Async rollout spans")."""
+
+
+def _async_rows(arrays, keep: np.ndarray, runs: np.ndarray) -> pa.Table:
+    """``ASYNC`` rows: per run, how many of its spans only an async run opens."""
+    rows = np.flatnonzero(arrays.rows_of_names(async_span_regex()) & keep)
+    run = arrays.run[rows].astype(np.int64)
+    order, heads = _group_starts(run)
+    return partial_rows(ASYNC, runs[run[order[heads]]], np.zeros(len(heads), np.int64), np.zeros(len(heads), bool),
+                        count=np.diff(np.append(heads, len(order))))
 
 
 def _reduce(ufunc, values: np.ndarray, heads: np.ndarray) -> np.ndarray:
@@ -338,7 +405,9 @@ def _merge(table: pa.Table) -> pa.Table:
     names = np.array([*runs, None], dtype=object)  # run code -1 -> None
     parts = []
     for kind, by_bucket, bucket, a, b in ((STEP, True, None, np.minimum, np.maximum), (SUM, True, None, np.add, np.add),
-                                           (JOB, False, np.maximum, np.minimum, np.maximum)):
+                                           (JOB, False, np.maximum, np.minimum, np.maximum),
+                                           (FAIL, False, np.maximum, np.minimum, np.maximum),
+                                           (ASYNC, False, np.maximum, np.minimum, np.maximum)):
         part = take(rows, rows["kind"] == kind)
         keys = (part["run"], part["stamped"], part["iteration"], *((part["bucket"],) if by_bucket else ()))
         groups = group_by(*keys)
@@ -385,17 +454,22 @@ def merged_steps(merged: pa.Table, run_order: Sequence[str | None]) -> MergedSte
     step_of_union = steps.index_of(unions["run"], unions["iteration"], np.ones(len(unions["run"]), bool))
     keep = step_of_union >= 0
     intervals = merge_intervals(unions["a"][keep], unions["b"][keep], step_of_union[keep])
-    table = step_frame(steps, sums.astype(np.float64), intervals)
+    fails = take(rows, rows["kind"] == FAIL)
+    step_of_fail = steps.index_of(fails["run"], fails["iteration"], fails["stamped"])
+    failed = np.zeros(len(steps), bool)
+    failed[step_of_fail[step_of_fail >= 0]] = True
+    table = step_frame(steps, sums.astype(np.float64), intervals, failed=failed)
     return MergedSteps(rows, steps, table, sums_part, inside)
 
 
-def step_frame(steps: Steps, sums: np.ndarray, merged) -> Columns:
+def step_frame(steps: Steps, sums: np.ndarray, merged, *, failed: np.ndarray | None = None) -> Columns:
     """The per-step table (columns: ``run`` code, ``iteration``, ``start_ns``, ``end_ns``, the sums
     of ``STEP_COLUMNS`` in seconds, ``bucket_sum_ns``, ``wall_ns``, ``union_ns``) from each step's bucket sums
     (ns, shape steps x BUCKETS) and the merged intervals of its bucketed spans (grouped by step index).
 
     Only the union's length and its length inside the window are read, so merged partial unions
-    give the same numbers as the whole batch's.
+    give the same numbers as the whole batch's. The ``failed`` steps' bucket sums move to
+    ``wasted_s`` (kept in ``failed_<bucket>_s``, NaN for the other steps); their goodput is 0.
     """
     n = len(steps)
     union = union_length(merged, n)
@@ -409,6 +483,12 @@ def step_frame(steps: Steps, sums: np.ndarray, merged) -> Columns:
     frame["unattributed_s"] = (wall - covered) / _NS
     frame["double_counted_s"] = (sums.sum(axis=1) - union) / _NS
     frame["goodput"] = np.where(wall > 0, sums[:, 0] / np.where(wall > 0, wall, 1), np.nan)
+    failed = np.zeros(n, bool) if failed is None else np.asarray(failed, bool)
+    frame["failed"] = failed
+    for i, b in enumerate(BUCKETS):
+        frame[f"failed_{b}_s"] = np.where(failed, frame[f"{b}_s"], np.nan)
+        frame[f"{b}_s"] = np.where(failed, sums.sum(axis=1) / _NS if b == "wasted" else 0.0, frame[f"{b}_s"])
+    frame["goodput"] = np.where(failed & (wall > 0), 0.0, frame["goodput"])
     frame["bucket_sum_ns"] = sums.sum(axis=1)
     frame["wall_ns"] = steps.end - steps.start
     frame["union_ns"] = union  # the bucketed time counted once: bucket_sum_ns less what overlaps
@@ -427,6 +507,7 @@ def finish(merged: pa.Table, run_order: Sequence[str | None]) -> tuple[RunGoodpu
     done = merged_steps(merged, run_order)
     rows, steps, table, sums_part, inside = done.merged, done.steps, done.table, done.sums, done.inside
     jobs = take(rows, rows["kind"] == JOB)
+    asynchronous = set(rows["run"][(rows["kind"] == ASYNC) & (rows["count"] > 0)].tolist())
     present = set(steps.run.tolist()) | set(sums_part["run"].tolist()) | set(jobs["run"].tolist())
     out = []
     for code in sorted(present):
@@ -440,7 +521,8 @@ def finish(merged: pa.Table, run_order: Sequence[str | None]) -> tuple[RunGoodpu
             outside_steps=outside_summary(
                 outside_sums, int(outside["count"].sum()), int(outside["count"][~outside["stamped"]].sum()),
                 np.unique(outside["iteration"][outside["stamped"]])),
-            job_wall_s=_job_wall(take(jobs, jobs["run"] == code)), outliers=step_outliers(frame)))
+            job_wall_s=_job_wall(take(jobs, jobs["run"] == code)), outliers=step_outliers(frame),
+            caveats=(ASYNC_CAVEAT,) if code in asynchronous else ()))
     return tuple(out)
 
 
@@ -459,9 +541,12 @@ def steps_table(frame: Columns, run_name: str | None) -> pa.Table:
     for c in STEP_COLUMNS[2:]:
         if c.endswith("_ns"):
             columns[c] = pa.array(np.asarray(frame[c], np.int64), pa.int64())
+        elif c == "failed":
+            columns[c] = pa.array(np.asarray(frame[c], bool), pa.bool_())
         else:
             values = np.asarray(frame[c], np.float64)
-            columns[c] = pa.array(values, pa.float64(), mask=np.isnan(values) if c == "goodput" else None)
+            nullable = c == "goodput" or c.startswith("failed_")
+            columns[c] = pa.array(values, pa.float64(), mask=np.isnan(values) if nullable else None)
     return pa.table(columns)
 
 
@@ -469,6 +554,10 @@ def run_total(frame: Columns) -> dict[str, Any]:
     total: dict[str, Any] = {k: float(np.sum(frame[k])) for k in _SUM_KEYS}
     total["goodput"] = total["productive_s"] / total["wall_s"] if total["wall_s"] > 0 else None
     total["steps"] = int(len(frame["iteration"]))
+    failed = np.asarray(frame["failed"], bool)
+    total["failed_steps"] = int(failed.sum())  # their bucketed time is in wasted_s; failed_<bucket>_s: what it was
+    for b in BUCKETS:
+        total[f"failed_{b}_s"] = float(np.sum(np.asarray(frame[f"failed_{b}_s"])[failed]))
     return total
 
 

@@ -16,7 +16,8 @@ import pyarrow as pa
 
 from nemo_telemetry.analysis.goodput.rules import (
     BUCKETS, JOB_SPAN_REGEX, STEP_COLUMNS, STEP_SPAN_REGEX, GoodputAccumulator, RunGoodput, Steps, StepOutlier,
-    check_by, empty_step_frame, finish, merged_steps, partial_of, step_outliers, step_windows, steps_table,  # noqa: F401
+    async_span_regex, check_by, empty_step_frame, finish, merged_steps, partial_of, step_outliers,  # noqa: F401
+    step_windows, steps_table,
 )
 from nemo_telemetry.analysis.model.grouping import Columns
 from nemo_telemetry.analysis.goodput.numbering import file_step_numbers, number_steps, numbered_spans
@@ -115,8 +116,14 @@ def _walk_in_whole(arrays: SpanArrays, walked: np.ndarray, whole) -> tuple[np.nd
 
 
 _STEP_OR_JOB = f"{STEP_SPAN_REGEX}|{JOB_SPAN_REGEX}"
-"""The rows goodput reads: spans with an ``rl.bucket``, step spans and job spans (a few percent of
-a run's spans; the per-prompt and worker spans without a bucket are only walked through)."""
+
+
+def _read_names() -> str:
+    """The rows goodput reads, besides the spans with an ``rl.bucket``: step and job spans, and the
+    async phases' spans, bucketed or not, which decide a run's caveats (a few percent of a run's
+    spans; the per-prompt and worker spans without a bucket are only walked through). The catalogue
+    is read on first use, not on import."""
+    return f"{_STEP_OR_JOB}|{async_span_regex()}"
 
 
 def analyse(spans: pa.Table, *, run_id: str | None = None, ancestors: bool = False,
@@ -184,7 +191,7 @@ def run_goodput(spans: pa.Table, *, run_id: str | None = None, by: str = "step")
 
 
 def _narrow_batch(read: GoodputRows, run_id: str | None) -> _OneBatch:
-    """The one batch of only the rows goodput reads (:data:`_STEP_OR_JOB`), so the columns of the
+    """The one batch of only the rows goodput reads (:func:`_read_names`), so the columns of the
     many spans without a bucket are never decoded; runs keep the whole table's order."""
     UnknownRunError.unless_present(run_id, read.run_order)
     arrays = span_arrays(read.rows)
@@ -203,7 +210,7 @@ GoodputRows = KeptRows
 
 def goodput_rows(spans: pa.Table) -> GoodputRows:
     """:class:`GoodputRows` of a table in memory."""
-    return table_rows(spans, _STEP_OR_JOB)
+    return table_rows(spans, _read_names())
 
 
 def read_goodput_rows(files: list[str], columns: tuple[str, ...], *, batch_rows: int | None = None,
@@ -215,7 +222,7 @@ def read_goodput_rows(files: list[str], columns: tuple[str, ...], *, batch_rows:
     None when the files hold no spans: the caller reads them whole.
     """
     numbers = Later(lambda: file_step_numbers(files))
-    return file_rows(files, columns, _STEP_OR_JOB, prepare=lambda batch: number_steps(batch, numbers.get()),
+    return file_rows(files, columns, _read_names(), prepare=lambda batch: number_steps(batch, numbers.get()),
                      settings=settings, batch_rows=batch_rows)
 
 
@@ -253,11 +260,28 @@ def _clean(value: Any) -> Any:
     return None if isinstance(value, float) and value != value else value
 
 
+_FAILED_BUCKETS = tuple(f"failed_{b}_s" for b in BUCKETS)
+
+
+def _step_document(row: dict[str, Any]) -> dict[str, Any]:
+    """A step of the document: its columns, the failed ones nested as ``failed_buckets``."""
+    out = {k: _clean(v) for k, v in row.items() if k != "run_id" and k not in _FAILED_BUCKETS}
+    if "failed" in row:
+        out["failed"] = bool(row["failed"])
+        out["failed_buckets"] = ({k.removeprefix("failed_"): _clean(row[k]) for k in _FAILED_BUCKETS}
+                                 if row["failed"] else None)
+    return out
+
+
 def goodput_document(runs: tuple[RunGoodput, ...], *, baseline: tuple[RunGoodput, ...] = ()) -> dict[str, Any]:
     """The ``goodput --format json`` document (README: "goodput JSON"); extra keys may be added, never renamed.
 
     ``{"runs": [{"run_id", "steps": [{"iteration", "wall_s", <bucket>_s..., "unattributed_s",
-    "double_counted_s", "goodput", ...}], "total": {...}, "outside_steps": {...}, "job_wall_s"}]}``;
+    "double_counted_s", "goodput", "failed", "failed_buckets", ...}], "total": {..., "failed_steps",
+    "failed_<bucket>_s"...}, "outside_steps": {...}, "job_wall_s", "caveats": [...]}]}``. A failed
+    step's bucketed time is in ``wasted_s``; ``failed_buckets`` holds the ``<bucket>_s`` it would
+    have had (null for a step that did not fail); the total is ``RunGoodput.total`` as it is (flat:
+    every value a number). ``caveats`` says what the run's number does not mean;
     with ``baseline``, each run also gets ``"baseline": {"run_id", "per_step": compare_runs(...)}``
     against the baseline run of the same id, else the baseline's first run.
     """
@@ -266,11 +290,12 @@ def goodput_document(runs: tuple[RunGoodput, ...], *, baseline: tuple[RunGoodput
     for run in runs:
         item: dict[str, Any] = {
             "run_id": run.run_id,
-            "steps": [{k: _clean(v) for k, v in row.items() if k != "run_id"} for row in run.steps.to_pylist()],
+            "steps": [_step_document(row) for row in run.steps.to_pylist()],
             "total": {k: _clean(v) for k, v in run.total.items()},
             "outside_steps": dict(run.outside_steps),
             "job_wall_s": run.job_wall_s,
             "outliers": [vars(o) for o in run.outliers],
+            "caveats": list(run.caveats),
         }
         if run.ranks is not None:
             item["ranks"] = [{k: _clean(v) for k, v in row.items() if k != "run_id"} for row in run.ranks.to_pylist()]

@@ -3,7 +3,9 @@
 The monitor applies the same partial -> merge -> finish rules as the offline engines, only a
 batch at a time: walks of unstamped spans (``walk_starts``), one partial per batch of settled
 spans (``goodput_partial`` with the walks' iterations), partials merged (``GoodputAccumulator``)
-and finished into ``goodput --format json`` steps (``goodput_document``).
+and finished into ``goodput --format json`` steps (``goodput_document``); the spans that fail a
+step, as the ``failed-step`` finding names them (``failed_partial``, only for a batch with a span
+in error status).
 """
 
 from __future__ import annotations
@@ -14,29 +16,40 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nemo_telemetry.analysis.findings.rules import failed_partial, failed_spans
 from nemo_telemetry.analysis.goodput import partials, rules
 from nemo_telemetry.analysis.goodput.steps import goodput_document
+from nemo_telemetry.analysis.model.grouping import Columns
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
+from nemo_telemetry.analysis.model.status import error_rows
 from nemo_telemetry.analysis.model.tree import with_id_keys
 
 __all__ = ["COLUMNS", "STEP", "SUM", "UNION", "JOB", "goodput_columns", "Walks", "walks", "partial",
-           "Merged", "step_documents"]
+           "Merged", "step_documents", "failed"]
 
 COLUMNS = partials.GOODPUT_COLUMNS
 STEP, SUM, UNION, JOB = rules.STEP, rules.SUM, rules.UNION, rules.JOB
 _SCHEMA = pa.schema([pa.field("name", pa.string()), pa.field("start_ns", pa.int64()), pa.field("end_ns", pa.int64()),
                      pa.field("run_id", pa.string()), pa.field(BUCKET, pa.string()), pa.field(ITERATION, pa.int64()),
                      pa.field("trace_key", pa.uint64()), pa.field("span_key", pa.uint64()),
-                     pa.field("parent_key", pa.uint64())])
+                     pa.field("parent_key", pa.uint64()), pa.field("status_code", pa.string()),
+                     pa.field("status_message", pa.string())])
 
 
 def goodput_columns(spans: pa.Table) -> pa.Table:
-    """The columns the rules read, in one plain schema (so batches from any source concatenate)."""
+    """The columns the rules read, in one plain schema (so batches from any source concatenate).
+    The status is kept only where it is an error (the only status a rule reads), so the spans the
+    state holds carry no string per span for it."""
     spans = with_id_keys(spans)
+    error = pa.chunked_array([pa.array(error_rows(spans))]) if "status_code" in spans.column_names else None
     columns = []
     for field in _SCHEMA:
         if field.name in spans.column_names:
-            columns.append(pc.cast(spans.column(field.name), field.type))
+            column = pc.cast(spans.column(field.name), field.type)
+            if field.name in ("status_code", "status_message"):
+                column = (pc.if_else(error, column, pa.scalar(None, field.type)) if error is not None
+                          else pa.nulls(spans.num_rows, field.type))
+            columns.append(column)
         else:
             columns.append(pa.nulls(spans.num_rows, field.type))
     return pa.table(columns, schema=_SCHEMA)
@@ -74,6 +87,15 @@ def partial(spans: pa.Table, found: Walks) -> pa.Table:
     """The partial (``PARTIAL_SCHEMA``) of settled ``spans``; their walks' iterations are in ``found``."""
     index = partials.AttributionIndex.of(found.trace, found.parent, found.iteration)
     return rules.goodput_partial(spans, attributed=index)
+
+
+def failed(spans: pa.Table, found: Walks) -> Columns | None:
+    """Per (run, iteration) the first of settled ``spans`` that fails the step (``rules.failed_spans``;
+    their walks' iterations in ``found``), None when no span of the batch ended in error."""
+    if not error_rows(spans).any():
+        return None
+    index = partials.AttributionIndex.of(found.trace, found.parent, found.iteration)
+    return failed_spans([failed_partial(*rules.batch_attribution(spans, attributed=index))])
 
 
 class Merged:

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES
 from nemo_telemetry.analysis.findings.checks import BATCH_FINDING_CODES, check_batch
+from nemo_telemetry.analysis.findings.report import FINDING_CODES, Finding
 from nemo_telemetry.analysis.ingestion.collect import CollectorServer, CollectSummary
 from nemo_telemetry.analysis.ingestion.follow import DumpFollower, FollowCounts
 from nemo_telemetry.analysis.ingestion.ingest import read_spans
@@ -103,6 +104,7 @@ class _Loop:
     reported: int = 0
     revisions: int = 0
     rate: deque = field(default_factory=lambda: deque(maxlen=20))  # (time, spans so far)
+    failed: set = field(default_factory=set)  # (run, iteration) of the steps a failed-step finding was given for
 
     def add(self, spans: pa.Table) -> None:
         self.state.add(spans)
@@ -119,11 +121,33 @@ class _Loop:
             self.revisions += record.revised
             if self.on_step is not None:
                 self.on_step(record)
+            self._failed_step(record)
         if records:
             self._check_alerts()
         snapshot = metrics_snapshot(self.state, self.findings_by_code, metric_steps=self.metric_steps)
         for export in self.exports:
             export.update(snapshot)
+
+    def _failed_step(self, record: StepRecord) -> None:
+        """``failed-step`` once per step reported failed, worded as ``check`` words it where the
+        monitor kept the span (the trace id is the dataset's to give: ``check`` it)."""
+        key = (record.run_id, record.iteration)
+        if not record.figures.get("failed") or key in self.failed:
+            return
+        self.failed.add(key)
+        self.findings_by_code["failed-step"] = self.findings_by_code.get("failed-step", 0) + 1
+        span = self.state.failed_spans.get(key)
+        if span is None:
+            what, span_ids = "a span of it ended in error status", ()
+        else:
+            said = f": {span['message']!r}" if span["message"] else " (no status message)"
+            what, span_ids = f"span {span['name']!r} (span {span['span_id']}) ended in error status{said}", (
+                span["span_id"],)
+        self.newest.append(Finding(
+            code="failed-step", severity=FINDING_CODES["failed-step"], iteration=record.iteration,
+            message=(f"step {record.iteration} failed: {what}; its bucketed time is counted as wasted_s, kept in "
+                     "failed_buckets: fix what raised (`check` the dataset for the span's trace)"),
+            trace_id=None, span_ids=span_ids, run_id=record.run_id))
 
     def _check_alerts(self) -> None:
         if self.alert_below is None:

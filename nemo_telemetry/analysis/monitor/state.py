@@ -112,6 +112,8 @@ class MonitorState:
         self.late_spans = 0  # spans of steps already folded away: counted, not applied
         self.released_unresolved = 0  # pending spans that waited past the horizon
         self.outside_spans_dropped = 0  # spans of iterations without a step span, past keep_steps of them
+        # (run, iteration) -> the first span that failed it (name, span_id, message, start, spans), kept steps only
+        self.failed_spans: dict[tuple, dict[str, Any]] = {}
 
     # -- input ---------------------------------------------------------------------------------
 
@@ -160,6 +162,7 @@ class MonitorState:
         if spans.num_rows == 0:
             return
         part = rules.partial(spans, found)
+        self._note_failed(rules.failed(spans, found))
         late = np.zeros(part.num_rows, bool)
         for run, state in self._runs.items():
             if state.folded_below is not None:
@@ -174,6 +177,20 @@ class MonitorState:
         stamped = part.filter(pc.and_(pc.is_valid(part["iteration"]), pc.not_equal(part["kind"], rules.JOB)))
         self._touched.update(zip(stamped["run"].to_pylist(), stamped["iteration"].to_pylist()))
         self._merged.add(part)
+
+    def _note_failed(self, detail) -> None:
+        """Keep, per failed step, its earliest failing span (a later batch may hold an earlier one)."""
+        if detail is None:
+            return
+        for i in range(len(detail["run"])):  # one row per failed step of the batch
+            key = (detail["run"][i], int(detail["iteration"][i]))
+            row = {k: detail[k][i] for k in ("name", "span_id", "message", "start", "spans")}
+            before = self.failed_spans.get(key)
+            if before is not None:
+                row["spans"] = int(row["spans"]) + int(before["spans"])
+                if before["start"] <= row["start"]:
+                    row = {**before, "spans": row["spans"]}
+            self.failed_spans[key] = row
 
     # -- output --------------------------------------------------------------------------------
 
@@ -235,6 +252,8 @@ class MonitorState:
                 state.folded_below = old if state.folded_below is None else max(state.folded_below, old)
             if state.folded_below is not None:
                 gone |= mine & (iteration <= state.folded_below)
+                for key in [k for k in self.failed_spans if k[0] == run and k[1] <= state.folded_below]:
+                    del self.failed_spans[key]
             with_step = set(iteration[mine & (kind == rules.STEP)].tolist())
             stepless = sorted(set(iteration[mine & ~gone].tolist()) - with_step)
             if len(stepless) > self.keep_steps:

@@ -35,6 +35,7 @@ READ_COLUMNS = (
     "trace_id", "name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION,
     EFFICIENCY_CATEGORY, "span_groups", "trace_key", "span_key", "parent_key",
     "service_name", "rank",  # the process: step spans without rl.iteration are numbered per run and process
+    "status_code", "status_message",  # a step whose span ended in error is failed; the finding quotes the message
 )
 # Row-group-sized batches (ingest writes pyarrow's default row groups, 2**20 rows): a few large chunks decode
 # with less overhead per batch than the scanner's default 2**17, and every per-chunk loop
@@ -45,7 +46,7 @@ _READAHEAD_PER_THREAD = 2  # batches decoded ahead per file and thread: each thr
 _DICTIONARY_READS = ("trace_id", "resource_attributes.key_value.key", "resource_attributes.key_value.value")
 
 GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "service_name", "run_id", "rank", BUCKET, ITERATION,
-                   "trace_key", "span_key", "parent_key")
+                   "trace_key", "span_key", "parent_key", "status_code")  # status: failed steps
 # goodput by step reads no service_name or rank (only by="rank" does): two columns fewer to read.
 STEP_GOODPUT_COLUMNS = tuple(c for c in GOODPUT_COLUMNS if c not in ("service_name", "rank"))
 
