@@ -325,6 +325,7 @@ def test_step_spans_without_iteration_are_numbered_with_an_info_finding():
     assert "unstamped-span" not in codes(report)
 
 
+@emits("failed-step")
 def test_a_step_whose_span_ended_in_error_is_a_failed_step_naming_the_span_and_its_message():
     t = Trace()
     job = t.span("rl.grpo.job", 0, 40)

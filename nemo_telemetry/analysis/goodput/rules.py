@@ -287,7 +287,7 @@ def async_span_regex() -> str:
     """Span names only an async run opens: the efficiency group's phases (the async driver's
     buffer starvation and refit bubble, the collector's waits, the initial buffer fill), from the
     span-group catalogue the instrument tags spans from."""
-    from nemo_telemetry.instrument import REGISTRY, span_name_regex  # noqa: PLC0415 (the catalogue, on first use)
+    from nemo_telemetry.instrument import REGISTRY, span_name_regex
 
     spans = [p for info in REGISTRY.catalogue() if info.name == "efficiency" for p in info.spans]
     return "|".join(span_name_regex(p) for p in spans) if spans else r"[^\s\S]"  # none: matches nothing
