@@ -229,6 +229,8 @@ def _topology(config: Mapping[str, Any], placement: "_Placement | None") -> dict
     policy = config.get("policy")
     sizes = _parallel_sizes(policy) if isinstance(policy, Mapping) else {}
     world = placement.training_gpus if placement is not None else _cluster_gpus(config)
+    if placement is _UNPLACEABLE:
+        world = None  # a split the config describes inconsistently: the training share is unknown
     if world is not None:
         sizes["world"] = world
         dp = _data_parallel(world, sizes.get("tp", 1) * sizes.get("pp", 1) * sizes.get("cp", 1), "nv.dl.topology")
@@ -267,10 +269,12 @@ class _Placement:
 
 
 GENERATION_PREFIX = "rl.generation.topology"
+_UNPLACEABLE = _Placement(False, 0, 0, 0)  # split, but colocated.resources does not say how
 
 
 def _placement(config: Mapping[str, Any]) -> _Placement | None:
-    """The generation fleet's GPUs, or None where the config does not say (or says it inconsistently)."""
+    """The generation fleet's GPUs: None where the config does not say, ``_UNPLACEABLE`` (warned
+    about) where it says "split" without a share that leaves training some GPUs."""
     colocated = _lookup(config, "policy.generation.colocated.enabled")
     if not isinstance(colocated, bool):
         return None
@@ -289,19 +293,19 @@ def _placement(config: Mapping[str, Any]) -> _Placement | None:
             _log.warning("run config: generation is not colocated on one node, but colocated.resources "
                          "(gpus_per_node=%r, num_nodes=%r) does not leave training a share of its %d GPUs; "
                          "the fleets' topology sizes are left out", gen_per_node, gen_nodes, per_node)
-            return None
+            return _UNPLACEABLE
         return _Placement(False, 1, gen_per_node, per_node - gen_per_node)
     if gen_nodes is None or gen_nodes >= nodes or gen_per_node not in (None, per_node):
         _log.warning("run config: generation is not colocated on %d nodes, but colocated.resources "
                      "(num_nodes=%r, gpus_per_node=%r) does not take whole nodes and leave training some; "
                      "the fleets' topology sizes are left out", nodes, gen_nodes, gen_per_node)
-        return None
+        return _UNPLACEABLE
     return _Placement(False, gen_nodes, per_node, (nodes - gen_nodes) * per_node)
 
 
 def _generation_attributes(config: Mapping[str, Any], placement: _Placement | None) -> dict[str, Any]:
     """``rl.generation.colocated`` and the generation fleet's ``rl.generation.topology.*`` sizes."""
-    if placement is None:
+    if placement is None or placement is _UNPLACEABLE:
         return {}
     attributes: dict[str, Any] = {
         "rl.generation.colocated": placement.colocated,
