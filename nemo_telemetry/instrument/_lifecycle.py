@@ -382,7 +382,7 @@ def declare_fleet(fleet: str) -> bool:
     """Give this process's spans ``rl.fleet=fleet`` when telemetry runs without one; True if it did.
 
     The resource of a provider cannot change, so a provider with the amended resource takes over
-    the same span processor (one exporter, one file): spans open now end normally, spans started
+    the same span processor (one exporter, one file): spans already open end normally, spans started
     from here on carry the fleet. Metrics and log records keep the resource they started with;
     ``init_telemetry_worker(fleet=...)`` puts the fleet on those too.
     """

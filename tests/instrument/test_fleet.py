@@ -111,7 +111,7 @@ def test_traced_worker_init_sets_the_fleet_from_its_role_when_unset(tmp_path):
     with traced_worker_init("vllm", backend="vllm"):
         pass
     outer.__exit__(None, None, None)
-    with traced_worker_init("policy", backend="megatron"):  # the fleet is set now: it stays generation
+    with traced_worker_init("policy", backend="megatron"):  # the fleet is set: it stays generation
         pass
     shutdown_telemetry(timeout_s=10)
     spans = _resources(tmp_path)

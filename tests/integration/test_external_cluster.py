@@ -45,7 +45,7 @@ _PRIORITY = ["nice", "-n", "-10"] if os.geteuid() == 0 else []
 
 
 def _free_ports(count: int, taken: set[int]) -> list[int]:
-    """``count`` ports free now: bound, read, closed (not already in ``taken``)."""
+    """``count`` ports free when asked: bound, read, closed (not already in ``taken``)."""
     ports: list[int] = []
     while len(ports) < count:
         with socket.socket() as sock:
@@ -271,7 +271,7 @@ def test_actors_on_an_attached_cluster_record_into_the_runs_one_trace(external_c
     assert out["source"] == "attached_external"
     assert plain["on"] and own["on"], "a worker found no telemetry settings"
     assert plain["run_id"] == own["run_id"] == out["run_id"]
-    assert (plain["own"], own["own"]) == (None, "42")  # the actor's own runtime_env was merged, not lost
+    assert (plain["own"], own["own"]) == (None, "42")  # the actor's own runtime_env is merged, not lost
     assert plain["node"] != own["node"]  # one actor on each node: the second node's worker got them too
     assert out["flushed"] == [True, True]
 
