@@ -221,29 +221,41 @@ DRIVER = textwrap.dedent("""
         flush_actors_telemetry, init_telemetry_driver, init_telemetry_worker, shutdown_telemetry, span_cm,
         startup_span, traced_ray_init, umbrella_span)
 
-    address, dump_dir = (sys.argv[1] or None), sys.argv[2]
+    import logging
+    from nemo_telemetry.instrument import current_trace_carrier
+
+    address, dump_dir, how = (sys.argv[1] or None), sys.argv[2], sys.argv[3]
     init_telemetry_driver({"enabled": True, "span_groups": "all", "exporter": "dump", "dump_dir": dump_dir},
                           algorithm="grpo")
 
 
     class Worker(TelemetryFlushMixin):
-        def __init__(self, fleet):
-            self.on = init_telemetry_worker(rank=0, world_size=1, fleet=fleet, gpus=0)
+        def __init__(self, fleet, trace_carrier=None):
+            self.warnings = []
+            handler = logging.Handler()
+            handler.emit = lambda record: self.warnings.append(record.getMessage())
+            logging.getLogger("nemo_telemetry").addHandler(handler)
+            self.on = init_telemetry_worker(rank=0, world_size=1, fleet=fleet, gpus=0, trace_carrier=trace_carrier)
 
         @accepts_trace_context
         def work(self, name):
             with span_cm("rl.test." + name):
                 return {"on": self.on, "run_id": os.environ.get("NEMO_TELEMETRY_RUN_ID"),
-                        "own": os.environ.get("OWN_ACTOR_VARIABLE"), "node": ray.get_runtime_context().get_node_id()}
+                        "own": os.environ.get("OWN_ACTOR_VARIABLE"), "node": ray.get_runtime_context().get_node_id(),
+                        "warnings": [w for w in self.warnings if "telemetry_runtime_env" in w]}
 
 
     with umbrella_span(RLSpanGroup.U_JOB, "rl.grpo.job"):
         with startup_span():
-            source = traced_ray_init(address=address, include_dashboard=False, log_to_driver=False)
+            if how == "plain":  # what the issue tried: Ray joined without the driver's settings
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+                source = None
+            else:
+                source = traced_ray_init(address=address, include_dashboard=False, log_to_driver=False)
         deadline = time.monotonic() + 120
         while sum(n["Alive"] for n in ray.nodes()) < 2 and time.monotonic() < deadline:
             time.sleep(0.5)
-        plain = ray.remote(num_cpus=1)(Worker).remote("policy")
+        plain = ray.remote(num_cpus=1)(Worker).remote("policy", trace_carrier=current_trace_carrier())
         own = ray.remote(num_cpus=1)(Worker).options(
             runtime_env={"env_vars": {"OWN_ACTOR_VARIABLE": "42"}}).remote("generation")
         results = ray.get([dispatch_with_trace_context(plain.work, "plain"),
@@ -256,20 +268,25 @@ DRIVER = textwrap.dedent("""
 """)
 
 
+def _drive(cluster: ExternalCluster, address: str | None, dump_dir: Path, how: str) -> dict:
+    script = dump_dir.parent / "driver.py"
+    script.write_text(DRIVER)
+    environ = {**_clean_environment(), "RAY_ADDRESS": cluster.address}
+    done = subprocess.run([sys.executable, str(script), address or "", str(dump_dir), how], env=environ,
+                          capture_output=True, text=True, timeout=_DRIVER_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("address", ["auto", None], ids=["address-auto", "ray-address-only"])
 def test_actors_on_an_attached_cluster_record_into_the_runs_one_trace(external_cluster, address, tmp_path):
     dump_dir = tmp_path / "dump"
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
-    environ = {**_clean_environment(), "RAY_ADDRESS": external_cluster.address}
-    done = subprocess.run([sys.executable, str(script), address or "", str(dump_dir)], env=environ,
-                          capture_output=True, text=True, timeout=_DRIVER_S)
-    assert done.returncode == 0, done.stderr[-4000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = _drive(external_cluster, address, dump_dir, "traced")
     plain, own = out["results"]
 
     assert out["source"] == "attached_external"
     assert plain["on"] and own["on"], "a worker found no telemetry settings"
+    assert plain["warnings"] == own["warnings"] == []
     assert plain["run_id"] == own["run_id"] == out["run_id"]
     assert (plain["own"], own["own"]) == (None, "42")  # the actor's own runtime_env is merged, not lost
     assert plain["node"] != own["node"]  # one actor on each node: the second node's worker got them too
@@ -287,3 +304,16 @@ def test_actors_on_an_attached_cluster_record_into_the_runs_one_trace(external_c
     pids = {dict(by_name[name]["resource_attributes"])["process.pid"] for name in ("rl.grpo.job", "rl.test.plain",
                                                                                    "rl.test.own")}
     assert len(pids) == 3  # three processes wrote them
+
+
+def test_without_the_drivers_settings_a_worker_records_nothing_and_says_so_once(external_cluster, tmp_path):
+    """The issue's report, kept as the contrast: a plain ``ray.init(address="auto")`` hands the job
+    nothing, so the workers start without telemetry; the one handed the driver's carrier warns."""
+    dump_dir = tmp_path / "dump"
+    out = _drive(external_cluster, "auto", dump_dir, "plain")
+    plain, own = out["results"]
+    assert not plain["on"] and not own["on"]
+    assert len(plain["warnings"]) == 1 and "NEMO_TELEMETRY_ENABLED" in plain["warnings"][0]
+    assert len(own["warnings"]) == 1  # no carrier at __init__: the first carried call said it
+    names = {r["name"] for r in read_spans(dump_dir).to_pylist()}
+    assert "rl.grpo.job" in names and not {"rl.test.plain", "rl.test.own"} & names
