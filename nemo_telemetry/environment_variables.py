@@ -3,7 +3,8 @@ exported as ``nemo_telemetry.instrument.environment_variables``; this module imp
 
 Precedence for each setting: explicit argument > raw environment > ``telemetry:`` config > default.
 ``init_telemetry_driver`` writes the resolved values into these variables *before* Ray starts,
-so every worker inherits the driver's decisions and ``init_telemetry_worker`` only reads them.
+so every worker inherits the driver's decisions and ``init_telemetry_worker`` only reads them; on a
+cluster the driver attaches to, they travel in the job's ``runtime_env`` (``telemetry_runtime_env``).
 The ``OTEL_*`` names are the standard OpenTelemetry ones; the OTLP exporters read them too.
 """
 

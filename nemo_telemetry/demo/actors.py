@@ -7,7 +7,8 @@ through ``dispatch_with_trace_context``, and a ``flush_telemetry`` method (from
 ``TelemetryFlushMixin``) the driver calls before ``ray.kill``.
 
 The constructors also take the driver's carrier (``trace_carrier``), so even the load spans join
-the run's trace: Ray carries no context into ``__init__`` by itself.
+the run's trace: Ray carries no context into ``__init__`` by itself. ``init_telemetry_worker`` gets
+it too, so a worker the driver's settings never reached says so once.
 
 The collector follows seed 000 ("Async rollout spans come from the collector actor"): the carrier
 it is built with is re-attached in its loop thread and in every batch-worker thread; each batch is
@@ -36,7 +37,7 @@ from nemo_telemetry.instrument import (
 )
 from nemo_telemetry.demo.workload import PhaseTimes, ReplayBuffer, Rollout, sample_responses
 
-__all__ = ["PolicyWorker", "GenerationWorker", "TrajectoryCollector", "SERVICE_NAMES"]
+__all__ = ["PolicyWorker", "GenerationWorker", "TrajectoryCollector", "SERVICE_NAMES", "FLEET_GPUS"]
 
 SERVICE_NAMES = {
     "driver": "demo-grpo-driver",
@@ -44,6 +45,11 @@ SERVICE_NAMES = {
     "generation": "demo-generation-worker",
     "collector": "demo-trajectory-collector",
 }
+
+FLEET_GPUS = {"policy": 1, "generation": 1, "collector": 0}
+"""``rl.fleet`` -> the GPUs one of its workers declares (``nv.dl.gpu.count``). The demo runs on CPU,
+where nothing could be counted, so each worker says what it stands for: a policy rank and the
+generation engine one GPU each, the collector (a CPU loop in NeMo-RL too) none."""
 
 
 def _load_model(role: str, seconds: float, carrier: dict[str, str] | None) -> None:
@@ -56,7 +62,8 @@ class PolicyWorker(TelemetryFlushMixin):
 
     def __init__(self, rank: int, world_size: int, *, times: PhaseTimes,
                  trace_carrier: dict[str, str] | None = None) -> None:
-        init_telemetry_worker(rank=rank, world_size=world_size, service_name=SERVICE_NAMES["policy"])
+        init_telemetry_worker(rank=rank, world_size=world_size, service_name=SERVICE_NAMES["policy"],
+                              fleet="policy", gpus=FLEET_GPUS["policy"], trace_carrier=trace_carrier)
         self.rank = rank
         self.times = times
         self.updates = 0
@@ -96,7 +103,8 @@ class GenerationWorker(TelemetryFlushMixin):
     """The generation engine (vLLM's place): one batch at a time, weights refitted by the driver."""
 
     def __init__(self, *, seed: int, times: PhaseTimes, trace_carrier: dict[str, str] | None = None) -> None:
-        init_telemetry_worker(rank=0, world_size=1, service_name=SERVICE_NAMES["generation"])
+        init_telemetry_worker(rank=0, world_size=1, service_name=SERVICE_NAMES["generation"],
+                              fleet="generation", gpus=FLEET_GPUS["generation"], trace_carrier=trace_carrier)
         self.seed = seed
         self.times = times
         self.weight_version = 0
@@ -132,7 +140,8 @@ class TrajectoryCollector(TelemetryFlushMixin):
 
     def __init__(self, generation_worker: Any, *, prompts_per_batch: int, num_generations: int,
                  times: PhaseTimes, buffer_limit: int = 1, trace_carrier: dict[str, str] | None = None) -> None:
-        init_telemetry_worker(rank=0, world_size=1, service_name=SERVICE_NAMES["collector"])
+        init_telemetry_worker(rank=0, world_size=1, service_name=SERVICE_NAMES["collector"],
+                              fleet="collector", gpus=FLEET_GPUS["collector"], trace_carrier=trace_carrier)
         self._carrier = dict(trace_carrier or {})
         self._replay = TracedDataPlaneClient(ReplayBuffer())
         self._generation = generation_worker

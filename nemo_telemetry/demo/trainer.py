@@ -50,11 +50,11 @@ from nemo_telemetry.instrument import (
     start_efficiency_span,
     startup_span,
     tee_metrics,
+    telemetry_runtime_env,
     traced_ray_init,
     umbrella_span,
     umbrella_trace_fn,
 )
-from nemo_telemetry.instrument import environment_variables as telemetry_env
 
 __all__ = ["DemoSettings", "TrainSummary", "train"]
 
@@ -135,15 +135,13 @@ def ray_session() -> Iterator[str]:
 def actor_options(cluster_source: str) -> dict[str, Any]:
     """``.options()`` for every actor: no CPU reservation, and the telemetry environment.
 
-    A cluster this driver started after ``init_telemetry_driver`` hands its workers that
-    environment already (and can reuse its pre-started workers). One that was running before
-    (a shared test cluster, ``RAY_ADDRESS``) gives them the environment *it* started with, so
-    the driver's telemetry variables go along explicitly.
+    ``traced_ray_init`` gave the job the driver's telemetry settings whenever it called
+    ``ray.init``. A process already connected (a shared test cluster) kept the job's own
+    ``runtime_env``, so there the settings go to each actor (:func:`telemetry_runtime_env`).
     """
-    if cluster_source == "started_local":
+    if cluster_source != "reused_local":
         return {"num_cpus": 0}
-    env = {k: os.environ[k] for k in telemetry_env.NEMO_TELEMETRY_VARIABLES if k in os.environ}
-    return {"num_cpus": 0, "runtime_env": {"env_vars": env}}
+    return {"num_cpus": 0, "runtime_env": telemetry_runtime_env()}
 
 
 @dataclass

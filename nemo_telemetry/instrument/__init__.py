@@ -65,7 +65,7 @@ _LAZY_MODULES = {
     "propagation": ("TRACE_CARRIER_KWARG", "TraceCarrierThread", "current_trace_carrier", "remote_trace_context",
                     "run_with_carrier", "trace_context_kwargs"),
     "data_plane": ("DATA_PLANE_OPS", "TracedDataPlaneClient"),
-    "startup": ("CLUSTER_SOURCES", "traced_ray_init", "traced_worker_init"),
+    "startup": ("CLUSTER_SOURCES", "telemetry_runtime_env", "traced_ray_init", "traced_worker_init"),
     "ray_actors": ("TelemetryFlushMixin", "accepts_trace_context", "dispatch_with_trace_context",
                    "flush_actors_telemetry"),
 }
@@ -172,6 +172,7 @@ __all__ = [
     "DumpSpanExporter",
     # startup helpers and the data-plane client
     "traced_ray_init",
+    "telemetry_runtime_env",
     "CLUSTER_SOURCES",
     "traced_worker_init",
     "TracedDataPlaneClient",

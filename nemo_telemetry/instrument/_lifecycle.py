@@ -42,6 +42,8 @@ __all__ = [
     "flush_telemetry",
     "shutdown_telemetry",
     "current_telemetry_config",
+    "declare_fleet",
+    "warn_worker_without_settings",
     "DEFAULT_DUMP_DIR",
 ]
 
@@ -62,6 +64,8 @@ class _Runtime:
     meter_provider: Any = None
     logger_provider: Any = None
     host_memory: Any = None
+    span_processor: Any = None
+    fleet: str | None = None
 
 
 _runtime = _Runtime()
@@ -81,7 +85,8 @@ def init_telemetry_driver(config: TelemetryConfig | Mapping[str, Any] | str | os
                           algorithm: str | None = None, service_name: str | None = None,
                           run_config: Mapping[str, Any] | None = None,
                           resource_attributes: Mapping[str, Any] | None = None,
-                          rank: int = 0, world_size: int = 1, local_rank: int = 0) -> TelemetryConfig:
+                          rank: int = 0, world_size: int = 1, local_rank: int = 0,
+                          fleet: str | None = None, gpus: int | None = None) -> TelemetryConfig:
     """Resolve ``config`` (dict, YAML path or TelemetryConfig) into the environment, then start telemetry.
 
     Call it before ``ray.init()``: the resolved ``NEMO_TELEMETRY_*`` (and ``OTEL_EXPORTER_OTLP_*``
@@ -98,6 +103,10 @@ def init_telemetry_driver(config: TelemetryConfig | Mapping[str, Any] | str | os
     ``run_config``; an integration that reads a trainer's own config passes them here. ``rank``,
     ``world_size`` and ``local_rank`` are this process's place in a launcher's world (``torchrun``
     ranks that each run the driver code); a driver alone keeps the defaults.
+
+    ``fleet`` (``rl.fleet``) defaults to ``driver``, whose ``nv.dl.gpu.count`` is 0 unless ``gpus``
+    says otherwise; a driver that trains itself (a ``torchrun`` rank) passes ``fleet="policy"``,
+    and its GPU count then resolves as :func:`init_telemetry_worker`'s does.
 
     Raises :class:`SpecError` (before anything is written) for a ``span_groups`` spec that would
     not mean what it says: a subtraction (``per_step,-job``; the message lists the groups to write
@@ -117,8 +126,12 @@ def init_telemetry_driver(config: TelemetryConfig | Mapping[str, Any] | str | os
     _export_environment(cfg, algorithm, run_attributes)
     if cfg.enabled:
         warn_missing_otlp_endpoint(cfg)
+    from nemo_telemetry.instrument._resources import DRIVER_FLEET
+
+    fleet = _fleet_word(fleet) or DRIVER_FLEET
+    gpus = 0 if gpus is None and fleet == DRIVER_FLEET else gpus
     _start(cfg, rank=int(rank), world_size=int(world_size), local_rank=int(local_rank),
-           default_service=f"{cfg.namespace}-driver")
+           default_service=f"{cfg.namespace}-driver", fleet=fleet, gpus=gpus)
     return cfg
 
 
@@ -226,18 +239,64 @@ def warn_missing_otlp_endpoint(cfg: TelemetryConfig, environ: Mapping[str, str] 
 
 
 def init_telemetry_worker(*, rank: int | None = None, world_size: int | None = None,
-                          local_rank: int | None = None, service_name: str | None = None) -> bool:
+                          local_rank: int | None = None, service_name: str | None = None,
+                          fleet: str | None = None, gpus: int | None = None,
+                          trace_carrier: Mapping[str, str] | None = None) -> bool:
     """Start telemetry in a worker from the environment the driver set; True when it is on.
 
     Rank, world size and local rank default to ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` (else
     0, 1, 0); pass them explicitly for singleton actors, whose inherited ``RANK`` is the driver's.
+
+    ``fleet`` is ``rl.fleet``: ``policy``, ``generation``, ``value``, ``reference``, ``collector``,
+    ``gym`` or a word of the caller's own (unset, :func:`traced_worker_init` sets it from its role).
+    ``gpus`` is ``nv.dl.gpu.count``; unset, it is the count in ``CUDA_VISIBLE_DEVICES``, else
+    ``len(ray.get_gpu_ids())`` inside a Ray worker, else 0.
+
+    A worker whose environment holds no telemetry settings returns False. Handed the driver's
+    ``trace_carrier`` (as the actor's constructor often is), it also knows the driver records,
+    and warns once that the settings did not arrive (``telemetry_runtime_env`` carries them).
     """
+    if env.NEMO_TELEMETRY_ENABLED not in os.environ and trace_carrier:
+        warn_worker_without_settings(trace_carrier)
     cfg = resolve_telemetry_config(None)
     if service_name:
         cfg = dataclasses.replace(cfg, service_name=service_name)
     rank = _int_or(rank, "RANK", 0)
     return _start(cfg, rank=rank, world_size=_int_or(world_size, "WORLD_SIZE", 1),
-                  local_rank=_int_or(local_rank, "LOCAL_RANK", 0), default_service=f"{cfg.namespace}-worker")
+                  local_rank=_int_or(local_rank, "LOCAL_RANK", 0), default_service=f"{cfg.namespace}-worker",
+                  fleet=_fleet_word(fleet), gpus=gpus)
+
+
+def _fleet_word(fleet: str | None) -> str | None:
+    if fleet is None:
+        return None
+    word = str(fleet).strip().lower()
+    if not word:
+        _log.warning("nemo_telemetry: fleet=%r names no fleet; rl.fleet is left unset", fleet)
+        return None
+    return word
+
+
+_warned_without_settings = False
+
+
+def warn_worker_without_settings(trace_carrier: Mapping[str, str] | None) -> bool:
+    """Warn once per process that the driver records but this worker got no settings; True if it warned.
+
+    The evidence is a non-empty carrier: a driver whose telemetry is off sends ``{}``. Nothing is
+    said when this process's environment has ``NEMO_TELEMETRY_ENABLED`` (off on purpose, or on).
+    """
+    global _warned_without_settings
+    if _warned_without_settings or not trace_carrier or env.NEMO_TELEMETRY_ENABLED in os.environ:
+        return False
+    _warned_without_settings = True
+    _log.warning(
+        "nemo_telemetry: this worker (pid %d) received the driver's trace context, so the driver records telemetry, "
+        "but its environment has no %s: its spans are not recorded. On a Ray cluster this process did not start "
+        "(ray start, ray.sub, KubeRay), workers see only what the job's runtime_env gives them: start Ray with "
+        "traced_ray_init(...), or pass runtime_env=telemetry_runtime_env() to ray.init or to the actor's options",
+        os.getpid(), env.NEMO_TELEMETRY_ENABLED)
+    return True
 
 
 def _int_or(value: int | None, variable: str, default: int) -> int:
@@ -260,14 +319,15 @@ def _resolve_groups(cfg: TelemetryConfig) -> frozenset[str]:
         return frozenset()
 
 
-def _start(cfg: TelemetryConfig, *, rank: int, world_size: int, local_rank: int, default_service: str) -> bool:
+def _start(cfg: TelemetryConfig, *, rank: int, world_size: int, local_rank: int, default_service: str,
+           fleet: str | None = None, gpus: int | None = None) -> bool:
     with _lock:
         shutdown_telemetry()
         if not cfg.enabled:
             return False
         try:
             _start_provider(cfg, rank=rank, world_size=world_size, local_rank=local_rank,
-                            service=cfg.service_name or default_service)
+                            service=cfg.service_name or default_service, fleet=fleet, gpus=gpus)
         except Exception:
             _log.warning("could not start telemetry; the run goes on without it", exc_info=True)
             _gate.set_enabled_span_groups(())
@@ -276,12 +336,13 @@ def _start(cfg: TelemetryConfig, *, rank: int, world_size: int, local_rank: int,
         return True
 
 
-def _start_provider(cfg: TelemetryConfig, *, rank: int, world_size: int, local_rank: int, service: str) -> None:
+def _start_provider(cfg: TelemetryConfig, *, rank: int, world_size: int, local_rank: int, service: str,
+                    fleet: str | None, gpus: int | None) -> None:
     global _atexit_registered
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from nemo_telemetry.instrument._resources import build_resource, decode_run_attributes
+    from nemo_telemetry.instrument._resources import build_resource, decode_run_attributes, resolve_gpu_count
 
     groups = _resolve_groups(cfg)
     run_id = os.environ.get(env.NEMO_TELEMETRY_RUN_ID) or uuid.uuid4().hex
@@ -291,15 +352,18 @@ def _start_provider(cfg: TelemetryConfig, *, rank: int, world_size: int, local_r
         algorithm=os.environ.get(env.NEMO_TELEMETRY_ALGORITHM),
         rank=rank, world_size=world_size, local_rank=local_rank, span_groups=groups,
         run_attributes=decode_run_attributes(os.environ.get(env.NEMO_TELEMETRY_RESOURCE_ATTRIBUTES)),
+        fleet=fleet, gpus=resolve_gpu_count(gpus),
     )
     provider = TracerProvider(resource=resource, shutdown_on_exit=False,  # our atexit is bounded
                               id_generator=_id_generator())
     exporter = make_span_exporter(cfg, service_name=service)
-    if exporter is not None:
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+    processor = BatchSpanProcessor(exporter) if exporter is not None else None
+    if processor is not None:
+        provider.add_span_processor(processor)
     if isinstance(trace_api.get_tracer_provider(), trace_api.ProxyTracerProvider):
         trace_api.set_tracer_provider(_gate.GLOBAL_TRACER_PROVIDER)  # settable once; it follows ours
     _runtime.provider, _runtime.exporter, _runtime.config = provider, exporter, cfg
+    _runtime.span_processor, _runtime.fleet = processor, fleet
     _runtime.meter_provider = _start_meter_provider(cfg, resource, service)
     _gate.set_tracer_provider(provider)
     _gate.set_enabled_span_groups(groups)
@@ -312,6 +376,33 @@ def _start_provider(cfg: TelemetryConfig, *, rank: int, world_size: int, local_r
     if not _atexit_registered:
         atexit.register(shutdown_telemetry)
         _atexit_registered = True
+
+
+def declare_fleet(fleet: str) -> bool:
+    """Give this process's spans ``rl.fleet=fleet`` when telemetry runs without one; True if it did.
+
+    The resource of a provider cannot change, so a provider with the amended resource takes over
+    the same span processor (one exporter, one file): spans already open end normally, spans started
+    from here on carry the fleet. Metrics and log records keep the resource they started with;
+    ``init_telemetry_worker(fleet=...)`` puts the fleet on those too.
+    """
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from nemo_telemetry.instrument._resources import FLEET_KEY
+
+    word = _fleet_word(fleet)
+    with _lock:
+        provider = _runtime.provider
+        if provider is None or _runtime.fleet is not None or word is None:
+            return False
+        amended = TracerProvider(resource=provider.resource.merge(Resource({FLEET_KEY: word})),
+                                 shutdown_on_exit=False, id_generator=_id_generator())
+        if _runtime.span_processor is not None:
+            amended.add_span_processor(_runtime.span_processor)
+        _runtime.provider, _runtime.fleet = amended, word
+        _gate.set_tracer_provider(amended)
+        return True
 
 
 _ids: Any = None
@@ -431,6 +522,7 @@ def shutdown_telemetry(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
         _gate.set_enabled_span_groups(())
         _runtime.provider, _runtime.exporter, _runtime.config = None, None, None
         _runtime.meter_provider = _runtime.logger_provider = _runtime.host_memory = None
+        _runtime.span_processor = _runtime.fleet = None
         if host_memory is not None:
             host_memory.stop()  # its last sample is in the final collection below
         if meter_provider is not None:

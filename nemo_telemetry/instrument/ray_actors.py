@@ -10,6 +10,9 @@ actor"):
 - receiver: ``@accepts_trace_context`` on the actor method pops the carrier and runs the method
   under it: around the call for functions and coroutines, around *each step* for generators and
   async generators, never across a ``yield`` (the consumer's context is not the producer's).
+  A carrier reaching a process that records nothing and has no telemetry settings means the
+  driver's settings never arrived (an attached cluster without ``telemetry_runtime_env``): the
+  first such call warns, once.
 
 Ray validates ``.remote()`` keyword arguments against the method's signature on the caller side,
 after ``inspect.unwrap``. So the wrapper advertises the carrier keyword in its ``__signature__``
@@ -30,6 +33,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from opentelemetry import context as otel_context
 
+from nemo_telemetry.instrument import _gate
 from nemo_telemetry.instrument.propagation import (
     TRACE_CARRIER_KWARG,
     context_from_carrier,
@@ -81,6 +85,18 @@ def accepts_trace_context(fn: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
+_settings_checked = False
+
+
+def _check_settings(carrier: Any) -> None:
+    """The first carrier reaching a process without telemetry: warn if its settings never arrived."""
+    global _settings_checked
+    _settings_checked = True
+    from nemo_telemetry.instrument._lifecycle import warn_worker_without_settings
+
+    warn_worker_without_settings(carrier)
+
+
 def _signature_with_carrier(fn: Callable[..., Any]) -> inspect.Signature:
     """``fn``'s signature plus ``*, trace_carrier=None`` (before any ``**kwargs``)."""
     signature = inspect.signature(fn)
@@ -122,6 +138,8 @@ class _StepContext:
 
 def _function_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, trace_carrier: Any = None, **kwargs: Any) -> Any:
+        if trace_carrier and not _settings_checked and _gate.provider is None:
+            _check_settings(trace_carrier)
         extracted = context_from_carrier(trace_carrier)
         if extracted is None:
             return fn(*args, **kwargs)
@@ -136,6 +154,8 @@ def _function_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _coroutine_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
     async def wrapper(*args: Any, trace_carrier: Any = None, **kwargs: Any) -> Any:
+        if trace_carrier and not _settings_checked and _gate.provider is None:
+            _check_settings(trace_carrier)
         extracted = context_from_carrier(trace_carrier)
         if extracted is None:
             return await fn(*args, **kwargs)
@@ -150,6 +170,8 @@ def _coroutine_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _generator_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, trace_carrier: Any = None, **kwargs: Any) -> Any:
+        if trace_carrier and not _settings_checked and _gate.provider is None:
+            _check_settings(trace_carrier)
         extracted = context_from_carrier(trace_carrier)
         if extracted is None:
             return (yield from fn(*args, **kwargs))
@@ -179,6 +201,8 @@ def _generator_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _async_generator_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
     async def wrapper(*args: Any, trace_carrier: Any = None, **kwargs: Any) -> Any:
+        if trace_carrier and not _settings_checked and _gate.provider is None:
+            _check_settings(trace_carrier)
         extracted = context_from_carrier(trace_carrier)
         if extracted is None:
             async for value in fn(*args, **kwargs):

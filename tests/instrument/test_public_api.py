@@ -19,6 +19,8 @@ PINNED |= {"get_telemetry_handle", "TelemetryHandle", "TIMER_ONLY_CATEGORIES", "
 # resource attributes, training and generation series, log export (issue 19, items 3-5)
 PINNED |= {"run_resource_attributes", "TRAIN_PREFIX", "TRAINING_METRICS", "record_generation", "record_host_memory",
            "DumpLogExporter"}
+# settings reach the workers of a cluster the driver attaches to (issue 31, item 1)
+PINNED |= {"telemetry_runtime_env"}
 
 
 def test_pinned_names_are_public():

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from _demo_runs import demo_run, spans_frame
 from nemo_telemetry.cli.app import app
-from nemo_telemetry.demo.actors import SERVICE_NAMES
+from nemo_telemetry.demo.actors import FLEET_GPUS, SERVICE_NAMES
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +71,22 @@ def test_every_process_joins_the_jobs_trace(fixture, request):
     assert pd.isna(job["parent_span_id"])
     # every other span hangs off a parent that is in the dataset: nothing re-rooted or orphaned
     assert set(spans.loc[spans["span_id"] != job["span_id"], "parent_span_id"]) <= set(spans["span_id"])
+
+
+@pytest.mark.parametrize("fixture", ["sync_run", "async_run"])
+def test_every_process_declares_its_fleet_and_gpus(fixture, request):
+    """Each service is one fleet with the GPUs its workers stand for (the demo runs on CPU)."""
+    result = request.getfixturevalue(fixture)
+    spans = spans_frame(result)
+    resources = spans["resource_attributes"].map(dict)
+    declared = {(service, res["rl.fleet"], res["nv.dl.gpu.count"])
+                for service, res in zip(spans["service_name"], resources)}
+    expected = {(SERVICE_NAMES["driver"], "driver", "0"),
+                (SERVICE_NAMES["policy"], "policy", str(FLEET_GPUS["policy"])),
+                (SERVICE_NAMES["generation"], "generation", str(FLEET_GPUS["generation"]))}
+    if result.mode == "async":
+        expected.add((SERVICE_NAMES["collector"], "collector", str(FLEET_GPUS["collector"])))
+    assert declared == expected
 
 
 def test_worker_spans_nest_under_the_driver_phase_that_called_them(sync_run):
