@@ -41,7 +41,12 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from nemo_telemetry.analysis.findings.groups import SPAN_GROUPS_ATTRIBUTE, group_presence, missing_group_findings
+from nemo_telemetry.analysis.findings.groups import (
+    SPAN_GROUPS_ATTRIBUTE,
+    GroupPresence,
+    group_presence,
+    missing_group_findings,
+)
 from nemo_telemetry.analysis.findings.report import (
     DEFAULT_OVERLAP_TOLERANCE_S,
     FINDING_CODES,
@@ -107,7 +112,7 @@ class Merged:
     detached: Columns  # every detached (run code, trace key), sorted: columns run, trace
     detached_rows: np.ndarray  # rows (of anchored runs, outside anchored traces) of at least the first of them
     anchor_trace: dict  # run code -> trace id of its first job or step span
-    presence: tuple  # ({run code: enabled groups}, [(run code, name code) present])
+    presence: GroupPresence  # missing-group-spans' merged partial
     numbers: StepNumbers | None = None  # the step spans without rl.iteration (goodput.numbering)
 
 
@@ -463,8 +468,7 @@ def finish(merged: Merged, *, unattributed_threshold: float = 0.2, tolerance_ns:
         "bucket-exceeds-wall": lambda: _steps_over_wall(ctx, tolerance_ns),
         "unstamped-span": lambda: _unstamped(ctx),
         "unattributed-step-time": lambda: _unattributed(ctx, unattributed_threshold),
-        "missing-group-spans": lambda: missing_group_findings(merged.presence, ctx.arrays.names, ctx.arrays.runs,
-                                                              max_findings_per_code),
+        "missing-group-spans": lambda: missing_group_findings(merged.presence, max_findings_per_code),
         "step-time-outlier": lambda: _outliers(ctx),
         "step-without-iteration": lambda: _steps_without_iteration(ctx),
         "orphan-span": lambda: _orphans(ctx),
@@ -513,8 +517,8 @@ def check_span_files(files: list[str], *, run_id: str | None = None, unattribute
     numbers = file_step_numbers(files)
     with ThreadPoolExecutor(max_workers=4) as pool:
         # times only where a rule reads them: bucketed spans, and job and step spans (the anchors)
-        decoded = decode_span_files(files, batch_rows=batch_rows, timed_names=ANCHOR_REGEX,
-                                    run_resources=(SPAN_GROUPS_ATTRIBUTE,))
+        # the span groups column stays (not gathered per run): missing-group-spans names each process
+        decoded = decode_span_files(files, batch_rows=batch_rows, timed_names=ANCHOR_REGEX)
         if decoded is None:
             return None
         arrays, index = decoded
@@ -621,7 +625,7 @@ def anchored(arrays: SpanArrays, keep: np.ndarray) -> Anchored:
     return Anchored(anchors, runs, loose_rows(arrays, keep, np.unique(row_traces(arrays, anchors)), runs))
 
 
-def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: tuple,
+def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: GroupPresence,
                     orphans_found: Callable[[], None] = lambda: None, anchors: Anchored | None = None,
                     numbers: StepNumbers | None = None) -> Merged:
     """The partials of the one batch that is the whole table, which merge to themselves.

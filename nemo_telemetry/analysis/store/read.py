@@ -14,7 +14,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
+from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, SPAN_GROUP
 from nemo_telemetry.analysis.store.commits import FileProblem, committed_files, damaged_error
 from nemo_telemetry.analysis.store.dataset import checked_parquet
 from nemo_telemetry.analysis.store.repair import verify_dataset
@@ -35,10 +35,14 @@ READ_COLUMNS = (
     "trace_id", "name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION,
     EFFICIENCY_CATEGORY, "span_groups", "trace_key", "span_key", "parent_key",
     "service_name", "rank",  # the process: step spans without rl.iteration are numbered per run and process
+    SPAN_GROUP,  # the group each span was opened in: missing-group-spans decides presence by it
 )
 # Promoted resource columns that files written before them lack: such a file holds the
 # attribute in the resource map, which a read of the column then adds (resource_pairs reads both).
 _PROMOTED_LATER = ("span_groups",)
+# Span columns that files written before them lack, with nothing to read in their place: those
+# files' rows read as nulls (a span without a recorded group is placed by its name).
+_ADDED_LATER = (SPAN_GROUP,)
 # Row-group-sized batches (ingest writes pyarrow's default row groups, 2**20 rows): a few large chunks decode
 # with less overhead per batch than the scanner's default 2**17, and every per-chunk loop
 # over the columns runs a few times instead of a hundred.
@@ -152,12 +156,13 @@ def _promoted_later(dataset: ds.Dataset, columns) -> tuple[ds.Dataset, tuple]:
     column: the resource map too where a file lacks the column (its values are there), and the
     column in the schema where the first file lacks it and another has it (``ds.dataset`` takes
     its schema from the first file only; the files without it read as nulls)."""
-    later = [c for c in _PROMOTED_LATER if c in columns]
+    later = [c for c in (*_PROMOTED_LATER, *_ADDED_LATER) if c in columns]
     if not later:
         return dataset, tuple(columns)
     schemas = [fragment.physical_schema for fragment in dataset.get_fragments()]  # each file's footer
     fields = {c: [schema.field(c) for schema in schemas if c in schema.names] for c in later}
-    if any(len(found) < len(schemas) for found in fields.values()) and "resource_attributes" not in columns:
+    if (any(len(found) < len(schemas) for c, found in fields.items() if c in _PROMOTED_LATER)
+            and "resource_attributes" not in columns):
         columns = (*columns, "resource_attributes")
     added = [found[0] for c, found in fields.items() if found and c not in dataset.schema.names]
     schema = dataset.schema
