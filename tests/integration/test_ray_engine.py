@@ -278,3 +278,18 @@ def test_ray_numbers_step_spans_without_iteration_as_the_local_engine(ray_cluste
     result = CliRunner().invoke(app, ["goodput", str(dataset), "--engine", "ray", "--format", "json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == json.loads(json.dumps(goodput_document(local)))
+
+
+presence_tools = _scenario_module("test_group_presence")
+
+
+def test_ray_check_decides_group_presence_as_check_run(ray_cluster, tmp_path):
+    """Runs written by the instrument (each span's recorded group; Gym's groups enabled on a run
+    without Gym): the Ray engine's report is the local one, missing-group-spans included."""
+    from nemo_telemetry.analysis.engines.ray_engine import ray_check
+
+    ingest([presence_tools.write_group_runs(tmp_path)], out=tmp_path / "ds")
+    expected = check_run(read_for_analysis(tmp_path / "ds")).to_dict()
+    found = {(f["run_id"], f["message"].split("'")[1]) for f in expected["findings"] if f["code"] == "missing-group-spans"}
+    assert ("trl", "advantage") in found and ("trl", "generation") not in found and ("trl", "agent") not in found
+    assert ray_check(tmp_path / "ds").to_dict() == expected
