@@ -291,6 +291,7 @@ def _start_provider(cfg: TelemetryConfig, *, rank: int, world_size: int, local_r
         algorithm=os.environ.get(env.NEMO_TELEMETRY_ALGORITHM),
         rank=rank, world_size=world_size, local_rank=local_rank, span_groups=groups,
         run_attributes=decode_run_attributes(os.environ.get(env.NEMO_TELEMETRY_RESOURCE_ATTRIBUTES)),
+        namespace=cfg.namespace,
     )
     provider = TracerProvider(resource=resource, shutdown_on_exit=False,  # our atexit is bounded
                               id_generator=_id_generator())

@@ -1,7 +1,8 @@
 """Resource attributes: what every span of a process says about where it came from.
 
 ``nemo.run.id`` joins the processes of one run; ``nemo.telemetry.span_groups`` records what this
-process was asked to emit, so the analysis can tell "nothing happened" from "nothing was enabled".
+process was asked to emit, so the analysis can tell "nothing happened" from "nothing was enabled",
+and ``nemo.telemetry.namespace`` the namespace it resolved that spec in (whose code it runs).
 
 The run's own description (model, precision, parallel sizes, batch settings) is derived once, in
 the driver, from the trainer's whole config (:func:`run_resource_attributes`) and handed to the
@@ -29,6 +30,7 @@ __all__ = [
     "decode_run_attributes",
     "RUN_ID_KEY",
     "SPAN_GROUPS_KEY",
+    "NAMESPACE_KEY",
     "SOFTWARE_PACKAGES",
     "MAX_RUN_ATTRIBUTES_BYTES",
 ]
@@ -37,6 +39,7 @@ _log = logging.getLogger("nemo_telemetry")
 
 RUN_ID_KEY = "nemo.run.id"
 SPAN_GROUPS_KEY = "nemo.telemetry.span_groups"
+NAMESPACE_KEY = "nemo.telemetry.namespace"
 MAX_RUN_ATTRIBUTES_BYTES = 16 * 1024  # an environment variable, copied into every worker
 
 SOFTWARE_PACKAGES = {
@@ -77,7 +80,7 @@ _BACKEND_SIZES = {
 
 def build_resource(*, service_name: str, run_id: str, algorithm: str | None, rank: int, world_size: int,
                    local_rank: int, span_groups: Iterable[str],
-                   run_attributes: Mapping[str, Any] | None = None) -> Resource:
+                   run_attributes: Mapping[str, Any] | None = None, namespace: str | None = None) -> Resource:
     """The process's resource; these values win over ``OTEL_RESOURCE_ATTRIBUTES``."""
     attributes: dict[str, object] = {
         **(run_attributes or {}),
@@ -93,6 +96,8 @@ def build_resource(*, service_name: str, run_id: str, algorithm: str | None, ran
     }
     if algorithm:
         attributes["rl.algorithm"] = algorithm
+    if namespace:
+        attributes[NAMESPACE_KEY] = namespace.strip().lower()
     return Resource.create(attributes)
 
 

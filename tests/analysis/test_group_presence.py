@@ -152,3 +152,25 @@ def test_every_engine_and_the_cli_give_the_in_memory_report(dumps, dataset):
     one = check_run(read_spans(dataset), run_id="with-gym").to_dict()
     assert stream_check(dataset, run_id="with-gym").to_dict() == one
     assert all(f["run_id"] == "with-gym" for f in one["findings"])
+
+
+def test_a_process_that_resolved_its_groups_in_a_namespace_shows_that_namespace(tmp_path, monkeypatch):
+    """A Gym server (``nemo_gym``'s ``default``) that opened spans of shared groups only: its
+    resolved namespace (``nemo.telemetry.namespace``, ingested into ``span_groups_namespace``) makes
+    Gym's groups expected; an older dump without it shows no namespace, and expects none."""
+    monkeypatch.setenv("NEMO_TELEMETRY_RUN_ID", "gym-run")
+    init_telemetry_driver({"enabled": True, "span_groups": "default", "namespace": "nemo_gym", "exporter": "dump",
+                           "dump_dir": str(tmp_path / "dumps")}, service_name="gym-server")
+    with umbrella_span("job", "rl.gym.job"), umbrella_span("rollout", "rl.gym.run_rollouts"):
+        pass
+    shutdown_telemetry(timeout_s=10)
+    ingest([tmp_path / "dumps"], out=tmp_path / "ds")
+    spans = read_spans(tmp_path / "ds")
+    assert set(spans.column("span_groups_namespace").to_pylist()) == {"nemo_gym"}
+    found = missing(check_run(spans))
+    assert {g: f["severity"] for (_, g), f in found.items()} == {"server": "info", "http_client": "info"}
+    assert "enabled in gym-server rank 0, but" in found[("gym-run", "server")]["message"]
+    assert missing(check_with_engine(tmp_path / "ds")) == found
+    at = spans.schema.get_field_index("span_groups_namespace")
+    older = spans.set_column(at, spans.schema.field(at), pa.nulls(spans.num_rows, spans.schema.field(at).type))
+    assert missing(check_run(older)) == {}

@@ -6,11 +6,14 @@ against the catalogue's span-name patterns. So a TRL ``rl.trl.generate`` opened 
 ``managed_span(G.GENERATION, ...)`` is generation, whatever its name.
 
 A group is *expected* in a run only when the run contains code of a namespace that registers it:
-a namespace is present in a run when a span of the run belongs to one of the groups only that
+a namespace is present in a run when a process of the run resolved its span groups in it (the
+``nemo.telemetry.namespace`` resource attribute: a NeMo-RL driver and its workers in ``nemo_rl``,
+a Gym server in ``nemo_gym``), or when a span of the run belongs to one of the groups only that
 namespace registers (``nemo_gym``'s ``server``, ``verify``...; ``nemo_rl``'s ``step``,
-``generation``...). ``span_groups: all`` enables every registered group, Gym's too, in a trainer
-without Gym; those groups are not expected there. A group two namespaces share (``job``,
-``rollout``) shows neither namespace's presence.
+``generation``...: what shows the namespace where processes do not say it, an older dump or another
+instrumenter). ``span_groups: all`` enables every registered group, Gym's too, in a trainer without
+Gym; those groups are not expected there. A group two namespaces share (``job``, ``rollout``) shows
+neither namespace's presence.
 
 The partial (:func:`group_presence`, a :class:`GroupPresence`) holds, per run, the processes
 (service, rank) and the groups each had enabled, the groups spans recorded, and the names of the
@@ -70,7 +73,7 @@ _ALGORITHM_GROUPS = {
 class GroupPresence:
     """``missing-group-spans``' partial over some rows (ids, not codes: partials of any batches merge)."""
 
-    processes: frozenset = frozenset()  # (run id, enabled spec, service name, rank) of each process
+    processes: frozenset = frozenset()  # (run id, enabled spec, service name, rank, namespace) of each process
     groups: frozenset = frozenset()  # (run id, group) a span recorded
     names: frozenset = frozenset()  # (run id, span name) of every span
     unrecorded: frozenset = frozenset()  # (run id, span name) of the spans that record no group
@@ -117,22 +120,24 @@ def _spec_codes(a: SpanArrays) -> tuple[np.ndarray, tuple]:
 
 
 def _processes(a: SpanArrays, keep: np.ndarray, run: np.ndarray, spec: np.ndarray, specs: tuple) -> set[tuple]:
-    """(run id, spec, service, rank) of the processes of the ``keep`` rows that enabled groups.
+    """(run id, spec, service, rank, namespace) of the processes of the ``keep`` rows that enabled groups.
 
     A process's spans are stored together (a file per run and rank; an export batch per process
-    in a dump), so only the rows where one of the four changes are read out of the columns."""
+    in a dump), so only the rows where one of these changes are read out of the columns."""
     service, services = column_codes(a.table, "service_name")
+    namespace, namespaces = column_codes(a.table, "span_groups_namespace")
     rank, has_rank = int_column(a.table, "rank")
     rows = np.flatnonzero(keep & (spec >= 0))
     if not len(rows):
         return set()
-    keys = (run[rows], spec[rows], service[rows], rank[rows], has_rank[rows])
+    keys = (run[rows], spec[rows], service[rows], rank[rows], has_rank[rows], namespace[rows])
     change = np.ones(len(rows), dtype=bool)
     change[1:] = np.logical_or.reduce([k[1:] != k[:-1] for k in keys])
     at = rows[change]
-    return {(_run_id(a, int(r)), specs[s], services[v] if v >= 0 else None, int(k) if valid else None)
-            for r, s, v, k, valid in zip(run[at].tolist(), spec[at].tolist(), service[at].tolist(),
-                                         rank[at].tolist(), has_rank[at].tolist())}
+    return {(_run_id(a, int(r)), specs[s], services[v] if v >= 0 else None, int(k) if valid else None,
+             namespaces[n] if n >= 0 else None)
+            for r, s, v, k, valid, n in zip(run[at].tolist(), spec[at].tolist(), service[at].tolist(),
+                                            rank[at].tolist(), has_rank[at].tolist(), namespace[at].tolist())}
 
 
 def _parse(spec: str) -> set[str]:
@@ -156,8 +161,9 @@ def missing_group_findings(presence: GroupPresence, limit: int) -> tuple[dict[st
     runs = sorted({p[0] for p in presence.processes}, key=lambda r: (r is not None, r or ""))
     for run in runs:
         enabled_by: dict[str, list[str]] = {}
-        for _, spec, service, rank in sorted((p for p in presence.processes if p[0] == run),
-                                             key=lambda p: (p[2] or "", -1 if p[3] is None else p[3], p[1])):
+        processes = [p for p in presence.processes if p[0] == run]
+        for _, spec, service, rank, _ in sorted(processes, key=lambda p: (p[2] or "", -1 if p[3] is None else p[3],
+                                                                          p[1], p[4] or "")):
             for group_name in _parse(spec):
                 named = enabled_by.setdefault(group_name, [])
                 if _process_name(service, rank) not in named:
@@ -166,7 +172,7 @@ def missing_group_findings(presence: GroupPresence, limit: int) -> tuple[dict[st
         present = {g for r, g in presence.groups if r == run} | {
             g for g, rx in regexes.items() if any(rx.match(n) for n in unrecorded)}
         namespaces = {catalogue[g].namespaces[0] for g in present if g in catalogue
-                      and len(catalogue[g].namespaces) == 1}
+                      and len(catalogue[g].namespaces) == 1} | {p[4] for p in processes if p[4]}
         expected = {g for g in enabled_by.keys() & catalogue.keys() if namespaces & set(catalogue[g].namespaces)}
         names = [n for r, n in presence.names if r == run and n]
         algorithms = {n.split(".")[1] for n in names if re.match(f"{STEP_SPAN_REGEX}|{JOB_SPAN_REGEX}", n)}

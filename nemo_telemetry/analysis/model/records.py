@@ -33,6 +33,7 @@ _DEFAULTS: Mapping[str, Any] = {
     "run_id": "run-1",
     "rank": 0,
     "span_groups": None,
+    "span_groups_namespace": None,
     BUCKET: None,
     ITERATION: None,
     EFFICIENCY_CATEGORY: None,

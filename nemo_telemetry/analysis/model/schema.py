@@ -4,7 +4,8 @@ One row per span. Ids are lowercase hex strings; times are int64 Unix nanosecond
 promoted columns (``rl.bucket``, ``rl.iteration``, ``rl.efficiency.category``, ``rl.span_group``: the
 span group a span was opened in, and from the
 resource ``service_name``, ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank``,
-``span_groups`` = ``nemo.telemetry.span_groups``) are taken out of the attribute maps; every
+``span_groups`` = ``nemo.telemetry.span_groups``, ``span_groups_namespace`` =
+``nemo.telemetry.namespace``) are taken out of the attribute maps; every
 other span attribute is in ``attributes`` and every other resource attribute in
 ``resource_attributes``. ``span_groups`` has a column of its own so that ``check`` reads a
 dictionary column instead of the resource map (hundreds of MB at 10M spans); files written
@@ -65,7 +66,8 @@ PARENT_ROW = "parent_row"  # a spans file's index of its spans' parents in the f
 PROMOTED_SPAN_ATTRIBUTES = (BUCKET, ITERATION, EFFICIENCY_CATEGORY, SPAN_GROUP)
 # resource attribute -> column
 PROMOTED_RESOURCE_ATTRIBUTES = {"service.name": "service_name", "nemo.run.id": "run_id", "nv.dl.rank": "rank",
-                                "nemo.telemetry.span_groups": "span_groups"}
+                                "nemo.telemetry.span_groups": "span_groups",
+                                "nemo.telemetry.namespace": "span_groups_namespace"}
 
 
 
@@ -106,6 +108,7 @@ SPANS_SCHEMA = pa.schema(
         pa.field("run_id", _dict_str),
         pa.field("rank", pa.int64()),
         pa.field("span_groups", _dict_str),  # the process's enabled span groups, comma-separated
+        pa.field("span_groups_namespace", _dict_str),  # the namespace the process resolved them in
         pa.field(BUCKET, _dict_str),
         pa.field(ITERATION, pa.int64()),
         pa.field(EFFICIENCY_CATEGORY, _dict_str),

@@ -36,13 +36,14 @@ READ_COLUMNS = (
     EFFICIENCY_CATEGORY, "span_groups", "trace_key", "span_key", "parent_key",
     "service_name", "rank",  # the process: step spans without rl.iteration are numbered per run and process
     SPAN_GROUP,  # the group each span was opened in: missing-group-spans decides presence by it
+    "span_groups_namespace",  # the namespace each process resolved its span groups in
 )
 # Promoted resource columns that files written before them lack: such a file holds the
 # attribute in the resource map, which a read of the column then adds (resource_pairs reads both).
 _PROMOTED_LATER = ("span_groups",)
 # Span columns that files written before them lack, with nothing to read in their place: those
 # files' rows read as nulls (a span without a recorded group is placed by its name).
-_ADDED_LATER = (SPAN_GROUP,)
+_ADDED_LATER = (SPAN_GROUP, "span_groups_namespace")
 # Row-group-sized batches (ingest writes pyarrow's default row groups, 2**20 rows): a few large chunks decode
 # with less overhead per batch than the scanner's default 2**17, and every per-chunk loop
 # over the columns runs a few times instead of a hundred.
