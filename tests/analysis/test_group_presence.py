@@ -174,3 +174,14 @@ def test_a_process_that_resolved_its_groups_in_a_namespace_shows_that_namespace(
     at = spans.schema.get_field_index("span_groups_namespace")
     older = spans.set_column(at, spans.schema.field(at), pa.nulls(spans.num_rows, spans.schema.field(at).type))
     assert missing(check_run(older)) == {}
+
+
+def test_presence_read_a_few_rows_at_a_time_is_the_whole_tables(dumps, monkeypatch):
+    """The partial reads its columns a block of rows at a time; blocks that cut processes give
+    the same report."""
+    from nemo_telemetry.analysis.findings import groups
+
+    spans = read_spans(dumps)
+    whole = check_run(spans).to_dict()
+    monkeypatch.setattr(groups, "LOOKUP_ROWS", 4)
+    assert spans.num_rows > 4 * 3 and check_run(spans).to_dict() == whole

@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
+import pyarrow as pa
 
 from nemo_telemetry.analysis.findings.report import Finding
 from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX
 from nemo_telemetry.analysis.model._arrays import SpanArrays
-from nemo_telemetry.analysis.model.columns import column_codes, int_column, pairs_present
+from nemo_telemetry.analysis.model.columns import LOOKUP_ROWS, column_codes, int_column, pairs_present
 from nemo_telemetry.analysis.model.resources import resource_values
 from nemo_telemetry.analysis.model.schema import SPAN_GROUP
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
@@ -88,48 +89,54 @@ class GroupPresence:
 
 def group_presence(a: SpanArrays, keep: np.ndarray) -> GroupPresence:
     """The :class:`GroupPresence` of the ``keep`` rows (a run filter). The spans of processes that
-    recorded no enabled groups count too: they show which groups, and namespaces, are present."""
-    spec, specs = _spec_codes(a)
-    recorded, groups = column_codes(a.table, SPAN_GROUP)
-    run = a.run.astype(np.int64)
-    unrecorded = keep & (recorded < 0)
-    return GroupPresence(
-        processes=frozenset(_processes(a, keep, run, spec, specs)),
-        groups=frozenset((_run_id(a, r), groups[g]) for r, g in pairs_present(run[keep], recorded[keep], len(groups))),
-        names=frozenset((_run_id(a, r), a.names[n]) for r, n in a.run_names(keep)),
-        unrecorded=frozenset((_run_id(a, r), a.names[n]) for r, n in
-                             pairs_present(run[unrecorded], a.name[unrecorded], len(a.names))),
-    )
+    recorded no enabled groups count too: they show which groups, and namespaces, are present.
+
+    Read a block of rows at a time (:data:`LOOKUP_ROWS`): the columns' codes it decodes are
+    temporaries as long as a block, not as the table."""
+    processes, groups, unrecorded = set(), set(), set()
+    for lo in range(0, len(a), LOOKUP_ROWS):
+        block, kept, run = a.table.slice(lo, LOOKUP_ROWS), keep[lo:lo + LOOKUP_ROWS], a.run[lo:lo + LOOKUP_ROWS]
+        recorded, recorded_values = column_codes(block, SPAN_GROUP)
+        processes |= _processes(a, block, kept, run)
+        groups |= {(_run_id(a, r), recorded_values[g])
+                   for r, g in pairs_present(run[kept], recorded[kept], len(recorded_values))}
+        plain = kept & (recorded < 0)
+        unrecorded |= {(_run_id(a, r), a.names[n])
+                       for r, n in pairs_present(run[plain], a.name[lo:lo + LOOKUP_ROWS][plain], len(a.names))}
+    names = {(_run_id(a, r), a.names[n]) for r, n in a.run_names(keep)}
+    return GroupPresence(frozenset(processes), frozenset(groups), frozenset(names), frozenset(unrecorded))
 
 
 def _run_id(a: SpanArrays, code: int) -> str | None:
     return a.runs[code] if code >= 0 else None
 
 
-def _spec_codes(a: SpanArrays) -> tuple[np.ndarray, tuple]:
+def _spec_codes(block: pa.Table) -> tuple[np.ndarray, tuple]:
     """Each row's enabled-groups spec as a code into the distinct specs (-1: none): from the
     ``span_groups`` column, else (files written before it) the resource map."""
-    codes, values = column_codes(a.table, "span_groups")
-    if "resource_attributes" in a.table.column_names:
+    codes, values = column_codes(block, "span_groups")
+    if "resource_attributes" in block.column_names:
         missing = np.flatnonzero(codes < 0)
         if len(missing):
-            mapped, mapped_values = a.resource_values(SPAN_GROUPS_ATTRIBUTE, missing)
+            mapped, mapped_values = resource_values(block, SPAN_GROUPS_ATTRIBUTE, missing)
             codes[missing] = np.where(mapped >= 0, mapped + len(values), -1)
             values = (*values, *mapped_values)
     return codes, values
 
 
-def _processes(a: SpanArrays, keep: np.ndarray, run: np.ndarray, spec: np.ndarray, specs: tuple) -> set[tuple]:
-    """(run id, spec, service, rank, namespace) of the processes of the ``keep`` rows that enabled groups.
+def _processes(a: SpanArrays, block: pa.Table, keep: np.ndarray, run: np.ndarray) -> set[tuple]:
+    """(run id, spec, service, rank, namespace) of the processes of a block's ``keep`` rows that
+    enabled groups (``run``: the block's run codes).
 
     A process's spans are stored together (a file per run and rank; an export batch per process
     in a dump), so only the rows where one of these changes are read out of the columns."""
-    service, services = column_codes(a.table, "service_name")
-    namespace, namespaces = column_codes(a.table, "span_groups_namespace")
-    rank, has_rank = int_column(a.table, "rank")
+    spec, specs = _spec_codes(block)
     rows = np.flatnonzero(keep & (spec >= 0))
     if not len(rows):
         return set()
+    service, services = column_codes(block, "service_name")
+    namespace, namespaces = column_codes(block, "span_groups_namespace")
+    rank, has_rank = int_column(block, "rank")
     keys = (run[rows], spec[rows], service[rows], rank[rows], has_rank[rows], namespace[rows])
     change = np.ones(len(rows), dtype=bool)
     change[1:] = np.logical_or.reduce([k[1:] != k[:-1] for k in keys])
