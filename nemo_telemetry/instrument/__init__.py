@@ -45,7 +45,7 @@ from nemo_telemetry.instrument.training_metrics import TRAIN_PREFIX, TRAINING_ME
 _LAZY_MODULES = {
     "_gate": ("enabled_span_groups", "get_tracer", "get_tracer_provider", "is_span_group_enabled",
               "set_enabled_span_groups", "set_tracer_provider", "telemetry_active"),
-    "_primitives": ("NOOP_SPAN", "managed_span", "setup_span", "span_cm", "startup_span", "trace_fn",
+    "_primitives": ("NOOP_SPAN", "SPAN_GROUP_KEY", "managed_span", "setup_span", "span_cm", "startup_span", "trace_fn",
                     "umbrella_span", "umbrella_trace_fn"),
     "_handles": ("NOOP_HANDLE", "SpanHandle", "start_span", "start_step_span", "start_umbrella_span"),
     "_scopes": ("bucket_scope", "current_bucket_scope", "current_iteration", "in_per_prompt_scope",
@@ -131,6 +131,7 @@ __all__ = [
     "telemetry_active",
     # span primitives
     "NOOP_SPAN",
+    "SPAN_GROUP_KEY",
     "managed_span",
     "umbrella_span",
     "trace_fn",

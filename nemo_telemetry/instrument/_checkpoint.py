@@ -30,7 +30,14 @@ from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 
 from nemo_telemetry.instrument import _gate, _scopes
-from nemo_telemetry.instrument._primitives import BUCKET_KEY, ITERATION_KEY, NOOP_SPAN, managed_span, record_error
+from nemo_telemetry.instrument._primitives import (
+    BUCKET_KEY,
+    ITERATION_KEY,
+    NOOP_SPAN,
+    SPAN_GROUP_KEY,
+    managed_span,
+    record_error,
+)
 from nemo_telemetry.instrument.span_groups import RLSpanGroup
 
 __all__ = ["checkpoint_span", "begin_checkpoint_finalize", "CheckpointFinalize", "FINALIZE_SPAN_NAME"]
@@ -115,6 +122,7 @@ def begin_checkpoint_finalize(checkpoint_dir: str | os.PathLike, *, tracer: trac
         return NOOP_FINALIZE
     try:
         attributes.pop(BUCKET_KEY, None)  # overlaps the next steps' bucketed work
+        attributes[SPAN_GROUP_KEY] = CHECKPOINT_GROUP
         attributes.setdefault("rl.checkpoint.dir", os.fspath(checkpoint_dir))
         if ITERATION_KEY not in attributes:
             iteration = iteration_from_checkpoint_dir(checkpoint_dir)

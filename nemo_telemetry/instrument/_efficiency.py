@@ -23,6 +23,7 @@ from nemo_telemetry.instrument._groups import Bucket
 from nemo_telemetry.instrument._primitives import (
     BUCKET_KEY,
     NOOP_SPAN,
+    SPAN_GROUP_KEY,
     LiveSpan,
     record_error,
     stamp_iteration,
@@ -62,6 +63,7 @@ def _category_bucket(category: str) -> str | None:
 
 def _efficiency_attributes(category: str, attributes: dict[str, Any]) -> dict[str, Any]:
     attributes[CATEGORY_KEY] = category
+    attributes[SPAN_GROUP_KEY] = EFFICIENCY_GROUP
     bucket = _category_bucket(category)
     if bucket is None:
         attributes.pop(BUCKET_KEY, None)

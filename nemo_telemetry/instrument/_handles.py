@@ -30,7 +30,14 @@ from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 
 from nemo_telemetry.instrument import _gate, _scopes
-from nemo_telemetry.instrument._primitives import LiveSpan, leaf_attributes, record_error, stamp_iteration
+from nemo_telemetry.instrument._primitives import (
+    SPAN_GROUP_KEY,
+    LiveSpan,
+    group_name,
+    leaf_attributes,
+    record_error,
+    umbrella_attributes,
+)
 from nemo_telemetry.instrument.span_groups import RLSpanGroup
 
 __all__ = ["NOOP_HANDLE", "SpanHandle", "start_span", "start_step_span", "start_umbrella_span"]
@@ -155,7 +162,7 @@ def start_umbrella_span(group: str, name: str, *, current: bool = True, tracer: 
     """Start an unbucketed umbrella span gated on ``group`` (spell it ``RLSpanGroup.U_...``)."""
     if group not in _gate.enabled:
         return NOOP_HANDLE
-    return SpanHandle(_started(name, stamp_iteration(attributes), tracer), current=current)
+    return SpanHandle(_started(name, umbrella_attributes(group, attributes), tracer), current=current)
 
 
 def start_step_span(iteration: int, name: str, *, group: str = RLSpanGroup.U_STEP,
@@ -170,4 +177,5 @@ def start_step_span(iteration: int, name: str, *, group: str = RLSpanGroup.U_STE
             return NOOP_HANDLE
         return SpanHandle(None, current=False, iteration=iteration)
     attributes.setdefault("rl.iteration", int(iteration))
+    attributes[SPAN_GROUP_KEY] = group_name(group)
     return SpanHandle(_started(name, attributes, tracer), iteration=iteration)

@@ -353,6 +353,7 @@ def _start_provider(cfg: TelemetryConfig, *, rank: int, world_size: int, local_r
         rank=rank, world_size=world_size, local_rank=local_rank, span_groups=groups,
         run_attributes=decode_run_attributes(os.environ.get(env.NEMO_TELEMETRY_RESOURCE_ATTRIBUTES)),
         fleet=fleet, gpus=resolve_gpu_count(gpus),
+        namespace=cfg.namespace,
     )
     provider = TracerProvider(resource=resource, shutdown_on_exit=False,  # our atexit is bounded
                               id_generator=_id_generator())

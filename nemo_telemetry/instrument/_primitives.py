@@ -6,7 +6,9 @@ context manager is built. An enabled site builds a small slotted object that sta
 ``tracer.start_span`` and makes it current with one ``context.attach`` (the SDK's
 ``start_as_current_span`` stacks two generator-based context managers to do the same).
 
-Attribute rules, in order: the caller's ``rl.bucket`` wins, else the innermost ``bucket_scope``,
+Every span a gated site opens records its group as ``rl.span_group`` (the analysis decides a
+group's presence by it, not by the span's name); it is set in the attribute dict the enabled
+site builds anyway, so a disabled site pays nothing for it. Attribute rules, in order: the caller's ``rl.bucket`` wins, else the innermost ``bucket_scope``,
 else the group's declared default (an unregistered leaf group defaults to ``overhead``);
 umbrella groups and span names a group declares unbucketed get none. Inside ``iteration_scope``
 every span gets ``rl.iteration`` unless the caller passed one. ``per_prompt_scope`` changes
@@ -45,6 +47,7 @@ _log = logging.getLogger("nemo_telemetry")
 
 BUCKET_KEY = "rl.bucket"
 ITERATION_KEY = "rl.iteration"
+SPAN_GROUP_KEY = "rl.span_group"
 SETUP_GROUP = str(RLSpanGroup.SETUP)
 
 
@@ -147,6 +150,18 @@ def group_defaults(group: str) -> tuple[str | None, frozenset[str]]:
     return _defaults.get(group, _UNKNOWN_GROUP)
 
 
+def group_name(group: str) -> str:
+    """``group`` as the plain string an attribute carries (a ``GroupName`` is a str subclass, which
+    an exporter need not encode as a string)."""
+    return group if type(group) is str else str(group)
+
+
+def umbrella_attributes(group: str, attributes: dict[str, Any]) -> dict[str, Any]:
+    """``attributes`` (the call's own fresh kwargs dict) with the group and iteration filled in."""
+    attributes[SPAN_GROUP_KEY] = group_name(group)
+    return stamp_iteration(attributes)
+
+
 def stamp_iteration(attributes: dict[str, Any]) -> dict[str, Any]:
     """Add the scope's ``rl.iteration`` unless the caller set one."""
     if ITERATION_KEY not in attributes:
@@ -157,7 +172,8 @@ def stamp_iteration(attributes: dict[str, Any]) -> dict[str, Any]:
 
 
 def leaf_attributes(group: str, name: str, attributes: dict[str, Any]) -> dict[str, Any]:
-    """``attributes`` (the call's own fresh kwargs dict) with bucket and iteration filled in."""
+    """``attributes`` (the call's own fresh kwargs dict) with group, bucket and iteration filled in."""
+    attributes[SPAN_GROUP_KEY] = group_name(group)
     if BUCKET_KEY in attributes:
         explicit = attributes[BUCKET_KEY]
         if type(explicit) is not str:  # a Bucket member: export its value, not the enum
@@ -197,7 +213,7 @@ def umbrella_span(group: str, name: str, *, tracer: trace_api.Tracer | None = No
     if group_defaults(group)[0] is not None:
         _warn_leaf_umbrella(group, name)
         return LiveSpan(tracer or _gate.tracer, name, leaf_attributes(group, name, attributes))
-    return LiveSpan(tracer or _gate.tracer, name, stamp_iteration(attributes))
+    return LiveSpan(tracer or _gate.tracer, name, umbrella_attributes(group, attributes))
 
 
 def _warn_leaf_umbrella(group: str, name: str) -> None:

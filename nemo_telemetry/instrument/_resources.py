@@ -1,7 +1,8 @@
 """Resource attributes: what every span of a process says about where it came from.
 
 ``nemo.run.id`` joins the processes of one run; ``nemo.telemetry.span_groups`` records what this
-process was asked to emit, so the analysis can tell "nothing happened" from "nothing was enabled".
+process was asked to emit, so the analysis can tell "nothing happened" from "nothing was enabled",
+and ``nemo.telemetry.namespace`` the namespace it resolved that spec in (whose code it runs).
 ``rl.fleet`` and ``nv.dl.gpu.count`` say which fleet a process serves and how many GPUs it holds:
 per process, never inherited, because a run's fleets differ in both (seed 000, per-fleet accounting).
 
@@ -38,6 +39,7 @@ __all__ = [
     "GPU_COUNT_KEY",
     "FLEETS",
     "DRIVER_FLEET",
+    "NAMESPACE_KEY",
     "SOFTWARE_PACKAGES",
     "MAX_RUN_ATTRIBUTES_BYTES",
 ]
@@ -46,6 +48,7 @@ _log = logging.getLogger("nemo_telemetry")
 
 RUN_ID_KEY = "nemo.run.id"
 SPAN_GROUPS_KEY = "nemo.telemetry.span_groups"
+NAMESPACE_KEY = "nemo.telemetry.namespace"
 MAX_RUN_ATTRIBUTES_BYTES = 16 * 1024  # an environment variable, copied into every worker
 FLEET_KEY = "rl.fleet"
 GPU_COUNT_KEY = "nv.dl.gpu.count"
@@ -95,7 +98,7 @@ _BACKEND_SIZES = {
 def build_resource(*, service_name: str, run_id: str, algorithm: str | None, rank: int, world_size: int,
                    local_rank: int, span_groups: Iterable[str],
                    run_attributes: Mapping[str, Any] | None = None, fleet: str | None = None,
-                   gpus: int | None = None) -> Resource:
+                   gpus: int | None = None, namespace: str | None = None) -> Resource:
     """The process's resource; these values win over ``OTEL_RESOURCE_ATTRIBUTES``.
 
     ``fleet`` and ``gpus`` are this process's own (``rl.fleet``, ``nv.dl.gpu.count``) and win over
@@ -121,6 +124,8 @@ def build_resource(*, service_name: str, run_id: str, algorithm: str | None, ran
         attributes[FLEET_KEY] = fleet
     if gpus is not None:
         attributes[GPU_COUNT_KEY] = int(gpus)
+    if namespace:
+        attributes[NAMESPACE_KEY] = namespace.strip().lower()
     return Resource.create(attributes)
 
 

@@ -31,6 +31,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from nemo_telemetry.instrument import _gate
+from nemo_telemetry.instrument._primitives import SPAN_GROUP_KEY
 from nemo_telemetry.instrument.gym_span_groups import GymSpanGroup
 from nemo_telemetry.instrument.propagation import PROPAGATOR, context_from_carrier
 from nemo_telemetry.instrument.span_groups import RLSpanGroup
@@ -149,6 +150,7 @@ async def _on_request_start(session: Any, ctx: Any, params: Any) -> None:
                 "url.full": str(url.with_user(None)),
                 "server.address": url.host or "",
                 "server.port": url.port or 0,
+                SPAN_GROUP_KEY: _client_group,
             },
         )
         carrier_context = trace.set_span_in_context(span) if span.is_recording() else None
@@ -244,7 +246,7 @@ class TraceContextMiddleware:
             await self.app(scope, receive, send)
             return
         request = _ServerSpan(scope)
-        token = request.start()
+        token = request.start(self.group)
         try:
             await self.app(scope, receive, request.wrap_send(send))
         except BaseException as exc:
@@ -266,13 +268,13 @@ class _ServerSpan:
         self.span: trace.Span | None = None
         self.status: int | None = None
 
-    def start(self) -> object | None:
+    def start(self, group: str) -> object | None:
         """Open the span under the request's carrier (the ambient context without one) and attach it."""
         try:
             parent = context_from_carrier(self.carrier)
             self.span = _gate.get_tracer().start_span(
                 self.method, context=parent, kind=SpanKind.SERVER,
-                attributes={"http.request.method": self.method, "url.path": self.path},
+                attributes={"http.request.method": self.method, "url.path": self.path, SPAN_GROUP_KEY: group},
             )
             return otel_context.attach(trace.set_span_in_context(self.span, parent))
         except Exception:

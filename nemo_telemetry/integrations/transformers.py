@@ -268,18 +268,20 @@ class TrainerTelemetry:
         self.startup_reported = True
         from opentelemetry import trace as trace_api
 
-        from nemo_telemetry.instrument import RLSpanGroup, get_tracer, is_span_group_enabled
+        from nemo_telemetry.instrument import SPAN_GROUP_KEY, RLSpanGroup, get_tracer, is_span_group_enabled
 
         if not is_span_group_enabled(RLSpanGroup.SETUP):
             return
         try:
             tracer = get_tracer()
             start, built = self.built_ns
+            group = {SPAN_GROUP_KEY: str(RLSpanGroup.SETUP)}
             startup = tracer.start_span("rl.startup", start_time=start,  # nemo-telemetry-lint: allow raw-otel-span
-                                        context=trace_api.set_span_in_context(trace_api.INVALID_SPAN))
+                                        context=trace_api.set_span_in_context(trace_api.INVALID_SPAN),
+                                        attributes=group)
             child = tracer.start_span("rl.setup.trainer", start_time=start,  # nemo-telemetry-lint: allow raw-otel-span
                                       context=trace_api.set_span_in_context(startup),
-                                      attributes={"rl.trainer.class": type(self.trainer).__name__})
+                                      attributes={"rl.trainer.class": type(self.trainer).__name__, **group})
             child.end(end_time=built)
             startup.end(end_time=time.time_ns())
         except Exception:

@@ -20,7 +20,7 @@ from nemo_telemetry.analysis import IncompleteDatasetWarning, ingest, load_trace
 from nemo_telemetry.analysis.store import commits
 from nemo_telemetry.analysis.store import dataset
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables
-from nemo_telemetry.analysis.store.formats import DATASET_FORMAT
+from nemo_telemetry.analysis.store.formats import DATASET_FORMAT, READERS
 from nemo_telemetry.analysis.store.read import read_for_analysis, read_span_files
 from nemo_telemetry.analysis.store.repair import verify_dataset
 from nemo_telemetry.analysis.store.partitions import span_files
@@ -202,7 +202,7 @@ def _refused(version: int):
     """What every reader and writer raises for a dataset of format ``version``: it names the
     format, the formats read, and the fix (the dumps ingested again, into a new folder)."""
     return pytest.raises(DatasetFormatError, match=(
-        rf"dataset format {version} \(.*\), which this nemo-telemetry does not read \(it reads format 1\); "
+        rf"dataset format {version} \(.*\), which this nemo-telemetry does not read \(it reads format 1, 2\); "
         r"(upgrade nemo-telemetry, or )?re-run nemo-telemetry ingest of its dumps into a new folder"))
 
 
@@ -212,7 +212,7 @@ def _every_reader_refuses(root: Path, version: int) -> None:
                  lambda: dataset.DatasetWriter(root), lambda: verify_dataset(root)):
         with _refused(version) as caught:
             read()
-        assert caught.value.version == version and caught.value.supported == (DATASET_FORMAT,)
+        assert caught.value.version == version and caught.value.supported == tuple(sorted(READERS))
 
 
 @pytest.mark.parametrize("layout", ["no-parent-row", "no-id-keys", "no-span-groups"])

@@ -323,3 +323,42 @@ def test_close_reads_a_backlog_longer_than_one_poll_reads(tmp_path):
     first = follower.poll().num_rows
     rest = follower.close().num_rows
     assert first < first + rest == load_traces(path).spans.num_rows
+
+
+def test_a_backlog_is_read_poll_after_poll_without_waiting_and_equals_offline_goodput(tmp_path, requests,
+                                                                                      monkeypatch):
+    """A monitor started on dumps already written reads them a bounded block per poll: it polls
+    again at once while a read stopped short (``DumpFollower.behind``), and waits ``poll_s`` only
+    once it has caught up. With an hour between polls, the whole backlog is read before the first
+    wait (the stop, set from the first view that has seen every span, ends the wait)."""
+    from nemo_telemetry.analysis.ingestion import follow
+
+    monkeypatch.setattr(follow, "_READ_BYTES", 1 << 16)  # a backlog of many blocks
+    (tmp_path / "dumps").mkdir()
+    (tmp_path / "dumps" / "traces.jsonl").write_bytes(_plain("jsonl", requests))
+    follower = DumpFollower(tmp_path / "dumps")
+    assert follower.poll() is not None and follower.behind  # one block of many
+    blocks = 1
+    while follower.behind:
+        follower.poll()
+        blocks += 1
+    assert blocks > 10 and follower.poll() is None and not follower.behind  # caught up
+
+    total = load_traces(tmp_path / "dumps").spans.num_rows
+    stop, records, views = threading.Event(), [], []
+
+    def on_view(view) -> None:
+        views.append(view.spans)
+        if view.spans == total:
+            stop.set()
+
+    guard = threading.Timer(120, stop.set)  # a monitor that waits between blocks is stopped, short of the total
+    guard.start()
+    try:
+        summary = run_monitor(follow=tmp_path / "dumps", grace_s=0, poll_s=3600, on_step=records.append,
+                              on_view=on_view, stop=stop)
+    finally:
+        guard.cancel()
+    assert views[-1] == total and len(views) > 10  # block after block, every span before a wait
+    assert summary.spans == total
+    assert _latest(records) == _offline(read_spans(tmp_path / "dumps"))

@@ -169,6 +169,9 @@ def test_nemo_gym_client_and_server_gates_are_separate(exporter, gym_server):
     _call_under("outer", lambda: _post(gym_server))
     spans = _spans(exporter, wait_for=("POST /items/{item_id}",))
     assert spans["POST /items/{item_id}"].parent.span_id == spans["POST"].context.span_id
+    # each half records the group that gated it, which check reads for the group's presence
+    assert spans["POST"].attributes["rl.span_group"] == "http_client"
+    assert spans["POST /items/{item_id}"].attributes["rl.span_group"] == "server"
 
 
 def test_a_server_without_an_incoming_header_opens_a_root_span(exporter, rl_server):

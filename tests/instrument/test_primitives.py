@@ -270,7 +270,7 @@ def test_trace_fn_on_a_function_defaults_the_name_and_reads_the_gate_per_call(ex
     assert compute(3) == 6
     (span,) = exporter.get_finished_spans()
     assert span.name == compute.__qualname__
-    assert dict(span.attributes) == {"rl.k": "v", "rl.bucket": "productive"}
+    assert dict(span.attributes) == {"rl.k": "v", "rl.bucket": "productive", "rl.span_group": "reward"}
     assert compute.__name__ == "compute"
 
 

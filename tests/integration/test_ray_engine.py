@@ -315,3 +315,18 @@ def test_ray_gives_an_async_run_its_caveat_as_the_local_engine(ray_cluster, tmp_
     expected = {r.run_id: r.caveats for r in run_goodput(read_spans(dataset))}
     assert expected["run-sync"] == () and len(expected["run-async"]) == 1
     assert {r.run_id: r.caveats for r in ray_goodput(dataset)} == expected
+
+
+presence_tools = _scenario_module("test_group_presence")
+
+
+def test_ray_check_decides_group_presence_as_check_run(ray_cluster, tmp_path):
+    """Runs written by the instrument (each span's recorded group; Gym's groups enabled on a run
+    without Gym): the Ray engine's report is the local one, missing-group-spans included."""
+    from nemo_telemetry.analysis.engines.ray_engine import ray_check
+
+    ingest([presence_tools.write_group_runs(tmp_path)], out=tmp_path / "ds")
+    expected = check_run(read_for_analysis(tmp_path / "ds")).to_dict()
+    found = {(f["run_id"], f["message"].split("'")[1]) for f in expected["findings"] if f["code"] == "missing-group-spans"}
+    assert ("trl", "advantage") in found and ("trl", "generation") not in found and ("trl", "agent") not in found
+    assert ray_check(tmp_path / "ds").to_dict() == expected

@@ -121,3 +121,20 @@ def test_check_passes_on_the_correct_run(run):
     done = run_cli("check", str(run.dump_dir), "--fail-on", "warning")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 error, 0 warning" in done.stdout
+
+
+def test_each_phase_span_records_the_group_it_was_opened_in(run):
+    """``check`` decides a group's presence by the group a span recorded (``rl.span_group``), whatever
+    its name: TRL's generation is the generation group's."""
+    recorded: dict[str, set] = {}
+    for span in run.spans:
+        if span["bucket"] is not None:
+            recorded.setdefault(span["name"].removeprefix(f"rl.{run.kind}."), set()).add(
+                span["attributes"].get("rl.span_group"))
+    expected = {"data_processing": {"data_processing"}, "forward": {"policy_update"},
+                "backward": {"policy_update"}, "optimizer_step": {"policy_update"}, "checkpointing": {"checkpoint"},
+                "evaluation_loop": {"evaluate"}}
+    if run.kind == "grpo":
+        expected |= {"generate": {"generation"}, "reward_calculation": {"reward"},
+                     "policy_and_reference_logprobs": {"logprob"}}
+    assert {phase: recorded.get(phase) for phase in expected} == expected

@@ -103,7 +103,9 @@ class SpanArrays:
 
     ``table`` keeps what is read only for messages or by few rules, in every strategy:
     ``trace_key`` and ``span_key`` (ids), ``trace_id`` where it was read, ``service_name`` and
-    ``rank`` where they were read (goodput by rank, decoded on first use). A strategy may keep more
+    ``rank`` where they were read (goodput by rank, decoded on first use), and the group columns
+    ``missing-group-spans`` reads per row where they were read (``span_groups``, ``rl.span_group``,
+    ``span_groups_namespace``: :func:`~nemo_telemetry.analysis.findings.groups.group_presence`). A strategy may keep more
     (a table in memory keeps every column it was given; a caller that decodes its own batch may
     read those), never less.
     """

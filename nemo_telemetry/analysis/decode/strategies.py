@@ -139,8 +139,7 @@ class SpanReader:
               batch_rows: int | None = None) -> SpanArrays:
         """The spans ``files`` decoded batch by batch as they are read (``batch_rows``, else the
         settings'): the decoded columns of each batch are let go once copied, and the run pairs
-        gathered on the way (the span groups column is let go too: 40 MB at 10M spans); the
-        table keeps the ids and the process columns. The parents come from the files'
+        gathered on the way; the table keeps the ids, the process columns and the group columns. The parents come from the files'
         ``parent_row`` (:class:`FileParents`, which checks each file's column against its keys), a
         worker resolving the references they leave. Every file of the dataset format holds it
         (:mod:`~nemo_telemetry.analysis.store.formats`).
@@ -149,8 +148,9 @@ class SpanReader:
         n = dataset.count_rows()
         decoder = _SpanDecoder(n, gather_pairs=True)
         parents = FileParents(n)
-        gathered = set(decoder.gathered_columns)
-        let_go = {*_DECODED, PARENT_ROW, "parent_key", "resource_attributes"} | gathered
+        # the span groups column stays, beside the pairs gathered from it: missing-group-spans names
+        # each process that enabled a group (findings.groups.group_presence reads it per row)
+        let_go = {*_DECODED, PARENT_ROW, "parent_key", "resource_attributes"}
         kept_columns = [c for c in read if c not in let_go]
         kept: list[pa.RecordBatch] = []
         for path, batch in scan_file_batches(dataset, read, batch_rows or self.settings.batch_rows,
@@ -335,7 +335,7 @@ class _SpanDecoder:
 
     @property
     def gathered_columns(self) -> tuple[str, ...]:
-        """The promoted resource columns whose pairs are gathered batch by batch (then let go)."""
+        """The promoted resource columns whose pairs are gathered batch by batch."""
         return tuple(PROMOTED_RESOURCE_ATTRIBUTES[k] for k in RUN_RESOURCES if k in PROMOTED_RESOURCE_ATTRIBUTES)
 
     def add(self, batch: pa.RecordBatch) -> None:

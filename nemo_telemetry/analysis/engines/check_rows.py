@@ -16,6 +16,7 @@ import numpy as np
 
 from nemo_telemetry.analysis.findings import checks, rules
 from nemo_telemetry.analysis.decode import RUN_RESOURCES, SPAN_GROUPS_ATTRIBUTE, RunPairs, SpanArrays, rows_arrays
+from nemo_telemetry.analysis.findings.groups import GroupPresence
 from nemo_telemetry.analysis.model.grouping import Columns, concat, find_keys, first_rows, string_codes, take
 from nemo_telemetry.analysis.model.schema import NO_RUN
 
@@ -63,11 +64,14 @@ def quoted_arrays(rows: Columns, codes: Codes, pairs: RunPairs | None = None) ->
 
 
 def dataset_pairs(facts: list[dict], codes: Codes) -> RunPairs:
-    """The dataset's :class:`RunPairs` from the files' facts, in the dataset's codes."""
-    names = {(int(r), int(n)) for f in facts
-             for r, n in zip(codes.code("runs", [p[0] for p in f["names_present"]]),
-                             codes.code("names", [p[1] for p in f["names_present"]])) if r >= 0 and n >= 0}
-    groups = {(int(codes.code("runs", [run])[0]), spec) for f in facts for run, spec in f["span_groups"]}
+    """The dataset's :class:`RunPairs` from the files' facts (their group presence partials), in the
+    dataset's codes."""
+    presence = GroupPresence.union(f["group_presence"] for f in facts)
+    named = sorted(presence.names, key=repr)
+    names = {(int(r), int(n)) for r, n in zip(codes.code("runs", [p[0] for p in named]),
+                                              codes.code("names", [p[1] for p in named])) if r >= 0 and n >= 0}
+    specs = sorted({(run, spec) for run, spec, *_ in presence.processes}, key=repr)
+    groups = {(int(codes.code("runs", [run])[0]), spec) for run, spec in specs}
     return RunPairs(frozenset(names), {SPAN_GROUPS_ATTRIBUTE: frozenset(p for p in groups if p[0] >= 0)})
 
 
@@ -113,15 +117,7 @@ def merged_partials(rows: Columns, codes: Codes, analysis, facts: list[dict], ov
     anchors = concat([f["first_anchor"] for f in facts], FIRST_ANCHOR)
     first = take(anchors, first_rows(string_codes(anchors["run"])[0]))
     first_codes = codes.code("runs", [None if r == NO_RUN else r for r in first["run"]])
-    presence = ({}, [])
-    for f in facts:
-        for run, spec in f["span_groups"]:
-            presence[0].setdefault(int(codes.code("runs", [run])[0]), set()).update(
-                g.strip().lower() for g in spec.split(",") if g.strip())
-    if presence[0]:
-        pairs = {(int(r), int(n)) for f in facts for r, n in zip(codes.code("runs", [p[0] for p in f["names_present"]]),
-                                                                 codes.code("names", [p[1] for p in f["names_present"]]))}
-        presence = (presence[0], sorted(pairs))
+    presence = GroupPresence.union(f["group_presence"] for f in facts)
     return checks.Merged(
         facts=fact, offenders={code: np.flatnonzero(offender & ((flags & bit) != 0)) for code, bit in SPAN_FLAGS.items()},
         steps=steps, table=analysis.table, overlapping=overlapping,

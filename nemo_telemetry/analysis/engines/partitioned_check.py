@@ -39,6 +39,7 @@ from nemo_telemetry.analysis.engines.check_rows import (
     FIRST_ANCHOR, SPAN_FLAGS, STEP_FACTS, Codes, in_dataset_order, merged_partials, step_heads,
 )
 from nemo_telemetry.analysis.findings import checks, rules
+from nemo_telemetry.analysis.findings.groups import group_presence
 from nemo_telemetry.analysis.goodput.numbering import (
     StepNumbers, file_number_partial, file_unstamped_steps, no_step_numbers, number_steps, step_numbers,
 )
@@ -137,9 +138,7 @@ def _facts_of(table: pa.Table, run_id: str | None) -> dict:
         "anchor_traces": np.unique(trace[anchors]),
         "first_anchor": {"run": _values(a.run[first], a.runs, NO_RUN), "row": first.astype(np.int64),
                          "name": _values(a.name[first], a.names), "trace_id": _trace_ids(a, first)},
-        "names_present": [(a.runs[r] if r >= 0 else None, a.names[n]) for r, n in a.run_names(keep)],
-        "span_groups": {(a.runs[r] if r >= 0 else None, spec) for r, spec in
-                        a.run_resources(checks.SPAN_GROUPS_ATTRIBUTE, keep)},
+        "group_presence": group_presence(a, keep),
     }
 
 

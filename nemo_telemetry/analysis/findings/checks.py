@@ -43,7 +43,12 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from nemo_telemetry.analysis.findings.groups import SPAN_GROUPS_ATTRIBUTE, group_presence, missing_group_findings
+from nemo_telemetry.analysis.findings.groups import (
+    SPAN_GROUPS_ATTRIBUTE,
+    GroupPresence,
+    group_presence,
+    missing_group_findings,
+)
 from nemo_telemetry.analysis.findings.report import (
     DEFAULT_OVERLAP_TOLERANCE_S,
     FINDING_CODES,
@@ -108,7 +113,7 @@ class Merged:
     detached: Columns  # every detached (run code, trace key), sorted: columns run, trace
     detached_rows: np.ndarray  # rows (of anchored runs, outside anchored traces) of at least the first of them
     anchor_trace: dict  # run code -> trace id of its first job or step span
-    presence: tuple  # ({run code: enabled groups}, [(run code, name code) present])
+    presence: GroupPresence  # missing-group-spans' merged partial
     numbers: StepNumbers | None = None  # the step spans without rl.iteration (goodput.numbering)
     failed: Columns | None = None  # rules.failed_spans: per failed (run name, iteration), its first failing span
 
@@ -496,8 +501,7 @@ def finish(merged: Merged, *, unattributed_threshold: float = 0.2, tolerance_ns:
         "bucket-exceeds-wall": lambda: _steps_over_wall(ctx, tolerance_ns),
         "unstamped-span": lambda: _unstamped(ctx),
         "unattributed-step-time": lambda: _unattributed(ctx, unattributed_threshold),
-        "missing-group-spans": lambda: missing_group_findings(merged.presence, ctx.arrays.names, ctx.arrays.runs,
-                                                              max_findings_per_code),
+        "missing-group-spans": lambda: missing_group_findings(merged.presence, max_findings_per_code),
         "step-time-outlier": lambda: _outliers(ctx),
         "step-without-iteration": lambda: _steps_without_iteration(ctx),
         "orphan-span": lambda: _orphans(ctx),
@@ -618,7 +622,7 @@ def anchored(arrays: SpanArrays, keep: np.ndarray) -> Anchored:
     return Anchored(anchors, runs, loose_rows(arrays, keep, np.unique(row_traces(arrays, anchors)), runs))
 
 
-def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: tuple,
+def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: GroupPresence,
                     orphans_found: Callable[[], None] = lambda: None, anchors: Anchored | None = None,
                     numbers: StepNumbers | None = None) -> Merged:
     """The partials of the one batch that is the whole table, which merge to themselves.

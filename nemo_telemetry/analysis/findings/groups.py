@@ -1,25 +1,48 @@
-"""``missing-group-spans``: span groups a run's processes enabled and none of its spans belong to.
+"""``missing-group-spans``: span groups a run's processes enabled and none of its spans was opened in.
 
-The partial (:func:`group_presence`) is per run the groups enabled (the resource attribute every
-process carries) and the (run, name) pairs present; merging is their union. Where seed 000 lists
-a known coverage gap for the group, or the run's algorithm never opens it, the finding is
-``info``; otherwise ``warning``.
+A span's group is the one it records (``rl.span_group``, which every gated site of the instrument
+sets); only a span that records none (an older dump, another instrumenter) is placed by its name,
+against the catalogue's span-name patterns. So a TRL ``rl.trl.generate`` opened with
+``managed_span(G.GENERATION, ...)`` is generation, whatever its name.
+
+A group is *expected* in a run only when the run contains code of a namespace that registers it:
+a namespace is present in a run when a process of the run resolved its span groups in it (the
+``nemo.telemetry.namespace`` resource attribute: a NeMo-RL driver and its workers in ``nemo_rl``,
+a Gym server in ``nemo_gym``), or when a span of the run belongs to one of the groups only that
+namespace registers (``nemo_gym``'s ``server``, ``verify``...; ``nemo_rl``'s ``step``,
+``generation``...: what shows the namespace where processes do not say it, an older dump or another
+instrumenter). ``span_groups: all`` enables every registered group, Gym's too, in a trainer without
+Gym; those groups are not expected there. A group two namespaces share (``job``, ``rollout``) shows
+neither namespace's presence.
+
+The partial (:func:`group_presence`, a :class:`GroupPresence`) holds, per run, the processes
+(service, rank) and the groups each had enabled, the groups spans recorded, and the names of the
+spans that record none; merging is the union of each. Where seed 000 lists a known coverage gap
+for the group, or the run's algorithm never opens it, the finding is ``info``; otherwise
+``warning``. The finding names the processes that had the group enabled.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
+import pyarrow as pa
 
 from nemo_telemetry.analysis.findings.report import Finding
 from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX
 from nemo_telemetry.analysis.decode import SPAN_GROUPS_ATTRIBUTE as SPAN_GROUPS, SpanArrays
+from nemo_telemetry.analysis.model.columns import LOOKUP_ROWS, column_codes, int_column, pairs_present
+from nemo_telemetry.analysis.model.resources import resource_values
+from nemo_telemetry.analysis.model.schema import SPAN_GROUP
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 
-__all__ = ["SPAN_GROUPS_ATTRIBUTE", "group_presence", "missing_group_findings"]
+__all__ = ["SPAN_GROUPS_ATTRIBUTE", "GroupPresence", "group_presence", "missing_group_findings"]
 
 SPAN_GROUPS_ATTRIBUTE = SPAN_GROUPS  # the resource attribute every process carries
+_SHOWN_PROCESSES = 3  # processes a finding names before "(and N more)"
 
 # Known coverage gaps (seed 000, "Coverage gaps"): an enabled group that is legitimately empty.
 _KNOWN_GAPS = {
@@ -47,48 +70,143 @@ _ALGORITHM_GROUPS = {
 }
 
 
-def group_presence(a: SpanArrays, keep: np.ndarray) -> tuple[dict[int, set[str]], list[tuple[int, int]]]:
-    """``missing-group-spans``' partial: per run code, the union of the span groups its processes
-    had enabled (resource attribute), and the (run, name) code pairs present. Merging is the union."""
-    enabled: dict[int, set[str]] = {}
-    for run, spec in a.run_resources(SPAN_GROUPS_ATTRIBUTE, keep):
-        enabled.setdefault(run, set()).update(g.strip().lower() for g in spec.split(",") if g.strip())
-    if not enabled:
-        return enabled, []
-    return enabled, a.run_names(keep)
+@dataclass(frozen=True)
+class GroupPresence:
+    """``missing-group-spans``' partial over some rows (ids, not codes: partials of any batches merge)."""
+
+    processes: frozenset = frozenset()  # (run id, enabled spec, service name, rank, namespace) of each process
+    groups: frozenset = frozenset()  # (run id, group) a span recorded
+    names: frozenset = frozenset()  # (run id, span name) of every span
+    unrecorded: frozenset = frozenset()  # (run id, span name) of the spans that record no group
+
+    @staticmethod
+    def union(parts: Iterable["GroupPresence"]) -> "GroupPresence":
+        """The merge: each field's union."""
+        parts = list(parts)
+        return GroupPresence(*(frozenset().union(*(getattr(p, f) for p in parts))
+                               for f in ("processes", "groups", "names", "unrecorded")))
 
 
-def missing_group_findings(presence: tuple, names: tuple, runs: tuple,
-                           limit: int) -> tuple[dict[str, int], list[Finding]]:
-    """``missing-group-spans`` from the merged presence (run and name codes into ``runs`` / ``names``):
-    how many (run, group) pairs at each severity, and the first ``limit`` findings."""
-    enabled, pairs = presence
+def group_presence(a: SpanArrays, keep: np.ndarray) -> GroupPresence:
+    """The :class:`GroupPresence` of the ``keep`` rows (a run filter). The spans of processes that
+    recorded no enabled groups count too: they show which groups, and namespaces, are present.
+
+    Read a block of rows at a time (:data:`LOOKUP_ROWS`): the columns' codes it decodes are
+    temporaries as long as a block, not as the table."""
+    processes, groups, unrecorded = set(), set(), set()
+    for lo in range(0, len(a), LOOKUP_ROWS):
+        block, kept, run = a.table.slice(lo, LOOKUP_ROWS), keep[lo:lo + LOOKUP_ROWS], a.run[lo:lo + LOOKUP_ROWS]
+        recorded, recorded_values = column_codes(block, SPAN_GROUP)
+        processes |= _processes(a, block, kept, run)
+        groups |= {(_run_id(a, r), recorded_values[g])
+                   for r, g in pairs_present(run[kept], recorded[kept], len(recorded_values))}
+        plain = kept & (recorded < 0)
+        unrecorded |= {(_run_id(a, r), a.names[n])
+                       for r, n in pairs_present(run[plain], a.name[lo:lo + LOOKUP_ROWS][plain], len(a.names))}
+    names = {(_run_id(a, r), a.names[n]) for r, n in a.run_names(keep)}
+    return GroupPresence(frozenset(processes), frozenset(groups), frozenset(names), frozenset(unrecorded))
+
+
+def _run_id(a: SpanArrays, code: int) -> str | None:
+    return a.runs[code] if code >= 0 else None
+
+
+def _spec_codes(block: pa.Table) -> tuple[np.ndarray, tuple]:
+    """Each row's enabled-groups spec as a code into the distinct specs (-1: none): from the
+    ``span_groups`` column, else (files written before it) the resource map."""
+    codes, values = column_codes(block, "span_groups")
+    if "resource_attributes" in block.column_names:
+        missing = np.flatnonzero(codes < 0)
+        if len(missing):
+            mapped, mapped_values = resource_values(block, SPAN_GROUPS_ATTRIBUTE, missing)
+            codes[missing] = np.where(mapped >= 0, mapped + len(values), -1)
+            values = (*values, *mapped_values)
+    return codes, values
+
+
+def _processes(a: SpanArrays, block: pa.Table, keep: np.ndarray, run: np.ndarray) -> set[tuple]:
+    """(run id, spec, service, rank, namespace) of the processes of a block's ``keep`` rows that
+    enabled groups (``run``: the block's run codes).
+
+    A process's spans are stored together (a file per run and rank; an export batch per process
+    in a dump), so only the rows where one of these changes are read out of the columns."""
+    spec, specs = _spec_codes(block)
+    rows = np.flatnonzero(keep & (spec >= 0))
+    if not len(rows):
+        return set()
+    service, services = column_codes(block, "service_name")
+    namespace, namespaces = column_codes(block, "span_groups_namespace")
+    rank, has_rank = int_column(block, "rank")
+    keys = (run[rows], spec[rows], service[rows], rank[rows], has_rank[rows], namespace[rows])
+    change = np.ones(len(rows), dtype=bool)
+    change[1:] = np.logical_or.reduce([k[1:] != k[:-1] for k in keys])
+    at = rows[change]
+    return {(_run_id(a, int(r)), specs[s], services[v] if v >= 0 else None, int(k) if valid else None,
+             namespaces[n] if n >= 0 else None)
+            for r, s, v, k, valid, n in zip(run[at].tolist(), spec[at].tolist(), service[at].tolist(),
+                                            rank[at].tolist(), has_rank[at].tolist(), namespace[at].tolist())}
+
+
+def _parse(spec: str) -> set[str]:
+    return {g.strip().lower() for g in spec.split(",") if g.strip()}
+
+
+def _process_name(service: str | None, rank: int | None) -> str:
+    return f"{service or '(no service.name)'} rank {'?' if rank is None else rank}"
+
+
+def missing_group_findings(presence: GroupPresence, limit: int) -> tuple[dict[str, int], list[Finding]]:
+    """``missing-group-spans`` from the merged presence: how many (run, group) pairs at each
+    severity, and the first ``limit`` findings."""
     counts: dict[str, int] = {}
-    if not enabled:
+    if not presence.processes:
         return counts, []
     catalogue = {info.name: info for info in REGISTRY.catalogue()}
     regexes = {g: re.compile("|".join(span_name_regex(p) for p in info.spans)) for g, info in catalogue.items()
                if info.spans}
     out = []
-    for run, groups_on in sorted(enabled.items()):
-        present_names = [names[name] for r, name in pairs if r == run]
-        present = {g for g, rx in regexes.items() if any(n is not None and rx.match(n) for n in present_names)}
-        algorithms = {n.split(".")[1] for n in present_names if n and re.match(f"{STEP_SPAN_REGEX}|{JOB_SPAN_REGEX}", n)}
-        for group_name in sorted((groups_on & catalogue.keys()) - present):
-            never = [alg for alg in algorithms if alg in _ALGORITHM_GROUPS and group_name not in _ALGORITHM_GROUPS[alg]]
-            if never:
-                note, severity = f"rl.{never[0]} runs never open {group_name} spans (per-algorithm span names)", "info"
-            elif group_name in _KNOWN_GAPS:
-                note, severity = f"known coverage gap: {_KNOWN_GAPS[group_name]}", "info"
-            else:
-                note, severity = ("check that the code path that opens them ran and that its process initialised "
-                                  "telemetry and flushed before exit"), "warning"
+    runs = sorted({p[0] for p in presence.processes}, key=lambda r: (r is not None, r or ""))
+    for run in runs:
+        enabled_by: dict[str, list[str]] = {}
+        processes = [p for p in presence.processes if p[0] == run]
+        for _, spec, service, rank, _ in sorted(processes, key=lambda p: (p[2] or "", -1 if p[3] is None else p[3],
+                                                                          p[1], p[4] or "")):
+            for group_name in _parse(spec):
+                named = enabled_by.setdefault(group_name, [])
+                if _process_name(service, rank) not in named:
+                    named.append(_process_name(service, rank))
+        unrecorded = [n for r, n in presence.unrecorded if r == run and n is not None]
+        present = {g for r, g in presence.groups if r == run} | {
+            g for g, rx in regexes.items() if any(rx.match(n) for n in unrecorded)}
+        namespaces = {catalogue[g].namespaces[0] for g in present if g in catalogue
+                      and len(catalogue[g].namespaces) == 1} | {p[4] for p in processes if p[4]}
+        expected = {g for g in enabled_by.keys() & catalogue.keys() if namespaces & set(catalogue[g].namespaces)}
+        names = [n for r, n in presence.names if r == run and n]
+        algorithms = {n.split(".")[1] for n in names if re.match(f"{STEP_SPAN_REGEX}|{JOB_SPAN_REGEX}", n)}
+        for group_name in sorted(expected - present):
+            severity, note = _note(group_name, algorithms)
             counts[severity] = counts.get(severity, 0) + 1
             if len(out) >= limit:
                 continue
-            patterns = ", ".join(catalogue[group_name].spans)
             out.append(Finding(
                 code="missing-group-spans", severity=severity,
-                message=f"group {group_name!r} was enabled but the run has none of its spans ({patterns}); {note}",
-                trace_id=None, span_ids=(), iteration=None, run_id=runs[run] if run >= 0 else None))
+                message=_message(group_name, enabled_by[group_name], catalogue[group_name].spans, note),
+                trace_id=None, span_ids=(), iteration=None, run_id=run))
     return counts, out
+
+
+def _note(group_name: str, algorithms: set[str]) -> tuple[str, str]:
+    never = sorted(alg for alg in algorithms if alg in _ALGORITHM_GROUPS and group_name not in _ALGORITHM_GROUPS[alg])
+    if never:
+        return "info", f"rl.{never[0]} runs never open {group_name} spans (per-algorithm span names)"
+    if group_name in _KNOWN_GAPS:
+        return "info", f"known coverage gap: {_KNOWN_GAPS[group_name]}"
+    return "warning", ("check that the code path that opens them ran in those processes and that they flushed "
+                       "telemetry before exit")
+
+
+def _message(group_name: str, processes: list[str], patterns: tuple[str, ...], note: str) -> str:
+    shown = ", ".join(processes[:_SHOWN_PROCESSES])
+    more = f" (and {len(processes) - _SHOWN_PROCESSES} more)" if len(processes) > _SHOWN_PROCESSES else ""
+    return (f"group {group_name!r} was enabled in {shown}{more}, but no span of the run was opened in it "
+            f"(its spans: {', '.join(patterns)}); {note}")

@@ -15,8 +15,8 @@ the dataset, and its facts come from the walk over every file.
 - ``detached-trace``: :func:`detached_partial` counts, per (run, trace) outside every anchored
   trace, the batch's rows and how many of them are separate by design;
   :func:`detached_traces` merges the counts and keeps the traces that are detached.
-- ``missing-group-spans``: :func:`group_presence` (checks) reads the enabled groups and the
-  (run, name) pairs present; merging is their union.
+- ``missing-group-spans``: :func:`group_presence` (groups) reads each process's enabled groups,
+  the groups the spans recorded and the names of the spans that record none; merging is their union.
 - Step-level codes (``bucket-exceeds-wall``, ``unattributed-step-time``, ``step-time-outlier``)
   read goodput's finished per-step table only.
 - ``failed-step``: which steps failed is goodput's (its ``failed`` column, from

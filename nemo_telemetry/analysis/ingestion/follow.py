@@ -154,6 +154,7 @@ class DumpFollower:
     _out: list = field(default_factory=list)
     _reread: int = 0
     _bytes_read: int = 0
+    behind: bool = field(default=False, init=False)  # whether the last poll left bytes the files held unread
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -170,8 +171,9 @@ class DumpFollower:
         return tables
 
     def poll(self) -> pa.Table | None:
-        """The spans added since the last poll (None when there are none)."""
-        self._poll_once()
+        """The spans added since the last poll (None when there are none); :attr:`behind` says
+        whether it read less than the files held (a backlog: poll again without waiting)."""
+        self.behind = self._poll_once()
         return self._take()
 
     def close(self) -> pa.Table | None:

@@ -15,13 +15,15 @@ from nemo_telemetry.analysis.model.schema import (
     EFFICIENCY_CATEGORY,
     ITERATION,
     PROMOTED_RESOURCE_ATTRIBUTES,
+    SPAN_GROUP,
     SPANS_SCHEMA,
     promote_resource,
 )
 
 __all__ = ["spans_table"]
 
-_SHORT_NAMES = {"bucket": BUCKET, "iteration": ITERATION, "efficiency_category": EFFICIENCY_CATEGORY}
+_SHORT_NAMES = {"bucket": BUCKET, "iteration": ITERATION, "efficiency_category": EFFICIENCY_CATEGORY,
+                "span_group": SPAN_GROUP}
 _DEFAULTS: Mapping[str, Any] = {
     "parent_span_id": None,
     "kind": "internal",
@@ -31,9 +33,11 @@ _DEFAULTS: Mapping[str, Any] = {
     "run_id": "run-1",
     "rank": 0,
     "span_groups": None,
+    "span_groups_namespace": None,
     BUCKET: None,
     ITERATION: None,
     EFFICIENCY_CATEGORY: None,
+    SPAN_GROUP: None,
     "trace_state": None,
     "scope_name": "nemo_telemetry",
     "scope_version": None,
@@ -45,7 +49,7 @@ _DEFAULTS: Mapping[str, Any] = {
 def spans_table(records: Iterable[Mapping[str, Any]]) -> pa.Table:
     """A ``SPANS_SCHEMA`` table from dicts with at least trace_id, span_id, name, start_ns, end_ns.
 
-    ``bucket``, ``iteration`` and ``efficiency_category`` may be used as short names for the
+    ``bucket``, ``iteration``, ``efficiency_category`` and ``span_group`` may be used as short names for the
     ``rl.*`` columns; ``duration_ns`` is computed; attribute maps are ``{str: str}`` dicts. A
     promoted resource attribute in ``resource_attributes`` (``nemo.telemetry.span_groups``...) goes
     to its column, as ingest puts it, unless the record gives that column itself (the attribute

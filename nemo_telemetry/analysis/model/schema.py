@@ -1,9 +1,11 @@
 """The spans, events and links tables: the one shape every analysis reads.
 
 One row per span. Ids are lowercase hex strings; times are int64 Unix nanoseconds. The
-promoted columns (``rl.bucket``, ``rl.iteration``, ``rl.efficiency.category``, and from the
+promoted columns (``rl.bucket``, ``rl.iteration``, ``rl.efficiency.category``, ``rl.span_group``: the
+span group a span was opened in, and from the
 resource ``service_name``, ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank``,
-``span_groups`` = ``nemo.telemetry.span_groups``) are taken out of the attribute maps; every
+``span_groups`` = ``nemo.telemetry.span_groups``, ``span_groups_namespace`` =
+``nemo.telemetry.namespace``) are taken out of the attribute maps; every
 other span attribute is in ``attributes`` and every other resource attribute in
 ``resource_attributes``. ``span_groups`` has a column of its own so that ``check`` reads a
 dictionary column instead of the resource map (every resource attribute of every span); a hand-built
@@ -39,6 +41,7 @@ __all__ = [
     "BUCKET",
     "ITERATION",
     "EFFICIENCY_CATEGORY",
+    "SPAN_GROUP",
     "PROMOTED_SPAN_ATTRIBUTES",
     "PROMOTED_RESOURCE_ATTRIBUTES",
     "promote_resource",
@@ -56,15 +59,17 @@ _attr_map = pa.map_(pa.string(), pa.string())
 BUCKET = "rl.bucket"
 ITERATION = "rl.iteration"
 EFFICIENCY_CATEGORY = "rl.efficiency.category"
+SPAN_GROUP = "rl.span_group"  # the group a span was opened in (the instrument's gated sites record it)
 # stands for "no run" (a null run_id) in keys that must hash, index, sort or cross tasks
 NO_RUN = "\x00"
 PARENT_ROW = "parent_row"  # a spans file's index of its spans' parents in the file (see above)
 
 # span attribute -> column
-PROMOTED_SPAN_ATTRIBUTES = (BUCKET, ITERATION, EFFICIENCY_CATEGORY)
+PROMOTED_SPAN_ATTRIBUTES = (BUCKET, ITERATION, EFFICIENCY_CATEGORY, SPAN_GROUP)
 # resource attribute -> column
 PROMOTED_RESOURCE_ATTRIBUTES = {"service.name": "service_name", "nemo.run.id": "run_id", "nv.dl.rank": "rank",
-                                "nemo.telemetry.span_groups": "span_groups"}
+                                "nemo.telemetry.span_groups": "span_groups",
+                                "nemo.telemetry.namespace": "span_groups_namespace"}
 
 
 
@@ -105,9 +110,11 @@ SPANS_SCHEMA = pa.schema(
         pa.field("run_id", _dict_str),
         pa.field("rank", pa.int64()),
         pa.field("span_groups", _dict_str),  # the process's enabled span groups, comma-separated
+        pa.field("span_groups_namespace", _dict_str),  # the namespace the process resolved them in
         pa.field(BUCKET, _dict_str),
         pa.field(ITERATION, pa.int64()),
         pa.field(EFFICIENCY_CATEGORY, _dict_str),
+        pa.field(SPAN_GROUP, _dict_str),
         pa.field("trace_state", pa.string()),
         pa.field("scope_name", _dict_str),
         pa.field("scope_version", _dict_str),

@@ -264,7 +264,8 @@ def _serve(loop: _Loop, *, follow, port, out, host, until_idle_s, poll_s, exit_o
         follower = DumpFollower(Path(follow), max_record_bytes=max_request_bytes)
         if on_ready is not None:
             on_ready({"traces_url": None, "metrics_url": metrics_url})
-        _poll_until_done(loop, follower.poll, until_idle_s, poll_s, exit_on_alert, on_view, stop)
+        _poll_until_done(loop, follower.poll, until_idle_s, poll_s, exit_on_alert, on_view, stop,
+                         behind=lambda: follower.behind)
         last = follower.close()
         if last is not None:
             loop.add(last)
@@ -315,7 +316,9 @@ def _drain(arrived: queue.SimpleQueue) -> pa.Table | None:
 
 
 def _poll_until_done(loop: _Loop, poll: Callable[[], pa.Table | None], until_idle_s, poll_s, exit_on_alert,
-                     on_view, stop: threading.Event) -> None:
+                     on_view, stop: threading.Event, behind: Callable[[], bool] = lambda: False) -> None:
+    """Poll every ``poll_s`` until done; without waiting while ``behind()`` (a backlog the source
+    already holds: a monitor started on a long run's dumps replays them at decode speed)."""
     last_span = time.monotonic()
     while not stop.is_set():
         spans = poll()
@@ -329,7 +332,8 @@ def _poll_until_done(loop: _Loop, poll: Callable[[], pa.Table | None], until_idl
             return
         if until_idle_s is not None and time.monotonic() - last_span >= until_idle_s:
             return
-        stop.wait(poll_s)
+        if not behind():
+            stop.wait(poll_s)
 
 
 def _summary(loop: _Loop, *, follow: FollowCounts | None = None, receiver: CollectSummary | None = None,

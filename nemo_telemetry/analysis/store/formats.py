@@ -4,8 +4,8 @@ format this nemo-telemetry reads.
 Every commit record a writer writes carries the format of the files it commits
 (``"dataset_format"``, :data:`DATASET_FORMAT`). A dataset is read as the format its latest
 record names. One whose latest record names none (written before formats were recorded, or
-with no commit record at all) is read as format 1 when every committed spans file holds format
-1's columns, and refused otherwise as format 0: the layouts before format 1 (files without the
+with no commit record at all) is read as the newest format whose columns every committed spans
+file holds, and refused otherwise as format 0: the layouts before format 1 (files without the
 uint64 id keys, without the ``span_groups`` column, without ``parent_row``) have no reader here.
 A format above the ones read (a newer nemo-telemetry's) is refused too. Either refusal is a
 :class:`~nemo_telemetry.errors.DatasetFormatError` that names the format and the fix: the same
@@ -14,10 +14,17 @@ where every reader and writer of a dataset starts, decides the format; the reade
 (:data:`READERS`) checks each spans file it opens, so spans files handed over without their
 dataset are held to it as well.
 
-Format 1 (the spans files ingest writes)::
+Format 1::
 
-    every column of SPANS_SCHEMA (span_groups included), the uint64 id keys trace_key, span_key
-    and parent_key, and parent_row (int32): each span's parent as a row of the same file
+    every column of SPANS_SCHEMA but format 2's (span_groups included), the uint64 id keys
+    trace_key, span_key and parent_key, and parent_row (int32): each span's parent as a row of
+    the same file
+
+Format 2 (the spans files ingest writes): format 1's columns and the group columns, ``rl.span_group``
+(the group each span was opened in) and ``span_groups_namespace`` (the namespace each process
+resolved its span groups in). A reader of format 2 reads format 1's files too, those two columns
+as nulls there (a span without a recorded group is placed by its name), so a dataset a newer
+ingest appended to holds files of both.
 
 ``parent_row`` makes a file's row order part of the format: a file whose rows another tool
 reordered is found by the reader that uses the column
@@ -31,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from nemo_telemetry.analysis.model.schema import PARENT_ROW, SPANS_SCHEMA
+from nemo_telemetry.analysis.model.schema import PARENT_ROW, SPAN_GROUP, SPANS_SCHEMA
 from nemo_telemetry.errors import DatasetFormatError
 
 if TYPE_CHECKING:
@@ -41,7 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["DATASET_FORMAT", "FORMAT_KEY", "UNVERSIONED", "SpansFormat", "READERS", "reader", "dataset_format",
            "format_error"]
 
-DATASET_FORMAT = 1  # the format this nemo-telemetry writes
+DATASET_FORMAT = 2  # the format this nemo-telemetry writes
 FORMAT_KEY = "dataset_format"  # the commit record's field that holds it
 UNVERSIONED = 0  # a dataset whose records name no format and whose files are in no layout read here
 
@@ -52,27 +59,46 @@ class SpansFormat:
 
     version: int
     columns: tuple[str, ...]
+    added: tuple[str, ...] = ()
+    """The columns this format added to the one before it: files of that format, read as this
+    one, read them as nulls."""
 
     def missing(self, schema: "pa.Schema") -> list[str]:
         """The columns of this format a spans file's ``schema`` lacks."""
         names = set(schema.names)
         return [c for c in self.columns if c not in names]
 
-    def project(self, dataset: "ds.Dataset", columns: Iterable[str]) -> list[str]:
-        """The columns of ``dataset`` (spans files of this format) a read of ``columns`` takes,
-        after checking every file holds this format's columns (each file's footer, which the scan
-        reads anyway: the fragments keep it)."""
+    def project(self, dataset: "ds.Dataset", columns: Iterable[str]) -> tuple["ds.Dataset", list[str]]:
+        """``dataset`` (spans files of this format, or of the format before it) and the columns a
+        read of ``columns`` takes, after checking every file holds this format's columns but the
+        ones it added (each file's footer, which the scan reads anyway: the fragments keep it).
+        An added column no file holds is in the schema all the same: read as nulls."""
+        missing_added: set[str] = set()
         for fragment in dataset.get_fragments():
             missing = self.missing(fragment.physical_schema)
-            if missing:
-                raise format_error(fragment.path, UNVERSIONED, _lacks(fragment.path, missing, named=False))
-        return list(columns)
+            lacking = [c for c in missing if c not in self.added]
+            if lacking:
+                raise format_error(fragment.path, UNVERSIONED, _lacks(fragment.path, lacking, named=False))
+            missing_added.update(missing)
+        columns = list(columns)
+        wanted = [c for c in self.added if c in columns and c not in dataset.schema.names]
+        if wanted:  # ds.dataset takes its schema from the first file: one of the older format's
+            from nemo_telemetry.analysis.model.schema import SPANS_SCHEMA as schema  # noqa: PLC0415
+
+            fields = dataset.schema
+            for name in wanted:
+                fields = fields.append(schema.field(name))
+            dataset = dataset.replace_schema(fields)
+        return dataset, columns
 
 
 # Every column ingest writes into a spans file: the table's, its id keys and the parent rows.
-_V1 = SpansFormat(1, (*SPANS_SCHEMA.names, *(n for n in ("trace_key", "span_key", "parent_key")
-                                               if n not in SPANS_SCHEMA.names), PARENT_ROW))
-READERS: dict[int, SpansFormat] = {1: _V1}  # one reader per format read
+_WRITTEN = (*SPANS_SCHEMA.names, *(n for n in ("trace_key", "span_key", "parent_key") if n not in SPANS_SCHEMA.names),
+            PARENT_ROW)
+_GROUP_COLUMNS = (SPAN_GROUP, "span_groups_namespace")
+_V1 = SpansFormat(1, tuple(c for c in _WRITTEN if c not in _GROUP_COLUMNS))
+_V2 = SpansFormat(2, _WRITTEN, added=_GROUP_COLUMNS)
+READERS: dict[int, SpansFormat] = {1: _V1, 2: _V2}  # one reader per format read
 
 
 def reader(version: int = DATASET_FORMAT) -> SpansFormat:
@@ -92,24 +118,27 @@ def dataset_format(root: Path, recorded: int | None, spans_files: Callable[[], I
     import pyarrow as pa  # only for a dataset whose records name no format
     import pyarrow.parquet as pq
 
-    current = READERS[DATASET_FORMAT]
+    version = DATASET_FORMAT  # the newest format every file holds
+    oldest = READERS[min(READERS)]
     for path in spans_files():
         try:
             schema = pq.read_schema(path)
         except (pa.ArrowInvalid, OSError):  # not a Parquet file: the check of committed files names it
             continue
-        missing = current.missing(schema)
+        missing = oldest.missing(schema)
         if missing:
             raise format_error(root, UNVERSIONED, _lacks(path, missing))
-    return DATASET_FORMAT
+        while READERS[version].missing(schema):
+            version -= 1
+    return version
 
 
 def _lacks(path, missing: list[str], *, named: bool = True) -> str:
     """Why a dataset (``named``: its file ``path``) or one spans file is of no format read here."""
     columns = f"{', '.join(missing)} column{'s' if len(missing) > 1 else ''}"
     if named:
-        return f"unversioned, its spans files in a layout older than format {DATASET_FORMAT}: {path} has no {columns}"
-    return f"a spans file in a layout older than format {DATASET_FORMAT}: it has no {columns}"
+        return f"unversioned, its spans files in a layout older than format {min(READERS)}: {path} has no {columns}"
+    return f"a spans file in a layout older than format {min(READERS)}: it has no {columns}"
 
 
 def format_error(where, version: int, why: str) -> DatasetFormatError:

@@ -13,7 +13,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
+from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, SPAN_GROUP
 from nemo_telemetry.analysis.settings import available_cpus
 from nemo_telemetry.analysis.store.commits import FileProblem, committed_files, damaged_error
 from nemo_telemetry.analysis.store.dataset import checked_parquet
@@ -36,6 +36,8 @@ READ_COLUMNS = (
     EFFICIENCY_CATEGORY, "span_groups", "trace_key", "span_key", "parent_key",
     "service_name", "rank",  # the process: step spans without rl.iteration are numbered per run and process
     "status_code", "status_message",  # a step whose span ended in error is failed; the finding quotes the message
+    SPAN_GROUP,  # the group each span was opened in: missing-group-spans decides presence by it
+    "span_groups_namespace",  # the namespace each process resolved its span groups in
 )
 # Row-group-sized batches (ingest writes pyarrow's default row groups, 2**20 rows): a few large chunks decode
 # with less overhead per batch than the scanner's default 2**17, and every per-chunk loop
@@ -135,7 +137,7 @@ def span_projection(files: list[str], columns: tuple[str, ...]) -> tuple[ds.Data
     another format (a :class:`~nemo_telemetry.errors.DatasetFormatError` naming it)."""
     fmt = checked_parquet(ds.ParquetReadOptions(dictionary_columns=list(_DICTIONARY_READS)))
     dataset = ds.dataset(files, format=fmt)
-    return dataset, reader().project(dataset, columns)
+    return reader().project(dataset, columns)
 
 
 @cache

@@ -19,7 +19,7 @@ import heapq
 import numpy as np
 import pyarrow as pa
 
-from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
+from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, SPAN_GROUP
 from nemo_telemetry.analysis.views.waterfall import waterfall
 
 __all__ = ["to_chrome_trace", "assign_tracks"]
@@ -159,6 +159,8 @@ def _span_events(rows, source, processes, tracks, start_rel, duration, invalid) 
         BUCKET: buckets,
         ITERATION: rows.column("iteration").to_pylist(),
         EFFICIENCY_CATEGORY: source.column(EFFICIENCY_CATEGORY).to_pylist(),
+        SPAN_GROUP: (source.column(SPAN_GROUP).to_pylist() if SPAN_GROUP in source.column_names
+                     else [None] * len(names)),  # a table from before the column
         "status": source.column("status_code").to_pylist(),
         "status_message": source.column("status_message").to_pylist(),
         "orphan": rows.column("is_orphan").to_pylist(),
