@@ -198,6 +198,33 @@ def test_a_dataset_without_commit_record_reads_as_before_and_is_adopted(tables, 
     assert records and all(r["dataset_format"] == DATASET_FORMAT for r in records)
 
 
+
+def test_format_1_files_are_read_with_the_group_columns_as_nulls_and_stay_read_beside_format_2(tables, tmp_path):
+    """Spans files of dataset format 1 (no rl.span_group, no span_groups_namespace), with no record:
+    the dataset is of format 1, read by every reader with those two columns as nulls, and check
+    decides presence by name there; a writer that appends format 2 files leaves a dataset whose
+    records say format 2 and whose every file is read, old and new alike."""
+    from nemo_telemetry.analysis import check_with_engine
+
+    root = tmp_path / "format-1"
+    folder = root / "spans" / "run_id=synthetic-run"
+    folder.mkdir(parents=True)
+    old = dataset.with_parent_rows(tables.spans.slice(0, 400)).drop_columns(["rl.span_group", "span_groups_namespace"])
+    pq.write_table(old, folder / "part-0.parquet")
+    assert commits.dataset_state(root).format == 1 == min(READERS) < DATASET_FORMAT
+    read = read_for_analysis(root)
+    assert read.num_rows == 400 and read.column("rl.span_group").null_count == 400
+    assert _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 400))
+    before = check_with_engine(root).to_dict()
+    writer = dataset.DatasetWriter(root)
+    writer.write(_batch(tables, 400, 1_100))
+    writer.close()
+    assert commits.dataset_state(root).format == DATASET_FORMAT
+    both = read_for_analysis(root)
+    assert both.num_rows == 1_100 and _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 1_100))
+    assert both.column("rl.span_group").null_count >= 400
+    assert before["counts"]["by_code"] and check_with_engine(root).to_dict()["counts"]["error"] >= 0
+
 def _refused(version: int):
     """What every reader and writer raises for a dataset of format ``version``: it names the
     format, the formats read, and the fix (the dumps ingested again, into a new folder)."""

@@ -449,15 +449,16 @@ def test_check_cli_on_a_damaged_parent_row_names_the_file_and_exits_2(many_files
 
 
 def test_run_pairs_gathered_by_the_decode_equal_those_read_from_the_columns(layout):
-    """check's decode gathers the (run, span groups) and (run, name) pairs as it reads, and lets
-    the span_groups column go: for every run, and for each run alone, the pairs are those read
-    from the table's columns; a selection that is not whole runs is refused, not answered wrong."""
+    """check's decode gathers the (run, span groups) and (run, name) pairs as it reads (and keeps
+    the span_groups column, which missing-group-spans reads per process): for every run, and for
+    each run alone, the pairs are those read from the table's columns; a selection that is not
+    whole runs is refused, not answered wrong."""
     root, _ = layout
     files = spans_files(root)
     arrays = decode_files(files)
     table = with_id_keys(read_for_analysis(root))
     plain = span_arrays(table)
-    assert "span_groups" not in arrays.table.column_names and "span_groups" in plain.table.column_names
+    assert "span_groups" in arrays.table.column_names and "span_groups" in plain.table.column_names
     every = np.ones(len(arrays), dtype=bool)
     assert arrays.run_names(every) == plain.run_names(every)
     groups = arrays.run_resources(SPAN_GROUPS_ATTRIBUTE, every)

@@ -11,7 +11,7 @@ import pyarrow as pa
 from nemo_telemetry.analysis.decode.spans import (
     BUCKETS, NO_BUCKET, RUN_RESOURCES, UNKNOWN_BUCKET, Later, Parents, RunPairs, SpanArrays,
 )
-from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, PROMOTED_RESOURCE_ATTRIBUTES
+from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, PROMOTED_RESOURCE_ATTRIBUTES, SPAN_GROUP
 
 __all__ = ["reference_arrays"]
 
@@ -90,7 +90,8 @@ def reference_arrays(spans: pa.Table) -> SpanArrays:
                     found.add((int(run[i]), str(v)))
         resources[attribute] = frozenset(found)
 
-    kept = {c: spans.column(c) for c in ("trace_id", "service_name", "rank") if c in columns}
+    kept = {c: spans.column(c) for c in ("trace_id", "service_name", "rank", "span_groups", SPAN_GROUP,
+                                         "span_groups_namespace") if c in columns}
     kept["trace_key"] = pa.array(trace_key, pa.uint64())
     kept["span_key"] = pa.array(span_key, pa.uint64())
     return SpanArrays(

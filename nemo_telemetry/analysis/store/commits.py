@@ -503,8 +503,8 @@ def dataset_state(root: Path, *, warn: bool = True) -> DatasetState:
     union = _read_union(root)
     if union is None or not union.names:  # the first record (prepare's) is written before any file
         state = DatasetState(root, None, ())
-        dataset_format(root, None, lambda: (root / rel for rel in state.recorded("spans")))
-        return state
+        version = dataset_format(root, None, lambda: (root / rel for rel in state.recorded("spans")))
+        return DatasetState(root, None, (), format=version)
     unfinished = tuple(
         UnfinishedIngest(writer, tuple(begin.get("inputs", ())), begin.get("out", str(root)),
                          int(begin.get("started_ns", 0)), _alive(root, writer), begin.get("tool", "ingest"))
