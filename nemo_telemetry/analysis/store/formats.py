@@ -83,7 +83,7 @@ class SpansFormat:
         columns = list(columns)
         wanted = [c for c in self.added if c in columns and c not in dataset.schema.names]
         if wanted:  # ds.dataset takes its schema from the first file: one of the older format's
-            from nemo_telemetry.analysis.model.schema import SPANS_SCHEMA as schema  # noqa: PLC0415
+            from nemo_telemetry.analysis.model.schema import SPANS_SCHEMA as schema
 
             fields = dataset.schema
             for name in wanted:
