@@ -40,4 +40,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run as ``python -m nemo_telemetry.cli.app`` this file is ``__main__``, a second copy whose
+    # ``app`` no command module registered on: run the package module's entry point instead.
+    from nemo_telemetry.cli.app import main as package_main
+
+    package_main()

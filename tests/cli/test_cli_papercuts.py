@@ -69,3 +69,16 @@ def test_goodput_by_rank_lists_every_process_with_its_full_name(tmp_path):
     ranks = {(r["service_name"], r["rank"]): r for r in doc["runs"][0]["ranks"]}
     assert ranks[("demo-policy-worker", 1)]["productive_s"] == 0.0
     assert list(ranks) == sorted(ranks)  # by service, then rank
+
+
+@pytest.mark.parametrize("module", ["nemo_telemetry", "nemo_telemetry.cli.app"])
+def test_python_dash_m_runs_the_command_with_its_subcommands(module):
+    """``python -m nemo_telemetry`` and ``python -m nemo_telemetry.cli.app`` are the console script:
+    every command is there (run as ``__main__``, the app module is a copy no command registered on)."""
+    import subprocess
+    import sys
+
+    shown = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    for command in ("ingest", "goodput", "check", "waterfall", "monitor", "demo"):
+        assert re.search(rf"^\s+{command}\b", shown.stdout, re.MULTILINE), (command, shown.stdout)
