@@ -9,7 +9,7 @@ import pytest
 _TELEMETRY_ENV_PREFIXES = ("NEMO_TELEMETRY_", "OTEL_")
 
 # The suite tests the compiled decoders on small inputs too: outside tests only inputs of a few
-# MiB take them (nemo_telemetry/analysis/kernels/_compiled.py). Tests of that choice set "auto" themselves.
+# MiB take them (nemo_telemetry/analysis/kernels/compiled.py). Tests of that choice set "auto" themselves.
 os.environ.setdefault("NEMO_TELEMETRY_COMPILED", "1")
 
 

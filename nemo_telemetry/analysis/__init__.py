@@ -120,10 +120,11 @@ _MODULE_NAMES = {  # each module and the public names it defines, in the pipelin
     "nemo_telemetry.analysis.model.tree": ("parent_indices", "with_id_keys"),
     "nemo_telemetry.analysis.model.walk": ("attributed_iterations",),
     "nemo_telemetry.analysis.model.intervals": ("merge_intervals",),
-    "nemo_telemetry.analysis.store.read": ("read_for_analysis", "GOODPUT_COLUMNS"),
+    "nemo_telemetry.analysis.store.read": ("GOODPUT_COLUMNS",),
+    "nemo_telemetry.analysis.ingestion.read": ("read_for_analysis",),
     "nemo_telemetry.analysis.settings": ("ReadSettings",),
     "nemo_telemetry.analysis.store.repair": ("verify_dataset", "repair_dataset", "VerifyReport", "RepairReport"),
-    "nemo_telemetry.analysis.kernels.warmup": ("KernelWarmUp", "warm_up_kernels", "kernels_compiling"),
+    "nemo_telemetry.analysis.ingestion.warmup": ("KernelWarmUp", "warm_up_kernels", "kernels_compiling"),
     "nemo_telemetry.analysis.ingestion.ingest": (
         "ingest", "IngestSummary", "TraceTables", "load_traces", "read_spans", "read_events", "read_links",
         "dump_files",

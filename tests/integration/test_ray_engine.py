@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from nemo_telemetry.analysis.store.read import read_for_analysis
+from nemo_telemetry.analysis.ingestion.read import read_for_analysis
 from nemo_telemetry.analysis.findings.checks import check_run
 from nemo_telemetry.analysis.goodput.steps import goodput_document, run_goodput
 from nemo_telemetry.analysis.ingestion.ingest import ingest, read_spans
@@ -81,7 +81,7 @@ def test_ray_engine_reads_the_committed_state_of_an_incomplete_dataset_and_warns
 def _tables_of(path: Path):
     """The tables of a dump file, as a writer takes them."""
     from nemo_telemetry.analysis import load_traces
-    from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+    from nemo_telemetry.analysis.model.tables import OtlpTables
 
     loaded = load_traces(path)
     return OtlpTables(loaded.spans, loaded.events, loaded.links)
