@@ -19,13 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nemo_telemetry"
 
 # The sub-packages of nemo_telemetry.analysis from the bottom up: each may import those before it,
 # never one after it (nor one of the same rank).
-LAYERS = (("model",), ("kernels",), ("store",), ("ingestion",), ("goodput",), ("findings",),
+LAYERS = (("model",), ("kernels",), ("store",), ("ingestion",), ("decode",), ("goodput",), ("findings",),
           ("engines", "monitor", "views"))
-
-# ALLOW-LIST, TO BE EMPTIED: modules whose imports across sub-packages these rules do not count yet.
-# model/_arrays.py reads the store and is imported by goodput/, findings/ and engines/; the read seam
-# (issue 32, item 1) replaces it. Empty this set when that work is merged; nothing else goes here.
-SEAM_PENDING: frozenset[str] = frozenset({"nemo_telemetry.analysis.model._arrays"})
 
 
 @dataclass
@@ -102,48 +97,58 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
-def sub_package(module: str, parent: str) -> str | None:
-    """The sub-package of ``parent`` that ``module`` lies in (``None`` for ``parent``'s own modules)."""
+@dataclass(frozen=True, order=True)
+class Edge:
+    """One import from sub-package ``a`` of the parent package into sub-package ``b``."""
+
+    module: str
+    target: str
+    a: str
+    b: str
+
+
+def sub_package(imports: Imports, module: str, parent: str) -> str | None:
+    """The sub-package of ``parent`` that ``module`` lies in, its ``__init__`` included (``None`` for
+    ``parent``'s own loose modules)."""
     if not module.startswith(parent + "."):
         return None
-    rest = module[len(parent) + 1:].split(".")
-    return rest[0] if len(rest) > 1 else None
+    first = module[len(parent) + 1:].split(".")[0]
+    return first if is_package(imports, f"{parent}.{first}") else None
 
 
-def cross_edges(imports: Imports, parent: str, pending: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
-    """Imports from one sub-package of ``parent`` into another: (importer, imported module)."""
+def cross_edges(imports: Imports, parent: str) -> list[Edge]:
+    """Imports from one sub-package of ``parent`` into another."""
     out = []
     for module, targets in imports.edges.items():
         for target in targets:
-            a, b = sub_package(module, parent), sub_package(target, parent)
-            if a and b and a != b and module not in pending and target not in pending:
-                out.append((module, target))
+            a, b = sub_package(imports, module, parent), sub_package(imports, target, parent)
+            if a and b and a != b:
+                out.append(Edge(module, target, a, b))
     return sorted(out)
 
 
-def package_loops(edges: list[tuple[str, str]], parent: str) -> list[list[str]]:
+def package_loops(edges: list[Edge]) -> list[list[str]]:
     graph: dict[str, set[str]] = {}
-    for module, target in edges:
-        graph.setdefault(sub_package(module, parent), set()).add(sub_package(target, parent))
+    for edge in edges:
+        graph.setdefault(edge.a, set()).add(edge.b)
     return _cycles(graph)
 
 
-def layer_violations(edges: list[tuple[str, str]], parent: str, layers) -> list[str]:
+def layer_violations(edges: list[Edge], layers) -> list[str]:
     rank = {name: i for i, group in enumerate(layers) for name in group}
     bad = []
-    for module, target in edges:
-        a, b = sub_package(module, parent), sub_package(target, parent)
-        if a not in rank or b not in rank:
-            bad.append(f"{module} -> {target}: {a if a not in rank else b} is in no layer")
-        elif rank[b] >= rank[a]:
-            bad.append(f"{module} -> {target}: {b} is not below {a}")
+    for edge in edges:
+        if edge.a not in rank or edge.b not in rank:
+            bad.append(f"{edge.module} -> {edge.target}: {edge.a if edge.a not in rank else edge.b} is in no layer")
+        elif rank[edge.b] >= rank[edge.a]:
+            bad.append(f"{edge.module} -> {edge.target}: {edge.b} is not below {edge.a}")
     return bad
 
 
-def underscore_modules_across(edges: list[tuple[str, str]]) -> list[str]:
+def underscore_modules_across(edges: list[Edge]) -> list[str]:
     """Imports of an underscore module from outside the package that holds it."""
-    return [f"{m} <- {t}" for m, t in edges
-            if t.rsplit(".", 1)[-1].startswith("_") and not m.startswith(t.rsplit(".", 1)[0] + ".")]
+    return [f"{e.module} <- {e.target}" for e in edges
+            if e.target.rsplit(".", 1)[-1].startswith("_") and not e.module.startswith(e.target.rsplit(".", 1)[0] + ".")]
 
 
 def private_names(imports: Imports) -> list[str]:
@@ -189,16 +194,16 @@ def test_no_import_cycles_between_modules(imports):
 
 
 def test_analysis_sub_packages_import_one_way(imports):
-    edges = cross_edges(imports, ANALYSIS, SEAM_PENDING)
+    edges = cross_edges(imports, ANALYSIS)
     assert len(edges) > 50  # the layers do use each other; the rule below has something to judge
-    assert package_loops(edges, ANALYSIS) == []
-    assert layer_violations(edges, ANALYSIS, LAYERS) == []
+    assert package_loops(edges) == []
+    assert layer_violations(edges, LAYERS) == []
     present = {p.name for p in (PACKAGE / "analysis").iterdir() if (p / "__init__.py").exists()}
     assert present == {name for group in LAYERS for name in group}, "a sub-package missing from LAYERS"
 
 
 def test_no_sub_package_imports_another_ones_underscore_modules(imports):
-    assert underscore_modules_across(cross_edges(imports, ANALYSIS, SEAM_PENDING)) == []
+    assert underscore_modules_across(cross_edges(imports, ANALYSIS)) == []
 
 
 def test_no_private_names_imported_across_modules(imports):
@@ -221,7 +226,7 @@ def test_instrument_side_never_imports_the_analysis_or_the_cli(imports):
 def test_analysis_sub_packages_never_import_the_analysis_package_itself(imports):
     """``nemo_telemetry.analysis`` loads every sub-package on demand: importing it from inside one
     would hide a dependency (and a loop) from the rules above."""
-    bad = [m for m, ts in imports.edges.items() if sub_package(m, ANALYSIS) and ANALYSIS in ts]
+    bad = [m for m, ts in imports.edges.items() if sub_package(imports, m, ANALYSIS) and ANALYSIS in ts]
     assert bad == []
 
 
@@ -233,9 +238,9 @@ def test_the_rules_find_what_they_look_for(tmp_path):
         "analysis/__init__.py": "__all__ = ['ok']\n",
         "analysis/model/__init__.py": "",
         "analysis/model/_inner.py": "X = 1\n",
-        "analysis/model/schema.py": "from nemo_telemetry.analysis.store.dataset import W\n",
-        "analysis/store/__init__.py": "",
-        "analysis/store/dataset.py": "from nemo_telemetry.analysis.model import _inner\nW = 1\n",
+        "analysis/model/schema.py": "from nemo_telemetry.analysis.store import W\n",  # the package's own __init__
+        "analysis/store/__init__.py": "W = 1\n",
+        "analysis/store/dataset.py": "from nemo_telemetry.analysis.model import _inner\n",
         "analysis/store/read.py": "from .dataset import _hidden\n",
         "analysis/store/a.py": "def f():\n    from . import b\n",
         "analysis/store/b.py": "from nemo_telemetry.analysis.store import a\n",
@@ -249,15 +254,12 @@ def test_the_rules_find_what_they_look_for(tmp_path):
     edges = cross_edges(found, ANALYSIS)
     assert module_cycles(found, "nemo_telemetry.cli") == [
         ["nemo_telemetry.analysis.store.a", "nemo_telemetry.analysis.store.b", "nemo_telemetry.analysis.store.a"]]
-    assert package_loops(edges, ANALYSIS) == [["model", "store", "model"]]
-    assert layer_violations(edges, ANALYSIS, LAYERS) == [
-        "nemo_telemetry.analysis.model.schema -> nemo_telemetry.analysis.store.dataset: store is not below model"]
+    assert package_loops(edges) == [["model", "store", "model"]]
+    assert layer_violations(edges, LAYERS) == [
+        "nemo_telemetry.analysis.model.schema -> nemo_telemetry.analysis.store: store is not below model"]
     assert underscore_modules_across(edges) == [
         "nemo_telemetry.analysis.store.dataset <- nemo_telemetry.analysis.model._inner"]
     assert private_names(found) == ["nemo_telemetry.analysis.store.read <- nemo_telemetry.analysis.store.dataset._hidden"]
     assert cli_outside_public_api(found, {"ok"}) == [
         "nemo_telemetry.cli.app -> nemo_telemetry.analysis.store.read",
         "nemo_telemetry.cli.app <- nemo_telemetry.analysis.not_public"]
-    # the allow-list lifts exactly the listed module's imports
-    assert cross_edges(found, ANALYSIS, frozenset({"nemo_telemetry.analysis.model._inner"})) == [
-        ("nemo_telemetry.analysis.model.schema", "nemo_telemetry.analysis.store.dataset")]
