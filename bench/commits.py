@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 def _batches(commits: int, spans: int, ranks: int) -> list:
     from nemo_telemetry.analysis import load_traces
-    from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+    from nemo_telemetry.analysis.model.tables import OtlpTables
     from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed
 
     folder = Path(tempfile.mkdtemp(prefix="bench-commits-"))

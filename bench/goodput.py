@@ -111,7 +111,7 @@ def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
         uint64_hex,
     )
 
-    from nemo_telemetry.analysis.ingestion._columns import SPANS_TABLE_SCHEMA
+    from nemo_telemetry.analysis.model.tables import SPANS_TABLE_SCHEMA
 
     t = _step_template()
     p = SPANS_PER_STEP

@@ -225,7 +225,7 @@ def _warm_up() -> None:
 def crossover(data: Path, repeat: int) -> None:
     """Where the compiled path (numba imported, kernels loaded from a warm cache) starts to beat
     the reference path, each timed as a whole fresh process reading one dump with ``load_traces``:
-    the figure ``_compiled.SMALL_BYTES`` cites."""
+    the figure ``compiled.SMALL_BYTES`` cites."""
     from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_json_lines
     from nemo_telemetry.analysis.synthetic import write_length_prefixed
 

@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from _columns import dictionary, uint64_hex  # bench/_columns.py (this script's folder is on sys.path)
-from nemo_telemetry.analysis.ingestion._columns import SPANS_TABLE_SCHEMA
+from nemo_telemetry.analysis.model.tables import SPANS_TABLE_SCHEMA
 from nemo_telemetry.analysis.store.dataset import with_parent_rows
 from nemo_telemetry.analysis.store.partitions import split_by_partition
 
@@ -243,7 +243,7 @@ def measure(mode: str, path: Path, expected: Path | None) -> None:
         sampler = _PeakSampler(workers)
     t0 = time.perf_counter()
     if mode == "memory":
-        from nemo_telemetry.analysis.store.read import read_for_analysis
+        from nemo_telemetry.analysis.ingestion.read import read_for_analysis
         from nemo_telemetry.analysis.goodput.steps import run_goodput
 
         result = _plain(run_goodput(read_for_analysis(path)))
@@ -254,7 +254,7 @@ def measure(mode: str, path: Path, expected: Path | None) -> None:
 
         result = _plain(ray_goodput(path))
     elif mode == "check-memory":
-        from nemo_telemetry.analysis.store.read import read_for_analysis
+        from nemo_telemetry.analysis.ingestion.read import read_for_analysis
         from nemo_telemetry.analysis.findings.checks import check_run
 
         result = _plain_check(check_run(read_for_analysis(path)))

@@ -35,7 +35,7 @@ def _kernels_as_a_new_process_finds_them():
     """Each test starts with no compiled kernel module loaded or turned off, as a new process does,
     so in the default mode (auto) a small input takes the reference path whichever tests ran before
     it (a module loaded by an earlier test would otherwise take every later input)."""
-    seam = sys.modules.get("nemo_telemetry.analysis.kernels._compiled")
+    seam = sys.modules.get("nemo_telemetry.analysis.kernels.compiled")
     if seam is not None:
         seam._reset_for_tests()
 
@@ -43,7 +43,7 @@ def _kernels_as_a_new_process_finds_them():
 @pytest.fixture()
 def compiled_kernels(monkeypatch):
     """The compiled decoders on whatever input the test gives: by default (``auto``) only inputs of
-    a few MiB take them (nemo_telemetry/analysis/kernels/_compiled.py), and the suite otherwise runs
+    a few MiB take them (nemo_telemetry/analysis/kernels/compiled.py), and the suite otherwise runs
     in that default. Tests of the kernels themselves use this (``pytest.mark.usefixtures``)."""
     monkeypatch.setenv("NEMO_TELEMETRY_COMPILED", "1")
 

@@ -9,7 +9,55 @@ first use (``_HOMES``), so that importing the package, or defining the CLI's opt
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+# What a type checker reads for the names __getattr__ below loads on first use: the same modules as
+# _MODULE_NAMES (tests/test_typing.py keeps the two in step). Never executed, so importing stays light.
+if TYPE_CHECKING:
+    from nemo_telemetry.errors import (
+        CompiledPathWarning, DamagedDatasetError, DatasetFormatError, DatasetLockedError, IncompleteDatasetWarning,
+        IngestError, IngestWarning, LintError, MonitorError, ReceiverSecurityError, SettingsError, UnknownRunError,
+        WaterfallError,
+    )
+    from nemo_telemetry.analysis.choices import (
+        DEFAULT_COLLAPSE_THRESHOLD, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S,
+        ENGINES, FORMATS, SEVERITIES,
+    )
+    from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA, SPANS_SCHEMA
+    from nemo_telemetry.analysis.model.records import spans_table
+    from nemo_telemetry.analysis.model.tree import parent_indices, with_id_keys
+    from nemo_telemetry.analysis.model.walk import attributed_iterations
+    from nemo_telemetry.analysis.model.intervals import merge_intervals
+    from nemo_telemetry.analysis.store.read import GOODPUT_COLUMNS
+    from nemo_telemetry.analysis.ingestion.read import read_for_analysis
+    from nemo_telemetry.analysis.settings import ReadSettings
+    from nemo_telemetry.analysis.store.repair import RepairReport, VerifyReport, repair_dataset, verify_dataset
+    from nemo_telemetry.analysis.ingestion.warmup import KernelWarmUp, kernels_compiling, warm_up_kernels
+    from nemo_telemetry.analysis.ingestion.ingest import (
+        IngestSummary, TraceTables, dump_files, ingest, load_traces, read_events, read_links, read_spans,
+    )
+    from nemo_telemetry.analysis.ingestion.collect import (
+        CollectSummary, CollectorServer, read_token_file, run_collector,
+    )
+    from nemo_telemetry.analysis.ingestion.metrics import (
+        METRICS_SCHEMA, efficiency_by_step, metrics_by_step, read_metrics, step_windows, with_efficiency_columns,
+    )
+    from nemo_telemetry.analysis.ingestion.logs import LOGS_SCHEMA, read_logs
+    from nemo_telemetry.analysis.goodput.steps import (
+        BUCKETS, RunGoodput, STEP_COLUMNS, StepOutlier, compare_runs, goodput_by_step, goodput_document, run_goodput,
+    )
+    from nemo_telemetry.analysis.findings.checks import CheckReport, FINDING_CODES, Finding, check_run
+    from nemo_telemetry.analysis.engines.choose import check_with_engine, goodput_with_engine, ingest_with_engine
+    from nemo_telemetry.analysis.views.waterfall import Waterfall, critical_path, waterfall
+    from nemo_telemetry.analysis.views.perfetto import to_chrome_trace
+    from nemo_telemetry.analysis.views.html_view import to_html
+    from nemo_telemetry.analysis.views.stitch import stitch_vllm_spans
+    from nemo_telemetry.analysis.views.plots import write_goodput_plot
+    from nemo_telemetry.analysis.lint import lint_paths
+    from nemo_telemetry.analysis.ingestion.follow import DumpFollower, FollowCounts
+    from nemo_telemetry.analysis.monitor.state import MonitorState, RunStatus, StepRecord
+    from nemo_telemetry.analysis.monitor.run import Alert, MonitorSummary, MonitorView, run_monitor
+    from nemo_telemetry.analysis.monitor.export import MONITOR_SERIES
 
 __all__ = [
     "SPANS_SCHEMA",
@@ -120,10 +168,11 @@ _MODULE_NAMES = {  # each module and the public names it defines, in the pipelin
     "nemo_telemetry.analysis.model.tree": ("parent_indices", "with_id_keys"),
     "nemo_telemetry.analysis.model.walk": ("attributed_iterations",),
     "nemo_telemetry.analysis.model.intervals": ("merge_intervals",),
-    "nemo_telemetry.analysis.store.read": ("read_for_analysis", "GOODPUT_COLUMNS"),
+    "nemo_telemetry.analysis.store.read": ("GOODPUT_COLUMNS",),
+    "nemo_telemetry.analysis.ingestion.read": ("read_for_analysis",),
     "nemo_telemetry.analysis.settings": ("ReadSettings",),
     "nemo_telemetry.analysis.store.repair": ("verify_dataset", "repair_dataset", "VerifyReport", "RepairReport"),
-    "nemo_telemetry.analysis.kernels.warmup": ("KernelWarmUp", "warm_up_kernels", "kernels_compiling"),
+    "nemo_telemetry.analysis.ingestion.warmup": ("KernelWarmUp", "warm_up_kernels", "kernels_compiling"),
     "nemo_telemetry.analysis.ingestion.ingest": (
         "ingest", "IngestSummary", "TraceTables", "load_traces", "read_spans", "read_events", "read_links",
         "dump_files",

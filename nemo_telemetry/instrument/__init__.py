@@ -10,6 +10,7 @@ imported here or at call time on a disabled site. The public API is listed once,
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from nemo_telemetry.errors import RegistryError, SpecError
 from nemo_telemetry.instrument._groups import Bucket, GroupName, group, span_name_regex
@@ -70,6 +71,50 @@ _LAZY_MODULES = {
                    "flush_actors_telemetry"),
 }
 _LAZY_NAMES = {name: module for module, names in _LAZY_MODULES.items() for name in names}
+
+# What a type checker reads for the names __getattr__ below loads on first use: the same modules as
+# _LAZY_MODULES (tests/test_typing.py keeps the two in step). Never executed, so importing stays light.
+if TYPE_CHECKING:
+    from nemo_telemetry.instrument._gate import (
+        enabled_span_groups, get_tracer, get_tracer_provider, is_span_group_enabled, set_enabled_span_groups,
+        set_tracer_provider, telemetry_active,
+    )
+    from nemo_telemetry.instrument._primitives import (
+        NOOP_SPAN, managed_span, setup_span, span_cm, startup_span, trace_fn, umbrella_span, umbrella_trace_fn,
+    )
+    from nemo_telemetry.instrument._handles import (
+        NOOP_HANDLE, SpanHandle, start_span, start_step_span, start_umbrella_span,
+    )
+    from nemo_telemetry.instrument._scopes import (
+        bucket_scope, current_bucket_scope, current_iteration, in_per_prompt_scope, iteration_scope,
+        per_prompt_scope,
+    )
+    from nemo_telemetry.instrument._checkpoint import CheckpointFinalize, begin_checkpoint_finalize, checkpoint_span
+    from nemo_telemetry.instrument._config import TelemetryConfig, load_telemetry_config, resolve_telemetry_config
+    from nemo_telemetry.instrument._dump import DumpSpanExporter
+    from nemo_telemetry.instrument._log_dump import DumpLogExporter
+    from nemo_telemetry.instrument._efficiency import EfficiencyWait, efficiency_span, start_efficiency_span
+    from nemo_telemetry.instrument._lifecycle import (
+        current_telemetry_config, flush_telemetry, init_telemetry_driver, init_telemetry_worker, shutdown_telemetry,
+    )
+    from nemo_telemetry.instrument._resources import run_resource_attributes
+    from nemo_telemetry.instrument._handle import TelemetryHandle, get_telemetry_handle
+    from nemo_telemetry.instrument.http import (
+        instrument_aiohttp_client, instrument_fastapi, uninstrument_aiohttp_client,
+    )
+    from nemo_telemetry.instrument.vllm import (
+        instrument_vllm, load_vllm, record_vllm_engine_counters, vllm_trace_headers, vllm_tracing_engine_args,
+        vllm_tracing_env,
+    )
+    from nemo_telemetry.instrument.propagation import (
+        TRACE_CARRIER_KWARG, TraceCarrierThread, current_trace_carrier, remote_trace_context, run_with_carrier,
+        trace_context_kwargs,
+    )
+    from nemo_telemetry.instrument.data_plane import DATA_PLANE_OPS, TracedDataPlaneClient
+    from nemo_telemetry.instrument.startup import CLUSTER_SOURCES, traced_ray_init, traced_worker_init
+    from nemo_telemetry.instrument.ray_actors import (
+        TelemetryFlushMixin, accepts_trace_context, dispatch_with_trace_context, flush_actors_telemetry,
+    )
 
 
 def __getattr__(name: str):

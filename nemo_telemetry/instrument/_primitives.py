@@ -21,7 +21,7 @@ import functools
 import inspect
 import logging
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
@@ -250,9 +250,12 @@ def setup_span(phase: str, *, tracer: trace_api.Tracer | None = None, **attribut
 
 # -- decorators -------------------------------------------------------------------------------
 
+F = TypeVar("F", bound=Callable[..., Any])
+"""A decorated function: the wrapper keeps its signature (``functools.wraps``), so a type checker does too."""
+
 
 def trace_fn(group: str, name: str | None = None, *, tracer: trace_api.Tracer | None = None,
-             **attributes: Any) -> Callable[[Callable], Callable]:
+             **attributes: Any) -> Callable[[F], F]:
     """Decorator form of :func:`managed_span` for functions, coroutines, generators, async generators.
 
     The gate is read at each call. The span covers the body as it runs: a coroutine's span
@@ -262,13 +265,13 @@ def trace_fn(group: str, name: str | None = None, *, tracer: trace_api.Tracer | 
 
 
 def umbrella_trace_fn(group: str, name: str | None = None, *, tracer: trace_api.Tracer | None = None,
-                      **attributes: Any) -> Callable[[Callable], Callable]:
+                      **attributes: Any) -> Callable[[F], F]:
     """Decorator form of :func:`umbrella_span` (e.g. ``@umbrella_trace_fn(RLSpanGroup.U_JOB, "rl.grpo.job")``)."""
     return _decorator(umbrella_span, group, name, tracer, attributes)
 
 
-def _decorator(opener, group, name, tracer, attributes) -> Callable[[Callable], Callable]:
-    def decorate(fn: Callable) -> Callable:
+def _decorator(opener, group, name, tracer, attributes) -> Callable[[F], F]:
+    def decorate(fn: F) -> F:
         span_name = name or fn.__qualname__
 
         def open_span():

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from nemo_telemetry.analysis import (DatasetLockedError, goodput_with_engine, ingest, load_traces, read_events,
                                      read_links, read_spans, repair_dataset, verify_dataset)
-from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.model.tables import OtlpTables
 from nemo_telemetry.analysis.store import dataset
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed
 from nemo_telemetry.cli.app import app

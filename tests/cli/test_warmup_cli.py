@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from nemo_telemetry.analysis.kernels import _compiled
+from nemo_telemetry.analysis.kernels import compiled as _compiled
 
 
 def test_warmup_names_every_kernel_and_the_cache_and_exits_0():

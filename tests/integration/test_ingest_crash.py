@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from nemo_telemetry.analysis import (IncompleteDatasetWarning, ingest, load_traces, read_events, read_links,
                                      read_spans)
-from nemo_telemetry.analysis.store.read import read_for_analysis
+from nemo_telemetry.analysis.ingestion.read import read_for_analysis
 from nemo_telemetry.analysis.store.commits import COMMITS
 from nemo_telemetry.analysis.ingestion.metrics import metrics_for_source
 from nemo_telemetry.analysis.goodput.partials import stream_goodput

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from nemo_telemetry.analysis.store.read import read_for_analysis
+from nemo_telemetry.analysis.ingestion.read import read_for_analysis
 from nemo_telemetry.analysis.findings.checks import check_run
 from nemo_telemetry.analysis.goodput.steps import goodput_document, run_goodput
 from nemo_telemetry.analysis.ingestion.ingest import ingest, read_spans
@@ -20,20 +20,21 @@ from nemo_telemetry.cli.app import app
 pytestmark = pytest.mark.slow
 
 
-def _scenario_module(name: str):
-    """A scenario generator of tests/analysis (one definition for both suites)."""
-    folder = Path(__file__).resolve().parent.parent / "analysis"
-    if str(folder) not in sys.path:  # test_streaming_check imports test_streaming by name
-        sys.path.insert(0, str(folder))
-    spec = importlib.util.spec_from_file_location(f"_{name}_scenario", folder / f"{name}.py")
+def _scenario_module(folder: str, name: str):
+    """A scenario generator of tests/analysis/<folder> (one definition for both suites)."""
+    analysis = Path(__file__).resolve().parent.parent / "analysis"
+    for needed in ("goodput", "engines"):  # test_streaming_check imports test_streaming by name, and so on
+        if str(analysis / needed) not in sys.path:
+            sys.path.insert(0, str(analysis / needed))
+    spec = importlib.util.spec_from_file_location(f"_{name}_scenario", analysis / folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-scenario_tools = _scenario_module("test_streaming")
-check_tools = _scenario_module("test_streaming_check")
-layout_tools = _scenario_module("test_span_groups_column")
+scenario_tools = _scenario_module("goodput", "test_streaming")
+check_tools = _scenario_module("engines", "test_streaming_check")
+layout_tools = _scenario_module("store", "test_span_groups_column")
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def test_ray_engine_reads_the_committed_state_of_an_incomplete_dataset_and_warns
 def _tables_of(path: Path):
     """The tables of a dump file, as a writer takes them."""
     from nemo_telemetry.analysis import load_traces
-    from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+    from nemo_telemetry.analysis.model.tables import OtlpTables
 
     loaded = load_traces(path)
     return OtlpTables(loaded.spans, loaded.events, loaded.links)
@@ -179,7 +180,7 @@ def test_ray_ingest_writes_the_metrics_and_logs_tables_as_ingest_does(ray_cluste
     from nemo_telemetry.analysis.engines.ray_engine import ray_ingest
     from nemo_telemetry.analysis.ingestion.metrics import metrics_for_source
 
-    signals = _scenario_module("test_ingest_one_read")
+    signals = _scenario_module("ingestion", "test_ingest_one_read")
     folder = tmp_path / "dumps"
     folder.mkdir()
     write_json_lines(folder / "traces-0.jsonl", list(synthetic_requests(400, spans_per_request=100)))
@@ -193,7 +194,7 @@ def test_ray_ingest_writes_the_metrics_and_logs_tables_as_ingest_does(ray_cluste
     assert read_logs(tmp_path / "ray").to_pylist() == read_logs(tmp_path / "local").to_pylist()
 
 
-overlap_tools = _scenario_module("test_overlap_tolerance")
+overlap_tools = _scenario_module("findings", "test_overlap_tolerance")
 
 
 @pytest.mark.parametrize("tolerance_s", [0.0, 0.001])
@@ -238,7 +239,7 @@ def test_an_unknown_run_is_the_same_error_on_every_engine(ray_cluster, scenario)
             assert expected in result.stderr
 
 
-tolerance_tools = _scenario_module("test_one_tolerance")
+tolerance_tools = _scenario_module("engines", "test_one_tolerance")
 
 
 @pytest.mark.parametrize("tolerance_s", [0.0, 0.001, 0.01])
@@ -255,7 +256,7 @@ def test_ray_check_applies_the_tolerance_to_every_interval_code_as_check_run(ray
     assert tolerance_tools.severities(expected) == want
 
 
-unstamped_tools = _scenario_module("test_steps_without_iteration")
+unstamped_tools = _scenario_module("goodput", "test_steps_without_iteration")
 
 
 def test_ray_numbers_step_spans_without_iteration_as_the_local_engine(ray_cluster, tmp_path_factory):
@@ -283,7 +284,7 @@ def test_ray_numbers_step_spans_without_iteration_as_the_local_engine(ray_cluste
     assert json.loads(result.stdout) == json.loads(json.dumps(goodput_document(local)))
 
 
-failed_tools = _scenario_module("test_failed_steps")
+failed_tools = _scenario_module("goodput", "test_failed_steps")
 
 
 def test_ray_gives_the_failed_step_of_a_run_whose_reward_raised_as_the_local_engine(ray_cluster, tmp_path_factory):
@@ -305,7 +306,7 @@ def test_ray_gives_the_failed_step_of_a_run_whose_reward_raised_as_the_local_eng
     assert ray_check(dataset).to_dict() == expected
 
 
-async_tools = _scenario_module("test_async_caveat")
+async_tools = _scenario_module("goodput", "test_async_caveat")
 
 
 def test_ray_gives_an_async_run_its_caveat_as_the_local_engine(ray_cluster, tmp_path_factory):
@@ -317,7 +318,7 @@ def test_ray_gives_an_async_run_its_caveat_as_the_local_engine(ray_cluster, tmp_
     assert {r.run_id: r.caveats for r in ray_goodput(dataset)} == expected
 
 
-presence_tools = _scenario_module("test_group_presence")
+presence_tools = _scenario_module("findings", "test_group_presence")
 
 
 def test_ray_check_decides_group_presence_as_check_run(ray_cluster, tmp_path):

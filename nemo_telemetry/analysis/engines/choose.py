@@ -20,10 +20,10 @@ from nemo_telemetry.analysis.store.read import (
     GOODPUT_COLUMNS,
     STEP_GOODPUT_COLUMNS,
     READ_COLUMNS,
-    read_for_analysis,
     reading_errors,
     span_source_files,
 )
+from nemo_telemetry.analysis.ingestion.read import read_for_analysis
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.store.sources import single_dataset
 from nemo_telemetry.analysis.goodput.partials import stream_goodput

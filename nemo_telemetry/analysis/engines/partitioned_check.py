@@ -419,7 +419,7 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
     options = {"max_span_ids": max_span_ids, "max_findings_per_code": max_findings_per_code}
     tolerance_ns = checks.overlap_tolerance_ns(overlap_tolerance_s)
     if not files:
-        from nemo_telemetry.analysis.store.read import read_for_analysis
+        from nemo_telemetry.analysis.ingestion.read import read_for_analysis
 
         return checks.check_run(read_for_analysis(root), run_id=run_id, unattributed_threshold=unattributed_threshold,
                                 overlap_tolerance_s=overlap_tolerance_s, **options)

@@ -215,7 +215,7 @@ def _decode_file(path: str, fmt: str | None, batch_spans: int, data: bytes | Non
     # One Ray task per file is already the parallelism: decode in this task's thread, not two more.
     pipeline = IngestPipeline(lambda tables: batches.append(tables) or tables, batch_spans=batch_spans, decode_ahead=0)
     pipeline.counts["files"] += 1
-    from nemo_telemetry.analysis.ingestion._detect import iter_records
+    from nemo_telemetry.analysis.ingestion.ingest import iter_records
 
     def unsent() -> Iterator[tuple]:
         nonlocal skip_spans

@@ -1,1 +1,1 @@
-"""OTLP in: dump files detected and decoded (JSON, protobuf), the ``collect`` receiver, metrics and logs dumps."""
+"""OTLP in: dump files detected and decoded (JSON, protobuf), the ``collect`` receiver, metrics and logs dumps, the kernels' ``warmup``."""

@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from nemo_telemetry.analysis.kernels import _compiled
+from nemo_telemetry.analysis.kernels import compiled as _compiled
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, text_id_hex, grown_records, scratch_matrix, special_rows, string_array
 from nemo_telemetry.analysis.ingestion._otlp_json import event_problem, extend_json_attributes, link_problem, resource_attributes, scope_name_version
 from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string

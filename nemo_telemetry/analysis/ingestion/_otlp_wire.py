@@ -25,7 +25,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from nemo_telemetry.analysis.kernels import _compiled
+from nemo_telemetry.analysis.kernels import compiled as _compiled
 from nemo_telemetry.analysis.ingestion._columns import AttributeRecords, OtlpTables, SpanArrays, SpanColumns, build_tables, grown_records, scratch_matrix, string_array, string_offsets
 from nemo_telemetry.analysis.ingestion._otlp_proto import decode_proto_request, event_problem, extend_proto_attributes, link_problem
 from nemo_telemetry.analysis.ingestion.anyvalue import proto_value_string

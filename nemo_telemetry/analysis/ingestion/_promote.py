@@ -68,7 +68,7 @@ def promote(
     OpenTelemetry SDK does when a span sets an attribute twice). An integer column's value
     that is not a decimal integer stays in the map.
     """
-    from nemo_telemetry.analysis.kernels import _compiled
+    from nemo_telemetry.analysis.kernels import compiled as _compiled
 
     reference = lambda: promote_arrow(counts, keys, values, owners, promoted)  # noqa: E731
     compiled = lambda fk: _promote_compiled(fk, counts, keys, values, owners, promoted) or reference()  # noqa: E731
@@ -103,7 +103,7 @@ def _promote_compiled(_flatten_kernel, counts, keys, values, owners, promoted):
 def promote_records(counts: np.ndarray, records: AttributeRecords, owners: int, promoted: tuple[str, ...]):
     """:func:`promote` reading the attributes where the decoder found them (see
     :class:`AttributeRecords`); the same result, without the arrays of every key and value."""
-    from nemo_telemetry.analysis.kernels import _compiled
+    from nemo_telemetry.analysis.kernels import compiled as _compiled
 
     def reference():
         keys, values = records.strings()  # non-ASCII text, a full dictionary or no numba: rare
@@ -271,7 +271,7 @@ def per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
     counts = sizes[index]
     offsets = np.zeros(len(index) + 1, dtype=np.int32)
     np.cumsum(counts, out=offsets[1:])
-    from nemo_telemetry.analysis.kernels import _compiled
+    from nemo_telemetry.analysis.kernels import compiled as _compiled
 
     def taken() -> pa.MapArray:
         # entry j of span i comes from first[index[i]] + j

@@ -44,7 +44,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from nemo_telemetry.analysis.choices import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S
-from nemo_telemetry.analysis.kernels import _compiled
+from nemo_telemetry.analysis.kernels import compiled as _compiled
 from nemo_telemetry.analysis.ingestion._collect_commit import Committer, describe_failure, hold_dataset, open_session
 from nemo_telemetry.analysis.ingestion._collect_http import (
     LISTEN_BACKLOG,
@@ -133,7 +133,7 @@ class _KernelLoader:
     With the kernels cached, a background thread loads them. With nothing
     cached, a child process compiles them into the cache (its own interpreter: the compiler
     does not hold this one's GIL, and stopping kills it at once) while every request takes the
-    reference decoders (:func:`~nemo_telemetry.analysis.kernels._compiled.deferred`); once it
+    reference decoders (:func:`~nemo_telemetry.analysis.kernels.compiled.deferred`); once it
     is done the thread loads them from the cache. A compile that fails leaves the reference
     paths serving, with one warning in the log. With no writable cache, nothing is compiled
     ahead: the reference paths serve, as the seam decides for any small input.

@@ -65,6 +65,7 @@ __all__ = [
     "dump_files_detected",
     "ingest_inputs",
     "SignalDumps",
+    "iter_records",  # the records of one dump file, for an engine that feeds an IngestPipeline itself
 ]
 
 ProgressCallback = Callable[[int, int], None]

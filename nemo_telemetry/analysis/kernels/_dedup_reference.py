@@ -1,8 +1,8 @@
 """Span deduplication without numba: the same functions as ``_dedup_kernel``, on the same hash
-set, so the seam (``_compiled``) may take either for any batch and the set stays one.
+set, so the seam (``compiled``) may take either for any batch and the set stays one.
 
 Ids become words with numpy over the whole batch; the set's probes are a Python loop (a few
-µs a key), which the seam keeps to small batches (:data:`~._compiled.SMALL_ROWS`).
+µs a key), which the seam keeps to small batches (:data:`~.compiled.SMALL_ROWS`).
 """
 
 from __future__ import annotations

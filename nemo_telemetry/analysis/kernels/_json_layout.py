@@ -4,7 +4,7 @@ are copied to, the line statuses, and the table of the OTLP keys it knows.
 Plain numpy, no numba: the scan's modules and the Python that builds columns from the
 matrices (``_otlp_json_fast``, through ``_json_kernel``'s names) read one definition. Compiled
 code freezes these arrays as constants, so this file is among the kernel sources that key the
-cache (``_compiled.KERNEL_HELPERS``).
+cache (``compiled.KERNEL_HELPERS``).
 """
 
 from __future__ import annotations

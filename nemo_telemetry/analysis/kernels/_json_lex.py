@@ -4,7 +4,7 @@ enums.
 
 Apart from the scan (``_json_kernel``) so that each stays readable; compiled into it (inlined
 where marked), so this file is among the kernel sources that key the cache
-(``_compiled.KERNEL_HELPERS``).
+(``compiled.KERNEL_HELPERS``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ table), array items, and attributes with their AnyValues (the usual
 ``{"key":"...","value":{"stringValue":...}}`` read in one go by word compares).
 
 Apart from the scan (``_json_kernel``), which walks lines and spans with these; compiled into it,
-so this file is among the kernel sources that key the cache (``_compiled.KERNEL_HELPERS``).
+so this file is among the kernel sources that key the cache (``compiled.KERNEL_HELPERS``).
 """
 
 from __future__ import annotations

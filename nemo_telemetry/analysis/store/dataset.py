@@ -36,12 +36,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from nemo_telemetry.analysis.kernels import _compiled
-
-from nemo_telemetry.analysis.kernels import _dedup_reference
+from nemo_telemetry.analysis.kernels.dedup import dedup as _dedup
 
 from nemo_telemetry.analysis.store import commits
-from nemo_telemetry.analysis.ingestion._columns import SPANS_TABLE_SCHEMA, OtlpTables
+from nemo_telemetry.analysis.model.tables import SPANS_TABLE_SCHEMA, OtlpTables
 from nemo_telemetry.analysis.store.partitions import split_by_partition
 from nemo_telemetry.analysis.model.columns import filled
 from nemo_telemetry.analysis.model.keys import local_parent_rows
@@ -224,13 +222,6 @@ class RecentSpanDeduplicator:
     def keys_held(self) -> int:
         """Keys in memory: at most ``2 * window``."""
         return len(self._older) + len(self._newer)
-
-
-def _dedup(function: str, rows: int, *args):
-    """``function`` of ``_dedup_kernel`` through the seam (``_compiled``), else of
-    ``_dedup_reference``: both work on the same set, so either may take any call."""
-    reference = getattr(_dedup_reference, function)
-    return _compiled.run(("_dedup_kernel",), rows, lambda k: getattr(k, function)(*args), lambda: reference(*args), unit="rows")
 
 
 def _string_buffers(column) -> tuple[np.ndarray, np.ndarray]:

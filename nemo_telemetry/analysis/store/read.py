@@ -22,7 +22,7 @@ from nemo_telemetry.analysis.store.repair import verify_dataset
 from nemo_telemetry.analysis.store.sources import single_dataset
 from nemo_telemetry.errors import DamagedDatasetError, IngestError
 
-__all__ = ["READ_COLUMNS", "GOODPUT_COLUMNS", "STEP_GOODPUT_COLUMNS", "read_for_analysis", "span_source_files",
+__all__ = ["READ_COLUMNS", "GOODPUT_COLUMNS", "STEP_GOODPUT_COLUMNS", "read_dataset_spans", "span_source_files",
            "reading_errors", "read_span_files", "scan_span_files", "scan_batches", "span_projection",
            "reusing_pool", "scan_file_batches"]
 
@@ -53,19 +53,10 @@ GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "service_name", "run_id", "rank
 STEP_GOODPUT_COLUMNS = tuple(c for c in GOODPUT_COLUMNS if c not in ("service_name", "rank"))
 
 
-def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.Table:
-    """The spans columns goodput and check need, from a dataset directory or raw dump files.
-
-    A dataset is projected onto ``columns`` (:data:`READ_COLUMNS`: what check reads;
-    :data:`GOODPUT_COLUMNS`: what goodput reads); raw files are ingested whole in memory.
-    """
-    root, files = span_source_files(source)
-    if not files:
-        # The decoders (and the OpenTelemetry SDK they import) only for raw files: start-up time
-        # a command over a dataset does not pay.
-        from nemo_telemetry.analysis.ingestion.ingest import read_spans
-
-        return read_spans(source)
+def read_dataset_spans(root: Path, files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.Table:
+    """The committed spans ``files`` of the dataset at ``root`` (:func:`span_source_files`), whole,
+    projected onto ``columns`` (:data:`READ_COLUMNS`: what check reads; :data:`GOODPUT_COLUMNS`:
+    what goodput reads). Raw dump files are ``ingestion.read.read_for_analysis``'s, which decodes them."""
     with reading_errors(root):
         return read_span_files(files, columns=columns)
 

@@ -1,4 +1,4 @@
-"""The seam in front of the compiled kernels (``_compiled``): which path a batch takes, what a
+"""The seam in front of the compiled kernels (``compiled``): which path a batch takes, what a
 broken kernel costs, where the cache goes.
 
 Failures are forced through the documented test hook ``NEMO_TELEMETRY_KERNEL_FAULT`` (the
@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 
 from nemo_telemetry.analysis import CompiledPathWarning, ingest, read_events, read_spans
-from nemo_telemetry.analysis.kernels import _compiled
+from nemo_telemetry.analysis.kernels import compiled as _compiled
 from nemo_telemetry.analysis.kernels import _dedup_reference
 from nemo_telemetry.analysis.store.dataset import SpanDeduplicator, _string_buffers
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_json_lines, write_length_prefixed

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_telemetry.analysis.store.read import read_for_analysis
-from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.ingestion.read import read_for_analysis
+from nemo_telemetry.analysis.model.tables import OtlpTables
 from nemo_telemetry.analysis.store.dataset import DatasetWriter
 from nemo_telemetry.analysis.findings.checks import check_run
 from nemo_telemetry.analysis.model.records import spans_table

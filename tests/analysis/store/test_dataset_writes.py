@@ -15,7 +15,7 @@ from nemo_telemetry.analysis import load_traces, read_spans
 from nemo_telemetry.analysis.ingestion import _detect
 
 from nemo_telemetry.analysis.store import dataset
-from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.model.tables import OtlpTables
 from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed
 

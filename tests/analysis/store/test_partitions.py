@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.model.tables import OtlpTables
 from nemo_telemetry.analysis.store.dataset import DatasetWriter, read_dataset, with_parent_rows
 from nemo_telemetry.analysis.store.partitions import NO_VALUE, span_files, span_partitions, split_by_partition
 from nemo_telemetry.analysis.model.records import spans_table

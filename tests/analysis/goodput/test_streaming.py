@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.model.tables import OtlpTables
 from nemo_telemetry.analysis.store.dataset import DatasetWriter
 from nemo_telemetry.analysis.goodput.steps import analyse, goodput_document, run_goodput
 from nemo_telemetry.analysis.ingestion.ingest import read_spans

@@ -19,11 +19,11 @@ from nemo_telemetry.analysis import check_run, check_with_engine, goodput_with_e
 from nemo_telemetry.analysis.engines.choose import CHECK_COLUMNS
 from nemo_telemetry.analysis.engines.partitioned_check import stream_check
 from nemo_telemetry.analysis.goodput.partials import stream_goodput
-from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.model.tables import OtlpTables
 from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
 from nemo_telemetry.analysis.model.tree import with_id_keys
 from nemo_telemetry.analysis.store.dataset import DatasetWriter
-from nemo_telemetry.analysis.store.read import read_for_analysis
+from nemo_telemetry.analysis.ingestion.read import read_for_analysis
 from nemo_telemetry.cli.app import app
 
 MS = 1_000_000

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from nemo_telemetry.analysis import check_run, spans_table
 from nemo_telemetry.analysis.engines.partitioned_check import stream_check
 from nemo_telemetry.analysis.findings.report import FINDING_CODES, SEVERITIES, Finding, report
-from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.model.tables import OtlpTables
 from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
 from nemo_telemetry.analysis.model.tree import with_id_keys
 from nemo_telemetry.analysis.store.dataset import DatasetWriter

@@ -3,7 +3,7 @@
 
 A small synthetic dump of each format is ingested with the compiled paths forced on
 (``NEMO_TELEMETRY_COMPILED=1``), which compiles the signatures ingest uses into the kernel
-cache (``_compiled.cache_dir``); when they are cached already this takes a second or two.
+cache (``kernels.compiled.cache_dir``); when they are cached already this takes a second or two.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nemo_telemetry.analysis.kernels import _compiled
+from nemo_telemetry.analysis.kernels import compiled as _compiled
 from nemo_telemetry.analysis.ingestion._columns import SpanColumns
 from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
 from nemo_telemetry.analysis.store.dataset import SpanDeduplicator, span_keys

@@ -19,9 +19,10 @@ from nemo_telemetry.errors import DatasetFormatError, IngestError
 from nemo_telemetry.analysis import IncompleteDatasetWarning, ingest, load_traces, read_events, read_links, read_spans
 from nemo_telemetry.analysis.store import commits
 from nemo_telemetry.analysis.store import dataset
-from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.model.tables import OtlpTables
 from nemo_telemetry.analysis.store.formats import DATASET_FORMAT, READERS
-from nemo_telemetry.analysis.store.read import read_for_analysis, read_span_files
+from nemo_telemetry.analysis.ingestion.read import read_for_analysis
+from nemo_telemetry.analysis.store.read import read_span_files
 from nemo_telemetry.analysis.store.repair import verify_dataset
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed

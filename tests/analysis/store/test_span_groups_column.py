@@ -17,7 +17,7 @@ from nemo_telemetry.analysis.engines.choose import check_with_engine
 from nemo_telemetry.analysis.engines.partitioned_check import stream_check
 from nemo_telemetry.analysis.findings.checks import check_run, check_span_files
 from nemo_telemetry.analysis.decode import SPAN_GROUPS_ATTRIBUTE, SpanReader
-from nemo_telemetry.analysis.store.read import read_for_analysis
+from nemo_telemetry.analysis.ingestion.read import read_for_analysis
 from nemo_telemetry.analysis.model.records import spans_table
 from nemo_telemetry.analysis.store.commits import committed_files
 from nemo_telemetry.errors import DatasetFormatError

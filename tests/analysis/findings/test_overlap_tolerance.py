@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from nemo_telemetry.analysis import check_run, run_goodput, spans_table
-from nemo_telemetry.analysis.store.read import read_for_analysis
-from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.ingestion.read import read_for_analysis
+from nemo_telemetry.analysis.model.tables import OtlpTables
 from nemo_telemetry.analysis.store.dataset import DatasetWriter
 from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
 from nemo_telemetry.analysis.engines.partitioned_check import stream_check

@@ -42,7 +42,7 @@ from nemo_telemetry.analysis.findings.checks import (
     check_run,
     check_span_files,
 )
-from nemo_telemetry.analysis.ingestion._columns import OtlpTables
+from nemo_telemetry.analysis.model.tables import OtlpTables
 from nemo_telemetry.analysis.model import keys as keys_module
 from nemo_telemetry.analysis.decode import SpanReader, span_arrays
 from nemo_telemetry.analysis.model.keys import (
@@ -55,7 +55,8 @@ from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA, PA
 from nemo_telemetry.analysis.model.tree import with_id_keys
 from nemo_telemetry.analysis.store import commits
 from nemo_telemetry.analysis.store.dataset import DatasetWriter, with_parent_rows
-from nemo_telemetry.analysis.store.read import read_for_analysis, span_source_files
+from nemo_telemetry.analysis.ingestion.read import read_for_analysis
+from nemo_telemetry.analysis.store.read import span_source_files
 from nemo_telemetry.cli.app import app
 from nemo_telemetry.errors import DamagedDatasetError, DatasetFormatError, IngestError
 

@@ -30,7 +30,8 @@ from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
 from nemo_telemetry.analysis.model.tree import with_id_keys
 from nemo_telemetry.analysis.settings import ReadSettings
 from nemo_telemetry.analysis.store.dataset import DatasetWriter
-from nemo_telemetry.analysis.store.read import read_for_analysis, span_source_files
+from nemo_telemetry.analysis.ingestion.read import read_for_analysis
+from nemo_telemetry.analysis.store.read import span_source_files
 
 NAMES = ("rl.grpo.step", "rl.job", "rl.vllm.generate", "rl.train.microbatch", "rl.policy.update", "rl.rollout")
 BUCKET_VALUES = ("productive", "overhead", "idle", "wasted", "made-up")
