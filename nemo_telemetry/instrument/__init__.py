@@ -80,7 +80,8 @@ if TYPE_CHECKING:
         set_tracer_provider, telemetry_active,
     )
     from nemo_telemetry.instrument._primitives import (
-        NOOP_SPAN, managed_span, setup_span, span_cm, startup_span, trace_fn, umbrella_span, umbrella_trace_fn,
+        NOOP_SPAN, SPAN_GROUP_KEY, managed_span, setup_span, span_cm, startup_span, trace_fn, umbrella_span,
+        umbrella_trace_fn,
     )
     from nemo_telemetry.instrument._handles import (
         NOOP_HANDLE, SpanHandle, start_span, start_step_span, start_umbrella_span,
@@ -111,7 +112,9 @@ if TYPE_CHECKING:
         trace_context_kwargs,
     )
     from nemo_telemetry.instrument.data_plane import DATA_PLANE_OPS, TracedDataPlaneClient
-    from nemo_telemetry.instrument.startup import CLUSTER_SOURCES, traced_ray_init, traced_worker_init
+    from nemo_telemetry.instrument.startup import (
+        CLUSTER_SOURCES, telemetry_runtime_env, traced_ray_init, traced_worker_init,
+    )
     from nemo_telemetry.instrument.ray_actors import (
         TelemetryFlushMixin, accepts_trace_context, dispatch_with_trace_context, flush_actors_telemetry,
     )
