@@ -69,10 +69,13 @@ def test_demo_exporting_otlp_into_a_monitor_process_gives_offline_goodput_per_st
     reader.start()
     config = {"enabled": True, "span_groups": "per_step,per_prompt", "exporter": "otlp",
               "otlp_endpoint": match.group(1), "otlp_protocol": "http/protobuf"}
+    # The SDK's batch processor exports every 5 s by default, longer than these steps take: without a
+    # shorter delay the spans of the whole run can first leave at shutdown, after it trained.
+    os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "200"
     init_telemetry_driver(config, algorithm="grpo", service_name=SERVICE_NAMES["driver"])
     run_id = os.environ[NEMO_TELEMETRY_RUN_ID]
     try:
-        train(dataclasses.replace(DemoSettings(steps=4, mode="async"), checkpoint_dir=str(tmp_path / "ckpt")))
+        train(dataclasses.replace(DemoSettings(steps=8, mode="async"), checkpoint_dir=str(tmp_path / "ckpt")))
         trained = time.monotonic()
     finally:
         shutdown_telemetry()
@@ -86,5 +89,5 @@ def test_demo_exporting_otlp_into_a_monitor_process_gives_offline_goodput_per_st
             final[line["iteration"]] = {k: v for k, v in line.items() if k not in ("run_id", "revised")}
     offline = goodput_document(run_goodput(read_spans(dataset), run_id=run_id))["runs"][0]["steps"]
     assert final == {step["iteration"]: step for step in offline}
-    assert len(offline) == 4
+    assert len(offline) == 8
     assert arrival and arrival[0] < trained, "no step was reported while the run trained"
