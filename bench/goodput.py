@@ -104,6 +104,7 @@ def _step_template() -> dict[str, np.ndarray]:
 
 def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
     """One run's spans table (SPANS_TABLE_SCHEMA), vectorized over steps."""
+    groups, group_codes = _name_groups()
     import numpy as np
     import pyarrow as pa
     from _columns import (  # bench/_columns.py (this script's folder is on sys.path)
@@ -154,6 +155,9 @@ def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
         "rl.bucket": dictionary(bucket, BUCKET_VALUES),
         "rl.iteration": pa.array(iteration.astype(np.int64), mask=~stamped),
         "rl.efficiency.category": dictionary(np.where(name == 8, 0, -1), ["idle/refit_bubble"]),
+        # the group each span was opened in, as the instrument records it; each process's namespace
+        "rl.span_group": dictionary(group_codes[name], groups),
+        "span_groups_namespace": dictionary(np.zeros(n, np.int32), ["nemo_rl"]),
         "trace_state": pa.nulls(n, pa.string()), "scope_name": dictionary(np.zeros(n, np.int32), ["nemo_telemetry"]),
         "scope_version": dictionary(np.full(n, -1), ["0"]),
         "attributes": pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string()),
@@ -163,6 +167,27 @@ def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
     }
     return pa.table([pa.array(columns[f.name]) if not isinstance(columns[f.name], pa.Array) else columns[f.name]
                      for f in SPANS_TABLE_SCHEMA], schema=SPANS_TABLE_SCHEMA)
+
+
+def _name_groups() -> tuple[list[str], "np.ndarray"]:
+    """(the groups the bench's span names belong to, each name's code into them; -1: no group),
+    from the span-group catalogue the instrument records groups by."""
+    import re
+
+    import numpy as np
+
+    from nemo_telemetry.instrument import REGISTRY, span_name_regex
+
+    groups: list[str] = []
+    codes = np.full(len(NAMES), -1, np.int32)
+    for i, name in enumerate(NAMES):
+        for info in REGISTRY.catalogue():
+            if any(re.fullmatch(span_name_regex(pattern), name) for pattern in info.spans):
+                if info.name not in groups:
+                    groups.append(info.name)
+                codes[i] = groups.index(info.name)
+                break
+    return groups, codes
 
 
 def write_dataset(root: Path, spans: int) -> None:
