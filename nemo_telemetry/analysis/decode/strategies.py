@@ -323,7 +323,7 @@ class _SpanDecoder:
     def __init__(self, n: int, *, gather_pairs: bool = False) -> None:
         self.n, self.at = n, 0
         # Codes and iterations as int16 and int32 while their values fit (a column is widened, its
-        # rows so far copied, before a batch that may not): 100 MB less to write at 10M spans.
+        # rows so far copied, before a batch that may not): fewer pages to write than full width.
         self._codes: dict[str, tuple[np.ndarray, dict]] = {c: (np.empty(n, np.int16), {}) for c in self.CODES}
         self._ints: dict[str, tuple[np.ndarray, np.ndarray | None]] = {
             c: (np.empty(n, np.int32 if c == ITERATION else np.int64), np.empty(n, bool) if c == ITERATION else None)

@@ -23,8 +23,8 @@ def read_for_analysis(source, *, columns: tuple[str, ...] = READ_COLUMNS) -> pa.
     """
     root, files = span_source_files(source)
     if not files:
-        # The decoders (and the OpenTelemetry SDK they import) only for raw files: 0.1 s of start-up
-        # a command over a dataset does not pay.
+        # The decoders (and the OpenTelemetry SDK they import) only for raw files: start-up time a
+        # command over a dataset does not pay.
         from nemo_telemetry.analysis.ingestion.ingest import read_spans
 
         return read_spans(source)
