@@ -115,9 +115,7 @@ def check_with_engine(source, *, engine: str = "local", memory_budget: int | Non
     root, files = span_source_files(source)
     if files:
         with reading_errors(root):
-            report = check_span_files(files, settings=settings, **options)
-        if report is not None:
-            return report
+            return check_span_files(files, settings=settings, **options)
     return check_run(read_for_analysis(source, columns=CHECK_COLUMNS), **options)
 
 

@@ -544,15 +544,13 @@ def check_run(
 def check_span_files(files: list[str], *, run_id: str | None = None, unattributed_threshold: float = 0.2,
                      overlap_tolerance_s: float = DEFAULT_OVERLAP_TOLERANCE_S, max_span_ids: int = 10,
                      max_findings_per_code: int = 100, batch_rows: int | None = None,
-                     settings: ReadSettings | None = None) -> CheckReport | None:
+                     settings: ReadSettings | None = None) -> CheckReport:
     """:func:`check_run` over a dataset's spans files, decoded batch by batch (of ``batch_rows``) as
-    they are read (:meth:`~nemo_telemetry.analysis.decode.SpanReader.files`); None for files
-    without id key columns, which the caller reads whole."""
+    they are read (:meth:`~nemo_telemetry.analysis.decode.SpanReader.files`; a file of a layout no
+    dataset format reads is refused there)."""
     numbers = file_step_numbers(files)
     with SpanReader(settings) as read:
         arrays = read.files(files, batch_rows=batch_rows)
-        if arrays is None:
-            return None
         return check_arrays(number_arrays(arrays, numbers), run_id=run_id, numbers=numbers,
                              unattributed_threshold=unattributed_threshold, overlap_tolerance_s=overlap_tolerance_s,
                              max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
