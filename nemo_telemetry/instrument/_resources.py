@@ -349,8 +349,8 @@ def run_resource_attributes(run_config: Mapping[str, Any] | None, *, algorithm: 
                             environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The run's resource attributes derived from the trainer's whole config (NeMo-RL's shape).
 
-    A pure function of its arguments (a missing key leaves its attribute out); see the README
-    table for where each attribute comes from.
+    A pure function of its arguments (a missing key leaves its attribute out); see the table in
+    docs/instrument.md ("Resource attributes") for where each attribute comes from.
     """
     config = run_config if isinstance(run_config, Mapping) else {}
     attributes: dict[str, Any] = {"nv.dl.provider.name": _provider_name(os.environ if environ is None else environ)}

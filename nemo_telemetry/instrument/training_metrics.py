@@ -76,6 +76,6 @@ TRAINING_METRICS = (
     _train(GLOBAL_VALID_TOKS_KEY, "rl.train.valid_tokens", "{token}", "Valid tokens in the global batch"),
     _train(ACCURACY_KEY, "rl.train.accuracy", "1", "Training accuracy (DPO, RM: preference accuracy)"),
 )
-"""The ``train`` dict keys teed to ``rl.*`` series (the README lists them)."""
+"""The ``train`` dict keys teed to ``rl.*`` series (docs/instrument.md lists them)."""
 
 register_teed_metrics(TRAINING_METRICS)

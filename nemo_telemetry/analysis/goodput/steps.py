@@ -274,7 +274,7 @@ def _step_document(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def goodput_document(runs: tuple[RunGoodput, ...], *, baseline: tuple[RunGoodput, ...] = ()) -> dict[str, Any]:
-    """The ``goodput --format json`` document (README: "goodput JSON"); extra keys may be added, never renamed.
+    """The ``goodput --format json`` document (docs/goodput.md); extra keys may be added, never renamed.
 
     ``{"runs": [{"run_id", "steps": [{"iteration", "wall_s", <bucket>_s..., "unattributed_s",
     "double_counted_s", "goodput", "failed", "failed_buckets", ...}], "total": {..., "failed_steps",
