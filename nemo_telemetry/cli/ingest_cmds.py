@@ -113,7 +113,8 @@ def _print_summary(summary: IngestSummary, out: Path) -> None:
     table.add_column("what")
     table.add_column("count", justify="right")
     rows = ("files", "spans", "events", "links", "traces", "runs", "duplicates_dropped", "rejected_records")
-    for name in rows + ("skipped_records", "skipped_files") + (("logs",) if summary.logs else ()):
+    signals = ("metric_points", "logs")  # what the dumps held of the other signals, told by content
+    for name in rows + ("skipped_records", "skipped_files") + signals:
         table.add_row(name.replace("_", " "), f"{getattr(summary, name):,}")
     output = console()
     output.print(table)

@@ -2,8 +2,9 @@
 
 Inputs are what :class:`~nemo_telemetry.instrument._metrics_dump.DumpMetricExporter` and the
 Collector's file exporter write: JSON lines of ``ExportMetricsServiceRequest`` (``resourceMetrics``),
-a single OTLP/JSON document, or the Collector's length-prefixed protobuf; each optionally gzip or
-zstd compressed. A directory means every ``metrics-*`` file in it. Lines of other signals
+a single OTLP/JSON document, or protobuf (the Collector's length-prefixed requests, or one bare
+request); each optionally gzip or zstd compressed. A directory means every metrics dump in it,
+told by content whatever its name (:func:`~._detect.is_metrics_dump`). Lines of other signals
 (``resourceSpans``, ``resourceLogs``) are skipped; a malformed line is counted and skipped (or
 raised with ``strict=True``), never the end of the good ones. The counts are in the table's
 schema metadata (:data:`SKIPPED_KEY`, :data:`MALFORMED_KEY`, :data:`FIRST_PROBLEM_KEY`).
@@ -139,7 +140,7 @@ class _Columns:
 def read_metrics(source: str | Path | Iterable[str | Path], *, strict: bool = False,
                  contents: Iterable[bytes | None] | None = None,
                  max_record_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> pa.Table:
-    """The metrics table of ``source``: a dump file, a directory of ``metrics-*`` files, a dataset
+    """The metrics table of ``source``: a dump file, a directory of metrics dumps, a dataset
     directory (the ``metrics/`` table ``ingest`` wrote), or several.
 
     Raises IngestError for a path that does not exist or cannot be read, and (with ``strict``)
@@ -622,7 +623,7 @@ def _empty_by_step() -> pa.Table:
 
 
 def _metric_dump_files(path: Path) -> list[Path]:
-    """The dump exporter's metrics files in ``path`` (a directory) or ``path`` itself."""
+    """The metrics dumps in ``path`` (a directory; told by content) or ``path`` itself."""
     if path.is_dir():
         return sorted(p for p in path.iterdir() if is_metrics_dump(p) and p.is_file())
     return [path] if path.is_file() and is_metrics_dump(path) else []
@@ -632,7 +633,7 @@ def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | 
     """The metrics that came with a spans ``source``, or None when it has none.
 
     A dataset directory keeps them in ``metrics/`` (written by ``ingest``); raw dumps have them
-    in ``metrics-*`` files beside the ``traces-*`` files.
+    in metrics dumps beside the trace dumps (``metrics-*`` files, or any told by content).
     """
     from nemo_telemetry.analysis.store.dataset import read_dataset
     from nemo_telemetry.analysis.store.sources import split_sources
