@@ -29,7 +29,7 @@ from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string
 from nemo_telemetry.errors import IngestError
 
 __all__ = ["LOGS_SCHEMA", "LogReadResult", "DatasetLogFiles", "read_logs", "read_log_dumps", "log_dump_files",
-           "dataset_log_files"]
+           "dataset_log_files", "request_logs"]
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
 _attr_map = pa.map_(pa.string(), pa.string())
@@ -405,3 +405,22 @@ def dataset_log_files(dumps: Iterable[tuple[Path, bytes]],
         out.append((f"logs/{hashlib.sha1(data).hexdigest()[:20]}.parquet", result.table))
         written += result.table.num_rows
     return DatasetLogFiles(tuple(out), written, requests, tuple(problems))
+
+
+def request_logs(body: bytes, *, json_body: bool) -> tuple[pa.Table, tuple[str, ...]]:
+    """The log records of one ``ExportLogsServiceRequest`` body (``collect``'s ``/v1/logs``;
+    ``json_body``: OTLP/JSON, else protobuf), and each bad record left out (as in a dump).
+    ValueError naming the fault when the body is no logs request at all."""
+    rows, problems, unreadable = _Rows(), [], []
+    if json_body:
+        try:
+            docs = [("request", orjson.loads(body))]
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"not JSON ({exc})") from None
+    else:
+        docs = list(_proto_document("request", body, unreadable)) if body else []
+    for where, doc in docs:
+        _decode(doc, where, rows, problems, unreadable)
+    if unreadable:
+        raise ValueError(unreadable[0].removeprefix("request: "))
+    return rows.table(), tuple(problems)

@@ -52,6 +52,7 @@ __all__ = [
     "dataset_metric_file",
     "MetricFilePoints",
     "dataset_metric_points",
+    "request_points",
 ]
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
@@ -673,6 +674,25 @@ def dataset_metric_points(path: Path, data: bytes,
     relative = f"metrics/{hashlib.sha1(data).hexdigest()[:20]}.parquet"
     return MetricFilePoints((relative, table.replace_schema_metadata(None)) if table.num_rows else None,
                             tuple(counts.inside))
+
+
+def request_points(body: bytes, *, json_body: bool) -> tuple[pa.Table, tuple[str, ...]]:
+    """The data points of one ``ExportMetricsServiceRequest`` body (``collect``'s ``/v1/metrics``;
+    ``json_body``: OTLP/JSON, else protobuf), and each bad part left out (a point with a bad field
+    costs only itself, as in a dump). ValueError naming the fault when the body is no metrics
+    request at all (not JSON, not protobuf, no ``resourceMetrics``)."""
+    cols, counts = _Columns(), _Counts()
+    where = "request"
+    if json_body:
+        docs = _json_line(where, body, counts, False)
+        requests = list(_json_doc_requests(docs, counts, False)) if docs and docs[0][1] != {} else []
+    else:
+        requests = list(_proto_request(where, body, counts, False)) if body else []
+    if counts.malformed > len(counts.inside):  # the body itself, not a part of it
+        raise ValueError(counts.first_problem.removeprefix(f"{where}: "))
+    for at, request in requests:
+        _decode_request(request, cols, at, counts, False)
+    return cols.to_table(counts).replace_schema_metadata(None), tuple(counts.inside)
 
 
 def dataset_metric_file(path: Path, data: bytes) -> tuple[str, pa.Table] | None:
