@@ -102,3 +102,21 @@ def test_the_cli_summary_counts_each_signal(tmp_path):
     rows = {cells[0]: cells[1] for cells in ([c.strip() for c in line.strip("│┃ ").split("│")]
                                              for line in text.stdout.splitlines()) if len(cells) == 2}
     assert (rows["spans"], rows["metric points"], rows["logs"]) == ("2", "6", "6")
+
+
+def test_following_a_folder_of_every_signal_reads_the_spans_and_no_error(tmp_path):
+    """``monitor --follow``'s reader: protobuf metrics and logs files are counted, not decoded as
+    traces; a bare protobuf trace request is read at its end."""
+    from nemo_telemetry.analysis.ingestion.follow import DumpFollower
+
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    for index, (signal, fmt, compression) in enumerate(CASES):
+        (folder / f"part-{index:03d}").write_bytes(dump_bytes(signal, fmt, compression)[0])
+    follower = DumpFollower(folder)
+    spans = [t for t in (follower.poll(), follower.close()) if t is not None]
+    counts = follower.counts()
+    assert (counts.rejected_records, counts.warnings, counts.skipped_files) == (0, (), 0)
+    assert sum(t.num_rows for t in spans) == per_request("traces")["spans"]  # every trace file: the same spans
+    received = sum(dump_bytes("traces", fmt, compression)[1] for signal, fmt, compression in CASES if signal == "traces")
+    assert counts.duplicates_dropped == (received - 1) * per_request("traces")["spans"]  # bare ones too
