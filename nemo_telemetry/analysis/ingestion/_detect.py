@@ -317,13 +317,23 @@ def proto_signal(request: bytes) -> str | None:
     item = _first_item(request)
     if not item:
         return None
-    if _fits(item, _SPAN_WIRE) and any(n in (7, 8) for n, _, _ in item):
-        return "traces"
-    if _fits(item, _METRIC_WIRE) and any(n == 1 for n, _, _ in item) and any(n in _METRIC_DATA for n, _, _ in item):
+    sizes = {number: len(value) for number, kind, value in item if kind == 2}
+    if _fits(item, _SPAN_WIRE) and (any(n in (7, 8) for n, _, _ in item) or (sizes.get(1), sizes.get(2)) == (16, 8)):
+        return "traces"  # its times, or else a trace id and a span id of their sizes
+    if _fits(item, _METRIC_WIRE) and _text(item, 1) and any(n in _METRIC_DATA for n, _, _ in item):
         return "metrics"
     if _fits(item, _LOG_WIRE):
         return "logs"
     return "traces" if _fits(item, _SPAN_WIRE) else None
+
+
+def _text(item: list, number: int) -> bool:
+    """Whether the item has field ``number`` and it is UTF-8 text (a metric's name)."""
+    values = [value for n, kind, value in item if n == number and kind == 2]
+    try:
+        return bool(values) and all(bytes(value).decode("utf-8") is not None for value in values)
+    except UnicodeDecodeError:
+        return False
 
 
 def _fits(item: list, wire: dict) -> bool:

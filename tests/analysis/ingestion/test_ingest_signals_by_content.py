@@ -120,3 +120,56 @@ def test_following_a_folder_of_every_signal_reads_the_spans_and_no_error(tmp_pat
     assert sum(t.num_rows for t in spans) == per_request("traces")["spans"]  # every trace file: the same spans
     received = sum(dump_bytes("traces", fmt, compression)[1] for signal, fmt, compression in CASES if signal == "traces")
     assert counts.duplicates_dropped == (received - 1) * per_request("traces")["spans"]  # bare ones too
+
+
+def _request(signal: str, item: dict) -> bytes:
+    """A request of ``signal`` holding one item (span, metric, log record) given as its proto's fields."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
+    from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+    if signal == "traces":
+        return ExportTraceServiceRequest(resource_spans=[{"scope_spans": [{"spans": [Span(**item)]}]}]).SerializeToString()
+    if signal == "metrics":
+        return ExportMetricsServiceRequest(
+            resource_metrics=[{"scope_metrics": [{"metrics": [Metric(**item)]}]}]).SerializeToString()
+    return ExportLogsServiceRequest(resource_logs=[{"scope_logs": [{"log_records": [LogRecord(**item)]}]}]).SerializeToString()
+
+
+SHAPES = [  # (signal, the item's fields): the items least like their signal's usual ones
+    ("traces", {"trace_id": b"\1" * 16, "span_id": b"\2" * 8, "name": "no times"}),
+    ("traces", {"trace_id": b"\1" * 16, "span_id": b"\2" * 8, "start_time_unix_nano": 1, "end_time_unix_nano": 2,
+                "attributes": [{"key": "k", "value": {"int_value": 1}}], "flags": 257, "kind": 2}),
+    ("metrics", {"name": "g", "gauge": {"data_points": [{"time_unix_nano": 5, "as_int": 1}]}}),
+    ("metrics", {"name": "s", "unit": "By", "sum": {"data_points": [{"time_unix_nano": 5, "as_double": 1.0}]}}),
+    ("metrics", {"name": "h", "histogram": {"data_points": [{"time_unix_nano": 5, "count": 1}]}}),
+    ("metrics", {"name": "e", "exponential_histogram": {"data_points": [{"time_unix_nano": 5}]}}),
+    ("metrics", {"name": "q", "description": "d", "summary": {"data_points": [{"time_unix_nano": 5}]}}),
+    ("logs", {"time_unix_nano": 5, "body": {"string_value": "x"}}),
+    ("logs", {"observed_time_unix_nano": 5, "severity_number": 9}),
+    ("logs", {"body": {"string_value": "only a body"}, "attributes": [{"key": "k", "value": {"string_value": "v"}}]}),
+    ("logs", {"severity_text": "INFO", "trace_id": b"\1" * 16, "span_id": b"\2" * 8, "flags": 1}),
+]
+
+
+@pytest.mark.parametrize(("signal", "item"), SHAPES, ids=[f"{s}-{i}" for i, (s, _) in enumerate(SHAPES)])
+def test_a_protobuf_request_is_told_by_its_first_items_shape(signal, item):
+    from nemo_telemetry.analysis.ingestion._detect import proto_signal, signals_of_head
+
+    body = _request(signal, item)
+    assert proto_signal(body) == signal
+    assert signals_of_head(len(body).to_bytes(4, "big") + body) == {signal}  # length-prefixed
+    assert signals_of_head(body) == {signal}  # bare
+
+
+def test_what_is_no_request_has_no_signal():
+    from nemo_telemetry.analysis.ingestion._detect import proto_signal, signals_of_head
+
+    assert proto_signal(b"") is None  # the empty request
+    assert proto_signal(b"\x0a\x00") is None  # a resource with nothing in it
+    assert proto_signal(b"# a README\n") is None
+    assert signals_of_head(b'{"attributes": [{"key": "resourceLogs", "value": {"stringValue": "\\"resourceLogs\\":"}}]}') \
+        == frozenset()  # the key's name as a value, and inside a string, is no request
