@@ -58,7 +58,6 @@ __all__ = [
     "detect_dump",
     "detect_format",
     "signals_of_head",
-    "SIGNALS",
     "is_metrics_dump",
     "is_log_dump",
     "is_bare_request",
@@ -238,11 +237,10 @@ def detect_dump(path: Path, fmt: str | None = None) -> DumpFile:
         head = b""  # forced: the reader names the problem
     fmt = fmt or _format_of(head, path)
     signals = signals_of_head(head, fmt) or _signals_of_name(path)
-    return DumpFile(path, fmt, "metrics" in signals, "logs" in signals, "traces" in signals or fmt == "json"
-                    or fmt == "jsonl")
-
-
-SIGNALS = ("traces", "metrics", "logs")
+    # JSON records say their signal one by one (another signal's are counted by the span reader);
+    # protobuf requests do not, so a protobuf file of metrics or logs is not read for spans.
+    spans = "traces" in signals or fmt in ("json", "jsonl")
+    return DumpFile(path, fmt, "metrics" in signals, "logs" in signals, spans)
 
 
 def _signals_of_name(path: Path) -> frozenset[str]:
