@@ -113,7 +113,8 @@ def _print_summary(summary: IngestSummary, out: Path) -> None:
     table.add_column("what")
     table.add_column("count", justify="right")
     rows = ("files", "spans", "events", "links", "traces", "runs", "duplicates_dropped", "rejected_records")
-    for name in rows + ("skipped_records", "skipped_files") + (("logs",) if summary.logs else ()):
+    signals = ("metric_points", "logs")  # what the dumps held of the other signals, told by content
+    for name in rows + ("skipped_records", "skipped_files") + signals:
         table.add_row(name.replace("_", " "), f"{getattr(summary, name):,}")
     output = console()
     output.print(table)
@@ -130,7 +131,7 @@ def _print_warnings(warnings: tuple[str, ...]) -> None:
 
 @app.command()
 def collect(
-    out: Path = typer.Option(..., "--out", "-o", help="Dataset directory to append received spans to."),
+    out: Path = typer.Option(..., "--out", "-o", help="Dataset directory to append received spans, metrics and logs to."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (default: this machine only)."),
     port: int = typer.Option(4318, "--port", "-p", help="Port (4318 is OTLP/HTTP's); 0 picks a free one."),
     max_request_mib: float = typer.Option(64.0, "--max-request-mib", help="Larger requests (a Content-Length, "
@@ -148,9 +149,11 @@ def collect(
     insecure: bool = typer.Option(False, "--insecure", help="Listen on a --host beyond loopback without "
                                   "--token-file (refused otherwise)."),
 ) -> None:
-    """Receive OTLP/HTTP traces (POST /v1/traces, protobuf or JSON) into a dataset until Ctrl-C.
+    """Receive OTLP/HTTP traces, metrics and logs (POST /v1/traces, /v1/metrics, /v1/logs; protobuf
+    or JSON) into a dataset until Ctrl-C.
 
-    A request is answered 200 only once its spans are committed on disk; a failed write is
+    A request is answered 200 only once it is committed on disk (a body that is not a request of
+    its endpoint's signal: 400); a failed write is
     answered 503 with Retry-After (the exporter sends it again). Bounds: one request
     --max-request-mib (413 beyond); --max-connections (503 beyond); a socket read waits at most
     --read-timeout-s; one request must arrive whole within 60 s (408); listen backlog 1024.
@@ -166,7 +169,8 @@ def collect(
     err = console(stderr=True)
 
     def ready(server: CollectorServer) -> None:
-        err.print(f"collecting OTLP/HTTP traces at [bold]{server.traces_url}[/] into {out}; Ctrl-C to stop", markup=True)
+        err.print(f"collecting OTLP/HTTP traces at [bold]{server.traces_url}[/] (metrics and logs at /v1/metrics, "
+                  f"/v1/logs) into {out}; Ctrl-C to stop", markup=True)
         if server.unguarded:
             warn_line(f"--insecure: anyone who reaches {server.url} can write spans into {out}; --token-file guards it")
 

@@ -206,11 +206,13 @@ def ray_check(root: str | Path, **options):
 
 
 def _decode_file(path: str, fmt: str | None, batch_spans: int, data: bytes | None = None,
-                 skip_spans: int = 0, max_record_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Iterator[tuple]:
+                 skip_spans: int = 0, max_record_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 spans: bool = True) -> Iterator[tuple]:
     """Ray task body: ("tables", OtlpTables) per batch of ``path`` (``data``: its bytes, read
     already by the driver for a metrics or log dump), then ("counts", dict). ``skip_spans``: the
     first spans of the file, taken already from an attempt whose worker died, are not sent again.
-    A line, record or document longer than ``max_record_bytes`` is rejected, as ingest rejects it."""
+    A line, record or document longer than ``max_record_bytes`` is rejected, as ingest rejects it;
+    ``spans=False``: a protobuf file of metrics or logs, its requests counted, not decoded."""
     batches: list = []
     # One Ray task per file is already the parallelism: decode in this task's thread, not two more.
     pipeline = IngestPipeline(lambda tables: batches.append(tables) or tables, batch_spans=batch_spans, decode_ahead=0)
@@ -231,7 +233,7 @@ def _decode_file(path: str, fmt: str | None, batch_spans: int, data: bytes | Non
             yield ("tables", tables)
 
     for record in iter_records(Path(path), fmt, buffers=pipeline.buffers, data=data,
-                               max_record_bytes=max_record_bytes):
+                               max_record_bytes=max_record_bytes, spans=spans):
         pipeline.add_record(record.kind, record.where, record.payload)
         yield from unsent()
     summary = pipeline.summary()
@@ -309,7 +311,7 @@ class _FileDecodes:
 
     def _start(self, dump, data: bytes | None, skip_spans: int):
         return self.remote.remote(str(dump.path), dump.format, self.batch_spans, data, skip_spans,
-                                  self.max_record_bytes)
+                                  self.max_record_bytes, dump.spans)
 
     def next_file(self) -> Iterator[tuple]:
         """The items of the oldest running file's task: ("tables", OtlpTables) ..., ("counts", dict)."""

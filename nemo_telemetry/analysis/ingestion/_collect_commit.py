@@ -26,11 +26,13 @@ _log = logging.getLogger("nemo_telemetry.analysis.ingestion.collect")  # the col
 
 
 class _Ticket:
-    """One request's tables waiting for a commit; its handler waits on ``done``. ``error`` is
-    the write's ``OSError`` (answer 503) or what else stopped these spans being stored (400)."""
+    """One request's tables waiting for a commit (``files``: its metrics or logs table, as
+    ``(relative path, table)``); its handler waits on ``done``. ``error`` is the write's
+    ``OSError`` (answer 503) or what else stopped them being stored (400)."""
 
-    def __init__(self, tables: OtlpTables) -> None:
+    def __init__(self, tables: OtlpTables, files: tuple = ()) -> None:
         self.tables = tables
+        self.files = files
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -52,12 +54,14 @@ class Committer:
         self._failing = False
         self._failed_ids: list[pa.Table] = []  # distinct spans whose write failed
         self._failed_seen = SpanDeduplicator()
+        self._written_files: set[str] = set()  # metrics and logs files committed by this session (named by content)
         self._thread = threading.Thread(target=self._run, name="nemo-collect-commit", daemon=True)
         self._thread.start()
 
-    def submit(self, tables: OtlpTables) -> _Ticket:
-        """Queue ``tables`` for the next commit; wait on the ticket's ``done``."""
-        ticket = _Ticket(tables)
+    def submit(self, tables: OtlpTables, files: tuple = ()) -> _Ticket:
+        """Queue ``tables`` (and ``files``: ``(metrics/<hash>.parquet, table)`` ...) for the next
+        commit; wait on the ticket's ``done``."""
+        ticket = _Ticket(tables, files)
         with self._cond:
             self._queued.append(ticket)
             self._cond.notify()
@@ -107,8 +111,10 @@ class Committer:
         writer refuses) is the fault of one request or more: each is then committed alone, so
         one bad request cannot fail the others."""
         tables = OtlpTables.concat([ticket.tables for ticket in group])
+        # A body sent again (its answer lost) has the same name: stored once.
+        files = {rel: table for ticket in group for rel, table in ticket.files if rel not in self._written_files}
         try:
-            written = self._write(tables, requests=len(group))
+            written = self._write(tables, files, requests=len(group))
         except OSError as exc:
             self._record_failure(exc)
             self._remember_failed(tables.spans)
@@ -125,7 +131,10 @@ class Committer:
         if self._failing:
             self._failing = False
             _log.warning("writing %s works again", self._root)
+        self._written_files.update(files)
         with self._lock:
+            for rel, table in files.items():
+                self._counts["metric_points" if rel.startswith("metrics/") else "logs"] += table.num_rows
             self._counts["spans"] += written.spans.num_rows
             self._counts["events"] += written.events.num_rows
             self._counts["links"] += written.links.num_rows
@@ -136,12 +145,14 @@ class Committer:
             except Exception:  # a consumer's fault must not fail a durable commit
                 _log.exception("the on_commit hook failed; the spans are committed")
 
-    def _write(self, tables: OtlpTables, *, requests: int) -> OtlpTables:
+    def _write(self, tables: OtlpTables, files: dict, *, requests: int) -> OtlpTables:
         """Write and commit; durable on return. A failed commit leaves the writer usable; a
         failed write leaves it half-staged, so it is aborted and the next commit opens another."""
         writer = self._writer if self._writer is not None else self._open()
         try:
             written = writer.write(tables)
+            for relative, table in files.items():
+                writer.stage_table(relative, table)
         except BaseException:
             self._writer = None
             try:

@@ -1,6 +1,8 @@
 """The collector's HTTP side: one connection's requests checked (path, type, encoding, size,
 chunked bodies, deadlines), their bodies decoded, and every answer written (200 with a partial
-success, 4xx naming the fault, 503 with ``Retry-After``).
+success, 4xx naming the fault, 503 with ``Retry-After``). Each signal has its endpoint
+(:data:`ENDPOINTS`); a body that is not a request of the endpoint's signal (another signal's, a
+bare ``ResourceSpans``, a JSON object of some other API) is refused with 400 naming what it is.
 
 Its own module so that :mod:`~nemo_telemetry.analysis.ingestion.collect` holds the server's life
 (bounds, start, stop, the summary) and this one the protocol; the handler reaches the server only
@@ -9,6 +11,7 @@ through :class:`Receiver`.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import math
 import re
@@ -17,19 +20,26 @@ import ssl
 import threading
 import time
 import zlib
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Protocol
 
 import orjson
 from google.rpc.status_pb2 import Status
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables, SpanColumns
+from nemo_telemetry.analysis.ingestion._detect import proto_signal
 from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
 from nemo_telemetry.analysis.ingestion._otlp_wire import decode_batch
+from nemo_telemetry.analysis.ingestion.logs import request_logs
+from nemo_telemetry.analysis.ingestion.metrics import request_points
 
-__all__ = ["Reject", "Receiver", "ListeningServer", "handler_for", "decode_body", "problems_message",
-           "LISTEN_BACKLOG", "RETRY_AFTER_S", "PROTOBUF_TYPES", "JSON_TYPE", "MAX_GZIP_MEMBERS"]
+__all__ = ["Reject", "Receiver", "ListeningServer", "handler_for", "decode_body", "decode_request", "problems_message",
+           "LISTEN_BACKLOG", "RETRY_AFTER_S", "PROTOBUF_TYPES", "JSON_TYPE", "MAX_GZIP_MEMBERS", "ENDPOINTS",
+           "DecodedRequest"]
 
 LISTEN_BACKLOG = 1024  # the kernel caps it at net.core.somaxconn
 RETRY_AFTER_S = 1  # sent with every 503
@@ -44,6 +54,16 @@ _GZIP_MAGIC = b"\x1f\x8b"
 MAX_GZIP_MEMBERS = 1000  # a body's gzip members (exporters send one)
 _GZIP_FEED = 1 << 16  # compressed bytes fed to the inflater at a time
 _MAX_LENGTH_DIGITS = 19  # an int64 byte count; a longer Content-Length is malformed, not merely large
+ENDPOINTS = {"/v1/traces": "traces", "/v1/metrics": "metrics", "/v1/logs": "logs"}
+"""The OTLP/HTTP paths served, and the signal each takes."""
+_PATH_OF = {signal: path for path, signal in ENDPOINTS.items()}
+_REQUEST_KEYS = {"traces": ("resourceSpans", "resource_spans"), "metrics": ("resourceMetrics", "resource_metrics"),
+                 "logs": ("resourceLogs", "resource_logs")}
+_REQUEST_NAMES = {"traces": "ExportTraceServiceRequest", "metrics": "ExportMetricsServiceRequest",
+                  "logs": "ExportLogsServiceRequest"}
+_BARE_KEYS = {"traces": ("scopeSpans", "scope_spans"), "metrics": ("scopeMetrics", "scope_metrics"),
+              "logs": ("scopeLogs", "scope_logs")}
+_ITEMS = {"traces": "spans", "metrics": "data points", "logs": "log records"}
 
 
 class Reject(Exception):
@@ -86,16 +106,16 @@ class Receiver(Protocol):
     def _close_connection(self, conn: socket.socket) -> None: ...
     def _set_deadline(self, conn: socket.socket, seconds: float) -> bool: ...
     def _count(self, name: str) -> None: ...
-    def _accept(self, body: bytes, content_type: str) -> tuple[int, str]: ...
+    def _accept(self, body: bytes, content_type: str, signal: str = "traces") -> tuple[int, str]: ...
 
 
-def decode_body(body: bytes, content_type: str) -> tuple[OtlpTables, list[str]]:
-    """The request's tables and what each span rejected alone was rejected for. Any failure of
-    a decoder is the request's fault: a 400 that names it."""
+def decode_body(body: bytes, content_type: str, doc: object = None) -> tuple[OtlpTables, list[str]]:
+    """The trace request's tables and what each span rejected alone was rejected for (``doc``: a
+    JSON body parsed already). Any failure of a decoder is the request's fault: a 400 that names it."""
     try:
         if content_type == JSON_TYPE:
             cols = SpanColumns()
-            decode_json_request(orjson.loads(body), cols)
+            decode_json_request(orjson.loads(body) if doc is None else doc, cols)
             return cols.to_tables(), list(cols.rejected)
         problems: list[tuple[int, str]] = []
         tables, rejected = decode_batch([body], problems)
@@ -106,6 +126,74 @@ def decode_body(body: bytes, content_type: str) -> tuple[OtlpTables, list[str]]:
     if rejected:
         raise Reject(400, f"bad OTLP {content_type} payload: {rejected[0][1]}")
     return tables, [problem for _, problem in problems]
+
+
+@dataclass(frozen=True)
+class DecodedRequest:
+    """A request body decoded: the span tables (empty for metrics and logs), the metrics or logs
+    table as the dataset file to stage (``(metrics/<hash>.parquet, table)``, named by the body's
+    content as ``ingest`` names a dump's, so a body sent again is stored once), and each item
+    (span, data point, log record) rejected alone."""
+
+    tables: OtlpTables
+    files: tuple[tuple[str, object], ...]
+    problems: list[str]
+
+
+def decode_request(body: bytes, content_type: str, signal: str = "traces") -> DecodedRequest:
+    """A body posted to ``signal``'s endpoint, decoded; :class:`Reject` (400) naming the fault when
+    it does not decode or is not a request of that signal."""
+    json_body = content_type == JSON_TYPE
+    doc = _parsed_json(body, content_type) if json_body else None
+    wrong = _wrong_json(doc, signal) if json_body else _wrong_proto(body, signal)
+    if wrong is not None:
+        raise Reject(400, f"bad OTLP {content_type} payload: {wrong}")
+    if signal == "traces":
+        tables, problems = decode_body(body, content_type, doc)
+        return DecodedRequest(tables, (), problems)
+    read = request_points if signal == "metrics" else request_logs
+    try:
+        table, problems = read(body, json_body=json_body)
+    except ValueError as exc:
+        raise Reject(400, f"bad OTLP {content_type} payload: {exc}") from None
+    except Exception as exc:  # a decoder bug must not reset the connection
+        raise Reject(400, f"bad OTLP {content_type} payload: {type(exc).__name__}: {exc}") from None
+    files = ((f"{signal}/{hashlib.sha1(body).hexdigest()[:20]}.parquet", table),) if table.num_rows else ()
+    return DecodedRequest(OtlpTables.empty(), files, list(problems))
+
+
+def _parsed_json(body: bytes, content_type: str) -> object:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise Reject(400, f"bad OTLP {content_type} payload: {exc}") from None
+
+
+def _wrong_json(doc: object, signal: str) -> str | None:
+    """Why a parsed JSON body is not an OTLP/JSON request of ``signal`` (None when it is one; ``{}``
+    is the empty request)."""
+    name, key = _REQUEST_NAMES[signal], _REQUEST_KEYS[signal][0]
+    if not isinstance(doc, dict):
+        return f"the body is a JSON {type(doc).__name__}, not an OTLP/JSON {name} object ({{\"{key}\": [...]}})"
+    if not doc or any(k in doc for k in _REQUEST_KEYS[signal]):
+        return None
+    other = next((s for s, keys in _REQUEST_KEYS.items() if any(k in doc for k in keys)), None)
+    if other is not None:
+        return f"a {other} request ({_REQUEST_KEYS[other][0]}) sent to {_PATH_OF[signal]}; send it to {_PATH_OF[other]}"
+    keys = ", ".join(str(k) for k in list(doc)[:5])
+    bare = any(k in doc for k in _BARE_KEYS[signal])
+    hint = (f"; it looks like one {key[0].upper()}{key[1:]} object: send {{\"{key}\": [it]}}" if bare
+            else f"; an OTLP/JSON {name} holds {key}")
+    return f"no {key} in the JSON object (its keys: {keys}): not an OTLP/JSON {name}{hint}"
+
+
+def _wrong_proto(body: bytes, signal: str) -> str | None:
+    """Why a protobuf body is another signal's request (None when it is not told as one)."""
+    other = proto_signal(body)
+    if other is None or other == signal:
+        return None
+    return (f"a protobuf {_REQUEST_NAMES[other]} ({other}) sent to {_PATH_OF[signal]}; "
+            f"send it to {_PATH_OF[other]}")
 
 
 def problems_message(problems: list[str]) -> str:
@@ -210,11 +298,14 @@ class _OtlpHandler(BaseHTTPRequestHandler):
             self._check_headers()
             body = self._read_body()
             self.collector._set_deadline(self.connection, math.inf)
-            rejected, message = self.collector._accept(body, self._content_type())
+            rejected, message = self.collector._accept(body, self._content_type(), self._signal())
         except Reject as exc:
             self._reply_rejected(exc)
             return
         self._reply_success(rejected, message)
+
+    def _signal(self) -> str:
+        return ENDPOINTS[self.path.split("?")[0]]
 
     def _content_type(self) -> str:
         return self.headers.get("Content-Type", "").split(";")[0].strip().lower()
@@ -235,8 +326,9 @@ class _OtlpHandler(BaseHTTPRequestHandler):
         if collector.token is not None and not self._authorized():
             return Reject(401, "missing or wrong bearer token: send the header "
                                "'Authorization: Bearer <the token in the receiver's --token-file>'")
-        if self.path.split("?")[0] != "/v1/traces":
-            return Reject(404, f"no OTLP endpoint at {self.path}; traces go to /v1/traces")
+        if self.path.split("?")[0] not in ENDPOINTS:
+            return Reject(404, f"no OTLP endpoint at {self.path}; traces go to /v1/traces, metrics to /v1/metrics, "
+                               "logs to /v1/logs")
         if self._content_type() not in PROTOBUF_TYPES + (JSON_TYPE,):
             return Reject(415, f"unsupported Content-Type {self._content_type()!r}; "
                                 "send application/x-protobuf or application/json")
@@ -355,14 +447,19 @@ class _OtlpHandler(BaseHTTPRequestHandler):
             self._discard_input()
 
     def _reply_success(self, rejected: int, message: str) -> None:
-        response = ExportTraceServiceResponse()
+        signal = self._signal()
+        response, field, json_field = {
+            "traces": (ExportTraceServiceResponse(), "rejected_spans", "rejectedSpans"),
+            "metrics": (ExportMetricsServiceResponse(), "rejected_data_points", "rejectedDataPoints"),
+            "logs": (ExportLogsServiceResponse(), "rejected_log_records", "rejectedLogRecords"),
+        }[signal]
         content_type = self._content_type()
         if rejected:
-            response.partial_success.rejected_spans = rejected
+            setattr(response.partial_success, field, rejected)
             response.partial_success.error_message = message
         if content_type == JSON_TYPE:
             body = b"{}" if not rejected else orjson.dumps(
-                {"partialSuccess": {"rejectedSpans": str(rejected), "errorMessage": message}}
+                {"partialSuccess": {json_field: str(rejected), "errorMessage": message}}
             )
         else:
             body, content_type = response.SerializeToString(), "application/x-protobuf"

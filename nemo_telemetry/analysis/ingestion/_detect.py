@@ -19,15 +19,23 @@ JSON document) is bounded by ``max_record_bytes``, :data:`DEFAULT_MAX_REQUEST_BY
 and reading goes on after it. A compressed file is read as a stream, so its inflated size costs
 time, never more memory than one record: a decompression bomb costs only itself.
 
-The same look at a file's head tells whether it is also a metrics dump (the dump exporter's
-``metrics-*`` files) or a log dump (``logs-*``, or ``resourceLogs`` near its start):
-:func:`detect_dump`. Ingest then reads such a file once, for its spans, metrics and logs.
+- ``proto`` also covers a bare request: one serialized request without a length prefix (an
+  OTLP/HTTP request body saved as a file).
+
+The same look at a file's head tells which signals it holds, by content whatever its name
+(:func:`signals_of_head`): the ``resourceSpans`` / ``resourceMetrics`` / ``resourceLogs`` keys of
+JSON, and for protobuf the wire shape of the first span, metric or log record (each signal's
+request has the same outer layout; their items differ in field numbers and wire types). The
+name (``metrics-*``, ``logs-*``) only decides what the content cannot tell (an empty file).
+:func:`detect_dump` gives both; ingest then reads a file once, for its spans, metrics and logs,
+and never decodes a metrics or log request as a trace request.
 """
 
 from __future__ import annotations
 
 import gzip
 import io
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -49,8 +57,11 @@ __all__ = [
     "DumpFile",
     "detect_dump",
     "detect_format",
+    "signals_of_head",
     "is_metrics_dump",
     "is_log_dump",
+    "is_bare_request",
+    "proto_signal",
     "expand_inputs",
     "expand_inputs_found",
     "iter_records",
@@ -70,8 +81,8 @@ __all__ = [
 
 ACCEPTED_FORMATS = (
     "Collector file-exporter JSON lines, the Collector's length-prefixed protobuf (optionally "
-    "zstd per message), or a single OTLP/JSON document (e.g. a /v1/traces request body); "
-    "each optionally .gz or .zst compressed"
+    "zstd per message), a single OTLP/JSON document (e.g. a /v1/traces request body) or one bare "
+    "protobuf request; traces, metrics or logs; each optionally .gz or .zst compressed"
 )
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -83,18 +94,18 @@ _KEPT_BUFFER_BYTES = 3 * max(JSON_BLOCK_BYTES, PROTO_BLOCK_BYTES)  # a larger fr
 MAX_PROTO_RECORD = 1 << 30  # a larger length prefix means a corrupt or non-OTLP file
 _OTHER_SIGNALS = ("resourceMetrics", "resourceLogs", "resource_metrics", "resource_logs")
 _TRACES = ("resourceSpans", "resource_spans")
-_LOG_HEAD_BYTES = 256  # a log dump says resourceLogs within its first bytes
-_LOG_MARKERS = (b'"resourceLogs"', b'"resource_logs"')
 
 
 @dataclass(frozen=True)
 class DumpFile:
-    """An input file, its format, and whether it is also a metrics dump or a log dump."""
+    """An input file, its format, and which signals it holds: ``spans`` false for a protobuf
+    file of metrics or logs only, whose requests the span reader counts without decoding them."""
 
     path: Path
     format: str
     metrics: bool = False
     logs: bool = False
+    spans: bool = True
 
 
 @dataclass(frozen=True)
@@ -217,31 +228,207 @@ def detect_format(path: Path) -> str:
 
 def detect_dump(path: Path, fmt: str | None = None) -> DumpFile:
     """The format of ``path`` (``fmt`` when given, else detected as :func:`detect_format`
-    does) and whether it is a metrics or a log dump, from one look at its head."""
-    if fmt is not None:
-        return DumpFile(path, fmt, is_metrics_dump(path), is_log_dump(path))
-    head = _head(path)
-    return DumpFile(path, _format_of(head, path), is_metrics_dump(path), is_log_dump(path, head))
+    does) and which signals it holds (:func:`signals_of_head`), from one look at its head."""
+    try:
+        head = _head(path)
+    except IngestError:
+        if fmt is None:
+            raise
+        head = b""  # forced: the reader names the problem
+    fmt = fmt or _format_of(head, path)
+    signals = signals_of_head(head, fmt) or _signals_of_name(path)
+    # JSON records say their signal one by one (another signal's are counted by the span reader);
+    # protobuf requests do not, so a protobuf file of metrics or logs is not read for spans.
+    spans = "traces" in signals or fmt in ("json", "jsonl")
+    return DumpFile(path, fmt, "metrics" in signals, "logs" in signals, spans)
+
+
+def _signals_of_name(path: Path) -> frozenset[str]:
+    """What a file's name says when its content cannot tell: the dump exporter's ``metrics-*``
+    and ``logs-*`` files, else traces."""
+    if path.name.startswith("metrics-"):
+        return frozenset({"metrics"})
+    if path.name.startswith("logs-"):
+        return frozenset({"logs"})
+    return frozenset({"traces"})
+
+
+def signals_of_head(head: bytes, fmt: str | None = None) -> frozenset[str]:
+    """The signals (``traces``, ``metrics``, ``logs``) a file's decompressed ``head`` shows; empty
+    when it cannot tell (no request in it, or a protobuf item of no signal's shape). ``fmt``: the
+    head's format when known already."""
+    try:
+        fmt = fmt or _format_of(head, Path("head"))
+    except IngestError:
+        return frozenset()
+    if fmt in ("json", "jsonl"):
+        return _json_signals(head)
+    if fmt == "proto":
+        payload = _first_proto_request(head)
+        if payload[:1] in (b"{", b"["):
+            return _json_signals(payload)
+        signal = proto_signal(payload)
+        return frozenset({signal}) if signal else frozenset()
+    return frozenset()
+
+
+_JSON_SIGNAL_KEYS = re.compile(rb'(?:^|[{,\s])"resource_?([Ss]pans|[Mm]etrics|[Ll]ogs)"\s*:')
+_KEY_SIGNAL = {b"spans": "traces", b"metrics": "metrics", b"logs": "logs"}
+
+
+def _json_signals(text: bytes) -> frozenset[str]:
+    """The signals whose request key (``resourceSpans`` ...) opens an object in ``text``; a key
+    inside a string value (its quotes escaped) is not one."""
+    return frozenset(_KEY_SIGNAL[m.group(1).lower()] for m in _JSON_SIGNAL_KEYS.finditer(text))
+
+
+def _first_proto_request(head: bytes) -> bytes:
+    """The (start of the) first request of a protobuf head: after a length prefix, decompressed
+    when the Collector compressed it; the head itself for a bare request."""
+    if not is_bare_request(head):
+        head = head[4 : 4 + int.from_bytes(head[:4], "big")]
+    if head[:4] == _ZSTD_MAGIC:
+        try:
+            with zstandard.ZstdDecompressor().stream_reader(head) as reader:
+                return reader.read(_HEAD_BYTES)
+        except zstandard.ZstdError:
+            return b""
+    return head
+
+
+# Each signal's item (Span, Metric, LogRecord): field number -> wire type (0 varint, 1 fixed64,
+# 2 length-delimited, 5 fixed32), from the OTLP protos.
+_SPAN_WIRE = {1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 0, 7: 1, 8: 1, 9: 2, 10: 0, 11: 2, 12: 0, 13: 2, 14: 0, 15: 2, 16: 5}
+_METRIC_WIRE = {1: 2, 2: 2, 3: 2, 5: 2, 7: 2, 9: 2, 10: 2, 11: 2, 12: 2}
+_LOG_WIRE = {1: 1, 2: 0, 3: 2, 5: 2, 6: 2, 7: 0, 8: 5, 9: 2, 10: 2, 11: 1, 12: 2}
+_METRIC_DATA = (5, 7, 9, 10, 11)  # gauge, sum, histogram, exponential histogram, summary
+
+
+def proto_signal(request: bytes) -> str | None:
+    """The signal of a serialized OTLP export request (or its start): ``traces``, ``metrics``,
+    ``logs``, or None when it holds no item or its first item has no signal's shape.
+
+    The three requests nest alike (request -> resource -> scope -> items, each at field 1 then
+    2 then 2), so the first item decides: a span has its start and end times as fixed64 fields
+    7 and 8, a log record its times as fixed64 fields 1 and 11, a metric a name and its data
+    (gauge, sum ...) as messages."""
+    item = _first_item(request)
+    if not item:
+        return None
+    sizes = {number: len(value) for number, kind, value in item if kind == 2}
+    if _fits(item, _SPAN_WIRE) and (any(n in (7, 8) for n, _, _ in item) or (sizes.get(1), sizes.get(2)) == (16, 8)):
+        return "traces"  # its times, or else a trace id and a span id of their sizes
+    if _fits(item, _METRIC_WIRE) and _text(item, 1) and any(n in _METRIC_DATA for n, _, _ in item):
+        return "metrics"
+    if _fits(item, _LOG_WIRE):
+        return "logs"
+    return "traces" if _fits(item, _SPAN_WIRE) else None
+
+
+def _text(item: list, number: int) -> bool:
+    """Whether the item has field ``number`` and it is UTF-8 text (a metric's name)."""
+    values = [value for n, kind, value in item if n == number and kind == 2]
+    try:
+        return bool(values) and all(bytes(value).decode("utf-8") is not None for value in values)
+    except UnicodeDecodeError:
+        return False
+
+
+def _fits(item: list, wire: dict) -> bool:
+    return all(wire.get(number) == kind for number, kind, _ in item)
+
+
+def _first_item(request: bytes) -> list:
+    """``(field, wire type, value)`` of the first span, metric or log record of ``request``
+    (as far as the bytes go); [] when there is none or the bytes are no protobuf."""
+    view = memoryview(request)
+    for path in (1, 2, 2):  # resource_*, scope_*, the items
+        inner = next((value for number, kind, value in _wire_fields(view) if number == path and kind == 2), None)
+        if inner is None:
+            return []
+        view = inner
+    return list(_wire_fields(view))
+
+
+def _wire_fields(view: memoryview) -> Iterator[tuple[int, int, object]]:
+    """The fields of one message's bytes: ``(number, wire type, value)``, a length-delimited
+    value as a view (cut short where the bytes end); stops at the first malformed tag."""
+    pos, end = 0, len(view)
+    while pos < end:
+        tag, pos = _varint(view, pos)
+        if tag is None or tag >> 3 == 0:
+            return
+        number, kind = tag >> 3, tag & 7
+        if kind == 0:
+            value, pos = _varint(view, pos)
+            if value is None:
+                return
+        elif kind == 1 or kind == 5:
+            size = 8 if kind == 1 else 4
+            if pos + size > end:
+                return
+            value, pos = view[pos : pos + size], pos + size
+        elif kind == 2:
+            size, pos = _varint(view, pos)
+            if size is None:
+                return
+            value, pos = view[pos : min(pos + size, end)], pos + size
+        else:
+            return
+        yield number, kind, value
+
+
+def _varint(view: memoryview, pos: int) -> tuple[int | None, int]:
+    value = shift = 0
+    while pos < len(view) and shift < 64:
+        byte = view[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+    return None, pos
+
+
+def is_bare_request(head: bytes) -> bool:
+    """Whether a protobuf head is one request without a length prefix (a request body saved as a
+    file) rather than length-prefixed requests: read as a prefix, its first bytes would claim
+    a request that does not begin with a well-formed resource field (or ends past the head
+    when the head is the whole file)."""
+    if head[:1] != b"\x0a" or proto_signal(head) is None:
+        return False
+    if not _looks_like_proto_frame(head):
+        return True
+    length = int.from_bytes(head[:4], "big")
+    if len(head) < _HEAD_BYTES and 4 + length > len(head):
+        return True  # the whole file is shorter than the prefix would say
+    if head[4:8] == _ZSTD_MAGIC:
+        return False
+    fields = list(_wire_fields(memoryview(head)[4 : 4 + length]))
+    return not (fields and all(number == 1 and kind == 2 for number, kind, _ in fields))
 
 
 def is_metrics_dump(path: Path) -> bool:
-    """A file the dump exporter wrote metrics to: its name starts with ``metrics-``."""
-    return path.name.startswith("metrics-")
+    """A metrics dump: ``resourceMetrics`` (or a protobuf metric) in its head, or, when the content
+    cannot tell, a name starting ``metrics-``. A file that cannot be read is not one."""
+    return _is_signal_dump(path, "metrics")
 
 
 def is_log_dump(path: Path, head: bytes | None = None) -> bool:
-    """A log dump: named ``logs-*``, or ``resourceLogs`` in its first bytes (``head``: the
-    decompressed start of the file, when read already). A file that cannot be read is not one
-    (the trace reader names its problem)."""
-    if path.name.startswith("logs-"):
-        return True
+    """A log dump: ``resourceLogs`` (or a protobuf log record) in its head (``head``: the
+    decompressed start of the file, when read already), or, when the content cannot tell, a
+    name starting ``logs-``. A file that cannot be read is not one (the trace reader names its
+    problem)."""
+    return _is_signal_dump(path, "logs", head)
+
+
+def _is_signal_dump(path: Path, signal: str, head: bytes | None = None) -> bool:
     if head is None:
         try:
             head = _head(path)
         except Exception:  # OSError, or not compressed as it claims
             return False
-    start = head[:_LOG_HEAD_BYTES]
-    return any(marker in start for marker in _LOG_MARKERS)
+    return signal in (signals_of_head(head) or _signals_of_name(path))
 
 
 def _head(path: Path) -> bytes:
@@ -265,7 +452,7 @@ def _format_of(head: bytes, path: Path) -> str:
             return "json"
         _check_first_json_line(first_line, path)
         return "jsonl"
-    if _looks_like_proto_frame(head):
+    if _looks_like_proto_frame(head) or is_bare_request(head):
         return "proto"
     if any(line.lstrip().startswith(b'{"resource') for line in head.split(b"\n")[1:]):
         return "jsonl"  # a garbage first line in front of JSON lines: reported when read
@@ -301,12 +488,16 @@ def iter_records(
     buffers: ReadBuffers | None = None,
     data: bytes | None = None,
     max_record_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    spans: bool = True,
 ) -> Iterator[Record]:
     """Every request of ``path`` in order (whole lines and plain protobuf frames in blocks);
     ``fmt`` overrides detection. Blocks are read into ``buffers`` when given (the caller gives
     each block's ``storage`` back once it is done with it), else into fresh memory. ``data``:
     the file's bytes when the caller read them already (for its metrics or logs too). A line,
-    frame or document longer than ``max_record_bytes`` (decompressed) is rejected and named."""
+    frame or document longer than ``max_record_bytes`` (decompressed) is rejected and named.
+    ``spans=False`` (a protobuf file of another signal, :attr:`DumpFile.spans`): its protobuf
+    requests come as ``other-signal`` records (payload: the bytes), one per request, for the
+    span reader to count, never to decode as trace requests."""
     stream, counter = open_decompressed(path, data)
     with stream:
         fmt = fmt or _format_of(_peek(stream, path), path)
@@ -315,13 +506,38 @@ def iter_records(
         readers = {"jsonl": _json_lines, "proto": _proto_frames, "json": _json_document}
         if fmt not in readers:
             raise IngestError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        reader = readers[fmt]
+        if fmt == "proto" and is_bare_request(_peek(stream, path)):
+            reader = _bare_request
         try:
-            for record in readers[fmt](stream, path, buffers or ReadBuffers(), max_record_bytes):
-                yield record
+            for record in reader(stream, path, buffers or ReadBuffers(), max_record_bytes):
+                if not spans and record.kind in ("traces", "protobuf-frames") and not isinstance(record.payload, dict):
+                    yield from _other_signal(record)
+                else:
+                    yield record
                 if on_bytes is not None:
                     on_bytes(counter.count)
         except (OSError, EOFError, zstandard.ZstdError) as exc:
             yield Record("rejected", f"{path}", f"the rest of the file cannot be decompressed ({exc})")
+
+
+def _other_signal(record: Record) -> Iterator[Record]:
+    """The requests of a protobuf record as ``other-signal`` records (a block gives its buffer up)."""
+    if record.kind == "traces":
+        yield Record("other-signal", record.where, record.payload)
+        return
+    block = record.payload
+    for index in range(len(block.starts)):
+        yield Record("other-signal", block.where(index), None)
+
+
+def _bare_request(stream: BinaryIO, path: Path, buffers: ReadBuffers, limit: int) -> Iterator[Record]:
+    """A file that is one protobuf request without a length prefix (a request body saved)."""
+    data = stream.read(limit + 1)
+    if len(data) > limit:
+        yield Record("rejected", f"{path}", over_bound("protobuf request", limit))
+        return
+    yield Record("traces", f"{path}: request 1", data)
 
 
 def _classify(doc: object, where: str) -> Record:

@@ -1,7 +1,9 @@
-"""``collect``: an OTLP/HTTP trace receiver that commits what it receives to a dataset.
+"""``collect``: an OTLP/HTTP receiver that commits what it receives to a dataset.
 
-``POST /v1/traces`` with protobuf (``application/x-protobuf``) or JSON (``application/json``)
-bodies, optionally ``Content-Encoding: gzip`` (every member decoded; a body cut short, or with
+``POST /v1/traces``, ``/v1/metrics`` and ``/v1/logs`` with protobuf (``application/x-protobuf``)
+or JSON (``application/json``) bodies (spans to the dataset's span tables, data points and log
+records to its ``metrics/`` and ``logs/`` tables, read by ``read_metrics`` / ``read_logs`` as
+``ingest``'s are; a body that is not a request of the endpoint's signal is answered 400), optionally ``Content-Encoding: gzip`` (every member decoded; a body cut short, or with
 bytes after its last member, refused), sized by ``Content-Length`` or sent
 ``Transfer-Encoding: chunked`` (``Expect: 100-continue`` answered). A request is answered 200
 only once its spans are committed on disk: requests that arrive while a commit is running wait
@@ -54,6 +56,7 @@ from nemo_telemetry.analysis.ingestion._collect_http import (
     ListeningServer,
     Reject,
     decode_body,
+    decode_request,
     handler_for,
     problems_message,
 )
@@ -108,6 +111,10 @@ class CollectSummary:
     unwritten_spans: int = 0
     write_error: str = ""
     failed_handshakes: int = 0
+    metric_points: int = 0
+    logs: int = 0
+    rejected_metric_points: int = 0
+    rejected_logs: int = 0
 
 
 
@@ -371,32 +378,36 @@ class CollectorServer:
         with self._lock:
             return CollectSummary(**self._counts)
 
-    def accept(self, body: bytes, content_type: str) -> int:
-        """Decode one request body and commit its spans; return how many spans were rejected."""
-        return self._accept(body, content_type)[0]
+    def accept(self, body: bytes, content_type: str, signal: str = "traces") -> int:
+        """Decode one request body of ``signal`` (``traces``, ``metrics``, ``logs``) and commit it;
+        return how many of its spans, data points or log records were rejected."""
+        return self._accept(body, content_type, signal)[0]
 
-    def _accept(self, body: bytes, content_type: str) -> tuple[int, str]:
-        """:meth:`accept`, and why spans were rejected alone (the partial success's message).
-        Raises ``Reject``: 400 for a body that
-        does not decode or spans the writer refuses, 503 when the write fails (the disk's
-        fault: the exporter sends it again)."""
-        tables, problems = decode_body(body, content_type)
+    def _accept(self, body: bytes, content_type: str, signal: str = "traces") -> tuple[int, str]:
+        """:meth:`accept`, and why items were rejected alone (the partial success's message).
+        Raises ``Reject``: 400 for a body that does not decode, is not a request of ``signal``, or
+        that the writer refuses, 503 when the write fails (the disk's fault: the exporter sends
+        it again)."""
+        decoded = decode_request(body, content_type, signal)
+        problems = decoded.problems
 
         def count(n: int) -> None:
             problems.extend(["a span with a malformed trace or span id"] * n)
 
-        tables = drop_malformed_ids(tables, count)
-        ticket = self._committer.submit(tables)
+        tables = drop_malformed_ids(decoded.tables, count)
+        ticket = self._committer.submit(tables, decoded.files)
         ticket.done.wait()
+        rejected = {"traces": "rejected_spans", "metrics": "rejected_metric_points", "logs": "rejected_logs"}[signal]
         if isinstance(ticket.error, OSError):
             raise Reject(503, f"cannot write the dataset ({describe_failure(ticket.error)}); retry later")
         if ticket.error is not None:
+            rows = tables.spans.num_rows + sum(table.num_rows for _, table in decoded.files)
             with self._lock:
-                self._counts["rejected_spans"] += tables.spans.num_rows + len(problems)
-            raise Reject(400, f"the request's spans cannot be stored ({describe_failure(ticket.error)})")
+                self._counts[rejected] += rows + len(problems)
+            raise Reject(400, f"the request's {signal} cannot be stored ({describe_failure(ticket.error)})")
         with self._lock:
             self._counts["requests"] += 1
-            self._counts["rejected_spans"] += len(problems)
+            self._counts[rejected] += len(problems)
         return len(problems), problems_message(problems)
 
     def _count(self, name: str) -> None:

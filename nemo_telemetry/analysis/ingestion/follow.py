@@ -40,6 +40,8 @@ from nemo_telemetry.analysis.ingestion._detect import (
     classify_document,
     format_of_head,
     frame_size,
+    is_bare_request,
+    signals_of_head,
     json_lines_block,
     over_bound,
     split_frames,
@@ -119,7 +121,8 @@ class _Followed:
     seen: tuple = ()  # (size, mtime_ns) when last read
     inflater: _Inflater | None = None
     compression: str | None = None  # None: not decided; "": plain
-    fmt: str | None = None  # jsonl, proto, json; None: not decided; "done": nothing more to read
+    fmt: str | None = None  # jsonl, proto, bare, json; None: not decided; "done": nothing more to read
+    spans: bool = True  # False: protobuf of metrics or logs only, its requests counted, not decoded
     pending: bytearray = field(default_factory=bytearray)  # inflated bytes not yet taken as records
     number: int = 1  # the line or record number of ``pending[0]``
     base: int = 0  # the inflated offset of ``pending[0]``
@@ -335,6 +338,8 @@ class DumpFollower:
             self._frames(followed, final)
         elif followed.fmt == "json":
             self._document(followed, final)
+        elif followed.fmt == "bare" and (final or len(followed.pending) > self.max_record_bytes):
+            self._bare(followed)
 
     def _decide_format(self, followed: _Followed, final: bool) -> bool:
         head = bytes(followed.pending[:_DETECT_BYTES])
@@ -342,7 +347,9 @@ class DumpFollower:
         if not stripped:
             return False
         json_like = stripped[:1] in (b"{", b"[")
-        enough = len(head) >= _DETECT_BYTES or (b"\n" in stripped[1:] if json_like else len(head) >= 8)
+        # A head that may be a bare protobuf request is judged whole (its first item tells it).
+        short = 8 if head[:1] != b"\x0a" else _DETECT_BYTES
+        enough = len(head) >= _DETECT_BYTES or (b"\n" in stripped[1:] if json_like else len(head) >= short)
         if not (enough or final):
             return False
         try:
@@ -351,6 +358,9 @@ class DumpFollower:
             self._pipeline.skip_files([f"{exc} Skipped (found in the followed directory {self.root})."])
             followed.fmt, followed.pending = "done", bytearray()
             return False
+        if followed.fmt == "proto":
+            followed.spans = "traces" in (signals_of_head(head, "proto") or {"traces"})
+            followed.fmt = "bare" if is_bare_request(head) else "proto"
         self._pipeline.counts["files"] += 1
         return True
 
@@ -361,9 +371,23 @@ class DumpFollower:
         buffer[:size] = memoryview(pending)[:size]
         return buffer
 
-    def _add(self, records) -> None:
+    def _add(self, records, spans: bool = True) -> None:
         for record in records:
-            self._pipeline.add_record(record.kind, record.where, record.payload)
+            if not spans and record.kind == "protobuf-frames":  # metrics or logs: counted, not decoded
+                for index in range(len(record.payload.starts)):
+                    self._pipeline.add_record("other-signal", record.payload.where(index), None)
+            elif not spans and record.kind == "traces" and not isinstance(record.payload, dict):
+                self._pipeline.add_record("other-signal", record.where, None)
+            else:
+                self._pipeline.add_record(record.kind, record.where, record.payload)
+
+    def _bare(self, followed: _Followed) -> None:
+        """A file that is one protobuf request (no length prefix), taken at its end."""
+        if len(followed.pending) > self.max_record_bytes:
+            self._add([Record("rejected", f"{followed.path}", over_bound("protobuf request", self.max_record_bytes))])
+        else:
+            self._add([Record("traces", f"{followed.path}: request 1", bytes(followed.pending))], followed.spans)
+        followed.fmt, followed.pending = "done", bytearray()
 
     def _lines(self, followed: _Followed, final: bool) -> None:
         pending, limit = followed.pending, self.max_record_bytes
@@ -384,9 +408,9 @@ class DumpFollower:
             pending = followed.pending
             block, records, frames, used, problem = split_frames(followed.path, self._copy(pending, len(pending)),
                                                                  len(pending), followed.number, followed.base, limit)
-            self._add(records)
+            self._add(records, followed.spans)
             if block is not None:
-                self._add([Record("protobuf-frames", block.where(0), block)])
+                self._add([Record("protobuf-frames", block.where(0), block)], followed.spans)
             del pending[:used]
             followed.number, followed.base = followed.number + frames, followed.base + used
             where = f"{followed.path}: record {followed.number} (byte {followed.base})"

@@ -105,9 +105,9 @@ class IngestSummary:
     runs: int = 0
     duplicates_dropped: int = 0
     rejected_records: int = 0
-    skipped_records: int = 0  # metrics requests: not traces, not errors (log requests are in ``logs``)
+    skipped_records: int = 0  # requests of other signals: not traces, not errors (log requests are in ``logs``)
     skipped_files: int = 0  # files inside an input directory that are not OTLP (each named in warnings)
-    metric_points: int = 0  # data points of metrics-* dump files, written to DATASET/metrics
+    metric_points: int = 0  # data points of metrics dumps (told by content), written to DATASET/metrics
     logs: int = 0  # log records of log dump files, written to DATASET/logs
     warnings: tuple[str, ...] = ()
 
@@ -151,8 +151,9 @@ class IngestPipeline:
     buffers: ReadBuffers = field(default_factory=ReadBuffers)  # blocks are read into these, reused
     max_record_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # a longer line, frame or document is rejected
 
-    def add_file(self, path: Path, fmt: str | None, data: bytes | None = None) -> None:
-        """Decode the spans of ``path`` (``data``: its bytes, when read already)."""
+    def add_file(self, path: Path, fmt: str | None, data: bytes | None = None, spans: bool = True) -> None:
+        """Decode the spans of ``path`` (``data``: its bytes, when read already; ``spans=False``: a
+        protobuf file of metrics or logs, whose requests are counted, not decoded)."""
         self.counts["files"] += 1
         done = [0]
 
@@ -162,7 +163,7 @@ class IngestPipeline:
                 self.progress(self.bytes_before + count, self.counts["spans"] + len(self.cols))
 
         records = iter_records(path, fmt, on_bytes=on_bytes, buffers=self.buffers, data=data,
-                               max_record_bytes=self.max_record_bytes)
+                               max_record_bytes=self.max_record_bytes, spans=spans)
         for record in records:
             self.add_record(record.kind, record.where, record.payload)
         self.bytes_before += path.stat().st_size
@@ -448,7 +449,7 @@ def ingest(
         pipeline.skip_files(skipped)
         signals = SignalDumps(max_record_bytes=max_request_bytes)
         for dump in files:
-            pipeline.add_file(dump.path, dump.format, signals.read(dump))
+            pipeline.add_file(dump.path, dump.format, signals.read(dump), dump.spans)
         summary = signals.stage(writer, pipeline.summary())
     except BaseException:
         writer.abort()  # nothing of this ingest becomes visible; its start stays recorded
@@ -523,10 +524,10 @@ def load_traces(source: Source, *, format: str | None = None) -> TraceTables:
     summary = IngestSummary()
     if raw:
         pipeline = IngestPipeline(lambda tables: _keep(parts, tables), dedup=SpanDeduplicator())
-        files, skipped = raw_files(raw, format)
+        files, skipped = dump_files_detected(raw, format)
         pipeline.skip_files(skipped)
-        for path, fmt in files:
-            pipeline.add_file(path, fmt)
+        for dump in files:
+            pipeline.add_file(dump.path, dump.format, spans=dump.spans)
         summary = pipeline.summary()
     tables = OtlpTables.concat(parts)
     return TraceTables(tables.spans, tables.events, tables.links, summary)

@@ -1,10 +1,11 @@
 """The logs table: OTLP log dumps in, one row per log record out, with the span it was logged in.
 
 Inputs are what :class:`~nemo_telemetry.instrument.DumpLogExporter` and the Collector's file
-exporter write: JSON lines of ``ExportLogsServiceRequest`` (``resourceLogs``), or a single
-OTLP/JSON document, each optionally gzip or zstd compressed. A file is a log dump when its name
-starts with ``logs-`` or its first record is a ``resourceLogs`` request; lines of other signals
-in it are left to their own readers. A malformed line or record is counted and named (file,
+exporter write: JSON lines of ``ExportLogsServiceRequest`` (``resourceLogs``), a single
+OTLP/JSON document, or protobuf (length-prefixed requests, or one bare request), each optionally
+gzip or zstd compressed. A file is a log dump when its content says so (``resourceLogs``, or a
+protobuf log record, near its start; the name ``logs-*`` only when the content cannot tell);
+lines of other signals in it are left to their own readers. A malformed line or record is counted and named (file,
 line, field) and costs only itself. ``ingest`` writes the table to ``DATASET/logs/``.
 """
 
@@ -28,7 +29,7 @@ from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string
 from nemo_telemetry.errors import IngestError
 
 __all__ = ["LOGS_SCHEMA", "LogReadResult", "DatasetLogFiles", "read_logs", "read_log_dumps", "log_dump_files",
-           "dataset_log_files"]
+           "dataset_log_files", "request_logs"]
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
 _attr_map = pa.map_(pa.string(), pa.string())
@@ -136,10 +137,33 @@ def _documents(path: Path, problems: list[str], data: bytes | None = None,
             buffers.give(record.payload.storage)
         elif record.kind == "rejected":
             problems.append(f"{record.where}: {record.payload}")
-        elif record.kind == "protobuf-frames" or not isinstance(record.payload, dict):
-            problems.append(f"{record.where}: protobuf; log dumps are read as JSON only")
+        elif record.kind == "protobuf-frames":
+            for index in range(len(record.payload.starts)):
+                yield from _proto_document(record.payload.where(index), record.payload.payload(index), problems)
+            buffers.give(record.payload.storage)
+        elif isinstance(record.payload, (bytes, bytearray, memoryview)):
+            yield from _proto_document(record.where, bytes(record.payload), problems)
+        elif not isinstance(record.payload, dict):
+            problems.append(f"{record.where}: not an OTLP request object")
         else:
             yield record.where, record.payload
+
+
+def _proto_document(where: str, payload: bytes, problems: list[str]) -> Iterator[tuple[str, Any]]:
+    """A protobuf ``ExportLogsServiceRequest`` as its OTLP/JSON document (ids in base64, which
+    the record decoder reads as it reads them in JSON), so that one decoder serves both."""
+    from google.protobuf.json_format import MessageToDict
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+    try:
+        request = ExportLogsServiceRequest.FromString(payload)
+    except (DecodeError, RecursionError) as exc:
+        problems.append(f"{where}: not a protobuf ExportLogsServiceRequest ({exc})")
+        return
+    doc = MessageToDict(request)
+    doc.setdefault("resourceLogs", [])
+    yield where, doc
 
 
 def _line_documents(block: JsonLines, problems: list[str]) -> Iterator[tuple[str, Any]]:
@@ -381,3 +405,22 @@ def dataset_log_files(dumps: Iterable[tuple[Path, bytes]],
         out.append((f"logs/{hashlib.sha1(data).hexdigest()[:20]}.parquet", result.table))
         written += result.table.num_rows
     return DatasetLogFiles(tuple(out), written, requests, tuple(problems))
+
+
+def request_logs(body: bytes, *, json_body: bool) -> tuple[pa.Table, tuple[str, ...]]:
+    """The log records of one ``ExportLogsServiceRequest`` body (``collect``'s ``/v1/logs``;
+    ``json_body``: OTLP/JSON, else protobuf), and each bad record left out (as in a dump).
+    ValueError naming the fault when the body is no logs request at all."""
+    rows, problems, unreadable = _Rows(), [], []
+    if json_body:
+        try:
+            docs = [("request", orjson.loads(body))]
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"not JSON ({exc})") from None
+    else:
+        docs = list(_proto_document("request", body, unreadable)) if body else []
+    for where, doc in docs:
+        _decode(doc, where, rows, problems, unreadable)
+    if unreadable:
+        raise ValueError(unreadable[0].removeprefix("request: "))
+    return rows.table(), tuple(problems)

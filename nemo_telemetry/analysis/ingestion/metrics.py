@@ -2,8 +2,9 @@
 
 Inputs are what :class:`~nemo_telemetry.instrument._metrics_dump.DumpMetricExporter` and the
 Collector's file exporter write: JSON lines of ``ExportMetricsServiceRequest`` (``resourceMetrics``),
-a single OTLP/JSON document, or the Collector's length-prefixed protobuf; each optionally gzip or
-zstd compressed. A directory means every ``metrics-*`` file in it. Lines of other signals
+a single OTLP/JSON document, or protobuf (the Collector's length-prefixed requests, or one bare
+request); each optionally gzip or zstd compressed. A directory means every metrics dump in it,
+told by content whatever its name (:func:`~._detect.is_metrics_dump`). Lines of other signals
 (``resourceSpans``, ``resourceLogs``) are skipped; a malformed line is counted and skipped (or
 raised with ``strict=True``), never the end of the good ones. The counts are in the table's
 schema metadata (:data:`SKIPPED_KEY`, :data:`MALFORMED_KEY`, :data:`FIRST_PROBLEM_KEY`).
@@ -51,6 +52,7 @@ __all__ = [
     "dataset_metric_file",
     "MetricFilePoints",
     "dataset_metric_points",
+    "request_points",
 ]
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
@@ -139,7 +141,7 @@ class _Columns:
 def read_metrics(source: str | Path | Iterable[str | Path], *, strict: bool = False,
                  contents: Iterable[bytes | None] | None = None,
                  max_record_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> pa.Table:
-    """The metrics table of ``source``: a dump file, a directory of ``metrics-*`` files, a dataset
+    """The metrics table of ``source``: a dump file, a directory of metrics dumps, a dataset
     directory (the ``metrics/`` table ``ingest`` wrote), or several.
 
     Raises IngestError for a path that does not exist or cannot be read, and (with ``strict``)
@@ -622,7 +624,7 @@ def _empty_by_step() -> pa.Table:
 
 
 def _metric_dump_files(path: Path) -> list[Path]:
-    """The dump exporter's metrics files in ``path`` (a directory) or ``path`` itself."""
+    """The metrics dumps in ``path`` (a directory; told by content) or ``path`` itself."""
     if path.is_dir():
         return sorted(p for p in path.iterdir() if is_metrics_dump(p) and p.is_file())
     return [path] if path.is_file() and is_metrics_dump(path) else []
@@ -632,7 +634,7 @@ def metrics_for_source(source: str | Path | Iterable[str | Path]) -> pa.Table | 
     """The metrics that came with a spans ``source``, or None when it has none.
 
     A dataset directory keeps them in ``metrics/`` (written by ``ingest``); raw dumps have them
-    in ``metrics-*`` files beside the ``traces-*`` files.
+    in metrics dumps beside the trace dumps (``metrics-*`` files, or any told by content).
     """
     from nemo_telemetry.analysis.store.dataset import read_dataset
     from nemo_telemetry.analysis.store.sources import split_sources
@@ -672,6 +674,25 @@ def dataset_metric_points(path: Path, data: bytes,
     relative = f"metrics/{hashlib.sha1(data).hexdigest()[:20]}.parquet"
     return MetricFilePoints((relative, table.replace_schema_metadata(None)) if table.num_rows else None,
                             tuple(counts.inside))
+
+
+def request_points(body: bytes, *, json_body: bool) -> tuple[pa.Table, tuple[str, ...]]:
+    """The data points of one ``ExportMetricsServiceRequest`` body (``collect``'s ``/v1/metrics``;
+    ``json_body``: OTLP/JSON, else protobuf), and each bad part left out (a point with a bad field
+    costs only itself, as in a dump). ValueError naming the fault when the body is no metrics
+    request at all (not JSON, not protobuf, no ``resourceMetrics``)."""
+    cols, counts = _Columns(), _Counts()
+    where = "request"
+    if json_body:
+        docs = _json_line(where, body, counts, False)
+        requests = list(_json_doc_requests(docs, counts, False)) if docs and docs[0][1] != {} else []
+    else:
+        requests = list(_proto_request(where, body, counts, False)) if body else []
+    if counts.malformed > len(counts.inside):  # the body itself, not a part of it
+        raise ValueError(counts.first_problem.removeprefix(f"{where}: "))
+    for at, request in requests:
+        _decode_request(request, cols, at, counts, False)
+    return cols.to_table(counts).replace_schema_metadata(None), tuple(counts.inside)
 
 
 def dataset_metric_file(path: Path, data: bytes) -> tuple[str, pa.Table] | None:

@@ -141,7 +141,7 @@ def test_bad_payload_is_400_with_a_message(collector, body, headers, message):
 
 
 def test_wrong_path_and_content_type(collector, request_body):
-    assert httpx.post(collector.url + "/v1/metrics", content=b"", headers=PROTOBUF).status_code == 404
+    assert httpx.post(collector.url + "/v1/profiles", content=b"", headers=PROTOBUF).status_code == 404
     assert httpx.post(collector.traces_url, content=b"x", headers={"Content-Type": "text/plain"}).status_code == 415
 
 
