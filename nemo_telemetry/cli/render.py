@@ -16,11 +16,11 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from nemo_telemetry.analysis import BUCKETS, SEVERITIES, CheckReport, RunGoodput, Waterfall, compare_runs
+from nemo_telemetry.analysis import BUCKETS, SEVERITIES, CheckReport, RunGoodput, SpanCensus, Waterfall, compare_runs
 
 __all__ = ["BUCKET_STYLES", "UNATTRIBUTED_STYLE", "UNBUCKETED_STYLE", "SEVERITY_STYLES", "CRITICAL_MARK", "BAR_WIDTH",
            "NO_STEPS_NOTE", "FAILED_MARK", "MEASUREMENTS", "step_bar", "bar_width_for", "render_run", "render_report", "format_duration",
-           "render_waterfall", "print_waterfall", "render_monitor"]
+           "render_waterfall", "print_waterfall", "render_monitor", "render_census", "run_words"]
 
 BUCKET_STYLES = {"productive": "green", "overhead": "yellow", "idle": "blue", "wasted": "red"}
 UNATTRIBUTED_STYLE = "grey50"
@@ -72,15 +72,34 @@ def _pct(value: float | None) -> str:
 _HEADERS = {"productive": "prod", "overhead": "ovhd", "idle": "idle", "wasted": "waste"}
 
 
+def run_words(run_id: str | None) -> str:
+    """How a run is named in a heading: by its id, or as the spans that carry none."""
+    return f"run {_run_label(run_id)}"
+
+
+def _run_label(run_id: str | None) -> str:
+    return run_id if run_id is not None else "(no nemo.run.id)"
+
+
+def render_census(census: SpanCensus | None, source) -> Group:
+    """What a source with no run to report holds (goodput's answer when it has no step)."""
+    notes = census.notes() if census is not None else []
+    if not notes:
+        return Group(Text(f"no step spans and no bucketed spans in {source}", style="yellow"))
+    counts = Text(f"{source}: {census.spans:,} spans, {census.rl_spans:,} with an rl.* attribute, "
+                  f"{census.step_spans:,} step spans", style="bold")
+    return Group(counts, *(Text(f"{code}: {message}", style="yellow") for code, _, message in notes))
+
+
 def render_run(run: RunGoodput, baseline: tuple[RunGoodput, ...] = (), *, bar_width: int = BAR_WIDTH) -> Group:
     """The run's table (a row per step or per rank, and the total), then what fell outside the steps.
 
     A run without step spans gets, instead of an empty table, the reason and the group to enable.
     """
     if run.steps.num_rows == 0:
-        return Group(Text(NO_STEPS_NOTE.format(run=run.run_id), style="yellow"), *_run_notes(run, baseline))
+        return Group(Text(NO_STEPS_NOTE.format(run=_run_label(run.run_id)), style="yellow"), *_run_notes(run, baseline))
     rows = (run.ranks if run.ranks is not None else run.steps).to_pylist()
-    table = Table(title=f"run {run.run_id}: goodput per {'rank' if run.ranks is not None else 'step'} (seconds)",
+    table = Table(title=f"{run_words(run.run_id)}: goodput per {'rank' if run.ranks is not None else 'step'} (seconds)",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
     first = ("process",) if run.ranks is not None else ("step",)
     # numbers never wrap or shrink; with --by rank the table is printed as wide as its longest service name
@@ -227,7 +246,7 @@ def _run_notes(run: RunGoodput, baseline: tuple[RunGoodput, ...]) -> list:
 
 
 def _baseline_table(run: RunGoodput, other: RunGoodput, diff: dict) -> Table:
-    table = Table(title=f"mean step: run {run.run_id} against baseline {other.run_id}", title_justify="left")
+    table = Table(title=f"mean step: {run_words(run.run_id)} against baseline {_run_label(other.run_id)}", title_justify="left")
     for name in ("", "current", "baseline", "delta"):
         table.add_column(name, justify="right")
     for key, values in diff.items():
@@ -474,7 +493,7 @@ def render_monitor(view, *, bar_width: int = BAR_WIDTH) -> Group:
     findings; spans received and their rate."""
     parts: list = []
     for run in view.runs:
-        table = Table(title=f"run {run.run_id}: {run.steps} steps, goodput {_pct(run.total['goodput'])}, "
+        table = Table(title=f"{run_words(run.run_id)}: {run.steps} steps, goodput {_pct(run.total['goodput'])}, "
                             f"last {run.rolling_steps} steps {_pct(run.rolling_goodput)}",
                       title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
         for name in ("step", "wall", *BUCKETS, "unattr", "goodput"):

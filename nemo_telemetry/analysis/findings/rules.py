@@ -47,13 +47,16 @@ from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 __all__ = ["RowFacts", "row_traces", "rows_in_traces", "SPAN_CODES", "ANCHOR_REGEX", "STANDALONE_GROUPS", "offenders",
            "BATCH_FINDING_CODES", "batch_offenders", "catalogue_name_sets",
            "group_name_codes", "anchor_rows", "overlap_partial", "overlapping_steps", "detached_partial", "loose_rows", "detached_counts",
-           "detached_traces", "FAILED_SPANS", "failed_partial", "failed_spans"]
+           "detached_traces", "FAILED_SPANS", "failed_partial", "failed_spans", "REMOTE_PARENT_KINDS", "remote_parent"]
 
 _FEW_TRACES = 4  # anchored traces up to which rows_in_traces compares keys instead of hashing them
 
 # The span-level codes, in the order check_run writes them.
 SPAN_CODES = ("invalid-interval", "unknown-bucket", "umbrella-bucket", "nested-bucket", "unstamped-span",
-              "orphan-span")
+              "orphan-span", "remote-parent")
+# Kinds of span whose parent lives in another process by OpenTelemetry's semantics (the caller's
+# client or producer span): missing, that parent is outside the data, not a lost in-process span.
+REMOTE_PARENT_KINDS = ("server", "consumer")
 ANCHOR_REGEX = f"{JOB_SPAN_REGEX}|{STEP_SPAN_REGEX}"  # the spans that make a trace part of the run's steps
 # Groups whose root spans are separate traces by design (seed 000: startup closes before the job
 # opens; worker __init__ spans are opened before any call carries context).
@@ -116,12 +119,25 @@ def rows_in_traces(arrays: SpanArrays, traces: np.ndarray) -> np.ndarray:
 def offenders(facts: RowFacts) -> dict[str, np.ndarray]:
     """Each span-level code's offending rows of the batch (ascending)."""
     walked = facts.walked
+    orphans = np.flatnonzero(facts.orphan & facts.keep)
+    remote = remote_parent(facts.arrays, orphans)
     return {
         **batch_offenders(facts.arrays, facts.keep),
         "nested-bucket": walked[facts.walked_ancestor >= 0],
         "unstamped-span": walked[~facts.walked_stamped],
-        "orphan-span": np.flatnonzero(facts.orphan & facts.keep),
+        "orphan-span": orphans[~remote],
+        "remote-parent": orphans[remote],
     }
+
+
+def remote_parent(arrays: SpanArrays, rows: np.ndarray) -> np.ndarray:
+    """Which of ``rows`` (orphans: few) have a remote parent: a server or consumer span (its
+    ``kind``; False where the kind was not read)."""
+    if len(rows) == 0 or "kind" not in arrays.table.column_names:
+        return np.zeros(len(rows), dtype=bool)
+    kinds = arrays.table.column("kind").take(pa.array(rows, pa.int64())).cast(pa.string())
+    hit = pc.is_in(kinds, value_set=pa.array(REMOTE_PARENT_KINDS, pa.string()))
+    return np.asarray(pc.fill_null(hit, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 BATCH_FINDING_CODES = ("invalid-interval", "unknown-bucket", "umbrella-bucket")

@@ -307,8 +307,9 @@ def test_finding_dict_has_the_contract_keys():
     step = t.span("rl.grpo.step", 0, 10, iteration=1)
     t.span("rl.grpo.policy_training", 0, 10, step, iteration=1, bucket="bogus")
     data = check_run(t.table()).to_dict()
-    assert set(data) == {"findings", "counts"}
+    assert set(data) == {"findings", "counts", "data"}  # data: what the source holds (the census)
     assert {"code", "severity", "message", "trace_id", "span_ids", "iteration"} <= set(data["findings"][0])
+    assert data["data"]["found"] == "steps" and (data["data"]["spans"], data["data"]["step_spans"]) == (2, 1)
 
 
 @emits("step-without-iteration")
