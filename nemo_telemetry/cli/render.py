@@ -315,12 +315,12 @@ def render_waterfall(shown: Waterfall, *, width: int = 160) -> _Lines:
     name_width = min(max(len(p) + len(label) for p, label in zip(prefixes, labels)), 64)
     bar_width = max(10, min(60, width - name_width - 50))
     t0, span_ns = shown.window_start_ns, max(shown.window_ns, 1)
-    last_run = object()
+    last_heading = None
     for i in range(n):
-        if rows["depth"][i] == 0 and rows["run_id"][i] != last_run:
-            last_run = rows["run_id"][i]
+        if rows["depth"][i] == 0 and rows["heading"][i] != last_heading:
+            last_heading = rows["heading"][i]
             out.newline()
-            out.add(_clean(f"run {last_run}"), "bold underline")
+            out.add(_clean(last_heading), "bold underline")
         style = _bucket_style(rows["bucket"][i])
         out.newline()
         out.add((CRITICAL_MARK if rows["on_critical_path"][i] else " ") + " ", "bold magenta")
@@ -332,7 +332,7 @@ def render_waterfall(shown: Waterfall, *, width: int = 160) -> _Lines:
         out.add(_bar(bar_width, (rows["start_ns"][i] - t0) / span_ns, (rows["end_ns"][i] - t0) / span_ns), style)
         out.add(f" {format_duration(rows['duration_ns'][i]):>7} ")
         out.add(f"{rows['bucket'][i] or 'unbucketed':<10}", style)
-        notes = _notes(rows, i)
+        notes = _notes(rows, i, shown.trace_digits)
         where = f" {_clean(_where(rows, i)):<12}"
         out.add(where if notes else where.rstrip())
         for note, note_style in notes:
@@ -400,7 +400,7 @@ def _where(rows: dict, i: int) -> str:
     return f"{service or '?'}" + (f"/{rank}" if rank is not None else "")
 
 
-def _notes(rows: dict, i: int) -> list[tuple[str, str]]:
+def _notes(rows: dict, i: int, digits: int) -> list[tuple[str, str]]:
     """(text, style) pieces after the fixed columns: collapse stats, orphan, error, trace, tags."""
     notes: list[tuple[str, str]] = []
     if rows["count"][i] > 1:
@@ -410,8 +410,8 @@ def _notes(rows: dict, i: int) -> list[tuple[str, str]]:
         notes.append((f"orphan (parent {rows['parent_span_id'][i]} missing)", "bold red"))
     if rows["is_error"][i]:
         notes.append(("error", "bold red"))
-    if rows["depth"][i] == 0:
-        notes.append((f"trace={rows['trace_id'][i][:8]}", "dim"))
+    if rows["depth"][i] == 0 and rows["run_id"][i] is not None:  # a tree without a run is headed by its trace
+        notes.append((f"trace={rows['trace_id'][i][:digits]}", "dim"))
     iteration, parent = rows["iteration"][i], rows["parent"][i]
     if iteration is not None and (parent < 0 or rows["iteration"][parent] != iteration):
         notes.append((f"rl.iteration={iteration}", ""))
