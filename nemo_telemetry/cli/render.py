@@ -263,6 +263,12 @@ def render_report(report: CheckReport) -> Group:
     """A heading line and the message per finding (worst first), then the counts."""
     counts = report.counts
     summary = Text(", ".join(f"{counts[s]} {s}" for s in SEVERITIES), style="bold")
+    census = report.census
+    if census is not None:  # what was checked: a clean report of an RL run says how much it covered
+        named = sum(r.run_id is not None for r in census.runs)
+        unnamed = " and spans without a run id" if named < len(census.runs) else ""
+        summary = Group(Text(f"checked {census.spans:,} spans: {census.rl_spans:,} with an rl.* attribute, "
+                             f"{census.step_spans:,} step spans; {named:,} run(s){unnamed}", style="dim"), summary)
     if not report.findings:
         return Group(Text("no findings: the breakdown is consistent", style="green"), summary)
     lines: list = []
