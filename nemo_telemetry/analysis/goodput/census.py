@@ -121,15 +121,17 @@ def census_partial(arrays: SpanArrays, keep: np.ndarray) -> Columns:
     step = arrays.rows_of_names(STEP_SPAN_REGEX)
     rl = (arrays.bucket != NO_BUCKET) | arrays.has_iteration | (arrays.category >= 0) | step
     if SPAN_GROUP in arrays.table.column_names:
-        rl = rl | pc.is_valid(arrays.table.column(SPAN_GROUP)).to_numpy(zero_copy_only=False)
-    runs = len(arrays.runs)
-    run = np.where(arrays.run >= 0, arrays.run, runs)[keep]
-    spans = np.bincount(run, minlength=runs + 1)
+        rl |= pc.is_valid(arrays.table.column(SPAN_GROUP)).to_numpy(zero_copy_only=False)
+    bins = len(arrays.runs) + 2  # 0: no run id, 1..: the runs, last: rows not kept
+    run = arrays.run.astype(np.int32) + 1  # -1 (no run id) -> 0; int32: a run code past int16 stays whole
+    if not keep.all():
+        run = np.where(keep, run, bins - 1)
+    spans, rl_spans, step_spans = (np.bincount(run if rows is None else run[rows], minlength=bins)[:-1]
+                                   for rows in (None, rl, step))
     present = np.flatnonzero(spans)
-    names = np.array([*arrays.runs, None], dtype=object)
+    names = np.array([None, *arrays.runs], dtype=object)
     return {"run": names[present], "spans": spans[present].astype(np.int64),
-            "rl_spans": np.bincount(run, weights=rl[keep], minlength=runs + 1)[present].astype(np.int64),
-            "step_spans": np.bincount(run, weights=step[keep], minlength=runs + 1)[present].astype(np.int64)}
+            "rl_spans": rl_spans[present].astype(np.int64), "step_spans": step_spans[present].astype(np.int64)}
 
 
 def merge_census(parts: Iterable[Columns]) -> SpanCensus:
