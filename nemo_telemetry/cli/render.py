@@ -412,7 +412,9 @@ def _notes(rows: dict, i: int, digits: int) -> list[tuple[str, str]]:
     if rows["count"][i] > 1:
         notes.append((f"Σ {format_duration(rows['total_ns'][i])} p50 {format_duration(rows['p50_ns'][i])} "
                       f"p99 {format_duration(rows['p99_ns'][i])}", "cyan"))
-    if rows["is_orphan"][i]:
+    if rows["is_orphan"][i] and rows["parent_is_remote"][i]:
+        notes.append((f"called by {rows['parent_span_id'][i]}, a span not in the data (remote parent)", "yellow"))
+    elif rows["is_orphan"][i]:
         notes.append((f"orphan (parent {rows['parent_span_id'][i]} missing)", "bold red"))
     if rows["is_error"][i]:
         notes.append(("error", "bold red"))

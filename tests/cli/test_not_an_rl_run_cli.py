@@ -184,6 +184,11 @@ def test_orphan_advice_tells_a_remote_caller_from_a_lost_worker_span(source):
     assert found["remote-parent"]["span_ids"] == ["0000000000000003"] and found["remote-parent"]["severity"] == "info"
     assert found["orphan-span"]["span_ids"] == ["0000000000000004"]
     assert "flush_telemetry" in found["orphan-span"]["message"] and "flush" not in found["remote-parent"]["message"]
+    lines = cli("waterfall", path).stdout.splitlines()
+    served = next(line for line in lines if "POST /run" in line)
+    lost = next(line for line in lines if "rl.policy.train" in line)
+    assert "called by 00000000000000aa, a span not in the data (remote parent)" in served and "orphan" not in served
+    assert "orphan (parent 00000000000000bb missing)" in lost
 
 
 def test_jaeger_padded_traces_are_told_apart_in_the_waterfall(source):

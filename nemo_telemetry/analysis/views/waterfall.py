@@ -67,7 +67,8 @@ class Waterfall:
     (members: 1 unless collapsed), ``total_ns`` / ``p50_ns`` / ``p99_ns`` (member durations),
     ``hidden`` (spans inside this row that have no row of their own: folded step, depth or
     duration limit, children of collapsed members that were merged), ``on_critical_path``,
-    ``heading`` (on a top-level row, the group it is listed under: ``run <id>``, or for spans
+    ``parent_is_remote`` (an orphan that is a server or consumer span: its missing parent is a
+    caller's span in another process, outside the data, not a lost one), ``heading`` (on a top-level row, the group it is listed under: ``run <id>``, or for spans
     without ``nemo.run.id`` ``service <name> · trace <id prefix>``; null below the top level).
 
     ``trace_digits``: how many leading hex digits of a trace id tell the view's traces apart
@@ -122,10 +123,11 @@ def waterfall(
     is_step = step_span_mask(table)
     critical = _critical_marks(table, parents, is_step)
     orphan = _valid(table.column("parent_span_id")) & (parents < 0)
+    remote = orphan & _remote_kind(table)
     if step is not None:
         keep = _iteration_trees(table, parents, levels, step)
-        table, input_rows, parents, levels, (critical, is_step, orphan) = _subset(
-            keep, table, input_rows, parents, (critical, is_step, orphan)
+        table, input_rows, parents, levels, (critical, is_step, orphan, remote) = _subset(
+            keep, table, input_rows, parents, (critical, is_step, orphan, remote)
         )
     if fold_steps is None:
         fold_steps = step is None
@@ -134,7 +136,7 @@ def waterfall(
         expandable=~is_step if fold_steps else np.ones(len(parents), bool),
         max_depth=depth, min_duration_ns=min_duration_ns, threshold=collapse_threshold,
     )
-    rows = layout.rows(input_rows=input_rows, orphan=orphan, critical=critical, is_step=is_step)
+    rows = layout.rows(input_rows=input_rows, orphan=orphan, critical=critical, is_step=is_step, remote=remote)
     if rows.num_rows:
         window = (pc.min(rows.column("start_ns")).as_py(), pc.max(rows.column("end_ns")).as_py())
     else:
@@ -158,6 +160,17 @@ def trace_digits(trace_ids, *, minimum: int = MIN_TRACE_DIGITS) -> int:
     differs = chars[1:] != chars[:-1]
     shared = np.where(differs.any(axis=1), differs.argmax(axis=1), width)
     return int(min(max(minimum, int(shared.max()) + 1), width))
+
+
+def _remote_kind(table: pa.Table) -> np.ndarray:
+    """Server and consumer spans: their parent is the caller's span, in another process
+    (False where the table has no ``kind``)."""
+    if "kind" not in table.column_names:
+        return np.zeros(table.num_rows, dtype=bool)
+    codes, kinds = _codes(table.column("kind"))
+    hits = np.flatnonzero(pc.is_in(kinds.cast(pa.string()), value_set=pa.array(["server", "consumer"]))
+                          .to_numpy(zero_copy_only=False))
+    return np.isin(codes, hits)
 
 
 def _headings(rows: pa.Table, digits: int) -> pa.Array:
@@ -432,7 +445,7 @@ class _Layout:
         self.expand[new_rows] = expandable[new_rows] & deeper
         self.opens[nodes] = visible & self.expand[row]
 
-    def rows(self, *, input_rows, orphan, critical, is_step) -> pa.Table:
+    def rows(self, *, input_rows, orphan, critical, is_step, remote) -> pa.Table:
         """The display rows in tree order, with their aggregates."""
         n = len(self.parents)
         display = np.nonzero(self.carrier == np.arange(n))[0]
@@ -481,6 +494,7 @@ class _Layout:
             "p99_ns": pa.array(p99[order]),
             "hidden": pa.array(carried[order] - count[order]),
             "on_critical_path": pa.array(any_of(critical)[order]),
+            "parent_is_remote": pa.array(any_of(remote)[order]),
         })
 
 
