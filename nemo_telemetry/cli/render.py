@@ -97,7 +97,8 @@ def render_run(run: RunGoodput, baseline: tuple[RunGoodput, ...] = (), *, bar_wi
     A run without step spans gets, instead of an empty table, the reason and the group to enable.
     """
     if run.steps.num_rows == 0:
-        return Group(Text(NO_STEPS_NOTE.format(run=_run_label(run.run_id)), style="yellow"), *_run_notes(run, baseline))
+        return Group(Text(NO_STEPS_NOTE.format(run=_run_label(run.run_id)), style="yellow"),
+                     *_run_notes(run, baseline))
     rows = (run.ranks if run.ranks is not None else run.steps).to_pylist()
     table = Table(title=f"{run_words(run.run_id)}: goodput per {'rank' if run.ranks is not None else 'step'} (seconds)",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
@@ -246,7 +247,8 @@ def _run_notes(run: RunGoodput, baseline: tuple[RunGoodput, ...]) -> list:
 
 
 def _baseline_table(run: RunGoodput, other: RunGoodput, diff: dict) -> Table:
-    table = Table(title=f"mean step: {run_words(run.run_id)} against baseline {_run_label(other.run_id)}", title_justify="left")
+    table = Table(title=f"mean step: {run_words(run.run_id)} against baseline {_run_label(other.run_id)}",
+                  title_justify="left")
     for name in ("", "current", "baseline", "delta"):
         table.add_column(name, justify="right")
     for key, values in diff.items():

@@ -273,7 +273,8 @@ def _orphans(ctx: _Context) -> tuple[int, list[Finding]]:
 
 def _remote_parents(ctx: _Context) -> tuple[int, list[Finding]]:
     a, facts = ctx.arrays, ctx.merged.facts
-    return _per_group(ctx, "remote-parent", lambda rows: (a.run[rows], facts.trace_of(rows)), lambda key, members, more: (
+    keys = lambda rows: (a.run[rows], facts.trace_of(rows))  # noqa: E731
+    return _per_group(ctx, "remote-parent", keys, lambda key, members, more: (
         f"{len(members)} server or consumer span(s) of this trace were called by a process whose spans are not in "
         f"the data (their parent is remote){more} (first: {ctx.name(a.name[members[0]])!r}): if that caller is "
         "instrumented, include its dump files; otherwise this is where the trace enters the data, and no span "

@@ -40,6 +40,7 @@ from nemo_telemetry.analysis.decode import NO_BUCKET, UNKNOWN_BUCKET, SpanArrays
 from nemo_telemetry.analysis.model.columns import code_mask, codes_matching, column_rows
 from nemo_telemetry.analysis.model.grouping import Columns, concat, group_by, string_codes, take
 from nemo_telemetry.analysis.model.intervals import merge_intervals
+from nemo_telemetry.analysis.model.schema import REMOTE_PARENT_KINDS
 from nemo_telemetry.analysis.model.status import status_messages
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
@@ -47,16 +48,13 @@ from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 __all__ = ["RowFacts", "row_traces", "rows_in_traces", "SPAN_CODES", "ANCHOR_REGEX", "STANDALONE_GROUPS", "offenders",
            "BATCH_FINDING_CODES", "batch_offenders", "catalogue_name_sets",
            "group_name_codes", "anchor_rows", "overlap_partial", "overlapping_steps", "detached_partial", "loose_rows", "detached_counts",
-           "detached_traces", "FAILED_SPANS", "failed_partial", "failed_spans", "REMOTE_PARENT_KINDS", "remote_parent"]
+           "detached_traces", "FAILED_SPANS", "failed_partial", "failed_spans", "remote_parent"]
 
 _FEW_TRACES = 4  # anchored traces up to which rows_in_traces compares keys instead of hashing them
 
 # The span-level codes, in the order check_run writes them.
 SPAN_CODES = ("invalid-interval", "unknown-bucket", "umbrella-bucket", "nested-bucket", "unstamped-span",
               "orphan-span", "remote-parent")
-# Kinds of span whose parent lives in another process by OpenTelemetry's semantics (the caller's
-# client or producer span): missing, that parent is outside the data, not a lost in-process span.
-REMOTE_PARENT_KINDS = ("server", "consumer")
 ANCHOR_REGEX = f"{JOB_SPAN_REGEX}|{STEP_SPAN_REGEX}"  # the spans that make a trace part of the run's steps
 # Groups whose root spans are separate traces by design (seed 000: startup closes before the job
 # opens; worker __init__ spans are opened before any call carries context).

@@ -26,8 +26,8 @@ from nemo_telemetry.analysis.settings import ReadSettings
 from nemo_telemetry.analysis.store.read import reading_errors, scan_span_files, span_source_files
 from nemo_telemetry.errors import UnknownRunError
 
-__all__ = ["RL_ATTRIBUTES", "CENSUS_CODES", "NOT_A_RUN_CODES", "RunCensus", "SpanCensus", "census_partial", "merge_census",
-           "census_of_arrays", "CENSUS_COLUMNS", "span_census"]
+__all__ = ["RL_ATTRIBUTES", "CENSUS_CODES", "NOT_A_RUN_CODES", "RunCensus", "SpanCensus", "census_partial",
+           "merge_census", "census_of_arrays", "CENSUS_COLUMNS", "span_census"]
 
 RL_ATTRIBUTES = (BUCKET, ITERATION, EFFICIENCY_CATEGORY, SPAN_GROUP)
 """The ``rl.*`` span attributes the analysis reads: a span with none of them is not an RL span to it."""
@@ -97,8 +97,8 @@ class SpanCensus:
         if found == "no-rl-attributes":
             return [("no-rl-attributes", None, (
                 f"{self.spans:,} span(s), none carrying an rl.* attribute ({', '.join(RL_ATTRIBUTES)}): these are "
-                "not the spans of an instrumented RL run, so there are no steps or buckets to sum or check; instrument the "
-                "run with nemo_telemetry (span_groups: per_step) to measure its goodput"))]
+                "not the spans of an instrumented RL run, so there are no steps or buckets to sum or check; "
+                "instrument the run with nemo_telemetry (span_groups: per_step) to measure its goodput"))]
         return [("no-step-spans", r.run_id, (
             f"{_run_words(r.run_id)}: {r.rl_spans:,} of its {r.spans:,} span(s) carry rl.* attributes but none is a "
             "step span (rl.<algo>.step), so there are no steps to divide its time by and no step to check: enable "
@@ -151,7 +151,7 @@ def census_of_arrays(arrays: SpanArrays, keep: np.ndarray) -> SpanCensus:
     return merge_census([census_partial(arrays, keep)])
 
 
-CENSUS_COLUMNS = ("name", "run_id", *RL_ATTRIBUTES, "trace_key", "span_key", "parent_key")  # keys: the decode wants them
+CENSUS_COLUMNS = ("name", "run_id", *RL_ATTRIBUTES, "trace_key", "span_key", "parent_key")  # the decode wants keys
 """What :func:`span_census` reads of a source."""
 
 

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.choices import DEFAULT_COLLAPSE_THRESHOLD
-from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
+from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, REMOTE_PARENT_KINDS
 from nemo_telemetry.analysis.model.tree import parent_indices
 from nemo_telemetry.analysis.model.walk import attributed_iterations
 from nemo_telemetry.errors import WaterfallError
@@ -68,7 +68,8 @@ class Waterfall:
     ``hidden`` (spans inside this row that have no row of their own: folded step, depth or
     duration limit, children of collapsed members that were merged), ``on_critical_path``,
     ``parent_is_remote`` (an orphan that is a server or consumer span: its missing parent is a
-    caller's span in another process, outside the data, not a lost one), ``heading`` (on a top-level row, the group it is listed under: ``run <id>``, or for spans
+    caller's span in another process, outside the data, not a lost one), ``heading`` (on a top-level
+    row, the group it is listed under: ``run <id>``, or for spans
     without ``nemo.run.id`` ``service <name> · trace <id prefix>``; null below the top level).
 
     ``trace_digits``: how many leading hex digits of a trace id tell the view's traces apart
@@ -168,7 +169,7 @@ def _remote_kind(table: pa.Table) -> np.ndarray:
     if "kind" not in table.column_names:
         return np.zeros(table.num_rows, dtype=bool)
     codes, kinds = _codes(table.column("kind"))
-    hits = np.flatnonzero(pc.is_in(kinds.cast(pa.string()), value_set=pa.array(["server", "consumer"]))
+    hits = np.flatnonzero(pc.is_in(kinds.cast(pa.string()), value_set=pa.array(REMOTE_PARENT_KINDS))
                           .to_numpy(zero_copy_only=False))
     return np.isin(codes, hits)
 
