@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from nemo_telemetry.analysis import check_with_engine, read_spans, span_census, waterfall
 from nemo_telemetry.analysis.engines.partitioned_check import stream_check
 from nemo_telemetry.cli.app import app
+from nemo_telemetry.errors import UnknownRunError
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S
@@ -174,6 +175,9 @@ def test_a_run_without_step_spans_is_named(source):
     assert goodput["data"]["found"] == "no-step-spans"
     assert goodput["data"]["notes"][0]["run_id"] == "bare-run"
     assert "no step spans in run bare-run" in cli("goodput", path).stdout
+    assert span_census(path, run_id="bare-run").found == "no-step-spans"  # the same, from Python
+    with pytest.raises(UnknownRunError, match="other-run"):
+        span_census(path, run_id="other-run")
 
 
 def test_orphan_advice_tells_a_remote_caller_from_a_lost_worker_span(source):
