@@ -40,7 +40,7 @@ from nemo_telemetry.analysis.decode import NO_BUCKET, UNKNOWN_BUCKET, SpanArrays
 from nemo_telemetry.analysis.model.columns import code_mask, codes_matching, column_rows
 from nemo_telemetry.analysis.model.grouping import Columns, concat, group_by, string_codes, take
 from nemo_telemetry.analysis.model.intervals import merge_intervals
-from nemo_telemetry.analysis.model.schema import REMOTE_PARENT_KINDS
+from nemo_telemetry.analysis.model.remote import parent_is_remote
 from nemo_telemetry.analysis.model.status import status_messages
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
@@ -129,13 +129,9 @@ def offenders(facts: RowFacts) -> dict[str, np.ndarray]:
 
 
 def remote_parent(arrays: SpanArrays, rows: np.ndarray) -> np.ndarray:
-    """Which of ``rows`` (orphans: few) have a remote parent: a server or consumer span (its
-    ``kind``; False where the kind was not read)."""
-    if len(rows) == 0 or "kind" not in arrays.table.column_names:
-        return np.zeros(len(rows), dtype=bool)
-    kinds = arrays.table.column("kind").take(pa.array(rows, pa.int64())).cast(pa.string())
-    hit = pc.is_in(kinds, value_set=pa.array(REMOTE_PARENT_KINDS, pa.string()))
-    return np.asarray(pc.fill_null(hit, False).to_numpy(zero_copy_only=False), dtype=bool)
+    """Which of ``rows`` (orphans: few) have a remote parent (:func:`model.remote.parent_is_remote`:
+    their flags' is-remote bit, else their kind; False where neither column was read)."""
+    return parent_is_remote(arrays.table, rows)
 
 
 BATCH_FINDING_CODES = ("invalid-interval", "unknown-bucket", "umbrella-bucket")

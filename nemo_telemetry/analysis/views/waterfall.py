@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.choices import DEFAULT_COLLAPSE_THRESHOLD
-from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, REMOTE_PARENT_KINDS
+from nemo_telemetry.analysis.model.remote import parent_is_remote
+from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
 from nemo_telemetry.analysis.model.tree import parent_indices
 from nemo_telemetry.analysis.model.walk import attributed_iterations
 from nemo_telemetry.errors import WaterfallError
@@ -67,8 +68,8 @@ class Waterfall:
     (members: 1 unless collapsed), ``total_ns`` / ``p50_ns`` / ``p99_ns`` (member durations),
     ``hidden`` (spans inside this row that have no row of their own: folded step, depth or
     duration limit, children of collapsed members that were merged), ``on_critical_path``,
-    ``parent_is_remote`` (an orphan that is a server or consumer span: its missing parent is a
-    caller's span in another process, outside the data, not a lost one), ``heading`` (on a top-level
+    ``parent_is_remote`` (an orphan whose missing parent is a caller's span in another process,
+    outside the data, not a lost one: :func:`~nemo_telemetry.analysis.model.remote.parent_is_remote`), ``heading`` (on a top-level
     row, the group it is listed under: ``run <id>``, or for spans
     without ``nemo.run.id`` ``service <name> · trace <id prefix>``; null below the top level).
 
@@ -124,7 +125,8 @@ def waterfall(
     is_step = step_span_mask(table)
     critical = _critical_marks(table, parents, is_step)
     orphan = _valid(table.column("parent_span_id")) & (parents < 0)
-    remote = orphan & _remote_kind(table)
+    remote = np.zeros(len(orphan), dtype=bool)
+    remote[orphan] = parent_is_remote(table, np.flatnonzero(orphan))
     if step is not None:
         keep = _iteration_trees(table, parents, levels, step)
         table, input_rows, parents, levels, (critical, is_step, orphan, remote) = _subset(
@@ -161,17 +163,6 @@ def trace_digits(trace_ids, *, minimum: int = MIN_TRACE_DIGITS) -> int:
     differs = chars[1:] != chars[:-1]
     shared = np.where(differs.any(axis=1), differs.argmax(axis=1), width)
     return int(min(max(minimum, int(shared.max()) + 1), width))
-
-
-def _remote_kind(table: pa.Table) -> np.ndarray:
-    """Server and consumer spans: their parent is the caller's span, in another process
-    (False where the table has no ``kind``)."""
-    if "kind" not in table.column_names:
-        return np.zeros(table.num_rows, dtype=bool)
-    codes, kinds = _codes(table.column("kind"))
-    hits = np.flatnonzero(pc.is_in(kinds.cast(pa.string()), value_set=pa.array(REMOTE_PARENT_KINDS))
-                          .to_numpy(zero_copy_only=False))
-    return np.isin(codes, hits)
 
 
 def _headings(rows: pa.Table, digits: int) -> pa.Array:

@@ -179,6 +179,25 @@ def test_a_server_span_whose_caller_is_not_in_the_data_has_a_remote_parent_not_a
     assert orphan.span_ids == (lost,) and "flush_telemetry" in orphan.message
 
 
+@emits("remote-parent", "orphan-span")
+def test_the_flags_is_remote_bit_decides_where_the_exporter_set_it():
+    """OTLP span flags: 0x100 says the exporter knows whether the parent is remote, 0x200 that it is.
+    Where set they win over the kind (an internal span continued from a carrier; a server span whose
+    parent was in-process); without 0x100 the kind decides."""
+    import pyarrow as pa
+
+    t = Trace()
+    step = t.span("rl.grpo.step", 0, 10, iteration=1)
+    t.span("rl.grpo.policy_training", 0, 10, step, iteration=1, bucket="productive")
+    carried = t.span("rl.worker.call", 1, 2, "00000000cafef00d", kind="internal")
+    local = t.span("GET /health", 2, 3, "00000000cafef00e", kind="server")
+    by_kind = t.span("POST /v1/responses", 3, 4, "00000000cafef00f", kind="server")
+    flags = [None, None, 0x300, 0x100, 0x01]
+    report = check_run(t.table().append_column("flags", pa.array(flags, pa.uint32())))
+    assert set(only(report, "remote-parent").span_ids) == {carried, by_kind}
+    assert only(report, "orphan-span").span_ids == (local,)
+
+
 @emits("no-spans")
 def test_a_source_without_spans_says_so_instead_of_consistent():
     report = check_run(spans_table([]))
