@@ -153,7 +153,7 @@ def trace_digits(trace_ids, *, minimum: int = MIN_TRACE_DIGITS) -> int:
     """The fewest leading hex digits (at least ``minimum``) in which the distinct ``trace_ids``
     all differ: one more than the longest prefix two of them share (all digits where ids repeat
     only up to case or length)."""
-    ids = pc.unique(pc.utf8_lower(pc.cast(trace_ids, pa.string()))).drop_null()
+    ids = pc.unique(pc.utf8_lower(pc.unique(trace_ids).cast(pa.string()))).drop_null()  # a few per trace first
     if len(ids) < 2:
         return minimum
     ids = ids.sort() if hasattr(ids, "sort") else ids.take(pc.sort_indices(ids))
