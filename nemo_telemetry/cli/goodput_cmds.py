@@ -59,27 +59,30 @@ def goodput_command(
         raise fail(f"--plot {plot}: the file name must end in .png or .html")
     skip_pyarrow_pandas_probe()
     from nemo_telemetry.analysis import (GOODPUT_COLUMNS, ReadSettings, goodput_document,
-                                         goodput_with_engine, read_for_analysis, run_goodput)
-    from nemo_telemetry.cli.render import bar_width_for, render_run
+                                         goodput_with_engine, read_for_analysis, run_goodput, span_census)
+    from nemo_telemetry.cli.render import bar_width_for, render_census, render_run
 
     with library_errors():
         settings = ReadSettings.from_machine(threads=threads, memory_budget=memory_budget)
         with ray_messages_on_stderr(engine):  # stdout holds the document alone
             runs = goodput_with_engine(source, engine=engine, run_id=run, by=by, threads=settings.threads,
                                        memory_budget=settings.memory_budget)
+        # what the source holds, read only when some run has no step to report (the usual run costs nothing more)
+        census = (span_census(source, run_id=run, settings=settings)
+                  if not runs or any(r.steps.num_rows == 0 for r in runs) else None)
         base = run_goodput(read_for_analysis(baseline, columns=GOODPUT_COLUMNS)) if baseline is not None else ()
         if plot is not None:
             from nemo_telemetry.analysis import write_goodput_plot  # matplotlib is optional
 
             write_goodput_plot(runs, plot)
     if output == "json":
-        print_json(goodput_document(runs, baseline=base))
+        print_json(goodput_document(runs, baseline=base, census=census))
     elif output == "csv":
         _write_csv(runs, by)
     else:
         out = console()
         if not runs:
-            out.print(f"no step spans and no bucketed spans in {source}")
+            out.print(render_census(census, source))
         for item in runs:
             rendered = render_run(item, base, bar_width=bar_width_for(out.width))
             if by == "rank":  # a row per process keeps every service name whole, even past the terminal's width

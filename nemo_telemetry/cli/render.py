@@ -16,11 +16,11 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from nemo_telemetry.analysis import BUCKETS, SEVERITIES, CheckReport, RunGoodput, Waterfall, compare_runs
+from nemo_telemetry.analysis import BUCKETS, SEVERITIES, CheckReport, RunGoodput, SpanCensus, Waterfall, compare_runs
 
 __all__ = ["BUCKET_STYLES", "UNATTRIBUTED_STYLE", "UNBUCKETED_STYLE", "SEVERITY_STYLES", "CRITICAL_MARK", "BAR_WIDTH",
            "NO_STEPS_NOTE", "FAILED_MARK", "MEASUREMENTS", "step_bar", "bar_width_for", "render_run", "render_report", "format_duration",
-           "render_waterfall", "print_waterfall", "render_monitor"]
+           "render_waterfall", "print_waterfall", "render_monitor", "render_census", "run_words"]
 
 BUCKET_STYLES = {"productive": "green", "overhead": "yellow", "idle": "blue", "wasted": "red"}
 UNATTRIBUTED_STYLE = "grey50"
@@ -72,15 +72,35 @@ def _pct(value: float | None) -> str:
 _HEADERS = {"productive": "prod", "overhead": "ovhd", "idle": "idle", "wasted": "waste"}
 
 
+def run_words(run_id: str | None) -> str:
+    """How a run is named in a heading: by its id, or as the spans that carry none."""
+    return f"run {_run_label(run_id)}"
+
+
+def _run_label(run_id: str | None) -> str:
+    return run_id if run_id is not None else "(no nemo.run.id)"
+
+
+def render_census(census: SpanCensus | None, source) -> Group:
+    """What a source with no run to report holds (goodput's answer when it has no step)."""
+    notes = census.notes() if census is not None else []
+    if not notes:
+        return Group(Text(f"no step spans and no bucketed spans in {source}", style="yellow"))
+    counts = Text(f"{source}: {census.spans:,} spans, {census.rl_spans:,} with an rl.* attribute, "
+                  f"{census.step_spans:,} step spans", style="bold")
+    return Group(counts, *(Text(f"{code}: {message}", style="yellow") for code, _, message in notes))
+
+
 def render_run(run: RunGoodput, baseline: tuple[RunGoodput, ...] = (), *, bar_width: int = BAR_WIDTH) -> Group:
     """The run's table (a row per step or per rank, and the total), then what fell outside the steps.
 
     A run without step spans gets, instead of an empty table, the reason and the group to enable.
     """
     if run.steps.num_rows == 0:
-        return Group(Text(NO_STEPS_NOTE.format(run=run.run_id), style="yellow"), *_run_notes(run, baseline))
+        return Group(Text(NO_STEPS_NOTE.format(run=_run_label(run.run_id)), style="yellow"),
+                     *_run_notes(run, baseline))
     rows = (run.ranks if run.ranks is not None else run.steps).to_pylist()
-    table = Table(title=f"run {run.run_id}: goodput per {'rank' if run.ranks is not None else 'step'} (seconds)",
+    table = Table(title=f"{run_words(run.run_id)}: goodput per {'rank' if run.ranks is not None else 'step'} (seconds)",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
     first = ("process",) if run.ranks is not None else ("step",)
     # numbers never wrap or shrink; with --by rank the table is printed as wide as its longest service name
@@ -227,7 +247,8 @@ def _run_notes(run: RunGoodput, baseline: tuple[RunGoodput, ...]) -> list:
 
 
 def _baseline_table(run: RunGoodput, other: RunGoodput, diff: dict) -> Table:
-    table = Table(title=f"mean step: run {run.run_id} against baseline {other.run_id}", title_justify="left")
+    table = Table(title=f"mean step: {run_words(run.run_id)} against baseline {_run_label(other.run_id)}",
+                  title_justify="left")
     for name in ("", "current", "baseline", "delta"):
         table.add_column(name, justify="right")
     for key, values in diff.items():
@@ -244,6 +265,12 @@ def render_report(report: CheckReport) -> Group:
     """A heading line and the message per finding (worst first), then the counts."""
     counts = report.counts
     summary = Text(", ".join(f"{counts[s]} {s}" for s in SEVERITIES), style="bold")
+    census = report.census
+    if census is not None:  # what was checked: a clean report of an RL run says how much it covered
+        named = sum(r.run_id is not None for r in census.runs)
+        unnamed = " and spans without a run id" if named < len(census.runs) else ""
+        summary = Group(Text(f"checked {census.spans:,} spans: {census.rl_spans:,} with an rl.* attribute, "
+                             f"{census.step_spans:,} step spans; {named:,} run(s){unnamed}", style="dim"), summary)
     if not report.findings:
         return Group(Text("no findings: the breakdown is consistent", style="green"), summary)
     lines: list = []
@@ -296,12 +323,12 @@ def render_waterfall(shown: Waterfall, *, width: int = 160) -> _Lines:
     name_width = min(max(len(p) + len(label) for p, label in zip(prefixes, labels)), 64)
     bar_width = max(10, min(60, width - name_width - 50))
     t0, span_ns = shown.window_start_ns, max(shown.window_ns, 1)
-    last_run = object()
+    last_heading = None
     for i in range(n):
-        if rows["depth"][i] == 0 and rows["run_id"][i] != last_run:
-            last_run = rows["run_id"][i]
+        if rows["depth"][i] == 0 and rows["heading"][i] != last_heading:
+            last_heading = rows["heading"][i]
             out.newline()
-            out.add(_clean(f"run {last_run}"), "bold underline")
+            out.add(_clean(last_heading), "bold underline")
         style = _bucket_style(rows["bucket"][i])
         out.newline()
         out.add((CRITICAL_MARK if rows["on_critical_path"][i] else " ") + " ", "bold magenta")
@@ -313,7 +340,7 @@ def render_waterfall(shown: Waterfall, *, width: int = 160) -> _Lines:
         out.add(_bar(bar_width, (rows["start_ns"][i] - t0) / span_ns, (rows["end_ns"][i] - t0) / span_ns), style)
         out.add(f" {format_duration(rows['duration_ns'][i]):>7} ")
         out.add(f"{rows['bucket'][i] or 'unbucketed':<10}", style)
-        notes = _notes(rows, i)
+        notes = _notes(rows, i, shown.trace_digits)
         where = f" {_clean(_where(rows, i)):<12}"
         out.add(where if notes else where.rstrip())
         for note, note_style in notes:
@@ -381,18 +408,20 @@ def _where(rows: dict, i: int) -> str:
     return f"{service or '?'}" + (f"/{rank}" if rank is not None else "")
 
 
-def _notes(rows: dict, i: int) -> list[tuple[str, str]]:
+def _notes(rows: dict, i: int, digits: int) -> list[tuple[str, str]]:
     """(text, style) pieces after the fixed columns: collapse stats, orphan, error, trace, tags."""
     notes: list[tuple[str, str]] = []
     if rows["count"][i] > 1:
         notes.append((f"Σ {format_duration(rows['total_ns'][i])} p50 {format_duration(rows['p50_ns'][i])} "
                       f"p99 {format_duration(rows['p99_ns'][i])}", "cyan"))
-    if rows["is_orphan"][i]:
+    if rows["is_orphan"][i] and rows["parent_is_remote"][i]:
+        notes.append((f"called by {rows['parent_span_id'][i]}, a span not in the data (remote parent)", "yellow"))
+    elif rows["is_orphan"][i]:
         notes.append((f"orphan (parent {rows['parent_span_id'][i]} missing)", "bold red"))
     if rows["is_error"][i]:
         notes.append(("error", "bold red"))
-    if rows["depth"][i] == 0:
-        notes.append((f"trace={rows['trace_id'][i][:8]}", "dim"))
+    if rows["depth"][i] == 0 and rows["run_id"][i] is not None:  # a tree without a run is headed by its trace
+        notes.append((f"trace={rows['trace_id'][i][:digits]}", "dim"))
     iteration, parent = rows["iteration"][i], rows["parent"][i]
     if iteration is not None and (parent < 0 or rows["iteration"][parent] != iteration):
         notes.append((f"rl.iteration={iteration}", ""))
@@ -474,7 +503,7 @@ def render_monitor(view, *, bar_width: int = BAR_WIDTH) -> Group:
     findings; spans received and their rate."""
     parts: list = []
     for run in view.runs:
-        table = Table(title=f"run {run.run_id}: {run.steps} steps, goodput {_pct(run.total['goodput'])}, "
+        table = Table(title=f"{run_words(run.run_id)}: {run.steps} steps, goodput {_pct(run.total['goodput'])}, "
                             f"last {run.rolling_steps} steps {_pct(run.rolling_goodput)}",
                       title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
         for name in ("step", "wall", *BUCKETS, "unattr", "goodput"):

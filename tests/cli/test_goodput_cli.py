@@ -165,7 +165,7 @@ def test_check_json_contract_and_exit_codes(tmp_path, dataset):
     clean = runner.invoke(app, ["check", str(dataset), "--format", "json"])
     assert clean.exit_code == 0, clean.output
     doc = json.loads(clean.stdout)
-    assert set(doc) == {"findings", "counts"} and doc["counts"]["error"] == 0
+    assert set(doc) == {"findings", "counts", "data"} and doc["counts"]["error"] == 0  # data: what the source holds
     assert [f["code"] for f in doc["findings"]] == ["unattributed-step-time"] * 2  # 30% of each step
     bad = records()
     bad.append(span(98, "rl.vllm.generate", 6, 8, 10, iteration=1, bucket="productive"))  # overlaps generate 11

@@ -43,6 +43,7 @@ from nemo_telemetry.analysis.findings.groups import group_presence
 from nemo_telemetry.analysis.goodput.numbering import (
     StepNumbers, file_number_partial, file_unstamped_steps, no_step_numbers, number_steps, step_numbers,
 )
+from nemo_telemetry.analysis.goodput.census import census_partial, merge_census
 from nemo_telemetry.analysis.goodput.rules import step_windows
 from nemo_telemetry.analysis.goodput import partials as streaming
 from nemo_telemetry.analysis.decode import NO_BUCKET, SpanArrays, span_arrays
@@ -139,6 +140,7 @@ def _facts_of(table: pa.Table, run_id: str | None) -> dict:
         "first_anchor": {"run": _values(a.run[first], a.runs, NO_RUN), "row": first.astype(np.int64),
                          "name": _values(a.name[first], a.names), "trace_id": _trace_ids(a, first)},
         "group_presence": group_presence(a, keep),
+        "census": census_partial(a, keep),
     }
 
 
@@ -455,7 +457,7 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
     failed = rules.failed_spans([{**r["failed"], "file": np.full(len(r["failed"]["run"]), i, np.int64)}
                                  for i, r in enumerate(results)])
     merged = dataclasses.replace(merged_partials(rows, codes, analysis, facts, overlapping, deep, detached),
-                                 numbers=numbers, failed=failed)
+                                 numbers=numbers, failed=failed, census=merge_census(f["census"] for f in facts))
     return checks.finish(merged, unattributed_threshold=unattributed_threshold, tolerance_ns=tolerance_ns, **options)
 
 

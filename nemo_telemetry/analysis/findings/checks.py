@@ -75,6 +75,7 @@ from nemo_telemetry.analysis.findings.rules import (
     overlapping_steps,
     row_traces,
 )
+from nemo_telemetry.analysis.goodput.census import CENSUS_CODES, SpanCensus, census_of_arrays
 from nemo_telemetry.analysis.goodput.numbering import StepNumbers, file_step_numbers, number_arrays, numbered_spans
 from nemo_telemetry.analysis.goodput.steps import Analysis, analyse, run_filter
 from nemo_telemetry.analysis.goodput.steps import step_outliers
@@ -116,6 +117,7 @@ class Merged:
     presence: GroupPresence  # missing-group-spans' merged partial
     numbers: StepNumbers | None = None  # the step spans without rl.iteration (goodput.numbering)
     failed: Columns | None = None  # rules.failed_spans: per failed (run name, iteration), its first failing span
+    census: SpanCensus | None = None  # what the source holds (goodput.census), merged
 
 
 @dataclass(frozen=True)
@@ -267,6 +269,26 @@ def _orphans(ctx: _Context) -> tuple[int, list[Finding]]:
         f"{len(members)} span(s) of this trace name a parent that is not in the data{more} (first: "
         f"{ctx.name(a.name[members[0]])!r}): include every process's dump file, and flush workers "
         "(flush_telemetry) before they exit"))
+
+
+def _remote_parents(ctx: _Context) -> tuple[int, list[Finding]]:
+    a, facts = ctx.arrays, ctx.merged.facts
+    keys = lambda rows: (a.run[rows], facts.trace_of(rows))  # noqa: E731
+    return _per_group(ctx, "remote-parent", keys, lambda key, members, more: (
+        f"{len(members)} server or consumer span(s) of this trace were called by a process whose spans are not in "
+        f"the data (their parent is remote){more} (first: {ctx.name(a.name[members[0]])!r}): if that caller is "
+        "instrumented, include its dump files; otherwise this is where the trace enters the data, and no span "
+        "is lost"))
+
+
+def _census(merged: Merged, code: str) -> tuple[int, list[Finding]]:
+    """The census's finding of ``code`` (:data:`CENSUS_CODES`): what the source holds, where it is
+    not an RL run with steps."""
+    if merged.census is None:
+        return 0, []
+    out = [Finding(code=c, severity=FINDING_CODES[c], message=message, trace_id=None, span_ids=(), iteration=None,
+                   run_id=run) for c, run, message in merged.census.notes() if c == code]
+    return len(out), out
 
 
 def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
@@ -495,6 +517,7 @@ def finish(merged: Merged, *, unattributed_threshold: float = 0.2, tolerance_ns:
     """The report from the merged partials: every code's count and its first findings, errors first."""
     ctx = _Context(merged, max_span_ids, max_findings_per_code)
     producers = {
+        **{code: (lambda code=code: _census(merged, code)) for code in CENSUS_CODES},
         **{code: (lambda produce=produce: produce(ctx)) for code, produce in _BATCH_PRODUCERS.items()},
         "nested-bucket": lambda: _nested_bucket(ctx, tolerance_ns),
         "bucketed-overlap": lambda: _overlaps(ctx, tolerance_ns),
@@ -505,6 +528,7 @@ def finish(merged: Merged, *, unattributed_threshold: float = 0.2, tolerance_ns:
         "step-time-outlier": lambda: _outliers(ctx),
         "step-without-iteration": lambda: _steps_without_iteration(ctx),
         "orphan-span": lambda: _orphans(ctx),
+        "remote-parent": lambda: _remote_parents(ctx),
         "detached-trace": lambda: _detached(ctx),
         "failed-step": lambda: _failed_steps(ctx),
     }
@@ -513,7 +537,7 @@ def finish(merged: Merged, *, unattributed_threshold: float = 0.2, tolerance_ns:
     for code, produce in producers.items():
         counted[code], written = produce()
         findings.extend(written)
-    return report(findings, _per_severity(counted))
+    return report(findings, _per_severity(counted), merged.census)
 
 
 def check_run(
@@ -567,7 +591,8 @@ def check_arrays(arrays: SpanArrays, *, run_id: str | None, unattributed_thresho
     presence = group_presence(arrays, keep)
     anchors = anchored(arrays, keep)
     analysis = analyse(arrays.table, run_id=run_id, ancestors=True, arrays=arrays)
-    merged = merge_in_memory(analysis, tolerance_ns, presence, anchors=anchors, numbers=numbers)
+    merged = replace(merge_in_memory(analysis, tolerance_ns, presence, anchors=anchors, numbers=numbers),
+                     census=census_of_arrays(arrays, keep))
     return finish(merged, unattributed_threshold=unattributed_threshold, tolerance_ns=tolerance_ns,
                   max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
 

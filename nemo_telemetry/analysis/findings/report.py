@@ -7,12 +7,15 @@ in full, past the per-code cap on what is written.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nemo_telemetry.analysis.choices import SEVERITIES
 from nemo_telemetry.errors import NemoTelemetryError
+
+if TYPE_CHECKING:
+    from nemo_telemetry.analysis.goodput.census import SpanCensus
 
 __all__ = ["SEVERITIES", "FINDING_CODES", "DEFAULT_OVERLAP_TOLERANCE_S", "Finding", "CheckReport", "report",
            "overlap_tolerance_ns"]
@@ -32,6 +35,11 @@ FINDING_CODES: dict[str, str] = {  # code -> severity (missing-group-spans is in
     "step-time-outlier": "info",
     "step-without-iteration": "info",  # warning where the process stamps its other step spans
     "failed-step": "warning",
+    # what the source holds (goodput.census): data that is not an RL run, said instead of "consistent"
+    "no-spans": "warning",
+    "no-rl-attributes": "warning",
+    "no-step-spans": "warning",
+    "remote-parent": "info",
 }
 # Overlaps of bucketed spans up to this long are clock granularity (the OpenTelemetry JS SDK records
 # start times in whole milliseconds), reported at info severity.
@@ -57,10 +65,12 @@ class Finding:
 
 @dataclass(frozen=True)
 class CheckReport:
-    """Every finding (at most ``max_findings_per_code`` written per code) and the full counts."""
+    """Every finding (at most ``max_findings_per_code`` written per code) and the full counts;
+    ``census``: what the source held (spans, RL spans, step spans per run), where the engine read it."""
 
     findings: tuple[Finding, ...]
     counts: dict[str, Any]  # {"error": n, "warning": n, "info": n, "by_code": {code: n}}
+    census: SpanCensus | None = None
 
     def has(self, severity: str) -> bool:
         """Whether a finding at ``severity`` or worse exists."""
@@ -68,7 +78,10 @@ class CheckReport:
         return any(self.counts[s] for s in worse)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"findings": [f.to_dict() for f in self.findings], "counts": self.counts}
+        out = {"findings": [f.to_dict() for f in self.findings], "counts": self.counts}
+        if self.census is not None:
+            out["data"] = self.census.to_dict()
+        return out
 
 
 def overlap_tolerance_ns(overlap_tolerance_s: float) -> int:
@@ -79,7 +92,7 @@ def overlap_tolerance_ns(overlap_tolerance_s: float) -> int:
     return int(round(overlap_tolerance_s * 1e9))
 
 
-def report(findings: list[Finding], counted: dict[str, Any]) -> CheckReport:
+def report(findings: list[Finding], counted: dict[str, Any], census: SpanCensus | None = None) -> CheckReport:
     """The report from each code's findings as written and its full count (errors first).
 
     ``counted[code]`` is ``{severity: number}``, the code's findings at each severity, written or
@@ -107,4 +120,4 @@ def report(findings: list[Finding], counted: dict[str, Any]) -> CheckReport:
         for severity, total in per_severity.items():
             counts[severity] += total
     counts["by_code"] = by_code
-    return CheckReport(findings=tuple(findings), counts=counts)
+    return CheckReport(findings=tuple(findings), counts=counts, census=census)

@@ -40,6 +40,7 @@ from nemo_telemetry.analysis.decode import NO_BUCKET, UNKNOWN_BUCKET, SpanArrays
 from nemo_telemetry.analysis.model.columns import code_mask, codes_matching, column_rows
 from nemo_telemetry.analysis.model.grouping import Columns, concat, group_by, string_codes, take
 from nemo_telemetry.analysis.model.intervals import merge_intervals
+from nemo_telemetry.analysis.model.remote import parent_is_remote
 from nemo_telemetry.analysis.model.status import status_messages
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
@@ -47,13 +48,13 @@ from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 __all__ = ["RowFacts", "row_traces", "rows_in_traces", "SPAN_CODES", "ANCHOR_REGEX", "STANDALONE_GROUPS", "offenders",
            "BATCH_FINDING_CODES", "batch_offenders", "catalogue_name_sets",
            "group_name_codes", "anchor_rows", "overlap_partial", "overlapping_steps", "detached_partial", "loose_rows", "detached_counts",
-           "detached_traces", "FAILED_SPANS", "failed_partial", "failed_spans"]
+           "detached_traces", "FAILED_SPANS", "failed_partial", "failed_spans", "remote_parent"]
 
 _FEW_TRACES = 4  # anchored traces up to which rows_in_traces compares keys instead of hashing them
 
 # The span-level codes, in the order check_run writes them.
 SPAN_CODES = ("invalid-interval", "unknown-bucket", "umbrella-bucket", "nested-bucket", "unstamped-span",
-              "orphan-span")
+              "orphan-span", "remote-parent")
 ANCHOR_REGEX = f"{JOB_SPAN_REGEX}|{STEP_SPAN_REGEX}"  # the spans that make a trace part of the run's steps
 # Groups whose root spans are separate traces by design (seed 000: startup closes before the job
 # opens; worker __init__ spans are opened before any call carries context).
@@ -116,12 +117,21 @@ def rows_in_traces(arrays: SpanArrays, traces: np.ndarray) -> np.ndarray:
 def offenders(facts: RowFacts) -> dict[str, np.ndarray]:
     """Each span-level code's offending rows of the batch (ascending)."""
     walked = facts.walked
+    orphans = np.flatnonzero(facts.orphan & facts.keep)
+    remote = remote_parent(facts.arrays, orphans)
     return {
         **batch_offenders(facts.arrays, facts.keep),
         "nested-bucket": walked[facts.walked_ancestor >= 0],
         "unstamped-span": walked[~facts.walked_stamped],
-        "orphan-span": np.flatnonzero(facts.orphan & facts.keep),
+        "orphan-span": orphans[~remote],
+        "remote-parent": orphans[remote],
     }
+
+
+def remote_parent(arrays: SpanArrays, rows: np.ndarray) -> np.ndarray:
+    """Which of ``rows`` (orphans: few) have a remote parent (:func:`model.remote.parent_is_remote`:
+    their flags' is-remote bit, else their kind; False where neither column was read)."""
+    return parent_is_remote(arrays.table, rows)
 
 
 BATCH_FINDING_CODES = ("invalid-interval", "unknown-bucket", "umbrella-bucket")

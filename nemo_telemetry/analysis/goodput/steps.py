@@ -273,7 +273,8 @@ def _step_document(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def goodput_document(runs: tuple[RunGoodput, ...], *, baseline: tuple[RunGoodput, ...] = ()) -> dict[str, Any]:
+def goodput_document(runs: tuple[RunGoodput, ...], *, baseline: tuple[RunGoodput, ...] = (),
+                     census: Any = None) -> dict[str, Any]:
     """The ``goodput --format json`` document (docs/goodput.md); extra keys may be added, never renamed.
 
     ``{"runs": [{"run_id", "steps": [{"iteration", "wall_s", <bucket>_s..., "unattributed_s",
@@ -283,7 +284,9 @@ def goodput_document(runs: tuple[RunGoodput, ...], *, baseline: tuple[RunGoodput
     have had (null for a step that did not fail); the total is ``RunGoodput.total`` as it is (flat:
     every value a number). ``caveats`` says what the run's number does not mean;
     with ``baseline``, each run also gets ``"baseline": {"run_id", "per_step": compare_runs(...)}``
-    against the baseline run of the same id, else the baseline's first run.
+    against the baseline run of the same id, else the baseline's first run. With ``census`` (a
+    :class:`~nemo_telemetry.analysis.goodput.census.SpanCensus`), the document also has
+    ``"data": census.to_dict()``: what the source holds, for a source with no step to report.
     """
     by_id = {b.run_id: b for b in baseline}
     out = []
@@ -303,4 +306,7 @@ def goodput_document(runs: tuple[RunGoodput, ...], *, baseline: tuple[RunGoodput
             other = by_id.get(run.run_id, baseline[0])
             item["baseline"] = {"run_id": other.run_id, "per_step": compare_runs(run, other)}
         out.append(item)
-    return {"runs": out}
+    document: dict[str, Any] = {"runs": out}
+    if census is not None:
+        document["data"] = census.to_dict()
+    return document

@@ -35,6 +35,7 @@ from typing import Any, Mapping
 import pyarrow as pa
 
 __all__ = [
+    "REMOTE_PARENT_KINDS",
     "SPANS_SCHEMA",
     "EVENTS_SCHEMA",
     "LINKS_SCHEMA",
@@ -92,6 +93,9 @@ def promote_resource(attributes: Mapping[str, Any]) -> tuple[dict[str, Any], dic
 
 # OTLP enum values, in enum order (index = OTLP integer value).
 SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
+# Kinds of span whose parent is in another process by OpenTelemetry's semantics (the caller's client
+# or producer span): a missing parent of theirs is outside the data, not a lost in-process span.
+REMOTE_PARENT_KINDS = ("server", "consumer")
 STATUS_CODES = ("unset", "ok", "error")
 
 SPANS_SCHEMA = pa.schema(

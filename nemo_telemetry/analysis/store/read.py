@@ -38,6 +38,7 @@ READ_COLUMNS = (
     "status_code", "status_message",  # a step whose span ended in error is failed; the finding quotes the message
     SPAN_GROUP,  # the group each span was opened in: missing-group-spans decides presence by it
     "span_groups_namespace",  # the namespace each process resolved its span groups in
+    "kind",  # an orphan server or consumer span has a remote parent (remote-parent), not a lost one
 )
 # Row-group-sized batches (ingest writes pyarrow's default row groups, 2**20 rows): a few large chunks decode
 # with less overhead per batch than the scanner's default 2**17, and every per-chunk loop

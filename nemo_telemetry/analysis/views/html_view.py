@@ -57,7 +57,7 @@ def waterfall_json(
     services, service_codes = _dictionary(rows.column("service_name"))
     buckets, bucket_codes = _dictionary(rows.column("bucket"))
     origin = shown.window_start_ns
-    runs = sorted({str(r) for r in rows.column("run_id").to_pylist()})
+    runs = sorted({str(r) for r in rows.column("run_id").to_pylist() if r is not None})  # spans without one: no run
     source = spans.take(rows.column("span_row"))
     default_title = "waterfall" + (f" · step {step}" if step is not None else "") + (f" · {runs[0]}" if len(runs) == 1 else "")
     return {

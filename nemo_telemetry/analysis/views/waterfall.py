@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.choices import DEFAULT_COLLAPSE_THRESHOLD
+from nemo_telemetry.analysis.model.remote import parent_is_remote
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
 from nemo_telemetry.analysis.model.tree import parent_indices
 from nemo_telemetry.analysis.model.walk import attributed_iterations
@@ -42,11 +43,16 @@ __all__ = [
     "STEP_NAME_PATTERN",
     "DEFAULT_COLLAPSE_THRESHOLD",
     "TAG_ATTRIBUTES",
+    "MIN_TRACE_DIGITS",
+    "trace_digits",
 ]
 
 STEP_NAME_PATTERN = r"^rl\.[^.]+\.step$"
 # Span attributes worth a glance on a waterfall line (besides the iteration and the category).
 TAG_ATTRIBUTES = ("rl.weight_version", "rl.target_weight_version", "rl.idle.polls")
+# A trace id is shown by its first hex digits: at least these, more where the view's traces share them
+# (64-bit Jaeger or Zipkin ids padded to 128 bits all begin with sixteen zeros).
+MIN_TRACE_DIGITS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +67,14 @@ class Waterfall:
     ``bucket``, ``iteration``, ``tags``, ``is_orphan``, ``is_step``, ``is_error``, ``count``
     (members: 1 unless collapsed), ``total_ns`` / ``p50_ns`` / ``p99_ns`` (member durations),
     ``hidden`` (spans inside this row that have no row of their own: folded step, depth or
-    duration limit, children of collapsed members that were merged), ``on_critical_path``.
+    duration limit, children of collapsed members that were merged), ``on_critical_path``,
+    ``parent_is_remote`` (an orphan whose missing parent is a caller's span in another process,
+    outside the data, not a lost one: :func:`~nemo_telemetry.analysis.model.remote.parent_is_remote`), ``heading`` (on a top-level
+    row, the group it is listed under: ``run <id>``, or for spans
+    without ``nemo.run.id`` ``service <name> · trace <id prefix>``; null below the top level).
+
+    ``trace_digits``: how many leading hex digits of a trace id tell the view's traces apart
+    (:func:`trace_digits`); headings show that many, and so should anything that prints a trace of it.
     """
 
     rows: pa.Table
@@ -69,6 +82,7 @@ class Waterfall:
     window_end_ns: int
     total_spans: int
     step: int | None = None
+    trace_digits: int = MIN_TRACE_DIGITS
 
     @property
     def window_ns(self) -> int:
@@ -111,10 +125,12 @@ def waterfall(
     is_step = step_span_mask(table)
     critical = _critical_marks(table, parents, is_step)
     orphan = _valid(table.column("parent_span_id")) & (parents < 0)
+    remote = np.zeros(len(orphan), dtype=bool)
+    remote[orphan] = parent_is_remote(table, np.flatnonzero(orphan))
     if step is not None:
         keep = _iteration_trees(table, parents, levels, step)
-        table, input_rows, parents, levels, (critical, is_step, orphan) = _subset(
-            keep, table, input_rows, parents, (critical, is_step, orphan)
+        table, input_rows, parents, levels, (critical, is_step, orphan, remote) = _subset(
+            keep, table, input_rows, parents, (critical, is_step, orphan, remote)
         )
     if fold_steps is None:
         fold_steps = step is None
@@ -123,12 +139,46 @@ def waterfall(
         expandable=~is_step if fold_steps else np.ones(len(parents), bool),
         max_depth=depth, min_duration_ns=min_duration_ns, threshold=collapse_threshold,
     )
-    rows = layout.rows(input_rows=input_rows, orphan=orphan, critical=critical, is_step=is_step)
+    rows = layout.rows(input_rows=input_rows, orphan=orphan, critical=critical, is_step=is_step, remote=remote)
     if rows.num_rows:
         window = (pc.min(rows.column("start_ns")).as_py(), pc.max(rows.column("end_ns")).as_py())
     else:
         window = (0, 0)
-    return Waterfall(rows, window[0], window[1], total_spans=table.num_rows, step=step)
+    digits = trace_digits(rows.column("trace_id"))
+    rows = rows.append_column("heading", _headings(rows, digits))
+    return Waterfall(rows, window[0], window[1], total_spans=table.num_rows, step=step, trace_digits=digits)
+
+
+def trace_digits(trace_ids, *, minimum: int = MIN_TRACE_DIGITS) -> int:
+    """The fewest leading hex digits (at least ``minimum``) in which the distinct ``trace_ids``
+    all differ: one more than the longest prefix two of them share (all digits where ids repeat
+    only up to case or length)."""
+    ids = pc.unique(pc.utf8_lower(pc.unique(trace_ids).cast(pa.string()))).drop_null()  # a few per trace first
+    if len(ids) < 2:
+        return minimum
+    ids = ids.sort() if hasattr(ids, "sort") else ids.take(pc.sort_indices(ids))
+    width = max(pc.max(pc.utf8_length(ids)).as_py(), 1)
+    padded = pc.utf8_rpad(ids, width, " ").to_numpy(zero_copy_only=False).astype(f"S{width}")
+    chars = padded.view(np.uint8).reshape(len(padded), width)
+    differs = chars[1:] != chars[:-1]
+    shared = np.where(differs.any(axis=1), differs.argmax(axis=1), width)
+    return int(min(max(minimum, int(shared.max()) + 1), width))
+
+
+def _headings(rows: pa.Table, digits: int) -> pa.Array:
+    """Each top-level row's group: its run, or its service and trace where it has no run id."""
+    top = np.flatnonzero(rows.column("depth").to_numpy(zero_copy_only=False) == 0)
+    heads = rows.take(pa.array(top, pa.int64()))
+    run = heads.column("run_id").cast(pa.string())
+    service = pc.fill_null(heads.column("service_name").cast(pa.string()), "?")
+    trace = pc.utf8_slice_codeunits(pc.fill_null(heads.column("trace_id").cast(pa.string()), "?"), 0, digits)
+    by_run = pc.binary_join_element_wise("run ", run, "")
+    by_trace = pc.binary_join_element_wise("service ", service, " · trace ", trace, "")
+    heading = pc.if_else(pc.is_valid(run), by_run, by_trace)
+    at = np.full(rows.num_rows, len(top), np.int64)  # below the top level: the null after the headings
+    at[top] = np.arange(len(top))
+    return pa.concat_arrays([heading.combine_chunks() if isinstance(heading, pa.ChunkedArray) else heading,
+                             pa.nulls(1, pa.string())]).take(pa.array(at))
 
 
 def critical_path(spans: pa.Table, *, step: int, run_id: str | None = None) -> pa.Table:
@@ -387,7 +437,7 @@ class _Layout:
         self.expand[new_rows] = expandable[new_rows] & deeper
         self.opens[nodes] = visible & self.expand[row]
 
-    def rows(self, *, input_rows, orphan, critical, is_step) -> pa.Table:
+    def rows(self, *, input_rows, orphan, critical, is_step, remote) -> pa.Table:
         """The display rows in tree order, with their aggregates."""
         n = len(self.parents)
         display = np.nonzero(self.carrier == np.arange(n))[0]
@@ -436,6 +486,7 @@ class _Layout:
             "p99_ns": pa.array(p99[order]),
             "hidden": pa.array(carried[order] - count[order]),
             "on_critical_path": pa.array(any_of(critical)[order]),
+            "parent_is_remote": pa.array(any_of(remote)[order]),
         })
 
 

@@ -160,6 +160,84 @@ def test_orphan_span_names_a_parent_not_in_the_data():
     assert f.span_ids == (lost,) and f.trace_id == "a" * 32
 
 
+@emits("remote-parent", "orphan-span")
+def test_a_server_span_whose_caller_is_not_in_the_data_has_a_remote_parent_not_a_lost_one():
+    """A server (or consumer) span's parent is its caller's client span, in another process: missing,
+    that caller is outside the data (info, with advice about the caller), not a worker's lost dump
+    (orphan-span, whose advice is to flush workers), which an internal span with a missing parent keeps."""
+    t = Trace()
+    step = t.span("rl.grpo.step", 0, 10, iteration=1)
+    t.span("rl.grpo.policy_training", 0, 10, step, iteration=1, bucket="productive")
+    served = t.span("POST /v1/responses", 1, 2, "00000000cafef00d", kind="server")
+    queued = t.span("rollouts process", 2, 3, "00000000cafef00e", kind="consumer")
+    lost = t.span("rl.policy.train", 3, 4, "00000000deadbeef", kind="internal")
+    report = check_run(t.table())
+    remote = only(report, "remote-parent")
+    assert set(remote.span_ids) == {served, queued} and remote.severity == "info" and remote.trace_id == "a" * 32
+    assert "flush" not in remote.message and "caller" in remote.message
+    orphan = only(report, "orphan-span")
+    assert orphan.span_ids == (lost,) and "flush_telemetry" in orphan.message
+
+
+@emits("remote-parent", "orphan-span")
+def test_the_flags_is_remote_bit_decides_where_the_exporter_set_it():
+    """OTLP span flags: 0x100 says the exporter knows whether the parent is remote, 0x200 that it is.
+    Where set they win over the kind (an internal span continued from a carrier; a server span whose
+    parent was in-process); without 0x100 the kind decides."""
+    import pyarrow as pa
+
+    t = Trace()
+    step = t.span("rl.grpo.step", 0, 10, iteration=1)
+    t.span("rl.grpo.policy_training", 0, 10, step, iteration=1, bucket="productive")
+    carried = t.span("rl.worker.call", 1, 2, "00000000cafef00d", kind="internal")
+    local = t.span("GET /health", 2, 3, "00000000cafef00e", kind="server")
+    by_kind = t.span("POST /v1/responses", 3, 4, "00000000cafef00f", kind="server")
+    flags = [None, None, 0x300, 0x100, 0x01]
+    report = check_run(t.table().append_column("flags", pa.array(flags, pa.uint32())))
+    assert set(only(report, "remote-parent").span_ids) == {carried, by_kind}
+    assert only(report, "orphan-span").span_ids == (local,)
+
+
+@emits("no-spans")
+def test_a_source_without_spans_says_so_instead_of_consistent():
+    report = check_run(spans_table([]))
+    assert [(f.code, f.severity, f.run_id) for f in report.findings] == [("no-spans", "warning", None)]
+    assert report.census.found == "no-spans" and report.to_dict()["data"]["spans"] == 0
+    assert not report.has("error") and report.has("warning")  # exit 0 by default; --fail-on warning fails
+
+
+@emits("no-rl-attributes")
+def test_spans_without_an_rl_attribute_are_not_an_rl_run():
+    t = Trace(run=None)
+    root = t.span("GET /cart", 0, 1)
+    t.span("SELECT cart", 0.2, 0.5, root, kind="client")
+    report = check_run(t.table())
+    assert codes(report) == ["no-rl-attributes"]
+    f = report.findings[0]
+    assert "2 span(s), none carrying an rl.* attribute" in f.message and f.run_id is None
+    assert report.to_dict()["data"] | {"notes": None} == {"spans": 2, "rl_spans": 0, "step_spans": 0,
+                                                          "found": "no-rl-attributes", "notes": None,
+                                                          "runs": [{"run_id": None, "spans": 2, "rl_spans": 0,
+                                                                    "step_spans": 0}]}
+
+
+@emits("no-step-spans")
+def test_a_run_with_bucketed_spans_and_no_step_span_says_it_has_no_steps():
+    """Bucketed, stamped spans and no step span: goodput puts them outside any step with no other
+    finding; the run is named, a run with steps beside it is not."""
+    bare = Trace(run="bare")
+    bare.span("rl.vllm.generate", 0, 4, iteration=1, bucket="productive")
+    bare.span("rl.grpo.policy_training", 4, 9, iteration=1, bucket="productive")
+    good = Trace(trace="b" * 32, run="good")
+    healthy_step(good, None, 1, 0)
+    report = check_run(spans_table(bare.records + good.records))
+    assert codes(report) == ["no-step-spans"]
+    f = report.findings[0]
+    assert f.run_id == "bare" and "run bare: 2 of its 2 span(s)" in f.message and "per_step" in f.message
+    assert report.census.found == "steps" and [r.run_id for r in report.census.runs_without_steps()] == ["bare"]
+    assert codes(check_run(spans_table(bare.records + good.records), run_id="good")) == []
+
+
 def test_a_parent_in_another_trace_does_not_count():
     t = Trace()
     step = t.span("rl.grpo.step", 0, 10, iteration=1)
@@ -307,8 +385,9 @@ def test_finding_dict_has_the_contract_keys():
     step = t.span("rl.grpo.step", 0, 10, iteration=1)
     t.span("rl.grpo.policy_training", 0, 10, step, iteration=1, bucket="bogus")
     data = check_run(t.table()).to_dict()
-    assert set(data) == {"findings", "counts"}
+    assert set(data) == {"findings", "counts", "data"}  # data: what the source holds (the census)
     assert {"code", "severity", "message", "trace_id", "span_ids", "iteration"} <= set(data["findings"][0])
+    assert data["data"]["found"] == "steps" and (data["data"]["spans"], data["data"]["step_spans"]) == (2, 1)
 
 
 @emits("step-without-iteration")

@@ -332,3 +332,28 @@ def test_collapsed_percentiles_hold_for_huge_and_negative_durations():
     assert rollouts["count"] == 25
     assert rollouts["p50_ns"] == ordered[12]  # nearest rank: ceil(0.5 * 25) = 13th
     assert rollouts["p99_ns"] == ordered[24] == 2**61
+
+
+def test_trace_digits_is_the_shortest_prefix_that_tells_the_traces_apart():
+    """Over random id sets with long shared prefixes (padded 64-bit ids, ids equal but for one
+    digit): the prefixes of the length given are distinct, one digit fewer are not (above 8)."""
+    import random
+
+    import pyarrow as pa
+
+    from nemo_telemetry.analysis.views.waterfall import trace_digits
+
+    rng = random.Random(7)
+    for _ in range(200):
+        shared = rng.choice([0, 4, 8, 16, 24, 31])
+        head = "".join(rng.choice("0123456789abcdef") for _ in range(shared))
+        ids = {head + "".join(rng.choice("0123456789abcdef") for _ in range(32 - shared))
+               for _ in range(rng.randint(1, 6))}
+        ids |= {i.upper() for i in list(ids)[:1]}  # one id in capitals: the same trace
+        digits = trace_digits(pa.array(sorted(ids)))
+        lower = {i.lower() for i in ids}
+        assert len({i[:digits] for i in lower}) == len(lower) and digits >= 8
+        if digits > 8:
+            assert len({i[:digits - 1] for i in lower}) < len(lower)
+    assert trace_digits(pa.array(["0" * 16 + "1" * 16, "0" * 16 + "7" * 16])) == 17
+    assert trace_digits(pa.array(["a" * 32], pa.string()).dictionary_encode()) == 8
