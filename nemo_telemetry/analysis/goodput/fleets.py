@@ -1,0 +1,699 @@
+"""``--by fleet``: GPU-seconds per fleet and bucket, as partial -> merge -> finish (docs/goodput.md, "Fleets").
+
+A *fleet* is the processes of a run that carry one ``rl.fleet`` word (``policy``, ``generation``,
+``driver`` ...); its GPUs are the sum of their ``nv.dl.gpu.count``. The rules, each once:
+
+- *window*: a sync run's step windows (goodput's own); an async run's job window less its
+  ``rl.init.total`` span (the initial buffer fill), with per-step figures that clip it to the
+  driver's step windows (no job span: the first step's start to the last step's end);
+- *capacity*: a fleet's GPU-seconds are its GPUs times the window. A run whose resource says
+  ``rl.generation.colocated`` = true has one physical fleet for training and generation
+  (:data:`COLOCATED_FLEET`): its GPUs are the larger of the two declared sums (both sets of
+  processes hold the same devices), split by time between their activities;
+- *where a span's work runs*: a process that holds GPUs does its spans' work on its own fleet; a
+  span of a process without GPUs (the driver, a collector) names work that runs on a GPU fleet by
+  its group (:data:`GROUP_FLEETS`: generation and rollout on ``generation``, log-probs, policy
+  update and checkpoint staging on ``policy``) or, where no group was recorded, its name
+  (:data:`NAME_FLEETS`); a span counts every GPU of that fleet busy (a fleet's phases are
+  lockstep);
+- *buckets*: every GPU-second of a window lands in exactly one bucket: the union of the fleet's
+  bucketed intervals with priority productive > overhead > wasted > idle, and the time under none
+  of them idle, so the buckets sum to the capacity. A retried rollout (``rl.rollout.attempt`` > 0,
+  bucketed or not) and a bucketed span that ended in error (a failed trajectory) are wasted;
+- *sources*: a fleet with bucketed spans uses them (``spans``); else its processes'
+  ``rl.fleet.busy.seconds`` (``busy_metric``): per series, the counter's increase between
+  consecutive points times the process's GPUs, spread uniformly between the two points' times
+  (the first point from its start time) and clipped to the window; its activity picks the bucket
+  (:data:`ACTIVITY_BUCKETS`, else productive), taken in priority order up to the capacity; else
+  ``none``: a fleet with GPUs and no signal is *unknown*, never idle;
+- *tokens*: where the fleet's processes count tokens (:data:`TOKEN_COUNTERS`), the tokens whose
+  increase falls in the window (spread as the busy counter is) per GPU-second.
+
+The three stages, so that every engine gives the same numbers by scheduling them:
+
+1. :func:`fleet_partial` (one batch of spans) gives ``FLEET_SCHEMA`` rows: PROC per process (run,
+   service, rank, host, pid) with its fleet, GPUs, span count and the run's placement attributes;
+   SPAN, per (run, fleet, level), the coalesced union of the intervals whose work runs there; INIT
+   the bounds of ``rl.init.total``. :func:`metric_partial` gives the metric side: PROC rows of the
+   processes that recorded points, and POINT rows of the busy and token counters.
+2. :func:`merge_fleets` merges them (first / max / sum / union), in any order and grouping.
+3. :func:`fleet_goodput` finishes each run's :class:`FleetGoodput` from the merged rows and
+   goodput's own merged partials (step windows, job bounds, async runs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nemo_telemetry.analysis.decode import BUCKETS, span_arrays
+from nemo_telemetry.analysis.goodput.rules import ASYNC, JOB, STEP, coalesced_union, partial_columns
+from nemo_telemetry.analysis.model.grouping import Columns, group_by, string_codes, take
+from nemo_telemetry.analysis.model.status import error_rows
+
+__all__ = [
+    "FLEET_SCHEMA", "PROC", "SPAN", "INIT", "POINT", "LEVELS", "FLEET_COLUMNS", "COLOCATED_FLEET", "GROUP_FLEETS",
+    "NAME_FLEETS", "ACTIVITY_BUCKETS", "BUSY_METRIC", "TOKEN_COUNTERS", "FLEET_READ_COLUMNS", "FleetFinding",
+    "FleetGoodput", "fleet_partial", "metric_partial", "merge_fleets", "fleet_goodput", "fleet_document", "attach_fleets",
+    "cluster_row",
+]
+
+PROC, SPAN, INIT, POINT = 0, 1, 2, 3
+LEVELS = ("productive", "overhead", "wasted", "idle")  # priority order: a GPU-second goes to the first that holds it
+_LEVEL_OF_BUCKET = {"productive": 0, "overhead": 1, "wasted": 2, "idle": 3}
+_WASTED = 2
+_NS = 1e9
+
+FLEET_KEY, GPU_COUNT_KEY, DRIVER_FLEET = "rl.fleet", "nv.dl.gpu.count", "driver"  # as instrument writes them
+COLOCATED_FLEET = "policy+generation"
+"""The one physical fleet of a colocated run (``rl.generation.colocated`` = true)."""
+TRAINING_FLEET, GENERATION_FLEET = "policy", "generation"
+GROUP_FLEETS = {"generation": GENERATION_FLEET, "rollout": GENERATION_FLEET, "logprob": TRAINING_FLEET,
+                "policy_update": TRAINING_FLEET, "checkpoint": TRAINING_FLEET}
+"""Span group -> the fleet whose GPUs do the work, for spans of a process that holds no GPUs."""
+NAME_FLEETS = ((r"^rl\.vllm\.", GENERATION_FLEET), (r"^rl\.[^.]+\.generation$", GENERATION_FLEET),
+               (r"^rl\.sc\.generate_and_push$", GENERATION_FLEET),
+               (r"^rl\.[^.]+\.(policy_training|policy_and_reference_logprobs|teacher_logprob_inference)$",
+                TRAINING_FLEET),
+               (r"^rl\.[^.]+\.checkpointing$", TRAINING_FLEET))
+"""The same by span name, for spans that recorded no group (hand-built tables, older dumps)."""
+BUSY_METRIC = "rl.fleet.busy.seconds"
+ACTIVITY_BUCKETS = {"validation": "overhead", "evaluate": "overhead", "refit": "overhead",
+                    "weight_sync": "overhead", "retry": "wasted"}
+"""``rl.fleet.activity`` -> bucket of the busy metric's time; any other activity is productive."""
+TOKEN_COUNTERS = ("rl.vllm.generation_tokens",)
+"""Cumulative token counters whose increase over a window gives a fleet's tokens/s/GPU."""
+INIT_SPAN = r"^rl\.init\.total$"
+ATTEMPT = "rl.rollout.attempt"
+
+FLEET_COLUMNS = ("fleet", "gpus", "processes", "source", "gpu_seconds", "productive_gpu_s", "overhead_gpu_s",
+                 "wasted_gpu_s", "idle_gpu_s", "unknown_gpu_s", "goodput", "tokens_per_s_per_gpu")
+FLEET_READ_COLUMNS = ("status_code", "rl.span_group", "attributes", "resource_attributes")
+"""What ``--by fleet`` reads of spans besides goodput's columns and (service, rank)."""
+
+FLEET_SCHEMA = pa.schema([
+    pa.field("kind", pa.int8()), pa.field("run", pa.string()),
+    # PROC: the process, its fleet and GPUs (null: not recorded), count = its spans, and the run's placement
+    pa.field("service", pa.string()), pa.field("rank", pa.int64()), pa.field("host", pa.string()),
+    pa.field("pid", pa.string()), pa.field("fleet", pa.string()), pa.field("gpus", pa.int64()),
+    pa.field("count", pa.int64()), pa.field("colocated", pa.string()), pa.field("asynchronous", pa.string()),
+    pa.field("topology_world", pa.int64()), pa.field("generation_world", pa.int64()),
+    # SPAN: fleet, level, [a, b) | INIT: [a, b) | POINT: the process, fleet, gpus, series, level (-1: tokens),
+    # a = the point's start time, b = its time, value
+    pa.field("series", pa.string()), pa.field("level", pa.int8()), pa.field("a", pa.int64()),
+    pa.field("b", pa.int64()), pa.field("value", pa.float64()),
+])
+_PROCESS = ("run", "service", "rank", "host", "pid")
+_PLACEMENT = {"colocated": "rl.generation.colocated", "asynchronous": "rl.async",
+              "topology_world": "nv.dl.topology.size.world", "generation_world": "rl.generation.topology.size.world"}
+
+
+# -- 1. partial -------------------------------------------------------------------------------
+
+
+_PLAIN_MAP = pa.map_(pa.string(), pa.string())
+
+
+def _plain_maps(table: pa.Table) -> pa.Table:
+    """``table`` with its attribute maps of plain strings (a read may give them dictionary-encoded)."""
+    for column in ("attributes", "resource_attributes"):
+        if column in table.column_names and table.schema.field(column).type != _PLAIN_MAP:
+            table = table.set_column(table.schema.get_field_index(column), column,
+                                     table.column(column).cast(_PLAIN_MAP))
+    return table
+
+
+def _lookup(table: pa.Table, column: str, key: str) -> np.ndarray:
+    """Each row's value of ``key`` in the map column ``column`` of a :func:`_plain_maps` table
+    (object array, None where absent)."""
+    if column not in table.column_names or table.num_rows == 0:
+        return np.full(table.num_rows, None, dtype=object)
+    maps = table.column(column)
+    values = pc.map_lookup(maps, pa.scalar(key, pa.string()), "first")
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=object)
+
+
+def _ints(values: np.ndarray) -> np.ndarray:
+    """Decimal integers of strings as int64 (-1 where absent or not an integer)."""
+    out = np.full(len(values), -1, np.int64)
+    for value in set(values.tolist()) - {None}:  # the few distinct values, not the rows
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            continue
+        out[values == value] = number
+    return out
+
+
+def _strings(values: np.ndarray) -> np.ndarray:
+    return np.asarray(values, dtype=object)
+
+
+def _rows(kind: int, n: int, **columns) -> pa.Table:
+    """``FLEET_SCHEMA`` rows of one ``kind``; int columns take -1 (and level -2) for null."""
+    out = []
+    for field in FLEET_SCHEMA:
+        if field.name == "kind":
+            out.append(pa.array(np.full(n, kind, np.int8)))
+            continue
+        values = columns.get(field.name)
+        if pa.types.is_string(field.type):
+            out.append(pa.array(np.full(n, None, object) if values is None else _strings(values), pa.string()))
+        elif field.name == "value":
+            out.append(pa.array(np.zeros(n) if values is None else np.asarray(values, np.float64)))
+        elif field.name == "level":
+            v = np.full(n, -2) if values is None else np.asarray(values)
+            out.append(pa.array(v.astype(np.int8), mask=v == -2))
+        elif field.name in ("a", "b"):
+            out.append(pa.array(np.zeros(n, np.int64) if values is None else np.asarray(values, np.int64)))
+        else:
+            v = np.full(n, -1, np.int64) if values is None else np.asarray(values, np.int64)
+            out.append(pa.array(v, mask=v < 0))
+    return pa.table(out, schema=FLEET_SCHEMA)
+
+
+def _process_rows(table: pa.Table, run: np.ndarray, service: np.ndarray, rank: np.ndarray, rows: np.ndarray,
+                  count: np.ndarray | None) -> pa.Table:
+    """PROC rows of the processes of ``rows`` (``count``: per row, what it adds to the count)."""
+    host, pid = _lookup(table, "resource_attributes", "host.name")[rows], _lookup(
+        table, "resource_attributes", "process.pid")[rows]
+    fleet = _lookup(table, "resource_attributes", FLEET_KEY)[rows]
+    gpus = _ints(_lookup(table, "resource_attributes", GPU_COUNT_KEY)[rows])
+    placement = {name: _lookup(table, "resource_attributes", key)[rows] for name, key in _PLACEMENT.items()}
+    keys = [run[rows], service[rows], rank[rows], host, pid]
+    codes = [string_codes(k)[0] if k.dtype == object else k for k in keys]
+    groups = group_by(*codes)
+    first = groups.first
+    counted = np.ones(len(rows), np.int64) if count is None else count
+    columns: dict[str, Any] = {name: keys[i][first] for i, name in enumerate(_PROCESS)}
+    columns.update(fleet=fleet[first], gpus=groups.reduce(np.maximum, gpus), count=groups.reduce(np.add, counted))
+    for name in ("colocated", "asynchronous"):
+        columns[name] = placement[name][first]
+    for name in ("topology_world", "generation_world"):
+        columns[name] = groups.reduce(np.maximum, _ints(placement[name]))
+    return _rows(PROC, len(first), **columns)
+
+
+def _target_fleets(arrays, table: pa.Table, rows: np.ndarray, fleet: np.ndarray, gpus: np.ndarray) -> np.ndarray:
+    """The fleet whose GPUs do the work of each of ``rows``: its process's, where that holds GPUs;
+    else its group's (:data:`GROUP_FLEETS`), else its name's (:data:`NAME_FLEETS`); else its
+    process's own word (None: none)."""
+    target = fleet[rows].copy()
+    gpuless = gpus[rows] <= 0
+    if "rl.span_group" in table.column_names:
+        group = np.asarray(pc.cast(table.column("rl.span_group"), pa.string()).to_numpy(zero_copy_only=False),
+                           dtype=object)[rows]
+    else:
+        group = np.full(len(rows), None, object)
+    named = np.full(len(rows), None, object)
+    for regex, word in reversed(NAME_FLEETS):  # the first pattern that matches wins
+        named[arrays.rows_of_names(regex)[rows]] = word
+    mapped = np.array([GROUP_FLEETS.get(g) for g in group.tolist()], dtype=object) if len(rows) else named
+    mapped = np.where(group == None, named, mapped)  # noqa: E711 (an object array's elementwise test)
+    return np.where(gpuless & (mapped != None), mapped, target)  # noqa: E711
+
+
+def fleet_partial(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
+    """The fleet partial (``FLEET_SCHEMA``) of one batch of spans (every row of the run asked for)."""
+    arrays = span_arrays(batch)
+    table = _plain_maps(arrays.table)
+    keep = np.ones(len(arrays), bool) if run_id is None else (
+        arrays.run == arrays.runs.index(run_id) if run_id in arrays.runs else np.zeros(len(arrays), bool))
+    runs = np.array([*arrays.runs, None], dtype=object)
+    run = runs[arrays.run]
+    services = np.array([*arrays.services, None], dtype=object)
+    service = services[arrays.service]
+    rank = np.where(arrays.has_rank, arrays.rank, -1).astype(np.int64)
+    kept = np.flatnonzero(keep)
+    parts = [_process_rows(table, run, service, rank, kept, None)]
+    fleet = _lookup(table, "resource_attributes", FLEET_KEY)
+    gpus = _ints(_lookup(table, "resource_attributes", GPU_COUNT_KEY))
+    bucketed = (arrays.bucket >= 0) & arrays.valid_interval & keep
+    attempt = _ints(_lookup(table, "attributes", ATTEMPT))
+    retried = (attempt > 0) & arrays.valid_interval & keep
+    rows = np.flatnonzero(bucketed | retried)
+    level = np.full(len(rows), _WASTED, np.int64)
+    known = bucketed[rows]
+    to_level = np.array([_LEVEL_OF_BUCKET[b] for b in BUCKETS], np.int64)
+    level[known] = to_level[arrays.bucket[rows[known]]]
+    level[retried[rows] | error_rows(table)[rows]] = _WASTED
+    target = _target_fleets(arrays, table, rows, fleet, gpus)
+    has = target != None  # noqa: E711
+    rows, level, target = rows[has], level[has], target[has]
+    run_codes, fleet_codes = arrays.run[rows].astype(np.int64), string_codes(target)[0]
+    groups = group_by(run_codes, fleet_codes, level)
+    head, lo, hi = coalesced_union(groups.codes, arrays.start[rows], arrays.end[rows])
+    first = groups.first[head]
+    parts.append(_rows(SPAN, len(head), run=run[rows][first], fleet=target[first], level=level[first], a=lo, b=hi))
+    init = np.flatnonzero(arrays.rows_of_names(INIT_SPAN) & arrays.valid_interval & keep)
+    by_run = group_by(arrays.run[init].astype(np.int64))
+    parts.append(_rows(INIT, len(by_run), run=run[init][by_run.first],
+                       a=by_run.reduce(np.minimum, arrays.start[init]), b=by_run.reduce(np.maximum, arrays.end[init])))
+    return pa.concat_tables(parts)
+
+
+def metric_partial(metrics: pa.Table | None, *, run_id: str | None = None) -> pa.Table:
+    """The fleet partial of metric points: PROC rows of the processes that recorded any (count 0:
+    a process is not the more present for its points), POINT rows of :data:`BUSY_METRIC` (level by
+    activity) and of :data:`TOKEN_COUNTERS` (level -1)."""
+    if metrics is None or metrics.num_rows == 0:
+        return FLEET_SCHEMA.empty_table()
+    metrics = _plain_maps(metrics)
+    run = np.asarray(pc.cast(metrics.column("run_id"), pa.string()).to_numpy(zero_copy_only=False), dtype=object)
+    keep = np.ones(len(run), bool) if run_id is None else (run == run_id)
+    service = np.asarray(pc.cast(metrics.column("service_name"), pa.string()).to_numpy(zero_copy_only=False),
+                         dtype=object)
+    rank = np.asarray(pc.fill_null(metrics.column("rank"), -1).to_numpy(), np.int64)
+    rows = np.flatnonzero(keep)
+    parts = [_process_rows(metrics, run, service, rank, rows, np.zeros(len(rows), np.int64))]
+    name = np.asarray(pc.cast(metrics.column("name"), pa.string()).to_numpy(zero_copy_only=False), dtype=object)
+    kind = np.asarray(pc.cast(metrics.column("kind"), pa.string()).to_numpy(zero_copy_only=False), dtype=object)
+    busy = keep & (name == BUSY_METRIC) & (kind == "sum")
+    tokens = keep & np.isin(name, TOKEN_COUNTERS) & (kind == "sum")
+    rows = np.flatnonzero(busy | tokens)
+    activity = _lookup(metrics, "attributes", "rl.fleet.activity")[rows]
+    point_fleet = _lookup(metrics, "attributes", FLEET_KEY)[rows]
+    own = _lookup(metrics, "resource_attributes", FLEET_KEY)[rows]
+    fleet = np.where(own == None, point_fleet, own)  # noqa: E711
+    level = np.array([_LEVEL_OF_BUCKET[ACTIVITY_BUCKETS.get(a, "productive")] for a in activity.tolist()], np.int64)
+    level = np.where(busy[rows], level, -1)
+    series = np.array([f"{n}|{a or ''}" for n, a in zip(name[rows].tolist(), activity.tolist())], dtype=object)
+    start = np.asarray(pc.fill_null(metrics.column("start_time_ns"), -1).to_numpy(), np.int64)[rows]
+    time = np.asarray(metrics.column("time_ns").to_numpy(), np.int64)[rows]
+    value = np.asarray(pc.fill_null(metrics.column("value"), 0.0).to_numpy(), np.float64)[rows]
+    parts.append(_rows(POINT, len(rows), run=run[rows], service=service[rows], rank=rank[rows],
+                       host=_lookup(metrics, "resource_attributes", "host.name")[rows],
+                       pid=_lookup(metrics, "resource_attributes", "process.pid")[rows], fleet=fleet,
+                       gpus=_ints(_lookup(metrics, "resource_attributes", GPU_COUNT_KEY)[rows]), series=series,
+                       level=level, a=start, b=time, value=value))
+    return pa.concat_tables(parts)
+
+
+# -- 2. merge ---------------------------------------------------------------------------------
+
+
+def _columns(table: pa.Table) -> Columns:
+    out: Columns = {}
+    for field in FLEET_SCHEMA:
+        column = table.column(field.name)
+        if pa.types.is_string(field.type):
+            out[field.name] = np.asarray(column.to_numpy(zero_copy_only=False), dtype=object)
+        elif field.name == "value":
+            out[field.name] = np.asarray(column.to_numpy(), np.float64)
+        else:
+            null = -2 if field.name == "level" else -1
+            out[field.name] = np.asarray(pc.fill_null(column, null).to_numpy(), np.int64)
+    return out
+
+
+def _codes(*columns: np.ndarray) -> list[np.ndarray]:
+    return [string_codes(c)[0] if c.dtype == object else c for c in columns]
+
+
+def _first_known(groups, values: np.ndarray) -> np.ndarray:
+    """Per group, the first non-null string of ``values`` (None when it has none)."""
+    out = np.full(len(groups), None, dtype=object)
+    known = np.flatnonzero(values != None)  # noqa: E711
+    if known.size:
+        codes = groups.codes[known]
+        firsts = np.full(len(groups), len(values), np.int64)
+        np.minimum.at(firsts, codes, known)
+        found = firsts < len(values)
+        out[found] = values[firsts[found]]
+    return out
+
+
+def merge_fleets(partials: Sequence[pa.Table]) -> pa.Table:
+    """Fleet partials merged: one PROC row per process (its first fleet word, its largest GPU count,
+    its span counts summed), the SPAN unions disjoint per (run, fleet, level), one INIT row per run
+    (earliest start, latest end), each POINT once."""
+    table = pa.concat_tables([p.select(FLEET_SCHEMA.names).cast(FLEET_SCHEMA) for p in partials]) if partials \
+        else FLEET_SCHEMA.empty_table()
+    rows = _columns(table)
+    parts = []
+    proc = take(rows, rows["kind"] == PROC)
+    groups = group_by(*_codes(*(proc[k] for k in _PROCESS))) if len(proc["kind"]) else None
+    if groups is not None:
+        columns = {k: groups.key(proc[k]) for k in _PROCESS}
+        columns.update(fleet=_first_known(groups, proc["fleet"]), gpus=groups.reduce(np.maximum, proc["gpus"]),
+                       count=groups.reduce(np.add, proc["count"]),
+                       colocated=_first_known(groups, proc["colocated"]),
+                       asynchronous=_first_known(groups, proc["asynchronous"]),
+                       topology_world=groups.reduce(np.maximum, proc["topology_world"]),
+                       generation_world=groups.reduce(np.maximum, proc["generation_world"]))
+        parts.append(_rows(PROC, len(groups), **columns))
+    span = take(rows, rows["kind"] == SPAN)
+    if len(span["kind"]):
+        groups = group_by(*_codes(span["run"], span["fleet"]), span["level"])
+        head, lo, hi = coalesced_union(groups.codes, span["a"], span["b"])
+        first = groups.first[head]
+        parts.append(_rows(SPAN, len(head), run=span["run"][first], fleet=span["fleet"][first],
+                           level=span["level"][first], a=lo, b=hi))
+    init = take(rows, rows["kind"] == INIT)
+    if len(init["kind"]):
+        groups = group_by(*_codes(init["run"]))
+        parts.append(_rows(INIT, len(groups), run=groups.key(init["run"]), a=groups.reduce(np.minimum, init["a"]),
+                           b=groups.reduce(np.maximum, init["b"])))
+    point = take(rows, rows["kind"] == POINT)
+    if len(point["kind"]):
+        keys = ("run", "service", "rank", "host", "pid", "series", "b")
+        groups = group_by(*_codes(*(point[k] for k in keys)))
+        first = np.sort(groups.first)
+        parts.append(_rows(POINT, len(first), **{k: v[first] for k, v in point.items() if k != "kind"}))
+    return pa.concat_tables(parts) if parts else FLEET_SCHEMA.empty_table()
+
+
+# -- 3. finish --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FleetFinding:
+    """What would make a fleet's figures lie: ``code`` (``fleet-unknown``, ``fleet-gpus-unknown``,
+    ``fleet-no-busy-signal``, ``fleet-overcommitted``, ``fleet-topology-mismatch``), the fleet
+    (None: a process without one), and what to do."""
+
+    code: str
+    severity: str
+    fleet: str | None
+    message: str
+
+
+@dataclass(frozen=True)
+class FleetGoodput:
+    """One run's GPU-seconds per fleet: ``fleets`` (``FLEET_COLUMNS``, one row per fleet), the
+    ``cluster`` row (the sums over fleets with GPUs), ``steps`` (per step: iteration, its fleets
+    table, its cluster row), and the findings."""
+
+    fleets: pa.Table
+    cluster: dict[str, Any]
+    steps: tuple[tuple[int, pa.Table, dict[str, Any]], ...]
+    findings: tuple[FleetFinding, ...]
+    windowing: str  # "steps" (a sync run) or "job" (async: the job less rl.init.total)
+    per_step: bool = False  # asked for by="fleet,step": the document and the table show ``steps``
+
+
+def _below(starts: np.ndarray, ends: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Length of the union of disjoint sorted ``[starts, ends)`` below each ``x``."""
+    if len(starts) == 0:
+        return np.zeros(len(x), np.int64)
+    lengths = ends - starts
+    before = np.concatenate([[0], np.cumsum(lengths)])
+    k = np.searchsorted(starts, x, side="right") - 1
+    at = np.clip(k, 0, None)
+    inside = np.clip(x - starts[at], 0, lengths[at])
+    return np.where(k >= 0, before[at] + inside, 0).astype(np.int64)
+
+
+def _covered(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Length of the union of ``[starts, ends)`` inside each ``[lo, hi)``."""
+    if len(starts) == 0:
+        return np.zeros(len(lo), np.int64)
+    _, s, e = coalesced_union(np.zeros(len(starts), np.int64), starts, ends)
+    return _below(s, e, hi) - _below(s, e, lo)
+
+
+def _spread(t0: np.ndarray, t1: np.ndarray, amount: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per window ``[lo, hi)``, the share of each ``amount`` spread uniformly over ``[t0, t1]`` that
+    falls inside it (an amount of no duration: where its time falls, ``lo < t <= hi``)."""
+    if len(t0) == 0:
+        return np.zeros(len(lo))
+    width = (t1 - t0).astype(np.float64)
+    overlap = np.clip(np.minimum(t1[:, None], hi[None, :]) - np.maximum(t0[:, None], lo[None, :]), 0, None)
+    share = np.where(width[:, None] > 0, overlap / np.where(width > 0, width, 1)[:, None],
+                     (t1[:, None] > lo[None, :]) & (t1[:, None] <= hi[None, :]))
+    return (amount[:, None] * share).sum(axis=0)
+
+
+def _increments(points: Columns) -> Columns:
+    """Per series (process, metric and activity), each point's increase over the one before it
+    (a counter that went down started over: its value) and the interval it is spread over."""
+    order = np.lexsort((points["b"], *_codes(*(points[k] for k in ("series", "pid", "host", "rank", "service",
+                                                                      "run")))[::-1]))
+    p = take(points, order)
+    key = group_by(*_codes(*(p[k] for k in ("run", "service", "rank", "host", "pid", "series")))).codes
+    n = len(key)
+    first = np.ones(n, bool)
+    first[1:] = key[1:] != key[:-1]
+    previous_value = np.concatenate([[0.0], p["value"][:-1]])
+    previous_time = np.concatenate([[0], p["b"][:-1]])
+    restart = ~first & (p["value"] < previous_value)
+    increase = np.where(first | restart, p["value"], p["value"] - previous_value)
+    t0 = np.where(first | restart, np.where(p["a"] >= 0, p["a"], p["b"]), previous_time)
+    return {**p, "t0": t0.astype(np.int64), "increase": increase}
+
+
+def _windows(code: int, run: str | None, steps, jobs: Columns, inits: Columns, asynchronous: bool):
+    """(run pieces (a, b), per step: (iteration, pieces)) of one run."""
+    mine = steps.run == code
+    iteration, s_lo, s_hi = steps.iteration[mine], steps.start[mine], steps.end[mine]
+    if not asynchronous:
+        return (s_lo, s_hi), [(int(i), (np.array([a]), np.array([b]))) for i, a, b in zip(iteration, s_lo, s_hi)]
+    job = take(jobs, (jobs["run"] == code) & (jobs["bucket"] > 0))
+    if len(job["a"]):
+        lo, hi = int(job["a"].min()), int(job["b"].max())
+    elif len(s_lo):
+        lo, hi = int(s_lo.min()), int(s_hi.max())
+    else:
+        return (np.zeros(0, np.int64), np.zeros(0, np.int64)), []
+    pieces = [(lo, hi)]
+    init = take(inits, inits["run"] == run)
+    if len(init["a"]):
+        a, b = int(init["a"][0]), int(init["b"][0])
+        pieces = [(x, y) for x, y in ((lo, min(hi, a)), (max(lo, b), hi)) if y > x]
+    lo_arr = np.array([p[0] for p in pieces], np.int64)
+    hi_arr = np.array([p[1] for p in pieces], np.int64)
+    per_step = []
+    for i, a, b in zip(iteration, s_lo, s_hi):
+        clipped_lo, clipped_hi = np.maximum(lo_arr, a), np.minimum(hi_arr, b)
+        some = clipped_hi > clipped_lo
+        per_step.append((int(i), (clipped_lo[some], clipped_hi[some])))
+    return (lo_arr, hi_arr), per_step
+
+
+def _fleet_of(words: np.ndarray, colocated: bool) -> np.ndarray:
+    if not colocated:
+        return words
+    out = words.copy()
+    out[(words == TRAINING_FLEET) | (words == GENERATION_FLEET)] = COLOCATED_FLEET
+    return out
+
+
+def _rows_for(window, fleets: list[dict], spans: Columns, increments: Columns) -> tuple[pa.Table, dict, list]:
+    """The fleets table and cluster row of one window (pieces ``(lo, hi)``), and the overcommitted fleets."""
+    lo, hi = window
+    length = int((hi - lo).sum())
+    out, over = [], []
+    for f in fleets:
+        gpus = f["gpus"]
+        capacity = gpus * length
+        row: dict[str, Any] = {"fleet": f["fleet"], "gpus": gpus, "processes": f["processes"], "source": f["source"],
+                               "gpu_seconds": capacity / _NS}
+        levels = np.zeros(4)
+        unknown = 0.0
+        if f["source"] == "spans":
+            mine = take(spans, spans["fleet"] == f["fleet"])
+            union = [0]
+            for level in range(3):  # productive, then with overhead, then with wasted
+                held = mine["level"] <= level
+                union.append(int(_covered(mine["a"][held], mine["b"][held], lo, hi).sum()))
+            for level in range(3):
+                levels[level] = gpus * (union[level + 1] - union[level])
+            levels[3] = gpus * (length - union[3])
+        elif f["source"] == "busy_metric":
+            mine = take(increments, (increments["fleet"] == f["fleet"]) & (increments["level"] >= 0))
+            amount = mine["increase"] * _NS * np.maximum(mine["gpus"], 0)
+            busy = np.zeros(4)
+            for level in range(4):
+                held = mine["level"] == level
+                busy[level] = _spread(mine["t0"][held], mine["b"][held], amount[held], lo, hi).sum()
+            if busy.sum() > capacity * (1 + 1e-12) + 1:
+                over.append((f["fleet"], busy.sum() / _NS, capacity / _NS))
+            left = float(capacity)
+            for level in range(3):
+                levels[level] = min(busy[level], left)
+                left -= levels[level]
+            levels[3] = left
+        else:
+            unknown = float(capacity)
+        for level, name in enumerate(LEVELS):
+            row[f"{name}_gpu_s"] = levels[level] / _NS
+        row["unknown_gpu_s"] = unknown / _NS
+        row["goodput"] = levels[0] / capacity if capacity > 0 and f["source"] != "none" else None
+        tokens = take(increments, (increments["fleet"] == f["fleet"]) & (increments["level"] == -1))
+        if len(tokens["b"]) and capacity > 0:
+            counted = _spread(tokens["t0"], tokens["b"], tokens["increase"], lo, hi).sum()
+            row["tokens_per_s_per_gpu"] = float(counted) / (capacity / _NS)
+        else:
+            row["tokens_per_s_per_gpu"] = None
+        out.append(row)
+    table = pa.Table.from_pylist(out, schema=_FLEETS_SCHEMA)
+    return table, cluster_row(out), over
+
+
+_FLEETS_SCHEMA = pa.schema([
+    pa.field("fleet", pa.string()), pa.field("gpus", pa.int64()), pa.field("processes", pa.int64()),
+    pa.field("source", pa.string()), *(pa.field(c, pa.float64()) for c in FLEET_COLUMNS[4:]),
+])
+
+
+def cluster_row(rows: list[dict]) -> dict[str, Any]:
+    """The cluster row: the sums over the fleets with GPUs; goodput of those sums; tokens/s/GPU is
+    a fleet's figure only (tokens of different fleets do not add)."""
+    with_gpus = [r for r in rows if r["gpus"] > 0]
+    out: dict[str, Any] = {"fleet": "cluster", "gpus": sum(r["gpus"] for r in with_gpus),
+                           "processes": sum(r["processes"] for r in with_gpus), "source": None}
+    for c in FLEET_COLUMNS[4:10]:
+        out[c] = math.fsum(r[c] for r in with_gpus)
+    out["goodput"] = out["productive_gpu_s"] / out["gpu_seconds"] if out["gpu_seconds"] > 0 else None
+    out["tokens_per_s_per_gpu"] = None
+    return out
+
+
+def fleet_goodput(merged: pa.Table, goodput_merged: pa.Table, run_order: Sequence[str | None], steps,
+                  ) -> dict[str | None, FleetGoodput]:
+    """Each run's :class:`FleetGoodput` from merged fleet partials and goodput's merged partials
+    (``steps``: their :class:`~nemo_telemetry.analysis.goodput.rules.Steps`, runs coded by ``run_order``)."""
+    rows = _columns(merged)
+    rules_rows, _ = partial_columns(goodput_merged, run_order)
+    jobs = take(rules_rows, rules_rows["kind"] == JOB)
+    asynchronous_codes = set(rules_rows["run"][(rules_rows["kind"] == ASYNC) & (rules_rows["count"] > 0)].tolist())
+    present = set(rules_rows["run"][np.isin(rules_rows["kind"], (STEP, JOB))].tolist())
+    procs = take(rows, rows["kind"] == PROC)
+    inits = take(rows, rows["kind"] == INIT)
+    out: dict[str | None, FleetGoodput] = {}
+    for code in sorted(present | {run_order.index(r) for r in set(procs["run"].tolist()) if r in run_order}):
+        run = run_order[code] if code >= 0 else None
+        mine = take(procs, procs["run"] == run)
+        colocated = "true" in {str(v).lower() for v in mine["colocated"].tolist() if v is not None}
+        asynchronous = code in asynchronous_codes or "true" in {
+            str(v).lower() for v in mine["asynchronous"].tolist() if v is not None}
+        spans = take(rows, (rows["kind"] == SPAN) & (rows["run"] == run))
+        spans["fleet"] = _fleet_of(spans["fleet"], colocated)
+        points = take(rows, (rows["kind"] == POINT) & (rows["run"] == run))
+        points["fleet"] = _fleet_of(points["fleet"], colocated)
+        increments = _increments(points) if len(points["b"]) else {**points, "t0": points["a"],
+                                                                     "increase": points["value"]}
+        fleets, findings = _fleets_of(mine, colocated, spans, increments)
+        whole, per_step = _windows(code, run, steps, jobs, inits, asynchronous)
+        table, cluster, over = _rows_for(whole, fleets, spans, increments)
+        step_rows = []
+        for iteration, window in per_step:
+            step_table, step_cluster, step_over = _rows_for(window, fleets, spans, increments)
+            step_rows.append((iteration, step_table, step_cluster))
+            over.extend(step_over)
+        for fleet in dict.fromkeys(f for f, _, _ in over):
+            worst = max((o for o in over if o[0] == fleet), key=lambda o: o[1] - o[2])
+            findings.append(FleetFinding(
+                "fleet-overcommitted", "warning", fleet,
+                f"fleet {fleet}: its processes' {BUSY_METRIC} add up to {worst[1]:.6g} busy GPU-seconds in a window "
+                f"of {worst[2]:.6g} GPU-seconds (its GPUs x the window): the excess is left out, so the buckets sum "
+                "to the capacity. A process's nv.dl.gpu.count is too high, or its busy counter counts more than its "
+                "wall clock (it must count seconds with at least one unit of work in flight, not per unit)"))
+        out[run] = FleetGoodput(table, cluster, tuple(step_rows), tuple(findings), "job" if asynchronous else "steps")
+    return out
+
+
+def _label(row: dict) -> str:
+    return f"{row['service'] or '?'}" + (f":{row['rank']}" if row["rank"] >= 0 else "")
+
+
+def _fleets_of(procs: Columns, colocated: bool, spans: Columns, increments: Columns) -> tuple[list[dict], list]:
+    """The run's fleets (sorted: GPU fleets by word, the driver last), their GPUs, processes and
+    source, and the findings about processes and placement."""
+    findings: list[FleetFinding] = []
+    words = _fleet_of(procs["fleet"], colocated)
+    rows = [{k: procs[k][i] for k in procs} for i in range(len(words))]
+    unfleeted = [r for r in rows if r["fleet"] is None and r["count"] > 0]
+    if unfleeted:
+        names = ", ".join(sorted({_label(r) for r in unfleeted})[:10])
+        findings.append(FleetFinding(
+            "fleet-unknown", "warning", None,
+            f"{len(unfleeted)} process(es) with spans record no rl.fleet ({names}): their GPUs are in no fleet. "
+            "Pass fleet= to init_telemetry_worker (traced_worker_init sets it from the role; the driver is 'driver')"))
+    fleets: list[dict] = []
+    for word in sorted({w for w in words.tolist() if w is not None}, key=lambda w: (w == DRIVER_FLEET, w)):
+        members = [r for r, w in zip(rows, words.tolist()) if w == word]
+        unknown = [r for r in members if r["gpus"] < 0]
+        if unknown and word != DRIVER_FLEET:
+            findings.append(FleetFinding(
+                "fleet-gpus-unknown", "warning", word,
+                f"fleet {word}: {len(unknown)} of its {len(members)} process(es) record no nv.dl.gpu.count "
+                f"({', '.join(sorted({_label(r) for r in unknown})[:10])}): they count 0 GPUs. Pass gpus= to "
+                "init_telemetry_worker, or run the worker where CUDA_VISIBLE_DEVICES or ray.get_gpu_ids() says"))
+        if colocated and word == COLOCATED_FLEET:  # one set of devices, declared by both sets of processes
+            sums = {w: sum(max(r["gpus"], 0) for r, o in zip(rows, procs["fleet"].tolist()) if o == w)
+                    for w in (TRAINING_FLEET, GENERATION_FLEET)}
+            gpus = max(sums.values())
+        else:
+            gpus = sum(max(r["gpus"], 0) for r in members)
+        if (spans["fleet"] == word).any():
+            source = "spans"
+        elif ((increments["fleet"] == word) & (increments["level"] >= 0)).any():
+            source = "busy_metric"
+        else:
+            source = "none"
+        if source == "none" and gpus > 0:
+            findings.append(FleetFinding(
+                "fleet-no-busy-signal", "warning", word,
+                f"fleet {word}: {gpus} GPU(s) and no bucketed span nor {BUSY_METRIC} point: its GPU-seconds are "
+                "unknown, not idle. Coverage gap: work with no span (async generate_async, engines other than vLLM) "
+                f"needs the busy metric; record {BUSY_METRIC} in its workers, or open bucketed spans there"))
+        fleets.append({"fleet": word, "gpus": gpus, "processes": len(members), "source": source})
+        expected = _expected_world(word, procs, colocated)
+        if expected is not None and gpus != expected[1]:
+            findings.append(FleetFinding(
+                "fleet-topology-mismatch", "warning", word,
+                f"fleet {word}: its processes record {gpus} GPU(s), the run config's {expected[0]} says "
+                f"{expected[1]}: a process is missing from the data, or records the wrong nv.dl.gpu.count"))
+    return fleets, findings
+
+
+def _expected_world(word: str, procs: Columns, colocated: bool) -> tuple[str, int] | None:
+    key = {TRAINING_FLEET: "topology_world", COLOCATED_FLEET: "topology_world",
+           GENERATION_FLEET: "generation_world"}.get(word)
+    if key is None or (colocated and word == GENERATION_FLEET):
+        return None
+    values = procs[key][procs[key] >= 0]
+    if not len(values):
+        return None
+    name = "nv.dl.topology.size.world" if key == "topology_world" else "rl.generation.topology.size.world"
+    return name, int(values.max())
+
+
+def _clean(value: Any) -> Any:
+    return None if isinstance(value, float) and value != value else value
+
+
+def fleet_document(fleets: FleetGoodput) -> dict[str, Any]:
+    """The run's ``fleets``, ``cluster``, ``fleet_window``, ``fleet_findings`` (and per step,
+    ``fleet_steps``) keys of the goodput JSON document (docs/goodput.md, "Fleets")."""
+    out: dict[str, Any] = {
+        "fleets": [{k: _clean(v) for k, v in row.items()} for row in fleets.fleets.to_pylist()],
+        "cluster": {k: _clean(v) for k, v in fleets.cluster.items()},
+        "fleet_window": fleets.windowing,
+        "fleet_findings": [vars(f) for f in fleets.findings],
+    }
+    if fleets.per_step:
+        out["fleet_steps"] = [{"iteration": i, "fleets": [{k: _clean(v) for k, v in r.items()} for r in t.to_pylist()],
+                               "cluster": {k: _clean(v) for k, v in c.items()}} for i, t, c in fleets.steps]
+    return out
+
+
+def attach_fleets(runs: tuple, fleet_merged: pa.Table, goodput_merged: pa.Table,
+                  run_order: Sequence[str | None], *, by: str = "fleet") -> tuple:
+    """``runs`` (goodput's) with their ``fleets``: the finish of merged fleet partials over the
+    windows of goodput's merged partials (per step too where ``by`` is ``"fleet,step"``)."""
+    from dataclasses import replace
+
+    from nemo_telemetry.analysis.goodput.rules import merged_steps
+
+    steps = merged_steps(goodput_merged, run_order).steps
+    done = fleet_goodput(fleet_merged, goodput_merged, run_order, steps)
+    per_step = by == "fleet,step"
+    return tuple(replace(run, fleets=replace(done[run.run_id], per_step=per_step) if run.run_id in done else None)
+                 for run in runs)
