@@ -345,11 +345,14 @@ def test_by_must_be_known():
 # -- the same answer out of core --------------------------------------------------------------
 
 
-def write_dataset(root, records: list[dict], *, batch: int = 3):
+def write_dataset(root, records: list[dict], *, batch: int = 3, metrics: pa.Table | None = None):
+    """The spans as a dataset, ``batch`` spans a file; ``metrics`` its metrics/ table."""
     spans = with_id_keys(spans_table(records))
     writer = DatasetWriter(root)
     for offset in range(0, spans.num_rows, batch):
         writer.write(OtlpTables(spans.slice(offset, batch), EVENTS_SCHEMA.empty_table(), LINKS_SCHEMA.empty_table()))
+    if metrics is not None:
+        writer.stage_table("metrics/points.parquet", metrics)
     writer.close()
     return root
 
@@ -358,8 +361,9 @@ def write_dataset(root, records: list[dict], *, batch: int = 3):
 @pytest.mark.parametrize("fixture", [split_spans, colocated_spans, async_spans])
 def test_streamed_in_small_batches_gives_the_in_memory_answer(tmp_path, fixture, by):
     records = fixture()
-    root = write_dataset(tmp_path / "ds", records)
-    expected = goodput_document(run_goodput(spans_table(records), by=by))
+    metrics = async_metrics() if fixture is async_spans else None
+    root = write_dataset(tmp_path / "ds", records, metrics=metrics)
+    expected = goodput_document(run_goodput(spans_table(records), by=by, metrics=metrics))
     assert goodput_document(stream_goodput(root, by=by, batch_rows=2)) == expected
     # the engine's choice: in memory, and streamed past a tiny memory budget
     assert goodput_document(goodput_with_engine(root, by=by)) == expected
