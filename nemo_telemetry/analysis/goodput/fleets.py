@@ -417,16 +417,33 @@ def _covered(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarra
     return _below(s, e, hi) - _below(s, e, lo)
 
 
-def _spread(t0: np.ndarray, t1: np.ndarray, amount: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Per window ``[lo, hi)``, the share of each ``amount`` spread uniformly over ``[t0, t1]`` that
-    falls inside it (an amount of no duration: where its time falls, ``lo < t <= hi``)."""
+def _cumulative(t0: np.ndarray, t1: np.ndarray, amount: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Of one series' increments (disjoint, sorted ``[t0, t1]``, each ``amount`` spread uniformly
+    over its interval; one of no duration counts where its time falls), how much lies at or below
+    each ``x``."""
     if len(t0) == 0:
-        return np.zeros(len(lo))
-    width = (t1 - t0).astype(np.float64)
-    overlap = np.clip(np.minimum(t1[:, None], hi[None, :]) - np.maximum(t0[:, None], lo[None, :]), 0, None)
-    share = np.where(width[:, None] > 0, overlap / np.where(width > 0, width, 1)[:, None],
-                     (t1[:, None] > lo[None, :]) & (t1[:, None] <= hi[None, :]))
-    return (amount[:, None] * share).sum(axis=0)
+        return np.zeros(len(x))
+    order = np.argsort(t1, kind="stable")
+    t0, t1, amount = t0[order], t1[order], amount[order]
+    before = np.concatenate([[0.0], np.cumsum(amount)])
+    done = np.searchsorted(t1, x, side="right")  # increments wholly at or below x
+    at = np.clip(done, 0, len(t1) - 1)
+    width = (t1[at] - t0[at]).astype(np.float64)
+    part = np.where((done < len(t1)) & (width > 0),
+                    amount[at] * np.clip((x - t0[at]) / np.where(width > 0, width, 1), 0, 1), 0.0)
+    return before[done] + part
+
+
+def _spread(series: np.ndarray, t0: np.ndarray, t1: np.ndarray, amount: np.ndarray, lo: np.ndarray,
+            hi: np.ndarray) -> np.ndarray:
+    """Per window piece ``[lo, hi]``, the share of each ``amount`` spread uniformly over its
+    ``[t0, t1]`` that falls inside it, summed over the ``series`` (each series' increments are
+    disjoint: consecutive points of one counter)."""
+    total = np.zeros(len(lo))
+    for code in np.unique(series):  # a loop over the counters (processes x activities), not the points
+        mine = series == code
+        total += _cumulative(t0[mine], t1[mine], amount[mine], hi) - _cumulative(t0[mine], t1[mine], amount[mine], lo)
+    return total
 
 
 def _increments(points: Columns) -> Columns:
@@ -444,35 +461,41 @@ def _increments(points: Columns) -> Columns:
     restart = ~first & (p["value"] < previous_value)
     increase = np.where(first | restart, p["value"], p["value"] - previous_value)
     t0 = np.where(first | restart, np.where(p["a"] >= 0, p["a"], p["b"]), previous_time)
-    return {**p, "t0": t0.astype(np.int64), "increase": increase}
+    return {**p, "t0": t0.astype(np.int64), "increase": increase, "series_code": key}
 
 
 def _windows(code: int, run: str | None, steps, jobs: Columns, inits: Columns, asynchronous: bool):
-    """(run pieces (a, b), per step: (iteration, pieces)) of one run."""
+    """The run's windows as pieces: (window of each piece, lo, hi, the iteration of each window
+    after the first). Window 0 is the run's (its step windows, or async: the job less
+    rl.init.total); window i > 0 is step i's (async: clipped to the run's)."""
     mine = steps.run == code
     iteration, s_lo, s_hi = steps.iteration[mine], steps.start[mine], steps.end[mine]
+    n = len(iteration)
     if not asynchronous:
-        return (s_lo, s_hi), [(int(i), (np.array([a]), np.array([b]))) for i, a, b in zip(iteration, s_lo, s_hi)]
+        window = np.concatenate([np.zeros(n, np.int64), np.arange(1, n + 1)])
+        return window, np.concatenate([s_lo, s_lo]), np.concatenate([s_hi, s_hi]), iteration
     job = take(jobs, (jobs["run"] == code) & (jobs["bucket"] > 0))
     if len(job["a"]):
         lo, hi = int(job["a"].min()), int(job["b"].max())
-    elif len(s_lo):
+    elif n:
         lo, hi = int(s_lo.min()), int(s_hi.max())
     else:
-        return (np.zeros(0, np.int64), np.zeros(0, np.int64)), []
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), iteration
     pieces = [(lo, hi)]
     init = take(inits, inits["run"] == run)
     if len(init["a"]):
         a, b = int(init["a"][0]), int(init["b"][0])
         pieces = [(x, y) for x, y in ((lo, min(hi, a)), (max(lo, b), hi)) if y > x]
-    lo_arr = np.array([p[0] for p in pieces], np.int64)
-    hi_arr = np.array([p[1] for p in pieces], np.int64)
-    per_step = []
-    for i, a, b in zip(iteration, s_lo, s_hi):
-        clipped_lo, clipped_hi = np.maximum(lo_arr, a), np.minimum(hi_arr, b)
-        some = clipped_hi > clipped_lo
-        per_step.append((int(i), (clipped_lo[some], clipped_hi[some])))
-    return (lo_arr, hi_arr), per_step
+    run_lo = np.array([p[0] for p in pieces], np.int64)
+    run_hi = np.array([p[1] for p in pieces], np.int64)
+    # each step against each piece of the run's window: a step and a few pieces, not spans
+    step_of = np.repeat(np.arange(n), len(pieces))
+    clipped_lo = np.maximum(np.tile(run_lo, n), s_lo[step_of])
+    clipped_hi = np.minimum(np.tile(run_hi, n), s_hi[step_of])
+    some = clipped_hi > clipped_lo
+    window = np.concatenate([np.zeros(len(pieces), np.int64), step_of[some] + 1])
+    return (window, np.concatenate([run_lo, clipped_lo[some]]), np.concatenate([run_hi, clipped_hi[some]]),
+            iteration)
 
 
 def _fleet_of(words: np.ndarray, colocated: bool) -> np.ndarray:
@@ -483,56 +506,60 @@ def _fleet_of(words: np.ndarray, colocated: bool) -> np.ndarray:
     return out
 
 
-def _rows_for(window, fleets: list[dict], spans: Columns, increments: Columns) -> tuple[pa.Table, dict, list]:
-    """The fleets table and cluster row of one window (pieces ``(lo, hi)``), and the overcommitted fleets."""
-    lo, hi = window
-    length = int((hi - lo).sum())
-    out, over = [], []
+def _window_rows(window: np.ndarray, lo: np.ndarray, hi: np.ndarray, windows: int, fleets: list[dict],
+                 spans: Columns, increments: Columns) -> tuple[list[list[dict]], list]:
+    """Per window (pieces ``window``, ``lo``, ``hi``), its fleets' rows; and the (fleet, busy, capacity)
+    of every window whose busy metric holds more than its GPUs."""
+    length = np.bincount(window, weights=(hi - lo).astype(np.float64), minlength=windows)
+    out: list[list[dict]] = [[] for _ in range(windows)]
+    over = []
     for f in fleets:
         gpus = f["gpus"]
         capacity = gpus * length
-        row: dict[str, Any] = {"fleet": f["fleet"], "gpus": gpus, "processes": f["processes"], "source": f["source"],
-                               "gpu_seconds": capacity / _NS}
-        levels = np.zeros(4)
-        unknown = 0.0
+        levels = np.zeros((windows, 4))
+        unknown = np.zeros(windows)
         if f["source"] == "spans":
             mine = take(spans, spans["fleet"] == f["fleet"])
-            union = [0]
+            union = [np.zeros(windows)]
             for level in range(3):  # productive, then with overhead, then with wasted
                 held = mine["level"] <= level
-                union.append(int(_covered(mine["a"][held], mine["b"][held], lo, hi).sum()))
+                covered = _covered(mine["a"][held], mine["b"][held], lo, hi)
+                union.append(np.bincount(window, weights=covered.astype(np.float64), minlength=windows))
             for level in range(3):
-                levels[level] = gpus * (union[level + 1] - union[level])
-            levels[3] = gpus * (length - union[3])
+                levels[:, level] = gpus * (union[level + 1] - union[level])
+            levels[:, 3] = gpus * (length - union[3])
         elif f["source"] == "busy_metric":
             mine = take(increments, (increments["fleet"] == f["fleet"]) & (increments["level"] >= 0))
             amount = mine["increase"] * _NS * np.maximum(mine["gpus"], 0)
-            busy = np.zeros(4)
+            busy = np.zeros((windows, 4))
             for level in range(4):
                 held = mine["level"] == level
-                busy[level] = _spread(mine["t0"][held], mine["b"][held], amount[held], lo, hi).sum()
-            if busy.sum() > capacity * (1 + 1e-12) + 1:
-                over.append((f["fleet"], busy.sum() / _NS, capacity / _NS))
-            left = float(capacity)
-            for level in range(3):
-                levels[level] = min(busy[level], left)
-                left -= levels[level]
-            levels[3] = left
+                spread = _spread(mine["series_code"][held], mine["t0"][held], mine["b"][held], amount[held], lo, hi)
+                busy[:, level] = np.bincount(window, weights=spread, minlength=windows)
+            total = busy.sum(axis=1)
+            for w in np.flatnonzero(total > capacity * (1 + 1e-12) + 1):
+                over.append((f["fleet"], total[w] / _NS, capacity[w] / _NS))
+            left = capacity.astype(np.float64)
+            for level in range(3):  # in priority order, up to the capacity
+                levels[:, level] = np.minimum(busy[:, level], left)
+                left = left - levels[:, level]
+            levels[:, 3] = left
         else:
-            unknown = float(capacity)
-        for level, name in enumerate(LEVELS):
-            row[f"{name}_gpu_s"] = levels[level] / _NS
-        row["unknown_gpu_s"] = unknown / _NS
-        row["goodput"] = levels[0] / capacity if capacity > 0 and f["source"] != "none" else None
+            unknown = capacity.astype(np.float64)
         tokens = take(increments, (increments["fleet"] == f["fleet"]) & (increments["level"] == -1))
-        if len(tokens["b"]) and capacity > 0:
-            counted = _spread(tokens["t0"], tokens["b"], tokens["increase"], lo, hi).sum()
-            row["tokens_per_s_per_gpu"] = float(counted) / (capacity / _NS)
-        else:
-            row["tokens_per_s_per_gpu"] = None
-        out.append(row)
-    table = pa.Table.from_pylist(out, schema=_FLEETS_SCHEMA)
-    return table, cluster_row(out), over
+        counted = np.bincount(window, weights=_spread(tokens["series_code"], tokens["t0"], tokens["b"],
+                                                      tokens["increase"], lo, hi), minlength=windows)
+        for w in range(windows):
+            row: dict[str, Any] = {"fleet": f["fleet"], "gpus": gpus, "processes": f["processes"],
+                                   "source": f["source"], "gpu_seconds": capacity[w] / _NS}
+            for level, name in enumerate(LEVELS):
+                row[f"{name}_gpu_s"] = levels[w, level] / _NS
+            row["unknown_gpu_s"] = unknown[w] / _NS
+            row["goodput"] = levels[w, 0] / capacity[w] if capacity[w] > 0 and f["source"] != "none" else None
+            row["tokens_per_s_per_gpu"] = (float(counted[w]) / (capacity[w] / _NS)
+                                           if len(tokens["b"]) and capacity[w] > 0 else None)
+            out[w].append(row)
+    return out, over
 
 
 _FLEETS_SCHEMA = pa.schema([
@@ -576,16 +603,14 @@ def fleet_goodput(merged: pa.Table, goodput_merged: pa.Table, run_order: Sequenc
         spans["fleet"] = _fleet_of(spans["fleet"], colocated)
         points = take(rows, (rows["kind"] == POINT) & (rows["run"] == run))
         points["fleet"] = _fleet_of(points["fleet"], colocated)
-        increments = _increments(points) if len(points["b"]) else {**points, "t0": points["a"],
-                                                                     "increase": points["value"]}
+        increments = _increments(points) if len(points["b"]) else {
+            **points, "t0": points["a"], "increase": points["value"], "series_code": points["a"]}
         fleets, findings = _fleets_of(mine, colocated, spans, increments)
-        whole, per_step = _windows(code, run, steps, jobs, inits, asynchronous)
-        table, cluster, over = _rows_for(whole, fleets, spans, increments)
-        step_rows = []
-        for iteration, window in per_step:
-            step_table, step_cluster, step_over = _rows_for(window, fleets, spans, increments)
-            step_rows.append((iteration, step_table, step_cluster))
-            over.extend(step_over)
+        window, lo, hi, iterations = _windows(code, run, steps, jobs, inits, asynchronous)
+        rows_of, over = _window_rows(window, lo, hi, len(iterations) + 1, fleets, spans, increments)
+        tables = [(pa.Table.from_pylist(r, schema=_FLEETS_SCHEMA), cluster_row(r)) for r in rows_of]
+        table, cluster = tables[0]
+        step_rows = [(int(i), t, c) for i, (t, c) in zip(iterations, tables[1:])]
         for fleet in dict.fromkeys(f for f, _, _ in over):
             worst = max((o for o in over if o[0] == fleet), key=lambda o: o[1] - o[2])
             findings.append(FleetFinding(
