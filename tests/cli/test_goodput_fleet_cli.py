@@ -7,6 +7,7 @@ import csv
 import importlib.util
 import io
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,48 @@ def test_plot_draws_a_stacked_bar_per_fleet(dataset, tmp_path):
 def test_unknown_by_is_a_usage_error(dataset):
     result = runner.invoke(app, ["goodput", str(dataset), "--by", "fleets"])
     assert result.exit_code == 2 and "fleet,step" in result.output
+
+
+def test_fleets_declared_by_the_instrument_reach_goodput_through_ingest(tmp_path, monkeypatch):
+    """init_telemetry_worker(fleet=, gpus=) -> dump files -> ingest -> goodput --by fleet: each
+    process's rl.fleet and nv.dl.gpu.count travel as resource attributes, and the driver's spans
+    land on the fleet their group names."""
+    from nemo_telemetry.analysis import read_spans
+    from nemo_telemetry.instrument import (init_telemetry_driver, init_telemetry_worker, iteration_scope,
+                                           managed_span, shutdown_telemetry, span_cm)
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    dumps = tmp_path / "dumps"
+    init_telemetry_driver({"enabled": True, "span_groups": "all", "exporter": "dump", "dump_dir": str(dumps)})
+    with iteration_scope(1), span_cm("rl.grpo.step"):
+        with managed_span("generation", "rl.vllm.generate"):
+            time.sleep(0.02)
+        with managed_span("policy_update", "rl.grpo.policy_training"):
+            time.sleep(0.03)
+    assert init_telemetry_worker(rank=0, world_size=1, service_name="vllm-worker", fleet="generation", gpus=2)
+    with span_cm("rl.vllm.worker"):
+        pass
+    assert init_telemetry_worker(rank=0, world_size=1, service_name="policy-worker", fleet="policy", gpus=4)
+    with span_cm("rl.policy.worker"):
+        pass
+    shutdown_telemetry(timeout_s=10)
+
+    spans = {r["name"]: r for r in read_spans(dumps).to_pylist()}
+    assert spans["rl.vllm.generate"]["rl.span_group"] == "generation"
+    assert spans["rl.vllm.generate"]["rl.bucket"] == "productive"
+    generate = spans["rl.vllm.generate"]["end_ns"] - spans["rl.vllm.generate"]["start_ns"]
+    training = spans["rl.grpo.policy_training"]["end_ns"] - spans["rl.grpo.policy_training"]["start_ns"]
+    step = spans["rl.grpo.step"]["end_ns"] - spans["rl.grpo.step"]["start_ns"]
+    assert runner.invoke(app, ["ingest", str(dumps), "--out", str(tmp_path / "ds")]).exit_code == 0
+    for source in (dumps, tmp_path / "ds"):
+        result = runner.invoke(app, ["goodput", str(source), "--by", "fleet", "--format", "json"])
+        assert result.exit_code == 0, result.output
+        (run,) = json.loads(result.output)["runs"]
+        fleets = {f["fleet"]: f for f in run["fleets"]}
+        assert list(fleets) == ["generation", "policy", "driver"]
+        assert (fleets["generation"]["gpus"], fleets["generation"]["source"]) == (2, "spans")
+        assert fleets["generation"]["gpu_seconds"] == pytest.approx(2 * step / 1e9, abs=1e-6)
+        assert fleets["generation"]["productive_gpu_s"] == pytest.approx(2 * generate / 1e9, abs=1e-6)
+        assert fleets["policy"]["productive_gpu_s"] == pytest.approx(4 * training / 1e9, abs=1e-6)
+        assert (fleets["driver"]["gpus"], fleets["driver"]["processes"]) == (0, 1)
+        assert run["fleet_findings"] == []
