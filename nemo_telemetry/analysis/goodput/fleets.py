@@ -43,7 +43,6 @@ The three stages, so that every engine gives the same numbers by scheduling them
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -60,7 +59,6 @@ __all__ = [
     "FLEET_SCHEMA", "PROC", "SPAN", "INIT", "POINT", "LEVELS", "FLEET_COLUMNS", "COLOCATED_FLEET", "GROUP_FLEETS",
     "NAME_FLEETS", "ACTIVITY_BUCKETS", "BUSY_METRIC", "TOKEN_COUNTERS", "FLEET_READ_COLUMNS", "FleetFinding",
     "FleetGoodput", "fleet_partial", "metric_partial", "merge_fleets", "fleet_goodput", "fleet_document", "attach_fleets",
-    "cluster_row",
 ]
 
 PROC, SPAN, INIT, POINT = 0, 1, 2, 3
@@ -116,38 +114,65 @@ _PLACEMENT = {"colocated": "rl.generation.colocated", "asynchronous": "rl.async"
 # -- 1. partial -------------------------------------------------------------------------------
 
 
-_PLAIN_MAP = pa.map_(pa.string(), pa.string())
+@dataclass(frozen=True, eq=False)
+class _Coded:
+    """Strings as codes: each row's code into ``names`` (distinct), -1 for none."""
+
+    codes: np.ndarray
+    names: tuple
+
+    def strings(self, rows: np.ndarray | None = None) -> np.ndarray:
+        codes = self.codes if rows is None else self.codes[rows]
+        return np.array([*self.names, None], dtype=object)[codes]
+
+    def ints(self) -> np.ndarray:
+        """Decimal integers as int64, -1 where absent or not a non-negative integer."""
+        numbers = np.array([_to_int(n) for n in self.names] + [-1], np.int64)
+        return numbers[self.codes]
 
 
-def _plain_maps(table: pa.Table) -> pa.Table:
-    """``table`` with its attribute maps of plain strings (a read may give them dictionary-encoded)."""
-    for column in ("attributes", "resource_attributes"):
-        if column in table.column_names and table.schema.field(column).type != _PLAIN_MAP:
-            table = table.set_column(table.schema.get_field_index(column), column,
-                                     table.column(column).cast(_PLAIN_MAP))
-    return table
+def _to_int(text) -> int:
+    try:
+        number = int(text)
+    except (TypeError, ValueError):
+        return -1
+    return number if number >= 0 else -1
 
 
-def _lookup(table: pa.Table, column: str, key: str) -> np.ndarray:
-    """Each row's value of ``key`` in the map column ``column`` of a :func:`_plain_maps` table
-    (object array, None where absent)."""
-    if column not in table.column_names or table.num_rows == 0:
-        return np.full(table.num_rows, None, dtype=object)
-    maps = table.column(column)
-    values = pc.map_lookup(maps, pa.scalar(key, pa.string()), "first")
-    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=object)
+def _coded(values) -> _Coded:
+    """:class:`_Coded` of an Arrow string (or dictionary) array; equal strings share one code."""
+    codes, names = string_codes(values)
+    unique = {}
+    remap = np.array([unique.setdefault(n, len(unique)) for n in names] + [-1], np.int64)
+    return _Coded(remap[codes], tuple(unique))
 
 
-def _ints(values: np.ndarray) -> np.ndarray:
-    """Decimal integers of strings as int64 (-1 where absent or not an integer)."""
-    out = np.full(len(values), -1, np.int64)
-    for value in set(values.tolist()) - {None}:  # the few distinct values, not the rows
-        try:
-            number = int(value)
-        except (TypeError, ValueError):
-            continue
-        out[values == value] = number
-    return out
+def _map_values(table: pa.Table, column: str, keys: Sequence[str]) -> dict[str, _Coded]:
+    """Per key of ``keys``, each row's value in the map column ``column`` (the last where a key
+    repeats). One pass over the maps' entries, whatever the number of keys."""
+    n = table.num_rows
+    codes = {k: np.full(n, -1, np.int64) for k in keys}
+    names: dict[str, dict] = {k: {} for k in keys}
+    if column in table.column_names and n:
+        offset = 0
+        for chunk in table.column(column).chunks:
+            bounds = np.asarray(chunk.offsets.to_numpy(), np.int64)  # the slice's, into the whole child
+            first, count = int(bounds[0]), int(bounds[-1] - bounds[0])
+            parents = np.repeat(np.arange(len(chunk), dtype=np.int64), np.diff(bounds)) + offset
+            offset += len(chunk)
+            if count == 0:
+                continue
+            entry_keys = _coded(chunk.keys.slice(first, count))
+            entry_values = chunk.items.slice(first, count)
+            for key in keys:
+                if key not in entry_keys.names:
+                    continue
+                sel = np.flatnonzero(entry_keys.codes == entry_keys.names.index(key))
+                values = _coded(entry_values.take(pa.array(sel)))
+                known = names[key]
+                remap = np.array([known.setdefault(v, len(known)) for v in values.names] + [-1], np.int64)
+                codes[key][parents[sel]] = remap[values.codes]
+    return {k: _Coded(codes[k], tuple(names[k])) for k in keys}
 
 
 def _strings(values: np.ndarray) -> np.ndarray:
@@ -177,64 +202,62 @@ def _rows(kind: int, n: int, **columns) -> pa.Table:
     return pa.table(out, schema=FLEET_SCHEMA)
 
 
-def _process_rows(table: pa.Table, run: np.ndarray, service: np.ndarray, rank: np.ndarray, rows: np.ndarray,
+_RESOURCE_KEYS = ("host.name", "process.pid", FLEET_KEY, GPU_COUNT_KEY, *_PLACEMENT.values())
+
+
+def _process_rows(resource: dict[str, _Coded], run: _Coded, service: _Coded, rank: np.ndarray, rows: np.ndarray,
                   count: np.ndarray | None) -> pa.Table:
-    """PROC rows of the processes of ``rows`` (``count``: per row, what it adds to the count)."""
-    host, pid = _lookup(table, "resource_attributes", "host.name")[rows], _lookup(
-        table, "resource_attributes", "process.pid")[rows]
-    fleet = _lookup(table, "resource_attributes", FLEET_KEY)[rows]
-    gpus = _ints(_lookup(table, "resource_attributes", GPU_COUNT_KEY)[rows])
-    placement = {name: _lookup(table, "resource_attributes", key)[rows] for name, key in _PLACEMENT.items()}
-    keys = [run[rows], service[rows], rank[rows], host, pid]
-    codes = [string_codes(k)[0] if k.dtype == object else k for k in keys]
-    groups = group_by(*codes)
-    first = groups.first
+    """PROC rows of the processes of ``rows`` (``resource``: :func:`_map_values` of the resource
+    keys; ``count``: per row, what it adds to the count)."""
+    host, pid = resource["host.name"], resource["process.pid"]
+    groups = group_by(run.codes[rows], service.codes[rows], rank[rows], host.codes[rows], pid.codes[rows])
+    first = rows[groups.first]
     counted = np.ones(len(rows), np.int64) if count is None else count
-    columns: dict[str, Any] = {name: keys[i][first] for i, name in enumerate(_PROCESS)}
-    columns.update(fleet=fleet[first], gpus=groups.reduce(np.maximum, gpus), count=groups.reduce(np.add, counted))
+    columns: dict[str, Any] = {"run": run.strings(first), "service": service.strings(first), "rank": rank[first],
+                               "host": host.strings(first), "pid": pid.strings(first),
+                               "fleet": resource[FLEET_KEY].strings(first),
+                               "gpus": groups.reduce(np.maximum, resource[GPU_COUNT_KEY].ints()[rows]),
+                               "count": groups.reduce(np.add, counted)}
     for name in ("colocated", "asynchronous"):
-        columns[name] = placement[name][first]
+        columns[name] = resource[_PLACEMENT[name]].strings(first)
     for name in ("topology_world", "generation_world"):
-        columns[name] = groups.reduce(np.maximum, _ints(placement[name]))
+        columns[name] = groups.reduce(np.maximum, resource[_PLACEMENT[name]].ints()[rows])
     return _rows(PROC, len(first), **columns)
 
 
-def _target_fleets(arrays, table: pa.Table, rows: np.ndarray, fleet: np.ndarray, gpus: np.ndarray) -> np.ndarray:
+def _target_fleets(arrays, table: pa.Table, rows: np.ndarray, fleet: _Coded, gpus: np.ndarray) -> np.ndarray:
     """The fleet whose GPUs do the work of each of ``rows``: its process's, where that holds GPUs;
     else its group's (:data:`GROUP_FLEETS`), else its name's (:data:`NAME_FLEETS`); else its
     process's own word (None: none)."""
-    target = fleet[rows].copy()
+    target = fleet.strings(rows)
     gpuless = gpus[rows] <= 0
-    if "rl.span_group" in table.column_names:
-        group = np.asarray(pc.cast(table.column("rl.span_group"), pa.string()).to_numpy(zero_copy_only=False),
-                           dtype=object)[rows]
-    else:
-        group = np.full(len(rows), None, object)
     named = np.full(len(rows), None, object)
     for regex, word in reversed(NAME_FLEETS):  # the first pattern that matches wins
         named[arrays.rows_of_names(regex)[rows]] = word
-    mapped = np.array([GROUP_FLEETS.get(g) for g in group.tolist()], dtype=object) if len(rows) else named
-    mapped = np.where(group == None, named, mapped)  # noqa: E711 (an object array's elementwise test)
-    return np.where(gpuless & (mapped != None), mapped, target)  # noqa: E711
+    mapped = named
+    if "rl.span_group" in table.column_names:
+        group = _coded(table.column("rl.span_group"))
+        by_group = np.array([GROUP_FLEETS.get(g) for g in group.names] + [None], dtype=object)
+        codes = group.codes[rows]
+        mapped = np.where(codes >= 0, by_group[codes], named)  # a recorded group decides
+    return np.where(gpuless & (mapped != None), mapped, target)  # noqa: E711 (an object array's elementwise test)
 
 
 def fleet_partial(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
     """The fleet partial (``FLEET_SCHEMA``) of one batch of spans (every row of the run asked for)."""
     arrays = span_arrays(batch)
-    table = _plain_maps(arrays.table)
+    table = arrays.table
     keep = np.ones(len(arrays), bool) if run_id is None else (
         arrays.run == arrays.runs.index(run_id) if run_id in arrays.runs else np.zeros(len(arrays), bool))
-    runs = np.array([*arrays.runs, None], dtype=object)
-    run = runs[arrays.run]
-    services = np.array([*arrays.services, None], dtype=object)
-    service = services[arrays.service]
+    run = _Coded(arrays.run.astype(np.int64), tuple(arrays.runs))
+    service = _Coded(arrays.service.astype(np.int64), tuple(arrays.services))
     rank = np.where(arrays.has_rank, arrays.rank, -1).astype(np.int64)
     kept = np.flatnonzero(keep)
-    parts = [_process_rows(table, run, service, rank, kept, None)]
-    fleet = _lookup(table, "resource_attributes", FLEET_KEY)
-    gpus = _ints(_lookup(table, "resource_attributes", GPU_COUNT_KEY))
+    resource = _map_values(table, "resource_attributes", _RESOURCE_KEYS)
+    parts = [_process_rows(resource, run, service, rank, kept, None)]
+    gpus = resource[GPU_COUNT_KEY].ints()
     bucketed = (arrays.bucket >= 0) & arrays.valid_interval & keep
-    attempt = _ints(_lookup(table, "attributes", ATTEMPT))
+    attempt = _map_values(table, "attributes", (ATTEMPT,))[ATTEMPT].ints()
     retried = (attempt > 0) & arrays.valid_interval & keep
     rows = np.flatnonzero(bucketed | retried)
     level = np.full(len(rows), _WASTED, np.int64)
@@ -242,17 +265,18 @@ def fleet_partial(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
     to_level = np.array([_LEVEL_OF_BUCKET[b] for b in BUCKETS], np.int64)
     level[known] = to_level[arrays.bucket[rows[known]]]
     level[retried[rows] | error_rows(table)[rows]] = _WASTED
-    target = _target_fleets(arrays, table, rows, fleet, gpus)
+    target = _target_fleets(arrays, table, rows, resource[FLEET_KEY], gpus)
     has = target != None  # noqa: E711
     rows, level, target = rows[has], level[has], target[has]
     run_codes, fleet_codes = arrays.run[rows].astype(np.int64), string_codes(target)[0]
     groups = group_by(run_codes, fleet_codes, level)
     head, lo, hi = coalesced_union(groups.codes, arrays.start[rows], arrays.end[rows])
     first = groups.first[head]
-    parts.append(_rows(SPAN, len(head), run=run[rows][first], fleet=target[first], level=level[first], a=lo, b=hi))
+    parts.append(_rows(SPAN, len(head), run=run.strings(rows[first]), fleet=target[first], level=level[first],
+                       a=lo, b=hi))
     init = np.flatnonzero(arrays.rows_of_names(INIT_SPAN) & arrays.valid_interval & keep)
     by_run = group_by(arrays.run[init].astype(np.int64))
-    parts.append(_rows(INIT, len(by_run), run=run[init][by_run.first],
+    parts.append(_rows(INIT, len(by_run), run=run.strings(init[by_run.first]),
                        a=by_run.reduce(np.minimum, arrays.start[init]), b=by_run.reduce(np.maximum, arrays.end[init])))
     return pa.concat_tables(parts)
 
@@ -263,34 +287,33 @@ def metric_partial(metrics: pa.Table | None, *, run_id: str | None = None) -> pa
     activity) and of :data:`TOKEN_COUNTERS` (level -1)."""
     if metrics is None or metrics.num_rows == 0:
         return FLEET_SCHEMA.empty_table()
-    metrics = _plain_maps(metrics)
-    run = np.asarray(pc.cast(metrics.column("run_id"), pa.string()).to_numpy(zero_copy_only=False), dtype=object)
-    keep = np.ones(len(run), bool) if run_id is None else (run == run_id)
-    service = np.asarray(pc.cast(metrics.column("service_name"), pa.string()).to_numpy(zero_copy_only=False),
-                         dtype=object)
+    run, service = _coded(metrics.column("run_id")), _coded(metrics.column("service_name"))
+    keep = np.ones(metrics.num_rows, bool) if run_id is None else (
+        run.codes == (run.names.index(run_id) if run_id in run.names else -2))
     rank = np.asarray(pc.fill_null(metrics.column("rank"), -1).to_numpy(), np.int64)
+    resource = _map_values(metrics, "resource_attributes", _RESOURCE_KEYS)
     rows = np.flatnonzero(keep)
-    parts = [_process_rows(metrics, run, service, rank, rows, np.zeros(len(rows), np.int64))]
-    name = np.asarray(pc.cast(metrics.column("name"), pa.string()).to_numpy(zero_copy_only=False), dtype=object)
-    kind = np.asarray(pc.cast(metrics.column("kind"), pa.string()).to_numpy(zero_copy_only=False), dtype=object)
-    busy = keep & (name == BUSY_METRIC) & (kind == "sum")
-    tokens = keep & np.isin(name, TOKEN_COUNTERS) & (kind == "sum")
+    parts = [_process_rows(resource, run, service, rank, rows, np.zeros(len(rows), np.int64))]
+    name, kind = _coded(metrics.column("name")), _coded(metrics.column("kind"))
+    names = np.array([*name.names, None], dtype=object)[name.codes]
+    is_sum = kind.codes == (kind.names.index("sum") if "sum" in kind.names else -2)
+    busy = keep & (names == BUSY_METRIC) & is_sum
+    tokens = keep & np.isin(names, TOKEN_COUNTERS) & is_sum
     rows = np.flatnonzero(busy | tokens)
-    activity = _lookup(metrics, "attributes", "rl.fleet.activity")[rows]
-    point_fleet = _lookup(metrics, "attributes", FLEET_KEY)[rows]
-    own = _lookup(metrics, "resource_attributes", FLEET_KEY)[rows]
-    fleet = np.where(own == None, point_fleet, own)  # noqa: E711
+    point = _map_values(metrics, "attributes", ("rl.fleet.activity", FLEET_KEY))
+    activity = point["rl.fleet.activity"].strings(rows)
+    own = resource[FLEET_KEY].strings(rows)
+    fleet = np.where(own == None, point[FLEET_KEY].strings(rows), own)  # noqa: E711
     level = np.array([_LEVEL_OF_BUCKET[ACTIVITY_BUCKETS.get(a, "productive")] for a in activity.tolist()], np.int64)
     level = np.where(busy[rows], level, -1)
-    series = np.array([f"{n}|{a or ''}" for n, a in zip(name[rows].tolist(), activity.tolist())], dtype=object)
+    series = np.array([f"{n}|{a or ''}" for n, a in zip(names[rows].tolist(), activity.tolist())], dtype=object)
     start = np.asarray(pc.fill_null(metrics.column("start_time_ns"), -1).to_numpy(), np.int64)[rows]
     time = np.asarray(metrics.column("time_ns").to_numpy(), np.int64)[rows]
     value = np.asarray(pc.fill_null(metrics.column("value"), 0.0).to_numpy(), np.float64)[rows]
-    parts.append(_rows(POINT, len(rows), run=run[rows], service=service[rows], rank=rank[rows],
-                       host=_lookup(metrics, "resource_attributes", "host.name")[rows],
-                       pid=_lookup(metrics, "resource_attributes", "process.pid")[rows], fleet=fleet,
-                       gpus=_ints(_lookup(metrics, "resource_attributes", GPU_COUNT_KEY)[rows]), series=series,
-                       level=level, a=start, b=time, value=value))
+    parts.append(_rows(POINT, len(rows), run=run.strings(rows), service=service.strings(rows), rank=rank[rows],
+                       host=resource["host.name"].strings(rows), pid=resource["process.pid"].strings(rows),
+                       fleet=fleet, gpus=resource[GPU_COUNT_KEY].ints()[rows], series=series, level=level, a=start,
+                       b=time, value=value))
     return pa.concat_tables(parts)
 
 
@@ -387,7 +410,7 @@ class FleetFinding:
 class FleetGoodput:
     """One run's GPU-seconds per fleet: ``fleets`` (``FLEET_COLUMNS``, one row per fleet), the
     ``cluster`` row (the sums over fleets with GPUs), ``steps`` (per step: iteration, its fleets
-    table, its cluster row), and the findings."""
+    table, its cluster row; empty unless ``per_step``), and the findings."""
 
     fleets: pa.Table
     cluster: dict[str, Any]
@@ -507,17 +530,20 @@ def _fleet_of(words: np.ndarray, colocated: bool) -> np.ndarray:
 
 
 def _window_rows(window: np.ndarray, lo: np.ndarray, hi: np.ndarray, windows: int, fleets: list[dict],
-                 spans: Columns, increments: Columns) -> tuple[list[list[dict]], list]:
-    """Per window (pieces ``window``, ``lo``, ``hi``), its fleets' rows; and the (fleet, busy, capacity)
-    of every window whose busy metric holds more than its GPUs."""
+                 spans: Columns, increments: Columns) -> tuple[dict[str, np.ndarray], list]:
+    """Every window's fleet rows (pieces ``window``, ``lo``, ``hi``) as columns of shape (windows,
+    fleets), GPU-nanoseconds; and the (fleet, busy, capacity) of each window whose busy metric
+    holds more than its GPUs."""
     length = np.bincount(window, weights=(hi - lo).astype(np.float64), minlength=windows)
-    out: list[list[dict]] = [[] for _ in range(windows)]
+    shape = (windows, len(fleets))
+    out = {"capacity": np.zeros(shape), "levels": np.zeros((*shape, 4)), "unknown": np.zeros(shape),
+           "tokens": np.full(shape, np.nan)}
     over = []
-    for f in fleets:
+    for j, f in enumerate(fleets):
         gpus = f["gpus"]
         capacity = gpus * length
-        levels = np.zeros((windows, 4))
-        unknown = np.zeros(windows)
+        out["capacity"][:, j] = capacity
+        levels = out["levels"][:, j]
         if f["source"] == "spans":
             mine = take(spans, spans["fleet"] == f["fleet"])
             union = [np.zeros(windows)]
@@ -545,21 +571,50 @@ def _window_rows(window: np.ndarray, lo: np.ndarray, hi: np.ndarray, windows: in
                 left = left - levels[:, level]
             levels[:, 3] = left
         else:
-            unknown = capacity.astype(np.float64)
+            out["unknown"][:, j] = capacity
         tokens = take(increments, (increments["fleet"] == f["fleet"]) & (increments["level"] == -1))
-        counted = np.bincount(window, weights=_spread(tokens["series_code"], tokens["t0"], tokens["b"],
-                                                      tokens["increase"], lo, hi), minlength=windows)
-        for w in range(windows):
-            row: dict[str, Any] = {"fleet": f["fleet"], "gpus": gpus, "processes": f["processes"],
-                                   "source": f["source"], "gpu_seconds": capacity[w] / _NS}
-            for level, name in enumerate(LEVELS):
-                row[f"{name}_gpu_s"] = levels[w, level] / _NS
-            row["unknown_gpu_s"] = unknown[w] / _NS
-            row["goodput"] = levels[w, 0] / capacity[w] if capacity[w] > 0 and f["source"] != "none" else None
-            row["tokens_per_s_per_gpu"] = (float(counted[w]) / (capacity[w] / _NS)
-                                           if len(tokens["b"]) and capacity[w] > 0 else None)
-            out[w].append(row)
+        if len(tokens["b"]):
+            counted = np.bincount(window, weights=_spread(tokens["series_code"], tokens["t0"], tokens["b"],
+                                                          tokens["increase"], lo, hi), minlength=windows)
+            out["tokens"][:, j] = np.where(capacity > 0, counted / np.where(capacity > 0, capacity, 1) * _NS, np.nan)
     return out, over
+
+
+def _fleet_tables(fleets: list[dict], columns: dict[str, np.ndarray]) -> tuple[pa.Table, list[dict]]:
+    """One ``FLEET_COLUMNS`` table of every window's fleets (window-major: window w is rows
+    ``w * len(fleets)`` on) and each window's cluster row."""
+    windows, n = columns["capacity"].shape
+    capacity, levels, unknown = columns["capacity"], columns["levels"], columns["unknown"]
+    known = np.array([f["source"] != "none" for f in fleets], bool)
+    goodput = np.where((capacity > 0) & known[None, :], levels[:, :, 0] / np.where(capacity > 0, capacity, 1),
+                       np.nan)
+    table = {"fleet": np.tile(np.array([f["fleet"] for f in fleets], dtype=object), windows),
+             "gpus": np.tile(np.array([f["gpus"] for f in fleets], np.int64), windows),
+             "processes": np.tile(np.array([f["processes"] for f in fleets], np.int64), windows),
+             "source": np.tile(np.array([f["source"] for f in fleets], dtype=object), windows),
+             "gpu_seconds": (capacity / _NS).ravel()}
+    for level, name in enumerate(LEVELS):
+        table[f"{name}_gpu_s"] = (levels[:, :, level] / _NS).ravel()
+    table["unknown_gpu_s"] = (unknown / _NS).ravel()
+    table["goodput"] = goodput.ravel()
+    table["tokens_per_s_per_gpu"] = columns["tokens"].ravel()
+    arrays = [pa.array(table[c], _FLEETS_SCHEMA.field(c).type,
+                       mask=np.isnan(table[c]) if c in ("goodput", "tokens_per_s_per_gpu") else None)
+              for c in FLEET_COLUMNS]
+    with_gpus = np.array([f["gpus"] > 0 for f in fleets], bool)
+    gpus, processes = sum(f["gpus"] for f in fleets if f["gpus"] > 0), sum(
+        f["processes"] for f in fleets if f["gpus"] > 0)
+    sums = {"gpu_seconds": capacity, **{f"{name}_gpu_s": levels[:, :, i] for i, name in enumerate(LEVELS)},
+            "unknown_gpu_s": unknown}
+    totals = {k: (v[:, with_gpus].sum(axis=1) / _NS).tolist() for k, v in sums.items()}
+    clusters = []
+    for w in range(windows):
+        row: dict[str, Any] = {"fleet": "cluster", "gpus": gpus, "processes": processes, "source": None}
+        row.update({k: totals[k][w] for k in FLEET_COLUMNS[4:10]})
+        row["goodput"] = row["productive_gpu_s"] / row["gpu_seconds"] if row["gpu_seconds"] > 0 else None
+        row["tokens_per_s_per_gpu"] = None
+        clusters.append(row)
+    return pa.Table.from_arrays(arrays, schema=_FLEETS_SCHEMA), clusters
 
 
 _FLEETS_SCHEMA = pa.schema([
@@ -568,23 +623,11 @@ _FLEETS_SCHEMA = pa.schema([
 ])
 
 
-def cluster_row(rows: list[dict]) -> dict[str, Any]:
-    """The cluster row: the sums over the fleets with GPUs; goodput of those sums; tokens/s/GPU is
-    a fleet's figure only (tokens of different fleets do not add)."""
-    with_gpus = [r for r in rows if r["gpus"] > 0]
-    out: dict[str, Any] = {"fleet": "cluster", "gpus": sum(r["gpus"] for r in with_gpus),
-                           "processes": sum(r["processes"] for r in with_gpus), "source": None}
-    for c in FLEET_COLUMNS[4:10]:
-        out[c] = math.fsum(r[c] for r in with_gpus)
-    out["goodput"] = out["productive_gpu_s"] / out["gpu_seconds"] if out["gpu_seconds"] > 0 else None
-    out["tokens_per_s_per_gpu"] = None
-    return out
-
-
-def fleet_goodput(merged: pa.Table, goodput_merged: pa.Table, run_order: Sequence[str | None], steps,
-                  ) -> dict[str | None, FleetGoodput]:
+def fleet_goodput(merged: pa.Table, goodput_merged: pa.Table, run_order: Sequence[str | None], steps, *,
+                  per_step: bool = False) -> dict[str | None, FleetGoodput]:
     """Each run's :class:`FleetGoodput` from merged fleet partials and goodput's merged partials
-    (``steps``: their :class:`~nemo_telemetry.analysis.goodput.rules.Steps`, runs coded by ``run_order``)."""
+    (``steps``: their :class:`~nemo_telemetry.analysis.goodput.rules.Steps`, runs coded by
+    ``run_order``); with ``per_step``, each step's rows too."""
     rows = _columns(merged)
     rules_rows, _ = partial_columns(goodput_merged, run_order)
     jobs = take(rules_rows, rules_rows["kind"] == JOB)
@@ -607,10 +650,14 @@ def fleet_goodput(merged: pa.Table, goodput_merged: pa.Table, run_order: Sequenc
             **points, "t0": points["a"], "increase": points["value"], "series_code": points["a"]}
         fleets, findings = _fleets_of(mine, colocated, spans, increments)
         window, lo, hi, iterations = _windows(code, run, steps, jobs, inits, asynchronous)
-        rows_of, over = _window_rows(window, lo, hi, len(iterations) + 1, fleets, spans, increments)
-        tables = [(pa.Table.from_pylist(r, schema=_FLEETS_SCHEMA), cluster_row(r)) for r in rows_of]
-        table, cluster = tables[0]
-        step_rows = [(int(i), t, c) for i, (t, c) in zip(iterations, tables[1:])]
+        columns, over = _window_rows(window, lo, hi, len(iterations) + 1, fleets, spans, increments)
+        if not per_step:  # the findings read every window's numbers; the rows are the run's alone
+            columns = {k: v[:1] for k, v in columns.items()}
+        every, clusters = _fleet_tables(fleets, columns)
+        n = len(fleets)
+        table, cluster = every.slice(0, n), clusters[0]
+        step_rows = [(int(i), every.slice((w + 1) * n, n), clusters[w + 1])
+                     for w, i in enumerate(iterations.tolist())] if per_step else []
         for fleet in dict.fromkeys(f for f, _, _ in over):
             worst = max((o for o in over if o[0] == fleet), key=lambda o: o[1] - o[2])
             findings.append(FleetFinding(
@@ -619,7 +666,8 @@ def fleet_goodput(merged: pa.Table, goodput_merged: pa.Table, run_order: Sequenc
                 f"of {worst[2]:.6g} GPU-seconds (its GPUs x the window): the excess is left out, so the buckets sum "
                 "to the capacity. A process's nv.dl.gpu.count is too high, or its busy counter counts more than its "
                 "wall clock (it must count seconds with at least one unit of work in flight, not per unit)"))
-        out[run] = FleetGoodput(table, cluster, tuple(step_rows), tuple(findings), "job" if asynchronous else "steps")
+        out[run] = FleetGoodput(table, cluster, tuple(step_rows), tuple(findings), "job" if asynchronous else "steps",
+                                per_step)
     return out
 
 
@@ -718,7 +766,5 @@ def attach_fleets(runs: tuple, fleet_merged: pa.Table, goodput_merged: pa.Table,
     from nemo_telemetry.analysis.goodput.rules import merged_steps
 
     steps = merged_steps(goodput_merged, run_order).steps
-    done = fleet_goodput(fleet_merged, goodput_merged, run_order, steps)
-    per_step = by == "fleet,step"
-    return tuple(replace(run, fleets=replace(done[run.run_id], per_step=per_step) if run.run_id in done else None)
-                 for run in runs)
+    done = fleet_goodput(fleet_merged, goodput_merged, run_order, steps, per_step=by == "fleet,step")
+    return tuple(replace(run, fleets=done.get(run.run_id)) for run in runs)
