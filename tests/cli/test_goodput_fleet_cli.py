@@ -134,3 +134,10 @@ def test_fleets_declared_by_the_instrument_reach_goodput_through_ingest(tmp_path
         assert fleets["policy"]["productive_gpu_s"] == pytest.approx(4 * training / 1e9, abs=1e-6)
         assert (fleets["driver"]["gpus"], fleets["driver"]["processes"]) == (0, 1)
         assert run["fleet_findings"] == []
+
+
+def test_plot_png_per_fleet(dataset, tmp_path):
+    out = tmp_path / "fleets.png"
+    result = runner.invoke(app, ["goodput", str(dataset), "--by", "fleet", "--plot", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
