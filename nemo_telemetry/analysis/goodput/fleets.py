@@ -202,6 +202,16 @@ def _rows(kind: int, n: int, **columns) -> pa.Table:
     return pa.table(out, schema=FLEET_SCHEMA)
 
 
+def _least_coded(groups, coded: _Coded, rows: np.ndarray) -> np.ndarray:
+    """:func:`_least` of coded strings at ``rows``, by their few distinct values, not per row."""
+    order = sorted(range(len(coded.names)), key=lambda i: coded.names[i])
+    rank = np.empty(len(coded.names) + 1, np.int64)
+    rank[order] = np.arange(len(order))
+    rank[-1] = len(order)  # none: last
+    least = groups.reduce(np.minimum, rank[coded.codes[rows]]) if len(groups) else np.zeros(0, np.int64)
+    return np.array([*(coded.names[i] for i in order), None], dtype=object)[least]
+
+
 _RESOURCE_KEYS = ("host.name", "process.pid", FLEET_KEY, GPU_COUNT_KEY, *_PLACEMENT.values())
 
 
@@ -215,11 +225,11 @@ def _process_rows(resource: dict[str, _Coded], run: _Coded, service: _Coded, ran
     counted = np.ones(len(rows), np.int64) if count is None else count
     columns: dict[str, Any] = {"run": run.strings(first), "service": service.strings(first), "rank": rank[first],
                                "host": host.strings(first), "pid": pid.strings(first),
-                               "fleet": resource[FLEET_KEY].strings(first),
+                               "fleet": _least_coded(groups, resource[FLEET_KEY], rows),
                                "gpus": groups.reduce(np.maximum, resource[GPU_COUNT_KEY].ints()[rows]),
                                "count": groups.reduce(np.add, counted)}
     for name in ("colocated", "asynchronous"):
-        columns[name] = resource[_PLACEMENT[name]].strings(first)
+        columns[name] = _least_coded(groups, resource[_PLACEMENT[name]], rows)
     for name in ("topology_world", "generation_world"):
         columns[name] = groups.reduce(np.maximum, resource[_PLACEMENT[name]].ints()[rows])
     return _rows(PROC, len(first), **columns)
@@ -338,17 +348,16 @@ def _codes(*columns: np.ndarray) -> list[np.ndarray]:
     return [string_codes(c)[0] if c.dtype == object else c for c in columns]
 
 
-def _first_known(groups, values: np.ndarray) -> np.ndarray:
-    """Per group, the first non-null string of ``values`` (None when it has none)."""
-    out = np.full(len(groups), None, dtype=object)
-    known = np.flatnonzero(values != None)  # noqa: E711
-    if known.size:
-        codes = groups.codes[known]
-        firsts = np.full(len(groups), len(values), np.int64)
-        np.minimum.at(firsts, codes, known)
-        found = firsts < len(values)
-        out[found] = values[firsts[found]]
-    return out
+def _least(groups, values: np.ndarray) -> np.ndarray:
+    """Per group, the least non-null string of ``values`` (None when it has none): one answer
+    whatever the order rows and partials come in (a process records one word; should it record
+    two, every engine picks the same)."""
+    distinct = sorted({v for v in values.tolist() if v is not None})
+    order = {v: i for i, v in enumerate(distinct)}
+    rank = np.array([order.get(v, len(distinct)) for v in values.tolist()], np.int64) if len(values) else \
+        np.zeros(0, np.int64)
+    least = groups.reduce(np.minimum, rank) if len(groups) else np.zeros(0, np.int64)
+    return np.array([*distinct, None], dtype=object)[least]
 
 
 def merge_fleets(partials: Sequence[pa.Table]) -> pa.Table:
@@ -363,10 +372,10 @@ def merge_fleets(partials: Sequence[pa.Table]) -> pa.Table:
     groups = group_by(*_codes(*(proc[k] for k in _PROCESS))) if len(proc["kind"]) else None
     if groups is not None:
         columns = {k: groups.key(proc[k]) for k in _PROCESS}
-        columns.update(fleet=_first_known(groups, proc["fleet"]), gpus=groups.reduce(np.maximum, proc["gpus"]),
+        columns.update(fleet=_least(groups, proc["fleet"]), gpus=groups.reduce(np.maximum, proc["gpus"]),
                        count=groups.reduce(np.add, proc["count"]),
-                       colocated=_first_known(groups, proc["colocated"]),
-                       asynchronous=_first_known(groups, proc["asynchronous"]),
+                       colocated=_least(groups, proc["colocated"]),
+                       asynchronous=_least(groups, proc["asynchronous"]),
                        topology_world=groups.reduce(np.maximum, proc["topology_world"]),
                        generation_world=groups.reduce(np.maximum, proc["generation_world"]))
         parts.append(_rows(PROC, len(groups), **columns))
