@@ -50,17 +50,17 @@ def span(proc: dict, name: str, start: int, end: int, *, bucket=None, iteration=
             "attributes": attributes or {}, "resource_attributes": proc}
 
 
-def points(proc: dict, name: str, values: list[tuple[int, float]], *, activity: str | None = None,
-           start: int = 0) -> dict:
-    """An OTLP/JSON metrics request: one cumulative monotonic sum, its points at T0 + t."""
+def points(proc: dict, name: str, values: list[tuple], *, activity: str | None = None, start: int = 0) -> dict:
+    """An OTLP/JSON metrics request: one cumulative monotonic sum, its points ``(t, value)`` at
+    T0 + t, started at T0 + ``start`` (or ``(t, value, its own start)``: a counter that restarted)."""
     attributes = [{"key": "rl.fleet", "value": {"stringValue": proc.get("rl.fleet", "")}}]
     if activity is not None:
         attributes.append({"key": "rl.fleet.activity", "value": {"stringValue": activity}})
     resource = [{"key": k, "value": {"stringValue": v}} for k, v in proc.items()]
     return {"resourceMetrics": [{"resource": {"attributes": resource}, "scopeMetrics": [{"metrics": [{
         "name": name, "unit": "s", "sum": {"aggregationTemporality": 2, "isMonotonic": True, "dataPoints": [
-            {"startTimeUnixNano": str(T0 + start), "timeUnixNano": str(T0 + t), "asDouble": v,
-             "attributes": attributes} for t, v in values]}}]}]}]}
+            {"startTimeUnixNano": str(T0 + (p[2] if len(p) > 2 else start)), "timeUnixNano": str(T0 + p[0]),
+             "asDouble": p[1], "attributes": attributes} for p in values]}}]}]}]}
 
 
 def fleets(run) -> dict[str, dict]:
@@ -215,6 +215,13 @@ def test_topology_mismatch_names_the_config_size():
     (finding,) = run.fleets.findings
     assert finding.code == "fleet-topology-mismatch" and finding.fleet == "policy+generation"
     assert "4 GPU(s)" in finding.message and "nv.dl.topology.size.world says 8" in finding.message
+    # split: the generation fleet against rl.generation.topology.size.world (2 GPUs recorded, 3 configured)
+    records = [dict(r, resource_attributes={**r["resource_attributes"], "rl.generation.topology.size.world": "3"})
+               for r in split_spans()]
+    (run,) = run_goodput(spans_table(records), by="fleet")
+    (finding,) = run.fleets.findings
+    assert finding.code == "fleet-topology-mismatch" and finding.fleet == "generation"
+    assert "2 GPU(s)" in finding.message and "rl.generation.topology.size.world says 3" in finding.message
 
 
 # -- async ------------------------------------------------------------------------------------
@@ -286,6 +293,17 @@ def test_async_fleets_by_hand():
                idle_gpu_s=29.6, tokens_per_s_per_gpu=50.0)
     assert_row(steps[2]["policy"], gpu_seconds=52.0, productive_gpu_s=40.0, idle_gpu_s=12.0)
     assert run.fleets.findings == ()
+
+
+def test_a_busy_counter_that_restarts_counts_from_its_new_start():
+    metrics = metrics_table([
+        # vllm 0, 2 GPUs: +8 s over [0,10]; the process restarts, its counter at 3 s at 20 s since 15 s:
+        # +3 s over [15,20], not -5
+        points(A_VLLM0, "rl.fleet.busy.seconds", [(10 * S, 8.0), (20 * S, 3.0, 15 * S)], activity="generate"),
+    ])
+    (run,) = run_goodput(spans_table(async_spans()), by="fleet", metrics=metrics)
+    # window [5,30], 4 GPUs = 100 GPU-s: 16 GPU-s x 5/10 + 6 GPU-s = 14 productive
+    assert_row(fleets(run)["generation"], source="busy_metric", productive_gpu_s=14.0, idle_gpu_s=86.0)
 
 
 def test_a_fleet_with_gpus_and_no_signal_is_unknown_never_idle():
