@@ -20,12 +20,14 @@ A *fleet* is the processes of a run that carry one ``rl.fleet`` word (``policy``
   bucketed intervals with priority productive > overhead > wasted > idle, and the time under none
   of them idle, so the buckets sum to the capacity. A retried rollout (``rl.rollout.attempt`` > 0,
   bucketed or not) and a bucketed span that ended in error (a failed trajectory) are wasted;
-- *sources*: a fleet with bucketed spans uses them (``spans``); else its processes'
-  ``rl.fleet.busy.seconds`` (``busy_metric``): per series, the counter's increase between
-  consecutive points times the process's GPUs, spread uniformly between the two points' times
-  (the first point from its start time) and clipped to the window; its activity picks the bucket
-  (:data:`ACTIVITY_BUCKETS`, else productive), taken in priority order up to the capacity; else
-  ``none``: a fleet with GPUs and no signal is *unknown*, never idle;
+- *sources*: a fleet whose productive or overhead spans cover some of the run's window uses its
+  spans (``spans``); else its processes' ``rl.fleet.busy.seconds`` (``busy_metric``): per series,
+  the counter's increase between consecutive points times the process's GPUs, spread uniformly
+  between the two points' times (the first point from its start time) and clipped to the window;
+  its activity picks the bucket (:data:`ACTIVITY_BUCKETS`, else productive), the busy time under
+  the fleet's wasted spans (retries, failures) is wasted, taken in priority order up to the
+  capacity; else its other spans (idle); else ``none``: a fleet with GPUs and no signal is
+  *unknown*, never idle;
 - *tokens*: where the fleet's processes count tokens (:data:`TOKEN_COUNTERS`), the tokens whose
   increase falls in the window (spread as the busy counter is) per GPU-second.
 
@@ -79,7 +81,7 @@ NAME_FLEETS = ((r"^rl\.vllm\.", GENERATION_FLEET), (r"^rl\.[^.]+\.generation$", 
                (r"^rl\.[^.]+\.(policy_training|policy_and_reference_logprobs|teacher_logprob_inference)$",
                 TRAINING_FLEET),
                (r"^rl\.[^.]+\.checkpointing$", TRAINING_FLEET))
-"""The same by span name, for spans that recorded no group (hand-built tables, older dumps)."""
+"""The same by span name, for spans whose group names no fleet or that recorded none (hand-built tables)."""
 BUSY_METRIC = "rl.fleet.busy.seconds"
 ACTIVITY_BUCKETS = {"validation": "overhead", "evaluate": "overhead", "refit": "overhead",
                     "weight_sync": "overhead", "retry": "wasted"}
@@ -237,8 +239,8 @@ def _process_rows(resource: dict[str, _Coded], run: _Coded, service: _Coded, ran
 
 def _target_fleets(arrays, table: pa.Table, rows: np.ndarray, fleet: _Coded, gpus: np.ndarray) -> np.ndarray:
     """The fleet whose GPUs do the work of each of ``rows``: its process's, where that holds GPUs;
-    else its group's (:data:`GROUP_FLEETS`), else its name's (:data:`NAME_FLEETS`); else its
-    process's own word (None: none)."""
+    else its group's (:data:`GROUP_FLEETS`), else its name's (:data:`NAME_FLEETS`: a group such as
+    ``per_prompt`` names no fleet); else its process's own word (None: none)."""
     target = fleet.strings(rows)
     gpuless = gpus[rows] <= 0
     named = np.full(len(rows), None, object)
@@ -248,8 +250,8 @@ def _target_fleets(arrays, table: pa.Table, rows: np.ndarray, fleet: _Coded, gpu
     if "rl.span_group" in table.column_names:
         group = _coded(table.column("rl.span_group"))
         by_group = np.array([GROUP_FLEETS.get(g) for g in group.names] + [None], dtype=object)
-        codes = group.codes[rows]
-        mapped = np.where(codes >= 0, by_group[codes], named)  # a recorded group decides
+        grouped = by_group[group.codes[rows]]
+        mapped = np.where(grouped != None, grouped, named)  # noqa: E711 (a group that names a fleet decides)
     return np.where(gpuless & (mapped != None), mapped, target)  # noqa: E711 (an object array's elementwise test)
 
 
@@ -567,10 +569,18 @@ def _window_rows(window: np.ndarray, lo: np.ndarray, hi: np.ndarray, windows: in
             mine = take(increments, (increments["fleet"] == f["fleet"]) & (increments["level"] >= 0))
             amount = mine["increase"] * _NS * np.maximum(mine["gpus"], 0)
             busy = np.zeros((windows, 4))
+            wasted = take(spans, (spans["fleet"] == f["fleet"]) & (spans["level"] == _WASTED))
+            in_window, in_lo, in_hi = _intersect(window, lo, hi, wasted["a"], wasted["b"])
+            moved = np.zeros(windows)
             for level in range(4):
                 held = mine["level"] == level
-                spread = _spread(mine["series_code"][held], mine["t0"][held], mine["b"][held], amount[held], lo, hi)
-                busy[:, level] = np.bincount(window, weights=spread, minlength=windows)
+                args = (mine["series_code"][held], mine["t0"][held], mine["b"][held], amount[held])
+                busy[:, level] = np.bincount(window, weights=_spread(*args, lo, hi), minlength=windows)
+                if level < _WASTED:  # busy under a retried rollout or a failed trajectory: wasted
+                    under = np.bincount(in_window, weights=_spread(*args, in_lo, in_hi), minlength=windows)
+                    busy[:, level] -= under
+                    moved += under
+            busy[:, _WASTED] += moved
             total = busy.sum(axis=1)
             for w in np.flatnonzero(total > capacity * (1 + 1e-12) + 1):
                 over.append((f["fleet"], total[w] / _NS, capacity[w] / _NS))
@@ -587,6 +597,24 @@ def _window_rows(window: np.ndarray, lo: np.ndarray, hi: np.ndarray, windows: in
                                                           tokens["increase"], lo, hi), minlength=windows)
             out["tokens"][:, j] = np.where(capacity > 0, counted / np.where(capacity > 0, capacity, 1) * _NS, np.nan)
     return out, over
+
+
+def _intersect(window: np.ndarray, lo: np.ndarray, hi: np.ndarray, starts: np.ndarray,
+               ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pieces of each window piece ``[lo, hi)`` that the union of ``[starts, ends)`` covers:
+    (window, lo, hi) of each."""
+    if len(starts) == 0 or len(lo) == 0:
+        none = np.zeros(0, np.int64)
+        return none, none, none
+    _, s, e = coalesced_union(np.zeros(len(starts), np.int64), starts, ends)
+    first = np.searchsorted(e, lo, side="right")  # the first interval ending after the piece starts
+    last = np.searchsorted(s, hi, side="left")  # past the last starting before it ends
+    count = np.clip(last - first, 0, None)
+    piece = np.repeat(np.arange(len(lo)), count)
+    k = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count) + first[piece]
+    a, b = np.maximum(s[k], lo[piece]), np.minimum(e[k], hi[piece])
+    some = b > a
+    return window[piece][some], a[some], b[some]
 
 
 def _fleet_tables(fleets: list[dict], columns: dict[str, np.ndarray]) -> tuple[pa.Table, list[dict]]:
@@ -657,8 +685,8 @@ def fleet_goodput(merged: pa.Table, goodput_merged: pa.Table, run_order: Sequenc
         points["fleet"] = _fleet_of(points["fleet"], colocated)
         increments = _increments(points) if len(points["b"]) else {
             **points, "t0": points["a"], "increase": points["value"], "series_code": points["a"]}
-        fleets, findings = _fleets_of(mine, colocated, spans, increments)
         window, lo, hi, iterations = _windows(code, run, steps, jobs, inits, asynchronous)
+        fleets, findings = _fleets_of(mine, colocated, spans, increments, (lo[window == 0], hi[window == 0]))
         columns, over = _window_rows(window, lo, hi, len(iterations) + 1, fleets, spans, increments)
         if not per_step:  # the findings read every window's numbers; the rows are the run's alone
             columns = {k: v[:1] for k, v in columns.items()}
@@ -684,9 +712,24 @@ def _label(row: dict) -> str:
     return f"{row['service'] or '?'}" + (f":{row['rank']}" if row["rank"] >= 0 else "")
 
 
-def _fleets_of(procs: Columns, colocated: bool, spans: Columns, increments: Columns) -> tuple[list[dict], list]:
+def _source(word: str, spans: Columns, increments: Columns, run_window) -> str:
+    """``spans`` where the fleet's productive or overhead spans cover some of the run's window;
+    else ``busy_metric`` where its processes record the busy metric (retries and failures among
+    its spans then move the busy time under them to wasted); else ``spans`` where it has any
+    bucketed span; else ``none``."""
+    mine = (spans["fleet"] == word)
+    work = mine & (spans["level"] <= 1)
+    if _covered(spans["a"][work], spans["b"][work], *run_window).sum() > 0:
+        return "spans"
+    if ((increments["fleet"] == word) & (increments["level"] >= 0)).any():
+        return "busy_metric"
+    return "spans" if mine.any() else "none"
+
+
+def _fleets_of(procs: Columns, colocated: bool, spans: Columns, increments: Columns,
+               run_window) -> tuple[list[dict], list]:
     """The run's fleets (sorted: GPU fleets by word, the driver last), their GPUs, processes and
-    source, and the findings about processes and placement."""
+    source (:func:`_source`), and the findings about processes and placement."""
     findings: list[FleetFinding] = []
     words = _fleet_of(procs["fleet"], colocated)
     rows = [{k: procs[k][i] for k in procs} for i in range(len(words))]
@@ -713,12 +756,7 @@ def _fleets_of(procs: Columns, colocated: bool, spans: Columns, increments: Colu
             gpus = max(sums.values())
         else:
             gpus = sum(max(r["gpus"], 0) for r in members)
-        if (spans["fleet"] == word).any():
-            source = "spans"
-        elif ((increments["fleet"] == word) & (increments["level"] >= 0)).any():
-            source = "busy_metric"
-        else:
-            source = "none"
+        source = _source(word, spans, increments, run_window)
         if source == "none" and gpus > 0:
             findings.append(FleetFinding(
                 "fleet-no-busy-signal", "warning", word,

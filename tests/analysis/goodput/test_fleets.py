@@ -295,6 +295,24 @@ def test_async_fleets_by_hand():
     assert run.fleets.findings == ()
 
 
+def async_retried_spans() -> list[dict]:
+    """The async run and one retried dispatch in the collector, [20, 22]."""
+    return [*async_spans(), span(A_COLLECTOR, "rl.sc.generate_and_push", 20 * S, 22 * S, group="per_prompt",
+                                 attributes={"rl.rollout.attempt": "1"})]
+
+
+def test_busy_time_under_a_retried_rollout_is_wasted():
+    (run,) = run_goodput(spans_table(async_retried_spans()), by="fleet,step", metrics=async_metrics())
+    generation = fleets(run)["generation"]
+    # the collector holds no GPUs: the retry is the generation fleet's, still measured by its busy
+    # metric. vllm 0's 18 GPU-s over [20,30] put 3.6 under [20,22]: wasted, not productive (38 - 3.6);
+    # vllm 1's validation ends at 20: none of it moves
+    assert_row(generation, source="busy_metric", productive_gpu_s=34.4, overhead_gpu_s=6.0, wasted_gpu_s=3.6,
+               idle_gpu_s=56.0)
+    assert_row(step_fleets(run)[2]["generation"], productive_gpu_s=16.8, overhead_gpu_s=2.0, wasted_gpu_s=3.6,
+               idle_gpu_s=29.6)  # step 2 [15,28]: 20.4 - 3.6 productive
+
+
 def test_a_busy_counter_that_restarts_counts_from_its_new_start():
     metrics = metrics_table([
         # vllm 0, 2 GPUs: +8 s over [0,10]; the process restarts, its counter at 3 s at 20 s since 15 s:
@@ -304,6 +322,14 @@ def test_a_busy_counter_that_restarts_counts_from_its_new_start():
     (run,) = run_goodput(spans_table(async_spans()), by="fleet", metrics=metrics)
     # window [5,30], 4 GPUs = 100 GPU-s: 16 GPU-s x 5/10 + 6 GPU-s = 14 productive
     assert_row(fleets(run)["generation"], source="busy_metric", productive_gpu_s=14.0, idle_gpu_s=86.0)
+
+
+def test_spans_of_work_win_over_the_busy_metric():
+    busy = metrics_table([points(VLLM, "rl.fleet.busy.seconds", [(20 * S, 20.0)], activity="generate")])
+    (run,) = run_goodput(spans_table(split_spans()), by="fleet", metrics=busy)
+    # the generation fleet's generate spans say what it did, validation overhead included: as without the metric
+    assert_row(fleets(run)["generation"], source="spans", productive_gpu_s=14.0, overhead_gpu_s=1.0,
+               wasted_gpu_s=0.6, idle_gpu_s=24.4)
 
 
 def test_a_fleet_with_gpus_and_no_signal_is_unknown_never_idle():
@@ -379,10 +405,10 @@ def write_dataset(root, records: list[dict], *, batch: int = 3, metrics: pa.Tabl
 
 
 @pytest.mark.parametrize("by", ["fleet", "fleet,step"])
-@pytest.mark.parametrize("fixture", [split_spans, colocated_spans, async_spans])
+@pytest.mark.parametrize("fixture", [split_spans, colocated_spans, async_spans, async_retried_spans])
 def test_streamed_in_small_batches_gives_the_in_memory_answer(tmp_path, fixture, by):
     records = fixture()
-    metrics = async_metrics() if fixture is async_spans else None
+    metrics = async_metrics() if fixture in (async_spans, async_retried_spans) else None
     root = write_dataset(tmp_path / "ds", records, metrics=metrics)
     expected = goodput_document(run_goodput(spans_table(records), by=by, metrics=metrics))
     assert goodput_document(stream_goodput(root, by=by, batch_rows=2)) == expected
