@@ -415,3 +415,15 @@ def test_streamed_in_small_batches_gives_the_in_memory_answer(tmp_path, fixture,
     # the engine's choice: in memory, and streamed past a tiny memory budget
     assert goodput_document(goodput_with_engine(root, by=by)) == expected
     assert goodput_document(goodput_with_engine(root, by=by, memory_budget=1)) == expected
+
+
+def test_one_run_of_two():
+    """--run: the fleets of the run asked for, its processes and points only."""
+    other = [dict(r, resource_attributes={**r["resource_attributes"], "nemo.run.id": "run-2"}) for r in split_spans()]
+    spans = spans_table([*async_spans(), *other])
+    (run,) = run_goodput(spans, by="fleet", run_id="run-1", metrics=async_metrics())
+    assert run.run_id == "run-1" and run.fleets.windowing == "job"
+    assert_row(fleets(run)["generation"], gpus=4, processes=2, productive_gpu_s=38.0)
+    (run,) = run_goodput(spans, by="fleet", run_id="run-2", metrics=async_metrics())
+    assert run.fleets.windowing == "steps"
+    assert_row(fleets(run)["generation"], gpus=2, processes=1, source="spans", productive_gpu_s=14.0)
