@@ -427,3 +427,18 @@ def test_one_run_of_two():
     (run,) = run_goodput(spans, by="fleet", run_id="run-2", metrics=async_metrics())
     assert run.fleets.windowing == "steps"
     assert_row(fleets(run)["generation"], gpus=2, processes=1, source="spans", productive_gpu_s=14.0)
+
+
+def test_spans_of_processes_that_declare_no_fleet(tmp_path):
+    """Dumps from before fleets were recorded: no fleet rows, an empty cluster, and one finding
+    naming the processes; the same streamed."""
+    records = [dict(r, resource_attributes={k: v for k, v in r["resource_attributes"].items()
+                                            if k not in ("rl.fleet", "nv.dl.gpu.count")}) for r in split_spans()]
+    (run,) = run_goodput(spans_table(records), by="fleet")
+    assert run.fleets.fleets.num_rows == 0
+    assert_row(run.fleets.cluster, gpus=0, processes=0, gpu_seconds=0.0, goodput=None)
+    (finding,) = run.fleets.findings
+    assert finding.code == "fleet-unknown" and "4 process(es)" in finding.message
+    assert "driver:0" in finding.message and "policy:1" in finding.message and "vllm:0" in finding.message
+    root = write_dataset(tmp_path / "ds", records)
+    assert goodput_document(stream_goodput(root, by="fleet", batch_rows=2)) == goodput_document((run,))
