@@ -741,10 +741,18 @@ def _fleets_of(procs: Columns, colocated: bool, spans: Columns, increments: Colu
             f"{len(unfleeted)} process(es) with spans record no rl.fleet ({names}): their GPUs are in no fleet. "
             "Pass fleet= to init_telemetry_worker (traced_worker_init sets it from the role; the driver is 'driver')"))
     fleets: list[dict] = []
-    for word in sorted({w for w in words.tolist() if w is not None}, key=lambda w: (w == DRIVER_FLEET, w)):
+    declared = {w for w in words.tolist() if w is not None}
+    named = {w for w in (*spans["fleet"].tolist(), *increments["fleet"].tolist()) if w is not None}
+    for word in sorted(declared | named, key=lambda w: (w == DRIVER_FLEET, w)):
         members = [r for r, w in zip(rows, words.tolist()) if w == word]
         unknown = [r for r in members if r["gpus"] < 0]
-        if unknown and word != DRIVER_FLEET:
+        if not members and word != DRIVER_FLEET:  # work placed on a fleet that no process declares
+            findings.append(FleetFinding(
+                "fleet-gpus-unknown", "warning", word,
+                f"fleet {word}: spans or busy points put work on it, but no process declares rl.fleet={word}: its "
+                "GPUs are unknown and count 0 (its workers record nothing, or declare another word). Call "
+                f"init_telemetry_worker(fleet='{word}', gpus=...) in them"))
+        elif unknown and word != DRIVER_FLEET:
             findings.append(FleetFinding(
                 "fleet-gpus-unknown", "warning", word,
                 f"fleet {word}: {len(unknown)} of its {len(members)} process(es) record no nv.dl.gpu.count "

@@ -384,6 +384,21 @@ def test_processes_without_fleet_or_gpus_are_findings():
     assert_row(fleets(run)["policy"], gpus=2, processes=2, gpu_seconds=20.0, productive_gpu_s=10.0)
 
 
+def test_work_on_a_fleet_that_no_process_declares():
+    """The driver's generate spans with no generation worker in the data: a generation row with no
+    GPUs, and a finding that says its GPUs are unknown; the training fleet as before."""
+    (run,) = run_goodput(spans_table([r for r in split_spans() if r["name"] != "rl.vllm.worker"]), by="fleet")
+    whole = fleets(run)
+    assert_row(whole["generation"], gpus=0, processes=0, source="spans", gpu_seconds=0.0, goodput=None)
+    assert_row(whole["policy"], gpus=4, gpu_seconds=80.0, productive_gpu_s=28.0)
+    assert_row(run.fleets.cluster, gpus=4, gpu_seconds=80.0, productive_gpu_s=28.0)
+    finding, mismatch = run.fleets.findings
+    assert (finding.code, finding.fleet) == ("fleet-gpus-unknown", "generation")
+    assert "no process declares rl.fleet=generation" in finding.message
+    # and the config's 2 generation GPUs against the 0 the data shows: a process is missing
+    assert (mismatch.code, mismatch.fleet) == ("fleet-topology-mismatch", "generation")
+
+
 def test_by_must_be_known():
     with pytest.raises(NemoTelemetryError, match="fleet,step"):
         run_goodput(spans_table(split_spans()), by="fleets")
@@ -430,14 +445,18 @@ def test_one_run_of_two():
 
 
 def test_spans_of_processes_that_declare_no_fleet(tmp_path):
-    """Dumps from before fleets were recorded: no fleet rows, an empty cluster, and one finding
-    naming the processes; the same streamed."""
+    """Dumps from before fleets were recorded: the fleets the driver's spans name, with no GPUs, an
+    empty cluster, and the findings naming the processes and the fleets; the same streamed."""
     records = [dict(r, resource_attributes={k: v for k, v in r["resource_attributes"].items()
                                             if k not in ("rl.fleet", "nv.dl.gpu.count")}) for r in split_spans()]
     (run,) = run_goodput(spans_table(records), by="fleet")
-    assert run.fleets.fleets.num_rows == 0
+    assert [(r["fleet"], r["gpus"], r["processes"], r["source"]) for r in run.fleets.fleets.to_pylist()] == [
+        ("generation", 0, 0, "spans"), ("policy", 0, 0, "spans")]
     assert_row(run.fleets.cluster, gpus=0, processes=0, gpu_seconds=0.0, goodput=None)
-    (finding,) = run.fleets.findings
+    finding, *unplaced = run.fleets.findings
+    assert [(f.code, f.fleet) for f in unplaced] == [  # the config still says 2 and 4 GPUs
+        ("fleet-gpus-unknown", "generation"), ("fleet-topology-mismatch", "generation"),
+        ("fleet-gpus-unknown", "policy"), ("fleet-topology-mismatch", "policy")]
     assert finding.code == "fleet-unknown" and "4 process(es)" in finding.message
     assert "driver:0" in finding.message and "policy:1" in finding.message and "vllm:0" in finding.message
     root = write_dataset(tmp_path / "ds", records)
