@@ -13,9 +13,9 @@ A *fleet* is the processes of a run that carry one ``rl.fleet`` word (``policy``
 - *where a span's work runs*: a process that holds GPUs does its spans' work on its own fleet; a
   span of a process without GPUs (the driver, a collector) names work that runs on a GPU fleet by
   its group (:data:`GROUP_FLEETS`: generation and rollout on ``generation``, log-probs, policy
-  update and checkpoint staging on ``policy``) or, where no group was recorded, its name
-  (:data:`NAME_FLEETS`); a span counts every GPU of that fleet busy (a fleet's phases are
-  lockstep);
+  update and checkpoint staging on ``policy``) or, where its group names no fleet or none was
+  recorded, its name (:data:`NAME_FLEETS`); a span counts every GPU of that fleet busy (a fleet's
+  phases are lockstep); a fleet that work is put on but no process declares has a row with no GPUs;
 - *buckets*: every GPU-second of a window lands in exactly one bucket: the union of the fleet's
   bucketed intervals with priority productive > overhead > wasted > idle, and the time under none
   of them idle, so the buckets sum to the capacity. A retried rollout (``rl.rollout.attempt`` > 0,
@@ -38,7 +38,7 @@ The three stages, so that every engine gives the same numbers by scheduling them
    SPAN, per (run, fleet, level), the coalesced union of the intervals whose work runs there; INIT
    the bounds of ``rl.init.total``. :func:`metric_partial` gives the metric side: PROC rows of the
    processes that recorded points, and POINT rows of the busy and token counters.
-2. :func:`merge_fleets` merges them (first / max / sum / union), in any order and grouping.
+2. :func:`merge_fleets` merges them (least word / max / sum / union), in any order and grouping.
 3. :func:`fleet_goodput` finishes each run's :class:`FleetGoodput` from the merged rows and
    goodput's own merged partials (step windows, job bounds, async runs).
 """
