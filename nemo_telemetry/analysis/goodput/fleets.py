@@ -296,7 +296,8 @@ def fleet_partial(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
 def metric_partial(metrics: pa.Table | None, *, run_id: str | None = None) -> pa.Table:
     """The fleet partial of metric points: PROC rows of the processes that recorded any (count 0:
     a process is not the more present for its points), POINT rows of :data:`BUSY_METRIC` (level by
-    activity) and of :data:`TOKEN_COUNTERS` (level -1)."""
+    activity; the fleet its ``rl.fleet`` attribute names, else its process's) and of
+    :data:`TOKEN_COUNTERS` (level -1)."""
     if metrics is None or metrics.num_rows == 0:
         return FLEET_SCHEMA.empty_table()
     run, service = _coded(metrics.column("run_id")), _coded(metrics.column("service_name"))
@@ -314,8 +315,8 @@ def metric_partial(metrics: pa.Table | None, *, run_id: str | None = None) -> pa
     rows = np.flatnonzero(busy | tokens)
     point = _map_values(metrics, "attributes", ("rl.fleet.activity", FLEET_KEY))
     activity = point["rl.fleet.activity"].strings(rows)
-    own = resource[FLEET_KEY].strings(rows)
-    fleet = np.where(own == None, point[FLEET_KEY].strings(rows), own)  # noqa: E711
+    named = point[FLEET_KEY].strings(rows)  # fleet_busy(fleet=...) names the fleet the work is for
+    fleet = np.where(named == None, resource[FLEET_KEY].strings(rows), named)  # noqa: E711
     level = np.array([_LEVEL_OF_BUCKET[ACTIVITY_BUCKETS.get(a, "productive")] for a in activity.tolist()], np.int64)
     level = np.where(busy[rows], level, -1)
     series = np.array([f"{n}|{a or ''}" for n, a in zip(names[rows].tolist(), activity.tolist())], dtype=object)

@@ -50,10 +50,12 @@ def span(proc: dict, name: str, start: int, end: int, *, bucket=None, iteration=
             "attributes": attributes or {}, "resource_attributes": proc}
 
 
-def points(proc: dict, name: str, values: list[tuple], *, activity: str | None = None, start: int = 0) -> dict:
+def points(proc: dict, name: str, values: list[tuple], *, activity: str | None = None, start: int = 0,
+           fleet: str | None = None) -> dict:
     """An OTLP/JSON metrics request: one cumulative monotonic sum, its points ``(t, value)`` at
-    T0 + t, started at T0 + ``start`` (or ``(t, value, its own start)``: a counter that restarted)."""
-    attributes = [{"key": "rl.fleet", "value": {"stringValue": proc.get("rl.fleet", "")}}]
+    T0 + t, started at T0 + ``start`` (or ``(t, value, its own start)``: a counter that restarted);
+    ``rl.fleet`` on the points: ``fleet``, else the process's."""
+    attributes = [{"key": "rl.fleet", "value": {"stringValue": fleet or proc.get("rl.fleet", "")}}]
     if activity is not None:
         attributes.append({"key": "rl.fleet.activity", "value": {"stringValue": activity}})
     resource = [{"key": k, "value": {"stringValue": v}} for k, v in proc.items()]
@@ -311,6 +313,19 @@ def test_busy_time_under_a_retried_rollout_is_wasted():
                idle_gpu_s=56.0)
     assert_row(step_fleets(run)[2]["generation"], productive_gpu_s=16.8, overhead_gpu_s=2.0, wasted_gpu_s=3.6,
                idle_gpu_s=29.6)  # step 2 [15,28]: 20.4 - 3.6 productive
+
+
+def test_busy_points_count_for_the_fleet_they_name():
+    """fleet_busy(activity, fleet=...) names the fleet the work is for; the process's GPUs count."""
+    metrics = metrics_table([
+        # the policy worker (4 GPUs) lends its GPUs to generation for +5 s over [10,20]
+        points(A_POLICY, "rl.fleet.busy.seconds", [(10 * S, 0.0), (20 * S, 5.0)], activity="generation",
+               fleet="generation"),
+    ])
+    (run,) = run_goodput(spans_table(async_spans()), by="fleet", metrics=metrics)
+    # 5 s x 4 GPUs = 20 GPU-s, all inside [5,30]; the generation fleet's capacity is its own 4 GPUs x 25 s
+    assert_row(fleets(run)["generation"], source="busy_metric", gpus=4, productive_gpu_s=20.0, idle_gpu_s=80.0)
+    assert_row(fleets(run)["policy"], source="spans", productive_gpu_s=68.0)
 
 
 def test_a_busy_counter_that_restarts_counts_from_its_new_start():
