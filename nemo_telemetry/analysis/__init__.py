@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         BUCKETS, RunGoodput, STEP_COLUMNS, StepOutlier, compare_runs, goodput_by_step, goodput_document, run_goodput,
     )
     from nemo_telemetry.analysis.goodput.census import SpanCensus, RunCensus, span_census
+    from nemo_telemetry.analysis.goodput.fleets import FLEET_COLUMNS, FleetFinding, FleetGoodput
     from nemo_telemetry.analysis.findings.checks import CheckReport, FINDING_CODES, Finding, check_run
     from nemo_telemetry.analysis.engines.choose import check_with_engine, goodput_with_engine, ingest_with_engine
     from nemo_telemetry.analysis.views.waterfall import Waterfall, critical_path, waterfall
@@ -106,6 +107,9 @@ __all__ = [
     "SpanCensus",
     "RunCensus",
     "span_census",
+    "FLEET_COLUMNS",
+    "FleetGoodput",
+    "FleetFinding",
     "check_run",
     "CheckReport",
     "Finding",
@@ -192,6 +196,7 @@ _MODULE_NAMES = {  # each module and the public names it defines, in the pipelin
         "BUCKETS", "STEP_COLUMNS",
     ),
     "nemo_telemetry.analysis.goodput.census": ("SpanCensus", "RunCensus", "span_census"),
+    "nemo_telemetry.analysis.goodput.fleets": ("FLEET_COLUMNS", "FleetGoodput", "FleetFinding"),
     "nemo_telemetry.analysis.findings.checks": ("check_run", "CheckReport", "Finding", "FINDING_CODES"),
     "nemo_telemetry.analysis.engines.choose": ("goodput_with_engine", "check_with_engine", "ingest_with_engine"),
     "nemo_telemetry.analysis.views.waterfall": ("Waterfall", "waterfall", "critical_path"),

@@ -39,7 +39,9 @@ def goodput_command(
     source: Path = typer.Argument(..., help=_SOURCE_HELP),
     output: str = typer.Option("table", "--format", "-f", help="table, json or csv (one row per step)."),
     run: Optional[str] = typer.Option(None, "--run", help="Only this run (nemo.run.id)."),
-    by: str = typer.Option("step", "--by", help="step: a row per step; rank: a row per (service, rank)."),
+    by: str = typer.Option("step", "--by", help="step: a row per step; rank: a row per (service, rank); fleet: "
+                                                "GPU-seconds per fleet (rl.fleet) and bucket, and the cluster; "
+                                                "fleet,step: the same per step too."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also write a stacked bar chart: FILE.png or FILE.html."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="Compare with another run's SOURCE, "
                                                                       "bucket by bucket per mean step."),
@@ -53,14 +55,14 @@ def goodput_command(
     """
     if output not in ("table", "json", "csv"):
         raise fail(f"--format {output}: choose table, json or csv")
-    if by not in ("step", "rank"):
-        raise fail(f"--by {by}: choose step or rank")
+    if by not in ("step", "rank", "fleet", "fleet,step"):
+        raise fail(f"--by {by}: choose step, rank, fleet or fleet,step")
     if plot is not None and plot.suffix.lower() not in (".png", ".html"):
         raise fail(f"--plot {plot}: the file name must end in .png or .html")
     skip_pyarrow_pandas_probe()
     from nemo_telemetry.analysis import (GOODPUT_COLUMNS, ReadSettings, goodput_document,
                                          goodput_with_engine, read_for_analysis, run_goodput, span_census)
-    from nemo_telemetry.cli.render import bar_width_for, render_census, render_run
+    from nemo_telemetry.cli.render import bar_width_for, render_census, render_fleets, render_run
 
     with library_errors():
         settings = ReadSettings.from_machine(threads=threads, memory_budget=memory_budget)
@@ -84,6 +86,12 @@ def goodput_command(
         if not runs:
             out.print(render_census(census, source))
         for item in runs:
+            if item.fleets is not None:  # --by fleet: the GPU-seconds tables, as wide as their numbers need
+                tables, notes = render_fleets(item)
+                needed = _natural_width(out, tables)
+                (console(width=needed) if needed > out.width else out).print(tables)
+                out.print(notes)
+                continue
             rendered = render_run(item, base, bar_width=bar_width_for(out.width))
             if by == "rank":  # a row per process keeps every service name whole, even past the terminal's width
                 needed = _natural_width(out, rendered)
@@ -102,9 +110,22 @@ def _natural_width(out, renderable) -> int:
 
 
 def _write_csv(runs: tuple[RunGoodput, ...], by: str) -> None:
-    from nemo_telemetry.analysis import STEP_COLUMNS
+    from nemo_telemetry.analysis import FLEET_COLUMNS, STEP_COLUMNS
 
     writer = csv.writer(sys.stdout, lineterminator="\n")
+    if by in ("fleet", "fleet,step"):  # a row per fleet and the cluster row ("cluster"), per run (and step)
+        per_step = by == "fleet,step"
+        writer.writerow(["run_id", *(["iteration"] if per_step else []), *FLEET_COLUMNS])
+        for run in runs:
+            if run.fleets is None:
+                continue
+            sections = ([(i, t.to_pylist(), c) for i, t, c in run.fleets.steps] if per_step
+                        else [(None, run.fleets.fleets.to_pylist(), run.fleets.cluster)])
+            for iteration, rows, cluster in sections:
+                for row in (*rows, cluster):
+                    writer.writerow([run.run_id, *([iteration] if per_step else []),
+                                     *("" if row[c] is None else row[c] for c in FLEET_COLUMNS)])
+        return
     tables = [r.ranks if by == "rank" else r.steps for r in runs]
     columns = tables[0].column_names if tables else list(STEP_COLUMNS)
     writer.writerow(columns)

@@ -19,7 +19,8 @@ from rich.text import Text
 from nemo_telemetry.analysis import BUCKETS, SEVERITIES, CheckReport, RunGoodput, SpanCensus, Waterfall, compare_runs
 
 __all__ = ["BUCKET_STYLES", "UNATTRIBUTED_STYLE", "UNBUCKETED_STYLE", "SEVERITY_STYLES", "CRITICAL_MARK", "BAR_WIDTH",
-           "NO_STEPS_NOTE", "FAILED_MARK", "MEASUREMENTS", "step_bar", "bar_width_for", "render_run", "render_report", "format_duration",
+           "NO_STEPS_NOTE", "FAILED_MARK", "MEASUREMENTS", "FLEET_STYLES", "step_bar", "bar_width_for", "render_run",
+           "render_fleets", "render_report", "format_duration",
            "render_waterfall", "print_waterfall", "render_monitor", "render_census", "run_words"]
 
 BUCKET_STYLES = {"productive": "green", "overhead": "yellow", "idle": "blue", "wasted": "red"}
@@ -123,6 +124,52 @@ def render_run(run: RunGoodput, baseline: tuple[RunGoodput, ...] = (), *, bar_wi
                   *([""] if run.ranks is None else []), style="bold")
     caveats = [Text(c, style="yellow") for c in getattr(run, "caveats", ())]  # under the total, before anything else
     return Group(table, *caveats, *_failed_note(run), *_efficiency_table(run), *_run_notes(run, baseline))
+
+
+_FLEET_BUCKETS = ("productive", "overhead", "wasted", "idle", "unknown")
+_FLEET_HEADERS = {"productive": "prod", "overhead": "ovhd", "wasted": "waste", "idle": "idle", "unknown": "unknown"}
+FLEET_STYLES = {**BUCKET_STYLES, "unknown": UNATTRIBUTED_STYLE}
+
+
+def render_fleets(run: RunGoodput) -> tuple[Group, Group]:
+    """``--by fleet``: the tables (a row per fleet and the cluster row, in GPU-seconds, per step
+    too with ``fleet,step``), and the notes under them (the run's caveats, and what would make the
+    fleet figures lie), apart so that the notes wrap at the terminal's width."""
+    fleets = run.fleets
+    window = "the job less rl.init.total (async)" if fleets.windowing == "job" else "the step windows"
+    title = f"run {run.run_id}: GPU-seconds per fleet over {window}"
+    tables = [_fleet_table(title, [(None, fleets.fleets.to_pylist(), fleets.cluster)])]
+    if fleets.per_step:
+        tables.append(_fleet_table(f"run {run.run_id}: GPU-seconds per fleet and step",
+                                   [(i, t.to_pylist(), c) for i, t, c in fleets.steps]))
+    notes = [Text(c, style="yellow") for c in getattr(run, "caveats", ())]
+    notes += [Text(f"{f.code}: {f.message}", style=SEVERITY_STYLES.get(f.severity, "yellow")) for f in fleets.findings]
+    return Group(*tables), Group(*notes)
+
+
+def _fleet_table(title: str, sections: list) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+    per_step = sections and sections[0][0] is not None
+    heads = (*(("step",) if per_step else ()), "fleet", "gpus", "procs", "source", "GPU-s",
+             *(_FLEET_HEADERS[b] for b in _FLEET_BUCKETS), "goodput", "tok/s/GPU")
+    for name in heads:
+        style = FLEET_STYLES.get(next((b for b, h in _FLEET_HEADERS.items() if h == name), ""), None)
+        table.add_column(name, justify="left" if name in ("fleet", "source") else "right", style=style, no_wrap=True)
+    for i, (iteration, rows, cluster) in enumerate(sections):
+        if i:
+            table.add_section()
+        for row in rows:
+            table.add_row(*_fleet_cells(row, iteration, per_step))
+        table.add_row(*_fleet_cells(cluster, iteration, per_step), style="bold")
+    return table
+
+
+def _fleet_cells(row: dict, iteration, per_step: bool) -> tuple:
+    tokens = row.get("tokens_per_s_per_gpu")
+    return (*((str(iteration),) if per_step else ()), row["fleet"], str(row["gpus"]), str(row["processes"]),
+            (row["source"] or "").replace("_", " "), _fmt(row["gpu_seconds"]),
+            *(_fmt(row[f"{b}_gpu_s"]) for b in _FLEET_BUCKETS), _pct(row["goodput"]),
+            "-" if tokens is None else f"{tokens:.1f}")
 
 
 def _step_label(row: dict) -> Text | str:

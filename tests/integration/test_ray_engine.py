@@ -56,6 +56,24 @@ def test_ray_goodput_equals_local(ray_cluster, scenario):
     assert goodput_document(ray_goodput(scenario, by="rank")) == by_rank
 
 
+fleet_tools = _scenario_module("goodput", "test_fleets")
+
+
+@pytest.mark.parametrize("by", ["fleet", "fleet,step"])
+def test_ray_goodput_by_fleet_equals_local(ray_cluster, tmp_path, by):
+    """The hand-computed fleet fixtures (their busy and token points in the dataset's metrics/) give
+    the in-memory document on Ray, its fleet partials mapped in Ray tasks over files of 3 spans."""
+    from nemo_telemetry.analysis.engines.ray_engine import ray_goodput
+
+    for fixture in (fleet_tools.split_spans, fleet_tools.colocated_spans, fleet_tools.async_spans):
+        records = fixture()
+        metrics = fleet_tools.async_metrics() if fixture is fleet_tools.async_spans else None
+        root = fleet_tools.write_dataset(tmp_path / fixture.__name__ / by.replace(",", "_"), records, metrics=metrics)
+        expected = goodput_document(run_goodput(fleet_tools.spans_table(records), by=by, metrics=metrics))
+        assert expected["runs"][0]["fleets"]
+        assert goodput_document(ray_goodput(root, by=by)) == expected
+
+
 def test_ray_engine_reads_the_committed_state_of_an_incomplete_dataset_and_warns(ray_cluster, scenario, tmp_path):
     """An ingest that began (its start recorded, its spans staged) and did not finish: the Ray
     engine reads what was committed before and says the dataset is incomplete."""

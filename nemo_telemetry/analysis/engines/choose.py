@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 
 from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES, ENGINES
 from nemo_telemetry.analysis.goodput import steps as _goodput
-from nemo_telemetry.analysis.goodput.rules import check_by
+from nemo_telemetry.analysis.goodput.fleets import FLEET_READ_COLUMNS
+from nemo_telemetry.analysis.goodput.rules import FLEET_BY, check_by
 from nemo_telemetry.analysis.settings import ReadSettings
 from nemo_telemetry.analysis.store.read import (
     GOODPUT_COLUMNS,
@@ -88,6 +89,12 @@ def _goodput_on_engine(source, *, engine: str, run_id: str | None, by: str,
         if rows is not None:
             return _goodput.goodput_of_rows(rows, run_id=run_id)
     columns = STEP_GOODPUT_COLUMNS if by == "step" else GOODPUT_COLUMNS
+    if by in FLEET_BY:
+        from nemo_telemetry.analysis.ingestion.metrics import metrics_for_source
+
+        columns = tuple(dict.fromkeys((*columns, *_PROCESS_COLUMNS, *FLEET_READ_COLUMNS)))
+        return _goodput.run_goodput(read_for_analysis(source, columns=columns), run_id=run_id, by=by,
+                                    metrics=metrics_for_source(source))
     columns = tuple(dict.fromkeys((*columns, *_PROCESS_COLUMNS)))
     return _goodput.run_goodput(read_for_analysis(source, columns=columns), run_id=run_id, by=by)
 

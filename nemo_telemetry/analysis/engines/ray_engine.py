@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES
 from nemo_telemetry.analysis.goodput import partials as streaming
 from nemo_telemetry.analysis.goodput.numbering import number_steps
+from nemo_telemetry.analysis.goodput.rules import FLEET_BY
 from nemo_telemetry.analysis.store.dataset import DatasetWriter, drop_duplicates
 from nemo_telemetry.analysis.store.read import reading_errors
 from nemo_telemetry.analysis.ingestion.ingest import (BATCH_SPANS, FILE_ROWS, write_threads, IngestSummary, Source, IngestPipeline,
@@ -172,6 +173,11 @@ def ray_goodput(root: str | Path, *, run_id: str | None = None, by: str = "step"
     for table in reduced:
         accumulator.add(table)
     runs = accumulator.result(plan.order)
+    if by in FLEET_BY:  # the fleet partials in Ray tasks too, merged here (a few rows per fleet and process)
+        from nemo_telemetry.analysis.ingestion.metrics import metrics_for_source
+
+        return streaming.with_fleets(runs, accumulator.merged(), ray_scan(), plan, metrics_for_source(Path(root)),
+                                     run_id=run_id, by=by)
     return streaming.with_ranks(runs, accumulator.merged(), ray_scan(), plan, run_id=run_id) if by == "rank" else runs
 
 

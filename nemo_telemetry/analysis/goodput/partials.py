@@ -36,8 +36,12 @@ from nemo_telemetry.analysis.goodput.numbering import (
     unstamped_step_count,
 )
 from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_batch_partial, ranks_tables
+from nemo_telemetry.analysis.goodput.fleets import (
+    FLEET_READ_COLUMNS, attach_fleets, fleet_partial, merge_fleets, metric_partial,
+)
+from nemo_telemetry.analysis.ingestion.metrics import metrics_for_source
 from nemo_telemetry.analysis.goodput.rules import (
-    PARTIAL_SCHEMA, STEP, UNION, GoodputAccumulator, MergedSteps, RunGoodput, bucketed_rows, goodput_partial,
+    FLEET_BY, PARTIAL_SCHEMA, STEP, UNION, GoodputAccumulator, MergedSteps, RunGoodput, bucketed_rows, goodput_partial,
     merged_steps, partial_columns, partial_rows,
 )
 from nemo_telemetry.analysis.model.grouping import Columns, find_keys, first_rows, group_by, string_codes, take
@@ -73,6 +77,8 @@ __all__ = [
     "merged_steps",
     "partitioned_goodput",
     "with_ranks",
+    "with_fleets",
+    "FLEET_SCAN_COLUMNS",
     "stream_goodput",
 ]
 
@@ -81,6 +87,7 @@ GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION, "t
                    "status_code")  # status: a step whose span ended in error is failed (goodput.rules)
 EDGE_COLUMNS = ("trace_key", "span_key", "parent_key", ITERATION)
 RANK_READ_COLUMNS = (*GOODPUT_COLUMNS, "service_name", "rank")
+FLEET_SCAN_COLUMNS = (*RANK_READ_COLUMNS, *FLEET_READ_COLUMNS)
 
 _WALK_SCHEMA = pa.schema([pa.field("trace_key", pa.uint64()), pa.field("parent_key", pa.uint64()),
                           pa.field("at", pa.uint64()), pa.field(ITERATION, pa.int64())])
@@ -260,7 +267,21 @@ def partitioned_goodput(root: Path, scan: Scan, *, run_id: str | None = None, co
                         plan.files):
         accumulator.add(partial)
     runs = accumulator.result(plan.order)
+    if by in FLEET_BY:
+        return with_fleets(runs, accumulator.merged(), scan, plan, metrics_for_source(Path(root)), run_id=run_id,
+                           by=by)
     return with_ranks(runs, accumulator.merged(), scan, plan, run_id=run_id) if by == "rank" else runs
+
+
+def with_fleets(runs: tuple[RunGoodput, ...], merged: pa.Table, scan: Scan, plan: Attribution, metrics, *,
+                run_id: str | None = None, by: str = "fleet") -> tuple[RunGoodput, ...]:
+    """``runs`` with their ``fleets`` (:mod:`goodput.fleets`): one more scan for the fleet partials
+    (merged as they arrive), the metric partial of ``metrics`` (the dataset's metrics table, or
+    None), finished over the windows of ``merged`` (goodput's merged partials)."""
+    pieces = [metric_partial(metrics, run_id=run_id)]
+    for partial in scan(lambda b: fleet_partial(b, run_id=run_id), FLEET_SCAN_COLUMNS, plan.files):
+        pieces = [merge_fleets([*pieces, partial])]
+    return attach_fleets(runs, merge_fleets(pieces), merged, plan.order, by=by)
 
 
 def with_ranks(runs: tuple[RunGoodput, ...], merged: pa.Table, scan: Scan, plan: Attribution, *,

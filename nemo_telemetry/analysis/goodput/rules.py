@@ -56,7 +56,7 @@ from nemo_telemetry.analysis.model.tree import key_column
 from nemo_telemetry.errors import NemoTelemetryError
 
 __all__ = [
-    "STEP_SPAN_REGEX", "JOB_SPAN_REGEX", "BUCKETS", "STEP_COLUMNS", "RANK_COLUMNS", "BY", "check_by", "StepOutlier", "RunGoodput",
+    "STEP_SPAN_REGEX", "JOB_SPAN_REGEX", "BUCKETS", "STEP_COLUMNS", "RANK_COLUMNS", "BY", "FLEET_BY", "check_by", "StepOutlier", "RunGoodput",
     "Steps", "step_windows", "bucketed_rows", "PARTIAL_SCHEMA", "STEP", "SUM", "UNION", "JOB", "goodput_partial", "batch_attribution", "partial_of",
     "coalesced_union", "partial_rows", "partial_columns", "GoodputAccumulator", "MergedSteps", "merged_steps", "finish",
     "step_frame", "empty_step_frame", "steps_table", "run_total", "outside_summary", "step_outliers",
@@ -74,13 +74,14 @@ RANK_COLUMNS = ("run_id", "service_name", "rank", "steps", *_SUM_KEYS, "goodput"
 _GREW_CANDIDATES = (*(f"{b}_s" for b in BUCKETS), "unattributed_s")
 
 
-BY = ("step", "rank")  # what run_goodput's ``by`` may say
+BY = ("step", "rank", "fleet", "fleet,step")  # what run_goodput's ``by`` may say
+FLEET_BY = ("fleet", "fleet,step")  # the ``by`` values of goodput.fleets' GPU-seconds per fleet
 
 
 def check_by(by: str) -> None:
     """A ``by`` other than :data:`BY` is a clear error, before any data is read."""
     if by not in BY:
-        raise NemoTelemetryError(f"by={by!r}: choose 'step' or 'rank'")
+        raise NemoTelemetryError(f"by={by!r}: choose 'step', 'rank', 'fleet' or 'fleet,step'")
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class RunGoodput:
     outliers: tuple[StepOutlier, ...] = ()
     ranks: pa.Table | None = None  # RANK_COLUMNS, when asked for by="rank"
     caveats: tuple[str, ...] = ()  # what the number does not mean (ASYNC_CAVEAT on an async run)
+    fleets: Any = None  # goodput.fleets.FleetGoodput, when asked for by="fleet" or "fleet,step"
 
 
 @dataclass(frozen=True, eq=False)

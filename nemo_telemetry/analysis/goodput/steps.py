@@ -15,13 +15,16 @@ import numpy as np
 import pyarrow as pa
 
 from nemo_telemetry.analysis.goodput.rules import (
-    BUCKETS, JOB_SPAN_REGEX, STEP_COLUMNS, STEP_SPAN_REGEX, GoodputAccumulator, RunGoodput, Steps, StepOutlier,
+    BUCKETS, FLEET_BY, JOB_SPAN_REGEX, STEP_COLUMNS, STEP_SPAN_REGEX, GoodputAccumulator, RunGoodput, Steps, StepOutlier,
     async_span_regex, check_by, empty_step_frame, finish, merged_steps, partial_of, step_outliers,  # noqa: F401
     step_windows, steps_table,
 )
 from nemo_telemetry.analysis.model.grouping import Columns
 from nemo_telemetry.analysis.goodput.numbering import file_step_numbers, number_steps, numbered_spans
 from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_partial, ranks_tables
+from nemo_telemetry.analysis.goodput.fleets import (
+    attach_fleets, fleet_document, fleet_partial, merge_fleets, metric_partial,
+)
 from nemo_telemetry.analysis.decode import (
     NO_BUCKET, KeptRows, Later, SpanArrays, file_rows, span_arrays, table_rows,
 )
@@ -174,10 +177,14 @@ def goodput_by_step(spans: pa.Table, *, run_id: str | None = None) -> pa.Table:
     return pa.concat_tables(tables) if tables else steps_table(empty_step_frame(), None)
 
 
-def run_goodput(spans: pa.Table, *, run_id: str | None = None, by: str = "step") -> tuple[RunGoodput, ...]:
+def run_goodput(spans: pa.Table, *, run_id: str | None = None, by: str = "step",
+                metrics: pa.Table | None = None) -> tuple[RunGoodput, ...]:
     """Per run: the steps table, the total, bucketed time outside steps, the job's wall, outliers.
 
     ``by="rank"`` adds ``ranks``: the same sums per (service, rank) over all of the run's steps.
+    ``by="fleet"`` (or ``"fleet,step"``, the same per step too) adds ``fleets``: GPU-seconds per
+    fleet and bucket (:mod:`goodput.fleets`); ``metrics`` (``read_metrics``' table) gives the
+    busy metric and token counters of fleets that no span covers.
     """
     check_by(by)
     spans, _ = numbered_spans(spans)
@@ -185,6 +192,9 @@ def run_goodput(spans: pa.Table, *, run_id: str | None = None, by: str = "step")
         return goodput_of_rows(goodput_rows(spans), run_id=run_id)
     arrays = span_arrays(spans)
     one = _one_batch(arrays, run_filter(arrays, run_id), arrays.runs)
+    if by in FLEET_BY:
+        merged = merge_fleets([fleet_partial(spans, run_id=run_id), metric_partial(metrics, run_id=run_id)])
+        return attach_fleets(finish(one.merged, one.run_order), merged, one.merged, one.run_order, by=by)
     ranks = merge_ranks([rank_partial(arrays, one.keep, one.bucketed, one.iteration[one.pick], one.stamped[one.pick])])
     tables = ranks_tables(ranks, merged_steps(one.merged, one.run_order), one.run_order)
     return tuple(replace(run, ranks=tables[run.run_id]) for run in finish(one.merged, one.run_order))
@@ -300,6 +310,8 @@ def goodput_document(runs: tuple[RunGoodput, ...], *, baseline: tuple[RunGoodput
             "outliers": [vars(o) for o in run.outliers],
             "caveats": list(run.caveats),
         }
+        if run.fleets is not None:
+            item.update(fleet_document(run.fleets))
         if run.ranks is not None:
             item["ranks"] = [{k: _clean(v) for k, v in row.items() if k != "run_id"} for row in run.ranks.to_pylist()]
         if baseline:
