@@ -371,7 +371,13 @@ class _SpanDecoder:
 
     def _gather_pairs(self, batch: pa.RecordBatch, rows: slice) -> None:
         run, (name, names) = self._codes["run_id"][0][rows], self._codes["name"]
-        self._names.update(pairs_present(run, name[rows], len(names)))
+        if len(run) and run.min() == run.max():  # one run in the batch (a file per run): its names alone
+            if run[0] >= 0:
+                seen = np.zeros(len(names) + 1, dtype=bool)  # the last slot is where a null's -1 lands
+                seen[name[rows]] = True
+                self._names.update((int(run[0]), int(code)) for code in np.flatnonzero(seen[:-1]))
+        else:
+            self._names.update(pairs_present(run, name[rows], len(names)))
         if len(run):
             table, every = pa.Table.from_batches([batch]), np.ones(len(run), dtype=bool)
             for key, pairs in self._resources.items():

@@ -30,11 +30,12 @@ from typing import Iterable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.findings.report import Finding
 from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX
 from nemo_telemetry.analysis.decode import SPAN_GROUPS_ATTRIBUTE as SPAN_GROUPS, SpanArrays
-from nemo_telemetry.analysis.model.columns import LOOKUP_ROWS, column_codes, int_column, pairs_present
+from nemo_telemetry.analysis.model.columns import filled, int_column, pairs_present
 from nemo_telemetry.analysis.model.resources import resource_values
 from nemo_telemetry.analysis.model.schema import SPAN_GROUP
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
@@ -91,59 +92,121 @@ def group_presence(a: SpanArrays, keep: np.ndarray) -> GroupPresence:
     """The :class:`GroupPresence` of the ``keep`` rows (a run filter). The spans of processes that
     recorded no enabled groups count too: they show which groups, and namespaces, are present.
 
-    Read a block of rows at a time (:data:`LOOKUP_ROWS`): the columns' codes it decodes are
-    temporaries as long as a block, not as the table."""
+    Read a record batch at a time, on each batch's own dictionary codes (never mapped onto the
+    table's): the partial is sets of values, so no code needs to mean the same in two batches. A
+    process's spans are stored together (a file per run and rank), so a batch holds one process,
+    and one pass per column tells so (:func:`_constant`)."""
     processes, groups, unrecorded = set(), set(), set()
-    for lo in range(0, len(a), LOOKUP_ROWS):
-        block, kept, run = a.table.slice(lo, LOOKUP_ROWS), keep[lo:lo + LOOKUP_ROWS], a.run[lo:lo + LOOKUP_ROWS]
-        recorded, recorded_values = column_codes(block, SPAN_GROUP)
-        processes |= _processes(a, block, kept, run)
-        groups |= {(_run_id(a, r), recorded_values[g])
-                   for r, g in pairs_present(run[kept], recorded[kept], len(recorded_values))}
+    table = a.table.select([c for c in _GROUP_COLUMNS if c in a.table.column_names])
+    batches = table.to_batches() if table.num_columns else [None]
+    at = 0
+    for batch in batches:
+        n = len(a) if batch is None else batch.num_rows
+        rows = slice(at, at + n)
+        at += n
+        kept, run = keep[rows], a.run[rows]
+        if n == 0 or not kept.any():
+            continue
+        every = bool(kept.all())
+        recorded, recorded_values = _batch_codes(batch, SPAN_GROUP, n)
+        processes |= _processes(a, batch, kept, run, every)
+        groups |= {(_run_id(a, r), recorded_values[g]) for r, g in _pairs(run, recorded, kept, every,
+                                                                          len(recorded_values))}
         plain = kept & (recorded < 0)
-        unrecorded |= {(_run_id(a, r), a.names[n])
-                       for r, n in pairs_present(run[plain], a.name[lo:lo + LOOKUP_ROWS][plain], len(a.names))}
+        if plain.any():
+            unrecorded |= {(_run_id(a, r), a.names[n]) for r, n in _pairs(run, a.name[rows], plain, False,
+                                                                           len(a.names))}
     names = {(_run_id(a, r), a.names[n]) for r, n in a.run_names(keep)}
     return GroupPresence(frozenset(processes), frozenset(groups), frozenset(names), frozenset(unrecorded))
+
+
+# What group_presence reads of a SpanArrays' table (those of them it holds).
+_GROUP_COLUMNS = (SPAN_GROUP, "span_groups", "resource_attributes", "service_name", "rank", "span_groups_namespace")
 
 
 def _run_id(a: SpanArrays, code: int) -> str | None:
     return a.runs[code] if code >= 0 else None
 
 
-def _spec_codes(block: pa.Table) -> tuple[np.ndarray, tuple]:
-    """Each row's enabled-groups spec as a code into the distinct specs (-1: none): from the
-    ``span_groups`` column, else (files written before it) the resource map."""
-    codes, values = column_codes(block, "span_groups")
-    if "resource_attributes" in block.column_names:
-        missing = np.flatnonzero(codes < 0)
-        if len(missing):
-            mapped, mapped_values = resource_values(block, SPAN_GROUPS_ATTRIBUTE, missing)
-            codes[missing] = np.where(mapped >= 0, mapped + len(values), -1)
-            values = (*values, *mapped_values)
+def _batch_codes(batch: pa.RecordBatch | None, column: str, n: int) -> tuple[np.ndarray, list]:
+    """(codes into the values, -1 for null, the values) of a string or dictionary column of one
+    batch: its own dictionary's indices (a dictionary entry that is null counts as a null row)."""
+    if batch is None or column not in batch.schema.names:
+        return np.full(n, -1, dtype=np.int32), []
+    chunk = batch.column(column)
+    if not pa.types.is_dictionary(chunk.type):
+        chunk = pc.dictionary_encode(chunk)
+    values = chunk.dictionary.to_pylist()
+    codes = filled(chunk.indices, -1).astype(np.int32, copy=False)
+    if None in values:
+        local = np.array([i if v is not None else -1 for i, v in enumerate(values)] + [-1], dtype=np.int32)
+        codes = local[codes]
     return codes, values
 
 
-def _processes(a: SpanArrays, block: pa.Table, keep: np.ndarray, run: np.ndarray) -> set[tuple]:
-    """(run id, spec, service, rank, namespace) of the processes of a block's ``keep`` rows that
-    enabled groups (``run``: the block's run codes).
+def _constant(values: np.ndarray) -> bool:
+    """Whether every entry is the first (one pass, no temporaries the batch's size kept)."""
+    return values.size == 0 or int(values.min()) == int(values.max())
+
+
+def _pairs(first: np.ndarray, second: np.ndarray, keep: np.ndarray, every: bool, second_size: int) -> list:
+    """The distinct (first, second) code pairs (-1 on either side left out) of the ``keep`` rows
+    (``every``: all of them); one run in the batch: the distinct second codes alone."""
+    if not every:
+        first, second = first[keep], second[keep]
+    if first.size and _constant(first):
+        if first[0] < 0:
+            return []
+        seen = np.zeros(second_size + 1, dtype=bool)  # the last slot is where a null's -1 lands
+        seen[second] = True
+        return [(int(first[0]), int(v)) for v in np.flatnonzero(seen[:-1])]
+    return pairs_present(first, second, second_size)
+
+
+def _spec_codes(block: pa.RecordBatch | None, n: int) -> tuple[np.ndarray, list]:
+    """Each row's enabled-groups spec as a code into the distinct specs (-1: none): from the
+    ``span_groups`` column, else (files written before it) the resource map."""
+    codes, values = _batch_codes(block, "span_groups", n)
+    if block is not None and "resource_attributes" in block.schema.names:
+        missing = np.flatnonzero(codes < 0)
+        if len(missing):
+            mapped, mapped_values = resource_values(pa.Table.from_batches([block]), SPAN_GROUPS_ATTRIBUTE, missing)
+            codes = codes.copy()
+            codes[missing] = np.where(mapped >= 0, mapped + len(values), -1)
+            values = [*values, *mapped_values]
+    return codes, values
+
+
+def _processes(a: SpanArrays, block: pa.RecordBatch | None, keep: np.ndarray, run: np.ndarray,
+               every: bool) -> set[tuple]:
+    """(run id, spec, service, rank, namespace) of the processes of a batch's ``keep`` rows that
+    enabled groups (``run``: the batch's run codes; ``every``: all rows kept).
 
     A process's spans are stored together (a file per run and rank; an export batch per process
-    in a dump), so only the rows where one of these changes are read out of the columns."""
-    spec, specs = _spec_codes(block)
-    rows = np.flatnonzero(keep & (spec >= 0))
-    if not len(rows):
-        return set()
-    service, services = column_codes(block, "service_name")
-    namespace, namespaces = column_codes(block, "span_groups_namespace")
-    rank, has_rank = int_column(block, "rank")
-    keys = (run[rows], spec[rows], service[rows], rank[rows], has_rank[rows], namespace[rows])
-    change = np.ones(len(rows), dtype=bool)
-    change[1:] = np.logical_or.reduce([k[1:] != k[:-1] for k in keys])
-    at = rows[change]
+    in a dump): where each column holds one value in the batch, that is its one process; else
+    only the rows where one of them changes are read out of the columns."""
+    n = len(run)
+    spec, specs = _spec_codes(block, n)
+    service, services = _batch_codes(block, "service_name", n)
+    namespace, namespaces = _batch_codes(block, "span_groups_namespace", n)
+    if block is not None and "rank" in block.schema.names:
+        rank, has_rank = int_column(pa.Table.from_batches([block.select(["rank"])]), "rank")
+    else:
+        rank, has_rank = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+    keys = (run, spec, service, rank, has_rank, namespace)
+    if every and all(_constant(k.view(np.int8) if k.dtype == bool else k) for k in keys):
+        at = np.zeros(1 if spec[0] >= 0 else 0, dtype=np.int64)
+    else:
+        rows = np.flatnonzero(keep & (spec >= 0))
+        if not len(rows):
+            return set()
+        keys = tuple(k[rows] for k in keys)
+        change = np.ones(len(rows), dtype=bool)
+        change[1:] = np.logical_or.reduce([k[1:] != k[:-1] for k in keys])
+        at = rows[change]
     return {(_run_id(a, int(r)), specs[s], services[v] if v >= 0 else None, int(k) if valid else None,
-             namespaces[n] if n >= 0 else None)
-            for r, s, v, k, valid, n in zip(run[at].tolist(), spec[at].tolist(), service[at].tolist(),
+             namespaces[m] if m >= 0 else None)
+            for r, s, v, k, valid, m in zip(run[at].tolist(), spec[at].tolist(), service[at].tolist(),
                                             rank[at].tolist(), has_rank[at].tolist(), namespace[at].tolist())}
 
 
