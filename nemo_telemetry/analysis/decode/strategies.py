@@ -410,8 +410,13 @@ class _SpanDecoder:
         category, categories = self.codes_of(EFFICIENCY_CATEGORY)
         iteration, has_iteration = self._ints[ITERATION][0], cast(np.ndarray, self._ints[ITERATION][1])
         start, end = self._ints["start_ns"][0], self._ints["end_ns"][0]
+        index = _bucket_index(bucket_values)
+        # values that list BUCKETS' first entries in their order (as ingest writes them, usually)
+        # index as they are: a narrowing copy instead of a gather
+        same = index[-1] == NO_BUCKET and np.array_equal(index[:-1], np.arange(len(index) - 1))
         return SpanArrays(
             table=table, name=name, names=names, run=run, runs=runs, start=start, end=end,
-            valid_interval=end >= start, bucket=_bucket_index(bucket_values)[bucket_raw], bucket_raw=bucket_raw,
+            valid_interval=end >= start, bucket=bucket_raw.astype(np.int8) if same else index[bucket_raw],
+            bucket_raw=bucket_raw,
             bucket_values=bucket_values, category=category, categories=categories, iteration=iteration,
             has_iteration=has_iteration, links=links, orphans=orphans, pairs=pairs)

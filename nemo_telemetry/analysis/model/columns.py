@@ -19,6 +19,7 @@ __all__ = ["LOOKUP_ROWS", "column_codes", "codes_into", "code_values", "row_valu
            "int_column", "ints_into", "code_mask", "pairs_present", "codes_matching"]
 
 LOOKUP_ROWS = 1 << 20  # lookups over every span go a block at a time, so their temporaries stay small
+_RANGE_TESTS = 4  # runs of consecutive chosen codes up to which code_mask compares instead of gathering
 
 
 def column_codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:
@@ -166,6 +167,16 @@ def code_mask(codes: np.ndarray, chosen, size: int) -> np.ndarray:
         return codes == int(chosen[0])  # a Python int: compared in the codes' own dtype
     if len(chosen) == size:
         return codes >= 0
+    starts = np.flatnonzero(np.diff(chosen, prepend=-2) != 1)  # runs of consecutive codes
+    if 0 < len(starts) <= _RANGE_TESTS and codes.dtype.kind == "i":
+        # each run lo..hi by one comparison: code - lo, read unsigned, is at most hi - lo only
+        # inside the run (-1 and the codes below lo wrap past it); a gather costs several of these
+        unsigned = np.dtype(f"u{codes.dtype.itemsize}")
+        out = None
+        for lo, hi in zip(chosen[starts], np.append(chosen[starts[1:] - 1], chosen[-1])):
+            hit = np.subtract(codes, codes.dtype.type(lo)).view(unsigned) <= unsigned.type(hi - lo)
+            out = hit if out is None else np.logical_or(out, hit, out=out)
+        return out
     table = np.zeros(size + 1, dtype=bool)  # the extra last slot is where code -1 lands: never chosen
     table[chosen] = True
     return table[codes]
