@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.decode.spans import (
     BUCKETS, NO_BUCKET, RUN_RESOURCES, UNKNOWN_BUCKET, Later, Parents, RunPairs, SpanArrays,
 )
-from nemo_telemetry.analysis.model.columns import codes_into, filled, ints_into, pairs_present
+from nemo_telemetry.analysis.model.columns import codes_into, distinct_codes, filled, ints_into, pairs_present
 from nemo_telemetry.analysis.model.keys import (
     NO_PARENT, PARENT_ELSEWHERE, build_index, index_orphans, key_index, parent_rows, sort_index,
 )
@@ -153,16 +153,68 @@ class SpanReader:
         let_go = {*_DECODED, PARENT_ROW, "parent_key", "resource_attributes"}
         kept_columns = [c for c in read if c not in let_go]
         kept: list[pa.RecordBatch] = []
-        for path, batch in scan_file_batches(dataset, read, batch_rows or self.settings.batch_rows,
-                                             threads=self.settings.threads):
-            decoder.add(batch)
-            kept.append(batch.select(kept_columns))
-            parents.add(path, batch)
-        parents.finish()  # the last file's check, here: its error is the read's, not a rule's
+        # the parent rows (and each file's check of them) on a lane of their own beside this
+        # thread's decode, where the settings allow a second thread: each batch's in turn
+        with _Lane(self.settings.threads > 1) as lane:
+            for path, batch in scan_file_batches(dataset, read, batch_rows or self.settings.batch_rows,
+                                                 threads=self.settings.threads):
+                try:
+                    decoder.add(batch)
+                except Exception:
+                    lane.drain()  # an earlier batch's parents error first, as the batches came
+                    raise
+                kept.append(batch.select(kept_columns))
+                lane.run(parents.add, path, batch)
+            lane.run(parents.finish)  # the last file's check, here: its error is the read's, not a rule's
+            lane.drain()
         table = pa.Table.from_batches(kept, schema=pa.schema([dataset.schema.field(c) for c in kept_columns]))
         pairs = Later.known(decoder.run_pairs())
         resolved = self._submit(parents.resolved, table)
         return decoder.arrays(table, Later(lambda: resolved.result()[0]), Later(lambda: resolved.result()[1]), pairs)
+
+
+class _Lane:
+    """Calls run one after another, in the order given, on one worker thread of their own (or in
+    the calling thread, where ``threaded`` is false); at most a few wait, so the batches they hold
+    stay few. :meth:`drain` waits for every call and raises the first one's error, as running them
+    in turn would have; an error ends the lane (later calls are skipped)."""
+
+    _WAITING = 4
+
+    def __init__(self, threaded: bool) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemo-lane") if threaded else None
+        self._waiting: list[Future] = []
+        self._failed = False
+
+    def __enter__(self) -> _Lane:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._failed = True  # whatever still waits is skipped
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def run(self, call, *args) -> None:
+        if self._pool is None:
+            call(*args)
+            return
+        if len(self._waiting) >= self._WAITING:
+            self._waiting.pop(0).result()
+        self._waiting.append(self._pool.submit(self._guarded, call, *args))
+
+    def _guarded(self, call, *args) -> None:
+        if self._failed:
+            return
+        try:
+            call(*args)
+        except BaseException:
+            self._failed = True
+            raise
+
+    def drain(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for future in waiting:
+            future.result()
 
 
 def rows_arrays(*, trace_id: list, keys: tuple[np.ndarray, np.ndarray, np.ndarray], name: tuple[np.ndarray, tuple],
@@ -373,9 +425,7 @@ class _SpanDecoder:
         run, (name, names) = self._codes["run_id"][0][rows], self._codes["name"]
         if len(run) and run.min() == run.max():  # one run in the batch (a file per run): its names alone
             if run[0] >= 0:
-                seen = np.zeros(len(names) + 1, dtype=bool)  # the last slot is where a null's -1 lands
-                seen[name[rows]] = True
-                self._names.update((int(run[0]), int(code)) for code in np.flatnonzero(seen[:-1]))
+                self._names.update((int(run[0]), code) for code in distinct_codes(name[rows], len(names)))
         else:
             self._names.update(pairs_present(run, name[rows], len(names)))
         if len(run):

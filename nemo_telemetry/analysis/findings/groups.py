@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.findings.report import Finding
 from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX
 from nemo_telemetry.analysis.decode import SPAN_GROUPS_ATTRIBUTE as SPAN_GROUPS, SpanArrays
-from nemo_telemetry.analysis.model.columns import filled, int_column, pairs_present
+from nemo_telemetry.analysis.model.columns import distinct_codes, filled, int_column, pairs_present
 from nemo_telemetry.analysis.model.resources import resource_values
 from nemo_telemetry.analysis.model.schema import SPAN_GROUP
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
@@ -123,7 +123,6 @@ def group_presence(a: SpanArrays, keep: np.ndarray) -> GroupPresence:
 
 # What group_presence reads of a SpanArrays' table (those of them it holds).
 _GROUP_COLUMNS = (SPAN_GROUP, "span_groups", "resource_attributes", "service_name", "rank", "span_groups_namespace")
-_MARKED_CODES = 32  # codes up to which the distinct ones are marked as bits of one word (no count of each)
 
 
 def _run_id(a: SpanArrays, code: int) -> str | None:
@@ -173,22 +172,11 @@ def _constant(values: np.ndarray) -> bool:
     return values.size == 0 or int(values.min()) == int(values.max())
 
 
-def _present(codes: np.ndarray, size: int) -> list[int]:
-    """The distinct codes (-1 left out) among int32 ``codes`` into ``size`` values: marked as bits
-    of one word where there are few values (a shift by -1 read unsigned is past the word: 0)."""
-    if codes.size == 0:
-        return []
-    if size <= _MARKED_CODES:
-        bits = int(np.bitwise_or.reduce(np.left_shift(np.uint32(1), codes.view(np.uint32))))
-        return [i for i in range(size) if bits >> i & 1]
-    return np.flatnonzero(np.bincount(codes[codes >= 0], minlength=size)).tolist()
-
-
 def _pairs(first: np.ndarray, second: np.ndarray, keep: np.ndarray, one: bool, second_size: int) -> list:
     """The distinct (first, second) code pairs (-1 on either side left out) of the ``keep`` rows;
     ``one``: every row is kept and ``first`` holds one value, so the distinct second codes tell."""
     if one:
-        return [(int(first[0]), code) for code in _present(second, second_size)] if first[0] >= 0 else []
+        return [(int(first[0]), code) for code in distinct_codes(second, second_size)] if first[0] >= 0 else []
     return pairs_present(first[keep], second[keep], second_size)
 
 

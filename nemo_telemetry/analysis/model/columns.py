@@ -16,10 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["LOOKUP_ROWS", "column_codes", "codes_into", "code_values", "row_value", "column_rows", "filled",
-           "int_column", "ints_into", "code_mask", "pairs_present", "codes_matching"]
+           "int_column", "ints_into", "code_mask", "pairs_present", "codes_matching", "distinct_codes"]
 
 LOOKUP_ROWS = 1 << 20  # lookups over every span go a block at a time, so their temporaries stay small
 _RANGE_TESTS = 4  # runs of consecutive chosen codes up to which code_mask compares instead of gathering
+_MARKED_CODES = 32  # values up to which distinct_codes marks the codes present as bits of one word
 
 
 def column_codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:
@@ -197,6 +198,24 @@ def pairs_present(first: np.ndarray, second: np.ndarray, second_size: int) -> li
         seen[key] = True
     pairs = (divmod(int(k), width) for k in np.flatnonzero(seen))
     return [(a - 1, b - 1) for a, b in pairs if a > 0 and b > 0]
+
+
+def distinct_codes(codes: np.ndarray, size: int) -> list[int]:
+    """The distinct codes (-1, null, left out) among integer ``codes`` into ``size`` values, ascending.
+
+    Where there are few values, each code is a bit of one word (``1 << code``, or-reduced: two
+    vector passes; a shift by -1 read unsigned is past the word, 0); a scatter into a table of
+    flags costs tens of times more. Else a count of each code."""
+    if codes.size == 0 or size == 0:
+        return []
+    if size <= _MARKED_CODES:
+        width = 4 if size > 16 or codes.dtype.itemsize == 4 else 2
+        if codes.dtype != np.dtype(f"i{width}"):
+            codes = codes.astype(f"i{width}")  # codes below size and -1 fit
+        unsigned = np.dtype(f"u{width}")
+        bits = int(np.bitwise_or.reduce(np.left_shift(unsigned.type(1), codes.view(unsigned))))
+        return [i for i in range(size) if bits >> i & 1]
+    return np.flatnonzero(np.bincount(codes[codes >= 0], minlength=size)).tolist()
 
 
 def codes_matching(values: tuple, regex: str) -> np.ndarray:
