@@ -36,6 +36,7 @@ from nemo_telemetry.analysis.model.resources import resource_pairs
 from nemo_telemetry.analysis.model.schema import (
     BUCKET, EFFICIENCY_CATEGORY, ITERATION, PARENT_ROW, PROMOTED_RESOURCE_ATTRIBUTES,
 )
+from nemo_telemetry.analysis.model.status import error_rows
 from nemo_telemetry.analysis.model.tree import mixed_key, with_id_keys
 from nemo_telemetry.analysis.model.walk import KeyScan
 from nemo_telemetry.analysis.settings import ReadSettings
@@ -144,7 +145,9 @@ class SpanReader:
         worker resolving the references they leave. Every file of the dataset format holds it
         (:mod:`~nemo_telemetry.analysis.store.formats`).
         """
-        dataset, read = span_projection(files, tuple(dict.fromkeys((*columns, PARENT_ROW))))
+        at_failures = [c for c in _AT_FAILURES if c in columns]  # read afterwards, where spans failed
+        dataset, read = span_projection(files, tuple(dict.fromkeys(
+            (*(c for c in columns if c not in at_failures), PARENT_ROW))))
         n = dataset.count_rows()
         decoder = _SpanDecoder(n, gather_pairs=True)
         parents = FileParents(n)
@@ -153,6 +156,7 @@ class SpanReader:
         let_go = {*_DECODED, PARENT_ROW, "parent_key", "resource_attributes"}
         kept_columns = [c for c in read if c not in let_go]
         kept: list[pa.RecordBatch] = []
+        placed: list[tuple[str, int, int]] = []  # each kept batch's file, its first row there, its rows
         # the parent rows (and each file's check of them) on a lane of their own beside this
         # thread's decode, where the settings allow a second thread: each batch's in turn
         with _Lane(self.settings.threads > 1) as lane:
@@ -164,13 +168,46 @@ class SpanReader:
                     lane.drain()  # an earlier batch's parents error first, as the batches came
                     raise
                 kept.append(batch.select(kept_columns))
+                first = placed[-1][1] + placed[-1][2] if placed and placed[-1][0] == path else 0
+                placed.append((path, first, batch.num_rows))
                 lane.run(parents.add, path, batch)
             lane.run(parents.finish)  # the last file's check, here: its error is the read's, not a rule's
             lane.drain()
         table = pa.Table.from_batches(kept, schema=pa.schema([dataset.schema.field(c) for c in kept_columns]))
+        for column in at_failures:
+            table = table.append_column(*_at_failures(table, placed, column))
         pairs = Later.known(decoder.run_pairs())
         resolved = self._submit(parents.resolved, table)
         return decoder.arrays(table, Later(lambda: resolved.result()[0]), Later(lambda: resolved.result()[1]), pairs)
+
+
+# Columns a rule reads only at the spans that ended in error (failed-step quotes the message):
+# SpanReader.files reads them afterwards, from the files that hold such a span, not for every row.
+_AT_FAILURES = ("status_message",)
+
+
+def _at_failures(table: pa.Table, placed: list[tuple[str, int, int]], column: str) -> tuple[pa.Field, pa.ChunkedArray]:
+    """``column`` for ``table``, whose rows are batches ``placed`` (each: its file, its first row
+    there, its rows) one after another: as the file holds it in a batch with a span in error
+    status, null in the others (no rule reads it there). A file is read again only where one of
+    its batches has such a span."""
+    error = error_rows(table)
+    field = pa.field(column, pa.string())
+    if not error.any():
+        return field, pa.chunked_array([pa.nulls(table.num_rows, field.type)], field.type)
+    chunks: list[pa.Array] = []
+    read: dict[str, pa.ChunkedArray] = {}
+    at = 0
+    for path, first, rows in placed:
+        if error[at:at + rows].any():
+            if path not in read:
+                dataset, columns = span_projection([path], (column,))
+                read[path] = dataset.to_table(columns=columns).column(column).cast(field.type)
+            chunks.extend(read[path].slice(first, rows).chunks)
+        else:
+            chunks.append(pa.nulls(rows, field.type))
+        at += rows
+    return field, pa.chunked_array(chunks, field.type)
 
 
 class _Lane:
