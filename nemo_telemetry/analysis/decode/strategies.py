@@ -143,7 +143,9 @@ class SpanReader:
         gathered on the way; the table keeps the ids, the process columns and the group columns. The parents come from the files'
         ``parent_row`` (:class:`FileParents`, which checks each file's column against its keys), a
         worker resolving the references they leave. Every file of the dataset format holds it
-        (:mod:`~nemo_telemetry.analysis.store.formats`).
+        (:mod:`~nemo_telemetry.analysis.store.formats`). ``status_message``, where asked, is read
+        afterwards and only from the files with a span in error status: the table holds it in the
+        batches with such a span, nulls in the others.
         """
         at_failures = [c for c in _AT_FAILURES if c in columns]  # read afterwards, where spans failed
         dataset, read = span_projection(files, tuple(dict.fromkeys(
