@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.decode.spans import (
     BUCKETS, NO_BUCKET, RUN_RESOURCES, UNKNOWN_BUCKET, Later, Parents, RunPairs, SpanArrays,
 )
-from nemo_telemetry.analysis.model.columns import codes_into, filled, ints_into, pairs_present
+from nemo_telemetry.analysis.model.columns import codes_into, distinct_codes, filled, ints_into, pairs_present
 from nemo_telemetry.analysis.model.keys import (
     NO_PARENT, PARENT_ELSEWHERE, build_index, index_orphans, key_index, parent_rows, sort_index,
 )
@@ -36,6 +36,7 @@ from nemo_telemetry.analysis.model.resources import resource_pairs
 from nemo_telemetry.analysis.model.schema import (
     BUCKET, EFFICIENCY_CATEGORY, ITERATION, PARENT_ROW, PROMOTED_RESOURCE_ATTRIBUTES,
 )
+from nemo_telemetry.analysis.model.status import error_rows
 from nemo_telemetry.analysis.model.tree import mixed_key, with_id_keys
 from nemo_telemetry.analysis.model.walk import KeyScan
 from nemo_telemetry.analysis.settings import ReadSettings
@@ -142,9 +143,13 @@ class SpanReader:
         gathered on the way; the table keeps the ids, the process columns and the group columns. The parents come from the files'
         ``parent_row`` (:class:`FileParents`, which checks each file's column against its keys), a
         worker resolving the references they leave. Every file of the dataset format holds it
-        (:mod:`~nemo_telemetry.analysis.store.formats`).
+        (:mod:`~nemo_telemetry.analysis.store.formats`). ``status_message``, where asked, is read
+        afterwards and only from the files with a span in error status: the table holds it in the
+        batches with such a span, nulls in the others.
         """
-        dataset, read = span_projection(files, tuple(dict.fromkeys((*columns, PARENT_ROW))))
+        at_failures = [c for c in _AT_FAILURES if c in columns]  # read afterwards, where spans failed
+        dataset, read = span_projection(files, tuple(dict.fromkeys(
+            (*(c for c in columns if c not in at_failures), PARENT_ROW))))
         n = dataset.count_rows()
         decoder = _SpanDecoder(n, gather_pairs=True)
         parents = FileParents(n)
@@ -153,16 +158,102 @@ class SpanReader:
         let_go = {*_DECODED, PARENT_ROW, "parent_key", "resource_attributes"}
         kept_columns = [c for c in read if c not in let_go]
         kept: list[pa.RecordBatch] = []
-        for path, batch in scan_file_batches(dataset, read, batch_rows or self.settings.batch_rows,
-                                             threads=self.settings.threads):
-            decoder.add(batch)
-            kept.append(batch.select(kept_columns))
-            parents.add(path, batch)
-        parents.finish()  # the last file's check, here: its error is the read's, not a rule's
+        placed: list[tuple[str, int, int]] = []  # each kept batch's file, its first row there, its rows
+        # the parent rows (and each file's check of them) on a lane of their own beside this
+        # thread's decode, where the settings allow a second thread: each batch's in turn
+        with _Lane(self.settings.threads > 1) as lane:
+            for path, batch in scan_file_batches(dataset, read, batch_rows or self.settings.batch_rows,
+                                                 threads=self.settings.threads):
+                try:
+                    decoder.add(batch)
+                except Exception:
+                    lane.drain()  # an earlier batch's parents error first, as the batches came
+                    raise
+                kept.append(batch.select(kept_columns))
+                first = placed[-1][1] + placed[-1][2] if placed and placed[-1][0] == path else 0
+                placed.append((path, first, batch.num_rows))
+                lane.run(parents.add, path, batch)
+            lane.run(parents.finish)  # the last file's check, here: its error is the read's, not a rule's
+            lane.drain()
         table = pa.Table.from_batches(kept, schema=pa.schema([dataset.schema.field(c) for c in kept_columns]))
+        for column in at_failures:
+            table = table.append_column(*_at_failures(table, placed, column))
         pairs = Later.known(decoder.run_pairs())
         resolved = self._submit(parents.resolved, table)
         return decoder.arrays(table, Later(lambda: resolved.result()[0]), Later(lambda: resolved.result()[1]), pairs)
+
+
+# Columns a rule reads only at the spans that ended in error (failed-step quotes the message):
+# SpanReader.files reads them afterwards, from the files that hold such a span, not for every row.
+_AT_FAILURES = ("status_message",)
+
+
+def _at_failures(table: pa.Table, placed: list[tuple[str, int, int]], column: str) -> tuple[pa.Field, pa.ChunkedArray]:
+    """``column`` for ``table``, whose rows are batches ``placed`` (each: its file, its first row
+    there, its rows) one after another: as the file holds it in a batch with a span in error
+    status, null in the others (no rule reads it there). A file is read again only where one of
+    its batches has such a span."""
+    error = error_rows(table)
+    field = pa.field(column, pa.string())
+    if not error.any():
+        return field, pa.chunked_array([pa.nulls(table.num_rows, field.type)], field.type)
+    chunks: list[pa.Array] = []
+    read: dict[str, pa.ChunkedArray] = {}
+    at = 0
+    for path, first, rows in placed:
+        if error[at:at + rows].any():
+            if path not in read:
+                dataset, columns = span_projection([path], (column,))
+                read[path] = dataset.to_table(columns=columns).column(column).cast(field.type)
+            chunks.extend(read[path].slice(first, rows).chunks)
+        else:
+            chunks.append(pa.nulls(rows, field.type))
+        at += rows
+    return field, pa.chunked_array(chunks, field.type)
+
+
+class _Lane:
+    """Calls run one after another, in the order given, on one worker thread of their own (or in
+    the calling thread, where ``threaded`` is false); at most a few wait, so the batches they hold
+    stay few. :meth:`drain` waits for every call and raises the first one's error, as running them
+    in turn would have; an error ends the lane (later calls are skipped)."""
+
+    _WAITING = 4
+
+    def __init__(self, threaded: bool) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemo-lane") if threaded else None
+        self._waiting: list[Future] = []
+        self._failed = False
+
+    def __enter__(self) -> _Lane:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._failed = True  # whatever still waits is skipped
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def run(self, call, *args) -> None:
+        if self._pool is None:
+            call(*args)
+            return
+        if len(self._waiting) >= self._WAITING:
+            self._waiting.pop(0).result()
+        self._waiting.append(self._pool.submit(self._guarded, call, *args))
+
+    def _guarded(self, call, *args) -> None:
+        if self._failed:
+            return
+        try:
+            call(*args)
+        except BaseException:
+            self._failed = True
+            raise
+
+    def drain(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for future in waiting:
+            future.result()
 
 
 def rows_arrays(*, trace_id: list, keys: tuple[np.ndarray, np.ndarray, np.ndarray], name: tuple[np.ndarray, tuple],
@@ -371,7 +462,11 @@ class _SpanDecoder:
 
     def _gather_pairs(self, batch: pa.RecordBatch, rows: slice) -> None:
         run, (name, names) = self._codes["run_id"][0][rows], self._codes["name"]
-        self._names.update(pairs_present(run, name[rows], len(names)))
+        if len(run) and run.min() == run.max():  # one run in the batch (a file per run): its names alone
+            if run[0] >= 0:
+                self._names.update((int(run[0]), code) for code in distinct_codes(name[rows], len(names)))
+        else:
+            self._names.update(pairs_present(run, name[rows], len(names)))
         if len(run):
             table, every = pa.Table.from_batches([batch]), np.ones(len(run), dtype=bool)
             for key, pairs in self._resources.items():
@@ -404,8 +499,13 @@ class _SpanDecoder:
         category, categories = self.codes_of(EFFICIENCY_CATEGORY)
         iteration, has_iteration = self._ints[ITERATION][0], cast(np.ndarray, self._ints[ITERATION][1])
         start, end = self._ints["start_ns"][0], self._ints["end_ns"][0]
+        index = _bucket_index(bucket_values)
+        # values that list BUCKETS' first entries in their order (as ingest writes them, usually)
+        # index as they are: a narrowing copy instead of a gather
+        same = index[-1] == NO_BUCKET and np.array_equal(index[:-1], np.arange(len(index) - 1))
         return SpanArrays(
             table=table, name=name, names=names, run=run, runs=runs, start=start, end=end,
-            valid_interval=end >= start, bucket=_bucket_index(bucket_values)[bucket_raw], bucket_raw=bucket_raw,
+            valid_interval=end >= start, bucket=bucket_raw.astype(np.int8) if same else index[bucket_raw],
+            bucket_raw=bucket_raw,
             bucket_values=bucket_values, category=category, categories=categories, iteration=iteration,
             has_iteration=has_iteration, links=links, orphans=orphans, pairs=pairs)

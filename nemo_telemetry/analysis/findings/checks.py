@@ -76,7 +76,13 @@ from nemo_telemetry.analysis.findings.rules import (
     row_traces,
 )
 from nemo_telemetry.analysis.goodput.census import CENSUS_CODES, SpanCensus, census_of_arrays
-from nemo_telemetry.analysis.goodput.numbering import StepNumbers, file_step_numbers, number_arrays, numbered_spans
+from nemo_telemetry.analysis.goodput.numbering import (
+    StepNumbers,
+    arrays_unstamped_steps,
+    number_arrays,
+    numbered_spans,
+    read_step_numbers,
+)
 from nemo_telemetry.analysis.goodput.steps import Analysis, analyse, run_filter
 from nemo_telemetry.analysis.goodput.steps import step_outliers
 from nemo_telemetry.analysis.decode import BUCKETS, NO_BUCKET, SpanArrays, SpanReader, span_arrays
@@ -572,9 +578,10 @@ def check_span_files(files: list[str], *, run_id: str | None = None, unattribute
     """:func:`check_run` over a dataset's spans files, decoded batch by batch (of ``batch_rows``) as
     they are read (:meth:`~nemo_telemetry.analysis.decode.SpanReader.files`; a file of a layout no
     dataset format reads is refused there)."""
-    numbers = file_step_numbers(files)
     with SpanReader(settings) as read:
         arrays = read.files(files, batch_rows=batch_rows)
+        # the decode tells whether a step span lacks rl.iteration; only then are the files read for numbers
+        numbers = read_step_numbers(files, arrays_unstamped_steps(arrays))
         return check_arrays(number_arrays(arrays, numbers), run_id=run_id, numbers=numbers,
                              unattributed_threshold=unattributed_threshold, overlap_tolerance_s=overlap_tolerance_s,
                              max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)

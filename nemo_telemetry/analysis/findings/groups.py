@@ -30,11 +30,12 @@ from typing import Iterable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.findings.report import Finding
 from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX
 from nemo_telemetry.analysis.decode import SPAN_GROUPS_ATTRIBUTE as SPAN_GROUPS, SpanArrays
-from nemo_telemetry.analysis.model.columns import LOOKUP_ROWS, column_codes, int_column, pairs_present
+from nemo_telemetry.analysis.model.columns import distinct_codes, filled, int_column, pairs_present
 from nemo_telemetry.analysis.model.resources import resource_values
 from nemo_telemetry.analysis.model.schema import SPAN_GROUP
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
@@ -91,59 +92,162 @@ def group_presence(a: SpanArrays, keep: np.ndarray) -> GroupPresence:
     """The :class:`GroupPresence` of the ``keep`` rows (a run filter). The spans of processes that
     recorded no enabled groups count too: they show which groups, and namespaces, are present.
 
-    Read a block of rows at a time (:data:`LOOKUP_ROWS`): the columns' codes it decodes are
-    temporaries as long as a block, not as the table."""
+    Read a record batch at a time, on each batch's own dictionary codes (never mapped onto the
+    table's): the partial is sets of values, so no code needs to mean the same in two batches. A
+    process's spans are stored together (a file per run and rank), so a batch usually holds one
+    process, which one pass over each column's indices tells (:func:`_processes`)."""
     processes, groups, unrecorded = set(), set(), set()
-    for lo in range(0, len(a), LOOKUP_ROWS):
-        block, kept, run = a.table.slice(lo, LOOKUP_ROWS), keep[lo:lo + LOOKUP_ROWS], a.run[lo:lo + LOOKUP_ROWS]
-        recorded, recorded_values = column_codes(block, SPAN_GROUP)
-        processes |= _processes(a, block, kept, run)
-        groups |= {(_run_id(a, r), recorded_values[g])
-                   for r, g in pairs_present(run[kept], recorded[kept], len(recorded_values))}
-        plain = kept & (recorded < 0)
-        unrecorded |= {(_run_id(a, r), a.names[n])
-                       for r, n in pairs_present(run[plain], a.name[lo:lo + LOOKUP_ROWS][plain], len(a.names))}
+    table = a.table.select([c for c in _GROUP_COLUMNS if c in a.table.column_names])
+    batches = table.to_batches() if table.num_columns else [None]
+    at = 0
+    for batch in batches:
+        n = len(a) if batch is None else batch.num_rows
+        rows = slice(at, at + n)
+        at += n
+        kept, run = keep[rows], a.run[rows]
+        if n == 0 or not kept.any():
+            continue
+        every = bool(kept.all())
+        one_run = _constant(run)
+        processes |= _processes(a, batch, kept, run, every and one_run)
+        recorded, recorded_values, nulls = _batch_codes(batch, SPAN_GROUP, n)
+        groups |= {(_run_id(a, r), recorded_values[g]) for r, g in _pairs(run, recorded, kept, every and one_run,
+                                                                          len(recorded_values))}
+        if nulls:
+            plain = kept & (recorded < 0)
+            unrecorded |= {(_run_id(a, r), a.names[n]) for r, n in _pairs(run, a.name[rows], plain, False,
+                                                                           len(a.names))}
     names = {(_run_id(a, r), a.names[n]) for r, n in a.run_names(keep)}
     return GroupPresence(frozenset(processes), frozenset(groups), frozenset(names), frozenset(unrecorded))
+
+
+# What group_presence reads of a SpanArrays' table (those of them it holds).
+_GROUP_COLUMNS = (SPAN_GROUP, "span_groups", "resource_attributes", "service_name", "rank", "span_groups_namespace")
 
 
 def _run_id(a: SpanArrays, code: int) -> str | None:
     return a.runs[code] if code >= 0 else None
 
 
-def _spec_codes(block: pa.Table) -> tuple[np.ndarray, tuple]:
+def _dictionary(batch: pa.RecordBatch | None, column: str) -> pa.DictionaryArray | None:
+    if batch is None or column not in batch.schema.names:
+        return None
+    chunk = batch.column(column)
+    return chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
+
+
+def _batch_codes(batch: pa.RecordBatch | None, column: str, n: int) -> tuple[np.ndarray, list, bool]:
+    """(int32 codes into the values, -1 for null, the values, whether any row is null) of a string
+    or dictionary column of one batch: its own dictionary's indices (a dictionary entry that is
+    null counts as a null row)."""
+    chunk = _dictionary(batch, column)
+    if chunk is None:
+        return np.full(n, -1, dtype=np.int32), [], n > 0
+    values = chunk.dictionary.to_pylist()
+    codes = filled(chunk.indices, -1).astype(np.int32, copy=False)
+    if None in values:
+        local = np.array([i if v is not None else -1 for i, v in enumerate(values)] + [-1], dtype=np.int32)
+        codes = local[codes]
+        return codes, values, bool((codes < 0).any())
+    return codes, values, chunk.null_count > 0
+
+
+def _one_value(batch: pa.RecordBatch | None, column: str) -> tuple[bool, object]:
+    """(True, the value) where every row of the batch holds one value of the column (None: null, or
+    no such column), told from its null count and its indices' least and greatest (a file's
+    dictionary may list values none of its rows holds); (False, None) where it holds more."""
+    chunk = _dictionary(batch, column)
+    if chunk is None or chunk.null_count == len(chunk):
+        return True, None
+    if chunk.null_count:
+        return False, None
+    if len(chunk.dictionary) == 1:
+        return True, chunk.dictionary[0].as_py()
+    low, high = (v.as_py() for v in pc.min_max(chunk.indices).values())
+    return (True, chunk.dictionary[low].as_py()) if low == high else (False, None)
+
+
+def _constant(values: np.ndarray) -> bool:
+    """Whether every entry is the first."""
+    return values.size == 0 or int(values.min()) == int(values.max())
+
+
+def _pairs(first: np.ndarray, second: np.ndarray, keep: np.ndarray, one: bool, second_size: int) -> list:
+    """The distinct (first, second) code pairs (-1 on either side left out) of the ``keep`` rows;
+    ``one``: every row is kept and ``first`` holds one value, so the distinct second codes tell."""
+    if one:
+        return [(int(first[0]), code) for code in distinct_codes(second, second_size)] if first[0] >= 0 else []
+    return pairs_present(first[keep], second[keep], second_size)
+
+
+def _spec_codes(block: pa.RecordBatch | None, n: int) -> tuple[np.ndarray, list]:
     """Each row's enabled-groups spec as a code into the distinct specs (-1: none): from the
     ``span_groups`` column, else (files written before it) the resource map."""
-    codes, values = column_codes(block, "span_groups")
-    if "resource_attributes" in block.column_names:
+    codes, values, _ = _batch_codes(block, "span_groups", n)
+    if block is not None and "resource_attributes" in block.schema.names:
         missing = np.flatnonzero(codes < 0)
         if len(missing):
-            mapped, mapped_values = resource_values(block, SPAN_GROUPS_ATTRIBUTE, missing)
+            mapped, mapped_values = resource_values(pa.Table.from_batches([block]), SPAN_GROUPS_ATTRIBUTE, missing)
+            codes = codes.copy()
             codes[missing] = np.where(mapped >= 0, mapped + len(values), -1)
-            values = (*values, *mapped_values)
+            values = [*values, *mapped_values]
     return codes, values
 
 
-def _processes(a: SpanArrays, block: pa.Table, keep: np.ndarray, run: np.ndarray) -> set[tuple]:
-    """(run id, spec, service, rank, namespace) of the processes of a block's ``keep`` rows that
-    enabled groups (``run``: the block's run codes).
+def _one_process(a: SpanArrays, block: pa.RecordBatch | None, run: int) -> tuple | None | bool:
+    """The one (run id, spec, service, rank, namespace) of a batch whose columns each hold one value
+    (None: no enabled groups); False where they hold more."""
+    found = [_one_value(block, c) for c in ("span_groups", "service_name", "span_groups_namespace")]
+    if not all(one for one, _ in found):
+        return False
+    (_, spec), (_, service), (_, namespace) = found
+    if spec is None and block is not None and "resource_attributes" in block.schema.names:
+        return False  # a file written before the column: its spec is in the resource map
+    rank: int | None = None
+    if block is not None and "rank" in block.schema.names:
+        chunk = block.column("rank")
+        if not pa.types.is_integer(chunk.type) or 0 < chunk.null_count < len(chunk):
+            return False
+        if chunk.null_count == 0:
+            low, high = (v.as_py() for v in pc.min_max(chunk).values())
+            if low != high:
+                return False
+            rank = int(low)
+    if spec is None:
+        return None
+    return (_run_id(a, run), spec, service, rank, namespace)
+
+
+def _processes(a: SpanArrays, block: pa.RecordBatch | None, keep: np.ndarray, run: np.ndarray,
+               one_run: bool) -> set[tuple]:
+    """(run id, spec, service, rank, namespace) of the processes of a batch's ``keep`` rows that
+    enabled groups (``run``: the batch's run codes; ``one_run``: every row kept, of one run).
 
     A process's spans are stored together (a file per run and rank; an export batch per process
-    in a dump), so only the rows where one of these changes are read out of the columns."""
-    spec, specs = _spec_codes(block)
+    in a dump): where each column of the batch holds one value, that is its one process; else
+    only the rows where one of them changes are read out of the columns."""
+    if one_run:
+        one = _one_process(a, block, int(run[0]))
+        if one is not False:
+            return set() if one is None else {one}
+    n = len(run)
+    spec, specs = _spec_codes(block, n)
     rows = np.flatnonzero(keep & (spec >= 0))
     if not len(rows):
         return set()
-    service, services = column_codes(block, "service_name")
-    namespace, namespaces = column_codes(block, "span_groups_namespace")
-    rank, has_rank = int_column(block, "rank")
-    keys = (run[rows], spec[rows], service[rows], rank[rows], has_rank[rows], namespace[rows])
+    service, services, _ = _batch_codes(block, "service_name", n)
+    namespace, namespaces, _ = _batch_codes(block, "span_groups_namespace", n)
+    if block is not None and "rank" in block.schema.names:
+        rank, has_rank = int_column(pa.Table.from_batches([block.select(["rank"])]), "rank")
+    else:
+        rank, has_rank = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+    keys = tuple(k[rows] for k in (run, spec, service, rank, has_rank, namespace))
     change = np.ones(len(rows), dtype=bool)
     change[1:] = np.logical_or.reduce([k[1:] != k[:-1] for k in keys])
     at = rows[change]
     return {(_run_id(a, int(r)), specs[s], services[v] if v >= 0 else None, int(k) if valid else None,
-             namespaces[n] if n >= 0 else None)
-            for r, s, v, k, valid, n in zip(run[at].tolist(), spec[at].tolist(), service[at].tolist(),
+             namespaces[m] if m >= 0 else None)
+            for r, s, v, k, valid, m in zip(run[at].tolist(), spec[at].tolist(), service[at].tolist(),
                                             rank[at].tolist(), has_rank[at].tolist(), namespace[at].tolist())}
 
 

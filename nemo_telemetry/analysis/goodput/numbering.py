@@ -39,7 +39,7 @@ from nemo_telemetry.analysis.model.walk import KeyIndex
 __all__ = ["NUMBER_COLUMNS", "StepNumbers", "step_number_partial", "step_numbers", "number_steps", "numbered_spans",
            "file_number_partial", "number_arrays", "FIND_COLUMNS", "unstamped_step_count", "no_step_numbers",
            "file_unstamped_steps",
-           "file_step_numbers"]
+           "file_step_numbers", "arrays_unstamped_steps", "read_step_numbers"]
 
 NUMBER_COLUMNS = ("name", ITERATION, "start_ns", "run_id", "service_name", "rank", "trace_id", "span_id",
                   "trace_key", "span_key")
@@ -220,6 +220,23 @@ def file_step_numbers(files: Sequence[str | Path]) -> StepNumbers:
     if not any(file_unstamped_steps(str(f)) for f in files):
         return no_step_numbers()
     return step_numbers(file_number_partial(str(f)) for f in files)
+
+
+def arrays_unstamped_steps(arrays) -> int:
+    """How many step spans of decoded ``arrays`` (a :class:`~nemo_telemetry.analysis.decode.SpanArrays`)
+    carry no ``rl.iteration``: :func:`unstamped_step_count` over what a decode holds already, so a
+    dataset whose steps are stamped needs no pass of its own to say so. The name test is Python's
+    ``re.search``, which matches every name Arrow's regex does (and a name ending in a newline
+    besides): where it counts a step Arrow would not, the files' pass numbers nothing, as before."""
+    if len(arrays) == 0:
+        return 0
+    return int(np.count_nonzero(arrays.rows_of_names(STEP_SPAN_REGEX) & ~arrays.has_iteration))
+
+
+def read_step_numbers(files: Sequence[str | Path], unstamped: int) -> StepNumbers:
+    """:func:`file_step_numbers` of spans files whose unstamped step spans were counted on the
+    way (``unstamped``, :func:`arrays_unstamped_steps`): no pass over the files when there are none."""
+    return file_step_numbers(files) if unstamped else no_step_numbers()
 
 
 def _file_pass(path: str, fn, columns: Sequence[str], empty: pa.Table) -> pa.Table:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.goodput.rules import (
     BUCKETS, FLEET_BY, JOB_SPAN_REGEX, STEP_COLUMNS, STEP_SPAN_REGEX, GoodputAccumulator, RunGoodput, Steps, StepOutlier,
@@ -20,7 +21,12 @@ from nemo_telemetry.analysis.goodput.rules import (
     step_windows, steps_table,
 )
 from nemo_telemetry.analysis.model.grouping import Columns
-from nemo_telemetry.analysis.goodput.numbering import file_step_numbers, number_steps, numbered_spans
+from nemo_telemetry.analysis.goodput.numbering import (
+    number_steps,
+    numbered_spans,
+    read_step_numbers,
+    unstamped_step_count,
+)
 from nemo_telemetry.analysis.goodput.ranks import merge_ranks, rank_partial, ranks_tables
 from nemo_telemetry.analysis.goodput.fleets import (
     attach_fleets, fleet_document, fleet_partial, merge_fleets, metric_partial,
@@ -226,14 +232,24 @@ def goodput_rows(spans: pa.Table) -> GoodputRows:
 def read_goodput_rows(files: list[str], columns: tuple[str, ...], *, batch_rows: int | None = None,
                       settings: ReadSettings | None = None) -> GoodputRows | None:
     """:class:`GoodputRows` of a dataset's spans files, read batch by batch by the seam
-    (:func:`~nemo_telemetry.analysis.decode.file_rows`), each batch's step spans without
-    rl.iteration numbered first (over every file, on the first batch).
+    (:func:`~nemo_telemetry.analysis.decode.file_rows`), their step spans without rl.iteration
+    numbered (over every file).
+
+    Every step span is among the rows kept, so they tell whether any lacks rl.iteration: only then
+    are the files read for the numbers, which fill in those rows' rl.iteration and the walk
+    columns' (a lookup by id keys, row by row: as each batch would have been numbered).
 
     None when the files hold no spans: the caller reads them whole.
     """
-    numbers = Later(lambda: file_step_numbers(files))
-    return file_rows(files, columns, _read_names(), prepare=lambda batch: number_steps(batch, numbers.get()),
-                     settings=settings, batch_rows=batch_rows)
+    read = file_rows(files, columns, _read_names(), settings=settings, batch_rows=batch_rows)
+    if read is None:
+        return None
+    unstamped = int(pc.sum(unstamped_step_count(read.rows).column("unstamped")).as_py() or 0)
+    numbers = read_step_numbers(files, unstamped)
+    if numbers.numbered == 0:
+        return read
+    walk = Later(lambda: number_steps(read.walk_table(), numbers))
+    return KeptRows(number_steps(read.rows, numbers), read.position, read.run_order, walk.get)
 
 
 def goodput_of_rows(read: GoodputRows, *, run_id: str | None = None) -> tuple[RunGoodput, ...]:

@@ -16,9 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["LOOKUP_ROWS", "column_codes", "codes_into", "code_values", "row_value", "column_rows", "filled",
-           "int_column", "ints_into", "code_mask", "pairs_present", "codes_matching"]
+           "int_column", "ints_into", "code_mask", "pairs_present", "codes_matching", "distinct_codes"]
 
 LOOKUP_ROWS = 1 << 20  # lookups over every span go a block at a time, so their temporaries stay small
+_RANGE_TESTS = 4  # runs of consecutive chosen codes up to which code_mask compares instead of gathering
+_MARKED_CODES = 32  # values up to which distinct_codes marks the codes present as bits of one word
 
 
 def column_codes(spans: pa.Table, column: str) -> tuple[np.ndarray, tuple]:
@@ -166,6 +168,16 @@ def code_mask(codes: np.ndarray, chosen, size: int) -> np.ndarray:
         return codes == int(chosen[0])  # a Python int: compared in the codes' own dtype
     if len(chosen) == size:
         return codes >= 0
+    starts = np.flatnonzero(np.diff(chosen, prepend=-2) != 1)  # runs of consecutive codes
+    if 0 < len(starts) <= _RANGE_TESTS and codes.dtype.kind == "i":
+        # each run lo..hi by one comparison: code - lo, read unsigned, is at most hi - lo only
+        # inside the run (-1 and the codes below lo wrap past it); a gather costs several of these
+        unsigned = np.dtype(f"u{codes.dtype.itemsize}")
+        out = None
+        for lo, hi in zip(chosen[starts], np.append(chosen[starts[1:] - 1], chosen[-1])):
+            hit = np.subtract(codes, codes.dtype.type(lo)).view(unsigned) <= unsigned.type(hi - lo)
+            out = hit if out is None else np.logical_or(out, hit, out=out)
+        return out
     table = np.zeros(size + 1, dtype=bool)  # the extra last slot is where code -1 lands: never chosen
     table[chosen] = True
     return table[codes]
@@ -186,6 +198,24 @@ def pairs_present(first: np.ndarray, second: np.ndarray, second_size: int) -> li
         seen[key] = True
     pairs = (divmod(int(k), width) for k in np.flatnonzero(seen))
     return [(a - 1, b - 1) for a, b in pairs if a > 0 and b > 0]
+
+
+def distinct_codes(codes: np.ndarray, size: int) -> list[int]:
+    """The distinct codes (-1, null, left out) among integer ``codes`` into ``size`` values, ascending.
+
+    Where there are few values, each code is a bit of one word (``1 << code``, or-reduced: two
+    vector passes; a shift by -1 read unsigned is past the word, 0); a scatter into a table of
+    flags costs tens of times more. Else a count of each code."""
+    if codes.size == 0 or size == 0:
+        return []
+    if size <= _MARKED_CODES:
+        width = 4 if size > 16 or codes.dtype.itemsize == 4 else 2
+        if codes.dtype != np.dtype(f"i{width}"):
+            codes = codes.astype(f"i{width}")  # codes below size and -1 fit
+        unsigned = np.dtype(f"u{width}")
+        bits = int(np.bitwise_or.reduce(np.left_shift(unsigned.type(1), codes.view(unsigned))))
+        return [i for i in range(size) if bits >> i & 1]
+    return np.flatnonzero(np.bincount(codes[codes >= 0], minlength=size)).tolist()
 
 
 def codes_matching(values: tuple, regex: str) -> np.ndarray:

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.model.columns import code_mask, filled, pairs_present
+from nemo_telemetry.analysis.model.columns import code_mask, distinct_codes, filled, pairs_present
 from nemo_telemetry.analysis.model.schema import PROMOTED_RESOURCE_ATTRIBUTES
 
 __all__ = ["resource_values", "resource_pairs"]
@@ -62,22 +62,11 @@ def _column_pairs(spans: pa.Table, column: str, group: np.ndarray, keep: np.ndar
         codes = filled(chunk.indices, -1)
         if kept.all() and here.size and here.min() == here.max():
             if here[0] >= 0:
-                pairs.update((int(here[0]), str(values[v])) for v in _codes_present(codes))
+                pairs.update((int(here[0]), str(values[v])) for v in distinct_codes(codes, len(values)))
             continue
         sel = kept & (codes >= 0)
         pairs.update((g, str(values[v])) for g, v in pairs_present(here[sel], codes[sel], len(values)))
     return pairs
-
-
-def _codes_present(codes: np.ndarray) -> list[int]:
-    """The distinct codes (-1 left out) of a chunk, which holds one or a few: its least and
-    greatest are present, and each code between them is tested by one comparison pass (a
-    count of every code converts them all to 64 bits first, a copy the passes do not make)."""
-    low, high = int(codes.min()), int(codes.max())
-    if high - low > _FEW_VALUES:
-        return np.flatnonzero(np.bincount(codes[codes >= 0], minlength=high + 1)).tolist()
-    middle = {code for code in range(low + 1, high) if code >= 0 and (codes == code).any()}
-    return sorted(code for code in {low, high} | middle if code >= 0)
 
 
 def _map_pairs(spans: pa.Table, key: str, group: np.ndarray, keep: np.ndarray) -> set[tuple[int, str]]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.model.columns import code_mask, column_codes
+from nemo_telemetry.analysis.model.columns import code_mask, filled
 
 __all__ = ["STATUS_ERROR", "error_rows", "status_messages"]
 
@@ -19,10 +20,18 @@ STATUS_ERROR = "error"  # the status_code value ingest writes for STATUS_CODE_ER
 
 def error_rows(table: pa.Table) -> np.ndarray:
     """Mask of the rows whose ``status_code`` is error (none where the table has no such column)."""
-    codes, values = column_codes(table, "status_code")
-    if STATUS_ERROR not in values:
-        return np.zeros(table.num_rows, dtype=bool)
-    return code_mask(codes, [values.index(STATUS_ERROR)], len(values))
+    out = np.zeros(table.num_rows, dtype=bool)
+    if "status_code" not in table.column_names:
+        return out
+    at = 0
+    for chunk in table.column("status_code").chunks:  # each chunk on its own dictionary: no codes mapped
+        if not pa.types.is_dictionary(chunk.type):
+            chunk = pc.dictionary_encode(chunk)
+        error = [i for i, value in enumerate(chunk.dictionary.to_pylist()) if value == STATUS_ERROR]
+        if error:  # a chunk whose dictionary has no error holds none (most of them)
+            out[at:at + len(chunk)] = code_mask(filled(chunk.indices, -1), error, len(chunk.dictionary))
+        at += len(chunk)
+    return out
 
 
 def status_messages(table: pa.Table, rows: np.ndarray) -> list[str | None]:

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from typer.testing import CliRunner
 
@@ -176,12 +177,17 @@ def test_a_process_that_resolved_its_groups_in_a_namespace_shows_that_namespace(
     assert missing(check_run(older)) == {}
 
 
-def test_presence_read_a_few_rows_at_a_time_is_the_whole_tables(dumps, monkeypatch):
-    """The partial reads its columns a block of rows at a time; blocks that cut processes give
-    the same report."""
-    from nemo_telemetry.analysis.findings import groups
-
+def test_presence_read_a_few_rows_at_a_time_is_the_whole_tables(dumps):
+    """The partial reads its columns a record batch at a time; batches that cut processes (each
+    with a dictionary of its own) give the same report."""
     spans = read_spans(dumps)
     whole = check_run(spans).to_dict()
-    monkeypatch.setattr(groups, "LOOKUP_ROWS", 4)
-    assert spans.num_rows > 4 * 3 and check_run(spans).to_dict() == whole
+    def own_dictionary(column: pa.Array) -> pa.Array:
+        return pc.dictionary_encode(column.cast(column.type.value_type)) if pa.types.is_dictionary(column.type) \
+            else column
+
+    small = pa.Table.from_batches([pa.RecordBatch.from_arrays([own_dictionary(c) for c in batch.columns],
+                                                              names=batch.schema.names)
+                                   for batch in spans.combine_chunks().to_batches(max_chunksize=4)])
+    assert spans.num_rows > 4 * 3 and small.column("service_name").num_chunks > 3
+    assert check_run(small).to_dict() == whole
