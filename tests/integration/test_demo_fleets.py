@@ -114,6 +114,8 @@ def test_the_generation_worker_reports_its_busy_time(fixture, request):
     assert (resource["rl.fleet"], resource["nv.dl.gpu.count"]) == ("generation", str(gpus["generation"]))
     values = [p["value"] for p in sorted(points, key=lambda p: p["time_ns"])]
     assert values == sorted(values)
+    in_dataset = [r["value"] for r in read_metrics(result.dataset).to_pylist() if r["name"] == BUSY_SECONDS]
+    assert sorted(in_dataset) == values  # ingest kept every point
 
     spans = spans_frame(result)
     engine = spans[spans["name"] == "rl.vllm.engine.generate"]

@@ -4,7 +4,8 @@ A GRPO-like driver (``init_telemetry_driver``, dump exporter, ``per_step`` group
 engine with :func:`~nemo_telemetry.instrument.vllm.load_vllm`, vLLM's own OTLP tracing pointed at
 a :class:`~nemo_telemetry.analysis.CollectorServer` on 127.0.0.1, and runs a few steps. Each step
 generates from token prompts and from text prompts (productive), then a validation batch inside
-``bucket_scope(OVERHEAD)``, and records the ``rl.vllm.*`` counter deltas. Afterwards our dump and
+``bucket_scope(OVERHEAD)``, and records the ``rl.vllm.*`` counter deltas; the engine's busy time goes
+to ``rl.fleet.busy.seconds`` (:func:`~nemo_telemetry.instrument.vllm.track_vllm_busy`). Afterwards our dump and
 the receiver's dataset are read and joined into one spans table. ``bench/gpu_vllm_check.py``
 runs it (on a GPU or the CPU); ``tests/vllm_engine`` runs that script once per session, in its own
 process, and reads what it left with :func:`read_two_layer`.
