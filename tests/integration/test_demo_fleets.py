@@ -16,10 +16,10 @@ from nemo_telemetry.analysis import read_metrics
 from nemo_telemetry.cli.app import app
 from nemo_telemetry.demo import run_demo
 from nemo_telemetry.demo.actors import SERVICE_NAMES
-from nemo_telemetry.demo.trainer import DemoSettings, fleet_gpus
+from nemo_telemetry.demo.trainer import DemoSettings, fleet_gpus, run_config
 from nemo_telemetry.demo.workload import PhaseTimes
 from nemo_telemetry.errors import DemoError
-from nemo_telemetry.instrument import BUSY_SECONDS
+from nemo_telemetry.instrument import BUSY_SECONDS, run_resource_attributes
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +58,19 @@ def test_the_placements_are_the_default_split_and_async():
         run_demo(mode="async", placement="colocated", steps=1)
     with pytest.raises(DemoError, match="colocated, split"):
         run_demo(placement="apart", steps=1)
+
+
+@pytest.mark.parametrize("mode, placement", [("sync", "colocated"), ("sync", "split"), ("async", "split")])
+def test_the_run_config_describes_the_fleets_the_processes_declare(mode, placement):
+    settings = DemoSettings(mode=mode, placement=placement)
+    gpus = fleet_gpus(settings)
+    attributes = run_resource_attributes(run_config(settings), algorithm="grpo")
+    training = settings.policy_workers * gpus["policy"]
+    assert attributes["nv.dl.topology.size.world"] == training
+    assert attributes["rl.generation.topology.size.world"] == gpus["generation"]
+    assert attributes["rl.generation.colocated"] is (placement == "colocated")
+    assert attributes["rl.async"] is (mode == "async")
+    assert gpus["generation"] == (training if placement == "colocated" else 1)
 
 
 def test_the_cli_refuses_a_colocated_async_run_before_starting_anything(tmp_path):
