@@ -66,11 +66,14 @@ GPUs of its own (``split``; async GRPO needs it)."""
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """One demo run's shape. ``no_carrier`` withholds the job's carrier from the collector."""
+    """One demo run's shape. ``no_carrier`` withholds the job's carrier from the collector.
+
+    ``placement`` left empty is the mode's: ``colocated`` for sync, ``split`` for async.
+    """
 
     steps: int = 6
     mode: str = "sync"
-    placement: str = "colocated"
+    placement: str = ""
     seed: int = 0
     no_carrier: bool = False
     prompts_per_step: int = 4
@@ -80,6 +83,10 @@ class DemoSettings:
     checkpoint_every: int = 3
     checkpoint_dir: str = "checkpoints"
     times: PhaseTimes = field(default_factory=PhaseTimes)
+
+    def __post_init__(self) -> None:
+        if not self.placement:
+            object.__setattr__(self, "placement", "split" if self.mode == "async" else "colocated")
 
 
 @dataclass(frozen=True)

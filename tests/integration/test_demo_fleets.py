@@ -53,7 +53,7 @@ def _resources_by_service(result) -> dict[str, dict]:
 
 
 def test_the_placements_are_the_default_split_and_async():
-    assert DemoSettings().placement == "colocated"
+    assert DemoSettings().placement == "colocated" and DemoSettings(mode="async").placement == "split"
     with pytest.raises(DemoError, match="--placement split"):
         run_demo(mode="async", placement="colocated", steps=1)
     with pytest.raises(DemoError, match="colocated, split"):
