@@ -22,7 +22,7 @@ on 127.0.0.1, under ``--out`` or a temporary directory:
    with the per-step vLLM counters;
 5. checks: every ``llm_request`` under an ``rl.vllm.generate``/``_generate_text`` span of the same
    step, one per prompt; validation time counted as overhead; the counters equal to the tokens
-   generated. Exit 0 when all pass, 1 when one fails, 2 when vLLM is not importable.
+   generated; the engine's busy time (``track_vllm_busy``) within the generate calls. Exit 0 when all pass, 1 when one fails, 2 when vLLM is not importable.
 
 What only a GPU run covers (the CPU build cannot): vLLM's CUDA platform and its default dtype
 (bfloat16; the CPU run uses float32, as bfloat16 killed the CPU worker in its first forward pass
@@ -163,6 +163,9 @@ def _checks(run) -> list[tuple[str, bool]]:
                        if r["name"].startswith("rl.vllm.generate") and r["rl.bucket"] == "overhead")
     overhead_s = sum(r["overhead_s"] for r in goodput_by_step(run.spans).to_pylist())
     validations = sum(1 for c in run.calls if c.kind == "validation")
+    busy = max((r["value"] for r in run.metrics.to_pylist() if r["name"] == "rl.fleet.busy.seconds"), default=0.0)
+    generating = _union_s([(r["start_ns"], r["end_ns"]) for r in rows
+                           if r["name"] in ("rl.vllm.generate", "rl.vllm.generate_text")])
     return [
         (f"one llm_request per prompt ({len(requests)} of {expected})", len(requests) == expected),
         (f"every llm_request under a generate span of its step ({len(under_generate)} of {len(requests)})",
@@ -173,7 +176,20 @@ def _checks(run) -> list[tuple[str, bool]]:
          f"of {overhead_s:.3f} s overhead)",
          validations == run.steps and validation_s > 0 and abs(validation_s - overhead_s) <= 1e-6 * overhead_s),
         (f"rl.vllm.generation_tokens per step add up ({counted:.0f} of {generated:.0f})", counted == generated),
+        (f"rl.fleet.busy.seconds from the engine's requests lies within the generate calls ({busy:.3f} s of "
+         f"{generating:.3f} s)", 0.0 < busy <= generating * (1 + 1e-4)),
     ]
+
+
+def _union_s(intervals: list[tuple[int, int]]) -> float:
+    """Seconds covered by ``(start_ns, end_ns)`` intervals, overlaps once."""
+    total, end = 0, None
+    for start, stop in sorted(intervals):
+        if end is None or start > end:
+            total, end = total + (stop - start), stop
+        elif stop > end:
+            total, end = total + (stop - end), stop
+    return total / 1e9
 
 
 if __name__ == "__main__":

@@ -29,6 +29,10 @@ def demo_command(
     no_carrier: bool = typer.Option(False, "--no-carrier",
                                     help="Withhold the job's trace carrier from the collector (async), "
                                          "to see what a detached trace looks like."),
+    placement: str = typer.Option(None, "--placement",
+                                  help="colocated: generation shares the policy workers' GPUs (default for "
+                                       "--mode sync); split: generation has a GPU of its own (default, and "
+                                       "required, for --mode async). Shows in goodput --by fleet."),
     trainer: str = typer.Option("toy", "--trainer",
                                 help="toy: the GRPO-shaped demo trainer; trl: a tiny GRPO run with Hugging Face "
                                      "TRL on the CPU, traced by instrument_trl() (needs the [trl] extra)."),
@@ -38,16 +42,18 @@ def demo_command(
     the findings and one step's waterfall. Exit 1 when a finding is at error severity.
 
     Example: nemo-telemetry demo --mode async --steps 6 --out ./demo-run
+    Example: nemo-telemetry demo --placement split --steps 6
     Example: nemo-telemetry demo --trainer trl --steps 5
     """
     from nemo_telemetry.demo import run_demo  # Ray and the analysis load only here
 
     out_console = console()
     with library_errors():
-        what = "TRL GRPOTrainer" if trainer == "trl" else f"{mode}, span_groups={span_groups}"
+        what = "TRL GRPOTrainer" if trainer == "trl" else f"{mode}, {placement or 'default placement'}, " \
+                                                          f"span_groups={span_groups}"
         with out_console.status(f"running the demo ({what}, {steps} steps) ..."):
             result = run_demo(out=out, steps=steps, mode=mode, span_groups=span_groups, seed=seed,
-                              no_carrier=no_carrier, trainer=trainer)
+                              no_carrier=no_carrier, trainer=trainer, placement=placement)
     print_demo_report(result, out_console)
     if result.check.has("error"):
         raise typer.Exit(EXIT_FINDINGS)
@@ -62,8 +68,8 @@ def print_demo_report(result, out: Console) -> None:
         out.print(f"[bold]nemo-telemetry demo[/]: Hugging Face TRL GRPOTrainer (CPU, tiny random Qwen2), "
                   f"{result.steps} steps, traced by instrument_trl()")
     else:
-        out.print(f"[bold]nemo-telemetry demo[/]: {result.mode} GRPO, {result.steps} steps, "
-                  f"span_groups={result.span_groups}{carrier}")
+        out.print(f"[bold]nemo-telemetry demo[/]: {result.mode} GRPO, generation {result.placement}, "
+                  f"{result.steps} steps, span_groups={result.span_groups}{carrier}")
     out.print(f"run {result.run_id}: {result.spans} spans in {result.traces} trace(s), "
               f"{result.wall_s:.1f} s wall; dataset {result.dataset}")
     out.print()

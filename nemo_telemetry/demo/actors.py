@@ -29,6 +29,8 @@ from nemo_telemetry.instrument import (
     accepts_trace_context,
     dispatch_with_trace_context,
     efficiency_span,
+    fleet_busy,
+    flush_metrics,
     init_telemetry_worker,
     per_prompt_scope,
     span_cm,
@@ -49,7 +51,8 @@ SERVICE_NAMES = {
 FLEET_GPUS = {"policy": 1, "generation": 1, "collector": 0}
 """``rl.fleet`` -> the GPUs one of its workers declares (``nv.dl.gpu.count``). The demo runs on CPU,
 where nothing could be counted, so each worker says what it stands for: a policy rank and the
-generation engine one GPU each, the collector (a CPU loop in NeMo-RL too) none."""
+generation engine one GPU each, the collector (a CPU loop in NeMo-RL too) none. Colocated, the
+engine instead spans the policy ranks' GPUs (:func:`nemo_telemetry.demo.trainer.fleet_gpus`)."""
 
 
 def _load_model(role: str, seconds: float, carrier: dict[str, str] | None) -> None:
@@ -100,11 +103,16 @@ class PolicyWorker(TelemetryFlushMixin):
 
 
 class GenerationWorker(TelemetryFlushMixin):
-    """The generation engine (vLLM's place): one batch at a time, weights refitted by the driver."""
+    """The generation engine (vLLM's place): one batch at a time, weights refitted by the driver.
 
-    def __init__(self, *, seed: int, times: PhaseTimes, trace_carrier: dict[str, str] | None = None) -> None:
+    Its work is counted in ``rl.fleet.busy.seconds`` too: in async mode the spans it opens sit under
+    the collector's unbucketed batches, so only this metric says how busy the generation fleet was.
+    """
+
+    def __init__(self, *, seed: int, times: PhaseTimes, gpus: int = FLEET_GPUS["generation"],
+                 trace_carrier: dict[str, str] | None = None) -> None:
         init_telemetry_worker(rank=0, world_size=1, service_name=SERVICE_NAMES["generation"],
-                              fleet="generation", gpus=FLEET_GPUS["generation"], trace_carrier=trace_carrier)
+                              fleet="generation", gpus=gpus, trace_carrier=trace_carrier)
         self.seed = seed
         self.times = times
         self.weight_version = 0
@@ -116,10 +124,14 @@ class GenerationWorker(TelemetryFlushMixin):
     @accepts_trace_context
     def generate(self, prompt_ids: list[int], *, num_generations: int, seconds: float) -> list[Rollout]:
         attrs = {"rl.weight_version": self.weight_version, "rl.num_prompt_groups": len(prompt_ids)}
-        with span_cm("rl.vllm.engine.generate", **attrs):
+        with span_cm("rl.vllm.engine.generate", **attrs), fleet_busy("generation"):
             time.sleep(seconds)
-            return sample_responses(prompt_ids, num_generations=num_generations,
-                                    weight_version=self.weight_version, seed=self.seed)
+            rollouts = sample_responses(prompt_ids, num_generations=num_generations,
+                                        weight_version=self.weight_version, seed=self.seed)
+        # A point of rl.fleet.busy.seconds per batch (the SDK's own interval is a minute), so the
+        # busy time can be put beside the driver's steps.
+        flush_metrics()
+        return rollouts
 
     @accepts_trace_context
     def update_weights(self, version: int) -> int:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from nemo_telemetry.demo.trainer import MODES, DemoSettings, TrainSummary
+from nemo_telemetry.demo.trainer import MODES, PLACEMENTS, DemoSettings, TrainSummary
 from nemo_telemetry.demo.workload import PhaseTimes
 from nemo_telemetry.errors import DemoError
 
@@ -65,11 +65,12 @@ class DemoResult:
     waterfall: object
     waterfall_step: int
     trainer: str = "toy"
+    placement: str = "colocated"
 
 
 def run_demo(*, out: str | os.PathLike | None = None, steps: int = 6, mode: str = "sync",
              span_groups: str = DEFAULT_SPAN_GROUPS, seed: int = 0, no_carrier: bool = False,
-             times: PhaseTimes | None = None, trainer: str = "toy") -> DemoResult:
+             times: PhaseTimes | None = None, trainer: str = "toy", placement: str | None = None) -> DemoResult:
     """Run the demo trainer, ingest its dumps into ``<out>/dataset`` and analyse them.
 
     ``out`` defaults to a fresh temporary directory. An existing ``out`` the demo made before is
@@ -80,12 +81,19 @@ def run_demo(*, out: str | os.PathLike | None = None, steps: int = 6, mode: str 
     ``trainer="trl"`` trains a tiny GRPO run with TRL's ``GRPOTrainer`` instead, traced by
     ``instrument_trl()`` alone (:mod:`nemo_telemetry.demo.trl_run`; needs the ``[trl]`` extra):
     its span groups are the ones the integration enables, and ``mode`` must be ``sync``.
+
+    ``placement`` says where generation runs: ``colocated`` on the policy workers' GPUs (the
+    default in sync mode) or ``split``, on a GPU of its own (the default, and the only choice, in
+    async mode). Every process declares its fleet and GPUs, and the driver describes the placement
+    in the run's resource attributes, for ``goodput --by fleet``.
     """
     if trainer not in TRAINERS:
         raise DemoError(f"trainer {trainer!r}: choose one of {', '.join(TRAINERS)}")
     if trainer == "trl" and mode != "sync":
         raise DemoError("demo --trainer trl runs TRL's synchronous GRPO loop: use --mode sync")
-    settings = _settings(steps=steps, mode=mode, seed=seed, no_carrier=no_carrier, times=times)
+    if trainer == "trl" and placement is not None:
+        raise DemoError("demo --trainer trl trains and generates in one process: --placement does not apply")
+    settings = _settings(steps=steps, mode=mode, seed=seed, no_carrier=no_carrier, times=times, placement=placement)
     root = _prepare_out(out)
     dumps = root / "dumps"
     config = {"enabled": True, "span_groups": span_groups, "exporter": "dump", "dump_dir": str(dumps)}
@@ -104,13 +112,20 @@ def run_demo(*, out: str | os.PathLike | None = None, steps: int = 6, mode: str 
     return _analyse(root, settings, span_groups, run_id, summary, wall_s, trainer=trainer)
 
 
-def _settings(*, steps: int, mode: str, seed: int, no_carrier: bool, times: PhaseTimes | None) -> DemoSettings:
+def _settings(*, steps: int, mode: str, seed: int, no_carrier: bool, times: PhaseTimes | None,
+              placement: str | None = None) -> DemoSettings:
     if mode not in MODES:
         raise DemoError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
+    placement = placement or ("split" if mode == "async" else "colocated")
+    if placement not in PLACEMENTS:
+        raise DemoError(f"placement {placement!r}: choose one of {', '.join(PLACEMENTS)}")
+    if mode == "async" and placement == "colocated":
+        raise DemoError("async GRPO generates while the policy trains, so generation needs GPUs of its own: "
+                        "use --placement split (the default with --mode async)")
     if not 1 <= int(steps) <= 1000:
         raise DemoError(f"steps={steps}: choose between 1 and 1000")
-    return DemoSettings(steps=int(steps), mode=mode, seed=int(seed), no_carrier=bool(no_carrier),
-                        times=times or PhaseTimes())
+    return DemoSettings(steps=int(steps), mode=mode, placement=placement, seed=int(seed),
+                        no_carrier=bool(no_carrier), times=times or PhaseTimes())
 
 
 def _prepare_out(out: str | os.PathLike | None) -> Path:
@@ -150,11 +165,12 @@ def _fresh_telemetry_environment() -> Iterator[None]:
 
 def _train_with_telemetry(config: dict, settings: DemoSettings) -> tuple[TrainSummary, str]:
     from nemo_telemetry.demo.actors import SERVICE_NAMES
-    from nemo_telemetry.demo.trainer import train
+    from nemo_telemetry.demo.trainer import fleet_gpus, run_config, train
     from nemo_telemetry.instrument import init_telemetry_driver, shutdown_telemetry
     from nemo_telemetry.instrument.environment_variables import NEMO_TELEMETRY_RUN_ID
 
-    init_telemetry_driver(config, algorithm="grpo", service_name=SERVICE_NAMES["driver"])
+    init_telemetry_driver(config, algorithm="grpo", service_name=SERVICE_NAMES["driver"],
+                          run_config=run_config(settings), fleet="driver", gpus=fleet_gpus(settings)["driver"])
     run_id = os.environ.get(NEMO_TELEMETRY_RUN_ID, "")
     try:
         summary = train(settings)
@@ -184,7 +200,7 @@ def _analyse(root: Path, settings: DemoSettings, span_groups: str, run_id: str, 
         no_carrier=settings.no_carrier, run_id=run_id, steps=settings.steps, wall_s=wall_s,
         spans=ingested.spans, traces=ingested.traces, train=summary, goodput=runs[0],
         check=check_run(spans, run_id=run_id), waterfall=waterfall(spans, step=step, run_id=run_id),
-        waterfall_step=step, trainer=trainer,
+        waterfall_step=step, trainer=trainer, placement=settings.placement,
     )
 
 

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from nemo_telemetry.demo.actors import GenerationWorker, PolicyWorker, TrajectoryCollector
+from nemo_telemetry.demo.actors import FLEET_GPUS, GenerationWorker, PolicyWorker, TrajectoryCollector
 from nemo_telemetry.demo.reward_server import RewardServer
 from nemo_telemetry.demo.workload import ObjectStoreQueue, PhaseTimes, Rollout, group_advantages
 from nemo_telemetry.instrument import (
@@ -56,17 +56,24 @@ from nemo_telemetry.instrument import (
     umbrella_trace_fn,
 )
 
-__all__ = ["DemoSettings", "TrainSummary", "train"]
+__all__ = ["DemoSettings", "TrainSummary", "train", "run_config", "fleet_gpus", "MODES", "PLACEMENTS"]
 
 MODES = ("sync", "async")
+PLACEMENTS = ("colocated", "split")
+"""Where generation runs: on the training GPUs (``colocated``, NeMo-RL's default for sync GRPO) or on
+GPUs of its own (``split``; async GRPO needs it)."""
 
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """One demo run's shape. ``no_carrier`` withholds the job's carrier from the collector."""
+    """One demo run's shape. ``no_carrier`` withholds the job's carrier from the collector.
+
+    ``placement`` left empty is the mode's: ``colocated`` for sync, ``split`` for async.
+    """
 
     steps: int = 6
     mode: str = "sync"
+    placement: str = ""
     seed: int = 0
     no_carrier: bool = False
     prompts_per_step: int = 4
@@ -77,6 +84,10 @@ class DemoSettings:
     checkpoint_dir: str = "checkpoints"
     times: PhaseTimes = field(default_factory=PhaseTimes)
 
+    def __post_init__(self) -> None:
+        if not self.placement:
+            object.__setattr__(self, "placement", "split" if self.mode == "async" else "colocated")
+
 
 @dataclass(frozen=True)
 class TrainSummary:
@@ -86,6 +97,38 @@ class TrainSummary:
     mean_reward: tuple[float, ...]
     checkpoints: tuple[str, ...]
     ray_cluster_source: str
+
+
+def fleet_gpus(settings: DemoSettings) -> dict[str, int]:
+    """``rl.fleet`` -> the GPUs one of its processes declares (``nv.dl.gpu.count``; the demo runs on CPU).
+
+    Split: the engine has one GPU of its own. Colocated: the engine spans the policy ranks' GPUs
+    (tensor parallel over all of them), as a colocated vLLM sees the training devices; the run's
+    ``rl.generation.colocated`` says those are the same GPUs.
+    """
+    generation = settings.policy_workers if settings.placement == "colocated" else FLEET_GPUS["generation"]
+    return {"driver": 0, "policy": FLEET_GPUS["policy"], "generation": generation,
+            "collector": FLEET_GPUS["collector"]}
+
+
+def run_config(settings: DemoSettings) -> dict[str, Any]:
+    """The run described as a NeMo-RL GRPO config, from which ``run_resource_attributes`` derives
+    the placement (``rl.generation.colocated``, both fleets' topology sizes) and ``rl.async``."""
+    gpus = fleet_gpus(settings)
+    colocated = settings.placement == "colocated"
+    training = settings.policy_workers * gpus["policy"]
+    generation: dict[str, Any] = {"backend": "vllm", "colocated": {"enabled": colocated},
+                                  "vllm_cfg": {"tensor_parallel_size": gpus["generation"]}}
+    if not colocated:
+        generation["colocated"]["resources"] = {"gpus_per_node": gpus["generation"], "num_nodes": 1}
+    return {
+        "policy": {"model_name": "demo-toy-grpo", "dtensor_cfg": {"tensor_parallel_size": 1},
+                   "generation": generation},
+        "cluster": {"num_nodes": 1, "gpus_per_node": training + (0 if colocated else gpus["generation"])},
+        "grpo": {"num_prompts_per_step": settings.prompts_per_step,
+                 "num_generations_per_prompt": settings.num_generations, "max_num_steps": settings.steps,
+                 "seed": settings.seed, "async_grpo": {"enabled": settings.mode == "async"}},
+    }
 
 
 # -- the job ------------------------------------------------------------------------------------
@@ -164,7 +207,7 @@ class Fleet:
                                                                     trace_carrier=carrier)
                   for rank in range(n)]
         generation = ray.remote(GenerationWorker).options(**options).remote(
-            seed=settings.seed, times=settings.times, trace_carrier=carrier)
+            seed=settings.seed, times=settings.times, gpus=fleet_gpus(settings)["generation"], trace_carrier=carrier)
         actors = [*policy, generation]
         fleet = cls(policy, generation, None, options)
         try:

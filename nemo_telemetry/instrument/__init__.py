@@ -61,8 +61,9 @@ _LAZY_MODULES = {
     "_resources": ("run_resource_attributes",),
     "_handle": ("TelemetryHandle", "get_telemetry_handle"),
     "http": ("instrument_aiohttp_client", "instrument_fastapi", "uninstrument_aiohttp_client"),
-    "vllm": ("instrument_vllm", "load_vllm", "record_vllm_engine_counters", "vllm_trace_headers",
+    "vllm": ("instrument_vllm", "load_vllm", "record_vllm_engine_counters", "track_vllm_busy", "vllm_trace_headers",
              "vllm_tracing_engine_args", "vllm_tracing_env"),
+    "busy": ("BUSY_SECONDS", "BusyScope", "BusyUnion", "busy_union", "fleet_busy"),
     "propagation": ("TRACE_CARRIER_KWARG", "TraceCarrierThread", "current_trace_carrier", "remote_trace_context",
                     "run_with_carrier", "trace_context_kwargs"),
     "data_plane": ("DATA_PLANE_OPS", "TracedDataPlaneClient"),
@@ -104,9 +105,10 @@ if TYPE_CHECKING:
         instrument_aiohttp_client, instrument_fastapi, uninstrument_aiohttp_client,
     )
     from nemo_telemetry.instrument.vllm import (
-        instrument_vllm, load_vllm, record_vllm_engine_counters, vllm_trace_headers, vllm_tracing_engine_args,
-        vllm_tracing_env,
+        instrument_vllm, load_vllm, record_vllm_engine_counters, track_vllm_busy, vllm_trace_headers,
+        vllm_tracing_engine_args, vllm_tracing_env,
     )
+    from nemo_telemetry.instrument.busy import BUSY_SECONDS, BusyScope, BusyUnion, busy_union, fleet_busy
     from nemo_telemetry.instrument.propagation import (
         TRACE_CARRIER_KWARG, TraceCarrierThread, current_trace_carrier, remote_trace_context, run_with_carrier,
         trace_context_kwargs,
@@ -256,6 +258,12 @@ __all__ = [
     "VllmCounterDeltas",
     "set_meter_provider",
     "flush_metrics",
+    # rl.fleet.busy.seconds: busy time where no span says it
+    "fleet_busy",
+    "busy_union",
+    "BusyScope",
+    "BusyUnion",
+    "BUSY_SECONDS",
     # vLLM two-layer tracing
     "instrument_vllm",
     "load_vllm",
@@ -263,4 +271,5 @@ __all__ = [
     "vllm_tracing_engine_args",
     "vllm_tracing_env",
     "record_vllm_engine_counters",
+    "track_vllm_busy",
 ]

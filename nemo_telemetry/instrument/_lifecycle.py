@@ -42,6 +42,7 @@ __all__ = [
     "flush_telemetry",
     "shutdown_telemetry",
     "current_telemetry_config",
+    "current_fleet",
     "declare_fleet",
     "warn_worker_without_settings",
     "DEFAULT_DUMP_DIR",
@@ -76,6 +77,11 @@ _atexit_registered = False
 def current_telemetry_config() -> TelemetryConfig | None:
     """The resolved config this process started telemetry with (None before init / after shutdown)."""
     return _runtime.config
+
+
+def current_fleet() -> str | None:
+    """This process's ``rl.fleet`` (given at init or declared by ``traced_worker_init``), else None."""
+    return _runtime.fleet
 
 
 # -- driver -----------------------------------------------------------------------------------

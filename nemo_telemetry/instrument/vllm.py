@@ -72,6 +72,7 @@ from typing import Any, Callable, Iterable, Mapping
 from nemo_telemetry.instrument import _gate
 from nemo_telemetry.instrument import environment_variables as env
 from nemo_telemetry.instrument._primitives import managed_span, umbrella_span
+from nemo_telemetry.instrument.busy import DEFAULT_ACTIVITY, busy_union
 from nemo_telemetry.instrument.metrics import VllmCounterDeltas
 from nemo_telemetry.instrument.propagation import current_trace_carrier
 from nemo_telemetry.instrument.span_groups import RLSpanGroup
@@ -90,6 +91,8 @@ __all__ = [
     "vllm_tracing_env",
     "vllm_counter_totals",
     "record_vllm_engine_counters",
+    "track_vllm_busy",
+    "finished_request_intervals",
 ]
 
 _log = logging.getLogger("nemo_telemetry")
@@ -102,6 +105,7 @@ _GENERATION = str(RLSpanGroup.GENERATION)
 _MODEL_INIT = str(RLSpanGroup.MODEL_INIT)
 _TRACE_HEADERS = ("traceparent", "tracestate")
 _ROUTED = "_nemo_telemetry_routes_trace_headers"
+_BUSY = "_nemo_telemetry_counts_busy"
 _warned: set[str] = set()
 
 
@@ -368,3 +372,65 @@ def record_vllm_engine_counters(llm: Any, deltas: VllmCounterDeltas, *,
                    "rl.vllm.* counters are not recorded")
         return {}
     return deltas.record(totals, attributes=attributes)
+
+
+# -- engine busy time -------------------------------------------------------------------------
+
+
+def finished_request_intervals(iteration_stats: Any, now: float) -> list[tuple[float, float]]:
+    """``(start, end)`` of each request vLLM reports finished in ``iteration_stats``, ending at ``now``.
+
+    A request's length is its prefill + decode time (from being scheduled to its last token, on
+    the engine's clock); it ends when the engine reports it, so it starts that long before. The
+    queue wait before scheduling is not work and is left out.
+    """
+    intervals = []
+    for request in getattr(iteration_stats, "finished_requests", None) or ():
+        length = float(getattr(request, "prefill_time", 0.0) or 0.0) + float(getattr(request, "decode_time", 0.0) or 0.0)
+        if length > 0.0:
+            intervals.append((now - length, now))
+    return intervals
+
+
+def track_vllm_busy(llm: Any, *, activity: str = DEFAULT_ACTIVITY, fleet: str | None = None) -> bool:
+    """Count the engine's requests in ``rl.fleet.busy.seconds``, from vLLM's own request stats.
+
+    ``llm`` is a ``vllm.LLM`` or a v1 ``LLMEngine`` / ``AsyncLLM``: every stats record the engine
+    makes (one per engine step) hands its finished requests' prefill + decode intervals
+    (:func:`finished_request_intervals`) to the union ``fleet_busy(activity, fleet=fleet)`` counts
+    in, so overlapping requests count once; a request counts when it finishes. Needs the engine's
+    stats (``disable_log_stats=False``; ``LLM`` defaults to True): without them it warns once and
+    returns False. Idempotent; never raises.
+    """
+    try:
+        engine = getattr(llm, "llm_engine", llm)
+        manager = getattr(engine, "logger_manager", None)
+        if manager is None or not callable(getattr(manager, "record", None)):
+            _warn_once("busy-stats", "vLLM engine stats are off (start it with disable_log_stats=False); "
+                       "rl.fleet.busy.seconds is not recorded for it")
+            return False
+        if getattr(manager.record, _BUSY, False):
+            return True
+        manager.record = _busy_record(manager.record, activity, fleet)
+        return True
+    except Exception:
+        _warn_once("busy", "track_vllm_busy: %r does not look like a vLLM engine; its busy time is not recorded",
+                   type(llm).__name__)
+        return False
+
+
+def _busy_record(original: Callable, activity: str, fleet: str | None) -> Callable:
+    @functools.wraps(original)
+    def record(*args: Any, **kwargs: Any) -> Any:
+        try:
+            union = busy_union(activity, fleet=fleet)
+            stats = kwargs["iteration_stats"] if "iteration_stats" in kwargs else (args[1] if len(args) > 1 else None)
+            if union is not None and stats is not None:
+                for start, end in finished_request_intervals(stats, union.now()):
+                    union.add_interval(start, end)
+        except Exception:
+            _warn_once("busy-record", "could not read vLLM's finished requests; some busy time is not counted")
+        return original(*args, **kwargs)
+
+    setattr(record, _BUSY, True)
+    return record

@@ -32,7 +32,7 @@ PINNED_OPTIONS = {
     "check": {"--format", "-f", "--fail-on", "--unattributed-threshold", "--overlap-tolerance", "--run", "--engine",
               "--threads", "--memory-budget"},
     "waterfall": {"--run", "--trace", "--step", "--depth", "--min-duration", "--collapse", "--expand", "--export"},
-    "demo": {"--out", "--steps", "--mode", "--span-groups", "--seed", "--no-carrier", "--trainer"},
+    "demo": {"--out", "--steps", "--mode", "--span-groups", "--seed", "--no-carrier", "--trainer", "--placement"},
     "lint": {"--format", "-f"},
 }
 

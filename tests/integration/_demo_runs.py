@@ -1,6 +1,6 @@
 """Demo runs shared by test_demo.py and test_notebook.py: each (mode, steps, carrier) runs once.
 
-A run starts five Ray actors and takes several seconds, so the suite keeps to three of them. The
+A run starts five Ray actors and takes several seconds, so the suite keeps to four of them. The
 runs join the session's Ray cluster (the ``ray_cluster`` fixture), as ``run_demo`` does with any
 cluster this process already has.
 """
@@ -14,12 +14,13 @@ from nemo_telemetry.demo import DemoResult, run_demo
 _RUNS: dict[tuple, DemoResult] = {}
 
 
-def demo_run(base: Path, *, mode: str, steps: int, no_carrier: bool = False) -> DemoResult:
+def demo_run(base: Path, *, mode: str, steps: int, no_carrier: bool = False,
+             placement: str | None = None) -> DemoResult:
     """The result of ``run_demo`` for these settings, run on first use under ``base``."""
-    key = (mode, steps, no_carrier)
+    key = (mode, steps, no_carrier, placement)
     if key not in _RUNS:
-        out = base / f"demo-{mode}-{steps}{'-no-carrier' if no_carrier else ''}"
-        _RUNS[key] = run_demo(out=out, steps=steps, mode=mode, no_carrier=no_carrier)
+        out = base / f"demo-{mode}-{steps}{'-no-carrier' if no_carrier else ''}{'-' + placement if placement else ''}"
+        _RUNS[key] = run_demo(out=out, steps=steps, mode=mode, no_carrier=no_carrier, placement=placement)
     return _RUNS[key]
 
 

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from _demo_runs import demo_run, spans_frame
 from nemo_telemetry.cli.app import app
 from nemo_telemetry.demo.actors import FLEET_GPUS, SERVICE_NAMES
+from nemo_telemetry.demo.trainer import DemoSettings, fleet_gpus
 
 pytestmark = pytest.mark.slow
 
@@ -81,9 +82,11 @@ def test_every_process_declares_its_fleet_and_gpus(fixture, request):
     resources = spans["resource_attributes"].map(dict)
     declared = {(service, res["rl.fleet"], res["nv.dl.gpu.count"])
                 for service, res in zip(spans["service_name"], resources)}
+    gpus = fleet_gpus(DemoSettings(mode=result.mode, placement=result.placement))
+    assert gpus["generation"] == (2 if result.placement == "colocated" else FLEET_GPUS["generation"])
     expected = {(SERVICE_NAMES["driver"], "driver", "0"),
                 (SERVICE_NAMES["policy"], "policy", str(FLEET_GPUS["policy"])),
-                (SERVICE_NAMES["generation"], "generation", str(FLEET_GPUS["generation"]))}
+                (SERVICE_NAMES["generation"], "generation", str(gpus["generation"]))}
     if result.mode == "async":
         expected.add((SERVICE_NAMES["collector"], "collector", str(FLEET_GPUS["collector"])))
     assert declared == expected

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 CHECKS = ("one llm_request per prompt", "every llm_request under a generate span of its step",
           "requests attributed to steps [1, 2]", "validation generation is overhead",
-          "rl.vllm.generation_tokens per step add up")
+          "rl.vllm.generation_tokens per step add up",
+          "rl.fleet.busy.seconds from the engine's requests lies within the generate calls")
 
 
 def test_the_gpu_check_runs_on_the_cpu_and_passes(vllm_check):

@@ -4,7 +4,8 @@ A GRPO-like driver (``init_telemetry_driver``, dump exporter, ``per_step`` group
 engine with :func:`~nemo_telemetry.instrument.vllm.load_vllm`, vLLM's own OTLP tracing pointed at
 a :class:`~nemo_telemetry.analysis.CollectorServer` on 127.0.0.1, and runs a few steps. Each step
 generates from token prompts and from text prompts (productive), then a validation batch inside
-``bucket_scope(OVERHEAD)``, and records the ``rl.vllm.*`` counter deltas. Afterwards our dump and
+``bucket_scope(OVERHEAD)``, and records the ``rl.vllm.*`` counter deltas; the engine's busy time goes
+to ``rl.fleet.busy.seconds`` (:func:`~nemo_telemetry.instrument.vllm.track_vllm_busy`). Afterwards our dump and
 the receiver's dataset are read and joined into one spans table. ``bench/gpu_vllm_check.py``
 runs it (on a GPU or the CPU); ``tests/vllm_engine`` runs that script once per session, in its own
 process, and reads what it left with :func:`read_two_layer`.
@@ -24,6 +25,7 @@ VALIDATION_PROMPTS = 2
 MAX_TOKENS = 8
 STEP_SPAN = "rl.grpo.step"
 RUN_FILE = "run.json"
+BUSY_FLEET = "generation"
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class TwoLayerRun:
     load_seconds: float
     steps: int
     received: Any = None  # pa.Table: what vLLM's own exporter sent our receiver (None: nothing)
+    metrics: Any = None  # pa.Table: read_metrics of our metrics dump
 
 
 def _generate(llm: Any, prompts: list, params: Any, step: int, kind: str) -> GenerateCall:
@@ -72,7 +75,7 @@ def _drive(model: str, work: Path, steps: int, engine_kwargs: dict[str, Any],
         umbrella_span,
     )
     from nemo_telemetry.instrument.metrics import VllmCounterDeltas, flush_metrics
-    from nemo_telemetry.instrument.vllm import load_vllm, record_vllm_engine_counters
+    from nemo_telemetry.instrument.vllm import load_vllm, record_vllm_engine_counters, track_vllm_busy
 
     init_telemetry_driver({"enabled": True, "span_groups": "per_step", "exporter": "dump",
                            "dump_dir": str(work / "dump")}, algorithm="grpo")
@@ -82,6 +85,7 @@ def _drive(model: str, work: Path, steps: int, engine_kwargs: dict[str, Any],
         llm = load_vllm(model, disable_log_stats=False, enforce_eager=True, **engine_kwargs)
         load_seconds = time.perf_counter() - started
         try:
+            track_vllm_busy(llm, fleet=BUSY_FLEET)  # rl.fleet.busy.seconds from the engine's request stats
             deltas = VllmCounterDeltas()
             record_vllm_engine_counters(llm, deltas)  # baseline: whatever start-up did
             flush_metrics()
@@ -192,7 +196,8 @@ def read_two_layer(work: Path) -> TwoLayerRun:
 
     run = json.loads((work / RUN_FILE).read_text())
     spans, received = _joined_spans(work)
-    by_step = metrics_by_step(read_metrics(work / "dump"), step_windows(spans))
+    metrics = read_metrics(work / "dump")
+    by_step = metrics_by_step(metrics, step_windows(spans))
     return TwoLayerRun(spans=spans, by_step=by_step, calls=[GenerateCall(**c) for c in run["calls"]],
                        trace_path=run["trace_path"], vllm_version=run["vllm_version"],
-                       load_seconds=run["load_seconds"], steps=run["steps"], received=received)
+                       load_seconds=run["load_seconds"], steps=run["steps"], received=received, metrics=metrics)
