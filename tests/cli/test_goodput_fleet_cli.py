@@ -49,6 +49,7 @@ def test_json_has_fleets_and_cluster_per_run_and_per_step(dataset):
     assert generation["productive_gpu_s"] == pytest.approx(38.0, abs=1e-6)
     assert generation["tokens_per_s_per_gpu"] == pytest.approx(45.0, abs=1e-6)
     assert run["cluster"]["fleet"] == "cluster" and run["cluster"]["gpu_seconds"] == pytest.approx(200.0, abs=1e-6)
+    assert run["cluster"]["gpus"] == 8 and run["cluster"]["processes"] == 3  # numbers, as in every fleet row
     assert run["fleet_window"] == "job" and run["fleet_findings"] == []
     assert [s["iteration"] for s in run["fleet_steps"]] == [1, 2]
     assert run["fleet_steps"][1]["cluster"]["gpu_seconds"] == pytest.approx(104.0, abs=1e-6)  # 8 GPUs x 13 s

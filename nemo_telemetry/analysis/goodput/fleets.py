@@ -640,8 +640,8 @@ def _fleet_tables(fleets: list[dict], columns: dict[str, np.ndarray]) -> tuple[p
                        mask=np.isnan(table[c]) if c in ("goodput", "tokens_per_s_per_gpu") else None)
               for c in FLEET_COLUMNS]
     with_gpus = np.array([f["gpus"] > 0 for f in fleets], bool)
-    gpus, processes = sum(f["gpus"] for f in fleets if f["gpus"] > 0), sum(
-        f["processes"] for f in fleets if f["gpus"] > 0)
+    gpus = int(sum(int(f["gpus"]) for f in fleets if f["gpus"] > 0))  # plain ints: the JSON document's numbers
+    processes = int(sum(int(f["processes"]) for f in fleets if f["gpus"] > 0))
     sums = {"gpu_seconds": capacity, **{f"{name}_gpu_s": levels[:, :, i] for i, name in enumerate(LEVELS)},
             "unknown_gpu_s": unknown}
     totals = {k: (v[:, with_gpus].sum(axis=1) / _NS).tolist() for k, v in sums.items()}
