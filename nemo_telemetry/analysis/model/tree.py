@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.model.schema import ID_KEY_FIELDS
 
 __all__ = ["hex_to_uint64", "trace_halves", "trace_key_of", "trace_keys", "with_id_keys", "key_column",
-           "parent_indices", "trace_mix", "mixed_key", "unmixed_key", "SPAN_SPREAD", "TRACE_LOW", "low_column"]
+           "parent_indices", "trace_mix", "mixed_key", "unmixed_key", "SPAN_SPREAD", "TRACE_LOW", "low_column", "trace_hex"]
 
 TRACE_LOW = "trace_low"
 """The uint64 column of each trace id's low half (its last 16 hex digits): with ``trace_key`` the
@@ -85,6 +85,13 @@ def trace_key_of(high: np.ndarray, low: np.ndarray) -> np.ndarray:
         mixed ^= mixed >> _33
     mixed ^= np.asarray(high, dtype=np.uint64)
     return mixed
+
+
+def trace_hex(trace_key: np.ndarray, trace_low: np.ndarray) -> list[str]:
+    """The 32 hex digits of each trace id given as (``trace_key``, ``trace_low``): the inverse of
+    :func:`trace_keys` (the key XOR the low half's mix is the high half)."""
+    high = np.asarray(trace_key, np.uint64) ^ trace_key_of(np.zeros(len(trace_low), np.uint64), trace_low)
+    return [f"{h:016x}{lo:016x}" for h, lo in zip(high.tolist(), np.asarray(trace_low, np.uint64).tolist())]
 
 
 def trace_keys(ids: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

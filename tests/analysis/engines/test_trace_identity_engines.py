@@ -130,3 +130,27 @@ def test_parents_orphans_goodput_and_waterfall_are_per_real_trace_on_every_engin
     for trace in (first, second):  # each trace alone: its own five spans, no other trace's
         alone = waterfall(spans, trace_id=trace, fold_steps=False, collapse_threshold=None).rows.to_pylist()
         assert sorted(r["name"] for r in alone) == sorted(r["name"] for r in rows if r["trace_id"] == trace)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_monitor_attributes_each_trace_to_its_own_step_in_any_arrival_order(tmp_path, layout):
+    """The monitor, fed the two traces' spans a few at a time (the child of the second step before
+    its parent, the other trace's step span in between), reports what offline goodput does."""
+    from nemo_telemetry.analysis import MonitorState, goodput_document, load_traces
+
+    dump = tmp_path / "traces.jsonl"
+    dump.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in _requests(*LAYOUTS[layout])))
+    spans = load_traces(dump).spans
+    offline = {s["iteration"]: s for s in goodput_document(run_goodput(spans))["runs"][0]["steps"]}
+    assert (offline[1]["overhead_s"], offline[2]["overhead_s"]) == (0.0, 8.0)
+    names = spans.column("name").to_pylist()
+    order = [names.index("query07-operation"), *(i for i in range(len(names)) if names[i] != "query07-operation")]
+    state, records = MonitorState(grace_s=0), []
+    for lo in range(0, len(order), 3):
+        state.add(spans.take(order[lo:lo + 3]))
+        records += state.finished_steps()
+    records += state.finish()
+    latest = {r.to_dict()["iteration"]: r.to_dict() for r in records}
+    for iteration in (1, 2):
+        assert (latest[iteration]["productive_s"], latest[iteration]["overhead_s"]) == (
+            offline[iteration]["productive_s"], offline[iteration]["overhead_s"])

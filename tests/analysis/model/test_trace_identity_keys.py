@@ -15,7 +15,7 @@ from nemo_telemetry.analysis.decode.reference import reference_arrays
 from nemo_telemetry.analysis.model import keys as keys_module
 from nemo_telemetry.analysis.model.keys import index_orphans, index_parents, key_index, local_parent_rows
 from nemo_telemetry.analysis.model.tree import (
-    TRACE_LOW, key_column, mixed_key, trace_key_of, trace_keys, unmixed_key, with_id_keys,
+    TRACE_LOW, key_column, mixed_key, trace_hex, trace_key_of, trace_keys, unmixed_key, with_id_keys,
 )
 from nemo_telemetry.analysis.model.walk import KeyIndex, KeyScan, walk_rows
 
@@ -133,6 +133,7 @@ def test_trace_key_and_low_half_are_the_trace_id_and_both_halves_change_the_key(
     distinct = {(int(h), int(lo)) for h, lo in zip(high, low)}
     assert len(set(zip(key.tolist(), got_low.tolist()))) == len(distinct)  # (key, low) is the id
     assert len(set(key.tolist())) == len(distinct)  # and no two of these ids share a key
+    assert trace_hex(key, got_low) == ids.to_pylist()  # what a message quotes where only the keys were read
     # shorter ids are the low half (W3C and OTLP pad 64-bit ids on the left); malformed ones are none
     short, _ = trace_keys(pa.array(["1", "0" * 31 + "1", "xyz", None]))
     assert short[0] == short[1] != 0 and short[2] == short[3] == 0
