@@ -8,7 +8,7 @@ answers (:func:`distinct_parents`) in it. A mixed key is 64 bits of a 192-bit id
 identities can share one (by chance, or built to: the mix is invertible); every match the
 mixed keys propose is confirmed on the whole identity (``trace_key``, ``trace_low`` and the span
 id, which the mixed key gives back for a given trace), and a reference whose mixed key a span
-of another identity holds takes the exact path (:func:`orphan_mask`). Built a block of rows at a time, so no temporary is as
+of another identity holds takes the exact path (:func:`_exact_orphans`). Built a block of rows at a time, so no temporary is as
 large as the table; the sorts and searches run in worker threads, which numpy lets go of the GIL for.
 """
 
@@ -148,62 +148,84 @@ def orphan_mask(has_parent: np.ndarray, mixed: tuple[np.ndarray, np.ndarray],
                 traces: tuple[np.ndarray, np.ndarray] | None = None, threads: int = 1) -> np.ndarray:
     """Spans that name a parent which is not in the table (same trace), from the key index.
 
-    Each distinct parent reference (``ordered``: :func:`distinct_parents`, which a caller may
-    have sorted in another thread meanwhile) is looked up once, in sorted order, in the sorted
-    span index the walks use; the full mixed key confirms what the high bits propose. Only
-    references whose first candidate shares its high bits without being it (duplicated ids,
-    equal high bits) take further rounds. With ``traces`` (every row's ``trace_key`` and
-    ``trace_low``, :func:`build_index`'s), each span whose reference a span holds is confirmed on
-    its trace as well (:func:`_confirmed`): a mixed key is no identity.
+    With ``traces`` (every row's ``trace_key`` and ``trace_low``, :func:`build_index`'s), the test
+    is exact: :func:`_exact_orphans`. Without (keys whose trace is ``trace_key`` alone), each
+    distinct parent reference (``ordered``: :func:`distinct_parents`, which a caller may have
+    sorted in another thread meanwhile) is looked up once, in sorted order, in the sorted span
+    index the walks use; the full mixed key confirms what the high bits propose. Only references
+    whose first candidate shares its high bits without being it (duplicated ids, equal high bits)
+    take further rounds.
     """
-    own, packed, bits = sorted_spans
+    if traces is not None:
+        return _exact_orphans(has_parent, mixed, sorted_spans, traces, threads)
     out = np.zeros(len(has_parent), dtype=bool)
-    if len(packed) == 0:
+    if len(sorted_spans[1]) == 0:
         return out
-    high = ~np.uint64((1 << bits) - 1)
     ordered = distinct_parents(has_parent, mixed[1], mixed[0]) if ordered is None else ordered
-    # A block of references at a time: the positions and candidates of every reference at once
-    # would double the test's memory at its peak. The blocks spread over ``threads``: the searches
-    # and gathers release the GIL.
-    blocks = [ordered[lo:lo + LOOKUP_ROWS] for lo in range(0, len(ordered), LOOKUP_ROWS)]
-    found = in_threads(lambda block: _parent_holders(block, own, packed, high), blocks, threads)
-    holders = np.concatenate(found) if found else np.zeros(0, np.int64)
+    holders = _holders(ordered, sorted_spans, threads)
     missing = ordered[holders < 0]
     if missing.size:  # rare: back from the distinct parents to the spans that name them
         out = has_parent & isin_sorted(mixed[1], missing)
-    if traces is not None:
-        out |= ~_confirmed(has_parent & ~out, mixed, (ordered, holders), sorted_spans, traces)
     return out
 
 
-def _confirmed(asked: np.ndarray, mixed: tuple[np.ndarray, np.ndarray], held: tuple[np.ndarray, np.ndarray],
-               sorted_spans: tuple[np.ndarray, np.ndarray, int], traces: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """Of the ``asked`` spans (a span holds the mixed key of their reference), those whose parent
-    a span of their own trace holds; the rest of the mask True. A span's row neighbour, or the
-    holder the orphan test found for its reference (``held``: the distinct references, sorted,
-    and a holding row each), confirms it when its trace is the span's; a span that neither
-    confirms (another identity with its reference's mixed key: by chance, or built to) is looked
-    up exactly (:func:`parent_rows`), or holds its reference itself."""
+def _holders(ordered: np.ndarray, sorted_spans: tuple[np.ndarray, np.ndarray, int], threads: int) -> np.ndarray:
+    """:func:`_parent_holders` of ``ordered`` a block at a time: the positions and candidates of
+    every reference at once would double the test's memory at its peak. The blocks spread over
+    ``threads``: the searches and gathers release the GIL."""
+    own, packed, bits = sorted_spans
+    high = ~np.uint64((1 << bits) - 1)
+    blocks = [ordered[lo:lo + LOOKUP_ROWS] for lo in range(0, len(ordered), LOOKUP_ROWS)]
+    found = in_threads(lambda block: _parent_holders(block, own, packed, high), blocks, threads)
+    return np.concatenate(found) if found else np.zeros(0, np.int64)
+
+
+def _exact_orphans(has_parent: np.ndarray, mixed: tuple[np.ndarray, np.ndarray],
+                   sorted_spans: tuple[np.ndarray, np.ndarray, int], traces: tuple[np.ndarray, np.ndarray],
+                   threads: int) -> np.ndarray:
+    """The orphan test on the whole identity. A span whose row neighbour holds its reference (same
+    mixed key, same trace key and low half: spans are stored as their process exported them, so a
+    parent often sits next to its last child) has its parent. The others' references are sorted
+    once with their positions packed in the low bits, each distinct one looked up once in the span
+    index (:func:`_parent_holders`), and the holder found is confirmed on each span's trace: no
+    holder, an orphan; a holder of the same trace, a parent. A holder of another trace (another
+    identity with the reference's mixed key: by chance, or built to) sends the span to the exact
+    lookup (:func:`parent_rows`), or it holds its reference itself."""
     own, wanted = mixed
     trace, low = traces
-    n = len(asked)
-    ok = ~asked
-    if n > 1:  # the neighbours distinct_parents answers references from, confirmed on the trace
-        same = (wanted[1:] == own[:-1]) & (trace[1:] == trace[:-1]) & (low[1:] == low[:-1])
-        ok[1:] |= same
-        same = (wanted[:-1] == own[1:]) & (trace[:-1] == trace[1:]) & (low[:-1] == low[1:])
-        ok[:-1] |= same
-    rest = np.flatnonzero(~ok)
-    refs, holders = held
-    if rest.size and refs.size:
-        holder = _holder_of(wanted[rest], refs, holders)
-        hit = holder >= 0
-        hit[hit] = (trace[holder[hit]] == trace[rest[hit]]) & (low[holder[hit]] == low[rest[hit]])
-        ok[rest[hit]] = True
-        rest = rest[~hit]
-    if rest.size:  # the exact path: rare, only where another identity has the reference's mixed key
-        ok[rest] = (own[rest] == wanted[rest]) | (parent_rows(sorted_spans, wanted[rest], rest, traces) >= 0)
-    return ok
+    n = len(has_parent)
+    out = np.zeros(n, dtype=bool)
+    if n == 0:
+        return out
+    ask = has_parent.copy()
+    if n > 1:
+        ask[1:] &= ~((wanted[1:] == own[:-1]) & (trace[1:] == trace[:-1]) & (low[1:] == low[:-1]))
+        ask[:-1] &= ~((wanted[:-1] == own[1:]) & (trace[:-1] == trace[1:]) & (low[:-1] == low[1:]))
+    rest = np.flatnonzero(ask)
+    del ask
+    if rest.size == 0:
+        return out
+    bits = max(1, (len(rest) - 1).bit_length())
+    low_bits = np.uint64((1 << bits) - 1)
+    references = wanted[rest]
+    order = (references & ~low_bits) | np.arange(len(rest), dtype=np.uint64)
+    order.sort()  # by the references' high bits: finer than the span index's, so its searches stream
+    at = (order & low_bits).astype(np.intp)
+    del order
+    references = references[at]
+    fresh = np.empty(len(references), dtype=bool)
+    fresh[0] = True
+    np.not_equal(references[1:], references[:-1], out=fresh[1:])
+    holder = np.empty(len(rest), dtype=np.int64)
+    holder[at] = _holders(references[fresh], sorted_spans, threads)[np.cumsum(fresh) - 1]  # back in row order
+    del references, fresh, at
+    held = holder >= 0
+    out[rest[~held]] = True  # no span holds even the mixed key
+    rest, holder = rest[held], holder[held]
+    doubt = rest[(trace[holder] != trace[rest]) | (low[holder] != low[rest])]
+    if doubt.size:
+        out[doubt] = ~((own[doubt] == wanted[doubt]) | (parent_rows(sorted_spans, wanted[doubt], doubt, traces) >= 0))
+    return out
 
 
 def in_threads(work, items: list, threads: int) -> list:
@@ -223,32 +245,6 @@ def in_threads(work, items: list, threads: int) -> list:
         run(range(0, len(items), threads))
         for other in others:
             other.result()
-    return out
-
-
-def _holder_of(wanted: np.ndarray, refs: np.ndarray, holders: np.ndarray) -> np.ndarray:
-    """``holders`` at the position of each of ``wanted`` in the sorted distinct ``refs`` (-1: not
-    among them). Searched in sorted order, as :func:`parent_rows` searches: the queries' high bits
-    with their positions packed in the low bits, sorted, so the searches stream through ``refs``."""
-    bits = max(1, (len(wanted) - 1).bit_length())
-    low_bits = np.uint64((1 << bits) - 1)
-    ordered = (wanted & ~low_bits) | np.arange(len(wanted), dtype=np.uint64)
-    ordered.sort()
-    pos = np.empty(len(wanted), dtype=np.intp)
-    pos[(ordered & low_bits).astype(np.intp)] = _search_sorted(refs, ordered & ~low_bits)
-    del ordered
-    out = np.full(len(wanted), -1, dtype=np.int64)
-    pending = np.arange(len(wanted))
-    while pending.size:  # past the refs of equal high bits below the query's own
-        at = pos[pending]
-        pending, at = pending[at < len(refs)], at[at < len(refs)]
-        value = refs[at]
-        same_high = (value & ~low_bits) == (wanted[pending] & ~low_bits)
-        pending, at, value = pending[same_high], at[same_high], value[same_high]
-        hit = value == wanted[pending]
-        out[pending[hit]] = holders[at[hit]]
-        pending = pending[~hit]
-        pos[pending] += 1
     return out
 
 
