@@ -163,7 +163,9 @@ def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
         "attributes": pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string()),
                                               pa.array([], pa.string())),
         "resource_attributes": resource,
-        "trace_key": trace_key, "span_key": span_key, "parent_key": parent_key,
+        # the ids are the key and 16 zeros (uint64_hex pads on the right): the low half 0, whose mix is 0,
+        # so trace_key is the high half, as model.tree.trace_keys computes it
+        "trace_key": trace_key, "span_key": span_key, "parent_key": parent_key, "trace_low": np.zeros(n, np.uint64),
     }
     return pa.table([pa.array(columns[f.name]) if not isinstance(columns[f.name], pa.Array) else columns[f.name]
                      for f in SPANS_TABLE_SCHEMA], schema=SPANS_TABLE_SCHEMA)

@@ -51,7 +51,7 @@ def template() -> pa.Table:
         path = write_json_lines(Path(folder) / "one.jsonl", synthetic_requests(11, ranks=1, spans_per_request=11))
         spans = with_id_keys(load_traces(path).spans)
     return spans.select(["name", "start_ns", "end_ns", "run_id", "rl.bucket", "rl.iteration",
-                         "trace_key", "span_key", "parent_key"])
+                         "trace_key", "span_key", "parent_key", "trace_low"])
 
 
 def batch(base: pa.Table, first_step: int, steps: int) -> pa.Table:

@@ -62,12 +62,12 @@ def main() -> None:
         return time.perf_counter() - t, time.process_time() - c
 
     keys = [tuple(filled(pq.read_table(f, columns=[c]).column(0), 0).astype(np.uint64, copy=False)
-                  for c in ("span_key", "trace_key", "parent_key")) for f in files]
+                  for c in ("span_key", "trace_key", "parent_key", "trace_low")) for f in files]
 
     def compute() -> tuple[float, float]:
         t, c = time.perf_counter(), time.process_time()
-        for span, trace, parent in keys:
-            local_parent_rows(span, trace, parent)
+        for span, trace, parent, low in keys:
+            local_parent_rows(span, trace, parent, low)
         return time.perf_counter() - t, time.process_time() - c
 
     timings: dict[str, list[tuple[float, float]]] = {"decode": [], "unchecked": [], "compute": []}

@@ -359,3 +359,27 @@ def test_ray_check_decides_group_presence_as_check_run(ray_cluster, tmp_path):
     found = {(f["run_id"], f["message"].split("'")[1]) for f in expected["findings"] if f["code"] == "missing-group-spans"}
     assert ("trl", "advantage") in found and ("trl", "generation") not in found and ("trl", "agent") not in found
     assert ray_check(tmp_path / "ds").to_dict() == expected
+
+
+identity_tools = _scenario_module("engines", "test_trace_identity_engines")
+
+
+@pytest.mark.parametrize("layout", ["high-half-shared", "halves-swapped"])
+def test_ray_engine_keeps_traces_that_share_half_their_id_apart(ray_cluster, tmp_path, layout):
+    """Jaeger's layout (64-bit trace ids padded to 128 bits, span ids 1, 2, 3 in every trace) and
+    swapped halves, on Ray: the orphans are each trace's own, and each step's bucketed child takes
+    its own trace's iteration, as on the local engine."""
+    from nemo_telemetry.analysis import check_with_engine, goodput_with_engine
+
+    first, second = identity_tools.LAYOUTS[layout]
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    (dump / "traces.jsonl").write_text("".join(json.dumps(r) + "\n" for r in identity_tools._requests(first, second)))
+    root = tmp_path / "ds"
+    ingest([dump], out=root)
+    _, orphans = identity_tools._expected(read_spans(root))
+    ray_report = check_with_engine(root, engine="ray")
+    assert identity_tools._orphans(ray_report) == orphans == {(first, f"{6:016x}"), (second, f"{9:016x}")}
+    assert ray_report.to_dict() == check_with_engine(root).to_dict()
+    steps = {row["iteration"]: row for row in goodput_with_engine(root, engine="ray")[0].steps.to_pylist()}
+    assert (steps[1]["productive_s"], steps[2]["overhead_s"], steps[1]["overhead_s"]) == (4.0, 8.0, 0.0)

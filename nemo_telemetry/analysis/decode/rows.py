@@ -22,7 +22,7 @@ from nemo_telemetry.analysis.store.read import scan_span_files
 
 __all__ = ["WALK_READ", "KeptRows", "kept_rows", "table_rows", "file_rows"]
 
-WALK_READ = ("trace_key", "span_key", "parent_key", ITERATION)
+WALK_READ = ("trace_key", "span_key", "parent_key", "trace_low", ITERATION)
 """What the walks of unstamped bucketed spans read of every row (:func:`file_rows` keeps them)."""
 
 

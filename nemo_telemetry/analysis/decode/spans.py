@@ -26,6 +26,7 @@ import pyarrow as pa
 from nemo_telemetry.analysis.model.columns import (
     code_mask, codes_matching, column_codes, column_rows, int_column, row_value,
 )
+from nemo_telemetry.analysis.model.tree import TRACE_LOW, trace_hex
 from nemo_telemetry.analysis.model.walk import climb
 
 __all__ = ["BUCKETS", "UNKNOWN_BUCKET", "NO_BUCKET", "Later", "Parents", "RunPairs", "SpanArrays",
@@ -242,10 +243,12 @@ class SpanArrays:
         return self._ids("trace_id", "trace_key", rows)
 
     def _ids(self, column: str, key: str, rows) -> list[str]:
-        """Hex ids of ``rows``: the id column where ``table`` holds it, else the uint64 key (span
-        ids are exact)."""
+        """Hex ids of ``rows``: the id column where ``table`` holds it, else from the uint64 keys
+        (exact: a span id is its key, a trace id its key and ``trace_low``)."""
         rows = np.asarray(rows, dtype=np.int64)
         if column in self.table.column_names:
             return [str(row_value(self.table.column(column), r)) for r in rows]
         keys = column_rows(self.table.column(key), rows, 0)
+        if key == "trace_key" and TRACE_LOW in self.table.column_names:
+            return trace_hex(keys.astype(np.uint64), column_rows(self.table.column(TRACE_LOW), rows, 0).astype(np.uint64))
         return [f"{int(k):016x}" for k in keys]

@@ -37,7 +37,7 @@ from nemo_telemetry.analysis.model.schema import (
     BUCKET, EFFICIENCY_CATEGORY, ITERATION, PARENT_ROW, PROMOTED_RESOURCE_ATTRIBUTES,
 )
 from nemo_telemetry.analysis.model.status import error_rows
-from nemo_telemetry.analysis.model.tree import mixed_key, with_id_keys
+from nemo_telemetry.analysis.model.tree import TRACE_LOW, mixed_key, with_id_keys
 from nemo_telemetry.analysis.model.walk import KeyScan
 from nemo_telemetry.analysis.settings import ReadSettings
 from nemo_telemetry.analysis.store.read import READ_COLUMNS, scan_file_batches, span_projection
@@ -65,13 +65,14 @@ def span_arrays(spans: pa.Table, *, threads: int = 1) -> SpanArrays:
 def index_parents(index: dict) -> Parents:
     """:class:`Parents` that search a sorted key index for the rows asked about."""
     has_parent, wanted, sorted_spans = index["has_parent"], index["_mixed"][1], index["_sorted_spans"]
+    traces = index["_traces"]
 
     def of(rows: np.ndarray) -> np.ndarray:
         out = np.full(len(rows), -1, dtype=np.int64)
         asked = has_parent[rows]
         named = rows[asked]
         if len(named):
-            out[asked] = parent_rows(sorted_spans, wanted[named], named)
+            out[asked] = parent_rows(sorted_spans, wanted[named], named, traces)
         return out
 
     return Parents(of, has_parent)
@@ -149,7 +150,7 @@ class SpanReader:
         """
         at_failures = [c for c in _AT_FAILURES if c in columns]  # read afterwards, where spans failed
         dataset, read = span_projection(files, tuple(dict.fromkeys(
-            (*(c for c in columns if c not in at_failures), PARENT_ROW))))
+            (*(c for c in columns if c not in at_failures), PARENT_ROW, TRACE_LOW))))
         n = dataset.count_rows()
         decoder = _SpanDecoder(n, gather_pairs=True)
         parents = FileParents(n)
@@ -256,16 +257,18 @@ class _Lane:
             future.result()
 
 
-def rows_arrays(*, trace_id: list, keys: tuple[np.ndarray, np.ndarray, np.ndarray], name: tuple[np.ndarray, tuple],
+def rows_arrays(*, trace_id: list, keys: tuple[np.ndarray, ...], name: tuple[np.ndarray, tuple],
                 run: tuple[np.ndarray, tuple], bucket: tuple[np.ndarray, tuple], category: tuple[np.ndarray, tuple],
                 start: np.ndarray, end: np.ndarray, iteration: np.ndarray, has_iteration: np.ndarray,
                 orphan: np.ndarray, pairs: RunPairs) -> SpanArrays:
-    """Rows handed over as arrays (codes and their values, uint64 id keys: span, trace, parent),
+    """Rows handed over as arrays (codes and their values, uint64 id keys: span, trace, parent and
+    where given trace_low),
     chosen from a dataset whose orphan test and run pairs were found already (``orphan``,
     ``pairs``): parents are found among these rows."""
-    span_key, trace_key, parent_key = keys
+    span_key, trace_key, parent_key, *low = keys
     table = pa.table({"trace_id": pa.array(list(trace_id), pa.string()), "span_key": pa.array(span_key),
-                      "trace_key": pa.array(trace_key), "parent_key": pa.array(parent_key)})
+                      "trace_key": pa.array(trace_key), "parent_key": pa.array(parent_key),
+                      **({TRACE_LOW: pa.array(low[0])} if low else {})})
     n = len(span_key)
 
     def links() -> Parents:
@@ -311,6 +314,7 @@ class FileParents:
         self.fresh: list[np.ndarray] = []  # per batch: which of those start a run of equal references
         self.wanted: list[np.ndarray] = []  # per batch: those runs' references (mixed keys)
         self.parent: list[np.ndarray] = []  # per batch: and their parent keys
+        self.trace: list[tuple[np.ndarray, np.ndarray]] = []  # per batch: and their traces (key, low)
         self.file_keys: list[tuple] = []  # the current file's batches: (span, trace, parent) keys, to check the column
         self.scratch: dict[str, np.ndarray] = {}  # the check's buffers, reused from file to file (no new pages)
         self.finished = False
@@ -322,7 +326,7 @@ class FileParents:
         local = filled(batch.column(PARENT_ROW), PARENT_ELSEWHERE)  # a null (never written): looked up
         if len(local) == 0:
             return
-        self.file_keys.append(tuple(batch.column(c) for c in ("span_key", "trace_key", "parent_key")))
+        self.file_keys.append(tuple(batch.column(c) for c in ("span_key", "trace_key", "parent_key", TRACE_LOW)))
         if local.min() < PARENT_ELSEWHERE:
             self._damaged(int(local.min()))
         self.highest = max(self.highest, int(local.max()))
@@ -333,17 +337,19 @@ class FileParents:
         np.not_equal(local, NO_PARENT, out=self.has_parent[at])
         elsewhere = np.flatnonzero(local == PARENT_ELSEWHERE)
         if elsewhere.size:
-            trace, parent = (filled(batch.column(c), 0).astype(np.uint64, copy=False)[elsewhere]
-                             for c in ("trace_key", "parent_key"))
+            trace, parent, low = (filled(batch.column(c), 0).astype(np.uint64, copy=False)[elsewhere]
+                                  for c in ("trace_key", "parent_key", TRACE_LOW))
             wanted = mixed_key(trace, parent)
-            fresh = np.empty(len(wanted), dtype=bool)
-            fresh[0] = self.last is None or wanted[0] != self.last
+            fresh = np.empty(len(wanted), dtype=bool)  # a run: one reference (mixed key and trace)
+            fresh[0] = self.last is None or (wanted[0], trace[0], low[0]) != self.last
             np.not_equal(wanted[1:], wanted[:-1], out=fresh[1:])
-            self.last = wanted[-1]
+            fresh[1:] |= (trace[1:] != trace[:-1]) | (low[1:] != low[:-1])
+            self.last = (wanted[-1], trace[-1], low[-1])
             self.elsewhere.append(elsewhere + self.at)
             self.fresh.append(fresh)
             self.wanted.append(wanted[fresh])
             self.parent.append(parent[fresh])
+            self.trace.append((trace[fresh], low[fresh]))
         self.at = at.stop
 
     def finish(self) -> None:
@@ -357,8 +363,8 @@ class FileParents:
             self._damaged(self.highest)
         if not self.file_keys:
             return
-        span, trace, parent = (filled(k[0] if len(k) == 1 else pa.chunked_array(k), 0).astype(np.uint64, copy=False)
-                               for k in zip(*self.file_keys))  # a file of one batch: no copy
+        span, trace, parent, low = (filled(k[0] if len(k) == 1 else pa.chunked_array(k), 0).astype(np.uint64, copy=False)
+                                    for k in zip(*self.file_keys))  # a file of one batch: no copy
         self.file_keys = []
         rows = self.rows[self.file_start:self.at]
         local, got, wrong, other = (self._buffer(name, len(rows), dtype) for name, dtype in (
@@ -367,6 +373,7 @@ class FileParents:
         np.maximum(local, 0, out=local)  # where no parent is in the file (< 0): row 0, its mismatch ignored below
         np.not_equal(np.take(span, local, out=got), parent, out=wrong)
         wrong |= np.not_equal(np.take(trace, local, out=got), trace, out=other)
+        wrong |= np.not_equal(np.take(low, local, out=got), low, out=other)
         wrong &= np.greater_equal(rows, 0, out=other)
         if wrong.any():
             at = int(np.argmax(wrong))
@@ -393,7 +400,8 @@ class FileParents:
         parents = self.rows
         orphan = parents == PARENT_ELSEWHERE  # then: those whose reference no span holds (not even itself)
         if self.elsewhere:
-            found = KeyScan(table).lookup(np.concatenate(self.wanted), np.concatenate(self.parent))
+            found = KeyScan(table).lookup(np.concatenate(self.wanted), np.concatenate(self.parent),
+                                          *(np.concatenate(k) for k in zip(*self.trace)))
             first = 0  # the batch's first reference among all
             for rows, fresh in zip(self.elsewhere, self.fresh):  # a batch at a time: small temporaries
                 run = np.cumsum(fresh) - 1 + first

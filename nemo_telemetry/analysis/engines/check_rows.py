@@ -52,7 +52,7 @@ class Codes:
 def quoted_arrays(rows: Columns, codes: Codes, pairs: RunPairs | None = None) -> SpanArrays:
     """A SpanArrays over ``rows`` (dataset order) with the dataset's codes, as check_run would see
     them; ``pairs``: the dataset's run pairs (:func:`dataset_pairs`), none given: none."""
-    keys = tuple(np.asarray(rows[c], np.uint64) for c in ("span_key", "trace_key", "parent_key"))
+    keys = tuple(np.asarray(rows[c], np.uint64) for c in ("span_key", "trace_key", "parent_key", "trace_low"))
     return rows_arrays(
         trace_id=list(rows["trace_id"]), keys=keys, name=(codes.code("names", rows["name"]), codes.tuple("names")),
         run=(codes.code("runs", rows["run"]), codes.tuple("runs")),
@@ -82,7 +82,7 @@ ROW_COLUMNS = (
     ("own_iteration", np.int64, 0), ("has_iteration", bool, False), ("iteration", np.int64, -1),
     ("stamped", bool, False), ("ancestor", np.int64, -1), ("orphan", bool, False), ("trace_id", object, None),
     ("span_key", np.uint64, 0), ("trace_key", np.uint64, 0), ("parent_key", np.uint64, 0), ("step", np.int64, -1),
-    ("flags", np.int64, 0), ("part", object, None), ("walked", bool, False))
+    ("flags", np.int64, 0), ("part", object, None), ("walked", bool, False), ("trace_low", np.uint64, 0))
 EMPTY_ROWS = {name: np.zeros(0, kind) for name, kind, _ in ROW_COLUMNS}
 
 
@@ -145,6 +145,7 @@ def step_heads(facts: list[dict], steps, codes: Codes) -> Columns:
             "has_iteration": np.ones(n, bool), "iteration": heads["iteration"], "stamped": np.ones(n, bool),
             "ancestor": np.full(n, -1, np.int64), "orphan": np.zeros(n, bool), "trace_id": heads["trace_id"],
             "span_key": heads["span_key"], "trace_key": np.zeros(n, np.uint64), "parent_key": np.zeros(n, np.uint64),
+            "trace_low": np.zeros(n, np.uint64),
             "step": np.arange(n, dtype=np.int64), "flags": np.zeros(n, np.int64), "part": np.full(n, "head", object),
             "walked": np.zeros(n, bool)}
 

@@ -50,7 +50,7 @@ from nemo_telemetry.analysis.decode import NO_BUCKET, SpanArrays, span_arrays
 from nemo_telemetry.analysis.store.read import READ_COLUMNS, read_span_files, reading_errors
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION, NO_RUN
-from nemo_telemetry.analysis.model.tree import key_column, with_id_keys
+from nemo_telemetry.analysis.model.tree import key_column, low_column, with_id_keys
 from nemo_telemetry.analysis.model.grouping import Columns, concat, find_keys, first_rows, string_codes, take
 from nemo_telemetry.analysis.model.walk import KeyIndex, climb_batch, resolve_walks
 from nemo_telemetry.errors import UnknownRunError
@@ -64,7 +64,7 @@ FileMap = Callable[..., list]
 # map_function(paths, reducers, *args) returns (its result, piece 0 .. piece reducers-1); reducer r gets every piece r.
 MapReduce = Callable[..., tuple]
 
-_LOOKUP_COLUMNS = ("trace_key", "span_key", "parent_key", ITERATION, BUCKET, "name")
+_LOOKUP_COLUMNS = ("trace_key", "span_key", "parent_key", "trace_low", ITERATION, BUCKET, "name")
 
 
 
@@ -121,21 +121,22 @@ def _facts_of(table: pa.Table, run_id: str | None) -> dict:
     a = span_arrays(table)
     keep = _keep(a, run_id)
     trace, span, parent = key_column(table, "trace_key"), key_column(table, "span_key"), key_column(table, "parent_key")
+    low = low_column(table)
     steps = step_windows(a, keep)
     heads = steps.row
     walked = np.flatnonzero((a.bucket != NO_BUCKET) & keep)
     walks = walked[(parent[walked] != 0) & (parent[walked] != span[walked])]
     children = np.flatnonzero(keep & (parent != 0))
-    here = KeyIndex.of(trace, span)
-    outside = children[here.find(trace[children], parent[children]) < 0]
+    here = KeyIndex.of(trace, span, low=low)
+    outside = children[here.find(trace[children], parent[children], low[children]) < 0]
     anchors = rules.anchor_rows(a, keep)
     first = anchors[first_rows(a.run[anchors])]  # each run's first anchor row
     return {
         "rows": len(a), "names": a.names, "runs": a.runs, "buckets": a.bucket_values, "categories": a.categories,
         "steps": {"run": _values(steps.run, a.runs, NO_RUN), "iteration": steps.iteration, "start": steps.start,
                   "end": steps.end, "row": heads, "span_key": span[heads], "trace_id": _trace_ids(a, heads)},
-        "walks": _pairs(trace[walks], parent[walks]),
-        "missing": _pairs(trace[outside], parent[outside]),
+        "walks": _pairs(trace[walks], parent[walks], low[walks]),
+        "missing": _pairs(trace[outside], parent[outside], low[outside]),
         "anchor_traces": np.unique(trace[anchors]),
         "first_anchor": {"run": _values(a.run[first], a.runs, NO_RUN), "row": first.astype(np.int64),
                          "name": _values(a.name[first], a.names), "trace_id": _trace_ids(a, first)},
@@ -153,13 +154,14 @@ def _trace_ids(a: SpanArrays, rows: np.ndarray) -> np.ndarray:
     return np.array(ids, dtype=object) if ids else np.zeros(0, object)
 
 
-_PAIRS = {"trace": np.zeros(0, np.uint64), "key": np.zeros(0, np.uint64)}
+_PAIRS = {"trace": np.zeros(0, np.uint64), "key": np.zeros(0, np.uint64), "low": np.zeros(0, np.uint64)}
 
 
-def _pairs(trace: np.ndarray, key: np.ndarray) -> Columns:
-    """Distinct (trace, key) pairs, in order of first appearance."""
-    first = first_rows(trace, key)
-    return {"trace": np.asarray(trace[first], np.uint64), "key": np.asarray(key[first], np.uint64)}
+def _pairs(trace: np.ndarray, key: np.ndarray, low: np.ndarray) -> Columns:
+    """Distinct (trace, key) pairs (the trace: its key and ``low``, trace_low), in order of first appearance."""
+    first = first_rows(trace, low, key)
+    return {"trace": np.asarray(trace[first], np.uint64), "key": np.asarray(key[first], np.uint64),
+            "low": np.asarray(low[first], np.uint64)}
 
 
 # -- 2. walks ----------------------------------------------------------------------------------
@@ -172,16 +174,16 @@ def _lookup(paths: list[str], targets: KeyIndex, numbers: StepNumbers | None = N
     out = []
     for path in paths:
         table = _read(path, _LOOKUP_COLUMNS, numbers)
-        trace, span = key_column(table, "trace_key"), key_column(table, "span_key")
+        trace, span, low = key_column(table, "trace_key"), key_column(table, "span_key"), low_column(table)
         bucketed = (pc.is_valid(table.column(BUCKET)).to_numpy(zero_copy_only=False) if BUCKET in table.column_names
                     else np.zeros(len(span), bool))
-        rows = np.flatnonzero(targets.find(trace, span) >= 0)
+        rows = np.flatnonzero(targets.find(trace, span, low) >= 0)
         met = climb_batch(table, rows, bucketed=bucketed)
         names = np.full(len(rows), None, dtype=object)
         has = np.flatnonzero(met.ancestor >= 0)
         names[has] = table.column("name").take(pa.array(met.ancestor[has])).to_pylist()  # only the names met
         out.append({"trace": trace[rows], "at": span[rows], "parent": met.exit, "stamped": met.stamped,
-                    "iteration": met.iteration, "ancestor": names})
+                    "iteration": met.iteration, "ancestor": names, "low": low[rows]})
     return out
 
 
@@ -198,12 +200,13 @@ class _Walks:
     @classmethod
     def of(cls, walks: Columns) -> "_Walks":
         n = len(walks["trace"])
-        return cls(KeyIndex.of(walks["trace"], walks["start"], np.arange(n)), np.append(walks["stamped"], False),
+        return cls(KeyIndex.of(walks["trace"], walks["start"], np.arange(n), walks["low"]),
+                   np.append(walks["stamped"], False),
                    np.append(walks["iteration"], 0), np.append(np.asarray(walks["ancestor"], object), None))
 
-    def position(self, trace: np.ndarray, start: np.ndarray, walking: np.ndarray) -> np.ndarray:
+    def position(self, trace: np.ndarray, start: np.ndarray, walking: np.ndarray, low: np.ndarray) -> np.ndarray:
         """Position of each row's walk (the "no walk" entry where ``walking`` is False or none was made)."""
-        hit = np.where(walking, self.index.find(trace, start), -1)
+        hit = np.where(walking, self.index.find(trace, start, low), -1)
         values = self.index.values if len(self.index.values) else np.zeros(1, np.int64)
         return np.where(hit >= 0, values[np.maximum(hit, 0)], len(self.found) - 1)
 
@@ -212,33 +215,35 @@ def _walk(file_map: FileMap, files: Sequence[Path], starts: Columns, candidates:
           numbers: StepNumbers | None = None) -> tuple[Columns, Columns]:
     """Every walk to its end (:func:`walk.resolve_walks`, a pass over the files per hop between
     them); and which orphan ``candidates`` name a parent found nowhere (looked up in the first pass)."""
-    first = {"candidates": {"trace": candidates["trace"], "at": candidates["key"]}}
+    first = {"candidates": {"trace": candidates["trace"], "at": candidates["key"], "low": candidates["low"]}}
 
     def lookup(wanted: Columns) -> Columns:
         extra = first.pop("candidates", None)
-        trace, at = wanted["trace"], wanted["at"]
+        trace, at, low = wanted["trace"], wanted["at"], wanted["low"]
         if extra is not None:
-            trace, at = np.concatenate([trace, extra["trace"]]), np.concatenate([at, extra["at"]])
-        targets = KeyIndex.of(trace, at)  # repeats are harmless: the index only tests membership
+            trace, at, low = (np.concatenate([mine, extra[c]]) for mine, c in ((trace, "trace"), (at, "at"), (low, "low")))
+        targets = KeyIndex.of(trace, at, low=low)  # repeats are harmless: the index only tests membership
         found = concat([f for group in file_map(_lookup, files, targets, numbers) for f in group], _NOT_FOUND)
         # a repeated span id: the first copy in dataset order, as the in-memory index
-        found = take(found, first_rows(found["trace"], found["at"]))
+        found = take(found, first_rows(found["trace"], found["low"], found["at"]))
         if extra is not None:
-            index = KeyIndex.of(found["trace"], found["at"])
-            first["missing"] = take(candidates, index.find(candidates["trace"], candidates["key"]) < 0)
+            index = KeyIndex.of(found["trace"], found["at"], low=found["low"])
+            first["missing"] = take(candidates, index.find(candidates["trace"], candidates["key"], candidates["low"]) < 0)
         return found
 
     trace, start = starts["trace"], starts["key"]
     walks = {"trace": trace, "start": start, "at": start, "stamped": np.zeros(len(trace), bool),
-             "iteration": np.zeros(len(trace), np.int64), "ancestor": np.full(len(trace), None, object)}
+             "iteration": np.zeros(len(trace), np.int64), "ancestor": np.full(len(trace), None, object),
+             "low": starts["low"]}
     walked = resolve_walks(walks, lookup, ancestors=True)
     if "missing" not in first:  # no walk to make: the orphan candidates still need their lookup
-        lookup({"trace": np.zeros(0, np.uint64), "at": np.zeros(0, np.uint64)})
+        lookup({"trace": np.zeros(0, np.uint64), "at": np.zeros(0, np.uint64), "low": np.zeros(0, np.uint64)})
     return walked, first["missing"]
 
 
 _NOT_FOUND = {"trace": np.zeros(0, np.uint64), "at": np.zeros(0, np.uint64), "parent": np.zeros(0, np.uint64),
-              "stamped": np.zeros(0, bool), "iteration": np.zeros(0, np.int64), "ancestor": np.zeros(0, object)}
+              "stamped": np.zeros(0, bool), "iteration": np.zeros(0, np.int64), "ancestor": np.zeros(0, object),
+              "low": np.zeros(0, np.uint64)}
 
 
 # -- 3. partials ------------------------------------------------------------------------------
@@ -271,6 +276,7 @@ class _View:
     trace: np.ndarray
     span: np.ndarray
     parent: np.ndarray
+    low: np.ndarray  # trace_low
     iteration: np.ndarray  # per row, as checks.Merged.iteration
     stamped: np.ndarray  # per row: own or attributed iteration found
     ancestor: np.ndarray  # per row: dataset name code of the nearest bucketed ancestor, -1: none
@@ -281,9 +287,10 @@ def _view(table: pa.Table, shared: _Shared) -> _View:
     a = span_arrays(table)
     keep = _keep(a, shared.run_id)
     trace, span, parent = key_column(table, "trace_key"), key_column(table, "span_key"), key_column(table, "parent_key")
+    low = low_column(table)
     walked = (a.bucket != NO_BUCKET) & keep
     starts = np.where(parent == span, 0, parent)
-    walk = shared.walks.position(trace, starts, walked & (starts != 0))
+    walk = shared.walks.position(trace, starts, walked & (starts != 0), low)
     stamped = a.has_iteration | shared.walks.found[walk]
     attributed = np.where(a.has_iteration, a.iteration, shared.walks.iteration[walk])
     iteration = np.where(a.has_iteration, a.iteration, -1)
@@ -291,7 +298,7 @@ def _view(table: pa.Table, shared: _Shared) -> _View:
     code_of = {name: i for i, name in enumerate(shared.names)}
     names = np.array([code_of.get(n, -1) if n is not None else -1 for n in shared.walks.ancestor], np.int64)
     ancestor = np.where(walked, names[walk], -1)
-    orphan = keep & (parent != 0) & (shared.missing.find(trace, parent) >= 0)
+    orphan = keep & (parent != 0) & (shared.missing.find(trace, parent, low) >= 0)
     candidate = (a.bucket >= 0) & a.valid_interval & keep & stamped
     step = np.full(len(a), -1, np.int64)
     if len(shared.step_run) and candidate.any():
@@ -307,7 +314,7 @@ def _view(table: pa.Table, shared: _Shared) -> _View:
     rows = np.flatnonzero(walked)
     facts = rules.RowFacts(arrays=a, keep=keep, walked=rows, walked_stamped=stamped[rows],
                            walked_iteration=attributed[rows], walked_ancestor=ancestor[rows], orphan=orphan)
-    return _View(facts, walked, trace, span, parent, iteration, stamped, ancestor, step)
+    return _View(facts, walked, trace, span, parent, low, iteration, stamped, ancestor, step)
 
 
 def _rows(view: _View, rows: np.ndarray, **extra) -> Columns:
@@ -322,7 +329,8 @@ def _rows(view: _View, rows: np.ndarray, **extra) -> Columns:
         "iteration": view.iteration[rows].astype(np.int64), "stamped": view.stamped[rows].astype(bool),
         "ancestor": view.ancestor[rows].astype(np.int64), "orphan": view.facts.orphan[rows].astype(bool),
         "trace_id": _trace_ids(a, rows), "span_key": view.span[rows], "trace_key": view.trace[rows],
-        "parent_key": view.parent[rows], "step": view.step[rows].astype(np.int64), "walked": view.walked[rows]}
+        "parent_key": view.parent[rows], "step": view.step[rows].astype(np.int64), "walked": view.walked[rows],
+        "trace_low": view.low[rows]}
     for key, value in extra.items():
         frame[key] = value if isinstance(value, np.ndarray) else np.full(len(rows), value, dtype=object)
     return frame
@@ -474,7 +482,7 @@ def _of_file(rows: Columns, file: int, **extra) -> Columns:
 def _concat(pairs) -> Columns:
     """(trace, key) pairs of many files, each pair once."""
     both = concat(list(pairs), _PAIRS)
-    return _pairs(both["trace"], both["key"])
+    return _pairs(both["trace"], both["key"], both["low"])
 
 
 def _shared(facts: list[dict], codes: Codes, walked: Columns, missing: Columns,
@@ -486,8 +494,8 @@ def _shared(facts: list[dict], codes: Codes, walked: Columns, missing: Columns,
     found = take(walked, walked["stamped"])
     anchored = concat([f["first_anchor"] for f in facts], FIRST_ANCHOR)
     return _Shared(
-        run_id=run_id, walks=_Walks.of(walked), missing=KeyIndex.of(missing["trace"], missing["key"]),
-        attributed=KeyIndex.of(found["trace"], found["start"], found["iteration"]),
+        run_id=run_id, walks=_Walks.of(walked), missing=KeyIndex.of(missing["trace"], missing["key"], low=missing["low"]),
+        attributed=KeyIndex.of(found["trace"], found["start"], found["iteration"], found["low"]),
         step_run=steps["run"], step_iteration=steps["iteration"],
         anchored_traces=np.unique(np.concatenate([f["anchor_traces"] for f in facts])).astype(np.uint64),
         anchored_runs=frozenset(anchored["run"].tolist()), names=codes.tuple("names"),

@@ -33,7 +33,9 @@ from nemo_telemetry.analysis.goodput.rules import STEP_SPAN_REGEX
 from nemo_telemetry.analysis.model.columns import column_rows
 from nemo_telemetry.analysis.model.grouping import group_by, string_codes
 from nemo_telemetry.analysis.model.schema import ITERATION
-from nemo_telemetry.analysis.model.tree import hex_to_uint64, key_column, with_id_keys
+from nemo_telemetry.analysis.model.tree import (
+    TRACE_LOW, hex_to_uint64, key_column, low_column, trace_keys, with_id_keys,
+)
 from nemo_telemetry.analysis.model.walk import KeyIndex
 
 __all__ = ["NUMBER_COLUMNS", "StepNumbers", "step_number_partial", "step_numbers", "number_steps", "numbered_spans",
@@ -42,14 +44,14 @@ __all__ = ["NUMBER_COLUMNS", "StepNumbers", "step_number_partial", "step_numbers
            "file_step_numbers", "arrays_unstamped_steps", "read_step_numbers"]
 
 NUMBER_COLUMNS = ("name", ITERATION, "start_ns", "run_id", "service_name", "rank", "trace_id", "span_id",
-                  "trace_key", "span_key")
+                  "trace_key", "span_key", TRACE_LOW)
 """What the partial reads of a batch."""
 
 _PARTIAL_SCHEMA = pa.schema([
     pa.field("run_id", pa.string()), pa.field("service_name", pa.string()), pa.field("rank", pa.int64()),
     pa.field("name", pa.string()), pa.field("start_ns", pa.int64()), pa.field("trace_id", pa.string()),
     pa.field("span_id", pa.string()), pa.field("trace_key", pa.uint64()), pa.field("span_key", pa.uint64()),
-    pa.field("stamped", pa.bool_())])
+    pa.field("stamped", pa.bool_()), pa.field(TRACE_LOW, pa.uint64())])
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,7 +72,7 @@ class StepNumbers:
         iteration = self.spans.column("iteration").to_numpy()
         keep = iteration >= 0
         return KeyIndex.of(key_column(self.spans, "trace_key")[keep], key_column(self.spans, "span_key")[keep],
-                           iteration[keep])
+                           iteration[keep], low_column(self.spans)[keep])
 
 
 FIND_COLUMNS = ("name", ITERATION)
@@ -118,14 +120,18 @@ def step_number_partial(batch: pa.Table) -> pa.Table:
             else pa.nulls(n, pa.int64()))
     stamped = (pc.is_valid(rows.column(ITERATION)) if ITERATION in rows.column_names
                else pa.array(np.zeros(n, bool)))
-    trace_key, span_key = (key_column(rows, c) if c in rows.column_names else hex_to_uint64(rows.column(id_column))
-                           for c, id_column in (("trace_key", "trace_id"), ("span_key", "span_id")))
+    if "trace_key" in rows.column_names:
+        trace_key, trace_low = key_column(rows, "trace_key"), low_column(rows)
+    else:
+        trace_key, trace_low = trace_keys(rows.column("trace_id"))
+    span_key = key_column(rows, "span_key") if "span_key" in rows.column_names else hex_to_uint64(rows.column("span_id"))
     span_ids = text("span_id") if "span_id" in rows.column_names else pa.array(  # a projection without ids
         [f"{k:016x}" for k in span_key.tolist()], pa.string())
     return pa.table([text("run_id"), text("service_name"), rank, names.combine_chunks(),
                      rows.column("start_ns").combine_chunks().cast(pa.int64()), text("trace_id"), span_ids,
                      pa.array(trace_key, pa.uint64()), pa.array(span_key, pa.uint64()),
-                     stamped.combine_chunks() if isinstance(stamped, pa.ChunkedArray) else stamped],
+                     stamped.combine_chunks() if isinstance(stamped, pa.ChunkedArray) else stamped,
+                     pa.array(trace_low, pa.uint64())],
                     schema=_PARTIAL_SCHEMA)
 
 
@@ -175,7 +181,8 @@ def number_steps(table: pa.Table, numbers: StepNumbers | None) -> pa.Table:
     nulls are filled). ``table`` needs the id key columns and ``rl.iteration``."""
     if numbers is None or numbers.numbered == 0 or table.num_rows == 0 or ITERATION not in table.column_names:
         return table
-    found = numbers.index().lookup(key_column(table, "trace_key"), key_column(table, "span_key"), missing=-1)
+    found = numbers.index().lookup(key_column(table, "trace_key"), key_column(table, "span_key"), missing=-1,
+                                   low=low_column(table))
     if not (found >= 0).any():
         return table
     own = table.column(ITERATION)
@@ -193,8 +200,10 @@ def number_arrays(arrays, numbers: StepNumbers | None):
     if len(rows) == 0:
         return arrays
     trace = column_rows(arrays.table.column("trace_key"), rows, 0).astype(np.uint64, copy=False)
+    low = (column_rows(arrays.table.column(TRACE_LOW), rows, 0).astype(np.uint64, copy=False)
+           if TRACE_LOW in arrays.table.column_names else np.zeros(len(rows), np.uint64))
     span = hex_to_uint64(pa.array(arrays.span_id(rows), pa.string()))
-    found = numbers.index().lookup(trace, span)
+    found = numbers.index().lookup(trace, span, low=low)
     hit = found >= 0
     if not hit.any():
         return arrays

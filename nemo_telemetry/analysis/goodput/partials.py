@@ -50,7 +50,7 @@ from nemo_telemetry.analysis.store.partitions import span_files, span_partitions
 from nemo_telemetry.analysis.store.read import reading_errors
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION, NO_RUN
 from nemo_telemetry.analysis.model.walk import KeyIndex, climb_batch, resolve_walks
-from nemo_telemetry.analysis.model.tree import key_column
+from nemo_telemetry.analysis.model.tree import TRACE_LOW, key_column, low_column
 from nemo_telemetry.errors import UnknownRunError
 
 __all__ = [
@@ -84,15 +84,16 @@ __all__ = [
 
 BATCH_ROWS = 1 << 18
 GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION, "trace_key", "span_key", "parent_key",
-                   "status_code")  # status: a step whose span ended in error is failed (goodput.rules)
-EDGE_COLUMNS = ("trace_key", "span_key", "parent_key", ITERATION)
+                   "trace_low", "status_code")  # status: a step whose span ended in error is failed (goodput.rules)
+EDGE_COLUMNS = ("trace_key", "span_key", "parent_key", "trace_low", ITERATION)
 RANK_READ_COLUMNS = (*GOODPUT_COLUMNS, "service_name", "rank")
 FLEET_SCAN_COLUMNS = (*RANK_READ_COLUMNS, *FLEET_READ_COLUMNS)
 
 _WALK_SCHEMA = pa.schema([pa.field("trace_key", pa.uint64()), pa.field("parent_key", pa.uint64()),
-                          pa.field("at", pa.uint64()), pa.field(ITERATION, pa.int64())])
+                          pa.field("at", pa.uint64()), pa.field(ITERATION, pa.int64()), pa.field(TRACE_LOW, pa.uint64())])
 _EDGE_SCHEMA = pa.schema([pa.field("trace_key", pa.uint64()), pa.field("span_key", pa.uint64()),
-                          pa.field("parent_key", pa.uint64()), pa.field(ITERATION, pa.int64())])
+                          pa.field("parent_key", pa.uint64()), pa.field(ITERATION, pa.int64()),
+                          pa.field(TRACE_LOW, pa.uint64())])
 
 # map(fn, columns, files) -> the tables fn returned, one per batch, in any order
 Scan = Callable[[Callable[[pa.Table], pa.Table], Sequence[str], Sequence[Path]], Iterable[pa.Table]]
@@ -122,36 +123,36 @@ def walk_starts(batch: pa.Table, *, run_id: str | None = None) -> pa.Table:
     arrays = span_arrays(batch)
     rows = np.flatnonzero(bucketed_rows(arrays, run_id) & ~arrays.has_iteration)
     table = arrays.table
-    trace, span = key_column(table, "trace_key"), key_column(table, "span_key")
+    trace, span, low = key_column(table, "trace_key"), key_column(table, "span_key"), low_column(table)
     parent = key_column(table, "parent_key")[rows]
     walk = (parent != 0) & (parent != span[rows])
-    walk_trace, walk_parent = trace[rows][walk], parent[walk]
-    distinct = first_rows(walk_trace, walk_parent)
-    starts_trace, starts = walk_trace[distinct], walk_parent[distinct]
-    rows_of = _KeyIndex.of(trace, span, np.arange(len(span))) if len(starts) else None
-    hit = rows_of.find(starts_trace, starts) if rows_of is not None else np.zeros(0, np.int64)
+    walk_trace, walk_low, walk_parent = trace[rows][walk], low[rows][walk], parent[walk]
+    distinct = first_rows(walk_trace, walk_low, walk_parent)
+    starts_trace, starts_low, starts = walk_trace[distinct], walk_low[distinct], walk_parent[distinct]
+    rows_of = _KeyIndex.of(trace, span, np.arange(len(span)), low) if len(starts) else None
+    hit = rows_of.find(starts_trace, starts, starts_low) if rows_of is not None else np.zeros(0, np.int64)
     inside = np.flatnonzero(hit >= 0)
     stamped, iteration, at = np.zeros(len(starts), bool), np.zeros(len(starts), np.int64), starts.copy()
     if inside.size:
         walked = climb_batch(table, rows_of.values[hit[inside]])
         stamped[inside], iteration[inside], at[inside] = walked.stamped, walked.iteration, walked.exit
     return pa.table([pa.array(starts_trace), pa.array(starts), pa.array(at),
-                     pa.array(iteration, mask=~stamped)], schema=_WALK_SCHEMA)
+                     pa.array(iteration, mask=~stamped), pa.array(starts_low)], schema=_WALK_SCHEMA)
 
 
 def ancestor_rows(batch: pa.Table, *, targets: _KeyIndex) -> pa.Table:
     """Rows of ``batch`` whose (trace_key, span_key) is one of ``targets``, climbed as far as the
     batch goes: the iteration met (null: none), and in ``parent_key`` the ancestor to look up next
     elsewhere (0: the walk ended)."""
-    span = key_column(batch, "span_key")
-    rows = np.flatnonzero(targets.find(key_column(batch, "trace_key"), span) >= 0)
+    span, low = key_column(batch, "span_key"), low_column(batch)
+    rows = np.flatnonzero(targets.find(key_column(batch, "trace_key"), span, low) >= 0)
     walked = climb_batch(batch, rows)
     return pa.table([pa.array(key_column(batch, "trace_key")[rows]), pa.array(span[rows]), pa.array(walked.exit),
-                     pa.array(walked.iteration, mask=~walked.stamped)], schema=_EDGE_SCHEMA)
+                     pa.array(walked.iteration, mask=~walked.stamped), pa.array(low[rows])], schema=_EDGE_SCHEMA)
 
 
 def resolve_attribution(scan: Scan, files: Sequence[Path], *, run_id: str | None = None) -> Columns:
-    """The iteration an unstamped span takes from its parent: columns trace_key, parent_key, iteration
+    """The iteration an unstamped span takes from its parent: columns trace_key, parent_key, trace_low, iteration
     (only the walks that met a stamped ancestor).
 
     One scan finds the walks (one per distinct parent) and climbs each as far as its batch holds
@@ -161,20 +162,23 @@ def resolve_attribution(scan: Scan, files: Sequence[Path], *, run_id: str | None
     """
     starts = _concat(scan(lambda b: walk_starts(b, run_id=run_id), GOODPUT_COLUMNS, files), _WALK_SCHEMA)
     first = _best_copy({
-        "trace": key_column(starts, "trace_key"), "start": key_column(starts, "parent_key"),
-        "at": key_column(starts, "at"), **_iterations(starts)}, ("trace", "start"), "at")
+        "trace": key_column(starts, "trace_key"), "low": key_column(starts, TRACE_LOW),
+        "start": key_column(starts, "parent_key"), "at": key_column(starts, "at"), **_iterations(starts)},
+        ("trace", "low", "start"), "at")
 
     def lookup(wanted: Columns) -> Columns:
-        targets = KeyIndex.of(wanted["trace"], wanted["at"])
+        targets = KeyIndex.of(wanted["trace"], wanted["at"], low=wanted["low"])
         edges = _concat(scan(lambda b: ancestor_rows(b, targets=targets), EDGE_COLUMNS, files), _EDGE_SCHEMA)
         return _best_copy({
-            "trace": key_column(edges, "trace_key"), "at": key_column(edges, "span_key"),
-            "parent": key_column(edges, "parent_key"), **_iterations(edges)}, ("trace", "at"), "parent")
+            "trace": key_column(edges, "trace_key"), "low": key_column(edges, TRACE_LOW),
+            "at": key_column(edges, "span_key"), "parent": key_column(edges, "parent_key"), **_iterations(edges)},
+            ("trace", "low", "at"), "parent")
 
     walks = resolve_walks(first, lookup)
     stamped = walks["stamped"]
     return {"trace_key": walks["trace"][stamped].astype(np.uint64),
             "parent_key": walks["start"][stamped].astype(np.uint64),
+            "trace_low": walks["low"][stamped].astype(np.uint64),
             "iteration": walks["iteration"][stamped].astype(np.int64)}
 
 
@@ -253,7 +257,8 @@ def attribution(root: Path, scan: Scan, *, run_id: str | None = None) -> Attribu
     files = span_files(root)
     numbers = scan_step_numbers(scan, files)
     resolved = resolve_attribution(numbered_scan(scan, numbers), files, run_id=run_id)
-    attributed = _KeyIndex.of(resolved["trace_key"], resolved["parent_key"], resolved["iteration"])
+    attributed = _KeyIndex.of(resolved["trace_key"], resolved["parent_key"], resolved["iteration"],
+                              resolved["trace_low"])
     return Attribution(order, span_files(root, run_id=run_id) if run_id is not None else files, attributed, numbers)
 
 

@@ -52,7 +52,7 @@ from nemo_telemetry.analysis.model.grouping import Columns, find_keys, group_by,
 from nemo_telemetry.analysis.model.intervals import clipped_union_length, merge_intervals, union_length
 from nemo_telemetry.analysis.model.status import error_rows
 from nemo_telemetry.analysis.model.walk import KeyIndex
-from nemo_telemetry.analysis.model.tree import key_column
+from nemo_telemetry.analysis.model.tree import key_column, low_column
 from nemo_telemetry.errors import NemoTelemetryError
 
 __all__ = [
@@ -177,7 +177,7 @@ def bucketed_rows(arrays, run_id: str | None) -> np.ndarray:
 
 def goodput_partial(batch: pa.Table, *, attributed: KeyIndex, run_id: str | None = None) -> pa.Table:
     """The partial aggregates (``PARTIAL_SCHEMA``) of one batch of spans; ``attributed`` maps the
-    (trace_key, parent_key) of each unstamped bucketed span's walk to the iteration it met
+    (trace_key, parent_key, trace_low) of each unstamped bucketed span's walk to the iteration it met
     (:func:`partials.resolve_attribution`)."""
     return partial_of(*batch_attribution(batch, attributed=attributed, run_id=run_id))
 
@@ -245,7 +245,7 @@ def _attributed(arrays, rows: np.ndarray, attributed: KeyIndex) -> tuple[np.ndar
         table = arrays.table
         parent = key_column(table, "parent_key")[rows[walked]]
         parent = np.where(parent == key_column(table, "span_key")[rows[walked]], 0, parent)  # its own parent: no walk
-        hit = attributed.find(key_column(table, "trace_key")[rows[walked]], parent)
+        hit = attributed.find(key_column(table, "trace_key")[rows[walked]], parent, low_column(table)[rows[walked]])
         found = hit >= 0
         iteration[walked[found]] = attributed.values[hit[found]]
         stamped[walked[found]] = True

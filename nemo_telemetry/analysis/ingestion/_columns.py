@@ -40,7 +40,7 @@ from nemo_telemetry.analysis.ingestion._promote import (
     to_int,
 )
 from nemo_telemetry.analysis.model.tables import SPANS_TABLE_SCHEMA, OtlpTables
-from nemo_telemetry.analysis.model.tree import hex_to_uint64
+from nemo_telemetry.analysis.model.tree import hex_to_uint64, trace_keys
 
 __all__ = ["SpanColumns", "SpanArrays", "AttributeRecords", "build_tables", "SPANS_TABLE_SCHEMA", "OtlpTables", "ids_to_hex", "string_array", "special_rows", "scratch_matrix", "text_id_hex",
            "grown_records", "string_offsets"]  # the kernel arrays' helpers, from _kernel_arrays
@@ -196,7 +196,7 @@ class SpanArrays:
     attr_values: pa.Array | None = None
     # instead of keys and values, where they lie in the decoder's buffer (the protobuf walk)
     attr_records: AttributeRecords | None = None
-    id_keys: tuple | None = None  # (trace_key, span_key, parent_key) when the decoder has them
+    id_keys: tuple | None = None  # (trace_key, span_key, parent_key, trace_low) when the decoder has them
     span_words: np.ndarray | None = None  # (n, 3) uint64, see OtlpTables.span_words
 
 
@@ -242,8 +242,13 @@ def _spans_table(a: SpanArrays, scopes: list, resources: list) -> pa.Table:
 
 
 def _id_keys(a: SpanArrays, parent: pa.Array) -> dict[str, pa.Array]:
-    keys = a.id_keys or (hex_to_uint64(a.trace_id), hex_to_uint64(a.span_id), hex_to_uint64(parent))
-    return {name: pa.array(values, pa.uint64()) for name, values in zip(("trace_key", "span_key", "parent_key"), keys)}
+    if a.id_keys is not None:
+        keys = a.id_keys
+    else:
+        trace_key, trace_low = trace_keys(a.trace_id)
+        keys = (trace_key, hex_to_uint64(a.span_id), hex_to_uint64(parent), trace_low)
+    return {name: pa.array(values, pa.uint64())
+            for name, values in zip(("trace_key", "span_key", "parent_key", "trace_low"), keys)}
 
 
 def ids_to_hex(ids: list, width: int) -> pa.Array:

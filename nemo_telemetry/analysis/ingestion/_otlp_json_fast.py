@@ -17,6 +17,7 @@ import orjson
 import pyarrow as pa
 
 from nemo_telemetry.analysis.kernels import compiled as _compiled
+from nemo_telemetry.analysis.model.tree import trace_key_of
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, text_id_hex, grown_records, scratch_matrix, special_rows, string_array
 from nemo_telemetry.analysis.ingestion._otlp_json import event_problem, extend_json_attributes, link_problem, resource_attributes, scope_name_version
 from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string
@@ -94,8 +95,8 @@ def _assemble(k, w, buffer, arena, spans, attrs, resources, scopes, events, link
     trace_id, trace_key, trace_low = _ids(w, arena, spans[k.TRACE_S], spans[k.TRACE_N], 16)
     span_id, span_key, _ = _ids(w, arena, spans[k.SPAN_S], spans[k.SPAN_N], 8)
     parent_id, parent_key, _ = _ids(w, arena, spans[k.PARENT_S], spans[k.PARENT_N], 8)
-    keys = (trace_key, span_key, parent_key)
-    hex_ids = all(key is not None for key in keys)
+    hex_ids = all(key is not None for key in (trace_key, span_key, parent_key))
+    keys = (trace_key_of(trace_key, trace_low), span_key, parent_key, trace_low) if hex_ids else None
     arrays = SpanArrays(
         trace_id=trace_id,
         span_id=span_id,
@@ -112,7 +113,7 @@ def _assemble(k, w, buffer, arena, spans, attrs, resources, scopes, events, link
         attr_counts=spans[k.ATTR_COUNT],
         attr_keys=_strings(w, arena, attrs[k.KEY_S], attrs[k.KEY_N], attrs[k.ATTR_ESCAPED] & 2 == 2),
         attr_values=_values(k, w, buffer, arena, attrs),
-        id_keys=keys if hex_ids else None,
+        id_keys=keys,
         # the deduplicator's words, from the digits already read (no hex parsed back)
         span_words=np.stack((trace_key, trace_low, span_key), axis=1) if hex_ids else None,
     )

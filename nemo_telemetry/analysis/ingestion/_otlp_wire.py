@@ -26,6 +26,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from nemo_telemetry.analysis.kernels import compiled as _compiled
+from nemo_telemetry.analysis.model.tree import trace_key_of
 from nemo_telemetry.analysis.ingestion._columns import AttributeRecords, OtlpTables, SpanArrays, SpanColumns, build_tables, grown_records, scratch_matrix, string_array, string_offsets
 from nemo_telemetry.analysis.ingestion._otlp_proto import decode_proto_request, event_problem, extend_proto_attributes, link_problem
 from nemo_telemetry.analysis.ingestion.anyvalue import proto_value_string
@@ -134,7 +135,8 @@ def _assemble(k, s, data: np.ndarray, spans, attrs, resources, scopes, events, l
     extras.resources.extend(_resources(data, resources))
     extras.scopes.extend(_scopes(data, scopes))
     _events_and_links(data, events, links, extras)
-    trace_id, trace_key = _hex_ids(k, spans[k.TRACE_HI], spans[k.TRACE_LO], spans[k.TRACE_N], 16)
+    trace_id, trace_high = _hex_ids(k, spans[k.TRACE_HI], spans[k.TRACE_LO], spans[k.TRACE_N], 16)
+    trace_low = spans[k.TRACE_LO].view(np.uint64).copy()
     span_id, span_key = _hex_ids(k, spans[k.SPAN_K], spans[k.SPAN_K], spans[k.SPAN_N], 8)
     parent_id, parent_key = _hex_ids(k, spans[k.PARENT_K], spans[k.PARENT_K], spans[k.PARENT_N], 8)
     arrays = SpanArrays(
@@ -154,7 +156,7 @@ def _assemble(k, s, data: np.ndarray, spans, attrs, resources, scopes, events, l
         resource_index=pa.array(spans[k.RESOURCE]),
         attr_counts=spans[k.ATTR_COUNT],
         attr_records=_attribute_records(k, s, data, attrs),
-        id_keys=(trace_key, span_key, parent_key),
+        id_keys=(trace_key_of(trace_high, trace_low), span_key, parent_key, trace_low),
         # the deduplicator's words: copied (the matrix is reused), no hex parsed back
         span_words=np.stack((spans[k.TRACE_HI], spans[k.TRACE_LO], spans[k.SPAN_K]), axis=1).view(np.uint64),
     )

@@ -1,10 +1,14 @@
 """The id key index of a spans table, and the orphan test over it.
 
 Each span's id and its parent reference are mixed with its trace into one uint64 apiece
-(:func:`~nemo_telemetry.analysis.model.tree.mixed_key`), so a join matches id and trace at once.
+(:func:`~nemo_telemetry.analysis.model.tree.mixed_key`), which the joins sort and search on.
 The span index holds those keys with the row number packed in the low bits, sorted, for the
 walks' parent lookups; the orphan test looks up the parent references no neighbouring row
-answers (:func:`distinct_parents`) in it. Built a block of rows at a time, so no temporary is as
+answers (:func:`distinct_parents`) in it. A mixed key is 64 bits of a 192-bit identity, so two
+identities can share one (by chance, or built to: the mix is invertible); every match the
+mixed keys propose is confirmed on the whole identity (``trace_key``, ``trace_low`` and the span
+id, which the mixed key gives back for a given trace), and a reference whose mixed key a span
+of another identity holds takes the exact path (:func:`_exact_orphans`). Built a block of rows at a time, so no temporary is as
 large as the table; the sorts and searches run in worker threads, which numpy lets go of the GIL for.
 """
 
@@ -141,29 +145,86 @@ def distinct_parents(has_parent: np.ndarray, wanted: np.ndarray, own: np.ndarray
 
 def orphan_mask(has_parent: np.ndarray, mixed: tuple[np.ndarray, np.ndarray],
                 sorted_spans: tuple[np.ndarray, np.ndarray, int], ordered: np.ndarray | None = None, *,
-                threads: int = 1) -> np.ndarray:
+                traces: tuple[np.ndarray, np.ndarray] | None = None, threads: int = 1) -> np.ndarray:
     """Spans that name a parent which is not in the table (same trace), from the key index.
 
-    Each distinct parent reference (``ordered``: :func:`distinct_parents`, which a caller may
-    have sorted in another thread meanwhile) is looked up once, in sorted order, in the sorted
-    span index the walks use; the full mixed key confirms what the high bits propose. Only
-    references whose first candidate shares its high bits without being it (duplicated ids,
-    equal high bits) take further rounds.
+    With ``traces`` (every row's ``trace_key`` and ``trace_low``, :func:`build_index`'s), the test
+    is exact: :func:`_exact_orphans`. Without (keys whose trace is ``trace_key`` alone), each
+    distinct parent reference (``ordered``: :func:`distinct_parents`, which a caller may have
+    sorted in another thread meanwhile) is looked up once, in sorted order, in the sorted span
+    index the walks use; the full mixed key confirms what the high bits propose. Only references
+    whose first candidate shares its high bits without being it (duplicated ids, equal high bits)
+    take further rounds.
     """
-    own, packed, bits = sorted_spans
+    if traces is not None:
+        return _exact_orphans(has_parent, mixed, sorted_spans, traces, threads)
     out = np.zeros(len(has_parent), dtype=bool)
-    if len(packed) == 0:
+    if len(sorted_spans[1]) == 0:
         return out
-    high = ~np.uint64((1 << bits) - 1)
     ordered = distinct_parents(has_parent, mixed[1], mixed[0]) if ordered is None else ordered
-    # A block of references at a time: the positions and candidates of every reference at once
-    # would double the test's memory at its peak. The blocks spread over ``threads``: the searches
-    # and gathers release the GIL.
-    blocks = [ordered[lo:lo + LOOKUP_ROWS] for lo in range(0, len(ordered), LOOKUP_ROWS)]
-    missing = in_threads(lambda block: _missing_parents(block, own, packed, high), blocks, threads)
-    missing = np.concatenate(missing) if missing else ordered[:0]
+    holders = _holders(ordered, sorted_spans, threads)
+    missing = ordered[holders < 0]
     if missing.size:  # rare: back from the distinct parents to the spans that name them
         out = has_parent & isin_sorted(mixed[1], missing)
+    return out
+
+
+def _holders(ordered: np.ndarray, sorted_spans: tuple[np.ndarray, np.ndarray, int], threads: int) -> np.ndarray:
+    """:func:`_parent_holders` of ``ordered`` a block at a time: the positions and candidates of
+    every reference at once would double the test's memory at its peak. The blocks spread over
+    ``threads``: the searches and gathers release the GIL."""
+    own, packed, bits = sorted_spans
+    high = ~np.uint64((1 << bits) - 1)
+    blocks = [ordered[lo:lo + LOOKUP_ROWS] for lo in range(0, len(ordered), LOOKUP_ROWS)]
+    found = in_threads(lambda block: _parent_holders(block, own, packed, high), blocks, threads)
+    return np.concatenate(found) if found else np.zeros(0, np.int64)
+
+
+def _exact_orphans(has_parent: np.ndarray, mixed: tuple[np.ndarray, np.ndarray],
+                   sorted_spans: tuple[np.ndarray, np.ndarray, int], traces: tuple[np.ndarray, np.ndarray],
+                   threads: int) -> np.ndarray:
+    """The orphan test on the whole identity. A span whose row neighbour holds its reference (same
+    mixed key, same trace key and low half: spans are stored as their process exported them, so a
+    parent often sits next to its last child) has its parent. The others' references are sorted
+    once with their positions packed in the low bits, each distinct one looked up once in the span
+    index (:func:`_parent_holders`), and the holder found is confirmed on each span's trace: no
+    holder, an orphan; a holder of the same trace, a parent. A holder of another trace (another
+    identity with the reference's mixed key: by chance, or built to) sends the span to the exact
+    lookup (:func:`parent_rows`), or it holds its reference itself."""
+    own, wanted = mixed
+    trace, low = traces
+    n = len(has_parent)
+    out = np.zeros(n, dtype=bool)
+    if n == 0:
+        return out
+    ask = has_parent.copy()
+    if n > 1:
+        ask[1:] &= ~((wanted[1:] == own[:-1]) & (trace[1:] == trace[:-1]) & (low[1:] == low[:-1]))
+        ask[:-1] &= ~((wanted[:-1] == own[1:]) & (trace[:-1] == trace[1:]) & (low[:-1] == low[1:]))
+    rest = np.flatnonzero(ask)
+    del ask
+    if rest.size == 0:
+        return out
+    bits = max(1, (len(rest) - 1).bit_length())
+    low_bits = np.uint64((1 << bits) - 1)
+    references = wanted[rest]
+    order = (references & ~low_bits) | np.arange(len(rest), dtype=np.uint64)
+    order.sort()  # by the references' high bits: finer than the span index's, so its searches stream
+    at = (order & low_bits).astype(np.intp)
+    del order
+    references = references[at]
+    fresh = np.empty(len(references), dtype=bool)
+    fresh[0] = True
+    np.not_equal(references[1:], references[:-1], out=fresh[1:])
+    holder = np.empty(len(rest), dtype=np.int64)
+    holder[at] = _holders(references[fresh], sorted_spans, threads)[np.cumsum(fresh) - 1]  # back in row order
+    del references, fresh, at
+    held = holder >= 0
+    out[rest[~held]] = True  # no span holds even the mixed key
+    rest, holder = rest[held], holder[held]
+    doubt = rest[(trace[holder] != trace[rest]) | (low[holder] != low[rest])]
+    if doubt.size:
+        out[doubt] = ~((own[doubt] == wanted[doubt]) | (parent_rows(sorted_spans, wanted[doubt], doubt, traces) >= 0))
     return out
 
 
@@ -187,15 +248,18 @@ def in_threads(work, items: list, threads: int) -> list:
     return out
 
 
-def _missing_parents(ordered: np.ndarray, own: np.ndarray, packed: np.ndarray, high: np.uint64) -> np.ndarray:
-    """The references of ``ordered`` (sorted mixed parent keys) that no span of the index holds."""
+def _parent_holders(ordered: np.ndarray, own: np.ndarray, packed: np.ndarray, high: np.uint64) -> np.ndarray:
+    """For each reference of ``ordered`` (sorted mixed parent keys), a row of the index that holds
+    it, or -1."""
     ordered_high = ordered & high
     pos = _search_sorted(packed, ordered_high)
     np.minimum(pos, len(packed) - 1, out=pos)
     candidate = packed[pos]
     same_high = (candidate & high) == ordered_high
     del ordered_high
-    found = same_high & (own[(candidate & ~high).astype(np.intp)] == ordered)
+    row = (candidate & ~high).astype(np.intp)
+    found = same_high & (own[row] == ordered)
+    holders = np.where(found, row, -1)
     pending = np.flatnonzero(same_high & ~found)
     del candidate, same_high
     while pending.size:  # further rounds only for equal high bits or duplicated ids
@@ -204,10 +268,11 @@ def _missing_parents(ordered: np.ndarray, own: np.ndarray, packed: np.ndarray, h
         candidate = packed[pos[pending]]
         same_high = (candidate & high) == (ordered[pending] & high)
         pending, candidate = pending[same_high], candidate[same_high]
-        hit = own[(candidate & ~high).astype(np.intp)] == ordered[pending]
-        found[pending[hit]] = True
+        row = (candidate & ~high).astype(np.intp)
+        hit = own[row] == ordered[pending]
+        holders[pending[hit]] = row[hit]
         pending = pending[~hit]
-    return ordered[~found]
+    return holders
 
 
 def _search_sorted(values: np.ndarray, queries: np.ndarray) -> np.ndarray:
@@ -242,7 +307,8 @@ def key_index(table: pa.Table, *, sort: bool = True) -> dict:
     ``sort=False`` leaves the span index unsorted, for :func:`sort_index` to finish while another
     thread uses the mixed keys.
     """
-    keys = table.select(["span_key", "trace_key", "parent_key"])
+    names = ["span_key", "trace_key", "parent_key", *(["trace_low"] if "trace_low" in table.column_names else [])]
+    keys = table.select(names)
     blocks = ([filled(column, 0).astype(np.uint64, copy=False) for column in batch.columns]
               for batch in keys.to_batches(max_chunksize=BLOCK_ROWS))
     has_parent = (pc.is_valid(table.column("parent_span_id")).to_numpy(zero_copy_only=False)
@@ -268,15 +334,21 @@ def sort_index(index: dict, *, threads: int = 1) -> dict:
 
 
 def build_index(blocks, n: int, has_parent: np.ndarray | None) -> dict:
-    """:func:`key_index` from (span, trace, parent) key blocks in row order; ``has_parent``
-    None: a span has a parent when its parent key is not 0."""
+    """:func:`key_index` from (span, trace, parent[, trace_low]) key blocks in row order
+    (without ``trace_low``, 0: the trace is its key); ``has_parent`` None: a span has a parent
+    when its parent key is not 0. The index keeps each row's trace (key and low half) to confirm
+    matches on."""
     own, wanted = np.empty(n, np.uint64), np.empty(n, np.uint64)
+    traces, lows = np.empty(n, np.uint64), np.zeros(n, np.uint64)
     packed = np.empty(n, np.uint64)
     named = np.empty(n, dtype=bool) if has_parent is None else has_parent
     bits = max(1, (n - 1).bit_length())
     high = ~np.uint64((1 << bits) - 1)
     start = 0
-    for span_key, trace_key, parent_key in blocks:
+    for span_key, trace_key, parent_key, *low in blocks:
+        traces[start:start + len(span_key)] = trace_key
+        if low:
+            lows[start:start + len(span_key)] = low[0]
         for lo in range(0, len(span_key), BLOCK_ROWS):
             at = slice(start + lo, start + min(lo + BLOCK_ROWS, len(span_key)))
             block = slice(lo, lo + BLOCK_ROWS)
@@ -286,44 +358,51 @@ def build_index(blocks, n: int, has_parent: np.ndarray | None) -> dict:
             np.bitwise_and(own[at], high, out=packed[at])  # row number in the low bits
             packed[at] |= np.arange(at.start, at.stop, dtype=np.uint64)
         start += len(span_key)
-    return {"_mixed": (own, wanted), "_sorted_spans": (own, packed, bits), "has_parent": named}
+    return {"_mixed": (own, wanted), "_sorted_spans": (own, packed, bits), "has_parent": named,
+            "_traces": (traces, lows)}
 
 
-def parent_rows(sorted_spans: tuple[np.ndarray, np.ndarray, int], wanted: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def parent_rows(sorted_spans: tuple[np.ndarray, np.ndarray, int], wanted: np.ndarray, rows: np.ndarray,
+                traces: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     """Parent row of each of ``rows`` (-1: not in the index), ``wanted`` their mixed parent
     references (rows that name a parent only): the lowest other row of the sorted span index whose
-    mixed key is the reference. The high bits propose, the full key confirms; only equal high bits
-    or duplicated ids take a second round."""
+    identity is the reference's. The high bits propose; the mixed key and the trace (``traces``:
+    every row's ``trace_key`` and ``trace_low``, as the index keeps them) confirm, which with the
+    mixed key is the span id as well. Only equal high bits, duplicated ids or another identity
+    of the same mixed key take a further round."""
+    trace, low = traces
     own, packed, bits = sorted_spans
     out = np.full(len(rows), -1, dtype=np.int64)
     if len(packed) == 0:
         return out
-    low = np.uint64((1 << bits) - 1)
+    low_bits = np.uint64((1 << bits) - 1)
     if len(wanted) <= 1 << bits:
         # searched in sorted order (each search starts where the last one ended in the cache): the
         # references' high bits with their positions packed in the low bits, as the index holds rows
-        ordered = (wanted & ~low) | np.arange(len(wanted), dtype=np.uint64)
+        ordered = (wanted & ~low_bits) | np.arange(len(wanted), dtype=np.uint64)
         ordered.sort()
         pos = np.empty(len(wanted), dtype=np.intp)
-        pos[(ordered & low).astype(np.intp)] = np.searchsorted(packed, ordered & ~low)
+        pos[(ordered & low_bits).astype(np.intp)] = np.searchsorted(packed, ordered & ~low_bits)
     else:  # more references than the low bits number (rows asked more than once)
-        pos = np.searchsorted(packed, wanted & ~low)
+        pos = np.searchsorted(packed, wanted & ~low_bits)
     pending = np.arange(len(rows))
     while pending.size:
         at = pos[pending]
         pending, at = pending[at < len(packed)], at[at < len(packed)]
         found = packed[at]
-        same_high = (found & ~low) == (wanted[pending] & ~low)
+        same_high = (found & ~low_bits) == (wanted[pending] & ~low_bits)
         pending, found = pending[same_high], found[same_high]
-        row = (found & low).astype(np.int64)
-        hit = (own[row] == wanted[pending]) & (row != rows[pending])
+        row = (found & low_bits).astype(np.int64)
+        child = rows[pending]
+        hit = (own[row] == wanted[pending]) & (row != child) & (trace[row] == trace[child]) & (low[row] == low[child])
         out[pending[hit]] = row[hit]
         pending = pending[~hit]
         pos[pending] += 1
     return out
 
 
-def local_parent_rows(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.ndarray) -> np.ndarray:
+def local_parent_rows(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.ndarray,
+                      trace_low: np.ndarray | None = None) -> np.ndarray:
     """Per span of one spans file, the row of its parent in that file (int32), else
     :data:`NO_PARENT` (a parent key of 0) or :data:`PARENT_ELSEWHERE`: the parent is the lowest
     other row whose span id and trace are the reference's (:func:`parent_rows`), as a lookup in
@@ -336,9 +415,10 @@ def local_parent_rows(span_key: np.ndarray, trace_key: np.ndarray, parent_key: n
     out = np.full(n, NO_PARENT, dtype=np.int32)
     if n == 0:
         return out
-    index = sort_index(build_index([(span_key, trace_key, parent_key)], n, None))
+    keys = (span_key, trace_key, parent_key, *(() if trace_low is None else (trace_low,)))
+    index = sort_index(build_index([keys], n, None))
     rows = np.flatnonzero(index["has_parent"])
-    found = parent_rows(index["_sorted_spans"], index["_mixed"][1][rows], rows)
+    found = parent_rows(index["_sorted_spans"], index["_mixed"][1][rows], rows, index["_traces"])
     out[rows] = np.where(found >= 0, found, PARENT_ELSEWHERE)
     return out
 
@@ -358,4 +438,4 @@ def index_orphans(index: dict, parents: np.ndarray | None = None, *, threads: in
     and analysed.
     """
     return {"orphan": orphan_mask(index["has_parent"], index["_mixed"], index["_sorted_spans"], parents,
-                                  threads=threads)}
+                                  traces=index["_traces"], threads=threads)}

@@ -14,8 +14,10 @@ values as they are, ints in decimal, doubles as Python's ``repr``, bools ``true`
 bytes as lowercase hex, arrays and key-value lists as compact JSON.
 Strings that repeat are dictionary-encoded.
 
-The optional trailing columns ``trace_key``, ``span_key`` and ``parent_key`` (uint64: the
-first 16 hex digits of each id; 0 for no parent) are what tree walks join on. Ingest writes
+The optional trailing columns ``trace_key``, ``span_key``, ``parent_key`` and ``trace_low``
+(uint64: the span ids as numbers, 0 for no parent; the trace id's low half, and ``trace_key``, its
+high half XOR a mix of the low half, :func:`nemo_telemetry.analysis.model.tree.trace_key_of`, so
+the three are the span's whole identity) are what tree walks join on. Ingest writes
 them so that analyses over large datasets never decode hex; a table without them gets them
 from :func:`nemo_telemetry.analysis.model.tree.with_id_keys`.
 
@@ -131,6 +133,7 @@ ID_KEY_FIELDS = (
     pa.field("trace_key", pa.uint64()),
     pa.field("span_key", pa.uint64()),
     pa.field("parent_key", pa.uint64()),
+    pa.field("trace_low", pa.uint64()),
 )
 
 EVENTS_SCHEMA = pa.schema(

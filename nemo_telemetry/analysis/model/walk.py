@@ -27,7 +27,9 @@ from nemo_telemetry.analysis.model.columns import column_rows, filled
 from nemo_telemetry.analysis.model.grouping import Columns, concat, first_rows, take
 from nemo_telemetry.analysis.model.keys import BLOCK_ROWS, SortedSet
 from nemo_telemetry.analysis.model.schema import ITERATION
-from nemo_telemetry.analysis.model.tree import SPAN_SPREAD, key_column, mixed_key, parent_indices, with_id_keys
+from nemo_telemetry.analysis.model.tree import (
+    SPAN_SPREAD, TRACE_LOW, key_column, mixed_key, parent_indices, with_id_keys,
+)
 
 __all__ = ["MAX_DEPTH", "KeyIndex", "Climb", "climb", "climb_batch", "attributed_iterations", "WALK_COLUMNS",
            "resolve_walks", "walk_rows", "KeyScan"]
@@ -37,30 +39,50 @@ MAX_DEPTH = 1024
 
 @dataclass(frozen=True, eq=False)
 class KeyIndex:
-    """(trace_key, key) pairs mixed into one number and sorted once, for many lookups; ``values``
-    holds what each pair stands for (a row, an iteration)."""
+    """(trace, key) pairs mixed into one number and sorted once, for many lookups; ``values``
+    holds what each pair stands for (a row, an iteration). The trace is its ``trace_key`` and,
+    where given, its ``trace_low`` (0 otherwise); a lookup matches the mixed number and confirms
+    the trace, so two pairs that mix to one number are still told apart."""
 
     key: np.ndarray  # mixed, sorted
     values: np.ndarray
+    trace: np.ndarray  # each entry's trace key, in the same order
+    low: np.ndarray  # and its trace_low
 
     @classmethod
-    def of(cls, trace: np.ndarray, key: np.ndarray, values: np.ndarray | None = None) -> "KeyIndex":
+    def of(cls, trace: np.ndarray, key: np.ndarray, values: np.ndarray | None = None,
+           low: np.ndarray | None = None) -> "KeyIndex":
         mixed = mixed_key(trace, key)
         order = np.argsort(mixed, kind="stable")
         values = np.zeros(len(mixed), np.int64) if values is None else np.asarray(values)
-        return cls(mixed[order], values[order])
+        low = np.zeros(len(mixed), np.uint64) if low is None else np.asarray(low, np.uint64)
+        return cls(mixed[order], values[order], np.asarray(trace, np.uint64)[order], low[order])
 
-    def find(self, trace: np.ndarray, key: np.ndarray) -> np.ndarray:
+    def find(self, trace: np.ndarray, key: np.ndarray, low: np.ndarray | None = None) -> np.ndarray:
         """Position of each (trace, key) in the index (the first, if repeated), or -1."""
         if len(self.key) == 0 or len(key) == 0:
             return np.full(len(key), -1, dtype=np.int64)
+        trace = np.asarray(trace, np.uint64)
+        low = np.zeros(len(key), np.uint64) if low is None else np.asarray(low, np.uint64)
         mixed = mixed_key(trace, key)
-        pos = np.minimum(np.searchsorted(self.key, mixed), len(self.key) - 1)
-        return np.where(self.key[pos] == mixed, pos, -1).astype(np.int64)
+        pos = np.searchsorted(self.key, mixed)
+        out = np.full(len(key), -1, dtype=np.int64)
+        pending = np.arange(len(key))
+        while pending.size:  # past entries of the same mixed key and another trace (rare)
+            at = pos[pending]
+            pending, at = pending[at < len(self.key)], at[at < len(self.key)]
+            same = self.key[at] == mixed[pending]
+            pending, at = pending[same], at[same]
+            hit = (self.trace[at] == trace[pending]) & (self.low[at] == low[pending])
+            out[pending[hit]] = at[hit]
+            pending = pending[~hit]
+            pos[pending] += 1
+        return out
 
-    def lookup(self, trace: np.ndarray, key: np.ndarray, missing: int = -1) -> np.ndarray:
+    def lookup(self, trace: np.ndarray, key: np.ndarray, missing: int = -1,
+               low: np.ndarray | None = None) -> np.ndarray:
         """The value of each (trace, key), or ``missing``."""
-        hit = self.find(trace, key)
+        hit = self.find(trace, key, low)
         out = np.full(len(hit), missing, dtype=self.values.dtype if len(self.values) else np.int64)
         out[hit >= 0] = self.values[hit[hit >= 0]]
         return out
@@ -129,16 +151,17 @@ def climb_batch(batch: pa.Table, rows: np.ndarray, *, bucketed: np.ndarray | Non
     (and ``rl.iteration``) columns: parents are found by key in the batch, a span that names
     itself as parent is a root."""
     trace, span, parent = key_column(batch, "trace_key"), key_column(batch, "span_key"), key_column(batch, "parent_key")
+    low = key_column(batch, TRACE_LOW) if TRACE_LOW in batch.column_names else None
     parent = np.where(parent == span, np.uint64(0), parent)
     if ITERATION in batch.column_names:
         has = pc.is_valid(batch.column(ITERATION)).to_numpy(zero_copy_only=False)
         values = pc.fill_null(batch.column(ITERATION), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     else:
         has, values = np.zeros(len(span), bool), np.zeros(len(span), np.int64)
-    index = KeyIndex.of(trace, span, np.arange(len(span))) if len(rows) else KeyIndex.of(trace[:0], span[:0])
+    index = KeyIndex.of(trace, span, np.arange(len(span)), low) if len(rows) else KeyIndex.of(trace[:0], span[:0])
 
     def parent_of(at: np.ndarray) -> np.ndarray:
-        return np.where(parent[at] != 0, index.lookup(trace[at], parent[at]), -1)
+        return np.where(parent[at] != 0, index.lookup(trace[at], parent[at], low=None if low is None else low[at]), -1)
 
     return climb(rows, parent_of, has, values, bucketed=bucketed, parent_key=parent)
 
@@ -156,26 +179,29 @@ def attributed_iterations(spans: pa.Table, parents: np.ndarray | None = None) ->
 
 # A walk's state between rounds, and what ``lookup`` returns per ancestor found (``at`` its key,
 # ``parent`` the key of the next ancestor to look up, 0 when the walk ended in that batch).
-WALK_COLUMNS = ("trace", "start", "at", "stamped", "iteration")
-_FOUND_COLUMNS = ("trace", "at", "parent", "stamped", "iteration")
+WALK_COLUMNS = ("trace", "start", "at", "stamped", "iteration", "low")
+_FOUND_COLUMNS = ("trace", "at", "parent", "stamped", "iteration", "low")
 
 
 def resolve_walks(walks: Columns, lookup: Callable[[Columns], Columns], *,
                   ancestors: bool = False, max_depth: int = MAX_DEPTH) -> Columns:
     """Every walk of ``walks`` to its end, across batches; the walks with what they met.
 
-    ``walks`` has :data:`WALK_COLUMNS` (uint64 ``trace``, ``start``: the walk's key, ``at``: the
+    ``walks`` has :data:`WALK_COLUMNS` (uint64 ``trace`` and ``low``: the walk's trace key and
+    trace_low, ``low`` zeros where not given; ``start``: the walk's key, ``at``: the
     ancestor to look up next, 0 when the walk already ended; ``stamped``, ``iteration``: what it
     met so far), and with ``ancestors`` an ``ancestor`` column (object: the nearest bucketed
-    ancestor met, None when none). ``lookup(wanted)`` gets the distinct (``trace``, ``at``) keys
-    to look up and returns, per key found in the data (one row per key: the caller picks among
-    copies), the climb from that ancestor: ``trace``, ``at``, ``parent`` (the next key, 0: the
-    walk ended), ``stamped``, ``iteration`` and with ``ancestors`` ``ancestor``. A walk is done
+    ancestor met, None when none). ``lookup(wanted)`` gets the distinct (``trace``, ``low``,
+    ``at``) keys to look up and returns, per key found in the data (one row per key: the caller
+    picks among copies), the climb from that ancestor: ``trace``, ``low``, ``at``, ``parent`` (the
+    next key, 0: the walk ended), ``stamped``, ``iteration`` and with ``ancestors`` ``ancestor``. A walk is done
     once it met a stamped span (and with ``ancestors`` a bucketed one), a root, a key found
     nowhere, or its own start again (a cycle). Returns ``walks`` without ``at``, one row per walk.
     """
     types = {"trace": np.uint64, "start": np.uint64, "at": np.uint64, "stamped": bool, "iteration": np.int64,
-             **({"ancestor": object} if ancestors else {})}
+             "low": np.uint64, **({"ancestor": object} if ancestors else {})}
+    if "low" not in walks:
+        walks = {**walks, "low": np.zeros(len(walks["trace"]), np.uint64)}
     pending = {c: np.array(walks[c], dtype=t) for c, t in types.items()}
     going = _going(pending, ancestors)
     done = [take(pending, ~going)]
@@ -183,11 +209,13 @@ def resolve_walks(walks: Columns, lookup: Callable[[Columns], Columns], *,
     for _ in range(max_depth):
         if len(pending["trace"]) == 0:
             break
-        distinct = first_rows(pending["trace"], pending["at"])
-        found = lookup({"trace": pending["trace"][distinct], "at": pending["at"][distinct]})
+        distinct = first_rows(pending["trace"], pending["low"], pending["at"])
+        found = lookup({"trace": pending["trace"][distinct], "low": pending["low"][distinct],
+                        "at": pending["at"][distinct]})
         found_trace, found_at = np.asarray(found["trace"], np.uint64), np.asarray(found["at"], np.uint64)
-        index = KeyIndex.of(found_trace, found_at, np.arange(len(found_at)))
-        row = index.lookup(pending["trace"], pending["at"])
+        found_low = np.asarray(found["low"], np.uint64) if "low" in found else np.zeros(len(found_at), np.uint64)
+        index = KeyIndex.of(found_trace, found_at, np.arange(len(found_at)), found_low)
+        row = index.lookup(pending["trace"], pending["at"], low=pending["low"])
         present, row = row >= 0, np.maximum(row, 0)
         step = {c: v.copy() for c, v in pending.items()}
         if len(found_at):
@@ -261,50 +289,61 @@ class _RowsOf:
         return column_rows(self.column, np.asarray(rows, dtype=np.int64), 0).astype(np.int64, copy=False)
 
 
-def _held_at(keys: np.ndarray, held: np.ndarray, wanted: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """``held[pos]`` where the sorted ``keys`` hold ``wanted`` at ``pos``, else -1."""
-    hit = pos < len(keys)
-    hit[hit] = keys[pos[hit]] == wanted[hit]
-    out = np.full(len(pos), -1, dtype=np.int64)
-    out[hit] = held[pos[hit]]
-    return out
-
-
 class KeyScan:
-    """Parent rows as :meth:`SpanArrays.parent_of` finds them (the lowest other row whose span id
-    and trace mix to the reference's number), by one pass over the span keys per lookup: each
-    block's spread span ids are tested against the references' (:class:`SortedSet`), and only the
-    spans that pass are mixed with their trace and compared whole."""
+    """Parent rows as :meth:`SpanArrays.parent_of` finds them (the lowest other row whose trace
+    and span id are the reference's), by one pass over the span keys per lookup: each block's
+    spread span ids are tested against the references' (:class:`SortedSet`), and only the spans
+    that pass are mixed with their trace, searched by that number and confirmed on the trace."""
 
     def __init__(self, table: pa.Table) -> None:
         self.table = table
         self.by_id = "parent_span_id" in table.column_names  # as _has_parent: the id when read, else the key
         self.named = pc.is_valid(table.column("parent_span_id")).to_numpy(zero_copy_only=False) if self.by_id else None
+        self.has_low = TRACE_LOW in table.column_names
 
     def parent_of(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
         out = np.full(len(rows), -1, dtype=np.int64)
         trace, parent = (column_rows(self.table.column(c), rows, 0).astype(np.uint64, copy=False)
                          for c in ("trace_key", "parent_key"))
+        low = (column_rows(self.table.column(TRACE_LOW), rows, 0).astype(np.uint64, copy=False) if self.has_low
+               else np.zeros(len(rows), np.uint64))
         ask = np.flatnonzero(self.named[rows] if self.by_id else parent != 0)
         if ask.size == 0:
             return out
-        wanted = mixed_key(trace[ask], parent[ask])
-        fresh = np.concatenate(([True], wanted[1:] != wanted[:-1]))
+        wanted, trace, low = mixed_key(trace[ask], parent[ask]), trace[ask], low[ask]
+        fresh = np.concatenate(([True], (wanted[1:] != wanted[:-1]) | (trace[1:] != trace[:-1]) | (low[1:] != low[:-1])))
         run = np.cumsum(fresh) - 1
-        out[ask], _ = self.pick(self.lookup(wanted[fresh], parent[ask][fresh]), run, rows[ask])
+        found = self.lookup(wanted[fresh], parent[ask][fresh], trace[fresh], low[fresh])
+        out[ask], _ = self.pick(found, run, rows[ask])
         return out
 
-    def lookup(self, wanted: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For each parent reference (``wanted``: mixed keys; ``parent``: the parent keys), the
-        lowest row that holds it and the next one (-1: none), for :meth:`pick`. A caller passes a
-        run of equal references (siblings stored together) once."""
+    def lookup(self, wanted: np.ndarray, parent: np.ndarray, trace: np.ndarray,
+               low: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each parent reference (``wanted``: mixed keys; ``parent``: the parent keys;
+        ``trace`` and ``low``: its trace), the lowest row that holds it and the next one (-1:
+        none), for :meth:`pick`. A caller passes a run of equal references (siblings stored
+        together) once."""
         with np.errstate(over="ignore"):
-            held, keys = self._rows_with(np.unique(parent * SPAN_SPREAD))
+            held, keys, traces, lows = self._rows_with(np.unique(parent * SPAN_SPREAD))
         order = np.argsort(keys, kind="stable")  # by mixed key, then row
-        keys, held = keys[order], held[order]
+        keys, held, traces, lows = keys[order], held[order], traces[order], lows[order]
         pos = np.searchsorted(keys, wanted)
-        return _held_at(keys, held, wanted, pos), _held_at(keys, held, wanted, pos + 1)
+        first, second = np.full(len(wanted), -1, np.int64), np.full(len(wanted), -1, np.int64)
+        pending = np.arange(len(wanted))
+        while pending.size:  # along the rows of the reference's mixed key: usually one, or a few copies
+            at = pos[pending]
+            pending, at = pending[at < len(keys)], at[at < len(keys)]
+            same = keys[at] == wanted[pending]
+            pending, at = pending[same], at[same]
+            hit = (traces[at] == trace[pending]) & (lows[at] == low[pending])
+            into_first = hit & (first[pending] < 0)
+            first[pending[into_first]] = held[at[into_first]]
+            into_second = hit & ~into_first
+            second[pending[into_second]] = held[at[into_second]]
+            pending = pending[second[pending] < 0]
+            pos[pending] += 1
+        return first, second
 
     @staticmethod
     def pick(found: tuple[np.ndarray, np.ndarray], run: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -318,16 +357,18 @@ class KeyScan:
         parent[itself] = second[run[itself]]
         return parent, held
 
-    def _rows_with(self, spread: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(rows, their mixed keys) of the spans whose spread span id is one of ``spread`` (sorted).
+    def _rows_with(self, spread: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, their mixed keys, trace keys and trace_low) of the spans whose spread span id is
+        one of ``spread`` (sorted).
 
         A block of rows at a time small enough that its temporaries are reused from one block to
         the next instead of faulted in afresh."""
         members = SortedSet(spread)
         spread_block, hit_block = np.empty(BLOCK_ROWS, np.uint64), np.empty(BLOCK_ROWS, bool)
-        rows, keys = [], []
+        rows, keys, traces, lows = [], [], [], []
         at = 0
-        for batch in self.table.select(["span_key", "trace_key"]).to_batches(max_chunksize=BLOCK_ROWS):
+        columns = ["span_key", "trace_key", *([TRACE_LOW] if self.has_low else [])]
+        for batch in self.table.select(columns).to_batches(max_chunksize=BLOCK_ROWS):
             n = batch.num_rows
             span = filled(batch.column(0), 0).astype(np.uint64, copy=False)
             with np.errstate(over="ignore"):
@@ -337,5 +378,10 @@ class KeyScan:
                 trace = filled(batch.column(1), 0).astype(np.uint64, copy=False)[hit]
                 rows.append(hit + at)
                 keys.append(mixed_key(trace, span[hit]))
+                traces.append(trace)
+                lows.append(filled(batch.column(2), 0).astype(np.uint64, copy=False)[hit] if self.has_low
+                            else np.zeros(len(hit), np.uint64))
             at += n
-        return (np.concatenate(rows), np.concatenate(keys)) if rows else (np.zeros(0, np.int64), np.zeros(0, np.uint64))
+        if not rows:
+            return (np.zeros(0, np.int64), *(np.zeros(0, np.uint64) for _ in range(3)))
+        return np.concatenate(rows), np.concatenate(keys), np.concatenate(traces), np.concatenate(lows)

@@ -22,7 +22,7 @@ from nemo_telemetry.analysis.goodput.steps import goodput_document
 from nemo_telemetry.analysis.model.grouping import Columns
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.model.status import error_rows
-from nemo_telemetry.analysis.model.tree import with_id_keys
+from nemo_telemetry.analysis.model.tree import TRACE_LOW, with_id_keys
 
 __all__ = ["COLUMNS", "STEP", "SUM", "UNION", "JOB", "goodput_columns", "Walks", "walks", "partial",
            "Merged", "step_documents", "failed"]
@@ -32,7 +32,8 @@ STEP, SUM, UNION, JOB = rules.STEP, rules.SUM, rules.UNION, rules.JOB
 _SCHEMA = pa.schema([pa.field("name", pa.string()), pa.field("start_ns", pa.int64()), pa.field("end_ns", pa.int64()),
                      pa.field("run_id", pa.string()), pa.field(BUCKET, pa.string()), pa.field(ITERATION, pa.int64()),
                      pa.field("trace_key", pa.uint64()), pa.field("span_key", pa.uint64()),
-                     pa.field("parent_key", pa.uint64()), pa.field("status_code", pa.string()),
+                     pa.field("parent_key", pa.uint64()), pa.field("trace_low", pa.uint64()),
+                     pa.field("status_code", pa.string()),
                      pa.field("status_message", pa.string())])
 
 
@@ -56,26 +57,29 @@ def goodput_columns(spans: pa.Table) -> pa.Table:
 
 
 class Walks:
-    """Where the walks of unstamped bucketed spans ended: (trace_key, parent_key) -> iteration,
+    """Where the walks of unstamped bucketed spans ended: (trace_key, parent_key, trace_low) -> iteration,
     and the walks still waiting for an ancestor that has not arrived."""
 
     def __init__(self, table: pa.Table) -> None:
         trace = table.column("trace_key").to_numpy().astype(np.uint64)
+        low = table.column(TRACE_LOW).to_numpy().astype(np.uint64)
         parent = table.column("parent_key").to_numpy().astype(np.uint64)
         at = table.column("at").to_numpy().astype(np.uint64)
         stamped = pc.is_valid(table.column(ITERATION)).to_numpy(zero_copy_only=False)
         iteration = pc.fill_null(table.column(ITERATION), 0).to_numpy().astype(np.int64)
         self.trace, self.parent, self.iteration = trace[stamped], parent[stamped], iteration[stamped]
+        self.low = low[stamped]
         waiting = ~stamped & (at != 0)
-        self._waiting = partials.AttributionIndex.of(trace[waiting], parent[waiting])
+        self._waiting = partials.AttributionIndex.of(trace[waiting], parent[waiting], low=low[waiting])
         self.waiting = int(waiting.sum())
 
     def is_waiting(self, spans: pa.Table) -> np.ndarray:
         """Unstamped rows of ``spans`` whose walk waits for an ancestor."""
         trace = pc.fill_null(spans.column("trace_key"), 0).to_numpy().astype(np.uint64)
         parent = pc.fill_null(spans.column("parent_key"), 0).to_numpy().astype(np.uint64)
+        low = pc.fill_null(spans.column(TRACE_LOW), 0).to_numpy().astype(np.uint64)
         unstamped = pc.is_null(spans.column(ITERATION)).to_numpy(zero_copy_only=False)
-        return unstamped & (self._waiting.find(trace, parent) >= 0)
+        return unstamped & (self._waiting.find(trace, parent, low) >= 0)
 
 
 def walks(context: pa.Table) -> Walks:
@@ -85,7 +89,7 @@ def walks(context: pa.Table) -> Walks:
 
 def partial(spans: pa.Table, found: Walks) -> pa.Table:
     """The partial (``PARTIAL_SCHEMA``) of settled ``spans``; their walks' iterations are in ``found``."""
-    index = partials.AttributionIndex.of(found.trace, found.parent, found.iteration)
+    index = partials.AttributionIndex.of(found.trace, found.parent, found.iteration, found.low)
     return rules.goodput_partial(spans, attributed=index)
 
 
@@ -94,7 +98,7 @@ def failed(spans: pa.Table, found: Walks) -> Columns | None:
     their walks' iterations in ``found``), None when no span of the batch ended in error."""
     if not error_rows(spans).any():
         return None
-    index = partials.AttributionIndex.of(found.trace, found.parent, found.iteration)
+    index = partials.AttributionIndex.of(found.trace, found.parent, found.iteration, found.low)
     return failed_spans([failed_partial(*rules.batch_attribution(spans, attributed=index))])
 
 

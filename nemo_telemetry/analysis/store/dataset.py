@@ -92,7 +92,7 @@ _SPAN_DICTIONARY = [
 SPANS_PARQUET_OPTIONS = {"write_statistics": _SPAN_STATISTICS, "use_dictionary": _SPAN_DICTIONARY,
                          "write_page_checksum": True}
 """How a spans file is written (``pq.write_table`` options): what a benchmark writes to measure reads as ingest's."""
-_ID_KEYS = ("span_key", "trace_key", "parent_key")  # what with_parent_rows reads
+_ID_KEYS = ("span_key", "trace_key", "parent_key", "trace_low")  # what with_parent_rows reads
 
 
 def checked_parquet(read_options: ds.ParquetReadOptions | None = None) -> ds.ParquetFileFormat:

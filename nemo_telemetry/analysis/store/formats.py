@@ -20,11 +20,18 @@ Format 1::
     trace_key, span_key and parent_key, and parent_row (int32): each span's parent as a row of
     the same file
 
-Format 2 (the spans files ingest writes): format 1's columns and the group columns, ``rl.span_group``
-(the group each span was opened in) and ``span_groups_namespace`` (the namespace each process
-resolved its span groups in). A reader of format 2 reads format 1's files too, those two columns
-as nulls there (a span without a recorded group is placed by its name), so a dataset a newer
-ingest appended to holds files of both.
+Format 2: format 1's columns and the group columns, ``rl.span_group`` (the group each span was
+opened in) and ``span_groups_namespace`` (the namespace each process resolved its span groups in).
+
+Format 3 (the spans files ingest writes): format 2's columns, ``trace_low`` (uint64: the trace
+id's low half) and ``trace_key`` holding a mix of both halves of the trace id
+(:func:`~nemo_telemetry.analysis.model.tree.trace_key_of`), so that (``trace_key``,
+``trace_low``, ``span_key``) is a span's whole identity and ``parent_row`` is joined on it. In
+formats 1 and 2 ``trace_key`` is the trace id's first 64 bits and ``parent_row`` was joined on
+it: traces that share their high half (64-bit ids padded to 128, as Jaeger, Zipkin and B3 write
+them) are one trace there, and their parents and orphans are wrong. Those datasets are refused
+with the fix (ingest the dumps again), not read: the rows their files hold are exact, the keys
+and parent rows beside them are not.
 
 ``parent_row`` makes a file's row order part of the format: a file whose rows another tool
 reordered is found by the reader that uses the column
@@ -38,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from nemo_telemetry.analysis.model.schema import PARENT_ROW, SPAN_GROUP, SPANS_SCHEMA
+from nemo_telemetry.analysis.model.schema import ID_KEY_FIELDS, PARENT_ROW, SPANS_SCHEMA
 from nemo_telemetry.errors import DatasetFormatError
 
 if TYPE_CHECKING:
@@ -48,7 +55,9 @@ if TYPE_CHECKING:
 __all__ = ["DATASET_FORMAT", "FORMAT_KEY", "UNVERSIONED", "SpansFormat", "READERS", "reader", "dataset_format",
            "format_error"]
 
-DATASET_FORMAT = 2  # the format this nemo-telemetry writes
+DATASET_FORMAT = 3  # the format this nemo-telemetry writes
+KEYED_ON_TRACE_HIGH = (1, 2)
+"""Formats whose ``trace_key`` is the trace id's first 64 bits (no ``trace_low``): refused."""
 FORMAT_KEY = "dataset_format"  # the commit record's field that holds it
 UNVERSIONED = 0  # a dataset whose records name no format and whose files are in no layout read here
 
@@ -93,12 +102,9 @@ class SpansFormat:
 
 
 # Every column ingest writes into a spans file: the table's, its id keys and the parent rows.
-_WRITTEN = (*SPANS_SCHEMA.names, *(n for n in ("trace_key", "span_key", "parent_key") if n not in SPANS_SCHEMA.names),
-            PARENT_ROW)
-_GROUP_COLUMNS = (SPAN_GROUP, "span_groups_namespace")
-_V1 = SpansFormat(1, tuple(c for c in _WRITTEN if c not in _GROUP_COLUMNS))
-_V2 = SpansFormat(2, _WRITTEN, added=_GROUP_COLUMNS)
-READERS: dict[int, SpansFormat] = {1: _V1, 2: _V2}  # one reader per format read
+_WRITTEN = (*SPANS_SCHEMA.names, *(f.name for f in ID_KEY_FIELDS if f.name not in SPANS_SCHEMA.names), PARENT_ROW)
+_V3 = SpansFormat(3, _WRITTEN)
+READERS: dict[int, SpansFormat] = {3: _V3}  # one reader per format read
 
 
 def reader(version: int = DATASET_FORMAT) -> SpansFormat:
@@ -113,6 +119,7 @@ def dataset_format(root: Path, recorded: int | None, spans_files: Callable[[], I
     if recorded is not None:
         if recorded not in READERS:
             raise format_error(root, recorded, "written by a newer nemo-telemetry" if recorded > DATASET_FORMAT
+                               else _TRACE_HIGH if recorded in KEYED_ON_TRACE_HIGH
                                else "a format no nemo-telemetry wrote")
         return recorded
     import pyarrow as pa  # only for a dataset whose records name no format
@@ -133,12 +140,17 @@ def dataset_format(root: Path, recorded: int | None, spans_files: Callable[[], I
     return version
 
 
+_TRACE_HIGH = ("its trace keys are the first 64 bits of each trace id, which join traces that share them: "
+               "64-bit ids padded to 128 bits")
+
+
 def _lacks(path, missing: list[str], *, named: bool = True) -> str:
     """Why a dataset (``named``: its file ``path``) or one spans file is of no format read here."""
     columns = f"{', '.join(missing)} column{'s' if len(missing) > 1 else ''}"
+    older = f" (a format before 3: {_TRACE_HIGH})" if "trace_low" in missing else ""
     if named:
-        return f"unversioned, its spans files in a layout older than format {min(READERS)}: {path} has no {columns}"
-    return f"a spans file in a layout older than format {min(READERS)}: it has no {columns}"
+        return f"unversioned, its spans files in a layout older than format {min(READERS)}: {path} has no {columns}{older}"
+    return f"a spans file in a layout older than format {min(READERS)}: it has no {columns}{older}"
 
 
 def format_error(where, version: int, why: str) -> DatasetFormatError:

@@ -33,7 +33,7 @@ __all__ = ["READ_COLUMNS", "GOODPUT_COLUMNS", "STEP_GOODPUT_COLUMNS", "read_data
 # finding reads service_name or rank (goodput's by="rank" does: GOODPUT_COLUMNS has them).
 READ_COLUMNS = (
     "trace_id", "name", "start_ns", "end_ns", "run_id", BUCKET, ITERATION,
-    EFFICIENCY_CATEGORY, "span_groups", "trace_key", "span_key", "parent_key",
+    EFFICIENCY_CATEGORY, "span_groups", "trace_key", "span_key", "parent_key", "trace_low",
     "service_name", "rank",  # the process: step spans without rl.iteration are numbered per run and process
     "status_code", "status_message",  # a step whose span ended in error is failed; the finding quotes the message
     SPAN_GROUP,  # the group each span was opened in: missing-group-spans decides presence by it
@@ -49,7 +49,7 @@ _READAHEAD_PER_THREAD = 2  # batches decoded ahead per file and thread: each thr
 _DICTIONARY_READS = ("trace_id", "resource_attributes.key_value.key", "resource_attributes.key_value.value")
 
 GOODPUT_COLUMNS = ("name", "start_ns", "end_ns", "service_name", "run_id", "rank", BUCKET, ITERATION,
-                   "trace_key", "span_key", "parent_key", "status_code")  # status: failed steps
+                   "trace_key", "span_key", "parent_key", "trace_low", "status_code")  # status: failed steps
 # goodput by step reads no service_name or rank (only by="rank" does): two columns fewer to read.
 STEP_GOODPUT_COLUMNS = tuple(c for c in GOODPUT_COLUMNS if c not in ("service_name", "rank"))
 

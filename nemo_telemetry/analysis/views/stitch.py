@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.model.schema import ID_KEY_FIELDS
-from nemo_telemetry.analysis.model.tree import hex_to_uint64, with_id_keys
+from nemo_telemetry.analysis.model.tree import trace_keys, with_id_keys
 
 __all__ = ["stitch_vllm_spans", "REQUEST_SPAN", "GENERATE_SPANS", "STITCHED_KEY", "UNMATCHED_KEY", "AMBIGUOUS_KEY"]
 
@@ -154,15 +154,12 @@ def _reparent(spans: pa.Table, rows: np.ndarray, generate_rows: np.ndarray, ambi
 
 
 def _trace_keys(trace_id: pa.Array) -> np.ndarray:
-    """One uint64 per 128-bit trace id, mixing both halves (ids padded from 64 bits differ only in the low half).
+    """One uint64 per 128-bit trace id, mixing both halves (the dataset's ``trace_key``).
 
     Equal ids give equal keys; the rare unequal ids with equal keys are told apart by the exact
     comparison in ``_reparent``.
     """
-    high = hex_to_uint64(trace_id)
-    low = hex_to_uint64(pc.utf8_slice_codeunits(trace_id, 16, 32))
-    with np.errstate(over="ignore"):
-        return high ^ (low * np.uint64(0x9E3779B97F4A7C15))
+    return trace_keys(trace_id)[0]
 
 
 _ADDED_KEYS = pa.array(["nemo.stitched", "nemo.stitched.original_trace_id", "nemo.stitch.ambiguous"])

@@ -181,7 +181,7 @@ def test_leftovers_of_a_writer_that_is_gone_are_removed_and_stray_files_ignored(
 
 
 def test_a_dataset_without_commit_record_reads_as_before_and_is_adopted(tables, tmp_path):
-    """Files an older version wrote (no ``_commits``) in the current layout: all read, as format 1;
+    """Files an older version wrote (no ``_commits``) in the current layout: all read, as that format;
     the next writer records them first, and its records name the format."""
     root = tmp_path / "old"
     folder = root / "spans" / "run_id=synthetic-run"
@@ -200,37 +200,40 @@ def test_a_dataset_without_commit_record_reads_as_before_and_is_adopted(tables, 
 
 
 
-def test_format_1_files_are_read_with_the_group_columns_as_nulls_and_stay_read_beside_format_2(tables, tmp_path):
-    """Spans files of dataset format 1 (no rl.span_group, no span_groups_namespace), with no record:
-    the dataset is of format 1, read by every reader with those two columns as nulls, and check
-    decides presence by name there; a writer that appends format 2 files leaves a dataset whose
-    records say format 2 and whose every file is read, old and new alike."""
-    from nemo_telemetry.analysis import check_with_engine
-
-    root = tmp_path / "format-1"
+@pytest.mark.parametrize("version", [1, 2])
+def test_datasets_keyed_on_the_trace_ids_high_half_are_refused_with_the_reingest_fix(tables, tmp_path, version):
+    """Formats 1 and 2 keyed traces on the first 64 bits of their ids, and joined parent_row on
+    that: their files (no trace_low column), with no record or with records naming the format,
+    are refused by every reader and writer, with why and the fix; nothing is written."""
+    spans = dataset.with_parent_rows(tables.spans.slice(0, 400)).drop_columns(["trace_low"])
+    if version == 1:
+        spans = spans.drop_columns(["rl.span_group", "span_groups_namespace"])
+    root = tmp_path / f"format-{version}"
     folder = root / "spans" / "run_id=synthetic-run"
     folder.mkdir(parents=True)
-    old = dataset.with_parent_rows(tables.spans.slice(0, 400)).drop_columns(["rl.span_group", "span_groups_namespace"])
-    pq.write_table(old, folder / "part-0.parquet")
-    assert commits.dataset_state(root).format == 1 == min(READERS) < DATASET_FORMAT
-    read = read_for_analysis(root)
-    assert read.num_rows == 400 and read.column("rl.span_group").null_count == 400
-    assert _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 400))
-    before = check_with_engine(root).to_dict()
-    writer = dataset.DatasetWriter(root)
-    writer.write(_batch(tables, 400, 1_100))
+    pq.write_table(spans, folder / "part-0.parquet")
+    before = _files(root)
+    _every_reader_refuses(root, 0)
+    with pytest.raises(DatasetFormatError, match=r"part-0\.parquet has no (.*, )?trace_low columns? \(a format before "
+                       r"3: its trace keys are the first 64 bits of each trace id"):
+        read_for_analysis(root)
+    assert [f for f in _files(root) if f != "_lock"] == before
+    recorded = tmp_path / f"recorded-{version}"
+    writer = dataset.DatasetWriter(recorded)
+    writer.write(_batch(tables, 0, 400))
     writer.close()
-    assert commits.dataset_state(root).format == DATASET_FORMAT
-    both = read_for_analysis(root)
-    assert both.num_rows == 1_100 and _ids(_quiet_read(root)) == _ids(tables.spans.slice(0, 1_100))
-    assert both.column("rl.span_group").null_count >= 400
-    assert before["counts"]["by_code"] and check_with_engine(root).to_dict()["counts"]["error"] >= 0
+    for record in (recorded / commits.COMMITS).glob("*.json"):
+        record.write_text(json.dumps({**json.loads(record.read_bytes()), "dataset_format": version}))
+    _every_reader_refuses(recorded, version)
+    with pytest.raises(DatasetFormatError, match="first 64 bits of each trace id.*re-run nemo-telemetry ingest"):
+        read_for_analysis(recorded)
+
 
 def _refused(version: int):
     """What every reader and writer raises for a dataset of format ``version``: it names the
     format, the formats read, and the fix (the dumps ingested again, into a new folder)."""
     return pytest.raises(DatasetFormatError, match=(
-        rf"dataset format {version} \(.*\), which this nemo-telemetry does not read \(it reads format 1, 2\); "
+        rf"dataset format {version} \(.*\), which this nemo-telemetry does not read \(it reads format 3\); "
         r"(upgrade nemo-telemetry, or )?re-run nemo-telemetry ingest of its dumps into a new folder"))
 
 

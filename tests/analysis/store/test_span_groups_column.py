@@ -109,7 +109,7 @@ def test_a_dataset_with_files_from_before_the_column_is_refused_by_every_engine(
 @pytest.mark.parametrize("engine", ["memory", "local", "batches", "partitioned"])
 def test_every_engine_gives_the_same_report_from_the_column(datasets, engine):
     """A dataset of the current layout whose records name no format (an earlier version's) reads as
-    format 1, in memory and file by file: identical reports, every process's groups found."""
+    the format its files hold, in memory and file by file: identical reports, every process's groups found."""
     root = datasets["new"]
     expected = check_run(read_for_analysis(root)).to_dict()
     assert _missing(check_run(read_for_analysis(root))) == EXPECTED_MISSING

@@ -1,0 +1,156 @@
+"""Traces whose ids share one half are still separate traces, on every engine.
+
+Jaeger's integration fixtures pad 64-bit trace ids to 128 bits (…0001, …0007) and number spans
+1, 2, 3 in every trace; ids that share their low half, or whose halves are swapped, are the same
+trap the other way round. Each layout is written as OTLP JSON lines and as length-prefixed
+protobuf, ingested with the compiled decoders and with the reference ones, and read by every
+local engine: each span's parent, the orphans, the goodput a walk attributes across traces and
+the waterfall's trees must be those of the real traces (a plain dict over the hex ids says which).
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from nemo_telemetry.analysis import (
+    check_run, check_with_engine, goodput_with_engine, ingest, parent_indices, read_for_analysis, read_spans,
+    run_goodput, waterfall,
+)
+from nemo_telemetry.analysis.engines.partitioned_check import stream_check
+from nemo_telemetry.analysis.findings.checks import check_span_files
+from nemo_telemetry.analysis.goodput.partials import stream_goodput
+from nemo_telemetry.analysis.store.read import span_source_files
+from nemo_telemetry.analysis.synthetic import to_protobuf
+
+S = 1_000_000_000
+T0 = 1_700_000_000  # seconds: a timestamp 0 is no start
+LAYOUTS = {
+    # Jaeger's integration traces: 64-bit ids padded to 128 bits, the high half all zeros
+    "high-half-shared": ("0" * 31 + "1", "0" * 31 + "7"),
+    "low-half-shared": ("aaaaaaaaaaaaaaaa" + "0" * 15 + "1", "bbbbbbbbbbbbbbbb" + "0" * 15 + "1"),
+    "halves-swapped": ("00000000000000ab00000000000000cd", "00000000000000cd00000000000000ab"),
+}
+
+
+def _span(trace: str, span: int, name: str, start: float, end: float, parent: int | None = None, **attrs) -> dict:
+    out = {"traceId": trace, "spanId": f"{span:016x}", "name": name, "kind": 1,
+           "startTimeUnixNano": str(round((T0 + start) * S)), "endTimeUnixNano": str(round((T0 + end) * S)),
+           "attributes": [{"key": k, "value": ({"intValue": str(v)} if isinstance(v, int) else {"stringValue": v})}
+                          for k, v in attrs.items()]}
+    if parent is not None:
+        out["parentSpanId"] = f"{parent:016x}"
+    return out
+
+
+def _requests(first: str, second: str) -> list[dict]:
+    """Two traces of one run, spans numbered 1, 2, 3 in each (two requests, as two processes
+    export them): a step span, a bucketed child without rl.iteration (it takes its step's from the
+    walk), a grandchild, and in each trace a span naming a parent only the other trace holds."""
+    spans_a = [_span(first, 1, "rl.grpo.step", 0, 10, **{"rl.iteration": 1}),
+               _span(first, 2, "some-operation", 1, 5, 1, **{"rl.bucket": "productive"}),
+               _span(first, 3, "leaf-a", 2, 3, 2),
+               _span(first, 5, "only-in-first", 6, 7, 1),
+               _span(first, 6, "names-a-span-of-the-second", 7, 8, 8)]
+    spans_b = [_span(second, 1, "rl.grpo.step", 20, 30, **{"rl.iteration": 2}),
+               _span(second, 2, "query07-operation", 21, 29, 1, **{"rl.bucket": "overhead"}),
+               _span(second, 3, "leaf-b", 22, 23, 2),
+               _span(second, 8, "only-in-second", 24, 25, 1),
+               _span(second, 9, "names-a-span-of-the-first", 25, 26, 5)]
+    resource = {"attributes": [{"key": "service.name", "value": {"stringValue": "jaeger"}},
+                               {"key": "nemo.run.id", "value": {"stringValue": "run-1"}}]}
+    return [{"resourceSpans": [{"resource": resource, "scopeSpans": [{"scope": {"name": "t"}, "spans": spans}]}]}
+            for spans in (spans_a, spans_b)]
+
+
+@pytest.fixture(params=["json", "protobuf"])
+def dataset(request, tmp_path, kernel_path):
+    layout = LAYOUTS[request.node.callspec.params["layout"]]
+    requests = _requests(*layout)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    if request.param == "json":
+        (dump / "traces.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in requests))
+    else:
+        payloads = [to_protobuf(r) for r in requests]
+        (dump / "traces.binpb").write_bytes(b"".join(len(p).to_bytes(4, "big") + p for p in payloads))
+    root = tmp_path / "ds"
+    summary = ingest([dump], out=root)
+    assert summary.spans == 10
+    return root, layout
+
+
+def _expected(spans) -> tuple[dict, set]:
+    """(span -> parent, orphans) by (trace id, span id), from the hex ids."""
+    rows = spans.select(["trace_id", "span_id", "parent_span_id"]).to_pylist()
+    held = {(r["trace_id"], r["span_id"]) for r in rows}
+    parents = {(r["trace_id"], r["span_id"]): (r["trace_id"], r["parent_span_id"]) for r in rows
+               if (r["trace_id"], r["parent_span_id"]) in held}
+    orphans = {(r["trace_id"], r["span_id"]) for r in rows
+               if r["parent_span_id"] is not None and (r["trace_id"], r["parent_span_id"]) not in held}
+    return parents, orphans
+
+
+def _orphans(report) -> set:
+    return {(f.trace_id, span) for f in report.findings if f.code == "orphan-span" for span in f.span_ids}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_parents_orphans_goodput_and_waterfall_are_per_real_trace_on_every_engine(dataset, layout):
+    root, (first, second) = dataset
+    spans = read_spans(root)
+    parents, orphans = _expected(spans)
+    assert len(parents) == 6 and orphans == {(first, f"{6:016x}"), (second, f"{9:016x}")}
+    ids = list(zip(spans.column("trace_id").to_pylist(), spans.column("span_id").to_pylist()))
+    found = parent_indices(spans)
+    assert {ids[i]: ids[p] for i, p in enumerate(found.tolist()) if p >= 0} == parents
+
+    files = span_source_files(root)[1]
+    reports = {"memory": check_run(read_for_analysis(root)), "local": check_with_engine(root),
+               "batches": check_span_files(files, batch_rows=3), "partitioned": stream_check(root)}
+    for engine, report in reports.items():
+        assert _orphans(report) == orphans, engine
+        assert report.to_dict() == reports["memory"].to_dict(), engine
+
+    # the bucketed child of each trace's step takes that trace's iteration, whichever engine walks it
+    for engine, runs in {"memory": goodput_with_engine(root), "streamed": stream_goodput(root, batch_rows=3),
+                         "in-memory table": run_goodput(read_for_analysis(root))}.items():
+        steps = {row["iteration"]: row for row in runs[0].steps.to_pylist()}
+        assert (steps[1]["productive_s"], steps[1]["overhead_s"]) == (4.0, 0.0), engine
+        assert (steps[2]["productive_s"], steps[2]["overhead_s"]) == (0.0, 8.0), engine
+
+    rows = waterfall(spans, fold_steps=False, collapse_threshold=None).rows.to_pylist()
+    for row in rows:  # every row sits under a span of its own trace
+        assert row["trace_id"] in (first, second)
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["query07-operation"]["depth"] == by_name["some-operation"]["depth"] == 1
+    assert by_name["query07-operation"]["trace_id"] == second
+    assert by_name["names-a-span-of-the-first"]["is_orphan"] and by_name["names-a-span-of-the-second"]["is_orphan"]
+    assert not by_name["only-in-first"]["is_orphan"] and not by_name["leaf-b"]["is_orphan"]
+    for trace in (first, second):  # each trace alone: its own five spans, no other trace's
+        alone = waterfall(spans, trace_id=trace, fold_steps=False, collapse_threshold=None).rows.to_pylist()
+        assert sorted(r["name"] for r in alone) == sorted(r["name"] for r in rows if r["trace_id"] == trace)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_monitor_attributes_each_trace_to_its_own_step_in_any_arrival_order(tmp_path, layout):
+    """The monitor, fed the two traces' spans a few at a time (the child of the second step before
+    its parent, the other trace's step span in between), reports what offline goodput does."""
+    from nemo_telemetry.analysis import MonitorState, goodput_document, load_traces
+
+    dump = tmp_path / "traces.jsonl"
+    dump.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in _requests(*LAYOUTS[layout])))
+    spans = load_traces(dump).spans
+    offline = {s["iteration"]: s for s in goodput_document(run_goodput(spans))["runs"][0]["steps"]}
+    assert (offline[1]["overhead_s"], offline[2]["overhead_s"]) == (0.0, 8.0)
+    names = spans.column("name").to_pylist()
+    order = [names.index("query07-operation"), *(i for i in range(len(names)) if names[i] != "query07-operation")]
+    state, records = MonitorState(grace_s=0), []
+    for lo in range(0, len(order), 3):
+        state.add(spans.take(order[lo:lo + 3]))
+        records += state.finished_steps()
+    records += state.finish()
+    latest = {r.to_dict()["iteration"]: r.to_dict() for r in records}
+    for iteration in (1, 2):
+        assert (latest[iteration]["productive_s"], latest[iteration]["overhead_s"]) == (
+            offline[iteration]["productive_s"], offline[iteration]["overhead_s"])
