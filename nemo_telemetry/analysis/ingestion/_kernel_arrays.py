@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["scratch_matrix", "grown_records", "string_array", "string_offsets", "special_rows"]
+__all__ = ["scratch_matrix", "grown_records", "string_array", "string_offsets", "special_rows", "value_types"]
 
 _SCRATCH = threading.local()
 
@@ -79,3 +79,18 @@ def special_rows(kind: np.ndarray, rows: np.ndarray, strings: list) -> tuple[lis
         strings = [text for text in strings if text is not None]
     special[rows] = np.arange(rows.size)
     return [text.encode() for text in strings], special
+
+
+def value_types(kind: np.ndarray, rows: np.ndarray, rare_tags: list, string_kind: int, bool_kind: int,
+                int_kind: int) -> pa.DictionaryArray:
+    """Each attribute's type tag (null for strings and absent values) from the kinds a compiled
+    pass gave it: bools and ints by kind, the ``rows`` it left to a parser by ``rare_tags``."""
+    dictionary = ["bool", "int"]
+    codes = np.full(kind.size, -1, dtype=np.int32)
+    codes[kind == bool_kind] = 0
+    codes[kind == int_kind] = 1
+    if rows.size:
+        distinct = {tag: 2 + i for i, tag in enumerate(dict.fromkeys(t for t in rare_tags if t is not None))}
+        dictionary += list(distinct)
+        codes[rows] = [distinct.get(tag, -1) if tag is not None else -1 for tag in rare_tags]
+    return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(dictionary, pa.string()))

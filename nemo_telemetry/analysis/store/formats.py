@@ -26,6 +26,11 @@ resolved its span groups in). A reader of format 2 reads format 1's files too, t
 as nulls there (a span without a recorded group is placed by its name), so a dataset a newer
 ingest appended to holds files of both.
 
+Format 3: format 2's columns and the OTLP fields kept for the way back to OTLP
+(:data:`~nemo_telemetry.analysis.model.schema.OTLP_SPAN_COLUMNS`: flags, dropped counts, scope
+attributes, schema URLs, attribute value types), read as nulls from format 2's files (and, with
+format 2's columns, from format 1's).
+
 ``parent_row`` makes a file's row order part of the format: a file whose rows another tool
 reordered is found by the reader that uses the column
 (:class:`~nemo_telemetry.analysis.decode.strategies.FileParents`), which checks each file's column
@@ -38,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from nemo_telemetry.analysis.model.schema import PARENT_ROW, SPAN_GROUP, SPANS_SCHEMA
+from nemo_telemetry.analysis.model.schema import OTLP_SPAN_COLUMNS, PARENT_ROW, SPAN_GROUP, SPANS_SCHEMA
 from nemo_telemetry.errors import DatasetFormatError
 
 if TYPE_CHECKING:
@@ -48,7 +53,7 @@ if TYPE_CHECKING:
 __all__ = ["DATASET_FORMAT", "FORMAT_KEY", "UNVERSIONED", "SpansFormat", "READERS", "reader", "dataset_format",
            "format_error"]
 
-DATASET_FORMAT = 2  # the format this nemo-telemetry writes
+DATASET_FORMAT = 3  # the format this nemo-telemetry writes
 FORMAT_KEY = "dataset_format"  # the commit record's field that holds it
 UNVERSIONED = 0  # a dataset whose records name no format and whose files are in no layout read here
 
@@ -96,9 +101,10 @@ class SpansFormat:
 _WRITTEN = (*SPANS_SCHEMA.names, *(n for n in ("trace_key", "span_key", "parent_key") if n not in SPANS_SCHEMA.names),
             PARENT_ROW)
 _GROUP_COLUMNS = (SPAN_GROUP, "span_groups_namespace")
-_V1 = SpansFormat(1, tuple(c for c in _WRITTEN if c not in _GROUP_COLUMNS))
-_V2 = SpansFormat(2, _WRITTEN, added=_GROUP_COLUMNS)
-READERS: dict[int, SpansFormat] = {1: _V1, 2: _V2}  # one reader per format read
+_V1 = SpansFormat(1, tuple(c for c in _WRITTEN if c not in _GROUP_COLUMNS + OTLP_SPAN_COLUMNS))
+_V2 = SpansFormat(2, tuple(c for c in _WRITTEN if c not in OTLP_SPAN_COLUMNS), added=_GROUP_COLUMNS)
+_V3 = SpansFormat(3, _WRITTEN, added=_GROUP_COLUMNS + OTLP_SPAN_COLUMNS)  # reads format 1's and 2's files
+READERS: dict[int, SpansFormat] = {1: _V1, 2: _V2, 3: _V3}  # one reader per format read
 
 
 def reader(version: int = DATASET_FORMAT) -> SpansFormat:
