@@ -1,0 +1,299 @@
+"""OTLP -> dataset -> OTLP loses nothing: requests shaped as outside writers write them (every
+field set, every AnyValue type, empty values, several resources and scopes, links and events) are
+ingested (as OTLP/JSON lines and as length-prefixed protobuf; compiled decoders on and off) into a
+dataset, re-encoded by ``to_otlp_traces`` and compared with the input field by field.
+
+Only what OTLP/JSON lets a writer spell either way is normalised before comparing: int64 as a
+string or a number, ids as hex or base64, enums as names or numbers, a field at its default
+written or left out (0, "", [], {}), and the order of a span's attributes (a map in OTLP). Spans
+are compared per (resource, scope), sorted by id: a dataset is partitioned by run, so the order
+of spans across resources is the dataset's.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import math
+import struct
+from pathlib import Path
+
+import pytest
+from google.protobuf.json_format import ParseDict
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from nemo_telemetry.analysis import ingest, load_traces, read_events, read_links, read_spans
+from nemo_telemetry.analysis.views.otlp import to_otlp_traces
+
+T1, T2 = "5b8efff798038103d269b633813fc60c", "0af7651916cd43dd8448eb211c80319c"
+
+
+def _kv(key, value):
+    return {"key": key, "value": value}
+
+
+# Every AnyValue type, spelled as writers spell them (int64 as numbers and as strings, doubles
+# that are whole, non-finite doubles by name, bytes as base64), nested, and empty.
+EVERY_VALUE = [
+    _kv("s", {"stringValue": "text"}),
+    _kv("s.empty", {"stringValue": ""}),
+    _kv("s.digits", {"stringValue": "42"}),
+    _kv("s.json", {"stringValue": "[1,2]"}),
+    _kv("i.number", {"intValue": 7}),
+    _kv("i.string", {"intValue": "-9223372036854775808"}),
+    _kv("i.max", {"intValue": "9223372036854775807"}),
+    _kv("d.whole", {"doubleValue": 2.0}),
+    _kv("d.small", {"doubleValue": -1.5e-300}),
+    _kv("d.nan", {"doubleValue": "NaN"}),
+    _kv("d.inf", {"doubleValue": "-Infinity"}),
+    _kv("b.true", {"boolValue": True}),
+    _kv("b.false", {"boolValue": False}),
+    _kv("bytes", {"bytesValue": base64.b64encode(b"\x00\xffab").decode()}),
+    _kv("bytes.empty", {"bytesValue": ""}),
+    _kv("empty", {}),
+    _kv("a", {"arrayValue": {"values": [{"stringValue": "x"}, {"intValue": "1"}, {"doubleValue": 1.0},
+                                        {"boolValue": True}, {}]}}),
+    _kv("a.empty", {"arrayValue": {}}),
+    _kv("a.nested", {"arrayValue": {"values": [{"arrayValue": {"values": [{"intValue": 3}]}},
+                                               {"kvlistValue": {"values": [_kv("k", {"stringValue": "v"})]}}]}}),
+    _kv("a.bytes", {"arrayValue": {"values": [{"bytesValue": "AQI="}, {"stringValue": "0102"}]}}),
+    _kv("kv", {"kvlistValue": {"values": [_kv("x", {"doubleValue": 0.5}), _kv("y", {"arrayValue": {}}),
+                                          _kv("z", {"kvlistValue": {}})]}}),
+    _kv("kv.empty", {"kvlistValue": {}}),
+    _kv("kv.bytes", {"kvlistValue": {"values": [_kv("raw", {"bytesValue": "/w=="})]}}),
+]
+
+
+def _span(trace, span, name, parent="", **fields):
+    out = {"traceId": trace, "spanId": span, "name": name, "startTimeUnixNano": "1700000000000000000",
+           "endTimeUnixNano": 1700000001000000000}
+    if parent:
+        out["parentSpanId"] = parent
+    out.update(fields)
+    return out
+
+
+def _corpus() -> list[dict]:
+    """Two requests as a Collector and an SDK would send them."""
+    full = _span(
+        T1, "eee19b7ec3c1b174", "rl.grpo.step", kind="SPAN_KIND_SERVER", traceState="vendor=a,other=b",
+        flags=769, droppedAttributesCount=2, droppedEventsCount=3, droppedLinksCount=4,
+        attributes=[*EVERY_VALUE, _kv("rl.iteration", {"intValue": "3"}), _kv("rl.bucket", {"stringValue": "productive"}),
+                    _kv("rl.span_group", {"stringValue": "per_step"}),
+                    _kv("rl.efficiency.category", {"stringValue": "idle/wait"})],
+        status={"code": "STATUS_CODE_ERROR", "message": "boom"},
+        events=[{"timeUnixNano": "1700000000500000000", "name": "exception", "droppedAttributesCount": 1,
+                 "attributes": [_kv("exception.type", {"stringValue": "ValueError"}), _kv("n", {"intValue": 1})]},
+                {"name": "no time, no attributes"}],
+        links=[{"traceId": T2, "spanId": "00f067aa0ba902b7", "traceState": "k=v", "flags": 1,
+                "droppedAttributesCount": 5, "attributes": [_kv("link.kind", {"stringValue": "follows"}),
+                                                            _kv("w", {"doubleValue": 0.25})]},
+               {"traceId": T1.upper(), "spanId": "AAAAAAAAAAE="}],  # hex in capitals, base64
+    )
+    typed_promotions = _span(
+        T1, "0000000000000002", "rollout", parent="eee19b7ec3c1b174", kind=3,
+        attributes=[_kv("rl.iteration", {"stringValue": "5"}), _kv("rl.bucket", {"intValue": 4}),
+                    _kv("rl.efficiency.category", {"boolValue": False})],
+        status={"code": 1})
+    plain = _span(T1, "0000000000000003", "", parent="0000000000000002", kind=5, status={})
+    first = {"resourceSpans": [
+        {"resource": {"attributes": [_kv("service.name", {"stringValue": "trainer"}),
+                                     _kv("nemo.run.id", {"stringValue": "run-1"}), _kv("nv.dl.rank", {"intValue": "0"}),
+                                     _kv("nemo.telemetry.span_groups", {"stringValue": "per_step,job"}),
+                                     _kv("nemo.telemetry.namespace", {"stringValue": "nemo_rl"}),
+                                     _kv("process.command_args", {"arrayValue": {"values": [{"stringValue": "python"}]}}),
+                                     _kv("host.cpus", {"intValue": 8})],
+                      "droppedAttributesCount": 1},
+         "schemaUrl": "https://opentelemetry.io/schemas/1.24.0",
+         "scopeSpans": [
+             {"scope": {"name": "nemo_telemetry", "version": "1.2.3", "droppedAttributesCount": 2,
+                        "attributes": [_kv("scope.flag", {"boolValue": True}), _kv("scope.s", {"stringValue": "x"})]},
+              "schemaUrl": "https://opentelemetry.io/schemas/1.21.0", "spans": [full, typed_promotions]},
+             {"scope": {}, "spans": [plain]},
+         ]},
+        {"resource": {"attributes": [_kv("service.name", {"stringValue": "worker"}),
+                                     _kv("nemo.run.id", {"stringValue": "run-1"}),
+                                     _kv("nv.dl.rank", {"stringValue": "2"})]},
+         "scopeSpans": [{"scope": {"name": "vllm"},
+                         "spans": [_span(T2, "00f067aa0ba902b7", "generate", parent="eee19b7ec3c1b174",
+                                         kind="SPAN_KIND_CLIENT", flags=256,
+                                         attributes=[_kv("tokens", {"intValue": 128})])]}]},
+    ]}
+    second = {"resourceSpans": [
+        {"resource": {},
+         "scopeSpans": [{"scope": {"name": "bare", "version": ""},
+                         "spans": [_span(T2, "1111111111111111", "lonely", kind=0, droppedAttributesCount=0)]}]},
+    ]}
+    return [first, second]
+
+
+# -- the normal form -------------------------------------------------------------------------
+
+
+def _id(text: str | None, width: int) -> str | None:
+    if not text:
+        return None
+    return text.lower() if len(text) == 2 * width else base64.b64decode(text).hex()
+
+
+def _value(value: dict | None):
+    if not value:
+        return ("empty",)
+    (kind, inner), = value.items()
+    if kind == "stringValue":
+        return ("s", inner)
+    if kind == "intValue":
+        return ("i", int(inner))
+    if kind == "doubleValue":
+        number = float(inner)
+        return ("d", "nan" if math.isnan(number) else number)
+    if kind == "boolValue":
+        return ("b", inner)
+    if kind == "bytesValue":
+        return ("bytes", base64.b64decode(inner))
+    if kind == "arrayValue":
+        return ("a", tuple(_value(v) for v in (inner or {}).get("values", ())))
+    assert kind == "kvlistValue", kind
+    return ("kv", tuple((kv["key"], _value(kv.get("value"))) for kv in (inner or {}).get("values", ())))
+
+
+def _attributes(kvs) -> tuple:
+    return tuple(sorted(((kv["key"], _value(kv.get("value"))) for kv in kvs or ()), key=repr))
+
+
+_KINDS = ["SPAN_KIND_UNSPECIFIED", "SPAN_KIND_INTERNAL", "SPAN_KIND_SERVER", "SPAN_KIND_CLIENT",
+          "SPAN_KIND_PRODUCER", "SPAN_KIND_CONSUMER"]
+_CODES = ["STATUS_CODE_UNSET", "STATUS_CODE_OK", "STATUS_CODE_ERROR"]
+
+
+def _enum(value, names) -> int:
+    return names.index(value) if isinstance(value, str) else int(value or 0)
+
+
+def _span_form(span: dict) -> dict:
+    status = span.get("status") or {}
+    return {
+        "traceId": _id(span["traceId"], 16), "spanId": _id(span["spanId"], 8),
+        "parentSpanId": _id(span.get("parentSpanId"), 8), "traceState": span.get("traceState") or None,
+        "name": span.get("name") or "", "kind": _enum(span.get("kind"), _KINDS),
+        "start": int(span["startTimeUnixNano"]), "end": int(span["endTimeUnixNano"]),
+        "flags": int(span.get("flags") or 0), "attributes": _attributes(span.get("attributes")),
+        "droppedAttributesCount": int(span.get("droppedAttributesCount") or 0),
+        "droppedEventsCount": int(span.get("droppedEventsCount") or 0),
+        "droppedLinksCount": int(span.get("droppedLinksCount") or 0),
+        "status": (_enum(status.get("code"), _CODES), status.get("message") or None),
+        "events": [(int(e.get("timeUnixNano") or 0), e.get("name") or "", _attributes(e.get("attributes")),
+                    int(e.get("droppedAttributesCount") or 0)) for e in span.get("events") or ()],
+        "links": [(_id(link["traceId"], 16), _id(link["spanId"], 8), link.get("traceState") or None,
+                   _attributes(link.get("attributes")), int(link.get("droppedAttributesCount") or 0),
+                   int(link.get("flags") or 0)) for link in span.get("links") or ()],
+    }
+
+
+def _normal(requests: list[dict]) -> list:
+    """(resource, its schema URL, scope, its schema URL) -> spans sorted by id, over all requests."""
+    groups: dict = {}
+    for request in requests:
+        for rs in request.get("resourceSpans") or ():
+            resource = rs.get("resource") or {}
+            rkey = (_attributes(resource.get("attributes")), int(resource.get("droppedAttributesCount") or 0),
+                    rs.get("schemaUrl") or None)
+            for ss in rs.get("scopeSpans") or ():
+                scope = ss.get("scope") or {}
+                skey = (scope.get("name") or None, scope.get("version") or None, _attributes(scope.get("attributes")),
+                        int(scope.get("droppedAttributesCount") or 0), ss.get("schemaUrl") or None)
+                groups.setdefault(repr((rkey, skey)), []).extend(_span_form(s) for s in ss.get("spans") or ())
+    return sorted((key, sorted(spans, key=lambda s: (s["traceId"], s["spanId"]))) for key, spans in groups.items())
+
+
+# -- the inputs --------------------------------------------------------------------------------
+
+
+def _b64_ids(obj):
+    """OTLP/JSON (hex ids) as protobuf's JSON mapping reads it (bytes as base64)."""
+    if isinstance(obj, dict):
+        return {k: (base64.b64encode(bytes.fromhex(_id(v, 16 if k == "traceId" else 8))).decode()
+                    if k in ("traceId", "spanId", "parentSpanId") and v else _b64_ids(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_b64_ids(v) for v in obj]
+    return obj
+
+
+def _write(tmp_path: Path, form: str, corpus: list[dict]) -> list[Path]:
+    paths = []
+    for i, request in enumerate(corpus):
+        if form == "json":
+            path = tmp_path / f"traces-{i}.jsonl"
+            path.write_text(json.dumps(request) + "\n")
+        else:
+            payload = ParseDict(_b64_ids(request), ExportTraceServiceRequest()).SerializeToString()
+            path = tmp_path / f"traces-{i}.pb"
+            path.write_bytes(struct.pack(">I", len(payload)) + payload)
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture(params=["0", "1"], ids=["reference", "compiled"])
+def decoders(request, monkeypatch):
+    monkeypatch.setenv("NEMO_TELEMETRY_COMPILED", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("form", ["json", "protobuf"])
+def test_each_file_comes_back_field_by_field_from_a_dataset(tmp_path, form, decoders):
+    corpus = _corpus()
+    for i, path in enumerate(_write(tmp_path, form, corpus)):
+        dataset = tmp_path / f"dataset-{i}"
+        ingest([path], out=dataset)
+        back = to_otlp_traces(read_spans(dataset), read_events(dataset), read_links(dataset))
+        json.dumps(back)  # a JSON document as it stands
+        assert _normal([back]) == _normal([corpus[i]])
+
+
+def test_the_whole_corpus_comes_back_in_memory_and_through_its_own_output(tmp_path):
+    """load_traces (no dataset) gives the same; the output is OTLP/JSON ingest reads again to the
+    same tables."""
+    corpus = _corpus()
+    tables = load_traces(_write(tmp_path, "json", corpus))
+    back = to_otlp_traces(tables.spans, tables.events, tables.links)
+    assert _normal([back]) == _normal(corpus)
+    again = tmp_path / "again.jsonl"
+    again.write_text(json.dumps(back) + "\n")
+    reread = load_traces([again])
+    assert reread.spans.sort_by("span_id").equals(tables.spans.sort_by("span_id"))
+    assert _normal([to_otlp_traces(reread.spans, reread.events, reread.links)]) == _normal(corpus)
+
+
+def test_values_keep_their_type(tmp_path):
+    """An int, a double, a bool and a string of the same text are told apart in the dataset."""
+    request = {"resourceSpans": [{"scopeSpans": [{"spans": [_span(T1, "0000000000000009", "typed", attributes=[
+        _kv("as.int", {"intValue": 1}), _kv("as.string", {"stringValue": "1"}), _kv("as.double", {"doubleValue": 1.0}),
+        _kv("as.bool", {"boolValue": True}), _kv("as.text", {"stringValue": "true"})])]}]}]}
+    tables = load_traces(_write(tmp_path, "json", [request]))
+    row = tables.spans.to_pylist()[0]
+    assert dict(row["attributes"]) == {"as.int": "1", "as.string": "1", "as.double": "1.0", "as.bool": "true",
+                                       "as.text": "true"}
+    assert dict(row["attribute_types"]) == {"as.int": "int", "as.double": "double", "as.bool": "bool"}
+
+
+def test_format_2_files_read_the_otlp_columns_as_nulls_and_still_export(tmp_path):
+    """Spans files of dataset format 2 (no OTLP columns, no commit record): the dataset is of
+    format 2, its spans read the new columns as nulls, and export gives every span back (with
+    what format 2 kept)."""
+    import pyarrow.parquet as pq
+
+    from nemo_telemetry.analysis.model.schema import OTLP_SPAN_COLUMNS
+    from nemo_telemetry.analysis.store import commits, dataset
+
+    spans = load_traces(_write(tmp_path, "json", copy.deepcopy(_corpus()[:1]))).spans
+    root = tmp_path / "format-2"
+    folder = root / "spans" / "run_id=run-1"
+    folder.mkdir(parents=True)
+    pq.write_table(dataset.with_parent_rows(spans).drop_columns(list(OTLP_SPAN_COLUMNS)), folder / "part-0.parquet")
+    assert commits.dataset_state(root).format == 2
+    read = read_spans(root)
+    assert all(read.column(c).null_count == read.num_rows for c in OTLP_SPAN_COLUMNS)
+    back = _normal([to_otlp_traces(read)])
+    assert {s["spanId"] for _, group in back for s in group} == {
+        "eee19b7ec3c1b174", "0000000000000002", "0000000000000003", "00f067aa0ba902b7"}
