@@ -188,3 +188,135 @@ def _span(row: dict, events: dict, links: dict) -> dict:
     _set(status, "code", STATUS_CODES.index(row["status_code"]) if row["status_code"] else None)
     span["status"] = status
     return span
+
+
+def to_otlp_logs(logs: pa.Table) -> dict:
+    """One OTLP/JSON ``ExportLogsServiceRequest`` (a dict) of a logs table (``read_logs``)."""
+    columns = {name: _column(logs, name) for name in logs.schema.names}
+    groups = _Groups("scopeLogs", "logRecords")
+    for values in zip(*columns.values()):
+        row = dict(zip(columns, values))
+        resource = _resource(_attributes(row["resource_attributes"], row.get("resource_attribute_types")),
+                             row.get("resource_dropped_attributes_count"))
+        scope = _scope(row["scope_name"], row.get("scope_version"),
+                       _attributes(row.get("scope_attributes"), row.get("scope_attribute_types")),
+                       row.get("scope_dropped_attributes_count"))
+        groups.add(resource, row.get("resource_schema_url"), scope, row.get("scope_schema_url"), _log_record(row))
+    return groups.request("resourceLogs")
+
+
+def _log_record(row: dict) -> dict:
+    record: dict = {}
+    written = row.get("time_observed") is not None  # a row of a reader that keeps every field
+    _set(record, "timeUnixNano", None if row.get("time_observed") else str(row["time_ns"]))
+    _set(record, "observedTimeUnixNano", str(row["observed_time_ns"]) if row["observed_time_ns"] else None)
+    _set(record, "severityNumber", row["severity_number"])
+    _set(record, "severityText", row.get("severity_text") if written else row["severity"])
+    if row["body"] is not None or row.get("body_type"):
+        record["body"] = typed_value(row["body"], row.get("body_type"))
+    _set(record, "attributes", _attributes(row["attributes"], row.get("attribute_types")))
+    _set(record, "droppedAttributesCount", row.get("dropped_attributes_count"))
+    _set(record, "flags", row.get("flags"))
+    _set(record, "traceId", row["trace_id"])
+    _set(record, "spanId", row["span_id"])
+    _set(record, "eventName", row.get("event_name"))
+    return record
+
+
+_TEMPORALITIES = {"unspecified": 0, "delta": 1, "cumulative": 2}
+_DATA_KEYS = {"gauge": "gauge", "sum": "sum", "histogram": "histogram",
+              "exponential_histogram": "exponentialHistogram", "summary": "summary"}
+
+
+def to_otlp_metrics(metrics: pa.Table) -> dict:
+    """One OTLP/JSON ``ExportMetricsServiceRequest`` (a dict) of a metrics table (``read_metrics``):
+    data points grouped back into their metrics, under their resource and scope."""
+    columns = {name: _column(metrics, name) for name in metrics.schema.names}
+    groups = _Groups("scopeMetrics", "metrics")
+    for values in zip(*columns.values()):
+        row = dict(zip(columns, values))
+        resource = _resource(_attributes(row["resource_attributes"], row.get("resource_attribute_types")),
+                             row.get("resource_dropped_attributes_count"))
+        scope = _scope(row["scope_name"], row.get("scope_version"),
+                       _attributes(row.get("scope_attributes"), row.get("scope_attribute_types")),
+                       row.get("scope_dropped_attributes_count"))
+        groups.add(resource, row.get("resource_schema_url"), scope, row.get("scope_schema_url"), row)
+    request = groups.request("resourceMetrics")
+    for rm in request["resourceMetrics"]:
+        for sm in rm["scopeMetrics"]:
+            sm["metrics"] = _metrics(sm["metrics"])
+    return request
+
+
+def _metrics(rows: list[dict]) -> list[dict]:
+    """The rows of one scope as its metrics, each metric's points in order."""
+    out: dict = {}
+    for row in rows:
+        kind = row["kind"]
+        metadata = _attributes(row.get("metadata"), row.get("metadata_types"))
+        key = (row["name"], row.get("description"), row["unit"], kind, row["temporality"], row["is_monotonic"],
+               _freeze(metadata))
+        metric = out.get(key)
+        if metric is None:
+            metric = out[key] = {"name": row["name"]}
+            _set(metric, "description", row.get("description"))
+            _set(metric, "unit", row["unit"])
+            _set(metric, "metadata", metadata)
+            data: dict = {"dataPoints": []}
+            if kind in ("sum", "histogram", "exponential_histogram"):
+                _set(data, "aggregationTemporality", _TEMPORALITIES.get(row["temporality"] or "unspecified"))
+            if kind == "sum":
+                _set(data, "isMonotonic", row["is_monotonic"])
+            metric[_DATA_KEYS[kind]] = data
+        metric[_DATA_KEYS[kind]]["dataPoints"].append(_point(row, kind))
+    return list(out.values())
+
+
+def _point(row: dict, kind: str) -> dict:
+    point: dict = {}
+    _set(point, "attributes", _attributes(row["attributes"], row.get("attribute_types")))
+    _set(point, "startTimeUnixNano", str(row["start_time_ns"]) if row["start_time_ns"] else None)
+    point["timeUnixNano"] = str(row["time_ns"])
+    if kind in ("gauge", "sum"):
+        if row.get("value_int") is not None:
+            point["asInt"] = str(row["value_int"])
+        elif row["value"] is not None:
+            point["asDouble"] = typed_value(repr(row["value"]), "double")["doubleValue"]
+    else:
+        _set(point, "count", str(row["count"]) if row["count"] else None)
+        if row["value"] is not None:
+            point["sum"] = typed_value(repr(row["value"]), "double")["doubleValue"]
+    if kind == "summary":
+        _set(point, "quantileValues", [{k: v for k, v in q.items() if v} for q in row.get("quantile_values") or ()])
+    if kind == "histogram":
+        _set(point, "bucketCounts", [str(c) for c in row.get("bucket_counts") or ()])
+        _set(point, "explicitBounds", row.get("explicit_bounds"))
+    if kind == "exponential_histogram":
+        _set(point, "scale", row.get("scale"))
+        _set(point, "zeroCount", str(row["zero_count"]) if row.get("zero_count") else None)
+        _set(point, "zeroThreshold", row.get("zero_threshold"))
+        for side in ("positive", "negative"):
+            buckets: dict = {}
+            _set(buckets, "offset", row.get(f"{side}_offset"))
+            _set(buckets, "bucketCounts", [str(c) for c in row.get(f"{side}_bucket_counts") or ()])
+            _set(point, side, buckets)
+    if kind in ("histogram", "exponential_histogram"):
+        for name in ("min", "max"):
+            if row.get(name) is not None:
+                point[name] = row[name]
+    _set(point, "exemplars", [_exemplar(e) for e in row.get("exemplars") or ()])
+    _set(point, "flags", row.get("flags"))
+    return point
+
+
+def _exemplar(row: dict) -> dict:
+    exemplar: dict = {}
+    _set(exemplar, "filteredAttributes", _attributes(row["filtered_attributes"], row["attribute_types"]))
+    _set(exemplar, "timeUnixNano", str(row["time_ns"]) if row["time_ns"] else None)
+    if row["value_int"] is not None:
+        exemplar["asInt"] = str(row["value_int"])
+    elif row["value"] is not None:
+        exemplar["asDouble"] = typed_value(repr(row["value"]), "double")["doubleValue"]
+    _set(exemplar, "spanId", row["span_id"])
+    _set(exemplar, "traceId", row["trace_id"])
+    return exemplar

@@ -23,8 +23,7 @@ import pytest
 from google.protobuf.json_format import ParseDict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from nemo_telemetry.analysis import ingest, load_traces, read_events, read_links, read_spans
-from nemo_telemetry.analysis.views.otlp import to_otlp_traces
+from nemo_telemetry.analysis import ingest, load_traces, read_events, read_links, read_spans, to_otlp_traces
 
 T1, T2 = "5b8efff798038103d269b633813fc60c", "0af7651916cd43dd8448eb211c80319c"
 
@@ -297,3 +296,165 @@ def test_format_2_files_read_the_otlp_columns_as_nulls_and_still_export(tmp_path
     back = _normal([to_otlp_traces(read)])
     assert {s["spanId"] for _, group in back for s in group} == {
         "eee19b7ec3c1b174", "0000000000000002", "0000000000000003", "00f067aa0ba902b7"}
+
+
+# -- logs and metrics -------------------------------------------------------------------------
+
+
+def _logs_corpus() -> dict:
+    resource = {"attributes": [_kv("service.name", {"stringValue": "trainer"}), _kv("nv.dl.rank", {"intValue": 1}),
+                               _kv("pid", {"intValue": "77"})], "droppedAttributesCount": 2}
+    return {"resourceLogs": [{"resource": resource, "schemaUrl": "https://opentelemetry.io/schemas/1.24.0",
+                              "scopeLogs": [
+        {"scope": {"name": "app", "version": "2.0", "attributes": [_kv("s.b", {"boolValue": True})],
+                   "droppedAttributesCount": 1}, "schemaUrl": "https://s",
+         "logRecords": [
+             {"timeUnixNano": "1700000000000000001", "observedTimeUnixNano": 1700000000000000002,
+              "severityNumber": "SEVERITY_NUMBER_WARN2", "severityText": "warning",
+              "body": {"kvlistValue": {"values": [_kv("msg", {"stringValue": "hi"}), _kv("n", {"intValue": 3})]}},
+              "attributes": EVERY_VALUE, "droppedAttributesCount": 4, "flags": 1, "traceId": T1,
+              "spanId": "eee19b7ec3c1b174", "eventName": "rl.step.done"},
+             {"observedTimeUnixNano": "1700000000000000005", "severityNumber": 9, "body": {"intValue": "12"}},
+             {"timeUnixNano": "1700000000000000006", "body": {"bytesValue": "AQID"}},
+             {"timeUnixNano": "1700000000000000007", "body": {"stringValue": ""}},
+             {"timeUnixNano": "1700000000000000008"},
+         ]},
+        {"scope": {}, "logRecords": [{"timeUnixNano": "1700000000000000009", "body": {"stringValue": "plain"}}]},
+    ]}]}
+
+
+def _exemplar(value, trace=T1, span="eee19b7ec3c1b174"):
+    return {"timeUnixNano": "1700000000000000003", **value, "traceId": trace, "spanId": span,
+            "filteredAttributes": [_kv("user", {"stringValue": "u"}), _kv("n", {"intValue": 2})]}
+
+
+def _metrics_corpus() -> dict:
+    number = {"attributes": [_kv("rl.efficiency.category", {"stringValue": "idle"}), _kv("i", {"intValue": 5})],
+              "startTimeUnixNano": "1700000000000000000", "timeUnixNano": "1700000001000000000"}
+    return {"resourceMetrics": [{"resource": {"attributes": [_kv("service.name", {"stringValue": "trainer"}),
+                                                            _kv("nemo.run.id", {"stringValue": "run-1"})],
+                                              "droppedAttributesCount": 3},
+                                 "schemaUrl": "https://r", "scopeMetrics": [
+        {"scope": {"name": "nemo_telemetry", "version": "1.0", "attributes": [_kv("x", {"doubleValue": 1.5})]},
+         "schemaUrl": "https://s", "metrics": [
+             {"name": "g", "description": "a gauge", "unit": "s",
+              "gauge": {"dataPoints": [{**number, "asDouble": 0.25, "flags": 1,
+                                        "exemplars": [_exemplar({"asDouble": 0.5})]},
+                                       {**number, "asInt": "9007199254740993"}]}},
+             {"name": "c", "unit": "1", "sum": {"aggregationTemporality": 2, "isMonotonic": True, "dataPoints": [
+                 {**number, "asInt": 4, "exemplars": [_exemplar({"asInt": "7"})]}]}},
+             {"name": "d", "sum": {"aggregationTemporality": "AGGREGATION_TEMPORALITY_DELTA", "dataPoints": [
+                 {**number, "asDouble": -2.5}]}},
+             {"name": "h", "description": "latency", "histogram": {"aggregationTemporality": 1, "dataPoints": [
+                 {**number, "count": "6", "sum": 10.5, "bucketCounts": ["1", 2, "3"], "explicitBounds": [0.5, 1.0],
+                  "min": 0.1, "max": 4.0, "exemplars": [_exemplar({"asDouble": 0.7})]},
+                 {**number, "count": 0}]}},
+             {"name": "e", "exponentialHistogram": {"aggregationTemporality": 2, "dataPoints": [
+                 {**number, "count": "5", "sum": 3.5, "scale": -2, "zeroCount": "1", "zeroThreshold": 0.001,
+                  "positive": {"offset": -3, "bucketCounts": ["2", "1"]}, "negative": {"offset": 1, "bucketCounts": [1]},
+                  "min": -1.0, "max": 2.0}]}},
+             {"name": "q", "summary": {"dataPoints": [
+                 {**number, "count": 3, "sum": 6.0, "quantileValues": [{"quantile": 0.0, "value": 1.0},
+                                                                       {"quantile": 0.5, "value": 2.0},
+                                                                       {"quantile": 1.0, "value": 3.0}]}]}},
+         ]},
+    ]}]}
+
+
+def _log_form(request: dict) -> list:
+    out = []
+    for rl in request.get("resourceLogs") or ():
+        resource = rl.get("resource") or {}
+        for sl in rl.get("scopeLogs") or ():
+            scope = sl.get("scope") or {}
+            for r in sl.get("logRecords") or ():
+                severity = r.get("severityNumber") or 0
+                if isinstance(severity, str):  # SEVERITY_NUMBER_WARN2 -> 14
+                    base = {"TRACE": 1, "DEBUG": 5, "INFO": 9, "WARN": 13, "ERROR": 17, "FATAL": 21}
+                    name = severity.removeprefix("SEVERITY_NUMBER_")
+                    letters = name.rstrip("0123456789")
+                    severity = base[letters] + int(name[len(letters):] or 1) - 1
+                out.append((
+                    _attributes(resource.get("attributes")), int(resource.get("droppedAttributesCount") or 0),
+                    rl.get("schemaUrl") or None, scope.get("name") or None, scope.get("version") or None,
+                    _attributes(scope.get("attributes")), int(scope.get("droppedAttributesCount") or 0),
+                    sl.get("schemaUrl") or None, int(r.get("timeUnixNano") or 0), int(r.get("observedTimeUnixNano") or 0),
+                    severity, r.get("severityText") or None, _value(r.get("body")) if "body" in r else None,
+                    _attributes(r.get("attributes")), int(r.get("droppedAttributesCount") or 0), int(r.get("flags") or 0),
+                    _id(r.get("traceId"), 16), _id(r.get("spanId"), 8), r.get("eventName") or None))
+    return sorted(out, key=repr)
+
+
+def _num(value) -> float:
+    return float(value)
+
+
+def _metric_point(point: dict) -> tuple:
+    value = ("i", int(point["asInt"])) if "asInt" in point else ("d", _num(point["asDouble"])) if "asDouble" in point else None
+    exemplars = tuple((int(e.get("timeUnixNano") or 0), ("i", int(e["asInt"])) if "asInt" in e else ("d", _num(e["asDouble"])),
+                       _id(e.get("traceId"), 16), _id(e.get("spanId"), 8), _attributes(e.get("filteredAttributes")))
+                      for e in point.get("exemplars") or ())
+    buckets = {side: (int((point.get(side) or {}).get("offset") or 0),
+                      tuple(int(c) for c in (point.get(side) or {}).get("bucketCounts") or ())) for side in ("positive", "negative")}
+    return (_attributes(point.get("attributes")), int(point.get("startTimeUnixNano") or 0), int(point["timeUnixNano"]),
+            value, int(point.get("count") or 0), _num(point["sum"]) if "sum" in point else None,
+            tuple(int(c) for c in point.get("bucketCounts") or ()), tuple(_num(b) for b in point.get("explicitBounds") or ()),
+            point.get("min"), point.get("max"), int(point.get("scale") or 0), int(point.get("zeroCount") or 0),
+            _num(point.get("zeroThreshold") or 0), buckets["positive"], buckets["negative"],
+            tuple((_num(q.get("quantile") or 0), _num(q.get("value") or 0)) for q in point.get("quantileValues") or ()),
+            exemplars, int(point.get("flags") or 0))
+
+
+_TEMPORALITY = ["AGGREGATION_TEMPORALITY_UNSPECIFIED", "AGGREGATION_TEMPORALITY_DELTA", "AGGREGATION_TEMPORALITY_CUMULATIVE"]
+
+
+def _metric_form(request: dict) -> list:
+    out = []
+    for rm in request.get("resourceMetrics") or ():
+        resource = rm.get("resource") or {}
+        for sm in rm.get("scopeMetrics") or ():
+            scope = sm.get("scope") or {}
+            for m in sm.get("metrics") or ():
+                kind = next(k for k in ("gauge", "sum", "histogram", "exponentialHistogram", "summary") if k in m)
+                data = m[kind]
+                out.append((
+                    _attributes(resource.get("attributes")), int(resource.get("droppedAttributesCount") or 0),
+                    rm.get("schemaUrl") or None, scope.get("name") or None, scope.get("version") or None,
+                    _attributes(scope.get("attributes")), sm.get("schemaUrl") or None, m["name"],
+                    m.get("description") or None, m.get("unit") or None, kind,
+                    _enum(data.get("aggregationTemporality"), _TEMPORALITY), bool(data.get("isMonotonic")),
+                    tuple(_metric_point(p) for p in data["dataPoints"])))
+    return sorted(out, key=repr)
+
+
+def test_logs_come_back_field_by_field(tmp_path):
+    from nemo_telemetry.analysis import read_logs
+    from nemo_telemetry.analysis import to_otlp_logs
+
+    corpus = _logs_corpus()
+    path = tmp_path / "logs-0.jsonl"
+    path.write_text(json.dumps(corpus) + "\n")
+    for source in (path, ingest([path], out=tmp_path / "dataset") and tmp_path / "dataset"):
+        back = to_otlp_logs(read_logs(source))
+        json.dumps(back)
+        assert _log_form(back) == _log_form(corpus)
+
+
+@pytest.mark.parametrize("form", ["json", "protobuf"])
+def test_metrics_come_back_field_by_field(tmp_path, form):
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from nemo_telemetry.analysis import read_metrics
+    from nemo_telemetry.analysis import to_otlp_metrics
+
+    corpus = _metrics_corpus()
+    if form == "json":
+        path = tmp_path / "metrics-0.jsonl"
+        path.write_text(json.dumps(corpus) + "\n")
+    else:
+        payload = ParseDict(_b64_ids(corpus), ExportMetricsServiceRequest()).SerializeToString()
+        path = tmp_path / "metrics-0.pb"
+        path.write_bytes(struct.pack(">I", len(payload)) + payload)
+    back = to_otlp_metrics(read_metrics(path))
+    json.dumps(back)
+    assert _metric_form(back) == _metric_form(corpus)
