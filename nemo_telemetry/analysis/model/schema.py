@@ -20,6 +20,7 @@ The OTLP fields no analysis reads are kept so that the trip OTLP -> dataset -> O
 (:data:`OTLP_SPAN_COLUMNS`, dataset format 3; files of older formats read them as nulls): the span's
 ``flags`` and dropped attribute, event and link counts, the resource's dropped attribute count and
 schema URL, the scope's attributes, dropped attribute count and schema URL, and the type maps.
+``docs/columns.md`` lists every column; ``analysis.views.otlp`` is the way back.
 
 The optional trailing columns ``trace_key``, ``span_key`` and ``parent_key`` (uint64: the
 first 16 hex digits of each id; 0 for no parent) are what tree walks join on. Ingest writes
