@@ -81,16 +81,19 @@ def special_rows(kind: np.ndarray, rows: np.ndarray, strings: list) -> tuple[lis
     return [text.encode() for text in strings], special
 
 
-def value_types(kind: np.ndarray, rows: np.ndarray, rare_tags: list, string_kind: int, bool_kind: int,
-                int_kind: int) -> pa.DictionaryArray:
+def value_types(kind: np.ndarray, by_kind: dict[int, str], rows: np.ndarray, row_tags: list) -> pa.DictionaryArray:
     """Each attribute's type tag (null for strings and absent values) from the kinds a compiled
-    pass gave it: bools and ints by kind, the ``rows`` it left to a parser by ``rare_tags``."""
-    dictionary = ["bool", "int"]
-    codes = np.full(kind.size, -1, dtype=np.int32)
-    codes[kind == bool_kind] = 0
-    codes[kind == int_kind] = 1
+    pass gave it: the tag ``by_kind[kind]`` (ints, bools, and whatever else the kind tells),
+    and for ``rows`` (values a parser read: arrays, lists, or any kind the pass did not tell)
+    their ``row_tags``."""
+    dictionary = list(dict.fromkeys(by_kind.values()))
+    table = np.full(max(by_kind) + 2, -1, dtype=np.int32)  # the last entry: every kind past the others
+    for value, tag in by_kind.items():
+        table[value] = dictionary.index(tag)
+    codes = np.take(table, kind, mode="clip")  # one pass; kinds below 0 read table[0] (no tag)
     if rows.size:
-        distinct = {tag: 2 + i for i, tag in enumerate(dict.fromkeys(t for t in rare_tags if t is not None))}
-        dictionary += list(distinct)
-        codes[rows] = [distinct.get(tag, -1) if tag is not None else -1 for tag in rare_tags]
+        extra = [t for t in dict.fromkeys(row_tags) if t is not None and t not in dictionary]
+        dictionary += extra
+        index = {tag: i for i, tag in enumerate(dictionary)}
+        codes[rows] = [index[tag] if tag is not None else -1 for tag in row_tags]
     return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(dictionary, pa.string()))

@@ -186,7 +186,7 @@ def _values(k, w, buffer: bytes, arena: np.ndarray, attrs: np.ndarray) -> tuple[
             s, n = int(attrs[k.VAL_S, row]), int(attrs[k.VAL_N, row])
             text = orjson.loads(b'"' + arena[s : s + n].tobytes() + b'"')
         special_strings.append(text)
-    types = value_types(kind, rare, rare_tags, k.V_STRING, k.V_BOOL, k.V_INT)
+    types = value_types(kind, {k.V_BOOL: "bool", k.V_INT: "int"}, rare, rare_tags)
     special_strings, special = special_rows(kind, rows, special_strings)
     special_offsets = np.zeros(len(special_strings) + 1, dtype=np.int64)
     np.cumsum([len(t) for t in special_strings], out=special_offsets[1:])

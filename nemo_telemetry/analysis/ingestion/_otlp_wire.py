@@ -33,7 +33,8 @@ from nemo_telemetry.analysis.ingestion.anyvalue import proto_value_string, proto
 
 __all__ = ["WireError", "decode_requests", "decode_frames", "decode_frames_each", "decode_batch"]
 
-_STRING, _BOOL, _INT, _DOUBLE = 1, 2, 3, 4  # AnyValue field numbers
+_STRING, _BOOL, _INT, _DOUBLE, _ARRAY, _KVLIST, _BYTES = 1, 2, 3, 4, 5, 6, 7  # AnyValue field numbers
+_TAGS = {_BOOL: "bool", _INT: "int", _DOUBLE: "double", _BYTES: "bytes"}  # type tags by field
 _SPECIAL = 16  # and beyond: a value written by upb (see _attribute_records)
 _MOST_NAMES = 4096  # distinct span names a batch dictionary-encodes in the kernel
 
@@ -227,7 +228,9 @@ def _attribute_records(k, s, data: np.ndarray, attrs: np.ndarray) -> tuple[Attri
     bounds = zip(first.tolist(), (first + attrs[k.ANY_N][rows]).tolist())
     values = [AnyValue.FromString(data[s:e].tobytes()) for s, e in bounds]
     rare = [proto_value_string(value) for value in values]
-    types = value_types(kind, rows, [proto_value_type(value) for value in values], _STRING, _BOOL, _INT)
+    # by the AnyValue field the walk saw; arrays and lists by what they hold (upb read them)
+    composite = np.flatnonzero((kind[rows] == _ARRAY) | (kind[rows] == _KVLIST))
+    types = value_types(kind, _TAGS, rows[composite], [proto_value_type(values[i]) for i in composite.tolist()])
     present = np.array([text is not None for text in rare], dtype=np.bool_)
     kind[rows[~present]] = -1
     kind[rows[present]] = _SPECIAL + np.arange(int(present.sum()))

@@ -264,6 +264,9 @@ def per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
     """The owners' attribute maps repeated for each span. An owner's keys (and values) are
     contiguous, so each span's part is one byte copy (compiled) rather than a take per entry."""
     sizes = np.fromiter((len(e) for e in entries), dtype=np.int64, count=len(entries))
+    if not sizes.any():  # no owner has an entry (scope attributes, most type maps): no strings to copy
+        empty = pa.array([], pa.string())
+        return pa.MapArray.from_arrays(pa.array(np.zeros(len(index) + 1, dtype=np.int32)), empty, empty)
     first = np.zeros(len(entries) + 1, dtype=np.int64)
     np.cumsum(sizes, out=first[1:])
     keys = pa.array([k for e in entries for k, _ in e], pa.large_string())
@@ -345,8 +348,7 @@ def type_map(counts: np.ndarray, owners: int, tags: pa.Array, keys_of, promoted:
         tags = tags.combine_chunks()
     valid = tags.is_valid().to_numpy(zero_copy_only=False) if len(tags) else np.zeros(0, dtype=np.bool_)
     rows = np.flatnonzero(valid)
-    owner_of = np.repeat(np.arange(owners, dtype=np.int64), counts)
-    row_owner = owner_of[rows]
+    row_owner = np.repeat(np.arange(owners, dtype=np.int32), counts)[rows]
     keys = keys_of(rows) if rows.size else pa.array([], pa.string())
     values = tags.take(pa.array(rows)).cast(pa.string()) if rows.size else pa.array([], pa.string())
     keep = np.ones(rows.size, dtype=np.bool_)
@@ -363,13 +365,15 @@ def type_map(counts: np.ndarray, owners: int, tags: pa.Array, keys_of, promoted:
         extra_owner.append(strings)
         extra_key.append(np.full(strings.size, key, dtype=object))
     owner = np.concatenate([row_owner[keep], *extra_owner])
-    out_keys = pa.concat_arrays([keys.filter(pa.array(keep)).cast(pa.string()),
-                                 *(pa.array(k, pa.string()) for k in extra_key)])
-    out_values = pa.concat_arrays([values.filter(pa.array(keep)),
-                                   *(pa.array(["string"] * k.size, pa.string()) for k in extra_key)])
-    order = np.argsort(owner, kind="stable")
+    kept = pa.array(keep)
+    out_keys = keys.filter(kept).cast(pa.string())
+    out_values = values.filter(kept)
     offsets = np.zeros(owners + 1, dtype=np.int32)
     np.cumsum(np.bincount(owner, minlength=owners), out=offsets[1:])
-    take = pa.array(order)
-    return pa.MapArray.from_arrays(pa.array(offsets), out_keys.take(take), out_values.take(take))
+    if any(k.size for k in extra_key):  # the owners' entries together: sort them by owner
+        out_keys = pa.concat_arrays([out_keys, *(pa.array(k, pa.string()) for k in extra_key)])
+        out_values = pa.concat_arrays([out_values, *(pa.array(["string"] * k.size, pa.string()) for k in extra_key)])
+        take = pa.array(np.argsort(owner, kind="stable"))
+        out_keys, out_values = out_keys.take(take), out_values.take(take)
+    return pa.MapArray.from_arrays(pa.array(offsets), out_keys, out_values)
 
