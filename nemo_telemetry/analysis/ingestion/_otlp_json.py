@@ -150,10 +150,15 @@ def span_problem(span: Any) -> str | None:
         _field("endTimeUnixNano", _timestamp_problem(get("endTimeUnixNano"), True)),
         _field("status", _status_problem(get("status"))),
         _field("attributes", _attributes_problem(get("attributes"))),
-        *(_field(name, _uint32_problem(get(name))) for name in _SPAN_COUNTS),
     ))
     if problem is not None:
         return problem
+    for name in _SPAN_COUNTS:  # flags and dropped counts: usually absent, one lookup each
+        value = get(name)
+        if value is not None and type(value) is not int and (problem := _uint32_problem(value)) is not None:
+            return _field(name, problem)
+        if type(value) is int and not 0 <= value < _U32:
+            return _field(name, _uint32_problem(value))
     for key in ("events", "links"):
         if get(key) is not None and not isinstance(get(key), list):
             return f"{key} is not a list ({_shown(get(key))})"

@@ -458,3 +458,17 @@ def test_metrics_come_back_field_by_field(tmp_path, form):
     back = to_otlp_metrics(read_metrics(path))
     json.dumps(back)
     assert _metric_form(back) == _metric_form(corpus)
+
+
+@pytest.mark.parametrize("bad", [-1, 2**32, "x", 1.5])
+def test_a_span_with_bad_flags_or_counts_is_rejected_alone_by_both_decoders(tmp_path, decoders, bad):
+    """A flags or dropped count that is no uint32 rejects its span, named; its neighbour is kept."""
+    for field in ("flags", "droppedLinksCount"):
+        request = {"resourceSpans": [{"scopeSpans": [{"spans": [
+            _span(T1, "0000000000000001", "bad", **{field: bad}), _span(T1, "0000000000000002", "good", flags=1)]}]}]}
+        path = tmp_path / f"traces-{field}.jsonl"
+        path.write_text(json.dumps(request) + "\n")
+        tables = load_traces([path])
+        assert tables.spans.column("name").to_pylist() == ["good"]
+        assert tables.summary.rejected_records == 1
+        assert any(field in warning for warning in tables.summary.warnings)
