@@ -165,6 +165,7 @@ def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
         "resource_attributes": resource,
         "trace_key": trace_key, "span_key": span_key, "parent_key": parent_key,
     }
+    columns = {f.name: columns.get(f.name, pa.nulls(n, f.type)) for f in SPANS_TABLE_SCHEMA}  # OTLP-only: nulls
     return pa.table([pa.array(columns[f.name]) if not isinstance(columns[f.name], pa.Array) else columns[f.name]
                      for f in SPANS_TABLE_SCHEMA], schema=SPANS_TABLE_SCHEMA)
 

@@ -113,7 +113,8 @@ def _table(run_id, trace_key, span_key, parent_key, name, start, end, bucket, it
         "attributes": empty_map, "resource_attributes": empty_map,
         "trace_key": pa.array(trace_key), "span_key": pa.array(span_key), "parent_key": pa.array(parent_key),
     }
-    return pa.table([columns[f.name].cast(f.type) for f in SPANS_TABLE_SCHEMA], schema=SPANS_TABLE_SCHEMA)
+    return pa.table([columns.get(f.name, pa.nulls(n, f.type)).cast(f.type) for f in SPANS_TABLE_SCHEMA],
+                    schema=SPANS_TABLE_SCHEMA)
 
 
 def write_dataset(root: Path, spans: int, *, steps_per_chunk: int = 2_000) -> None:
