@@ -167,6 +167,7 @@ def make_run(run_index: int, steps: int, rng: np.random.Generator) -> pa.Table:
         # so trace_key is the high half, as model.tree.trace_keys computes it
         "trace_key": trace_key, "span_key": span_key, "parent_key": parent_key, "trace_low": np.zeros(n, np.uint64),
     }
+    columns = {f.name: columns.get(f.name, pa.nulls(n, f.type)) for f in SPANS_TABLE_SCHEMA}  # OTLP-only: nulls
     return pa.table([pa.array(columns[f.name]) if not isinstance(columns[f.name], pa.Array) else columns[f.name]
                      for f in SPANS_TABLE_SCHEMA], schema=SPANS_TABLE_SCHEMA)
 

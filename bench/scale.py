@@ -114,7 +114,8 @@ def _table(run_id, trace_key, span_key, parent_key, name, start, end, bucket, it
         "trace_key": pa.array(trace_key), "span_key": pa.array(span_key), "parent_key": pa.array(parent_key),
         "trace_low": pa.array(np.zeros(n, np.uint64)),  # ids padded on the right: the low half 0, whose mix is 0
     }
-    return pa.table([columns[f.name].cast(f.type) for f in SPANS_TABLE_SCHEMA], schema=SPANS_TABLE_SCHEMA)
+    return pa.table([columns.get(f.name, pa.nulls(n, f.type)).cast(f.type) for f in SPANS_TABLE_SCHEMA],
+                    schema=SPANS_TABLE_SCHEMA)
 
 
 def write_dataset(root: Path, spans: int, *, steps_per_chunk: int = 2_000) -> None:

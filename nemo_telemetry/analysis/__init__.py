@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from nemo_telemetry.analysis.views.perfetto import to_chrome_trace
     from nemo_telemetry.analysis.views.html_view import to_html
     from nemo_telemetry.analysis.views.stitch import stitch_vllm_spans
+    from nemo_telemetry.analysis.views.otlp import to_otlp_logs, to_otlp_metrics, to_otlp_traces
     from nemo_telemetry.analysis.views.plots import write_goodput_plot
     from nemo_telemetry.analysis.lint import lint_paths
     from nemo_telemetry.analysis.ingestion.follow import DumpFollower, FollowCounts
@@ -96,6 +97,9 @@ __all__ = [
     "efficiency_by_step",
     "with_efficiency_columns",
     "stitch_vllm_spans",
+    "to_otlp_traces",
+    "to_otlp_logs",
+    "to_otlp_metrics",
     "LOGS_SCHEMA",
     "read_logs",
     "goodput_by_step",
@@ -203,6 +207,7 @@ _MODULE_NAMES = {  # each module and the public names it defines, in the pipelin
     "nemo_telemetry.analysis.views.perfetto": ("to_chrome_trace",),
     "nemo_telemetry.analysis.views.html_view": ("to_html",),
     "nemo_telemetry.analysis.views.stitch": ("stitch_vllm_spans",),
+    "nemo_telemetry.analysis.views.otlp": ("to_otlp_traces", "to_otlp_logs", "to_otlp_metrics"),
     "nemo_telemetry.analysis.views.plots": ("write_goodput_plot",),
     "nemo_telemetry.analysis.lint": ("lint_paths",),
     "nemo_telemetry.analysis.ingestion.follow": ("DumpFollower", "FollowCounts"),

@@ -34,6 +34,8 @@ PINNED |= {"DatasetLockedError", "DamagedDatasetError", "verify_dataset", "repai
 PINNED |= {"DatasetFormatError"}
 # issue 33: the receivers' bearer token file and the error of a receiver that refuses to start as asked
 PINNED |= {"read_token_file", "ReceiverSecurityError"}
+# issue 30: the dataset back to OTLP
+PINNED |= {"to_otlp_traces", "to_otlp_logs", "to_otlp_metrics"}
 
 CLI = Path(analysis.__file__).resolve().parent.parent / "cli"
 

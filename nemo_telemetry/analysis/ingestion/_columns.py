@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.model.schema import (
     EVENTS_SCHEMA,
+    ITERATION,
     LINKS_SCHEMA,
     PROMOTED_SPAN_ATTRIBUTES,
     SPAN_KINDS,
@@ -34,10 +35,12 @@ from nemo_telemetry.analysis.ingestion._kernel_arrays import (
 from nemo_telemetry.analysis.ingestion._promote import (
     AttributeRecords,
     per_owner_dict,
+    per_owner_map,
     promote,
     promote_records,
     resource_columns,
     to_int,
+    type_map,
 )
 from nemo_telemetry.analysis.model.tables import SPANS_TABLE_SCHEMA, OtlpTables
 from nemo_telemetry.analysis.model.tree import hex_to_uint64, trace_keys
@@ -50,16 +53,19 @@ _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 @dataclass
 class _Attrs:
-    """Flat key/value lists plus how many belong to each owner (span, event, link, resource)."""
+    """Flat key/value lists plus how many belong to each owner (span, event, link, resource),
+    and each value's type tag (``anyvalue``: None for strings)."""
 
     counts: list[int] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)
     values: list[Any] = field(default_factory=list)
+    types: list[Any] = field(default_factory=list)
 
-    def extend(self, counts: list[int], keys: list[str], values: list[Any]) -> None:
+    def extend(self, counts: list[int], keys: list[str], values: list[Any], types: list[Any]) -> None:
         self.counts.extend(counts)
         self.keys.extend(keys)
         self.values.extend(values)
+        self.types.extend(types)
 
 
 @dataclass
@@ -78,19 +84,29 @@ class SpanColumns:
     status_message: list = field(default_factory=list)
     scope_index: list = field(default_factory=list)
     resource_index: list = field(default_factory=list)
+    flags: list = field(default_factory=list)
+    dropped_attributes: list = field(default_factory=list)
+    dropped_events: list = field(default_factory=list)
+    dropped_links: list = field(default_factory=list)
     attrs: _Attrs = field(default_factory=_Attrs)
-    # (name, version) per scope and {key: value string} per resource, indexed by the above.
+    # per scope (name, version, {key: value string}, {key: type tag}, dropped attribute count,
+    # schema URL: see ``scope_fields``), per resource {key: value string} and beside it ({key:
+    # type tag}, dropped attribute count, schema URL), indexed by the above.
     scopes: list = field(default_factory=list)
     resources: list = field(default_factory=list)
+    resource_extras: list = field(default_factory=list)
     # events and links: owning span row, then their own fields
     event_span: list = field(default_factory=list)
     event_time: list = field(default_factory=list)
     event_name: list = field(default_factory=list)
+    event_dropped: list = field(default_factory=list)
     event_attrs: _Attrs = field(default_factory=_Attrs)
     link_span: list = field(default_factory=list)
     link_trace_id: list = field(default_factory=list)
     link_span_id: list = field(default_factory=list)
     link_trace_state: list = field(default_factory=list)
+    link_flags: list = field(default_factory=list)
+    link_dropped: list = field(default_factory=list)
     link_attrs: _Attrs = field(default_factory=_Attrs)
     # one line per span a decoder rejected for a bad field ("span N rejected: field why"), in order
     rejected: list = field(default_factory=list)
@@ -134,6 +150,11 @@ class SpanColumns:
             attr_counts=np.asarray(self.attrs.counts, dtype=np.int64),
             attr_keys=pa.array(self.attrs.keys, pa.string()),
             attr_values=pa.array(self.attrs.values, pa.string()),
+            attr_types=pa.array(self.attrs.types, pa.string()),
+            flags=pa.array(self.flags, pa.uint32()),
+            dropped_attributes_count=pa.array(self.dropped_attributes, pa.uint32()),
+            dropped_events_count=pa.array(self.dropped_events, pa.uint32()),
+            dropped_links_count=pa.array(self.dropped_links, pa.uint32()),
         )
         return build_tables(arrays, self)
 
@@ -141,13 +162,15 @@ class SpanColumns:
         if not self.event_span:
             return EVENTS_SCHEMA.empty_table()
         owner = pa.array(self.event_span, pa.int64())
-        attributes, _ = _promote_lists(self.event_attrs, len(self.event_span))
+        attributes, types = _promote_lists(self.event_attrs, len(self.event_span))
         arrays = [
             trace.take(owner),
             span.take(owner),
             _int64(self.event_time),
             _dict(pa.array(self.event_name, pa.string())),
             attributes,
+            pa.array(self.event_dropped, pa.uint32()),
+            types,
         ]
         return pa.Table.from_arrays(
             [a.cast(f.type) for a, f in zip(arrays, EVENTS_SCHEMA)], schema=EVENTS_SCHEMA
@@ -157,7 +180,7 @@ class SpanColumns:
         if not self.link_span:
             return LINKS_SCHEMA.empty_table()
         owner = pa.array(self.link_span, pa.int64())
-        attributes, _ = _promote_lists(self.link_attrs, len(self.link_span))
+        attributes, types = _promote_lists(self.link_attrs, len(self.link_span))
         arrays = [
             trace.take(owner),
             span.take(owner),
@@ -165,6 +188,9 @@ class SpanColumns:
             ids_to_hex(self.link_span_id, 8),
             _empty_to_null(pa.array(self.link_trace_state, pa.string())),
             attributes,
+            pa.array(self.link_flags, pa.uint32()),
+            pa.array(self.link_dropped, pa.uint32()),
+            types,
         ]
         return pa.Table.from_arrays(
             [a.cast(f.type) for a, f in zip(arrays, LINKS_SCHEMA)], schema=LINKS_SCHEMA
@@ -176,7 +202,9 @@ class SpanArrays:
     """One Arrow array (or numpy array) per span column, in span order, before assembly.
 
     Ids are lowercase hex ("" for none); enums are OTLP ints; attributes are flat keys and
-    value strings with ``attr_counts`` per span.
+    value strings with ``attr_counts`` per span, and ``attr_types`` each value's type tag (null
+    for strings; ``type_keys(rows)`` gives the keys of those rows where ``attr_keys`` is not
+    built). The OTLP counts and flags default to 0 where a decoder gives none.
     """
 
     trace_id: pa.Array
@@ -198,20 +226,26 @@ class SpanArrays:
     attr_records: AttributeRecords | None = None
     id_keys: tuple | None = None  # (trace_key, span_key, parent_key, trace_low) when the decoder has them
     span_words: np.ndarray | None = None  # (n, 3) uint64, see OtlpTables.span_words
+    attr_types: pa.Array | None = None
+    type_keys: Any = None
+    flags: pa.Array | None = None
+    dropped_attributes_count: pa.Array | None = None
+    dropped_events_count: pa.Array | None = None
+    dropped_links_count: pa.Array | None = None
 
 
 def build_tables(arrays: SpanArrays, extras: SpanColumns) -> OtlpTables:
     """The three tables: spans from ``arrays``; scopes, resources, events, links from ``extras``."""
     trace, span = arrays.trace_id, arrays.span_id
     return OtlpTables(
-        _spans_table(arrays, extras.scopes, extras.resources),
+        _spans_table(arrays, extras.scopes, extras.resources, extras.resource_extras),
         extras._events_table(trace, span),
         extras._links_table(trace, span),
         arrays.span_words,
     )
 
 
-def _spans_table(a: SpanArrays, scopes: list, resources: list) -> pa.Table:
+def _spans_table(a: SpanArrays, scopes: list, resources: list, resource_extras: list) -> pa.Table:
     n = len(a.span_id)
     parent = _empty_to_null(a.parent_span_id)
     if a.attr_records is not None:
@@ -229,16 +263,46 @@ def _spans_table(a: SpanArrays, scopes: list, resources: list) -> pa.Table:
         "duration_ns": pc.subtract(a.end_ns, a.start_ns),
         "status_code": _enum(a.status_code, STATUS_CODES),
         "status_message": _empty_to_null(a.status_message),
-        **resource_columns(resources, a.resource_index),
+        **resource_columns(resources, a.resource_index, resource_extras),
         **promoted,
         "trace_state": _empty_to_null(a.trace_state),
         "scope_name": per_owner_dict([sc[0] for sc in scopes], a.scope_index),
         "scope_version": per_owner_dict([sc[1] for sc in scopes], a.scope_index),
         "attributes": attributes,
         **_id_keys(a, parent),
+        **_otlp_columns(a, n, scopes, promoted),
     }
     arrays = [columns[f.name].cast(f.type) for f in SPANS_TABLE_SCHEMA]
     return pa.Table.from_arrays(arrays, schema=SPANS_TABLE_SCHEMA)
+
+
+def _otlp_columns(a: SpanArrays, n: int, scopes: list, promoted: dict) -> dict[str, pa.Array]:
+    """The columns only the way back to OTLP reads: flags, dropped counts, type tags, scope fields."""
+    zeros = pa.array(np.zeros(n, dtype=np.uint32))
+    if a.attr_types is None:
+        types = pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()),
+                                        pa.array([], pa.string()))
+    else:
+        keys_of = a.type_keys or (lambda rows: a.attr_keys.take(pa.array(rows)))
+        types = type_map(a.attr_counts, n, a.attr_types, keys_of, {ITERATION: promoted[ITERATION]})
+    index = _scope_index(a.scope_index)
+    return {
+        "flags": a.flags if a.flags is not None else zeros,
+        "dropped_attributes_count": a.dropped_attributes_count if a.dropped_attributes_count is not None else zeros,
+        "dropped_events_count": a.dropped_events_count if a.dropped_events_count is not None else zeros,
+        "dropped_links_count": a.dropped_links_count if a.dropped_links_count is not None else zeros,
+        "attribute_types": types,
+        "scope_attributes": per_owner_map([list(sc[2].items()) for sc in scopes], index),
+        "scope_attribute_types": per_owner_map([list(sc[3].items()) for sc in scopes], index),
+        "scope_dropped_attributes_count": pa.array([sc[4] for sc in scopes], pa.uint32()).take(pa.array(index)),
+        "scope_schema_url": per_owner_dict([sc[5] or None for sc in scopes], index),
+    }
+
+
+def _scope_index(index) -> np.ndarray:
+    if isinstance(index, pa.Array):
+        index = index.to_numpy(zero_copy_only=False)
+    return np.asarray(index, dtype=np.int64)
 
 
 def _id_keys(a: SpanArrays, parent: pa.Array) -> dict[str, pa.Array]:
@@ -341,6 +405,10 @@ def _empty_to_null(arr: pa.Array) -> pa.Array:
     return pa.Array.from_buffers(arr.type, len(arr), [bitmap, pa.py_buffer(offsets), buffers[2]])
 
 
-def _promote_lists(attrs: _Attrs, owners: int) -> tuple[pa.Array, dict]:
+def _promote_lists(attrs: _Attrs, owners: int) -> tuple[pa.Array, pa.Array]:
+    """An events or links table's attribute map and its types map."""
     counts = np.asarray(attrs.counts, dtype=np.int64)
-    return promote(counts, pa.array(attrs.keys, pa.string()), pa.array(attrs.values, pa.string()), owners, ())
+    keys = pa.array(attrs.keys, pa.string())
+    attributes, _ = promote(counts, keys, pa.array(attrs.values, pa.string()), owners, ())
+    types = type_map(counts, owners, pa.array(attrs.types, pa.string()), lambda rows: keys.take(pa.array(rows)))
+    return attributes, types

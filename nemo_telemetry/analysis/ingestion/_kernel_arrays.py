@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["scratch_matrix", "grown_records", "string_array", "string_offsets", "special_rows"]
+__all__ = ["scratch_matrix", "grown_records", "string_array", "string_offsets", "special_rows", "value_types"]
 
 _SCRATCH = threading.local()
 
@@ -79,3 +79,21 @@ def special_rows(kind: np.ndarray, rows: np.ndarray, strings: list) -> tuple[lis
         strings = [text for text in strings if text is not None]
     special[rows] = np.arange(rows.size)
     return [text.encode() for text in strings], special
+
+
+def value_types(kind: np.ndarray, by_kind: dict[int, str], rows: np.ndarray, row_tags: list) -> pa.DictionaryArray:
+    """Each attribute's type tag (null for strings and absent values) from the kinds a compiled
+    pass gave it: the tag ``by_kind[kind]`` (ints, bools, and whatever else the kind tells),
+    and for ``rows`` (values a parser read: arrays, lists, or any kind the pass did not tell)
+    their ``row_tags``."""
+    dictionary = list(dict.fromkeys(by_kind.values()))
+    table = np.full(max(by_kind) + 2, -1, dtype=np.int32)  # the last entry: every kind past the others
+    for value, tag in by_kind.items():
+        table[value] = dictionary.index(tag)
+    codes = np.take(table, kind, mode="clip")  # one pass; kinds below 0 read table[0] (no tag)
+    if rows.size:
+        extra = [t for t in dict.fromkeys(row_tags) if t is not None and t not in dictionary]
+        dictionary += extra
+        index = {tag: i for i, tag in enumerate(dictionary)}
+        codes[rows] = [index[tag] if tag is not None else -1 for tag in row_tags]
+    return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(dictionary, pa.string()))

@@ -15,10 +15,11 @@ import re
 from typing import Any
 
 from nemo_telemetry.analysis.ingestion._columns import SpanColumns, text_id_hex
-from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string
+from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string, json_value_type
 
 __all__ = ["decode_json_request", "scope_name_version", "span_problem", "event_problem", "link_problem",
-           "extend_json_attributes", "resource_attributes", "camel_case"]
+           "extend_json_attributes", "resource_attributes", "camel_case", "resource_fields", "scope_fields",
+           "uint32"]
 
 _EMPTY: dict = {}
 _KINDS = {
@@ -56,13 +57,14 @@ def _decode(doc: dict, cols: SpanColumns) -> int:
     added = 0
     number = 0  # the span's place in the request, as rejections name it
     for rs in doc.get("resourceSpans") or ():
-        resource = rs.get("resource") or _EMPTY
         resource_index = len(cols.resources)
-        cols.resources.append(resource_attributes(resource.get("attributes")))
+        attributes, extras = resource_fields(rs.get("resource") or _EMPTY, rs.get("schemaUrl"))
+        cols.resources.append(attributes)
+        cols.resource_extras.append(extras)
         for ss in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ():
             scope = ss.get("scope") or ss.get("instrumentationLibrary") or _EMPTY
             scope_index = len(cols.scopes)
-            cols.scopes.append(scope_name_version(scope))
+            cols.scopes.append(scope_fields(scope, ss.get("schemaUrl")))
             spans = ss.get("spans") or ()
             problems = [span_problem(s) for s in spans]
             if any(problems):
@@ -151,6 +153,12 @@ def span_problem(span: Any) -> str | None:
     ))
     if problem is not None:
         return problem
+    for name in _SPAN_COUNTS:  # flags and dropped counts: usually absent, one lookup each
+        value = get(name)
+        if value is not None and type(value) is not int and (problem := _uint32_problem(value)) is not None:
+            return _field(name, problem)
+        if type(value) is int and not 0 <= value < _U32:
+            return _field(name, _uint32_problem(value))
     for key in ("events", "links"):
         if get(key) is not None and not isinstance(get(key), list):
             return f"{key} is not a list ({_shown(get(key))})"
@@ -171,6 +179,7 @@ def event_problem(event: Any) -> str | None:
         _field("timeUnixNano", _timestamp_problem(event.get("timeUnixNano"), False)),
         _field("name", _text_problem(event.get("name"))),
         _field("attributes", _attributes_problem(event.get("attributes"))),
+        _field("droppedAttributesCount", _uint32_problem(event.get("droppedAttributesCount"))),
     ))
 
 
@@ -183,7 +192,31 @@ def link_problem(link: Any) -> str | None:
         _field("spanId", _id_problem(link.get("spanId"), 8, True)),
         _field("traceState", _text_problem(link.get("traceState"))),
         _field("attributes", _attributes_problem(link.get("attributes"))),
+        _field("flags", _uint32_problem(link.get("flags"))),
+        _field("droppedAttributesCount", _uint32_problem(link.get("droppedAttributesCount"))),
     ))
+
+
+_SPAN_COUNTS = ("flags", "droppedAttributesCount", "droppedEventsCount", "droppedLinksCount")
+_U32 = 1 << 32
+
+
+def _uint32_problem(value: Any) -> str | None:
+    """Why ``value`` is not a uint32 / fixed32 (a number or a string of digits), or None."""
+    if value is None:
+        return None
+    if type(value) is str and _DECIMAL.fullmatch(value) and len(value) <= 11:
+        value = int(value)
+    if type(value) is not int:
+        return f"is not an integer ({_shown(value)})"
+    if not 0 <= value < _U32:
+        return f"is out of range ({_shown(value)}: not 0..2^32-1)"
+    return None
+
+
+def uint32(value: Any) -> int:
+    """A uint32 field already checked (:func:`_uint32_problem`): absent is 0."""
+    return int(value) if value else 0
 
 
 def _enum_problem(value: Any) -> str | None:
@@ -253,6 +286,10 @@ def _decode_spans(spans: list, cols: SpanColumns, scope_index: int, resource_ind
     cols.status_message += [st.get("message") or "" for st in status]
     cols.scope_index += [scope_index] * n
     cols.resource_index += [resource_index] * n
+    cols.flags += [uint32(s.get("flags")) for s in spans]
+    cols.dropped_attributes += [uint32(s.get("droppedAttributesCount")) for s in spans]
+    cols.dropped_events += [uint32(s.get("droppedEventsCount")) for s in spans]
+    cols.dropped_links += [uint32(s.get("droppedLinksCount")) for s in spans]
     extend_json_attributes(cols.attrs, [s.get("attributes") or () for s in spans])
     events = [s.get("events") for s in spans]
     if any(events):
@@ -267,6 +304,7 @@ def _decode_events(events: list, cols: SpanColumns, first: int) -> None:
     cols.event_span += [row for row, _ in flat]
     cols.event_time += [e.get("timeUnixNano") or 0 for _, e in flat]
     cols.event_name += [e.get("name") or "" for _, e in flat]
+    cols.event_dropped += [uint32(e.get("droppedAttributesCount")) for _, e in flat]
     extend_json_attributes(cols.event_attrs, [e.get("attributes") or () for _, e in flat])
 
 
@@ -276,18 +314,22 @@ def _decode_links(links: list, cols: SpanColumns, first: int) -> None:
     cols.link_trace_id += [link.get("traceId") or "" for _, link in flat]
     cols.link_span_id += [link.get("spanId") or "" for _, link in flat]
     cols.link_trace_state += [link.get("traceState") or "" for _, link in flat]
+    cols.link_flags += [uint32(link.get("flags")) for _, link in flat]
+    cols.link_dropped += [uint32(link.get("droppedAttributesCount")) for _, link in flat]
     extend_json_attributes(cols.link_attrs, [link.get("attributes") or () for _, link in flat])
 
 
 def extend_json_attributes(target, per_owner: list) -> None:
     """Append the attributes of each owner (a span, event or link) to ``target``: how many,
-    their keys, and their values encoded once (:mod:`.anyvalue`)."""
+    their keys, their values encoded once and their type tags (:mod:`.anyvalue`)."""
     flat = [kv for kvs in per_owner for kv in kvs]
     values = [kv.get("value") or _EMPTY for kv in flat]
     strings = [v.get("stringValue") for v in values]
+    types = [None] * len(strings)
     for i in [i for i, s in enumerate(strings) if s is None]:
         strings[i] = json_value_string(values[i])
-    target.extend([len(kvs) for kvs in per_owner], [kv.get("key", "") for kv in flat], strings)
+        types[i] = json_value_type(values[i])
+    target.extend([len(kvs) for kvs in per_owner], [kv.get("key", "") for kv in flat], strings, types)
 
 
 def resource_attributes(kvs: list | None) -> dict[str, str | None]:
@@ -297,6 +339,49 @@ def resource_attributes(kvs: list | None) -> dict[str, str | None]:
     if problem is not None:
         raise ValueError(f"resource attributes{problem}")
     return {kv.get("key", ""): json_value_string(kv.get("value")) for kv in kvs or ()}
+
+
+def resource_fields(resource: Any, schema_url: Any) -> tuple[dict, tuple]:
+    """A resource's attributes ({key: value string}) and what the spans table keeps beside them:
+    ({key: type tag}, dropped attribute count, schema URL). ``ValueError`` when a field cannot be
+    read (the request is rejected: its resource is every span's)."""
+    if not isinstance(resource, dict):
+        raise ValueError(f"a resource is not an object ({_shown(resource)})")
+    kvs = resource.get("attributes")
+    attributes = resource_attributes(kvs)
+    return attributes, (_types(kvs), _header_count(resource.get("droppedAttributesCount")), _schema_url(schema_url))
+
+
+def scope_fields(scope: Any, schema_url: Any) -> tuple:
+    """A scope's (name, version, {key: value string}, {key: type tag}, dropped attribute count,
+    schema URL); ``ValueError`` when a field cannot be read."""
+    name, version = scope_name_version(scope)
+    kvs = scope.get("attributes")
+    return (name, version, resource_attributes(kvs), _types(kvs),
+            _header_count(scope.get("droppedAttributesCount")), _schema_url(schema_url))
+
+
+def _types(kvs: list | None) -> dict[str, str]:
+    tags = {}
+    for kv in kvs or ():
+        tag = json_value_type(kv.get("value"))
+        if tag is not None:
+            tags[kv.get("key", "")] = tag
+    return tags
+
+
+def _header_count(value: Any) -> int:
+    problem = _uint32_problem(value)
+    if problem is not None:
+        raise ValueError(f"droppedAttributesCount {problem}")
+    return uint32(value)
+
+
+def _schema_url(value: Any) -> str | None:
+    problem = _text_problem(value)
+    if problem is not None:
+        raise ValueError(f"schemaUrl {problem}")
+    return value or None
 
 
 def scope_name_version(scope: Any) -> tuple[str | None, str | None]:

@@ -19,8 +19,9 @@ import pyarrow as pa
 from nemo_telemetry.analysis.kernels import compiled as _compiled
 from nemo_telemetry.analysis.model.tree import trace_key_of
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, text_id_hex, grown_records, scratch_matrix, special_rows, string_array
-from nemo_telemetry.analysis.ingestion._otlp_json import event_problem, extend_json_attributes, link_problem, resource_attributes, scope_name_version
-from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string
+from nemo_telemetry.analysis.ingestion._kernel_arrays import value_types
+from nemo_telemetry.analysis.ingestion._otlp_json import event_problem, extend_json_attributes, link_problem, resource_fields, scope_fields, uint32
+from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string, json_value_type
 
 __all__ = ["decode_json_lines", "decode_json_block", "LINE_OK", "LINE_OTHER_SIGNAL", "LINE_FALLBACK", "LINE_BLANK"]
 
@@ -84,8 +85,12 @@ def _assemble(k, w, buffer, arena, spans, attrs, resources, scopes, events, link
     """The tables; string starts in ``spans`` and ``attrs`` are positions in ``arena``, raw
     slices (resources, scopes, events, links, rare values) positions in ``buffer``."""
     extras = SpanColumns()
-    extras.resources.extend(_resource(buffer, start, length) for start, length, _ in resources.tolist())
-    extras.scopes.extend(_scope(buffer, start, length) for start, length, _ in scopes.tolist())
+    for start, length, _, url_start, url_length in resources.tolist():
+        attributes, fields = _resource(buffer, start, length, url_start, url_length)
+        extras.resources.append(attributes)
+        extras.resource_extras.append(fields)
+    extras.scopes.extend(_scope(buffer, start, length, url_start, url_length)
+                         for start, length, _, url_start, url_length in scopes.tolist())
     _events_and_links(buffer, events, links, extras)
     escaped = spans[k.ESCAPED]
 
@@ -97,6 +102,8 @@ def _assemble(k, w, buffer, arena, spans, attrs, resources, scopes, events, link
     parent_id, parent_key, _ = _ids(w, arena, spans[k.PARENT_S], spans[k.PARENT_N], 8)
     hex_ids = all(key is not None for key in (trace_key, span_key, parent_key))
     keys = (trace_key_of(trace_key, trace_low), span_key, parent_key, trace_low) if hex_ids else None
+    attr_keys = _strings(w, arena, attrs[k.KEY_S], attrs[k.KEY_N], attrs[k.ATTR_ESCAPED] & 2 == 2)
+    attr_values, attr_types = _values(k, w, buffer, arena, attrs)
     arrays = SpanArrays(
         trace_id=trace_id,
         span_id=span_id,
@@ -111,13 +118,23 @@ def _assemble(k, w, buffer, arena, spans, attrs, resources, scopes, events, link
         scope_index=pa.array(spans[k.SCOPE].astype(np.int32)),
         resource_index=pa.array(spans[k.RESOURCE].astype(np.int32)),
         attr_counts=spans[k.ATTR_COUNT],
-        attr_keys=_strings(w, arena, attrs[k.KEY_S], attrs[k.KEY_N], attrs[k.ATTR_ESCAPED] & 2 == 2),
-        attr_values=_values(k, w, buffer, arena, attrs),
+        attr_keys=attr_keys,
+        attr_values=attr_values,
+        attr_types=attr_types,
+        flags=_uint32(spans[k.FLAGS]),
+        dropped_attributes_count=_uint32(spans[k.DROPPED_ATTRIBUTES]),
+        dropped_events_count=_uint32(spans[k.DROPPED_EVENTS]),
+        dropped_links_count=_uint32(spans[k.DROPPED_LINKS]),
         id_keys=keys,
         # the deduplicator's words, from the digits already read (no hex parsed back)
         span_words=np.stack((trace_key, trace_low, span_key), axis=1) if hex_ids else None,
     )
     return build_tables(arrays, extras)
+
+
+def _uint32(column: np.ndarray) -> pa.Array:
+    """A span matrix row the scan checked to be 0..2^32-1, as uint32 (a copy: the matrix is reused)."""
+    return pa.array(column.astype(np.uint32))
 
 
 def _strings(w, arena: np.ndarray, start, length, escaped: np.ndarray) -> pa.Array:
@@ -152,21 +169,25 @@ def _ids(w, data: np.ndarray, start, length, width: int) -> tuple[pa.Array, np.n
     return pa.array(hexed, pa.string()), None, None
 
 
-def _values(k, w, buffer: bytes, arena: np.ndarray, attrs: np.ndarray) -> pa.Array:
-    """The schema's string for each AnyValue in one compiled pass; rare kinds and strings with
-    escapes are decoded by orjson first and copied in."""
+def _values(k, w, buffer: bytes, arena: np.ndarray, attrs: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """The schema's string for each AnyValue in one compiled pass, and its type tag; rare kinds
+    and strings with escapes are decoded by orjson first and copied in."""
     kind = attrs[k.VTYPE].copy()
     escaped = (kind == k.V_STRING) & (attrs[k.ATTR_ESCAPED] & 1 == 1)
+    rare = np.flatnonzero(kind == k.V_RARE)
     rows = np.flatnonzero((kind == k.V_RARE) | escaped)
-    special_strings = []
+    special_strings, rare_tags = [], []
     for row in rows.tolist():
         if kind[row] == k.V_RARE:
             s, n = int(attrs[k.ANY_S, row]), int(attrs[k.ANY_N, row])
-            text = json_value_string(orjson.loads(buffer[s : s + n]))
+            value = orjson.loads(buffer[s : s + n])
+            text = json_value_string(value)
+            rare_tags.append(json_value_type(value))
         else:
             s, n = int(attrs[k.VAL_S, row]), int(attrs[k.VAL_N, row])
             text = orjson.loads(b'"' + arena[s : s + n].tobytes() + b'"')
         special_strings.append(text)
+    types = value_types(kind, {k.V_BOOL: "bool", k.V_INT: "int"}, rare, rare_tags)
     special_strings, special = special_rows(kind, rows, special_strings)
     special_offsets = np.zeros(len(special_strings) + 1, dtype=np.int64)
     np.cumsum([len(t) for t in special_strings], out=special_offsets[1:])
@@ -175,7 +196,7 @@ def _values(k, w, buffer: bytes, arena: np.ndarray, attrs: np.ndarray) -> pa.Arr
         np.ascontiguousarray(attrs[k.VAL_INT]), special, special_offsets,
         np.frombuffer(b"".join(special_strings), dtype=np.uint8), k.V_STRING, k.V_BOOL, k.V_INT,
     )
-    return string_array(offsets, chars, valid)
+    return string_array(offsets, chars, valid), types
 
 
 _SCRATCH = threading.local()
@@ -191,29 +212,33 @@ def _scratch_arena(size: int) -> np.ndarray:
     return arena
 
 
-def _resource(buffer: bytes, start: int, length: int) -> dict:
-    if length == 0:
-        return {}
-    return resource_attributes((orjson.loads(buffer[start : start + length]) or {}).get("attributes"))
+def _resource(buffer: bytes, start: int, length: int, url_start: int, url_length: int) -> tuple[dict, tuple]:
+    resource = orjson.loads(buffer[start : start + length]) if length else {}
+    return resource_fields(resource or {}, _url(buffer, url_start, url_length))
 
 
-def _scope(buffer: bytes, start: int, length: int) -> tuple:
+def _scope(buffer: bytes, start: int, length: int, url_start: int, url_length: int) -> tuple:
     scope = orjson.loads(buffer[start : start + length]) if length else {}
-    return scope_name_version(scope or {})
+    return scope_fields(scope or {}, _url(buffer, url_start, url_length))
+
+
+def _url(buffer: bytes, start: int, length: int):
+    return orjson.loads(buffer[start : start + length]) if length else None
 
 
 def _events_and_links(buffer: bytes, events: np.ndarray, links: np.ndarray, extras: SpanColumns) -> None:
     """Events and links, parsed by orjson; ``ValueError`` for one with a bad field, which
     rejects its span: the caller sends the lines to the exact path, which names it."""
-    for start, length, owner in events.tolist():
+    for start, length, owner, *_ in events.tolist():
         event = orjson.loads(buffer[start : start + length])
         if event_problem(event) is not None:
             raise ValueError("an event with a bad field")
         extras.event_span.append(owner)
         extras.event_time.append(event.get("timeUnixNano") or 0)
         extras.event_name.append(event.get("name") or "")
+        extras.event_dropped.append(uint32(event.get("droppedAttributesCount")))
         extend_json_attributes(extras.event_attrs, [event.get("attributes") or ()])
-    for start, length, owner in links.tolist():
+    for start, length, owner, *_ in links.tolist():
         link = orjson.loads(buffer[start : start + length])
         if link_problem(link) is not None:
             raise ValueError("a link with a bad field")
@@ -221,4 +246,6 @@ def _events_and_links(buffer: bytes, events: np.ndarray, links: np.ndarray, extr
         extras.link_trace_id.append(link.get("traceId") or "")
         extras.link_span_id.append(link.get("spanId") or "")
         extras.link_trace_state.append(link.get("traceState") or "")
+        extras.link_flags.append(uint32(link.get("flags")))
+        extras.link_dropped.append(uint32(link.get("droppedAttributesCount")))
         extend_json_attributes(extras.link_attrs, [link.get("attributes") or ()])

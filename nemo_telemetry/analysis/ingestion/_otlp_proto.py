@@ -15,10 +15,10 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from nemo_telemetry.analysis.ingestion._columns import SpanColumns
-from nemo_telemetry.analysis.ingestion.anyvalue import proto_value_string
+from nemo_telemetry.analysis.ingestion.anyvalue import proto_value_string, proto_value_type
 
 __all__ = ["decode_proto_request", "parse_proto_request", "span_problem", "event_problem", "link_problem",
-           "extend_proto_attributes"]
+           "extend_proto_attributes", "proto_resource_fields", "proto_scope_fields"]
 
 _TOP = 1 << 63  # fixed64 timestamps past int64 are legal on the wire, out of range here
 
@@ -38,10 +38,12 @@ def decode_proto_request(payload: bytes | ExportTraceServiceRequest, cols: SpanC
     number = 0  # the span's place in the request, as rejections name it
     for rs in request.resource_spans:
         resource_index = len(cols.resources)
-        cols.resources.append({kv.key: proto_value_string(kv.value) for kv in rs.resource.attributes})
+        attributes, extras = proto_resource_fields(rs.resource, rs.schema_url)
+        cols.resources.append(attributes)
+        cols.resource_extras.append(extras)
         for ss in rs.scope_spans:
             scope_index = len(cols.scopes)
-            cols.scopes.append((ss.scope.name or None, ss.scope.version or None))
+            cols.scopes.append(proto_scope_fields(ss.scope, ss.schema_url))
             spans = ss.spans
             problems = [span_problem(s) for s in spans]
             if any(problems):
@@ -106,6 +108,10 @@ def _decode_spans(spans, cols: SpanColumns, scope_index: int, resource_index: in
     cols.status_message += [st.message for st in status]
     cols.scope_index += [scope_index] * n
     cols.resource_index += [resource_index] * n
+    cols.flags += [s.flags for s in spans]
+    cols.dropped_attributes += [s.dropped_attributes_count for s in spans]
+    cols.dropped_events += [s.dropped_events_count for s in spans]
+    cols.dropped_links += [s.dropped_links_count for s in spans]
     extend_proto_attributes(cols.attrs, [s.attributes for s in spans])
     events = [s.events for s in spans]
     if any(events):
@@ -113,6 +119,7 @@ def _decode_spans(spans, cols: SpanColumns, scope_index: int, resource_index: in
         cols.event_span += [row for row, _ in flat]
         cols.event_time += [e.time_unix_nano for _, e in flat]
         cols.event_name += [e.name for _, e in flat]
+        cols.event_dropped += [e.dropped_attributes_count for _, e in flat]
         extend_proto_attributes(cols.event_attrs, [e.attributes for _, e in flat])
     links = [s.links for s in spans]
     if any(links):
@@ -121,6 +128,8 @@ def _decode_spans(spans, cols: SpanColumns, scope_index: int, resource_index: in
         cols.link_trace_id += [link.trace_id for _, link in flat]
         cols.link_span_id += [link.span_id for _, link in flat]
         cols.link_trace_state += [link.trace_state for _, link in flat]
+        cols.link_flags += [link.flags for _, link in flat]
+        cols.link_dropped += [link.dropped_attributes_count for _, link in flat]
         extend_proto_attributes(cols.link_attrs, [link.attributes for _, link in flat])
 
 
@@ -129,5 +138,25 @@ def extend_proto_attributes(target, per_owner: list) -> None:
     their keys, and their values encoded once (:mod:`.anyvalue`)."""
     flat = [kv for kvs in per_owner for kv in kvs]
     target.extend(
-        [len(kvs) for kvs in per_owner], [kv.key for kv in flat], [proto_value_string(kv.value) for kv in flat]
+        [len(kvs) for kvs in per_owner], [kv.key for kv in flat], [proto_value_string(kv.value) for kv in flat],
+        [proto_value_type(kv.value) for kv in flat],
     )
+
+
+def proto_resource_fields(resource, schema_url: str) -> tuple[dict, tuple]:
+    """A protobuf resource's attributes and (type tags, dropped attribute count, schema URL), as
+    the JSON decoder's ``resource_fields``."""
+    kvs = resource.attributes
+    return ({kv.key: proto_value_string(kv.value) for kv in kvs},
+            (_types(kvs), resource.dropped_attributes_count, schema_url or None))
+
+
+def proto_scope_fields(scope, schema_url: str) -> tuple:
+    """A protobuf scope's fields, as the JSON decoder's ``scope_fields``."""
+    kvs = scope.attributes
+    return (scope.name or None, scope.version or None, {kv.key: proto_value_string(kv.value) for kv in kvs},
+            _types(kvs), scope.dropped_attributes_count, schema_url or None)
+
+
+def _types(kvs) -> dict[str, str]:
+    return {kv.key: tag for kv in kvs if (tag := proto_value_type(kv.value)) is not None}

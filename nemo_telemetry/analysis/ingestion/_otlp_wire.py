@@ -28,12 +28,14 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from nemo_telemetry.analysis.kernels import compiled as _compiled
 from nemo_telemetry.analysis.model.tree import trace_key_of
 from nemo_telemetry.analysis.ingestion._columns import AttributeRecords, OtlpTables, SpanArrays, SpanColumns, build_tables, grown_records, scratch_matrix, string_array, string_offsets
-from nemo_telemetry.analysis.ingestion._otlp_proto import decode_proto_request, event_problem, extend_proto_attributes, link_problem
-from nemo_telemetry.analysis.ingestion.anyvalue import proto_value_string
+from nemo_telemetry.analysis.ingestion._kernel_arrays import value_types
+from nemo_telemetry.analysis.ingestion._otlp_proto import decode_proto_request, event_problem, extend_proto_attributes, link_problem, proto_resource_fields, proto_scope_fields
+from nemo_telemetry.analysis.ingestion.anyvalue import proto_value_string, proto_value_type
 
 __all__ = ["WireError", "decode_requests", "decode_frames", "decode_frames_each", "decode_batch"]
 
-_STRING, _BOOL, _INT, _DOUBLE = 1, 2, 3, 4  # AnyValue field numbers
+_STRING, _BOOL, _INT, _DOUBLE, _ARRAY, _KVLIST, _BYTES = 1, 2, 3, 4, 5, 6, 7  # AnyValue field numbers
+_TAGS = {_BOOL: "bool", _INT: "int", _DOUBLE: "double", _BYTES: "bytes"}  # type tags by field
 _SPECIAL = 16  # and beyond: a value written by upb (see _attribute_records)
 _MOST_NAMES = 4096  # distinct span names a batch dictionary-encodes in the kernel
 
@@ -132,13 +134,16 @@ def _problem(k, err: int) -> str:
 
 def _assemble(k, s, data: np.ndarray, spans, attrs, resources, scopes, events, links, names) -> OtlpTables:
     extras = SpanColumns()
-    extras.resources.extend(_resources(data, resources))
+    for attributes, fields in _resources(data, resources):
+        extras.resources.append(attributes)
+        extras.resource_extras.append(fields)
     extras.scopes.extend(_scopes(data, scopes))
     _events_and_links(data, events, links, extras)
     trace_id, trace_high = _hex_ids(k, spans[k.TRACE_HI], spans[k.TRACE_LO], spans[k.TRACE_N], 16)
     trace_low = spans[k.TRACE_LO].view(np.uint64).copy()
     span_id, span_key = _hex_ids(k, spans[k.SPAN_K], spans[k.SPAN_K], spans[k.SPAN_N], 8)
     parent_id, parent_key = _hex_ids(k, spans[k.PARENT_K], spans[k.PARENT_K], spans[k.PARENT_N], 8)
+    records, types = _attribute_records(k, s, data, attrs)
     arrays = SpanArrays(
         trace_id=trace_id,
         span_id=span_id,
@@ -155,7 +160,13 @@ def _assemble(k, s, data: np.ndarray, spans, attrs, resources, scopes, events, l
         scope_index=pa.array(spans[k.SCOPE]),
         resource_index=pa.array(spans[k.RESOURCE]),
         attr_counts=spans[k.ATTR_COUNT],
-        attr_records=_attribute_records(k, s, data, attrs),
+        attr_records=records,
+        attr_types=types,
+        type_keys=lambda rows: _strings(k, s, data, attrs[k.KEY_S][rows], attrs[k.KEY_N][rows]),
+        flags=pa.array(spans[k.FLAGS].astype(np.uint32)),
+        dropped_attributes_count=pa.array(spans[k.DROPPED_ATTRIBUTES].astype(np.uint32)),
+        dropped_events_count=pa.array(spans[k.DROPPED_EVENTS].astype(np.uint32)),
+        dropped_links_count=pa.array(spans[k.DROPPED_LINKS].astype(np.uint32)),
         id_keys=(trace_key_of(trace_high, trace_low), span_key, parent_key, trace_low),
         # the deduplicator's words: copied (the matrix is reused), no hex parsed back
         span_words=np.stack((spans[k.TRACE_HI], spans[k.TRACE_LO], spans[k.SPAN_K]), axis=1).view(np.uint64),
@@ -208,15 +219,20 @@ def _hex_ids(k, high: np.ndarray, low: np.ndarray, length: np.ndarray, width: in
     return strings, high.view(np.uint64).copy()
 
 
-def _attribute_records(k, s, data: np.ndarray, attrs: np.ndarray) -> AttributeRecords:
-    """Where the walk found each attribute's key and value, for promotion to read in place.
-    Doubles, bytes, arrays and key-value lists (rare in RL traces) are written by upb first:
-    their rows' kind becomes ``_SPECIAL`` + their number among those strings (-1 for none)."""
+def _attribute_records(k, s, data: np.ndarray, attrs: np.ndarray) -> tuple[AttributeRecords, pa.Array]:
+    """Where the walk found each attribute's key and value, for promotion to read in place, and
+    each value's type tag. Doubles, bytes, arrays and key-value lists (rare in RL traces) are
+    written by upb first: their rows' kind becomes ``_SPECIAL`` + their number among those
+    strings (-1 for none)."""
     kind = attrs[k.VTYPE]  # changed in place: the matrix is scratch, not read again
     rows = np.flatnonzero(kind >= _DOUBLE)
     first = attrs[k.ANY_S][rows]
     bounds = zip(first.tolist(), (first + attrs[k.ANY_N][rows]).tolist())
-    rare = [proto_value_string(AnyValue.FromString(data[s:e].tobytes())) for s, e in bounds]
+    values = [AnyValue.FromString(data[s:e].tobytes()) for s, e in bounds]
+    rare = [proto_value_string(value) for value in values]
+    # by the AnyValue field the walk saw; arrays and lists by what they hold (upb read them)
+    composite = np.flatnonzero((kind[rows] == _ARRAY) | (kind[rows] == _KVLIST))
+    types = value_types(kind, _TAGS, rows[composite], [proto_value_type(values[i]) for i in composite.tolist()])
     present = np.array([text is not None for text in rare], dtype=np.bool_)
     kind[rows[~present]] = -1
     kind[rows[present]] = _SPECIAL + np.arange(int(present.sum()))
@@ -238,42 +254,44 @@ def _attribute_records(k, s, data: np.ndarray, attrs: np.ndarray) -> AttributeRe
     return AttributeRecords(
         data, attrs[k.KEY_S], attrs[k.KEY_N], kind, value, attrs[k.VAL_N], rare_offsets, rare_data,
         (_STRING, _BOOL, _INT, _SPECIAL), strings,
-    )
+    ), types
 
 
-def _resources(data: np.ndarray, records: np.ndarray) -> list[dict]:
-    """Each resource's attributes; requests from one process repeat the same resource, so equal
-    bytes are parsed once (their dict is shared: read-only)."""
+def _resources(data: np.ndarray, records: np.ndarray) -> list[tuple[dict, tuple]]:
+    """Each resource's attributes and fields beside them (``proto_resource_fields``); requests
+    from one process repeat the same resource, so equal bytes are parsed once (their dict is
+    shared: read-only)."""
     out, parsed = [], {}
-    for start, length, _ in records.tolist():
+    for start, length, _, url_start, url_length in records.tolist():
         raw = data[start : start + length].tobytes()
-        attributes = parsed.get(raw)
-        if attributes is None:
-            resource = Resource.FromString(raw)
-            attributes = parsed[raw] = {kv.key: proto_value_string(kv.value) for kv in resource.attributes}
-        out.append(attributes)
+        url = data[url_start : url_start + url_length].tobytes().decode()
+        fields = parsed.get((raw, url))
+        if fields is None:
+            fields = parsed[(raw, url)] = proto_resource_fields(Resource.FromString(raw), url)
+        out.append(fields)
     return out
 
 
 def _scopes(data: np.ndarray, records: np.ndarray) -> list[tuple]:
     out = []
-    for start, length, _ in records.tolist():
+    for start, length, _, url_start, url_length in records.tolist():
         scope = InstrumentationScope.FromString(data[start : start + length].tobytes())
-        out.append((scope.name or None, scope.version or None))
+        out.append(proto_scope_fields(scope, data[url_start : url_start + url_length].tobytes().decode()))
     return out
 
 
 def _events_and_links(data: np.ndarray, events: np.ndarray, links: np.ndarray, extras: SpanColumns) -> None:
     """Events and links are rare in RL traces: upb parses each one."""
-    for owner, start, length in events.tolist():
+    for owner, start, length, *_ in events.tolist():
         event = Span.Event.FromString(data[start : start + length].tobytes())
         if event_problem(event) is not None:
             raise WireError("an event with a bad field")  # upb's path rejects its span, named
         extras.event_span.append(owner)
         extras.event_time.append(event.time_unix_nano)
         extras.event_name.append(event.name)
+        extras.event_dropped.append(event.dropped_attributes_count)
         extend_proto_attributes(extras.event_attrs, [event.attributes])
-    for owner, start, length in links.tolist():
+    for owner, start, length, *_ in links.tolist():
         link = Span.Link.FromString(data[start : start + length].tobytes())
         if link_problem(link) is not None:
             raise WireError("a link with a bad field")
@@ -281,6 +299,8 @@ def _events_and_links(data: np.ndarray, events: np.ndarray, links: np.ndarray, e
         extras.link_trace_id.append(link.trace_id)
         extras.link_span_id.append(link.span_id)
         extras.link_trace_state.append(link.trace_state)
+        extras.link_flags.append(link.flags)
+        extras.link_dropped.append(link.dropped_attributes_count)
         extend_proto_attributes(extras.link_attrs, [link.attributes])
 
 

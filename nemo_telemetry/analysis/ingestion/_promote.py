@@ -20,7 +20,7 @@ from nemo_telemetry.analysis.ingestion._kernel_arrays import string_array, strin
 from nemo_telemetry.analysis.model.schema import ITERATION, PROMOTED_RESOURCE_ATTRIBUTES, promote_resource
 
 __all__ = ["AttributeRecords", "promote", "promote_records", "promote_arrow", "per_owner_dict", "per_owner_map",
-           "resource_columns", "string_buffers", "to_int"]
+           "resource_columns", "string_buffers", "to_int", "type_map", "promoted_types"]
 
 _INT_COLUMNS = {ITERATION, "rank"}
 
@@ -264,6 +264,9 @@ def per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
     """The owners' attribute maps repeated for each span. An owner's keys (and values) are
     contiguous, so each span's part is one byte copy (compiled) rather than a take per entry."""
     sizes = np.fromiter((len(e) for e in entries), dtype=np.int64, count=len(entries))
+    if not sizes.any():  # no owner has an entry (scope attributes, most type maps): no strings to copy
+        empty = pa.array([], pa.string())
+        return pa.MapArray.from_arrays(pa.array(np.zeros(len(index) + 1, dtype=np.int32)), empty, empty)
     first = np.zeros(len(entries) + 1, dtype=np.int64)
     np.cumsum(sizes, out=first[1:])
     keys = pa.array([k for e in entries for k, _ in e], pa.large_string())
@@ -296,18 +299,81 @@ def per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
     return _compiled.run(("_flatten_kernel",), int(offsets[-1]), copied, taken, unit="rows", passes=(ValueError,))
 
 
-def resource_columns(resources: list[dict], index: pa.Array) -> dict[str, pa.Array]:
-    """Promoted resource columns and the remaining resource attribute map, per span."""
+def resource_columns(resources: list[dict], index: pa.Array, extras: list) -> dict[str, pa.Array]:
+    """Promoted resource columns and the remaining resource attribute map, per span; from
+    ``extras`` (per resource: its attributes' type tags, dropped attribute count and schema URL)
+    the ``resource_attribute_types``, ``resource_dropped_attributes_count`` and
+    ``resource_schema_url`` columns."""
     promoted: dict[str, list] = {column: [] for column in PROMOTED_RESOURCE_ATTRIBUTES.values()}
-    rest = []
-    for attributes in resources:
+    rest, types = [], []
+    for r, attributes in enumerate(resources):
         columns, remaining = promote_resource(attributes)
         for column, value in columns.items():
             promoted[column].append(value)
         rest.append(list(remaining.items()))
+        types.append(list(promoted_types(extras[r][0], columns, PROMOTED_RESOURCE_ATTRIBUTES).items()))
     index = _indices(index)
     out = {column: per_owner_dict(values, index) for column, values in promoted.items() if column != "rank"}
     out["rank"] = pa.array(promoted["rank"], pa.int64()).take(pa.array(index))
     out["resource_attributes"] = per_owner_map(rest, index)
+    out["resource_attribute_types"] = per_owner_map(types, index)
+    out["resource_dropped_attributes_count"] = pa.array([e[1] for e in extras], pa.uint32()).take(pa.array(index))
+    out["resource_schema_url"] = per_owner_dict([e[2] or None for e in extras], index)
     return out
+
+
+def promoted_types(tags: dict, columns: dict, promoted: dict) -> dict:
+    """One owner's type tags (key -> tag, its non-string attributes) as the types map keeps
+    them, given the promoted ``columns`` (column -> value) its attributes gave (``promoted``:
+    attribute key -> column): an integer column fed by an int needs no tag, one fed by a string
+    of digits is tagged ``string``."""
+    out = dict(tags)
+    for key, column in promoted.items():
+        if column not in _INT_COLUMNS or columns.get(column) is None:
+            continue
+        if out.get(key) == "int":
+            del out[key]
+        elif key not in out:
+            out[key] = "string"
+    return out
+
+
+def type_map(counts: np.ndarray, owners: int, tags: pa.Array, keys_of, promoted: dict | None = None) -> pa.MapArray:
+    """The ``attribute_types`` map of each owner (span, event, link): (key, tag) of each attribute
+    whose ``tags`` entry (aligned with the flat attributes, ``counts`` per owner) is not null.
+    ``keys_of(rows)``: the keys of those flat attribute rows. ``promoted``: the promoted integer
+    columns (attribute key -> that column, one value per owner), whose int values need no tag and
+    whose values from strings of digits are tagged ``string`` (as :func:`promoted_types`)."""
+    if isinstance(tags, pa.ChunkedArray):
+        tags = tags.combine_chunks()
+    valid = tags.is_valid().to_numpy(zero_copy_only=False) if len(tags) else np.zeros(0, dtype=np.bool_)
+    rows = np.flatnonzero(valid)
+    row_owner = np.repeat(np.arange(owners, dtype=np.int32), counts)[rows]
+    keys = keys_of(rows) if rows.size else pa.array([], pa.string())
+    values = tags.take(pa.array(rows)).cast(pa.string()) if rows.size else pa.array([], pa.string())
+    keep = np.ones(rows.size, dtype=np.bool_)
+    extra_owner, extra_key = [], []
+    for key, column in (promoted or {}).items():
+        filled = column.is_valid().to_numpy(zero_copy_only=False)
+        hit = pc.equal(keys, key).to_numpy(zero_copy_only=False) if rows.size else keep[:0]
+        from_int = hit & pc.equal(values, "int").to_numpy(zero_copy_only=False) if rows.size else keep[:0]
+        from_int &= filled[row_owner]  # in the column: its type is the column's
+        keep &= ~from_int
+        fed = filled.copy()
+        fed[row_owner[from_int]] = False
+        strings = np.flatnonzero(fed)  # in the column, from a string of digits
+        extra_owner.append(strings)
+        extra_key.append(np.full(strings.size, key, dtype=object))
+    owner = np.concatenate([row_owner[keep], *extra_owner])
+    kept = pa.array(keep)
+    out_keys = keys.filter(kept).cast(pa.string())
+    out_values = values.filter(kept)
+    offsets = np.zeros(owners + 1, dtype=np.int32)
+    np.cumsum(np.bincount(owner, minlength=owners), out=offsets[1:])
+    if any(k.size for k in extra_key):  # the owners' entries together: sort them by owner
+        out_keys = pa.concat_arrays([out_keys, *(pa.array(k, pa.string()) for k in extra_key)])
+        out_values = pa.concat_arrays([out_values, *(pa.array(["string"] * k.size, pa.string()) for k in extra_key)])
+        take = pa.array(np.argsort(owner, kind="stable"))
+        out_keys, out_values = out_keys.take(take), out_values.take(take)
+    return pa.MapArray.from_arrays(pa.array(offsets), out_keys, out_values)
 

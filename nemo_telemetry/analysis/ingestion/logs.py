@@ -25,7 +25,7 @@ from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES
 from nemo_telemetry.analysis.ingestion._detect import (JsonLines, ReadBuffers, is_log_dump, iter_records,
                                                      json_with_oversized_numbers)
 from nemo_telemetry.analysis.ingestion._otlp_json import camel_case
-from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string
+from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string, json_value_type
 from nemo_telemetry.errors import IngestError
 
 __all__ = ["LOGS_SCHEMA", "LogReadResult", "DatasetLogFiles", "read_logs", "read_log_dumps", "log_dump_files",
@@ -48,8 +48,26 @@ LOGS_SCHEMA = pa.schema([
     pa.field("rank", pa.int64()),
     pa.field("scope_name", _dict_str),
     pa.field("resource_attributes", _attr_map),
+    # OTLP fields kept for the way back (nulls in files written before them)
+    pa.field("flags", pa.uint32()),
+    pa.field("event_name", _dict_str),
+    pa.field("dropped_attributes_count", pa.uint32()),
+    pa.field("attribute_types", _attr_map),  # the type of each attribute not a string (TYPE_TAGS)
+    pa.field("body_type", _dict_str),  # the body's type, null for a string (TYPE_TAGS)
+    pa.field("severity_text", _dict_str),  # severityText as written (``severity`` may be the number's name)
+    pa.field("time_observed", pa.bool_()),  # the record had no timeUnixNano: time_ns is its observed time
+    pa.field("resource_attribute_types", _attr_map),
+    pa.field("resource_dropped_attributes_count", pa.uint32()),
+    pa.field("resource_schema_url", _dict_str),
+    pa.field("scope_version", _dict_str),
+    pa.field("scope_attributes", _attr_map),
+    pa.field("scope_attribute_types", _attr_map),
+    pa.field("scope_dropped_attributes_count", pa.uint32()),
+    pa.field("scope_schema_url", _dict_str),
 ])
-"""One row per log record. ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank`` (from the resource)."""
+"""One row per log record. ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank`` (from the resource);
+the columns from ``flags`` on keep the OTLP fields only the way back to OTLP reads
+(``docs/columns.md``)."""
 
 _SEVERITY_NAMES = {1: "TRACE", 5: "DEBUG", 9: "INFO", 13: "WARN", 17: "ERROR", 21: "FATAL"}
 
@@ -194,11 +212,16 @@ def _any_text(value: Any) -> str | None:
 
 
 def _attributes(kvs: Any, what: str = "attributes") -> list[tuple[str, str | None]]:
+    return _typed_attributes(kvs, what)[0]
+
+
+def _typed_attributes(kvs: Any, what: str = "attributes") -> tuple[list[tuple[str, str | None]], list[tuple[str, str]]]:
+    """(key, value string) of each attribute and (key, type tag) of those not strings."""
     if not kvs:
-        return []
+        return [], []
     if not isinstance(kvs, list):
         raise ValueError(f"{what} is {type(kvs).__name__}, not a list")
-    out = []
+    out, types = [], []
     for index, kv in enumerate(kvs):
         key = kv.get("key") if isinstance(kv, dict) else None
         if not isinstance(key, str):
@@ -208,9 +231,19 @@ def _attributes(kvs: Any, what: str = "attributes") -> list[tuple[str, str | Non
             raise ValueError(f"{what}[{index}] ({key!r}): value is {type(value).__name__}, not an AnyValue object")
         try:
             out.append((key, _any_text(value)))
+            tag = json_value_type(value)
         except (ValueError, TypeError, AttributeError, KeyError) as exc:
             raise ValueError(f"{what}[{index}] ({key!r}): {exc}") from None
-    return out
+        if tag is not None:
+            types.append((key, tag))
+    return out, types
+
+
+def _uint32(record: dict, key: str) -> int:
+    value = _int(_get(record, key, 0), key)
+    if not 0 <= value < 1 << 32:
+        raise ValueError(f"{key} {value!r} is outside 0..2^32-1")
+    return value
 
 
 def _hex_id(value: Any, length: int, what: str) -> str | None:
@@ -265,7 +298,12 @@ def _record_row(record: dict) -> dict:
     text = _get(record, "severityText")
     if not isinstance(text, (str, type(None))):
         raise ValueError(f"severityText {text!r} is {type(text).__name__}, not a string")
+    written = text or None
     text = text or (_SEVERITY_NAMES.get((number - 1) // 4 * 4 + 1) if number else None)
+    event_name = _get(record, "eventName")
+    if not isinstance(event_name, (str, type(None))):
+        raise ValueError(f"eventName {event_name!r} is {type(event_name).__name__}, not a string")
+    attributes, types = _typed_attributes(record.get("attributes"))
     return {
         "trace_id": _hex_id(_get(record, "traceId"), 16, "traceId"),
         "span_id": _hex_id(_get(record, "spanId"), 8, "spanId"),
@@ -274,8 +312,19 @@ def _record_row(record: dict) -> dict:
         "severity_number": number,
         "severity": text,
         "body": _body(record.get("body")),
-        "attributes": _attributes(record.get("attributes")),
+        "attributes": attributes,
+        "flags": _uint32(record, "flags"),
+        "event_name": event_name or None,
+        "dropped_attributes_count": _uint32(record, "droppedAttributesCount"),
+        "attribute_types": types,
+        "body_type": _body_type(record.get("body")),
+        "severity_text": written,
+        "time_observed": not time_ns,
     }
+
+
+def _body_type(value: Any) -> str | None:
+    return json_value_type(value) if isinstance(value, dict) else None
 
 
 def _body(value: Any) -> str | None:
@@ -294,6 +343,20 @@ def _scope_name(scope: Any) -> str | None:
     return name or None
 
 
+def _scope_columns(scope: Any, schema_url: Any) -> dict[str, Any]:
+    """A scope's columns: name, version, attributes and their types, dropped count, schema URL."""
+    if not isinstance(scope, dict):
+        raise ValueError(f"scope is {type(scope).__name__}, not an object")
+    version = scope.get("version")
+    if not isinstance(version, (str, type(None))) or not isinstance(schema_url, (str, type(None))):
+        raise ValueError("scope.version or schemaUrl is not a string")
+    attributes, types = _typed_attributes(scope.get("attributes"), "scope.attributes")
+    return {"scope_name": _scope_name(scope), "scope_version": version or None, "scope_attributes": attributes,
+            "scope_attribute_types": types,
+            "scope_dropped_attributes_count": _uint32(scope, "droppedAttributesCount"),
+            "scope_schema_url": schema_url or None}
+
+
 def _decode(doc: Any, where: str, rows: _Rows, problems: list[str], unreadable: list[str]) -> bool:
     """Rows for a ``resourceLogs`` request; False when ``doc`` is not one. A bad part is named and skipped."""
     if not isinstance(doc, dict):
@@ -307,22 +370,28 @@ def _decode(doc: Any, where: str, rows: _Rows, problems: list[str], unreadable: 
     for r_index, resource_logs in enumerate(resources if isinstance(resources, list) else [resources]):
         part = f"{where}: resourceLogs[{r_index}]"
         try:
-            resource = _attributes((resource_logs.get("resource") or {}).get("attributes"), "resource.attributes")
+            resource_object = resource_logs.get("resource") or {}
+            resource, types = _typed_attributes(resource_object.get("attributes"), "resource.attributes")
+            url = resource_logs.get("schemaUrl")
+            if not isinstance(url, (str, type(None))):
+                raise ValueError("schemaUrl is not a string")
+            common = {**_resource_columns(resource), "resource_attribute_types": types,
+                      "resource_dropped_attributes_count": _uint32(resource_object, "droppedAttributesCount"),
+                      "resource_schema_url": url or None}
             scopes = _get(resource_logs, "scopeLogs") or ()
             scopes = [(s_index, scope, scope.get("scope") or {}, _get(scope, "logRecords") or ())
                       for s_index, scope in enumerate(scopes)]
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             problems.append(f"{part}: not an OTLP ResourceLogs object ({exc})")
             continue
-        common = _resource_columns(resource)
-        for s_index, _, scope, records in scopes:
+        for s_index, scope_logs, scope, records in scopes:
             if not isinstance(records, list):
                 problems.append(f"{part}.scopeLogs[{s_index}].logRecords is {type(records).__name__}, not a list")
                 continue
             for index, record in enumerate(records):
                 try:
                     row = _record_row(record)
-                    row["scope_name"] = _scope_name(scope)
+                    row.update(_scope_columns(scope, scope_logs.get("schemaUrl")))
                 except (ValueError, KeyError, TypeError, AttributeError) as exc:
                     problems.append(f"{part}.scopeLogs[{s_index}].logRecords[{index}]: {exc}")
                     continue

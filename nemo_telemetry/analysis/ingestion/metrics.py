@@ -16,6 +16,7 @@ once per step (``flush_metrics``) land on that step; cumulative sums become per-
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES
 from nemo_telemetry.analysis.ingestion._detect import (Record, ReadBuffers, is_metrics_dump, iter_records,
                                                      json_with_oversized_numbers)
-from nemo_telemetry.analysis.ingestion.anyvalue import json_flag, proto_value_string
+from nemo_telemetry.analysis.ingestion.anyvalue import json_flag, proto_value_string, proto_value_type
 from nemo_telemetry.errors import IngestError
 
 if TYPE_CHECKING:
@@ -74,8 +75,40 @@ METRICS_SCHEMA = pa.schema([
     pa.field("attributes", _attr_map),
     pa.field("resource_attributes", _attr_map),
     pa.field("scope_name", _dict_str),
+    # OTLP fields kept for the way back (nulls in files written before them)
+    pa.field("description", _dict_str),
+    pa.field("metadata", _attr_map),  # the metric's metadata key-values
+    pa.field("metadata_types", _attr_map),
+    pa.field("value_int", pa.int64()),  # gauges and sums: the value, exactly, when it is an int (asInt)
+    pa.field("flags", pa.uint32()),  # DataPointFlags
+    pa.field("attribute_types", _attr_map),  # the type of each attribute not a string (TYPE_TAGS)
+    pa.field("min", pa.float64()),  # histograms
+    pa.field("max", pa.float64()),
+    pa.field("bucket_counts", pa.list_(pa.uint64())),  # explicit histograms
+    pa.field("explicit_bounds", pa.list_(pa.float64())),
+    pa.field("scale", pa.int32()),  # exponential histograms
+    pa.field("zero_count", pa.uint64()),
+    pa.field("zero_threshold", pa.float64()),
+    pa.field("positive_offset", pa.int32()),
+    pa.field("positive_bucket_counts", pa.list_(pa.uint64())),
+    pa.field("negative_offset", pa.int32()),
+    pa.field("negative_bucket_counts", pa.list_(pa.uint64())),
+    pa.field("quantile_values", pa.list_(pa.struct([("quantile", pa.float64()), ("value", pa.float64())]))),
+    pa.field("exemplars", pa.list_(pa.struct([
+        ("time_ns", pa.int64()), ("value", pa.float64()), ("value_int", pa.int64()), ("trace_id", pa.string()),
+        ("span_id", pa.string()), ("filtered_attributes", _attr_map), ("attribute_types", _attr_map)]))),
+    pa.field("resource_attribute_types", _attr_map),
+    pa.field("resource_dropped_attributes_count", pa.uint32()),
+    pa.field("resource_schema_url", _dict_str),
+    pa.field("scope_version", _dict_str),
+    pa.field("scope_attributes", _attr_map),
+    pa.field("scope_attribute_types", _attr_map),
+    pa.field("scope_dropped_attributes_count", pa.uint32()),
+    pa.field("scope_schema_url", _dict_str),
 ])
-"""One row per data point. ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank`` (from the resource)."""
+"""One row per data point. ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank`` (from the resource);
+the columns from ``description`` on keep the OTLP fields only the way back to OTLP reads
+(``docs/columns.md``)."""
 
 STEP_WINDOWS_SCHEMA = pa.schema([
     pa.field("run_id", pa.string()),
@@ -369,15 +402,31 @@ def _parse_problem(exc: Exception) -> str:
 
 
 def _for_parse_dict(doc: Any) -> Any:
-    """``doc`` as protobuf's JSON parser takes it: without exemplars (their ids are hex in the
+    """``doc`` as protobuf's JSON parser takes it: exemplars' ids as base64 (they are hex in the
     Collector's JSON, base64 to the parser), and a ``boolValue`` given as text made a bool, as
     the span and log readers take it (:func:`.anyvalue.json_flag`)."""
     if isinstance(doc, dict):
-        return {k: json_flag(v) if k in _BOOL_VALUE_KEYS else _for_parse_dict(v)
-                for k, v in doc.items() if k != "exemplars"}
+        return {k: json_flag(v) if k in _BOOL_VALUE_KEYS else
+                [_exemplar_ids(e) for e in v] if k == "exemplars" and isinstance(v, list) else _for_parse_dict(v)
+                for k, v in doc.items()}
     if isinstance(doc, list):
         return [_for_parse_dict(v) for v in doc]
     return doc
+
+
+def _exemplar_ids(exemplar: Any) -> Any:
+    """An OTLP/JSON exemplar with its hex ids as base64 (ids already base64 are left as they are)."""
+    if not isinstance(exemplar, dict):
+        return exemplar
+    out = _for_parse_dict(exemplar)
+    for key, width in (("traceId", 16), ("spanId", 8), ("trace_id", 16), ("span_id", 8)):
+        value = out.get(key)
+        if isinstance(value, str) and len(value) == 2 * width:
+            try:
+                out[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+            except ValueError:
+                pass
+    return out
 
 
 def _proto_request(where: str, payload: bytes, counts: _Counts, strict: bool) -> Iterator[tuple[str, Any]]:
@@ -401,6 +450,10 @@ def _attributes(kvs) -> list[tuple[str, str | None]]:
     return [(kv.key, proto_value_string(kv.value)) for kv in kvs]
 
 
+def _types(kvs) -> list[tuple[str, str]]:
+    return [(kv.key, tag) for kv in kvs if (tag := proto_value_type(kv.value)) is not None]
+
+
 def _int_or_none(text: str | None) -> int | None:
     try:
         return int(text) if text is not None else None
@@ -421,7 +474,19 @@ def _decode_request(request, cols: _Columns, where: str, counts: _Counts, strict
             continue
         res = dict(resource)
         common = (res.get("nemo.run.id"), res.get("service.name"), _int_or_none(res.get("nv.dl.rank")))
+        resource_extra = {"resource_attribute_types": _types(rm.resource.attributes),
+                          "resource_dropped_attributes_count": rm.resource.dropped_attributes_count,
+                          "resource_schema_url": rm.schema_url or None}
         for s, sm in enumerate(rm.scope_metrics):
+            try:
+                scope_extra = {"scope_version": sm.scope.version or None,
+                               "scope_attributes": _attributes(sm.scope.attributes),
+                               "scope_attribute_types": _types(sm.scope.attributes),
+                               "scope_dropped_attributes_count": sm.scope.dropped_attributes_count,
+                               "scope_schema_url": sm.schema_url or None, **resource_extra}
+            except ValueError as exc:
+                counts.bad(where, f"resourceMetrics[{r}].scopeMetrics[{s}].scope.attributes: {exc}", strict, inside=True)
+                continue
             for m, metric in enumerate(sm.metrics):
                 at = f"resourceMetrics[{r}].scopeMetrics[{s}].metrics[{m}] {metric.name!r}"
                 kind = metric.WhichOneof("data")
@@ -433,13 +498,23 @@ def _decode_request(request, cols: _Columns, where: str, counts: _Counts, strict
                 fixed = (common[0], common[1], common[2], metric.name, kind, metric.unit or None,
                          temporality if kind not in ("gauge", "summary") else None,
                          data.is_monotonic if kind == "sum" else None)
+                try:
+                    metadata = list(getattr(metric, "metadata", ()))
+                    metric_extra = {"description": metric.description or None, "metadata": _attributes(metadata),
+                                    "metadata_types": _types(metadata), **scope_extra}
+                except ValueError as exc:
+                    counts.bad(where, f"{at}.metadata: {exc}", strict, inside=True)
+                    continue
                 for p, point in enumerate(data.data_points):
                     try:
                         values = _point_values(point, kind)
+                        extra = _point_extras(point, kind)
                     except ValueError as exc:
                         counts.bad(where, f"{at}.dataPoints[{p}].{exc}", strict, inside=True)
                         continue
                     for name, value in zip(_POINT_COLUMNS, fixed + values + (resource, sm.scope.name or None)):
+                        rows[name].append(value)
+                    for name, value in {**metric_extra, **extra}.items():
                         rows[name].append(value)
 
 
@@ -456,7 +531,7 @@ def _point_values(point, kind: str) -> tuple:
         value = float(getattr(point, which)) if which else None
         count = None
     else:
-        value = float(point.sum) if point.HasField("sum") or kind == "summary" else None
+        value = float(point.sum) if kind == "summary" or point.HasField("sum") else None  # a summary's sum has no presence
         count = _fits("count", point.count)
     start = _fits("startTimeUnixNano", point.start_time_unix_nano)
     try:
@@ -466,6 +541,48 @@ def _point_values(point, kind: str) -> tuple:
     if not point.time_unix_nano:
         raise ValueError("timeUnixNano: missing (a data point needs its collection time)")
     return start or None, _fits("timeUnixNano", point.time_unix_nano), value, count, attributes
+
+
+_EMPTY_EXTRAS = dict.fromkeys(("value_int", "min", "max", "bucket_counts", "explicit_bounds", "scale", "zero_count",
+                               "zero_threshold", "positive_offset", "positive_bucket_counts", "negative_offset",
+                               "negative_bucket_counts", "quantile_values"))
+
+
+def _point_extras(point, kind: str) -> dict:
+    """A data point's columns kept for the way back: flags, attribute types, buckets, quantiles,
+    exemplars, an int value exactly; ValueError naming a field that cannot be read."""
+    out = dict(_EMPTY_EXTRAS)
+    out["flags"] = point.flags
+    try:
+        out["attribute_types"] = _types(point.attributes)
+        out["exemplars"] = [_exemplar(e) for e in point.exemplars] if kind != "summary" else []
+    except ValueError as exc:
+        raise ValueError(f"attributes: {exc}") from None
+    if kind in ("gauge", "sum"):
+        out["value_int"] = point.as_int if point.WhichOneof("value") == "as_int" else None
+    elif kind == "summary":
+        out["quantile_values"] = [{"quantile": q.quantile, "value": q.value} for q in point.quantile_values]
+    else:
+        out["min"] = point.min if point.HasField("min") else None
+        out["max"] = point.max if point.HasField("max") else None
+        if kind == "histogram":
+            out["bucket_counts"] = list(point.bucket_counts)
+            out["explicit_bounds"] = list(point.explicit_bounds)
+        else:
+            out.update(scale=point.scale, zero_count=point.zero_count, zero_threshold=point.zero_threshold,
+                       positive_offset=point.positive.offset, positive_bucket_counts=list(point.positive.bucket_counts),
+                       negative_offset=point.negative.offset, negative_bucket_counts=list(point.negative.bucket_counts))
+    return out
+
+
+def _exemplar(exemplar) -> dict:
+    which = exemplar.WhichOneof("value")
+    return {"time_ns": _fits("timeUnixNano", exemplar.time_unix_nano),
+            "value": exemplar.as_double if which == "as_double" else None,
+            "value_int": exemplar.as_int if which == "as_int" else None,
+            "trace_id": exemplar.trace_id.hex() or None, "span_id": exemplar.span_id.hex() or None,
+            "filtered_attributes": _attributes(exemplar.filtered_attributes),
+            "attribute_types": _types(exemplar.filtered_attributes)}
 
 
 def _fits(name: str, number: int) -> int:

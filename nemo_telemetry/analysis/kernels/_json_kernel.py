@@ -35,12 +35,12 @@ from numba import njit
 from nemo_telemetry.analysis.kernels._json_layout import (
     LINE_OK, LINE_OTHER_SIGNAL, LINE_FALLBACK, LINE_BLANK, TRACE_S, TRACE_N, SPAN_S, SPAN_N, PARENT_S,
     PARENT_N, STATE_S, STATE_N, NAME_S, NAME_N, KIND, START, END, CODE, MSG_S, MSG_N, SCOPE, RESOURCE,
-    ATTR_COUNT, ESCAPED, SPAN_COLUMNS, KEY_S, KEY_N, VTYPE, VAL_S, VAL_N, VAL_INT, ANY_S, ANY_N, ATTR_ESCAPED,
+    ATTR_COUNT, ESCAPED, FLAGS, DROPPED_ATTRIBUTES, DROPPED_EVENTS, DROPPED_LINKS, SPAN_COLUMNS, KEY_S, KEY_N, VTYPE, VAL_S, VAL_N, VAL_INT, ANY_S, ANY_N, ATTR_ESCAPED,
     ATTR_COLUMNS, V_ABSENT, V_STRING, V_BOOL, V_INT, V_RARE, SIDE_COLUMNS, K_RESOURCE_SPANS,
-    K_RESOURCE_METRICS, K_RESOURCE_LOGS, K_RESOURCE, K_SCOPE_SPANS, K_SCOPE, K_SPANS, K_TRUE, K_FALSE,
-    K_KINDS, K_CODES, A_ID, A_NAME, A_KEY, A_VALUE, A_OTHER, ARENAS, COUNT_COLUMNS, FAIL, KEY_NAMES,
+    K_RESOURCE_METRICS, K_RESOURCE_LOGS, K_RESOURCE, K_SCOPE_SPANS, K_SCOPE, K_SPANS, K_SCHEMA_URL, K_TRUE,
+    K_FALSE, K_KINDS, K_CODES, A_ID, A_NAME, A_KEY, A_VALUE, A_OTHER, ARENAS, COUNT_COLUMNS, FAIL, KEY_NAMES,
     KEY_TRACE_ID, KEY_SPAN_ID, KEY_PARENT, KEY_NAME, KEY_KIND, KEY_START, KEY_END, KEY_ATTRIBUTES, KEY_STATUS,
-    KEY_STATE, KEY_EVENTS, KEY_LINKS, KEY_KEY, KEY_VALUE, KEY_STRING_VALUE, KEY_INT_VALUE, KEY_BOOL_VALUE,
+    KEY_STATE, KEY_EVENTS, KEY_LINKS, KEY_FLAGS, KEY_DROPPED_LINKS, KEY_KEY, KEY_VALUE, KEY_STRING_VALUE, KEY_INT_VALUE, KEY_BOOL_VALUE,
     KEY_CODE, KEY_MESSAGE, KEY_FIRST_SKIPPABLE, SPAN_KEYS, ATTRIBUTE_KEYS, VALUE_KEYS, STATUS_KEYS,
     KEY_UNKNOWN, KEY_WORDS, KEY_MASKS, KEY_TEXT, KEY_LENGTHS, SPAN_TEXT_COLUMN, SPAN_TEXT_ARENA,
 )
@@ -57,7 +57,8 @@ from nemo_telemetry.analysis.kernels._json_objects import (
 __all__ = [
     "scan", "LINE_OK", "LINE_OTHER_SIGNAL", "LINE_FALLBACK", "LINE_BLANK", "TRACE_S", "TRACE_N", "SPAN_S",
     "SPAN_N", "PARENT_S", "PARENT_N", "STATE_S", "STATE_N", "NAME_S", "NAME_N", "KIND", "START", "END",
-    "CODE", "MSG_S", "MSG_N", "SCOPE", "RESOURCE", "ATTR_COUNT", "ESCAPED", "SPAN_COLUMNS", "KEY_S",
+    "CODE", "MSG_S", "MSG_N", "SCOPE", "RESOURCE", "ATTR_COUNT", "ESCAPED", "FLAGS", "DROPPED_ATTRIBUTES",
+    "DROPPED_EVENTS", "DROPPED_LINKS", "SPAN_COLUMNS", "KEY_S",
     "KEY_N", "VTYPE", "VAL_S", "VAL_N", "VAL_INT", "ANY_S", "ANY_N", "ATTR_ESCAPED", "ATTR_COLUMNS",
     "V_ABSENT", "V_STRING", "V_BOOL", "V_INT", "V_RARE", "SIDE_COLUMNS", "K_RESOURCE_SPANS",
     "K_RESOURCE_METRICS", "K_RESOURCE_LOGS", "K_RESOURCE", "K_SCOPE_SPANS", "K_SCOPE", "K_SPANS",
@@ -151,7 +152,8 @@ def _span(buf, pos, end, spans, i, attrs, a, events, e, links, ln, fill, flags, 
     key = KEY_UNKNOWN
     seen = np.int64(0)
     while True:
-        key, ks, kn, pos = _key(buf, pos, end, first, SPAN_KEYS[0], SPAN_KEYS[1], key + 1)
+        # every key of the table (a span's first): a span reads some skippable ones
+        key, ks, kn, pos = _key(buf, pos, end, first, SPAN_KEYS[0], len(KEY_NAMES), key + 1)
         first = False
         if pos < 0:
             return 0, 0, 0, FAIL
@@ -186,6 +188,12 @@ def _span(buf, pos, end, spans, i, attrs, a, events, e, links, ln, fill, flags, 
             nl += count
         elif key == KEY_STATUS:
             pos = _status(buf, pos, end, spans, i, fill, arena, cursors)
+        elif KEY_FLAGS <= key <= KEY_DROPPED_LINKS:  # uint32s, in FLAGS... in the keys' order
+            value, pos = _integer(buf, pos, end)
+            if value < 0 or value > 0xFFFFFFFF:
+                return 0, 0, 0, FAIL  # the exact path rejects the span and names the field
+            if fill:
+                spans[FLAGS + key - KEY_FLAGS, i] = value
         else:
             pos = _skip(buf, pos, end) if key >= KEY_FIRST_SKIPPABLE else FAIL
         if pos < 0:
@@ -216,6 +224,17 @@ def _object_slice(buf, pos, end, side, row, owner, fill):
         side[row, 0] = start
         side[row, 1] = pos - start
         side[row, 2] = owner
+    return pos
+
+
+@njit(cache=True, nogil=True)
+def _url_slice(buf, pos, end, side, row, fill):
+    """A resource's or scope's schemaUrl value as a raw slice in ``side[row, 3:5]``."""
+    start = _ws(buf, pos, end)
+    pos = _skip(buf, start, end)
+    if fill and pos >= 0:
+        side[row, 3] = start
+        side[row, 4] = pos - start
     return pos
 
 
@@ -257,6 +276,8 @@ def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links,
             if fill:
                 resources[r, 0] = item
                 resources[r, 1] = 0
+                resources[r, 3] = 0
+                resources[r, 4] = 0
             rs_first = True
             rs_seen = np.int64(0)
             while pos >= 0:
@@ -271,6 +292,11 @@ def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links,
                     if twice:
                         return LINE_FALLBACK
                     pos = _object_slice(buf, pos, end, resources, r, r, fill)
+                elif _eq(buf, ks, kn, K_SCHEMA_URL):
+                    twice, rs_seen = _again(rs_seen, 2)
+                    if twice:
+                        return LINE_FALLBACK
+                    pos = _url_slice(buf, pos, end, resources, r, fill)
                 elif _eq(buf, ks, kn, K_SCOPE_SPANS):
                     twice, rs_seen = _again(rs_seen, 1)
                     if twice:
@@ -292,6 +318,8 @@ def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links,
                             scopes[s, 0] = item
                             scopes[s, 1] = 0
                             scopes[s, 2] = r
+                            scopes[s, 3] = 0
+                            scopes[s, 4] = 0
                         ss_first = True
                         ss_seen = np.int64(0)
                         while pos >= 0:
@@ -306,6 +334,11 @@ def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links,
                                 if twice:
                                     return LINE_FALLBACK
                                 pos = _object_slice(buf, pos, end, scopes, s, r, fill)
+                            elif _eq(buf, ks, kn, K_SCHEMA_URL):
+                                twice, ss_seen = _again(ss_seen, 2)
+                                if twice:
+                                    return LINE_FALLBACK
+                                pos = _url_slice(buf, pos, end, scopes, s, fill)
                             elif _eq(buf, ks, kn, K_SPANS):
                                 twice, ss_seen = _again(ss_seen, 1)
                                 if twice:

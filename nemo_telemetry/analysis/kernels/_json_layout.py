@@ -15,13 +15,16 @@ LINE_OK, LINE_OTHER_SIGNAL, LINE_FALLBACK, LINE_BLANK = 0, 1, 2, 3
 
 # span columns: rows of an int64 (SPAN_COLUMNS, spans) matrix
 (TRACE_S, TRACE_N, SPAN_S, SPAN_N, PARENT_S, PARENT_N, STATE_S, STATE_N, NAME_S, NAME_N, KIND,
- START, END, CODE, MSG_S, MSG_N, SCOPE, RESOURCE, ATTR_COUNT, ESCAPED) = range(20)
-SPAN_COLUMNS = 20
+ START, END, CODE, MSG_S, MSG_N, SCOPE, RESOURCE, ATTR_COUNT, ESCAPED,
+ FLAGS, DROPPED_ATTRIBUTES, DROPPED_EVENTS, DROPPED_LINKS) = range(24)
+SPAN_COLUMNS = 24
 # attribute columns: rows of an (ATTR_COLUMNS, attributes) matrix
 KEY_S, KEY_N, VTYPE, VAL_S, VAL_N, VAL_INT, ANY_S, ANY_N, ATTR_ESCAPED = range(9)
 ATTR_COLUMNS = 9
 V_ABSENT, V_STRING, V_BOOL, V_INT, V_RARE = 0, 1, 2, 3, 9
-SIDE_COLUMNS = 3  # (start, length, owner) of raw JSON slices: resources, scopes, events, links
+# (start, length, owner) of raw JSON slices: resources, scopes, events, links; for resources
+# and scopes also (start, length) of their schemaUrl's raw JSON value (length 0: none)
+SIDE_COLUMNS = 5
 
 
 def _k(text: str) -> np.ndarray:
@@ -30,6 +33,7 @@ def _k(text: str) -> np.ndarray:
 
 K_RESOURCE_SPANS, K_RESOURCE_METRICS, K_RESOURCE_LOGS = _k("resourceSpans"), _k("resourceMetrics"), _k("resourceLogs")
 K_RESOURCE, K_SCOPE_SPANS, K_SCOPE, K_SPANS = _k("resource"), _k("scopeSpans"), _k("scope"), _k("spans")
+K_SCHEMA_URL = _k("schemaUrl")
 K_TRUE, K_FALSE = _k("true"), _k("false")
 # enum names, index = OTLP value
 K_KINDS = (_k("SPAN_KIND_UNSPECIFIED"), _k("SPAN_KIND_INTERNAL"), _k("SPAN_KIND_SERVER"),
@@ -54,11 +58,13 @@ KEY_NAMES = (
     "key", "value",  # an attribute's
     "stringValue", "intValue", "boolValue",  # an AnyValue's (others are rare: raw slices)
     "code", "message",  # a status's
-    "schemaUrl", "droppedAttributesCount", "droppedEventsCount", "droppedLinksCount", "flags",
+    "schemaUrl", "flags", "droppedAttributesCount", "droppedEventsCount", "droppedLinksCount",
 )
 (KEY_TRACE_ID, KEY_SPAN_ID, KEY_PARENT, KEY_NAME, KEY_KIND, KEY_START, KEY_END, KEY_ATTRIBUTES,
  KEY_STATUS, KEY_STATE, KEY_EVENTS, KEY_LINKS, KEY_KEY, KEY_VALUE, KEY_STRING_VALUE, KEY_INT_VALUE,
  KEY_BOOL_VALUE, KEY_CODE, KEY_MESSAGE, KEY_FIRST_SKIPPABLE) = range(20)
+# skippable everywhere but in a span, which reads them into FLAGS... (in this order)
+KEY_FLAGS, KEY_DROPPED_LINKS = 20, 23
 SPAN_KEYS, ATTRIBUTE_KEYS, VALUE_KEYS, STATUS_KEYS = (0, 12), (12, 14), (14, 17), (17, 19)
 KEY_UNKNOWN = -1
 

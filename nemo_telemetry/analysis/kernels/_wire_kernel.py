@@ -47,8 +47,9 @@ _INT64_MAX = np.uint64(0x7FFFFFFFFFFFFFFF)
 # Ids are big-endian uint64 keys (a trace id's two halves) with their length (0: absent);
 # NAME_CODE is the name's index among the batch's distinct names (see _name_code).
 (TRACE_HI, TRACE_LO, TRACE_N, SPAN_K, SPAN_N, PARENT_K, PARENT_N, STATE_S, STATE_N, NAME_S, NAME_N,
- NAME_CODE, KIND, START, END, CODE, MSG_S, MSG_N, SCOPE, RESOURCE, ATTR_COUNT) = range(21)
-SPAN_COLUMNS = 21
+ NAME_CODE, KIND, START, END, CODE, MSG_S, MSG_N, SCOPE, RESOURCE, ATTR_COUNT,
+ FLAGS, DROPPED_ATTRIBUTES, DROPPED_EVENTS, DROPPED_LINKS) = range(25)
+SPAN_COLUMNS = 25
 # counts: spans, attributes, resource spans, scope spans, events, links, distinct names
 COUNTS = 7
 # attribute columns: rows of an (ATTR_COLUMNS, attributes) matrix. VTYPE is the AnyValue field
@@ -57,13 +58,16 @@ COUNTS = 7
 # value leaves them as they were, so those rows of a reused matrix are rarely touched).
 KEY_S, KEY_N, VTYPE, VAL, VAL_N, ANY_S, ANY_N = range(7)
 ATTR_COLUMNS = 7
-# side records: resources and scopes (start, length, owner), events and links (span, start, length)
-SIDE_COLUMNS = 3
+# side records: resources and scopes (start, length, owner, schema URL start, schema URL length),
+# events and links (span, start, length)
+SIDE_COLUMNS = 5
 
 # one-byte tags, (field number << 3) | wire type, named by field number and wire type
 _T1_LEN, _T2_LEN, _T3_LEN, _T4_LEN, _T5_LEN, _T6_LEN, _T7_LEN = 0x0A, 0x12, 0x1A, 0x22, 0x2A, 0x32, 0x3A
 _T9_LEN, _T11_LEN, _T13_LEN, _T15_LEN = 0x4A, 0x5A, 0x6A, 0x7A
 _T2_VARINT, _T3_VARINT, _T6_VARINT = 0x10, 0x18, 0x30
+_T10_VARINT, _T12_VARINT, _T14_VARINT = 0x50, 0x60, 0x70
+_TAG16_FIXED32 = (16 << 3) | 5  # a two-byte tag (0x85 0x01), read as this number
 _T4_FIXED64, _T7_FIXED64, _T8_FIXED64 = 0x21, 0x39, 0x41
 
 
@@ -336,6 +340,10 @@ def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln, slots, name
     state_s, state_n, name_s, name_n = start, 0, start, 0  # absent: an empty cut keeps order
     kind, begin, finish = 0, zero, zero
     spans[CODE, i] = 0
+    spans[FLAGS, i] = 0
+    spans[DROPPED_ATTRIBUTES, i] = 0
+    spans[DROPPED_EVENTS, i] = 0
+    spans[DROPPED_LINKS, i] = 0
     spans[MSG_S, i] = start
     spans[MSG_N, i] = 0
     n_attrs = 0
@@ -390,6 +398,16 @@ def _span(buf, start, end, spans, i, attrs, a, events, e, links, ln, slots, name
         elif tag == _T3_LEN:
             state_s, pos = _length(buf, pos, end)
             state_n = pos - state_s
+        elif tag == _TAG16_FIXED32:
+            if pos + 4 > end:
+                return n_attrs, n_events, n_links, E_TRUNCATED
+            spans[FLAGS, i] = np.int64(buf[pos]) | (np.int64(buf[pos + 1]) << 8) | (np.int64(buf[pos + 2]) << 16) | (
+                np.int64(buf[pos + 3]) << 24)
+            pos += 4
+        elif tag == _T10_VARINT or tag == _T12_VARINT or tag == _T14_VARINT:
+            value, pos = _varint_at(buf, pos, end)
+            # a uint32 as protobuf reads it: the varint's low 32 bits
+            spans[DROPPED_ATTRIBUTES + (tag - _T10_VARINT) // 16, i] = np.int64(value & np.uint64(0xFFFFFFFF))
         elif tag == _T15_LEN:
             vs, pos = _length(buf, pos, end)
             if vs >= 0:
@@ -457,6 +475,7 @@ def _request(buf, pos, end, request, counts, spans, attrs, resources, scopes, ev
         if r >= resources.shape[0]:
             return E_ROOM
         resources[r, 0], resources[r, 1], resources[r, 2] = rpos, -1, request
+        resources[r, 3], resources[r, 4] = rpos, 0
         rs_end = pos
         while rpos < rs_end:
             tag, rpos = _tag_at(buf, rpos, rs_end)
@@ -465,6 +484,9 @@ def _request(buf, pos, end, request, counts, spans, attrs, resources, scopes, ev
                     return E_REPEATED
                 vs, rpos = _length_at(buf, rpos, rs_end)
                 resources[r, 0], resources[r, 1] = vs, rpos - vs
+            elif tag == _T3_LEN:  # schema_url (the last one given wins, as protobuf reads it)
+                vs, rpos = _length_at(buf, rpos, rs_end)
+                resources[r, 3], resources[r, 4] = vs, rpos - vs
             elif tag == _T2_LEN:  # scope_spans
                 spos, rpos = _length_at(buf, rpos, rs_end)
                 if spos < 0:
@@ -472,6 +494,7 @@ def _request(buf, pos, end, request, counts, spans, attrs, resources, scopes, ev
                 if s >= scopes.shape[0]:
                     return E_ROOM
                 scopes[s, 0], scopes[s, 1], scopes[s, 2] = spos, -1, r
+                scopes[s, 3], scopes[s, 4] = spos, 0
                 ss_end = rpos
                 while spos < ss_end:
                     tag, spos = _tag(buf, spos, ss_end)
@@ -480,6 +503,9 @@ def _request(buf, pos, end, request, counts, spans, attrs, resources, scopes, ev
                             return E_REPEATED
                         vs, spos = _length_at(buf, spos, ss_end)
                         scopes[s, 0], scopes[s, 1] = vs, spos - vs
+                    elif tag == _T3_LEN:  # schema_url
+                        vs, spos = _length_at(buf, spos, ss_end)
+                        scopes[s, 3], scopes[s, 4] = vs, spos - vs
                     elif tag == _T2_LEN:  # span
                         vs, spos = _length(buf, spos, ss_end)
                         if vs < 0:

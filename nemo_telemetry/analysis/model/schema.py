@@ -11,8 +11,16 @@ other span attribute is in ``attributes`` and every other resource attribute in
 dictionary column instead of the resource map (every resource attribute of every span); a hand-built
 table may hold the attribute in ``resource_attributes``, where the findings look for it too. Attribute values are strings: OTLP string
 values as they are, ints in decimal, doubles as Python's ``repr``, bools ``true``/``false``,
-bytes as lowercase hex, arrays and key-value lists as compact JSON.
+bytes as lowercase hex, arrays and key-value lists as compact JSON. The value's OTLP type is kept
+beside the string in the ``*attribute_types`` maps (:data:`TYPE_TAGS`): one entry per attribute whose
+value is not stored in its natural type, so a table of string attributes carries no entry at all.
 Strings that repeat are dictionary-encoded.
+
+The OTLP fields no analysis reads are kept so that the trip OTLP -> dataset -> OTLP loses nothing
+(:data:`OTLP_SPAN_COLUMNS`, dataset format 3; files of older formats read them as nulls): the span's
+``flags`` and dropped attribute, event and link counts, the resource's dropped attribute count and
+schema URL, the scope's attributes, dropped attribute count and schema URL, and the type maps.
+``docs/columns.md`` lists every column; ``analysis.views.otlp`` is the way back.
 
 The optional trailing columns ``trace_key``, ``span_key``, ``parent_key`` and ``trace_low``
 (uint64: the span ids as numbers, 0 for no parent; the trace id's low half, and ``trace_key``, its
@@ -54,10 +62,24 @@ __all__ = [
     "ID_KEY_FIELDS",
     "NO_RUN",
     "PARENT_ROW",
+    "TYPE_TAGS",
+    "OTLP_SPAN_COLUMNS",
 ]
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
 _attr_map = pa.map_(pa.string(), pa.string())
+
+TYPE_TAGS = ("int", "double", "bool", "bytes", "array", "kvlist", "string")
+"""The values of a ``*attribute_types`` map: the OTLP ``AnyValue`` type of the attribute of the
+same key, for each attribute not stored in its natural type. An attribute kept in an attribute
+map has no entry when its value is a string (or absent); otherwise ``int``, ``double``, ``bool``,
+``bytes`` (the map holds lowercase hex), ``array`` or ``kvlist`` (compact JSON whose numbers,
+strings, bools and nulls are the nested values' types). A promoted column (``rl.iteration``,
+``rl.bucket``, ``rank``...) has an entry when the attribute's type is not the column's: ``string``
+for an integer column fed by a string of digits, ``int``/``double``/``bool`` for a string column.
+A nested value the compact JSON cannot tell apart (bytes inside an array or key-value list, a
+key-value list repeating a key) is tagged with its whole OTLP/JSON ``AnyValue`` instead (text that
+starts with ``{``)."""
 
 BUCKET = "rl.bucket"
 ITERATION = "rl.iteration"
@@ -126,8 +148,24 @@ SPANS_SCHEMA = pa.schema(
         pa.field("scope_version", _dict_str),
         pa.field("attributes", _attr_map),
         pa.field("resource_attributes", _attr_map),
+        # OTLP fields kept for the way back (format 3: OTLP_SPAN_COLUMNS); nulls in older files
+        pa.field("flags", pa.uint32()),  # W3C trace flags and the parent-is-remote bits
+        pa.field("dropped_attributes_count", pa.uint32()),
+        pa.field("dropped_events_count", pa.uint32()),
+        pa.field("dropped_links_count", pa.uint32()),
+        pa.field("attribute_types", _attr_map),  # the types of attributes and promoted columns (TYPE_TAGS)
+        pa.field("resource_attribute_types", _attr_map),
+        pa.field("resource_dropped_attributes_count", pa.uint32()),
+        pa.field("resource_schema_url", _dict_str),
+        pa.field("scope_attributes", _attr_map),
+        pa.field("scope_attribute_types", _attr_map),
+        pa.field("scope_dropped_attributes_count", pa.uint32()),
+        pa.field("scope_schema_url", _dict_str),
     ]
 )
+
+OTLP_SPAN_COLUMNS = tuple(SPANS_SCHEMA.names[SPANS_SCHEMA.get_field_index("flags"):])
+"""The spans columns that hold OTLP fields only the way back reads (dataset format 3 added them)."""
 
 ID_KEY_FIELDS = (
     pa.field("trace_key", pa.uint64()),
@@ -143,6 +181,8 @@ EVENTS_SCHEMA = pa.schema(
         pa.field("time_ns", pa.int64()),
         pa.field("name", _dict_str),
         pa.field("attributes", _attr_map),
+        pa.field("dropped_attributes_count", pa.uint32()),
+        pa.field("attribute_types", _attr_map),
     ]
 )
 
@@ -154,6 +194,9 @@ LINKS_SCHEMA = pa.schema(
         pa.field("linked_span_id", pa.string(), nullable=False),
         pa.field("trace_state", pa.string()),
         pa.field("attributes", _attr_map),
+        pa.field("flags", pa.uint32()),
+        pa.field("dropped_attributes_count", pa.uint32()),
+        pa.field("attribute_types", _attr_map),
     ]
 )
 

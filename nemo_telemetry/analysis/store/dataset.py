@@ -71,8 +71,8 @@ _SCHEMAS = {"spans": SPANS_TABLE_SCHEMA, "events": EVENTS_SCHEMA, "links": LINKS
 _SPAN_STATISTICS = [
     f.name
     for f in SPANS_TABLE_SCHEMA
-    if f.name not in ("trace_id", "span_id", "parent_span_id", "status_message", "trace_state", "attributes",
-                      "resource_attributes")
+    if f.name not in ("trace_id", "span_id", "parent_span_id", "status_message", "trace_state")
+    and not pa.types.is_map(f.type)
 ]
 
 # Dictionary pages only for columns with few distinct values (names, enums, buckets, ranks,
@@ -86,7 +86,8 @@ _SPAN_DICTIONARY = [
     f.name
     for f in SPANS_TABLE_SCHEMA
     if pa.types.is_dictionary(f.type) or f.name in ("rank", ITERATION, "status_message", "trace_state", "trace_id")
-] + [f"{m}.key_value.{part}" for m in ("attributes", "resource_attributes") for part in ("key", "value")]
+    or pa.types.is_uint32(f.type)  # flags and dropped counts: one or two values in a file
+] + [f"{f.name}.key_value.{part}" for f in SPANS_TABLE_SCHEMA if pa.types.is_map(f.type) for part in ("key", "value")]
 # Page checksums (CRC32 of each page, written and verified by Parquet itself): a page overwritten
 # in place, the file's size and footer unchanged, fails its read instead of decoding to other numbers.
 SPANS_PARQUET_OPTIONS = {"write_statistics": _SPAN_STATISTICS, "use_dictionary": _SPAN_DICTIONARY,

@@ -31,7 +31,9 @@ formats 1 and 2 ``trace_key`` is the trace id's first 64 bits and ``parent_row``
 it: traces that share their high half (64-bit ids padded to 128, as Jaeger, Zipkin and B3 write
 them) are one trace there, and their parents and orphans are wrong. Those datasets are refused
 with the fix (ingest the dumps again), not read: the rows their files hold are exact, the keys
-and parent rows beside them are not.
+and parent rows beside them are not. Format 3 also holds the OTLP fields kept for the way back to
+OTLP (:data:`~nemo_telemetry.analysis.model.schema.OTLP_SPAN_COLUMNS`: flags, dropped counts, scope
+attributes, schema URLs, attribute value types).
 
 ``parent_row`` makes a file's row order part of the format: a file whose rows another tool
 reordered is found by the reader that uses the column

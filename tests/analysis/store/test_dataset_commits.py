@@ -233,7 +233,7 @@ def _refused(version: int):
     """What every reader and writer raises for a dataset of format ``version``: it names the
     format, the formats read, and the fix (the dumps ingested again, into a new folder)."""
     return pytest.raises(DatasetFormatError, match=(
-        rf"dataset format {version} \(.*\), which this nemo-telemetry does not read \(it reads format 3\); "
+        rf"dataset format {version} \(.*\), which this nemo-telemetry does not read \(it reads format {', '.join(map(str, sorted(READERS)))}\); "
         r"(upgrade nemo-telemetry, or )?re-run nemo-telemetry ingest of its dumps into a new folder"))
 
 
