@@ -20,14 +20,19 @@ A *fleet* is the processes of a run that carry one ``rl.fleet`` word (``policy``
   bucketed intervals with priority productive > overhead > wasted > idle, and the time under none
   of them idle, so the buckets sum to the capacity. A retried rollout (``rl.rollout.attempt`` > 0,
   bucketed or not) and a bucketed span that ended in error (a failed trajectory) are wasted;
-- *sources*: a fleet whose productive or overhead spans cover some of the run's window uses its
-  spans (``spans``); else its processes' ``rl.fleet.busy.seconds`` (``busy_metric``): per series,
-  the counter's increase between consecutive points times the process's GPUs, spread uniformly
-  between the two points' times (the first point from its start time) and clipped to the window;
-  its activity picks the bucket (:data:`ACTIVITY_BUCKETS`, else productive), the busy time under
-  the fleet's wasted spans (retries, failures) is wasted, taken in priority order up to the
-  capacity; else its other spans (idle); else ``none``: a fleet with GPUs and no signal is
-  *unknown*, never idle;
+- *sources*: a fleet uses its spans (``spans``) where its productive or overhead spans cover some
+  of the run's window, its processes' ``rl.fleet.busy.seconds`` (``busy_metric``) where they
+  record it, both (``spans+busy_metric``) where both hold; else ``spans`` where it has any
+  bucketed span (idle), else ``none``: a fleet with GPUs and no signal is *unknown*, never idle.
+  The busy metric, per series: the counter's increase between consecutive points (the first from
+  its start time) times the process's GPUs, spread uniformly between the two points' times and
+  clipped to the window; its activity picks the bucket (:data:`ACTIVITY_BUCKETS`, else
+  productive). With spans beside it (:func:`_busy`), an increase counts only its excess over the
+  spans' covered time in its interval, spread over the interval's span-free time: a density has
+  no exact union with intervals, so the metric is taken to repeat what the spans say as far as it
+  fits (never counted twice; a lower bound where the two describe different work). Alone, its
+  busy time under the fleet's wasted spans (retries, failures) is wasted. The span buckets come
+  first; the metric's are added in priority order up to the capacity, the rest idle;
 - *tokens*: where the fleet's processes count tokens (:data:`TOKEN_COUNTERS`), the tokens whose
   increase falls in the window (spread as the busy counter is) per GPU-second.
 
