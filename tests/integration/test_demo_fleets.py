@@ -138,3 +138,35 @@ def test_the_generation_worker_reports_its_busy_time(fixture, request):
                 for a in engine["attributes"])
     # the engine runs one call at a time, each sleep inside its busy scope, each scope inside its span
     assert slept <= values[-1] <= _union_s(engine["start_ns"].to_numpy(), engine["end_ns"].to_numpy())
+
+
+def _generation_by_step(result, *, metrics: bool) -> dict[int, dict]:
+    from nemo_telemetry.analysis import read_spans, run_goodput
+
+    (run,) = run_goodput(read_spans(result.dataset), by="fleet,step",
+                         metrics=read_metrics(result.dataset) if metrics else None)
+    return {i: next(r for r in table.to_pylist() if r["fleet"] == "generation") for i, table, _ in run.fleets.steps}
+
+
+def test_the_async_generation_fleet_is_busy_most_of_each_step(async_run):
+    """Its generation has no span, a few refits do: the busy metric must still count (issue 31, item 5)."""
+    steps = _generation_by_step(async_run, metrics=True)
+    assert sorted(steps) == list(range(1, STEPS + 1))
+    for iteration, row in steps.items():
+        assert "busy_metric" in row["source"].split("+"), (iteration, row["source"])
+        # the worker sleeps through a generate batch for most of each step; a generous floor
+        assert row["productive_gpu_s"] > 0.3 * row["gpu_seconds"], (iteration, row)
+        buckets = sum(row[f"{b}_gpu_s"] for b in ("productive", "overhead", "wasted", "idle", "unknown"))
+        assert buckets == pytest.approx(row["gpu_seconds"], abs=1e-6)
+
+
+def test_the_split_generation_fleet_counts_its_busy_metric_once(split_run):
+    """Its generate spans hold the engine's busy scopes: the metric adds nothing to what they say."""
+    with_metric, spans_only = _generation_by_step(split_run, metrics=True), _generation_by_step(split_run,
+                                                                                                 metrics=False)
+    assert {r["source"] for r in with_metric.values()} == {"spans+busy_metric"}
+    assert {r["source"] for r in spans_only.values()} == {"spans"}
+    for iteration, row in with_metric.items():
+        for bucket in ("productive", "overhead", "wasted", "idle"):
+            key = f"{bucket}_gpu_s"
+            assert row[key] == pytest.approx(spans_only[iteration][key], abs=1e-6), (iteration, key)

@@ -65,9 +65,12 @@ def test_ray_goodput_by_fleet_equals_local(ray_cluster, tmp_path, by):
     the in-memory document on Ray, its fleet partials mapped in Ray tasks over files of 3 spans."""
     from nemo_telemetry.analysis.engines.ray_engine import ray_goodput
 
-    for fixture in (fleet_tools.split_spans, fleet_tools.colocated_spans, fleet_tools.async_spans):
+    with_metrics = {fleet_tools.async_spans: fleet_tools.async_metrics,  # the busy metric alone
+                    fleet_tools.async_refit_spans: fleet_tools.async_metrics,  # spans and the busy metric
+                    fleet_tools.split_spans_and_busy: fleet_tools.split_both_metrics}
+    for fixture in (fleet_tools.split_spans, fleet_tools.colocated_spans, *with_metrics):
         records = fixture()
-        metrics = fleet_tools.async_metrics() if fixture is fleet_tools.async_spans else None
+        metrics = with_metrics[fixture]() if fixture in with_metrics else None
         root = fleet_tools.write_dataset(tmp_path / fixture.__name__ / by.replace(",", "_"), records, metrics=metrics)
         expected = goodput_document(run_goodput(fleet_tools.spans_table(records), by=by, metrics=metrics))
         assert expected["runs"][0]["fleets"]

@@ -20,14 +20,19 @@ A *fleet* is the processes of a run that carry one ``rl.fleet`` word (``policy``
   bucketed intervals with priority productive > overhead > wasted > idle, and the time under none
   of them idle, so the buckets sum to the capacity. A retried rollout (``rl.rollout.attempt`` > 0,
   bucketed or not) and a bucketed span that ended in error (a failed trajectory) are wasted;
-- *sources*: a fleet whose productive or overhead spans cover some of the run's window uses its
-  spans (``spans``); else its processes' ``rl.fleet.busy.seconds`` (``busy_metric``): per series,
-  the counter's increase between consecutive points times the process's GPUs, spread uniformly
-  between the two points' times (the first point from its start time) and clipped to the window;
-  its activity picks the bucket (:data:`ACTIVITY_BUCKETS`, else productive), the busy time under
-  the fleet's wasted spans (retries, failures) is wasted, taken in priority order up to the
-  capacity; else its other spans (idle); else ``none``: a fleet with GPUs and no signal is
-  *unknown*, never idle;
+- *sources*: a fleet uses its spans (``spans``) where its productive or overhead spans cover some
+  of the run's window, its processes' ``rl.fleet.busy.seconds`` (``busy_metric``) where they
+  record it, both (``spans+busy_metric``) where both hold; else ``spans`` where it has any
+  bucketed span (idle), else ``none``: a fleet with GPUs and no signal is *unknown*, never idle.
+  The busy metric, per series: the counter's increase between consecutive points (the first from
+  its start time) times the process's GPUs, spread uniformly between the two points' times and
+  clipped to the window; its activity picks the bucket (:data:`ACTIVITY_BUCKETS`, else
+  productive). With spans beside it (:func:`_busy`), an increase counts only its excess over the
+  spans' covered time in its interval, spread over the interval's span-free time: a density has
+  no exact union with intervals, so the metric is taken to repeat what the spans say as far as it
+  fits (never counted twice; a lower bound where the two describe different work). Alone, its
+  busy time under the fleet's wasted spans (retries, failures) is wasted. The span buckets come
+  first; the metric's are added in priority order up to the capacity, the rest idle;
 - *tokens*: where the fleet's processes count tokens (:data:`TOKEN_COUNTERS`), the tokens whose
   increase falls in the window (spread as the busy counter is) per GPU-second.
 
@@ -86,6 +91,8 @@ BUSY_METRIC = "rl.fleet.busy.seconds"
 ACTIVITY_BUCKETS = {"validation": "overhead", "evaluate": "overhead", "refit": "overhead",
                     "weight_sync": "overhead", "retry": "wasted"}
 """``rl.fleet.activity`` -> bucket of the busy metric's time; any other activity is productive."""
+SPANS, BUSY, NO_SIGNAL = "spans", "busy_metric", "none"
+"""A fleet row's ``source`` words; ``spans+busy_metric`` where it uses both."""
 TOKEN_COUNTERS = ("rl.vllm.generation_tokens",)
 """Cumulative token counters whose increase over a window gives a fleet's tokens/s/GPU."""
 INIT_SPAN = r"^rl\.init\.total$"
@@ -556,8 +563,10 @@ def _window_rows(window: np.ndarray, lo: np.ndarray, hi: np.ndarray, windows: in
         capacity = gpus * length
         out["capacity"][:, j] = capacity
         levels = out["levels"][:, j]
-        if f["source"] == "spans":
-            mine = take(spans, spans["fleet"] == f["fleet"])
+        signals = _signals(f["source"])
+        if signals:
+            mine = take(spans, spans["fleet"] == f["fleet"]) if SPANS in signals else take(
+                spans, np.zeros(len(spans["fleet"]), bool))
             union = [np.zeros(windows)]
             for level in range(3):  # productive, then with overhead, then with wasted
                 held = mine["level"] <= level
@@ -565,30 +574,16 @@ def _window_rows(window: np.ndarray, lo: np.ndarray, hi: np.ndarray, windows: in
                 union.append(np.bincount(window, weights=covered.astype(np.float64), minlength=windows))
             for level in range(3):
                 levels[:, level] = gpus * (union[level + 1] - union[level])
-            levels[:, 3] = gpus * (length - union[3])
-        elif f["source"] == "busy_metric":
-            mine = take(increments, (increments["fleet"] == f["fleet"]) & (increments["level"] >= 0))
-            amount = mine["increase"] * _NS * np.maximum(mine["gpus"], 0)
-            busy = np.zeros((windows, 4))
-            wasted = take(spans, (spans["fleet"] == f["fleet"]) & (spans["level"] == _WASTED))
-            in_window, in_lo, in_hi = _intersect(window, lo, hi, wasted["a"], wasted["b"])
-            moved = np.zeros(windows)
-            for level in range(4):
-                held = mine["level"] == level
-                args = (mine["series_code"][held], mine["t0"][held], mine["b"][held], amount[held])
-                busy[:, level] = np.bincount(window, weights=_spread(*args, lo, hi), minlength=windows)
-                if level < _WASTED:  # busy under a retried rollout or a failed trajectory: wasted
-                    under = np.bincount(in_window, weights=_spread(*args, in_lo, in_hi), minlength=windows)
-                    busy[:, level] -= under
-                    moved += under
-            busy[:, _WASTED] += moved
-            total = busy.sum(axis=1)
-            for w in np.flatnonzero(total > capacity * (1 + 1e-12) + 1):
-                over.append((f["fleet"], total[w] / _NS, capacity[w] / _NS))
-            left = capacity.astype(np.float64)
-            for level in range(3):  # in priority order, up to the capacity
-                levels[:, level] = np.minimum(busy[:, level], left)
-                left = left - levels[:, level]
+            left = capacity - gpus * union[3]  # the GPU-seconds no span holds
+            if BUSY in signals:
+                busy = _busy(f["fleet"], window, lo, hi, windows, mine, spans, increments)
+                total = gpus * union[3] + busy.sum(axis=1)
+                for w in np.flatnonzero(total > capacity * (1 + 1e-12) + 1):
+                    over.append((f["fleet"], total[w] / _NS, capacity[w] / _NS))
+                for level in range(3):  # in priority order, up to the capacity
+                    added = np.minimum(busy[:, level], left)
+                    levels[:, level] += added
+                    left = left - added
             levels[:, 3] = left
         else:
             out["unknown"][:, j] = capacity
@@ -598,6 +593,51 @@ def _window_rows(window: np.ndarray, lo: np.ndarray, hi: np.ndarray, windows: in
                                                           tokens["increase"], lo, hi), minlength=windows)
             out["tokens"][:, j] = np.where(capacity > 0, counted / np.where(capacity > 0, capacity, 1) * _NS, np.nan)
     return out, over
+
+
+def _busy(word: str, window: np.ndarray, lo: np.ndarray, hi: np.ndarray, windows: int, held: Columns,
+          spans: Columns, increments: Columns) -> np.ndarray:
+    """Per window and level, the GPU-nanoseconds the fleet's busy metric adds to what its spans
+    ``held`` (the row's span signal; none where the row uses the metric alone) say, shape
+    (windows, 4).
+
+    A density cannot be united with intervals exactly, so the rule is the conservative one: an
+    increment's busy time is taken to be the same work as the spans held in its interval, whatever
+    their bucket, as far as it fits (a vLLM engine's generate spans and its busy counter see one
+    batch twice); only its excess over their covered time counts, spread uniformly over the
+    interval's span-free time (none: left out). Its own bucket comes from its activity; of the
+    busy time under the fleet's wasted spans that the row does not hold (retries, failures of a
+    metric-only fleet), the productive and overhead move to wasted. The time no span holds is the
+    *free clock*: uniform spreading over it is :func:`_spread` of the clock's readings."""
+    mine = take(increments, (increments["fleet"] == word) & (increments["level"] >= 0))
+    if len(held["a"]):
+        _, s, e = coalesced_union(np.zeros(len(held["a"]), np.int64), held["a"], held["b"])
+    else:
+        s = e = np.zeros(0, np.int64)
+
+    def clock(x: np.ndarray) -> np.ndarray:  # the span-free time up to x (x itself without spans)
+        return x - _below(s, e, x)
+
+    t0, t1 = mine["t0"], mine["b"]
+    free0, free1 = clock(t0), clock(t1)
+    hidden = (t1 - t0) - (free1 - free0)  # the held spans' covered time inside [t0, t1]
+    seconds = np.where((free1 > free0) | (t1 == t0), np.maximum(mine["increase"] * _NS - hidden, 0.0), 0.0)
+    amount = seconds * np.maximum(mine["gpus"], 0)
+    wasted = take(spans, (spans["fleet"] == word) & (spans["level"] == _WASTED))
+    in_window, in_lo, in_hi = _intersect(window, lo, hi, wasted["a"], wasted["b"])
+    c_lo, c_hi, c_in_lo, c_in_hi = clock(lo), clock(hi), clock(in_lo), clock(in_hi)
+    busy = np.zeros((windows, 4))
+    moved = np.zeros(windows)
+    for level in range(4):
+        at = mine["level"] == level
+        args = (mine["series_code"][at], free0[at], free1[at], amount[at])
+        busy[:, level] = np.bincount(window, weights=_spread(*args, c_lo, c_hi), minlength=windows)
+        if level < _WASTED:  # busy under a retried rollout or a failed trajectory: wasted
+            under = np.bincount(in_window, weights=_spread(*args, c_in_lo, c_in_hi), minlength=windows)
+            busy[:, level] -= under
+            moved += under
+    busy[:, _WASTED] += moved
+    return busy
 
 
 def _intersect(window: np.ndarray, lo: np.ndarray, hi: np.ndarray, starts: np.ndarray,
@@ -623,7 +663,7 @@ def _fleet_tables(fleets: list[dict], columns: dict[str, np.ndarray]) -> tuple[p
     ``w * len(fleets)`` on) and each window's cluster row."""
     windows, n = columns["capacity"].shape
     capacity, levels, unknown = columns["capacity"], columns["levels"], columns["unknown"]
-    known = np.array([f["source"] != "none" for f in fleets], bool)
+    known = np.array([f["source"] != NO_SIGNAL for f in fleets], bool)
     goodput = np.where((capacity > 0) & known[None, :], levels[:, :, 0] / np.where(capacity > 0, capacity, 1),
                        np.nan)
     table = {"fleet": np.tile(np.array([f["fleet"] for f in fleets], dtype=object), windows),
@@ -713,18 +753,28 @@ def _label(row: dict) -> str:
     return f"{row['service'] or '?'}" + (f":{row['rank']}" if row["rank"] >= 0 else "")
 
 
+def _signals(source: str) -> tuple[str, ...]:
+    """The signals a row's ``source`` names (none for ``none``)."""
+    return () if source == NO_SIGNAL else tuple(source.split("+"))
+
+
 def _source(word: str, spans: Columns, increments: Columns, run_window) -> str:
-    """``spans`` where the fleet's productive or overhead spans cover some of the run's window;
-    else ``busy_metric`` where its processes record the busy metric (retries and failures among
-    its spans then move the busy time under them to wasted); else ``spans`` where it has any
+    """``spans+busy_metric`` where the fleet's productive or overhead spans cover some of the run's
+    window and its processes record the busy metric (:func:`_busy` adds what the spans do not hold);
+    ``spans`` where only the former; ``busy_metric`` where only the latter (retries and failures
+    among its spans then move the busy time under them to wasted); else ``spans`` where it has any
     bucketed span; else ``none``."""
     mine = (spans["fleet"] == word)
     work = mine & (spans["level"] <= 1)
-    if _covered(spans["a"][work], spans["b"][work], *run_window).sum() > 0:
-        return "spans"
-    if ((increments["fleet"] == word) & (increments["level"] >= 0)).any():
-        return "busy_metric"
-    return "spans" if mine.any() else "none"
+    worked = _covered(spans["a"][work], spans["b"][work], *run_window).sum() > 0
+    busy = bool(((increments["fleet"] == word) & (increments["level"] >= 0)).any())
+    if worked and busy:
+        return f"{SPANS}+{BUSY}"
+    if worked:
+        return SPANS
+    if busy:
+        return BUSY
+    return SPANS if mine.any() else NO_SIGNAL
 
 
 def _fleets_of(procs: Columns, colocated: bool, spans: Columns, increments: Columns,
@@ -766,7 +816,7 @@ def _fleets_of(procs: Columns, colocated: bool, spans: Columns, increments: Colu
         else:
             gpus = sum(max(r["gpus"], 0) for r in members)
         source = _source(word, spans, increments, run_window)
-        if source == "none" and gpus > 0:
+        if source == NO_SIGNAL and gpus > 0:
             findings.append(FleetFinding(
                 "fleet-no-busy-signal", "warning", word,
                 f"fleet {word}: {gpus} GPU(s) and no bucketed span nor {BUSY_METRIC} point: its GPU-seconds are "

@@ -339,12 +339,74 @@ def test_a_busy_counter_that_restarts_counts_from_its_new_start():
     assert_row(fleets(run)["generation"], source="busy_metric", productive_gpu_s=14.0, idle_gpu_s=86.0)
 
 
-def test_spans_of_work_win_over_the_busy_metric():
-    busy = metrics_table([points(VLLM, "rl.fleet.busy.seconds", [(20 * S, 20.0)], activity="generate")])
+def test_busy_time_the_spans_already_hold_adds_nothing():
+    """The sync split demo's case: a vLLM engine with generate spans and a busy counter sees one
+    batch twice; the metric must not count it again."""
+    busy = metrics_table([points(VLLM, "rl.fleet.busy.seconds", [(20 * S, 7.0)], activity="generate")])
     (run,) = run_goodput(spans_table(split_spans()), by="fleet", metrics=busy)
-    # the generation fleet's generate spans say what it did, validation overhead included: as without the metric
-    assert_row(fleets(run)["generation"], source="spans", productive_gpu_s=14.0, overhead_gpu_s=1.0,
+    # generation's spans over [0,20]: [0,4] u [9,9.8] u [10,13] = 7.8 s; the increment, 7 s over
+    # [0,20], fits under them: excess 0, so the rows are the spans' alone (validation overhead included)
+    assert_row(fleets(run)["generation"], source="spans+busy_metric", productive_gpu_s=14.0, overhead_gpu_s=1.0,
                wasted_gpu_s=0.6, idle_gpu_s=24.4)
+
+
+def split_both_metrics() -> pa.Table:
+    return metrics_table([
+        # vllm (2 GPUs), generate, since 0: +4 s over [0,4], +1.5 over [4,10], +6 over [10,20]
+        points(VLLM, "rl.fleet.busy.seconds", [(4 * S, 4.0), (10 * S, 5.5), (20 * S, 11.5)], activity="generate"),
+        # vllm, validation (overhead), since 0: +0 over [0,10], +4 over [10,20]
+        points(VLLM, "rl.fleet.busy.seconds", [(10 * S, 0.0), (20 * S, 4.0)], activity="validation"),
+    ])
+
+
+def test_a_fleet_with_spans_and_the_busy_metric_counts_what_the_spans_miss():
+    (run,) = run_goodput(spans_table(split_spans()), by="fleet,step", metrics=split_both_metrics())
+    # generation's span intervals (2 GPUs): productive [0,4] u [10,13]; overhead [9,9.5]; wasted
+    # [2,3] (under productive) and [9.5,9.8]; span-free: [4,9] u [9.8,10] (5.2 s) and [13,20] (7 s).
+    # generate increments, each less the spans' covered time in its interval, the rest spread over the
+    # interval's span-free time:
+    #   [0,4] +4 s, covered 4 -> 0;  [4,10] +1.5, covered 0.8 -> 0.7 s x 2 = 1.4 GPU-s, in step 1;
+    #   [10,20] +6, covered 3 -> 3 s x 2 = 6 GPU-s over [13,20], in step 2
+    # validation: [0,10] +0; [10,20] +4, covered 3 -> 1 s x 2 = 2 GPU-s over [13,20], in step 2
+    # step 1 [0,10], 20 GPU-s: productive 2 x 4 + 1.4 = 9.4; overhead 2 x 0.5 = 1; wasted 2 x 0.3 = 0.6;
+    #   idle 20 - 11 = 9
+    # step 2 [10,20], 20 GPU-s: productive 2 x 3 + 6 = 12; overhead 0 + 2 = 2; wasted 0; idle 6
+    steps = step_fleets(run)
+    assert_row(steps[1]["generation"], source="spans+busy_metric", gpu_seconds=20.0, productive_gpu_s=9.4,
+               overhead_gpu_s=1.0, wasted_gpu_s=0.6, idle_gpu_s=9.0)
+    assert_row(steps[2]["generation"], source="spans+busy_metric", gpu_seconds=20.0, productive_gpu_s=12.0,
+               overhead_gpu_s=2.0, wasted_gpu_s=0.0, idle_gpu_s=6.0)
+    # the run: the sum of its steps; goodput 21.4 / 40
+    assert_row(fleets(run)["generation"], source="spans+busy_metric", gpu_seconds=40.0, productive_gpu_s=21.4,
+               overhead_gpu_s=3.0, wasted_gpu_s=0.6, idle_gpu_s=15.0, unknown_gpu_s=0.0, goodput=0.535)
+    assert_row(fleets(run)["policy"], source="spans", productive_gpu_s=28.0)  # no busy metric: as before
+    assert run.fleets.findings == ()
+
+
+def async_refit_spans() -> list[dict]:
+    """The async run and a refit on vllm 0, [20, 22]: the generation fleet's one overhead span."""
+    return [*async_spans(), span(A_VLLM0, "rl.vllm.refit", 20 * S, 22 * S, bucket="overhead", group="refit")]
+
+
+def test_an_async_generation_fleet_with_a_refit_span_keeps_its_busy_time():
+    """The async demo's case: a few overhead spans (refit) on a fleet whose generation has no span
+    must not hide its busy metric."""
+    (run,) = run_goodput(spans_table(async_refit_spans()), by="fleet,step", metrics=async_metrics())
+    # window [5,30], generation 4 GPUs = 100 GPU-s; the refit [20,22] holds every GPU: overhead 4 x 2 = 8
+    # vllm 0 (2 GPUs), generate: [0,10] +8, covered 0 -> 16 GPU-s over [0,10], 5/10 inside = 8;
+    #   [10,20] +6, covered 0 -> 12, all inside; [20,30] +9, covered 2 -> 7 s x 2 = 14 over [22,30], all inside
+    # vllm 1 (2 GPUs), validation: [0,20] +4, covered 0 -> 8 GPU-s over [0,20], 15/20 inside = 6
+    # productive 8 + 12 + 14 = 34; overhead 8 + 6 = 14; idle 100 - 48 = 52
+    assert_row(fleets(run)["generation"], source="spans+busy_metric", gpu_seconds=100.0, productive_gpu_s=34.0,
+               overhead_gpu_s=14.0, wasted_gpu_s=0.0, idle_gpu_s=52.0, unknown_gpu_s=0.0, goodput=0.34,
+               tokens_per_s_per_gpu=45.0)
+    steps = step_fleets(run)
+    # step 1 [5,15], 40 GPU-s: productive 16 x 5/10 + 12 x 5/10 = 14; overhead 8 x 10/20 = 4; idle 22
+    assert_row(steps[1]["generation"], productive_gpu_s=14.0, overhead_gpu_s=4.0, idle_gpu_s=22.0)
+    # step 2 [15,28], 52 GPU-s: productive 12 x 5/10 + 14 x 6/8 = 16.5; overhead 8 (refit) + 8 x 5/20 = 10;
+    # idle 52 - 26.5 = 25.5
+    assert_row(steps[2]["generation"], productive_gpu_s=16.5, overhead_gpu_s=10.0, wasted_gpu_s=0.0,
+               idle_gpu_s=25.5)
 
 
 def test_a_fleet_with_gpus_and_no_signal_is_unknown_never_idle():
@@ -422,6 +484,11 @@ def test_by_must_be_known():
 # -- the same answer out of core --------------------------------------------------------------
 
 
+def split_spans_and_busy() -> list[dict]:
+    """The split run's spans, streamed with :func:`split_both_metrics`."""
+    return split_spans()
+
+
 def write_dataset(root, records: list[dict], *, batch: int = 3, metrics: pa.Table | None = None):
     """The spans as a dataset, ``batch`` spans a file; ``metrics`` its metrics/ table."""
     spans = with_id_keys(spans_table(records))
@@ -435,10 +502,12 @@ def write_dataset(root, records: list[dict], *, batch: int = 3, metrics: pa.Tabl
 
 
 @pytest.mark.parametrize("by", ["fleet", "fleet,step"])
-@pytest.mark.parametrize("fixture", [split_spans, colocated_spans, async_spans, async_retried_spans])
+@pytest.mark.parametrize("fixture", [split_spans, colocated_spans, async_spans, async_retried_spans,
+                                     async_refit_spans, split_spans_and_busy])
 def test_streamed_in_small_batches_gives_the_in_memory_answer(tmp_path, fixture, by):
     records = fixture()
-    metrics = async_metrics() if fixture in (async_spans, async_retried_spans) else None
+    metrics = (async_metrics() if fixture in (async_spans, async_retried_spans, async_refit_spans) else
+               split_both_metrics() if fixture is split_spans_and_busy else None)
     root = write_dataset(tmp_path / "ds", records, metrics=metrics)
     expected = goodput_document(run_goodput(spans_table(records), by=by, metrics=metrics))
     assert goodput_document(stream_goodput(root, by=by, batch_rows=2)) == expected
