@@ -44,7 +44,7 @@ import numpy as np
 import orjson
 import zstandard
 
-from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES, FORMATS
+from nemo_telemetry.analysis.settings.choices import DEFAULT_MAX_REQUEST_BYTES, FORMATS
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
