@@ -39,6 +39,7 @@ READ_COLUMNS = (
     SPAN_GROUP,  # the group each span was opened in: missing-group-spans decides presence by it
     "span_groups_namespace",  # the namespace each process resolved its span groups in
     "kind",  # an orphan server or consumer span has a remote parent (remote-parent), not a lost one
+    "flags",  # ... unless the exporter's is-remote bits say otherwise (model.remote.parent_is_remote)
 )
 # Row-group-sized batches (ingest writes pyarrow's default row groups, 2**20 rows): a few large chunks decode
 # with less overhead per batch than the scanner's default 2**17, and every per-chunk loop
