@@ -89,7 +89,7 @@ check that the reference paths take over with one warning. Never set it in produ
 NEMO_TELEMETRY_THREADS: Final = "NEMO_TELEMETRY_THREADS"
 """Analysis side: worker threads one analysis call may use (what ``--threads`` sets for one command).
 Unset: the CPUs this process may run on (its affinity mask, e.g. ``taskset``), fewer where its
-cgroup's CPU quota allows fewer (``nemo_telemetry.analysis.settings.available_cpus``)."""
+cgroup's CPU quota allows fewer (``nemo_telemetry.analysis.settings.machine.available_cpus``)."""
 
 NEMO_TELEMETRY_MEMORY_BUDGET: Final = "NEMO_TELEMETRY_MEMORY_BUDGET"
 """Analysis side: bytes (or ``512M``, ``4G``) the in-memory path may take before ``goodput`` streams

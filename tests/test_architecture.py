@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nemo_telemetry"
 
 # The sub-packages of nemo_telemetry.analysis from the bottom up: each may import those before it,
 # never one after it (nor one of the same rank).
-LAYERS = (("model",), ("kernels",), ("store",), ("ingestion",), ("decode",), ("goodput",), ("findings",),
+LAYERS = (("settings",), ("model",), ("kernels",), ("store",), ("ingestion",), ("decode",), ("goodput",), ("findings",),
           ("engines", "monitor", "views"))
 
 

@@ -3,7 +3,7 @@
 Nothing here prints; the CLI renders what these functions return, and notebooks use them
 directly. The public API is listed once, in ``__all__``; each name is imported from its module on
 first use (``_HOMES``), so that importing the package, or defining the CLI's options from
-:mod:`nemo_telemetry.analysis.choices`, loads no numpy, pyarrow or pandas.
+:mod:`nemo_telemetry.analysis.settings.choices`, loads no numpy, pyarrow or pandas.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
         IngestError, IngestWarning, LintError, MonitorError, ReceiverSecurityError, SettingsError, UnknownRunError,
         WaterfallError,
     )
-    from nemo_telemetry.analysis.choices import (
+    from nemo_telemetry.analysis.settings.choices import (
         DEFAULT_COLLAPSE_THRESHOLD, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S,
         ENGINES, FORMATS, SEVERITIES,
     )
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from nemo_telemetry.analysis.model.intervals import merge_intervals
     from nemo_telemetry.analysis.store.read import GOODPUT_COLUMNS
     from nemo_telemetry.analysis.ingestion.read import read_for_analysis
-    from nemo_telemetry.analysis.settings import ReadSettings
+    from nemo_telemetry.analysis.settings.machine import ReadSettings
     from nemo_telemetry.analysis.store.repair import RepairReport, VerifyReport, repair_dataset, verify_dataset
     from nemo_telemetry.analysis.ingestion.warmup import KernelWarmUp, kernels_compiling, warm_up_kernels
     from nemo_telemetry.analysis.ingestion.ingest import (
@@ -171,7 +171,7 @@ _MODULE_NAMES = {  # each module and the public names it defines, in the pipelin
         "UnknownRunError", "WaterfallError", "MonitorError", "DatasetLockedError", "DamagedDatasetError",
         "ReceiverSecurityError", "SettingsError", "DatasetFormatError",
     ),
-    "nemo_telemetry.analysis.choices": (
+    "nemo_telemetry.analysis.settings.choices": (
         "FORMATS", "SEVERITIES", "ENGINES", "DEFAULT_COLLAPSE_THRESHOLD", "DEFAULT_MAX_CONNECTIONS",
         "DEFAULT_READ_TIMEOUT_S", "DEFAULT_MAX_REQUEST_BYTES",
     ),
@@ -182,7 +182,7 @@ _MODULE_NAMES = {  # each module and the public names it defines, in the pipelin
     "nemo_telemetry.analysis.model.intervals": ("merge_intervals",),
     "nemo_telemetry.analysis.store.read": ("GOODPUT_COLUMNS",),
     "nemo_telemetry.analysis.ingestion.read": ("read_for_analysis",),
-    "nemo_telemetry.analysis.settings": ("ReadSettings",),
+    "nemo_telemetry.analysis.settings.machine": ("ReadSettings",),
     "nemo_telemetry.analysis.store.repair": ("verify_dataset", "repair_dataset", "VerifyReport", "RepairReport"),
     "nemo_telemetry.analysis.ingestion.warmup": ("KernelWarmUp", "warm_up_kernels", "kernels_compiling"),
     "nemo_telemetry.analysis.ingestion.ingest": (

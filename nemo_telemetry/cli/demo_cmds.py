@@ -42,7 +42,9 @@ def demo_command(
     the findings and one step's waterfall. Exit 1 when a finding is at error severity.
 
     Example: nemo-telemetry demo --mode async --steps 6 --out ./demo-run
+
     Example: nemo-telemetry demo --placement split --steps 6
+
     Example: nemo-telemetry demo --trainer trl --steps 5
     """
     from nemo_telemetry.demo import run_demo  # Ray and the analysis load only here

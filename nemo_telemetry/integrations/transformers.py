@@ -474,10 +474,23 @@ def _start_telemetry(trainer: Any, config: Any, groups: Iterable[str]) -> None:
     if config is not None:
         settings.update(dict(config))
     algorithm = trainer_algorithm(trainer)
+    # Every rank of a Trainer trains: the policy fleet, with the devices this process drives
+    # (``args.n_gpu``: one under torchrun, all visible ones in single-process DataParallel, 0 on CPU).
     init_telemetry_driver(settings, algorithm=algorithm,
                           service_name=settings.get("service_name") or f"{algorithm}-trainer",
                           resource_attributes=trainer_resource_attributes(trainer, world_size=info.world_size),
-                          rank=info.rank, world_size=info.world_size, local_rank=info.local_rank)
+                          rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
+                          fleet="policy", gpus=_process_gpus(trainer.args))
+
+
+def _process_gpus(args: Any) -> int | None:
+    """The GPUs this Trainer process drives, or None (resolved from the environment) where the
+    arguments do not say."""
+    try:
+        count = int(getattr(args, "n_gpu"))
+    except Exception:  # a TrainingArguments-like object without a readable count
+        return None
+    return count if count >= 0 else None
 
 
 def _built(trainer: Any, started_ns: int) -> None:

@@ -195,6 +195,28 @@ def test_orphan_advice_tells_a_remote_caller_from_a_lost_worker_span(source):
     assert "orphan (parent 00000000000000bb missing)" in lost
 
 
+def flagged_parents(tmp: Path) -> Path:
+    """Orphans whose exporter set the span flags' is-remote bits (0x100: known, 0x200: remote),
+    which win over the kind: an internal span continued from a carrier, a server span whose
+    parent was in-process."""
+    trace = "7" * 32
+    carried = otlp_span(trace, "0000000000000003", "rl.worker.call", 2, 3, "00000000000000aa")
+    carried["flags"] = 0x300
+    local = otlp_span(trace, "0000000000000004", "GET /health", 4, 5, "00000000000000bb", kind=2)
+    local["flags"] = 0x100
+    return otlp_file(tmp / "flagged.json", "trainer", [
+        otlp_span(trace, "0000000000000001", "rl.grpo.step", 0, 10, rl_iteration=1),
+        otlp_span(trace, "0000000000000002", "rl.vllm.generate", 0, 10, "0000000000000001", rl_bucket="productive"),
+        carried, local,
+    ], nemo_run_id="run-1")
+
+
+def test_the_exporters_is_remote_flags_decide_the_advice_from_a_dataset_too(source):
+    found = {f["code"]: f for f in check_json(source(flagged_parents))[1]["findings"]}
+    assert found["remote-parent"]["span_ids"] == ["0000000000000003"]
+    assert found["orphan-span"]["span_ids"] == ["0000000000000004"]
+
+
 def test_jaeger_padded_traces_are_told_apart_in_the_waterfall(source):
     """Ids that share 31 digits (the padded low halves) or only their low half: each tree is headed
     by its service and trace, with every digit it takes to tell them apart."""

@@ -48,16 +48,19 @@ def test_goodput_notebook_runs_against_a_demo_dataset(ray_cluster, tmp_path_fact
     text = "".join(o.get("text", "") for o in _outputs(notebook, output_type="stream"))
     assert str(result.dataset) in text and result.run_id in text
     figures = list(_outputs(notebook, mime="image/png"))
-    assert len(figures) >= 3  # goodput per step, bucket share, the step's waterfall
+    assert len(figures) >= 4  # goodput per step, bucket share, GPU-seconds per fleet, the step's waterfall
     tables = "".join(o["data"].get("text/plain", "") for o in _outputs(notebook, output_type="execute_result"))
+    tables += "".join(o["data"].get("text/plain", "") for o in _outputs(notebook, output_type="display_data"))
     assert "productive_s" in tables and "goodput" in tables
+    assert "productive_gpu_s" in tables and "policy" in tables  # the fleet view: the demo declares its fleets
+    assert "cluster:" in text
 
 
 def test_notebook_uses_only_the_public_analysis_api():
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     imports = [line.strip() for cell in notebook.cells if cell.cell_type == "code"
                for line in cell.source.splitlines() if "nemo_telemetry" in line and "import" in line]
-    assert imports == ["from nemo_telemetry.analysis import check_run, read_spans, run_goodput, waterfall"]
+    assert imports == ["from nemo_telemetry.analysis import check_run, read_metrics, read_spans, run_goodput, waterfall"]
     from nemo_telemetry import analysis
 
     assert {"check_run", "read_spans", "run_goodput", "waterfall"} <= set(analysis.__all__)

@@ -74,6 +74,8 @@ def test_every_step_has_its_phase_spans_in_their_buckets(run):
     for package in ("trl", "transformers", "torch", "accelerate"):
         assert resource[f"nv.dl.software.{package}"]
     assert resource["rl.model"] == run.model
+    # a Trainer rank trains: the policy fleet, with the devices it drives (none on this CPU run)
+    assert resource["rl.fleet"] == "policy" and resource["nv.dl.gpu.count"] == 0
 
 
 def _span_seconds(run, iteration: int) -> dict[str, float]:

@@ -5,7 +5,7 @@ ingest -> store -> **decode** -> rules (goodput, findings) -> engines -> views. 
 step decodes only the rows it sums, :mod:`decode.rows`);
 :func:`reference_arrays` builds the same structure row by row, plainly, for the tests to compare
 every strategy with. How much of the machine a decode uses comes from one
-:class:`~nemo_telemetry.analysis.settings.ReadSettings`.
+:class:`~nemo_telemetry.analysis.settings.machine.ReadSettings`.
 """
 
 from nemo_telemetry.analysis.decode.reference import reference_arrays

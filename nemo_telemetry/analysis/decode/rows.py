@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.model.columns import code_mask, code_values, filled
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
-from nemo_telemetry.analysis.settings import ReadSettings
+from nemo_telemetry.analysis.settings.machine import ReadSettings
 from nemo_telemetry.analysis.store.read import scan_span_files
 
 __all__ = ["WALK_READ", "KeptRows", "kept_rows", "table_rows", "file_rows"]

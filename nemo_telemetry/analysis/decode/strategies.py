@@ -39,7 +39,7 @@ from nemo_telemetry.analysis.model.schema import (
 from nemo_telemetry.analysis.model.status import error_rows
 from nemo_telemetry.analysis.model.tree import TRACE_LOW, mixed_key, with_id_keys
 from nemo_telemetry.analysis.model.walk import KeyScan
-from nemo_telemetry.analysis.settings import ReadSettings
+from nemo_telemetry.analysis.settings.machine import ReadSettings
 from nemo_telemetry.analysis.store.read import READ_COLUMNS, scan_file_batches, span_projection
 from nemo_telemetry.errors import DamagedDatasetError, IngestError
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES, ENGINES
+from nemo_telemetry.analysis.settings.choices import DEFAULT_MAX_REQUEST_BYTES, ENGINES
 from nemo_telemetry.analysis.goodput import steps as _goodput
 from nemo_telemetry.analysis.goodput.fleets import FLEET_READ_COLUMNS
 from nemo_telemetry.analysis.goodput.rules import FLEET_BY, check_by
-from nemo_telemetry.analysis.settings import ReadSettings
+from nemo_telemetry.analysis.settings.machine import ReadSettings
 from nemo_telemetry.analysis.store.read import (
     GOODPUT_COLUMNS,
     STEP_GOODPUT_COLUMNS,

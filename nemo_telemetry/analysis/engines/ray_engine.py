@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES
+from nemo_telemetry.analysis.settings.choices import DEFAULT_MAX_REQUEST_BYTES
 from nemo_telemetry.analysis.goodput import partials as streaming
 from nemo_telemetry.analysis.goodput.numbering import number_steps
 from nemo_telemetry.analysis.goodput.rules import FLEET_BY

@@ -90,7 +90,7 @@ from nemo_telemetry.analysis.model.columns import code_mask
 from nemo_telemetry.analysis.model.grouping import Columns, find_keys, group_by, take
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.analysis.model.tree import with_id_keys
-from nemo_telemetry.analysis.settings import ReadSettings
+from nemo_telemetry.analysis.settings.machine import ReadSettings
 
 __all__ = ["FINDING_CODES", "SEVERITIES", "Finding", "CheckReport", "check_run", "SPAN_GROUPS_ATTRIBUTE",
            "DEFAULT_OVERLAP_TOLERANCE_S", "overlap_tolerance_ns", "report", "Merged", "finish", "merge_in_memory",

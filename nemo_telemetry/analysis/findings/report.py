@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nemo_telemetry.analysis.choices import SEVERITIES
+from nemo_telemetry.analysis.settings.choices import SEVERITIES
 from nemo_telemetry.errors import NemoTelemetryError
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from nemo_telemetry.analysis.decode import NO_BUCKET, SpanArrays, span_arrays
 from nemo_telemetry.analysis.goodput.rules import STEP_SPAN_REGEX
 from nemo_telemetry.analysis.model.grouping import Columns, concat
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, NO_RUN, SPAN_GROUP
-from nemo_telemetry.analysis.settings import ReadSettings
+from nemo_telemetry.analysis.settings.machine import ReadSettings
 from nemo_telemetry.analysis.store.read import reading_errors, scan_span_files, span_source_files
 from nemo_telemetry.errors import UnknownRunError
 

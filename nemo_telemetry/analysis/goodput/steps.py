@@ -35,7 +35,7 @@ from nemo_telemetry.analysis.decode import (
     NO_BUCKET, KeptRows, Later, SpanArrays, file_rows, span_arrays, table_rows,
 )
 from nemo_telemetry.analysis.model.walk import walk_rows
-from nemo_telemetry.analysis.settings import ReadSettings
+from nemo_telemetry.analysis.settings.machine import ReadSettings
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.errors import UnknownRunError
 

@@ -44,7 +44,7 @@ import numpy as np
 import orjson
 import zstandard
 
-from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES, FORMATS
+from nemo_telemetry.analysis.settings.choices import DEFAULT_MAX_REQUEST_BYTES, FORMATS
 from nemo_telemetry.errors import IngestError
 
 __all__ = [
@@ -450,6 +450,8 @@ def _format_of(head: bytes, path: Path) -> str:
         first_line = stripped.split(b"\n", 1)[0].strip()
         if first_line in (b"{", b"[") or first_line.startswith(b"["):
             return "json"
+        if _wrapped_document(stripped, first_line):
+            return "json"
         _check_first_json_line(first_line, path)
         return "jsonl"
     if _looks_like_proto_frame(head) or is_bare_request(head):
@@ -457,6 +459,31 @@ def _format_of(head: bytes, path: Path) -> str:
     if any(line.lstrip().startswith(b'{"resource') for line in head.split(b"\n")[1:]):
         return "jsonl"  # a garbage first line in front of JSON lines: reported when read
     raise IngestError(f"{path}: not an OTLP dump. Accepted: {ACCEPTED_FORMATS}.")
+
+
+def _wrapped_document(head: bytes, first_line: bytes) -> bool:
+    """Whether ``head`` (from its first ``{``) is one JSON document wrapped over several lines
+    rather than JSON lines: its first line ends within the head and is no JSON by itself, and no
+    later whole line of the head is an OTLP request (a garbage line in front of JSON lines is
+    reported line by line, not read as a document)."""
+    lines = head.split(b"\n")
+    if len(lines) < 2 or _parses(first_line):
+        return False
+    for i, line in enumerate(lines[1:], 1):
+        line = line.strip()
+        if line.startswith(b'{"resource'):
+            return False  # a request per line, maybe cut by the head's end
+        if i < len(lines) - 1 and line.startswith(b"{") and _parses(line):
+            return False
+    return True
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def _check_first_json_line(line: bytes, path: Path) -> None:

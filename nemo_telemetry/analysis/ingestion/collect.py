@@ -45,7 +45,7 @@ import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from nemo_telemetry.analysis.choices import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S
+from nemo_telemetry.analysis.settings.choices import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_READ_TIMEOUT_S
 from nemo_telemetry.analysis.kernels import compiled as _compiled
 from nemo_telemetry.analysis.ingestion._collect_commit import Committer, describe_failure, hold_dataset, open_session
 from nemo_telemetry.analysis.ingestion._collect_http import (

@@ -37,7 +37,7 @@ from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
 from nemo_telemetry.analysis.ingestion._otlp_wire import decode_batch, decode_frames_each
 from nemo_telemetry.analysis.ingestion.metrics import dataset_metric_points
 from nemo_telemetry.analysis.ingestion.logs import DatasetLogFiles, dataset_log_files
-from nemo_telemetry.analysis.settings import available_cpus
+from nemo_telemetry.analysis.settings.machine import available_cpus
 from nemo_telemetry.analysis.store.commits import dataset_state
 from nemo_telemetry.analysis.store.dataset import (
     DatasetWriter,

@@ -21,7 +21,7 @@ import orjson
 import pyarrow as pa
 
 from nemo_telemetry.analysis.ingestion._columns import text_id_hex
-from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES
+from nemo_telemetry.analysis.settings.choices import DEFAULT_MAX_REQUEST_BYTES
 from nemo_telemetry.analysis.ingestion._detect import (JsonLines, ReadBuffers, is_log_dump, iter_records,
                                                      json_with_oversized_numbers)
 from nemo_telemetry.analysis.ingestion._otlp_json import camel_case

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES
+from nemo_telemetry.analysis.settings.choices import DEFAULT_MAX_REQUEST_BYTES
 from nemo_telemetry.analysis.ingestion._detect import (Record, ReadBuffers, is_metrics_dump, iter_records,
                                                      json_with_oversized_numbers)
 from nemo_telemetry.analysis.ingestion.anyvalue import json_flag, proto_value_string, proto_value_type

@@ -27,7 +27,7 @@ from typing import Callable
 
 import pyarrow as pa
 
-from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES
+from nemo_telemetry.analysis.settings.choices import DEFAULT_MAX_REQUEST_BYTES
 from nemo_telemetry.analysis.findings.checks import BATCH_FINDING_CODES, check_batch
 from nemo_telemetry.analysis.findings.report import FINDING_CODES, Finding
 from nemo_telemetry.analysis.ingestion.collect import CollectorServer, CollectSummary

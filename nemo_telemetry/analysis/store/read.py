@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, SPAN_GROUP
-from nemo_telemetry.analysis.settings import available_cpus
+from nemo_telemetry.analysis.settings.machine import available_cpus
 from nemo_telemetry.analysis.store.commits import FileProblem, committed_files, damaged_error
 from nemo_telemetry.analysis.store.dataset import checked_parquet
 from nemo_telemetry.analysis.store.formats import reader
@@ -39,6 +39,7 @@ READ_COLUMNS = (
     SPAN_GROUP,  # the group each span was opened in: missing-group-spans decides presence by it
     "span_groups_namespace",  # the namespace each process resolved its span groups in
     "kind",  # an orphan server or consumer span has a remote parent (remote-parent), not a lost one
+    "flags",  # ... unless the exporter's is-remote bits say otherwise (model.remote.parent_is_remote)
 )
 # Row-group-sized batches (ingest writes pyarrow's default row groups, 2**20 rows): a few large chunks decode
 # with less overhead per batch than the scanner's default 2**17, and every per-chunk loop
@@ -98,7 +99,7 @@ def scan_span_files(files: list[str], *, columns: tuple[str, ...] = READ_COLUMNS
     Small batches in a pool that reuses what the previous batches freed (jemalloc, where this
     pyarrow has it): the columns a caller lets go cost no new pages, and page faults are most of
     a read's system time (10M spans: goodput's read faults in 0.44 GB instead of 0.78). ``threads``:
-    how many threads the scan keeps busy (default: :func:`~nemo_telemetry.analysis.settings.available_cpus`).
+    how many threads the scan keeps busy (default: :func:`~nemo_telemetry.analysis.settings.machine.available_cpus`).
     """
     dataset, columns = span_projection(files, columns)
     yield from scan_batches(dataset, columns, batch_rows, threads=threads)

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.choices import DEFAULT_COLLAPSE_THRESHOLD
+from nemo_telemetry.analysis.settings.choices import DEFAULT_COLLAPSE_THRESHOLD
 from nemo_telemetry.analysis.model.remote import parent_is_remote
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
 from nemo_telemetry.analysis.model.tree import parent_indices

@@ -28,7 +28,7 @@ from nemo_telemetry.analysis.ingestion._columns import OtlpTables
 from nemo_telemetry.analysis.model.records import spans_table
 from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
 from nemo_telemetry.analysis.model.tree import with_id_keys
-from nemo_telemetry.analysis.settings import ReadSettings
+from nemo_telemetry.analysis.settings.machine import ReadSettings
 from nemo_telemetry.analysis.store.dataset import DatasetWriter
 from nemo_telemetry.analysis.ingestion.read import read_for_analysis
 from nemo_telemetry.analysis.store.read import span_source_files

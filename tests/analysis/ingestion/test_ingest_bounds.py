@@ -12,7 +12,7 @@ import zstandard
 from typer.testing import CliRunner
 
 from nemo_telemetry.analysis import DEFAULT_MAX_REQUEST_BYTES, DumpFollower, ingest
-from nemo_telemetry.analysis.choices import DEFAULT_MAX_REQUEST_BYTES as CHOICES_BOUND
+from nemo_telemetry.analysis.settings.choices import DEFAULT_MAX_REQUEST_BYTES as CHOICES_BOUND
 from nemo_telemetry.analysis.ingestion.collect import CollectorServer
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
 from nemo_telemetry.cli.app import app

@@ -137,6 +137,11 @@ def _write_formats(requests, d):
     document = {"resourceSpans": [rs for x in dicts for rs in x["resourceSpans"]]}
     (d / "request.json").write_text(json.dumps(hex_ids(document), indent=2))
     files["json-document"] = d / "request.json"
+    # a compact document wrapped a span per line: its first line is no JSON by itself, nor is any other
+    wrapped = json.dumps(hex_ids(document), separators=(",", ":")).replace('},{"traceId"', '},\n{"traceId"')
+    assert wrapped.count("\n") >= 3
+    (d / "wrapped.json").write_text(wrapped)
+    files["json-document-wrapped"] = d / "wrapped.json"
     merged = requests[0].__class__()
     for r in requests:
         merged.resource_spans.extend(r.resource_spans)

@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 from nemo_telemetry.analysis import ReadSettings, SettingsError
-from nemo_telemetry.analysis import settings as machine
+from nemo_telemetry.analysis.settings import machine
 from nemo_telemetry.environment_variables import NEMO_TELEMETRY_MEMORY_BUDGET, NEMO_TELEMETRY_THREADS
 
 GIB = 1 << 30
@@ -173,7 +173,7 @@ def test_a_thread_count_that_cannot_be_read_is_a_typed_error(monkeypatch, value)
 def test_taskset_to_one_cpu_sizes_every_thread_count_to_it():
     code = ("import json\n"
             "from nemo_telemetry.analysis import ReadSettings\n"
-            "from nemo_telemetry.analysis.settings import available_cpus\n"
+            "from nemo_telemetry.analysis.settings.machine import available_cpus\n"
             "from nemo_telemetry.analysis.ingestion.ingest import decode_threads, write_threads\n"
             "print(json.dumps([available_cpus(), ReadSettings.from_machine().threads, decode_threads(),\n"
             "                  write_threads()]))\n")
