@@ -171,11 +171,10 @@ def _sharing_trace_key() -> tuple[str, str]:
     return first, second
 
 
-@pytest.mark.parametrize("fmt", ["json", "protobuf"])
-def test_detached_and_orphan_findings_name_each_trace_that_shares_a_trace_key(tmp_path, kernel_path, fmt):
-    """A trace anchored by a step span, and another whose trace_key is the same but whose id is
-    not: the second is detached (its roots are outside every trace holding a step), and each
-    trace's orphans are a finding of their own, quoting their own trace id, on every engine."""
+def write_sharing_trace_key(tmp_path, fmt: str = "json"):
+    """A dataset of a trace anchored by a step span and another whose trace_key is the same but
+    whose id is not: each holds an orphan, and the second's root is no root by design.
+    Returns (root, anchored trace id, detached trace id)."""
     anchored, detached = _sharing_trace_key()
     spans = [_span(anchored, 1, "rl.grpo.step", 0, 10, **{"rl.iteration": 1}),
              _span(anchored, 2, "some-operation", 1, 5, 1, **{"rl.bucket": "productive"}),
@@ -195,14 +194,28 @@ def test_detached_and_orphan_findings_name_each_trace_that_shares_a_trace_key(tm
         (dump / "traces.binpb").write_bytes(len(payload).to_bytes(4, "big") + payload)
     root = tmp_path / "ds"
     assert ingest([dump], out=root).spans == 6
+    return root, anchored, detached
 
+
+def assert_each_trace_named(report, anchored: str, detached: str, engine: str) -> None:
+    """The detached trace is one finding quoting its own id and the anchored one's; each trace's
+    orphan is a finding of its own, quoting its own trace id."""
+    found = [f for f in report.findings if f.code == "detached-trace"]
+    assert [(f.trace_id, f.span_ids) for f in found] == [(detached, (f"{1:016x}", f"{3:016x}"))], engine
+    assert anchored in found[0].message, engine
+    orphans = {f.trace_id: f.span_ids for f in report.findings if f.code == "orphan-span"}
+    assert orphans == {anchored: (f"{3:016x}",), detached: (f"{3:016x}",)}, engine
+
+
+@pytest.mark.parametrize("fmt", ["json", "protobuf"])
+def test_detached_and_orphan_findings_name_each_trace_that_shares_a_trace_key(tmp_path, kernel_path, fmt):
+    """Two trace ids crafted to share a trace_key are two traces to the findings that group spans
+    per trace, on every engine: the second is detached (its root is outside every trace holding a
+    step) and each trace's orphans are a finding of their own."""
+    root, anchored, detached = write_sharing_trace_key(tmp_path, fmt)
     files = span_source_files(root)[1]
     reports = {"memory": check_run(read_for_analysis(root)), "local": check_with_engine(root),
                "batches": check_span_files(files, batch_rows=2), "partitioned": stream_check(root)}
     for engine, report in reports.items():
-        found = [f for f in report.findings if f.code == "detached-trace"]
-        assert [(f.trace_id, f.span_ids) for f in found] == [(detached, (f"{1:016x}", f"{3:016x}"))], engine
-        assert anchored in found[0].message, engine
-        orphans = {f.trace_id: f.span_ids for f in report.findings if f.code == "orphan-span"}
-        assert orphans == {anchored: (f"{3:016x}",), detached: (f"{3:016x}",)}, engine
+        assert_each_trace_named(report, anchored, detached, engine)
         assert report.to_dict() == reports["memory"].to_dict(), engine
