@@ -137,14 +137,10 @@ def rows_in_traces(arrays: SpanArrays, traces: np.ndarray, lows: np.ndarray | No
     low_column = arrays.table.column(TRACE_LOW) if lows is not None and TRACE_LOW in arrays.table.column_names else None
     lows = np.zeros(len(traces), np.uint64) if lows is None else np.asarray(lows, dtype=np.uint64)
     if len(traces) > _FEW_TRACES or column.null_count:
-        found = pc.is_in(column, value_set=pa.array(traces, pa.uint64()))
-        out = found.to_numpy(zero_copy_only=False) if len(arrays) else np.zeros(0, bool)
-        if low_column is not None and out.any():
-            # The low half read only at the rows whose key matched: the pair decides there.
-            rows = np.flatnonzero(out)
-            pairs = find_keys((traces, lows), (row_traces(arrays, rows), column_rows(low_column, rows, 0)))
-            out[rows[pairs < 0]] = False
-        return out
+        if low_column is None:
+            found = pc.is_in(column, value_set=pa.array(traces, pa.uint64()))
+            return found.to_numpy(zero_copy_only=False) if len(arrays) else np.zeros(0, bool)
+        return _pairs_in(arrays, column, low_column, traces, lows)
     # A run's steps sit in one trace or a few: a comparison per trace beats hashing every key.
     out = np.zeros(len(arrays), dtype=bool)
     at = 0
@@ -157,6 +153,26 @@ def rows_in_traces(arrays: SpanArrays, traces: np.ndarray, lows: np.ndarray | No
                 hit &= low == want
             into |= hit
         at += len(chunk)
+    return out
+
+
+def _pairs_in(arrays: SpanArrays, column: pa.ChunkedArray, low_column: pa.ChunkedArray, traces: np.ndarray,
+              lows: np.ndarray) -> np.ndarray:
+    """:func:`rows_in_traces` by hashing the keys: the one hash pass gives each row the position of
+    its key among ``traces``, and the row's low half must be that trace's (a key held by two
+    anchored traces, crafted to collide, is settled pair by pair at its rows)."""
+    if not len(arrays):
+        return np.zeros(0, bool)
+    keys, first, count = np.unique(traces, return_index=True, return_counts=True)
+    position = filled(pc.index_in(column, value_set=pa.array(keys, pa.uint64())), -1)
+    out = position >= 0
+    at = np.maximum(position, 0)
+    row_low = filled(low_column, 0).astype(np.uint64, copy=False)
+    out &= row_low == lows[first][at]
+    if (count > 1).any():  # the key's other anchored trace may be the row's
+        rows = np.flatnonzero(~out & (position >= 0) & (count[at] > 1))
+        pairs = find_keys((traces, lows), (keys[position[rows]], row_low[rows]))
+        out[rows[pairs >= 0]] = True
     return out
 
 
