@@ -219,3 +219,30 @@ def test_detached_and_orphan_findings_name_each_trace_that_shares_a_trace_key(tm
     for engine, report in reports.items():
         assert_each_trace_named(report, anchored, detached, engine)
         assert report.to_dict() == reports["memory"].to_dict(), engine
+
+
+@pytest.mark.parametrize("others", [0, 5], ids=["few-anchored-traces", "many-anchored-traces"])
+def test_rows_in_anchored_traces_match_the_whole_trace_id(others):
+    """A row is in an anchored trace only when its (trace_key, trace_low) pair is one of theirs:
+    by comparison for a few anchored traces, by hashing for many, and also where two anchored
+    traces share a key; the key alone (no low given) keeps matching by key."""
+    import numpy as np
+    import pyarrow as pa
+
+    from nemo_telemetry.analysis.findings.rules import rows_in_traces
+
+    key = np.array([7, 7, 7, 7, 8, 9, 7], np.uint64)
+    low = np.array([1, 2, 3, 1, 1, 1, 2], np.uint64)
+    table = pa.table({"trace_key": pa.chunked_array([key[:3], key[3:]]), "trace_low": pa.chunked_array([low[:4], low[4:]])})
+
+    class Rows:  # what rows_in_traces reads of a SpanArrays
+        def __init__(self, t):
+            self.table = t
+
+        def __len__(self):
+            return self.table.num_rows
+
+    traces = np.array([7, 7, 8] + list(range(100, 100 + others)), np.uint64)
+    lows = np.array([1, 2, 9] + [0] * others, np.uint64)
+    assert rows_in_traces(Rows(table), traces, lows).tolist() == [True, True, False, True, False, False, True]
+    assert rows_in_traces(Rows(table), traces).tolist() == [True, True, True, True, True, False, True]
