@@ -386,3 +386,14 @@ def test_ray_engine_keeps_traces_that_share_half_their_id_apart(ray_cluster, tmp
     assert ray_report.to_dict() == check_with_engine(root).to_dict()
     steps = {row["iteration"]: row for row in goodput_with_engine(root, engine="ray")[0].steps.to_pylist()}
     assert (steps[1]["productive_s"], steps[2]["overhead_s"], steps[1]["overhead_s"]) == (4.0, 8.0, 0.0)
+
+
+def test_ray_engine_names_each_of_two_traces_that_share_a_trace_key(ray_cluster, tmp_path):
+    """Two trace ids crafted to share a trace_key, one anchored by a step span and one detached,
+    each with an orphan: Ray names each trace in its own findings, as the local engine does."""
+    from nemo_telemetry.analysis import check_with_engine
+
+    root, anchored, detached = identity_tools.write_sharing_trace_key(tmp_path)
+    ray_report = check_with_engine(root, engine="ray")
+    identity_tools.assert_each_trace_named(ray_report, anchored, detached, "ray")
+    assert ray_report.to_dict() == check_with_engine(root).to_dict()

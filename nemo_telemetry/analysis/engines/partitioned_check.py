@@ -131,13 +131,14 @@ def _facts_of(table: pa.Table, run_id: str | None) -> dict:
     outside = children[here.find(trace[children], parent[children], low[children]) < 0]
     anchors = rules.anchor_rows(a, keep)
     first = anchors[first_rows(a.run[anchors])]  # each run's first anchor row
+    anchor_traces, anchor_lows = rules.distinct_traces(trace[anchors], low[anchors])  # the whole trace ids
     return {
         "rows": len(a), "names": a.names, "runs": a.runs, "buckets": a.bucket_values, "categories": a.categories,
         "steps": {"run": _values(steps.run, a.runs, NO_RUN), "iteration": steps.iteration, "start": steps.start,
                   "end": steps.end, "row": heads, "span_key": span[heads], "trace_id": _trace_ids(a, heads)},
         "walks": _pairs(trace[walks], parent[walks], low[walks]),
         "missing": _pairs(trace[outside], parent[outside], low[outside]),
-        "anchor_traces": np.unique(trace[anchors]),
+        "anchor_traces": anchor_traces, "anchor_lows": anchor_lows,
         "first_anchor": {"run": _values(a.run[first], a.runs, NO_RUN), "row": first.astype(np.int64),
                          "name": _values(a.name[first], a.names), "trace_id": _trace_ids(a, first)},
         "group_presence": group_presence(a, keep),
@@ -259,12 +260,13 @@ class _Shared:
     attributed: KeyIndex  # (trace, parent) -> iteration, for goodput's partials
     step_run: np.ndarray  # object: run name of each step (global step order)
     step_iteration: np.ndarray
-    anchored_traces: np.ndarray  # sorted uint64
+    anchored_traces: np.ndarray  # uint64 trace keys of the anchored traces, sorted by (key, low)
     anchored_runs: frozenset
     names: tuple  # the dataset's names (global codes), for the nested-bucket ancestors
     file_index: dict  # path -> position in dataset order (orders the clusters' heads across files)
     tolerance_ns: int  # overlaps up to this long are clock granularity (bucketed-overlap at info)
     numbers: StepNumbers | None = None  # the step spans without rl.iteration, numbered as each file is read
+    anchored_lows: np.ndarray | None = None  # uint64 trace_low beside each of anchored_traces (the whole trace id)
 
 
 @dataclass(frozen=True, eq=False)
@@ -379,7 +381,7 @@ def _findings_of(table: pa.Table, shared: _Shared) -> dict:
                                            shared.tolerance_ns)
     anchored_runs = np.array([i for i, r in enumerate(a.runs) if r in shared.anchored_runs]
                              + ([-1] if NO_RUN in shared.anchored_runs else []), np.int64)
-    _, detached = rules.detached_partial(facts, shared.anchored_traces, anchored_runs)
+    _, detached = rules.detached_partial(facts, shared.anchored_traces, anchored_runs, shared.anchored_lows)
     detached["run"] = _values(detached["run"], a.runs, NO_RUN)
     bucketed = np.flatnonzero((a.bucket >= 0) & a.valid_interval & facts.keep)  # as goodput's bucketed rows
     failed = rules.failed_partial(a, facts.keep, bucketed, np.where(view.stamped, view.iteration, 0)[bucketed],
@@ -407,7 +409,8 @@ def _collect(paths: list[str], shared: _Shared, steps: np.ndarray, traces: Colum
         inside = np.isin(view.step, steps) & (view.step >= 0)
         local = {run: i for i, run in enumerate(a.runs)}
         wanted_run = np.array([-1 if r == NO_RUN else local.get(r, -2) for r in traces["run"]], np.int64)  # -2: absent
-        member = view.facts.keep & (find_keys((wanted_run, traces["trace"]), (a.run.astype(np.int64), view.trace)) >= 0)
+        member = view.facts.keep & (find_keys((wanted_run, traces["trace"], traces["low"]),
+                                              (a.run.astype(np.int64), view.trace, view.low)) >= 0)
         parts = [_rows(view, np.flatnonzero(inside), part="overlap"),
                  _rows(view, np.flatnonzero(member), part="detached")]
         out.append({name: np.concatenate([p[name] for p in parts]) for name in parts[0]})
@@ -455,7 +458,7 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
     counts["run"] = codes.code("runs", [None if r == NO_RUN else r for r in counts["run"]])
     detached = rules.detached_traces(counts)
     shown = take(detached, slice(0, max_findings_per_code))
-    traces = {"run": _values(shown["run"], codes.tuple("runs"), NO_RUN), "trace": shown["trace"]}
+    traces = {"run": _values(shown["run"], codes.tuple("runs"), NO_RUN), "trace": shown["trace"], "low": shown["low"]}
     overlap_steps = overlapping[:max_findings_per_code]
     collected = [_of_file(c, i) for i, c in enumerate(
         c for group in file_map(_collect, files, shared, overlap_steps, traces) for c in group)] \
@@ -469,7 +472,8 @@ def partitioned_check(root: str | Path, file_map: FileMap, *, map_reduce: MapRed
     return checks.finish(merged, unattributed_threshold=unattributed_threshold, tolerance_ns=tolerance_ns, **options)
 
 
-_COUNTS = {"run": np.zeros(0, object), "trace": np.zeros(0, np.uint64), "rows": np.zeros(0, np.int64),
+_COUNTS = {"run": np.zeros(0, object), "trace": np.zeros(0, np.uint64), "low": np.zeros(0, np.uint64),
+           "rows": np.zeros(0, np.int64),
            "designed": np.zeros(0, np.int64)}
 
 
@@ -497,9 +501,18 @@ def _shared(facts: list[dict], codes: Codes, walked: Columns, missing: Columns,
         run_id=run_id, walks=_Walks.of(walked), missing=KeyIndex.of(missing["trace"], missing["key"], low=missing["low"]),
         attributed=KeyIndex.of(found["trace"], found["start"], found["iteration"], found["low"]),
         step_run=steps["run"], step_iteration=steps["iteration"],
-        anchored_traces=np.unique(np.concatenate([f["anchor_traces"] for f in facts])).astype(np.uint64),
+        **_anchored_pairs(facts),
         anchored_runs=frozenset(anchored["run"].tolist()), names=codes.tuple("names"),
         file_index={str(f): i for i, f in enumerate(files)}, tolerance_ns=tolerance_ns)
+
+
+def _anchored_pairs(facts: list[dict]) -> dict:
+    """Every file's anchored (trace key, trace low) pairs, each once, sorted: :class:`_Shared`'s
+    ``anchored_traces`` and ``anchored_lows``."""
+    both = concat([{"trace": f["anchor_traces"], "low": f["anchor_lows"]} for f in facts],
+                  {"trace": np.zeros(0, np.uint64), "low": np.zeros(0, np.uint64)})
+    traces, lows = rules.distinct_traces(both["trace"], both["low"])
+    return {"anchored_traces": traces, "anchored_lows": lows}
 
 
 def stream_check(root: str | Path, **options) -> checks.CheckReport:

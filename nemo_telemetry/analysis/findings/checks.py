@@ -73,7 +73,7 @@ from nemo_telemetry.analysis.findings.rules import (
     offenders,
     overlap_partial,
     overlapping_steps,
-    row_traces,
+    trace_pairs,
 )
 from nemo_telemetry.analysis.goodput.census import CENSUS_CODES, SpanCensus, census_of_arrays
 from nemo_telemetry.analysis.goodput.numbering import (
@@ -117,7 +117,7 @@ class Merged:
     deep: np.ndarray  # of those, the steps where two overlap by more than the tolerance
     overlap_rows: np.ndarray  # bucketed rows inside (at least) the first overlapping steps
     overlap_step: np.ndarray  # their steps
-    detached: Columns  # every detached (run code, trace key), sorted: columns run, trace
+    detached: Columns  # every detached (run code, trace), sorted: columns run, trace (key), low (trace_low)
     detached_rows: np.ndarray  # rows (of anchored runs, outside anchored traces) of at least the first of them
     anchor_trace: dict  # run code -> trace id of its first job or step span
     presence: GroupPresence  # missing-group-spans' merged partial
@@ -271,7 +271,8 @@ def _unstamped(ctx: _Context) -> tuple[int, list[Finding]]:
 
 def _orphans(ctx: _Context) -> tuple[int, list[Finding]]:
     a, facts = ctx.arrays, ctx.merged.facts
-    return _per_group(ctx, "orphan-span", lambda rows: (a.run[rows], facts.trace_of(rows)), lambda key, members, more: (
+    keys = lambda rows: (a.run[rows], facts.trace_of(rows), facts.low_of(rows))  # noqa: E731 (the whole trace id)
+    return _per_group(ctx, "orphan-span", keys, lambda key, members, more: (
         f"{len(members)} span(s) of this trace name a parent that is not in the data{more} (first: "
         f"{ctx.name(a.name[members[0]])!r}): include every process's dump file, and flush workers "
         "(flush_telemetry) before they exit"))
@@ -279,7 +280,7 @@ def _orphans(ctx: _Context) -> tuple[int, list[Finding]]:
 
 def _remote_parents(ctx: _Context) -> tuple[int, list[Finding]]:
     a, facts = ctx.arrays, ctx.merged.facts
-    keys = lambda rows: (a.run[rows], facts.trace_of(rows))  # noqa: E731
+    keys = lambda rows: (a.run[rows], facts.trace_of(rows), facts.low_of(rows))  # noqa: E731
     return _per_group(ctx, "remote-parent", keys, lambda key, members, more: (
         f"{len(members)} server or consumer span(s) of this trace were called by a process whose spans are not in "
         f"the data (their parent is remote){more} (first: {ctx.name(a.name[members[0]])!r}): if that caller is "
@@ -302,13 +303,14 @@ def _detached(ctx: _Context) -> tuple[int, list[Finding]]:
     shown = take(merged.detached, slice(0, ctx.limit))
     rows = merged.detached_rows
     if len(rows):
-        wanted = find_keys((shown["run"].astype(np.int64), shown["trace"].astype(np.uint64)),
-                           (a.run[rows].astype(np.int64), facts.trace_of(rows)))
+        low = shown["low"] if "low" in shown else np.zeros(len(shown["trace"]), np.uint64)
+        wanted = find_keys((shown["run"].astype(np.int64), shown["trace"].astype(np.uint64), low.astype(np.uint64)),
+                           (a.run[rows].astype(np.int64), facts.trace_of(rows), facts.low_of(rows)))
         rows = rows[wanted >= 0]
-    _, groups = _groups(rows, a.run[rows], facts.trace_of(rows))
+    _, groups = _groups(rows, a.run[rows], facts.trace_of(rows), facts.low_of(rows))
     collector = np.concatenate([group_name_codes(a.names, g) for g in ("rollout", "efficiency")])
     out = []
-    for (run, _), members in groups:
+    for (run, _, _), members in groups:
         roots = members[~a.has_parent[members] | facts.orphan[members]]
         shown = sorted({ctx.name(c) for c in a.name[roots[:20]]})
         other = merged.anchor_trace[int(run)]
@@ -649,7 +651,8 @@ def anchored(arrays: SpanArrays, keep: np.ndarray) -> Anchored:
     """:class:`Anchored` of the ``keep`` rows (which reads neither the walks nor the orphan test)."""
     anchors = anchor_rows(arrays, keep)
     runs = np.unique(arrays.run[anchors])
-    return Anchored(anchors, runs, loose_rows(arrays, keep, np.unique(row_traces(arrays, anchors)), runs))
+    traces, lows = trace_pairs(arrays, anchors)
+    return Anchored(anchors, runs, loose_rows(arrays, keep, traces, runs, lows))
 
 
 def merge_in_memory(analysis: Analysis, tolerance_ns: int, presence: GroupPresence,

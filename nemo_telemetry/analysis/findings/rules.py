@@ -14,7 +14,9 @@ the dataset, and its facts come from the walk over every file.
   merges any number of them into the steps that have an overlap (and a deep one).
 - ``detached-trace``: :func:`detached_partial` counts, per (run, trace) outside every anchored
   trace, the batch's rows and how many of them are separate by design;
-  :func:`detached_traces` merges the counts and keeps the traces that are detached.
+  :func:`detached_traces` merges the counts and keeps the traces that are detached. A trace here
+  (and wherever the findings group rows per trace) is the pair (``trace_key``, ``trace_low``):
+  the whole 128-bit trace id, so two ids that share a trace key stay two traces.
 - ``missing-group-spans``: :func:`group_presence` (groups) reads each process's enabled groups,
   the groups the spans recorded and the names of the spans that record none; merging is their union.
 - Step-level codes (``bucket-exceeds-wall``, ``unattributed-step-time``, ``step-time-outlier``)
@@ -37,15 +39,16 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.goodput.rules import failing_rows
 from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX
 from nemo_telemetry.analysis.decode import NO_BUCKET, UNKNOWN_BUCKET, SpanArrays
-from nemo_telemetry.analysis.model.columns import code_mask, codes_matching, column_rows
-from nemo_telemetry.analysis.model.grouping import Columns, concat, group_by, string_codes, take
+from nemo_telemetry.analysis.model.columns import code_mask, codes_matching, column_rows, filled
+from nemo_telemetry.analysis.model.grouping import Columns, concat, find_keys, group_by, string_codes, take
 from nemo_telemetry.analysis.model.intervals import merge_intervals
 from nemo_telemetry.analysis.model.remote import parent_is_remote
 from nemo_telemetry.analysis.model.status import status_messages
+from nemo_telemetry.analysis.model.tree import TRACE_LOW
 from nemo_telemetry.instrument import REGISTRY, span_name_regex
 from nemo_telemetry.instrument.span_groups import UNBUCKETED_SPAN_CATEGORIES
 
-__all__ = ["RowFacts", "row_traces", "rows_in_traces", "SPAN_CODES", "ANCHOR_REGEX", "STANDALONE_GROUPS", "offenders",
+__all__ = ["RowFacts", "row_traces", "row_lows", "trace_pairs", "distinct_traces", "rows_in_traces", "SPAN_CODES", "ANCHOR_REGEX", "STANDALONE_GROUPS", "offenders",
            "BATCH_FINDING_CODES", "batch_offenders", "catalogue_name_sets",
            "group_name_codes", "anchor_rows", "overlap_partial", "overlapping_steps", "detached_partial", "loose_rows", "detached_counts",
            "detached_traces", "FAILED_SPANS", "failed_partial", "failed_spans", "remote_parent"]
@@ -81,6 +84,11 @@ class RowFacts:
         """The uint64 trace key of each of ``rows`` (taken from the batch, never decoded whole)."""
         return row_traces(self.arrays, rows)
 
+    def low_of(self, rows: np.ndarray) -> np.ndarray:
+        """The uint64 ``trace_low`` of each of ``rows``: with :meth:`trace_of`, the row's whole
+        trace id (two trace ids may share a trace key; no two share both)."""
+        return row_lows(self.arrays, rows)
+
     def iteration_of(self, rows: np.ndarray) -> np.ndarray:
         """Each row's iteration: attributed where walked, else its own; -1 where none."""
         a = self.arrays
@@ -97,20 +105,74 @@ def row_traces(arrays: SpanArrays, rows: np.ndarray) -> np.ndarray:
     return column_rows(arrays.table.column("trace_key"), rows, 0).astype(np.uint64, copy=False)
 
 
-def rows_in_traces(arrays: SpanArrays, traces: np.ndarray) -> np.ndarray:
-    """Mask of the rows whose trace key is one of ``traces``."""
+def row_lows(arrays: SpanArrays, rows: np.ndarray) -> np.ndarray:
+    """The uint64 ``trace_low`` of each of ``rows`` (0 where the table has no such column: a
+    projection whose trace is its ``trace_key`` alone, as :func:`model.tree.low_column`)."""
+    if TRACE_LOW not in arrays.table.column_names:
+        return np.zeros(len(rows), np.uint64)
+    return column_rows(arrays.table.column(TRACE_LOW), rows, 0).astype(np.uint64, copy=False)
+
+
+def trace_pairs(arrays: SpanArrays, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (trace key, trace low) pairs of ``rows``, sorted: the whole trace ids they sit in."""
+    return distinct_traces(row_traces(arrays, rows), row_lows(arrays, rows))
+
+
+def distinct_traces(traces: np.ndarray, lows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (``traces``, ``lows``) pairs, sorted by (trace key, trace low)."""
+    traces, lows = np.asarray(traces, np.uint64), np.asarray(lows, np.uint64)
+    order = np.lexsort((lows, traces))
+    traces, lows = traces[order], lows[order]
+    first = np.ones(len(order), bool)
+    first[1:] = (traces[1:] != traces[:-1]) | (lows[1:] != lows[:-1])
+    return traces[first], lows[first]
+
+
+def rows_in_traces(arrays: SpanArrays, traces: np.ndarray, lows: np.ndarray | None = None) -> np.ndarray:
+    """Mask of the rows whose trace is one of ``traces``: the pair (trace key, trace low) is one
+    of (``traces``, ``lows``) where ``lows`` is given (the whole trace id: two ids crafted to share
+    a trace key stay apart), else the trace key alone."""
     column = arrays.table.column("trace_key")
+    traces = np.asarray(traces, dtype=np.uint64)
+    low_column = arrays.table.column(TRACE_LOW) if lows is not None and TRACE_LOW in arrays.table.column_names else None
+    lows = np.zeros(len(traces), np.uint64) if lows is None else np.asarray(lows, dtype=np.uint64)
     if len(traces) > _FEW_TRACES or column.null_count:
-        found = pc.is_in(column, value_set=pa.array(traces, pa.uint64()))
-        return found.to_numpy(zero_copy_only=False) if len(arrays) else np.zeros(0, bool)
+        if low_column is None:
+            found = pc.is_in(column, value_set=pa.array(traces, pa.uint64()))
+            return found.to_numpy(zero_copy_only=False) if len(arrays) else np.zeros(0, bool)
+        return _pairs_in(arrays, column, low_column, traces, lows)
     # A run's steps sit in one trace or a few: a comparison per trace beats hashing every key.
     out = np.zeros(len(arrays), dtype=bool)
     at = 0
     for chunk in column.chunks:
         keys, into = chunk.to_numpy().astype(np.uint64, copy=False), out[at:at + len(chunk)]
-        for trace in np.asarray(traces, dtype=np.uint64):
-            into |= keys == trace
+        low = None if low_column is None else filled(low_column.slice(at, len(chunk)), 0).astype(np.uint64, copy=False)
+        for trace, want in zip(traces, lows):
+            hit = keys == trace
+            if low is not None:
+                hit &= low == want
+            into |= hit
         at += len(chunk)
+    return out
+
+
+def _pairs_in(arrays: SpanArrays, column: pa.ChunkedArray, low_column: pa.ChunkedArray, traces: np.ndarray,
+              lows: np.ndarray) -> np.ndarray:
+    """:func:`rows_in_traces` by hashing the keys: the one hash pass gives each row the position of
+    its key among ``traces``, and the row's low half must be that trace's (a key held by two
+    anchored traces, crafted to collide, is settled pair by pair at its rows)."""
+    if not len(arrays):
+        return np.zeros(0, bool)
+    keys, first, count = np.unique(traces, return_index=True, return_counts=True)
+    position = filled(pc.index_in(column, value_set=pa.array(keys, pa.uint64())), -1)
+    out = position >= 0
+    at = np.maximum(position, 0)
+    row_low = filled(low_column, 0).astype(np.uint64, copy=False)
+    out &= row_low == lows[first][at]
+    if (count > 1).any():  # the key's other anchored trace may be the row's
+        rows = np.flatnonzero(~out & (position >= 0) & (count[at] > 1))
+        pairs = find_keys((traces, lows), (keys[position[rows]], row_low[rows]))
+        out[rows[pairs >= 0]] = True
     return out
 
 
@@ -233,44 +295,49 @@ def overlapping_steps(clusters: list[Columns]) -> np.ndarray:
 # -- detached-trace ----------------------------------------------------------------------------
 
 
-def detached_partial(facts: RowFacts, anchored_traces: np.ndarray, anchored_runs: np.ndarray
-                     ) -> tuple[np.ndarray, Columns]:
-    """The batch's rows of anchored runs outside every anchored trace (``anchored_traces`` sorted,
+def detached_partial(facts: RowFacts, anchored_traces: np.ndarray, anchored_runs: np.ndarray,
+                     anchored_lows: np.ndarray | None = None) -> tuple[np.ndarray, Columns]:
+    """The batch's rows of anchored runs outside every anchored trace (``anchored_traces`` and
+    ``anchored_lows``: the anchored traces' (trace key, trace low) pairs, as :func:`trace_pairs`;
     ``anchored_runs`` the batch's run codes that have an anchor), and per (run code, trace) how
     many rows it holds and how many are not a root, or are a root by design (startup, model load)."""
-    rows = loose_rows(facts.arrays, facts.keep, anchored_traces, anchored_runs)
+    rows = loose_rows(facts.arrays, facts.keep, anchored_traces, anchored_runs, anchored_lows)
     return rows, detached_counts(facts, rows)
 
 
 def loose_rows(arrays: SpanArrays, keep: np.ndarray, anchored_traces: np.ndarray,
-               anchored_runs: np.ndarray) -> np.ndarray:
+               anchored_runs: np.ndarray, anchored_lows: np.ndarray | None = None) -> np.ndarray:
     """:func:`detached_partial`'s rows (``keep``: the selected run's). They read neither the walks
     nor the orphan test: a caller may find them while those run."""
     loose = keep & code_mask(arrays.run, anchored_runs, len(arrays.runs))
-    loose &= ~rows_in_traces(arrays, anchored_traces)
+    loose &= ~rows_in_traces(arrays, anchored_traces, anchored_lows)
     return np.flatnonzero(loose)
 
 
 def detached_counts(facts: RowFacts, rows: np.ndarray) -> Columns:
-    """:func:`detached_partial`'s counts per (run code, trace) of its ``rows``."""
+    """:func:`detached_partial`'s counts per (run code, trace) of its ``rows``: the trace is the
+    pair (``trace``: trace key, ``low``: trace low), the whole trace id."""
     a = facts.arrays
     standalone = code_mask(a.name[rows], np.concatenate([group_name_codes(a.names, g) for g in STANDALONE_GROUPS]),
                            len(a.names))
     designed = (a.has_parent[rows] & ~facts.orphan[rows]) | standalone
-    run, trace = a.run[rows].astype(np.int64), facts.trace_of(rows)
-    traces = group_by(run, trace)
-    return {"run": traces.key(run), "trace": traces.key(trace), "rows": traces.size(),
+    run, trace, low = a.run[rows].astype(np.int64), facts.trace_of(rows), facts.low_of(rows)
+    traces = group_by(run, trace, low)
+    return {"run": traces.key(run), "trace": traces.key(trace), "low": traces.key(low), "rows": traces.size(),
             "designed": traces.reduce(np.add, designed.astype(np.int64))}
 
 
 def detached_traces(counts: Columns) -> Columns:
-    """Merged (``run``, ``trace``, ``rows``, ``designed``) counts: the (run, trace) pairs that are
-    detached (some root not there by design), sorted by (run, trace): columns ``run``, ``trace``."""
+    """Merged (``run``, ``trace``, ``low``, ``rows``, ``designed``) counts: the (run, trace) pairs
+    that are detached (some root not there by design), sorted by (run, trace): columns ``run``,
+    ``trace``, ``low`` (the trace is the pair of trace key and trace low; counts without ``low``
+    are of trace keys alone, and read as low 0)."""
     run, trace = np.asarray(counts["run"], np.int64), np.asarray(counts["trace"], np.uint64)
-    traces = group_by(run, trace)
+    low = np.asarray(counts["low"], np.uint64) if "low" in counts else np.zeros(len(trace), np.uint64)
+    traces = group_by(run, trace, low)
     detached = traces.reduce(np.add, np.asarray(counts["designed"], np.int64)) < traces.reduce(
         np.add, np.asarray(counts["rows"], np.int64))
-    return {"run": traces.key(run)[detached], "trace": traces.key(trace)[detached]}
+    return {"run": traces.key(run)[detached], "trace": traces.key(trace)[detached], "low": traces.key(low)[detached]}
 
 
 # -- failed-step -------------------------------------------------------------------------------

@@ -163,11 +163,17 @@ def test_overlaps_and_detached_traces_are_decided_on_the_merged_partials():
     assert len(rules.overlapping_steps([first])) == len(rules.overlapping_steps([second])) == 0
     assert rules.overlapping_steps([first, second]).tolist() == [0]
 
-    children = {"run": np.array([0]), "trace": np.array([7], np.uint64), "rows": np.array([3]), "designed": np.array([3])}
-    root = {"run": np.array([0]), "trace": np.array([7], np.uint64), "rows": np.array([1]), "designed": np.array([0])}
+    def counts(low, rows, designed):  # one batch's counts of trace (key 7, low)
+        return {"run": np.array([0]), "trace": np.array([7], np.uint64), "low": np.array([low], np.uint64),
+                "rows": np.array([rows]), "designed": np.array([designed])}
+
+    children, root = counts(5, 3, 3), counts(5, 1, 0)
     assert len(rules.detached_traces(children)["run"]) == 0
     both = {k: np.concatenate([children[k], root[k]]) for k in children}
-    assert {k: v.tolist() for k, v in rules.detached_traces(both).items()} == {"run": [0], "trace": [7]}
+    assert {k: v.tolist() for k, v in rules.detached_traces(both).items()} == {"run": [0], "trace": [7], "low": [5]}
+    # a root of another trace id with the same trace key leaves this trace whole
+    other = {k: np.concatenate([children[k], counts(6, 1, 0)[k]]) for k in children}
+    assert {k: v.tolist() for k, v in rules.detached_traces(other).items()} == {"run": [0], "trace": [7], "low": [6]}
 
 
 def test_unknown_run_is_the_same_typed_error(scenario):

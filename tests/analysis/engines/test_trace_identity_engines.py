@@ -154,3 +154,95 @@ def test_the_monitor_attributes_each_trace_to_its_own_step_in_any_arrival_order(
     for iteration in (1, 2):
         assert (latest[iteration]["productive_s"], latest[iteration]["overhead_s"]) == (
             offline[iteration]["productive_s"], offline[iteration]["overhead_s"])
+
+
+def _sharing_trace_key() -> tuple[str, str]:
+    """Two trace ids with one trace_key: the key is the high half XOR a bijective mix of the low
+    half, so for another low half there is a high half that gives the same key."""
+    from nemo_telemetry.analysis.model.tree import trace_key_of
+    import numpy as np
+
+    high, low, other_low = 0x1234_5678_9ABC_DEF0, 0x0FED_CBA9_8765_4321, 0x1111_2222_3333_4444
+    key = int(trace_key_of(np.array([high], np.uint64), np.array([low], np.uint64))[0])
+    other_high = key ^ int(trace_key_of(np.array([0], np.uint64), np.array([other_low], np.uint64))[0])
+    first, second = f"{high:016x}{low:016x}", f"{other_high:016x}{other_low:016x}"
+    keys = trace_key_of(np.array([high, other_high], np.uint64), np.array([low, other_low], np.uint64))
+    assert first != second and keys[0] == keys[1]
+    return first, second
+
+
+def write_sharing_trace_key(tmp_path, fmt: str = "json"):
+    """A dataset of a trace anchored by a step span and another whose trace_key is the same but
+    whose id is not: each holds an orphan, and the second's root is no root by design.
+    Returns (root, anchored trace id, detached trace id)."""
+    anchored, detached = _sharing_trace_key()
+    spans = [_span(anchored, 1, "rl.grpo.step", 0, 10, **{"rl.iteration": 1}),
+             _span(anchored, 2, "some-operation", 1, 5, 1, **{"rl.bucket": "productive"}),
+             _span(anchored, 3, "lost-in-anchored", 6, 7, 77),
+             _span(detached, 1, "rollout-worker", 2, 8),
+             _span(detached, 2, "generate", 3, 4, 1),
+             _span(detached, 3, "lost-in-detached", 5, 6, 99)]
+    resource = {"attributes": [{"key": "service.name", "value": {"stringValue": "trainer"}},
+                               {"key": "nemo.run.id", "value": {"stringValue": "run-1"}}]}
+    request = {"resourceSpans": [{"resource": resource, "scopeSpans": [{"scope": {"name": "t"}, "spans": spans}]}]}
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    if fmt == "json":
+        (dump / "traces.jsonl").write_bytes(orjson.dumps(request) + b"\n")
+    else:
+        payload = to_protobuf(request)
+        (dump / "traces.binpb").write_bytes(len(payload).to_bytes(4, "big") + payload)
+    root = tmp_path / "ds"
+    assert ingest([dump], out=root).spans == 6
+    return root, anchored, detached
+
+
+def assert_each_trace_named(report, anchored: str, detached: str, engine: str) -> None:
+    """The detached trace is one finding quoting its own id and the anchored one's; each trace's
+    orphan is a finding of its own, quoting its own trace id."""
+    found = [f for f in report.findings if f.code == "detached-trace"]
+    assert [(f.trace_id, f.span_ids) for f in found] == [(detached, (f"{1:016x}", f"{3:016x}"))], engine
+    assert anchored in found[0].message, engine
+    orphans = {f.trace_id: f.span_ids for f in report.findings if f.code == "orphan-span"}
+    assert orphans == {anchored: (f"{3:016x}",), detached: (f"{3:016x}",)}, engine
+
+
+@pytest.mark.parametrize("fmt", ["json", "protobuf"])
+def test_detached_and_orphan_findings_name_each_trace_that_shares_a_trace_key(tmp_path, kernel_path, fmt):
+    """Two trace ids crafted to share a trace_key are two traces to the findings that group spans
+    per trace, on every engine: the second is detached (its root is outside every trace holding a
+    step) and each trace's orphans are a finding of their own."""
+    root, anchored, detached = write_sharing_trace_key(tmp_path, fmt)
+    files = span_source_files(root)[1]
+    reports = {"memory": check_run(read_for_analysis(root)), "local": check_with_engine(root),
+               "batches": check_span_files(files, batch_rows=2), "partitioned": stream_check(root)}
+    for engine, report in reports.items():
+        assert_each_trace_named(report, anchored, detached, engine)
+        assert report.to_dict() == reports["memory"].to_dict(), engine
+
+
+@pytest.mark.parametrize("others", [0, 5], ids=["few-anchored-traces", "many-anchored-traces"])
+def test_rows_in_anchored_traces_match_the_whole_trace_id(others):
+    """A row is in an anchored trace only when its (trace_key, trace_low) pair is one of theirs:
+    by comparison for a few anchored traces, by hashing for many, and also where two anchored
+    traces share a key; the key alone (no low given) keeps matching by key."""
+    import numpy as np
+    import pyarrow as pa
+
+    from nemo_telemetry.analysis.findings.rules import rows_in_traces
+
+    key = np.array([7, 7, 7, 7, 8, 9, 7], np.uint64)
+    low = np.array([1, 2, 3, 1, 1, 1, 2], np.uint64)
+    table = pa.table({"trace_key": pa.chunked_array([key[:3], key[3:]]), "trace_low": pa.chunked_array([low[:4], low[4:]])})
+
+    class Rows:  # what rows_in_traces reads of a SpanArrays
+        def __init__(self, t):
+            self.table = t
+
+        def __len__(self):
+            return self.table.num_rows
+
+    traces = np.array([7, 7, 8] + list(range(100, 100 + others)), np.uint64)
+    lows = np.array([1, 2, 9] + [0] * others, np.uint64)
+    assert rows_in_traces(Rows(table), traces, lows).tolist() == [True, True, False, True, False, False, True]
+    assert rows_in_traces(Rows(table), traces).tolist() == [True, True, True, True, True, False, True]
