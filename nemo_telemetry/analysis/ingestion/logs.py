@@ -26,6 +26,7 @@ from nemo_telemetry.analysis.ingestion._detect import (JsonLines, ReadBuffers, i
                                                      json_with_oversized_numbers)
 from nemo_telemetry.analysis.ingestion._otlp_json import camel_case
 from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string, json_value_type
+from nemo_telemetry.analysis.model.schema import RESOURCE_OTLP_FIELDS, SCOPE_OTLP_FIELDS
 from nemo_telemetry.errors import IngestError
 
 __all__ = ["LOGS_SCHEMA", "LogReadResult", "DatasetLogFiles", "read_logs", "read_log_dumps", "log_dump_files",
@@ -56,14 +57,9 @@ LOGS_SCHEMA = pa.schema([
     pa.field("body_type", _dict_str),  # the body's type, null for a string (TYPE_TAGS)
     pa.field("severity_text", _dict_str),  # severityText as written (``severity`` may be the number's name)
     pa.field("time_observed", pa.bool_()),  # the record had no timeUnixNano: time_ns is its observed time
-    pa.field("resource_attribute_types", _attr_map),
-    pa.field("resource_dropped_attributes_count", pa.uint32()),
-    pa.field("resource_schema_url", _dict_str),
+    *RESOURCE_OTLP_FIELDS,
     pa.field("scope_version", _dict_str),
-    pa.field("scope_attributes", _attr_map),
-    pa.field("scope_attribute_types", _attr_map),
-    pa.field("scope_dropped_attributes_count", pa.uint32()),
-    pa.field("scope_schema_url", _dict_str),
+    *SCOPE_OTLP_FIELDS,
 ])
 """One row per log record. ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank`` (from the resource);
 the columns from ``flags`` on keep the OTLP fields only the way back to OTLP reads

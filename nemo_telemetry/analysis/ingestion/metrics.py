@@ -31,6 +31,7 @@ from nemo_telemetry.analysis.settings.choices import DEFAULT_MAX_REQUEST_BYTES
 from nemo_telemetry.analysis.ingestion._detect import (Record, ReadBuffers, is_metrics_dump, iter_records,
                                                      json_with_oversized_numbers)
 from nemo_telemetry.analysis.ingestion.anyvalue import json_flag, proto_value_string, proto_value_type
+from nemo_telemetry.analysis.model.schema import RESOURCE_OTLP_FIELDS, SCOPE_OTLP_FIELDS
 from nemo_telemetry.errors import IngestError
 
 if TYPE_CHECKING:
@@ -97,14 +98,9 @@ METRICS_SCHEMA = pa.schema([
     pa.field("exemplars", pa.list_(pa.struct([
         ("time_ns", pa.int64()), ("value", pa.float64()), ("value_int", pa.int64()), ("trace_id", pa.string()),
         ("span_id", pa.string()), ("filtered_attributes", _attr_map), ("attribute_types", _attr_map)]))),
-    pa.field("resource_attribute_types", _attr_map),
-    pa.field("resource_dropped_attributes_count", pa.uint32()),
-    pa.field("resource_schema_url", _dict_str),
+    *RESOURCE_OTLP_FIELDS,
     pa.field("scope_version", _dict_str),
-    pa.field("scope_attributes", _attr_map),
-    pa.field("scope_attribute_types", _attr_map),
-    pa.field("scope_dropped_attributes_count", pa.uint32()),
-    pa.field("scope_schema_url", _dict_str),
+    *SCOPE_OTLP_FIELDS,
 ])
 """One row per data point. ``run_id`` = ``nemo.run.id``, ``rank`` = ``nv.dl.rank`` (from the resource);
 the columns from ``description`` on keep the OTLP fields only the way back to OTLP reads

@@ -47,6 +47,8 @@ import pyarrow as pa
 __all__ = [
     "REMOTE_PARENT_KINDS",
     "SPANS_SCHEMA",
+    "RESOURCE_OTLP_FIELDS",
+    "SCOPE_OTLP_FIELDS",
     "EVENTS_SCHEMA",
     "LINKS_SCHEMA",
     "BUCKET",
@@ -122,6 +124,21 @@ SPAN_KINDS = ("unspecified", "internal", "server", "client", "producer", "consum
 REMOTE_PARENT_KINDS = ("server", "consumer")
 STATUS_CODES = ("unset", "ok", "error")
 
+RESOURCE_OTLP_FIELDS = (
+    pa.field("resource_attribute_types", _attr_map),  # the types of its attributes not strings (TYPE_TAGS)
+    pa.field("resource_dropped_attributes_count", pa.uint32()),
+    pa.field("resource_schema_url", _dict_str),
+)
+"""The resource's OTLP fields kept for the way back, beside each span, log record and data point."""
+
+SCOPE_OTLP_FIELDS = (
+    pa.field("scope_attributes", _attr_map),
+    pa.field("scope_attribute_types", _attr_map),
+    pa.field("scope_dropped_attributes_count", pa.uint32()),
+    pa.field("scope_schema_url", _dict_str),
+)
+"""The instrumentation scope's OTLP fields kept for the way back (its name and version have columns of their own)."""
+
 SPANS_SCHEMA = pa.schema(
     [
         pa.field("trace_id", pa.string(), nullable=False),
@@ -154,13 +171,8 @@ SPANS_SCHEMA = pa.schema(
         pa.field("dropped_events_count", pa.uint32()),
         pa.field("dropped_links_count", pa.uint32()),
         pa.field("attribute_types", _attr_map),  # the types of attributes and promoted columns (TYPE_TAGS)
-        pa.field("resource_attribute_types", _attr_map),
-        pa.field("resource_dropped_attributes_count", pa.uint32()),
-        pa.field("resource_schema_url", _dict_str),
-        pa.field("scope_attributes", _attr_map),
-        pa.field("scope_attribute_types", _attr_map),
-        pa.field("scope_dropped_attributes_count", pa.uint32()),
-        pa.field("scope_schema_url", _dict_str),
+        *RESOURCE_OTLP_FIELDS,
+        *SCOPE_OTLP_FIELDS,
     ]
 )
 
