@@ -101,11 +101,27 @@ class _Groups:
             scoped[self.items_key] = []
         scoped[self.items_key].append(item)
 
+    def add_row(self, row: dict, item: dict, promoted: Iterable[tuple[str, Any, bool]] = ()) -> None:
+        """``item`` under the resource and scope a row of a spans, logs or metrics table holds
+        (``promoted``: the resource attributes that have columns of their own)."""
+        resource = _resource(_attributes(row["resource_attributes"], row.get("resource_attribute_types"), promoted),
+                             row.get("resource_dropped_attributes_count"))
+        scope = _scope(row["scope_name"], row.get("scope_version"),
+                       _attributes(row.get("scope_attributes"), row.get("scope_attribute_types")),
+                       row.get("scope_dropped_attributes_count"))
+        self.add(resource, row.get("resource_schema_url"), scope, row.get("scope_schema_url"), item)
+
     def request(self, resources_key: str) -> dict:
         out = []
         for head, scopes in self.resources.values():
             out.append(head | {self.scope_key: list(scopes.values())})
         return {resources_key: out}
+
+
+def _rows(table: pa.Table, names: Iterable[str]) -> list[dict]:
+    """The table's rows as dicts of ``names`` (None where an older file's table lacks one)."""
+    columns = {name: _column(table, name) for name in names}
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
 
 def _by_owner(table: pa.Table | None) -> dict[tuple[str, str], list[dict]]:
@@ -150,19 +166,10 @@ def to_otlp_traces(spans: pa.Table, events: pa.Table | None = None, links: pa.Ta
                          "resource_schema_url", "scope_name", "scope_version", "scope_attributes",
                          "scope_attribute_types", "scope_dropped_attributes_count", "scope_schema_url",
                          *PROMOTED_SPAN_ATTRIBUTES, *PROMOTED_RESOURCE_ATTRIBUTES.values())]
-    columns = {name: _column(spans, name) for name in names}
-    rows = [dict(zip(columns, values)) for values in zip(*columns.values())]
     span_events, span_links = _by_owner(events), _by_owner(links)
     groups = _Groups("scopeSpans", "spans")
-    for row in rows:
-        resource = _resource(
-            _attributes(row["resource_attributes"], row["resource_attribute_types"],
-                        _resource_columns(row, PROMOTED_RESOURCE_ATTRIBUTES)),
-            row["resource_dropped_attributes_count"])
-        scope = _scope(row["scope_name"], row["scope_version"],
-                       _attributes(row["scope_attributes"], row["scope_attribute_types"]),
-                       row["scope_dropped_attributes_count"])
-        groups.add(resource, row["resource_schema_url"], scope, row["scope_schema_url"], _span(row, span_events, span_links))
+    for row in _rows(spans, names):
+        groups.add_row(row, _span(row, span_events, span_links), _resource_columns(row, PROMOTED_RESOURCE_ATTRIBUTES))
     return groups.request("resourceSpans")
 
 
@@ -192,16 +199,9 @@ def _span(row: dict, events: dict, links: dict) -> dict:
 
 def to_otlp_logs(logs: pa.Table) -> dict:
     """One OTLP/JSON ``ExportLogsServiceRequest`` (a dict) of a logs table (``read_logs``)."""
-    columns = {name: _column(logs, name) for name in logs.schema.names}
     groups = _Groups("scopeLogs", "logRecords")
-    for values in zip(*columns.values()):
-        row = dict(zip(columns, values))
-        resource = _resource(_attributes(row["resource_attributes"], row.get("resource_attribute_types")),
-                             row.get("resource_dropped_attributes_count"))
-        scope = _scope(row["scope_name"], row.get("scope_version"),
-                       _attributes(row.get("scope_attributes"), row.get("scope_attribute_types")),
-                       row.get("scope_dropped_attributes_count"))
-        groups.add(resource, row.get("resource_schema_url"), scope, row.get("scope_schema_url"), _log_record(row))
+    for row in _rows(logs, logs.schema.names):
+        groups.add_row(row, _log_record(row))
     return groups.request("resourceLogs")
 
 
@@ -231,16 +231,9 @@ _DATA_KEYS = {"gauge": "gauge", "sum": "sum", "histogram": "histogram",
 def to_otlp_metrics(metrics: pa.Table) -> dict:
     """One OTLP/JSON ``ExportMetricsServiceRequest`` (a dict) of a metrics table (``read_metrics``):
     data points grouped back into their metrics, under their resource and scope."""
-    columns = {name: _column(metrics, name) for name in metrics.schema.names}
     groups = _Groups("scopeMetrics", "metrics")
-    for values in zip(*columns.values()):
-        row = dict(zip(columns, values))
-        resource = _resource(_attributes(row["resource_attributes"], row.get("resource_attribute_types")),
-                             row.get("resource_dropped_attributes_count"))
-        scope = _scope(row["scope_name"], row.get("scope_version"),
-                       _attributes(row.get("scope_attributes"), row.get("scope_attribute_types")),
-                       row.get("scope_dropped_attributes_count"))
-        groups.add(resource, row.get("resource_schema_url"), scope, row.get("scope_schema_url"), row)
+    for row in _rows(metrics, metrics.schema.names):
+        groups.add_row(row, row)
     request = groups.request("resourceMetrics")
     for rm in request["resourceMetrics"]:
         for sm in rm["scopeMetrics"]:
