@@ -8,7 +8,6 @@ from __future__ import annotations
 import gzip
 import http.client
 import socket
-import threading
 import time
 
 import httpx
@@ -16,9 +15,10 @@ import orjson
 import pytest
 from google.rpc.status_pb2 import Status
 
-from nemo_telemetry.analysis import IncompleteDatasetWarning, read_spans, run_monitor
+from nemo_telemetry.analysis import IncompleteDatasetWarning, read_spans
 from nemo_telemetry.analysis.ingestion.collect import MAX_GZIP_MEMBERS, CollectorServer
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
+from _monitor_receiver import monitor_receiver
 
 LIMIT = 64 * 1024
 PROTOBUF_GZIP = {"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}
@@ -170,28 +170,13 @@ def test_a_content_length_with_leading_zeros_is_a_byte_count(collector):
 
 
 def test_monitor_port_decodes_every_member_and_refuses_a_cut_body(tmp_path):
-    ready, stop = threading.Event(), threading.Event()
-    where: dict = {}
-    summaries: list = []
-
-    def on_ready(urls: dict) -> None:
-        where.update(urls)
-        ready.set()
-
-    thread = threading.Thread(target=lambda: summaries.append(
-        run_monitor(port=0, out=tmp_path / "ds", on_ready=on_ready, stop=stop, poll_s=0.05)))
-    thread.start()
-    try:
-        assert ready.wait(60)
+    with monitor_receiver(tmp_path / "ds") as (where, summaries):
         first, second = (to_protobuf(r) for r in _two_requests())
         body = gzip.compress(first) + gzip.compress(second)
         with httpx.Client() as client:
             assert client.post(where["traces_url"], content=body[:len(body) // 2], headers=PROTOBUF_GZIP).status_code == 400
             assert client.post(where["traces_url"], content=body + b"!", headers=PROTOBUF_GZIP).status_code == 400
             assert client.post(where["traces_url"], content=body, headers=PROTOBUF_GZIP).status_code == 200
-    finally:
-        stop.set()
-        thread.join(60)
     summary = summaries[0]
     assert (summary.spans, summary.receiver.spans, summary.receiver.rejected_requests) == (100, 100, 2)
     assert read_spans(tmp_path / "ds").num_rows == 100

@@ -10,7 +10,6 @@ import http.client
 import ipaddress
 import socket
 import ssl
-import threading
 import time
 
 import httpx
@@ -25,9 +24,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 
-from nemo_telemetry.analysis import ReceiverSecurityError, read_spans, read_token_file, run_monitor
+from nemo_telemetry.analysis import ReceiverSecurityError, read_spans, read_token_file
 from nemo_telemetry.analysis.ingestion.collect import CollectorServer
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf
+from _monitor_receiver import monitor_receiver
 
 TOKEN = "s3cr3t-token-0123456789abcdef"
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
@@ -209,28 +209,12 @@ def test_a_token_without_tls_guards_plain_http(tmp_path):
 
 
 def test_monitor_port_with_a_token_and_tls_takes_the_sdk_exporters_spans(tmp_path, certificate):
-    ready, stop = threading.Event(), threading.Event()
-    where: dict = {}
-    summaries: list = []
-
-    def on_ready(urls: dict) -> None:
-        where.update(urls)
-        ready.set()
-
     cert, key = certificate
-    thread = threading.Thread(target=lambda: summaries.append(run_monitor(
-        port=0, out=tmp_path / "ds", token=TOKEN, tls_cert=cert, tls_key=key, on_ready=on_ready, stop=stop,
-        poll_s=0.05)))
-    thread.start()
-    try:
-        assert ready.wait(60)
+    with monitor_receiver(tmp_path / "ds", token=TOKEN, tls_cert=cert, tls_key=key) as (where, summaries):
         assert where["traces_url"].startswith("https://") and where["unguarded"] is False
         denied, _ = _export(where["traces_url"], 2, certificate_file=str(cert))
         result, sent = _export(where["traces_url"], 10, headers={"Authorization": f"Bearer {TOKEN}"},
                                certificate_file=str(cert))
-    finally:
-        stop.set()
-        thread.join(60)
     assert (denied, result) == (SpanExportResult.FAILURE, SpanExportResult.SUCCESS)
     assert summaries[0].spans == 10 and summaries[0].receiver.rejected_requests == 2
     assert _stored(tmp_path / "ds") == sent

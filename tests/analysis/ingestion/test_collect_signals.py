@@ -9,7 +9,6 @@ SDK's own OTLP encodings (``tests/analysis/_otlp_signals.py``)."""
 from __future__ import annotations
 
 import gzip
-import threading
 import warnings
 
 import httpx
@@ -19,8 +18,9 @@ from _otlp_signals import LOG_RECORDS, POINTS, SPANS, otlp_json, sdk_requests
 from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
-from nemo_telemetry.analysis import IncompleteDatasetWarning, read_logs, read_metrics, read_spans, run_monitor
+from nemo_telemetry.analysis import IncompleteDatasetWarning, read_logs, read_metrics, read_spans
 from nemo_telemetry.analysis.ingestion.collect import RETRY_AFTER_S, CollectorServer
+from _monitor_receiver import monitor_receiver
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 JSON = {"Content-Type": "application/json"}
@@ -168,19 +168,7 @@ def test_full_filesystem_is_503_for_every_signal_then_recovers(small_filesystem,
 
 
 def test_monitor_port_takes_metrics_and_logs_too(tmp_path):
-    ready, stop = threading.Event(), threading.Event()
-    where: dict = {}
-    summaries: list = []
-
-    def on_ready(urls: dict) -> None:
-        where.update(urls)
-        ready.set()
-
-    thread = threading.Thread(target=lambda: summaries.append(
-        run_monitor(port=0, out=tmp_path / "ds", on_ready=on_ready, stop=stop, poll_s=0.05)))
-    thread.start()
-    try:
-        assert ready.wait(60)
+    with monitor_receiver(tmp_path / "ds") as (where, summaries):
         base = where["traces_url"].removesuffix("/v1/traces")
         with httpx.Client() as client:
             for signal in SIGNALS:
@@ -188,9 +176,6 @@ def test_monitor_port_takes_metrics_and_logs_too(tmp_path):
                     .status_code == 200
             wrong = client.post(f"{base}/v1/traces", content=sdk_requests()["logs"], headers=PROTOBUF)
             assert wrong.status_code == 400 and "/v1/logs" in _message(wrong)
-    finally:
-        stop.set()
-        thread.join(60)
     receiver = summaries[0].receiver
     assert (receiver.spans, receiver.metric_points, receiver.logs, receiver.rejected_requests) == (
         SPANS, POINTS, LOG_RECORDS, 1)
