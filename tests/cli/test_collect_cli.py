@@ -161,3 +161,76 @@ def test_collect_help_states_every_bound():
     for promise in ("committed on disk", "503 with Retry-After", "--max-connections", "--read-timeout-s",
                     "60 s", "backlog 1024", "--max-request-mib", "Exit 2"):
         assert promise in text, promise
+
+
+def _log_request(i: int) -> bytes:
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+    request = ExportLogsServiceRequest()
+    scoped = request.resource_logs.add().scope_logs.add()
+    record = scoped.log_records.add()
+    record.time_unix_nano, record.severity_number = 1_700_000_000_000_000_000 + i, 9
+    record.body.string_value = f"log-{i}"
+    return request.SerializeToString()
+
+
+def _metric_request(i: int) -> bytes:
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    request = ExportMetricsServiceRequest()
+    metric = request.resource_metrics.add().scope_metrics.add().metrics.add()
+    metric.name = "rl.test.sequence"
+    point = metric.gauge.data_points.add()
+    point.time_unix_nano, point.as_int = 1_700_000_000_000_000_000 + i, i
+    attribute = point.attributes.add()
+    attribute.key, attribute.value.string_value = "seq", str(i)
+    return request.SerializeToString()
+
+
+def test_kill_9_while_logs_and_metrics_stream_loses_no_acknowledged_record(tmp_path):
+    """The /v1/logs and /v1/metrics endpoints answer 200 only for what is durable, as /v1/traces does."""
+    from nemo_telemetry.analysis import read_logs, read_metrics
+
+    proc, url = _start_collect(tmp_path / "ds")
+    base = url.removesuffix("/v1/traces")
+    acknowledged: dict[str, set[str]] = {"logs": set(), "metrics": set()}
+    streaming = threading.Event()
+    streaming.set()
+
+    def stream(signal_name: str, make) -> None:
+        i = 0
+        with httpx.Client(timeout=5) as client:
+            while streaming.is_set():
+                try:
+                    answer = client.post(f"{base}/v1/{signal_name}", content=make(i), headers=PROTOBUF)
+                except httpx.HTTPError:
+                    return  # the collector is gone
+                if answer.status_code == 200:
+                    acknowledged[signal_name].add(str(i))
+                i += 1
+
+    threads = [threading.Thread(target=stream, args=("logs", _log_request)),
+               threading.Thread(target=stream, args=("metrics", _metric_request))]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while min(map(len, acknowledged.values())) < 50 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)  # mid-stream: requests in flight, commits in flight
+        proc.wait(10)
+    finally:
+        streaming.clear()
+        for thread in threads:
+            thread.join()
+        proc.kill()
+        proc.communicate()
+    logs_sent, metrics_sent = set(acknowledged["logs"]), set(acknowledged["metrics"])
+    assert len(logs_sent) >= 50 and len(metrics_sent) >= 50
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IncompleteDatasetWarning)  # the killed collect never finished
+        logs, metrics = read_logs(tmp_path / "ds"), read_metrics(tmp_path / "ds")
+    stored_logs = {body.removeprefix("log-") for body in logs.column("body").to_pylist()}
+    stored_points = {dict(a)["seq"] for a in metrics.column("attributes").to_pylist()}
+    assert logs_sent <= stored_logs, f"{len(logs_sent - stored_logs)} acknowledged log records are lost"
+    assert metrics_sent <= stored_points, f"{len(metrics_sent - stored_points)} acknowledged points are lost"
