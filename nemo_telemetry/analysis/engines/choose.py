@@ -25,6 +25,7 @@ from nemo_telemetry.analysis.store.read import (
     span_source_files,
 )
 from nemo_telemetry.analysis.ingestion.read import read_for_analysis
+from nemo_telemetry.analysis.store.commits import dataset_state
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.store.sources import single_dataset
 from nemo_telemetry.analysis.goodput.partials import stream_goodput
@@ -36,6 +37,10 @@ _IN_MEMORY_BYTES_PER_SPAN = 200  # decoded goodput columns plus the arrays built
 
 
 def _dataset_rows(root: Path) -> int:
+    """The spans the dataset holds: as its commit records count them, else from each file's footer."""
+    recorded = dataset_state(root, warn=False).recorded_rows("spans")
+    if recorded is not None:
+        return recorded
     return sum(pq.ParquetFile(f).metadata.num_rows for f in span_files(root))
 
 

@@ -172,6 +172,14 @@ class DatasetState:
         prefix = f"{table}/"
         return sorted((rel for rel in self.committed if rel.startswith(prefix)), key=lambda rel: str(self.root / rel))
 
+    def recorded_rows(self, table: str) -> int | None:
+        """The rows the commit records give ``table``'s committed files, without opening one; None
+        when a file's record has no row count (a dataset without records, or an older record)."""
+        counts = [self.info.get(rel) for rel in self.recorded(table)]
+        if self.committed is None or any(not info or len(info) < 2 or info[1] is None for info in counts):
+            return None
+        return sum(int(info[1]) for info in counts)
+
     def files(self, table: str) -> list[Path]:
         """The committed Parquet files of ``table`` (``spans``, ``events``, ``links``, ``metrics``, ``logs``),
         sorted, each checked against its commit (there, its size, its footer): a

@@ -200,6 +200,25 @@ def test_a_dataset_without_commit_record_reads_as_before_and_is_adopted(tables, 
 
 
 
+def test_the_commit_records_count_each_tables_rows_without_a_file_opened(tables, tmp_path, monkeypatch):
+    """What a reader sizes its work by (the local engine's in-memory or streamed choice): the rows
+    the records give, equal to the files' footers; none where a file has no record."""
+    root = tmp_path / "counted"
+    writer = dataset.DatasetWriter(root)
+    writer.write(_batch(tables, 0, 500))
+    writer.write(_batch(tables, 500, 1_100))
+    writer.close()
+    state = commits.dataset_state(root)
+    footers = sum(pq.ParquetFile(f).metadata.num_rows for f in span_files(root))
+    monkeypatch.setattr(pq, "ParquetFile", None)  # the count reads no footer
+    assert state.recorded_rows("spans") == footers == 1_100
+    monkeypatch.undo()
+    unrecorded = tmp_path / "unrecorded" / "spans" / "run_id=synthetic-run"
+    unrecorded.mkdir(parents=True)
+    pq.write_table(dataset.with_parent_rows(tables.spans.slice(0, 400)), unrecorded / "part-0.parquet")
+    assert commits.dataset_state(tmp_path / "unrecorded").recorded_rows("spans") is None
+
+
 @pytest.mark.parametrize("version", [1, 2])
 def test_datasets_keyed_on_the_trace_ids_high_half_are_refused_with_the_reingest_fix(tables, tmp_path, version):
     """Formats 1 and 2 keyed traces on the first 64 bits of their ids, and joined parent_row on
