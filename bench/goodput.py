@@ -201,7 +201,7 @@ def write_dataset(root: Path, spans: int) -> None:
     from nemo_telemetry.analysis.store import commits
     from nemo_telemetry.analysis.store.dataset import (
         SPANS_PARQUET_OPTIONS,
-        with_parent_rows,
+        span_file_table,
     )
 
     rng = np.random.default_rng(7)
@@ -219,7 +219,7 @@ def write_dataset(root: Path, spans: int) -> None:
             for i, lo in enumerate(range(0, len(rows), FILE_ROWS)):
                 # written as ingest writes a spans file: dictionary pages only where values repeat (not
                 # times or ids), and each span's parent row in the file
-                pq.write_table(with_parent_rows(table.take(rows[lo:lo + FILE_ROWS])), folder / f"part-{i:09d}.parquet",
+                pq.write_table(span_file_table(table.take(rows[lo:lo + FILE_ROWS])), folder / f"part-{i:09d}.parquet",
                                **SPANS_PARQUET_OPTIONS)
         del table
     # the record ingest writes: readers trust its format instead of opening every file's footer for it

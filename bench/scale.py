@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from _columns import dictionary, uint64_hex  # bench/_columns.py (this script's folder is on sys.path)
 from nemo_telemetry.analysis.model.tables import SPANS_TABLE_SCHEMA
-from nemo_telemetry.analysis.store.dataset import with_parent_rows
+from nemo_telemetry.analysis.store.dataset import span_file_table
 from nemo_telemetry.analysis.store.partitions import split_by_partition
 
 RANKS = 8
@@ -134,7 +134,7 @@ def write_dataset(root: Path, spans: int, *, steps_per_chunk: int = 2_000) -> No
                 table = pa.concat_tables([job, table])
             for folder, part in split_by_partition(table):
                 (root / "spans" / folder).mkdir(parents=True, exist_ok=True)
-                pq.write_table(with_parent_rows(part), root / "spans" / folder / f"part-{index:05d}.parquet",
+                pq.write_table(span_file_table(part), root / "spans" / folder / f"part-{index:05d}.parquet",
                                row_group_size=1 << 17)  # a spans file of dataset format 1: its parent rows
     for table in ("events", "links"):
         (root / table).mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from nemo_telemetry.analysis.kernels.dedup import dedup as _dedup
 
 from nemo_telemetry.analysis.store import commits
+from nemo_telemetry.analysis.store.constants import declare_constants
 from nemo_telemetry.analysis.model.tables import SPANS_TABLE_SCHEMA, OtlpTables
 from nemo_telemetry.analysis.store.partitions import split_by_partition
 from nemo_telemetry.analysis.model.columns import filled
@@ -60,6 +61,7 @@ __all__ = [
     "span_keys",
     "write_span_file",
     "write_table_file",
+    "span_file_table",
 ]
 
 NO_RUN_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -565,12 +567,19 @@ def with_parent_rows(spans: pa.Table) -> pa.Table:
     return spans.append_column(pa.field(PARENT_ROW, pa.int32(), nullable=False), pa.array(local_parent_rows(*keys)))
 
 
+def span_file_table(spans: pa.Table) -> pa.Table:
+    """``spans`` as a spans file holds them: with their parents' rows (:func:`with_parent_rows`)
+    and the columns that hold one value named in the file's metadata
+    (:func:`~nemo_telemetry.analysis.store.constants.declare_constants`)."""
+    return declare_constants(with_parent_rows(spans))
+
+
 def _write_spans(pieces: list[pa.Table], path: Path) -> None:
     """One file of a partition's spans and their parents' rows in it: the pieces put together
     first (a table of many small chunks costs the Parquet writer more than the copy)."""
     table = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
     try:
-        pq.write_table(with_parent_rows(table.combine_chunks()), path, **SPANS_PARQUET_OPTIONS)
+        pq.write_table(span_file_table(table.combine_chunks()), path, **SPANS_PARQUET_OPTIONS)
     except OSError as exc:
         raise commits.with_path(exc, path) from exc
 

@@ -6,15 +6,17 @@ as record batches, and which files a source (a dataset directory or raw dump fil
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, SPAN_GROUP
 from nemo_telemetry.analysis.settings.machine import available_cpus
+from nemo_telemetry.analysis.store.constants import constant_array, file_constants
 from nemo_telemetry.analysis.store.commits import FileProblem, committed_files, damaged_error
 from nemo_telemetry.analysis.store.dataset import checked_parquet
 from nemo_telemetry.analysis.store.formats import reader
@@ -24,7 +26,7 @@ from nemo_telemetry.errors import DamagedDatasetError, IngestError
 
 __all__ = ["READ_COLUMNS", "GOODPUT_COLUMNS", "STEP_GOODPUT_COLUMNS", "read_dataset_spans", "span_source_files",
            "reading_errors", "read_span_files", "scan_span_files", "scan_batches", "span_projection",
-           "reusing_pool", "scan_file_batches"]
+           "reusing_pool", "scan_file_batches", "held_constant", "HeldConstant"]
 
 # What check reads from a dataset: span and parent ids come from the uint64 keys (hex strings
 # cost more to read than everything else together); trace ids are read as dictionaries, as ingest
@@ -118,10 +120,44 @@ def scan_file_batches(dataset: ds.Dataset, columns: list[str], batch_rows: int |
     come together, in its order). A few batches per thread are decoded ahead: every thread has the
     next batch to decode, and a few batches' memory is in flight."""
     readahead = _READAHEAD_PER_THREAD * (threads if threads else available_cpus())
-    scanner = dataset.scanner(columns=columns, batch_size=batch_rows or _SCAN_BATCH_ROWS,
+    held = held_constant(dataset, columns)
+    scanned = [c for c in columns if c not in held.columns]
+    scanner = dataset.scanner(columns=scanned, batch_size=batch_rows or _SCAN_BATCH_ROWS,
                               batch_readahead=readahead, memory_pool=reusing_pool())
+    if not held.columns:
+        for tagged in scanner.scan_batches():
+            yield tagged.fragment.path, tagged.record_batch
+        return
+    schema = pa.schema([dataset.schema.field(c) for c in columns])
     for tagged in scanner.scan_batches():
-        yield tagged.fragment.path, tagged.record_batch
+        batch, path = tagged.record_batch, tagged.fragment.path
+        rows, values = batch.num_rows, held.values[path]
+        yield path, pa.RecordBatch.from_arrays(
+            [constant_array(field, values[field.name], rows) if field.name in held.columns
+             else batch.column(field.name) for field in schema], schema=schema)
+
+
+@dataclass(frozen=True)
+class HeldConstant:
+    """The columns of a read that every file holds one value in, and each file's values (by path)."""
+
+    columns: frozenset[str]
+    values: dict[str, dict[str, Any]]
+
+
+def held_constant(dataset: ds.Dataset, columns: list[str]) -> HeldConstant:
+    """Of ``columns``, those every file of ``dataset`` holds one value in
+    (:func:`~nemo_telemetry.analysis.store.constants.file_constants`, from the footers the
+    format's check read already): a scan leaves them out and repeats each file's value instead."""
+    values: dict[str, dict[str, Any]] = {}
+    common: set[str] | None = None
+    for fragment in dataset.get_fragments():
+        held = file_constants(fragment.metadata, fragment.physical_schema, columns)
+        values[fragment.path] = held
+        common = set(held) if common is None else common & set(held)
+        if not common:
+            return HeldConstant(frozenset(), {})
+    return HeldConstant(frozenset(common or ()), values)
 
 
 def span_projection(files: list[str], columns: tuple[str, ...]) -> tuple[ds.Dataset, list[str]]:
