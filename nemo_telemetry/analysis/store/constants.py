@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["CONSTANTS_KEY", "CONSTANT_COLUMNS", "declare_constants", "file_constants", "constant_array"]
+__all__ = ["CONSTANTS_KEY", "CONSTANT_COLUMNS", "declare_constants", "file_constants", "constant_array", "ConstantArrays"]
 
 CONSTANTS_KEY = b"nemo_telemetry.constant_columns"
 """The spans file's key-value metadata entry: a JSON object, column -> its one value (null: every row null)."""
@@ -103,9 +103,32 @@ def _agrees(row_group, column: int, value: Any) -> bool:
 
 def constant_array(field: pa.Field, value: Any, rows: int) -> pa.Array:
     """``rows`` rows of ``value`` as ``field``'s type (a dictionary of one value for a dictionary)."""
-    if value is None:
-        return pa.nulls(rows, field.type)
-    if pa.types.is_dictionary(field.type):
-        indices = pa.array(np.zeros(rows, dtype=field.type.index_type.to_pandas_dtype()), field.type.index_type)
-        return pa.DictionaryArray.from_arrays(indices, pa.array([value], field.type.value_type))
-    return pa.array(np.full(rows, value, dtype=field.type.to_pandas_dtype()), field.type)
+    return ConstantArrays().get(field, value, rows)
+
+
+class ConstantArrays:
+    """The arrays of one read's repeated values, each made once and shared by every batch that
+    holds it (arrays are immutable): batches of a file's size cost no new memory, and the dictionary
+    columns of one batch size share one buffer of zero indices."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple, pa.Array] = {}
+        self._zeros: dict[tuple, pa.Array] = {}
+
+    def get(self, field: pa.Field, value: Any, rows: int) -> pa.Array:
+        key = (field.name, str(field.type), value, rows)
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = self._make(field.type, value, rows)
+        return made
+
+    def _make(self, type_: pa.DataType, value: Any, rows: int) -> pa.Array:
+        if value is None:
+            return pa.nulls(rows, type_)
+        if pa.types.is_dictionary(type_):
+            zeros = self._zeros.get((str(type_.index_type), rows))
+            if zeros is None:
+                zeros = self._zeros[(str(type_.index_type), rows)] = pa.array(
+                    np.zeros(rows, dtype=type_.index_type.to_pandas_dtype()), type_.index_type)
+            return pa.DictionaryArray.from_arrays(zeros, pa.array([value], type_.value_type))
+        return pa.array(np.full(rows, value, dtype=type_.to_pandas_dtype()), type_)

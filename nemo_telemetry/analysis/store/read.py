@@ -16,7 +16,7 @@ import pyarrow.dataset as ds
 
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, SPAN_GROUP
 from nemo_telemetry.analysis.settings.machine import available_cpus
-from nemo_telemetry.analysis.store.constants import constant_array, file_constants
+from nemo_telemetry.analysis.store.constants import ConstantArrays, file_constants
 from nemo_telemetry.analysis.store.commits import FileProblem, committed_files, damaged_error
 from nemo_telemetry.analysis.store.dataset import checked_parquet
 from nemo_telemetry.analysis.store.formats import reader
@@ -129,11 +129,12 @@ def scan_file_batches(dataset: ds.Dataset, columns: list[str], batch_rows: int |
             yield tagged.fragment.path, tagged.record_batch
         return
     schema = pa.schema([dataset.schema.field(c) for c in columns])
+    repeated = ConstantArrays()
     for tagged in scanner.scan_batches():
         batch, path = tagged.record_batch, tagged.fragment.path
         rows, values = batch.num_rows, held.values[path]
         yield path, pa.RecordBatch.from_arrays(
-            [constant_array(field, values[field.name], rows) if field.name in held.columns
+            [repeated.get(field, values[field.name], rows) if field.name in held.columns
              else batch.column(field.name) for field in schema], schema=schema)
 
 
