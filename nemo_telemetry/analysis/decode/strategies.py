@@ -372,8 +372,10 @@ class FileParents:
         np.subtract(rows, self.file_start, out=local)
         np.maximum(local, 0, out=local)  # where no parent is in the file (< 0): row 0, its mismatch ignored below
         np.not_equal(np.take(span, local, out=got), parent, out=wrong)
-        wrong |= np.not_equal(np.take(trace, local, out=got), trace, out=other)
-        wrong |= np.not_equal(np.take(low, local, out=got), low, out=other)
+        for keys in (trace, low):
+            if keys[0] == keys.min() == keys.max():  # one trace in the file (a run is one): equal at every row
+                continue
+            wrong |= np.not_equal(np.take(keys, local, out=got), keys, out=other)
         wrong &= np.greater_equal(rows, 0, out=other)
         if wrong.any():
             at = int(np.argmax(wrong))
