@@ -122,22 +122,42 @@ def census_partial(arrays: SpanArrays, keep: np.ndarray) -> Columns:
     rl = (arrays.bucket != NO_BUCKET) | arrays.has_iteration | (arrays.category >= 0) | step
     if SPAN_GROUP in arrays.table.column_names:
         rl |= pc.is_valid(arrays.table.column(SPAN_GROUP)).to_numpy(zero_copy_only=False)
-    bins = len(arrays.runs) + 2  # 0: no run id, 1..: the runs, last: rows not kept
-    run = arrays.run.astype(np.int32) + 1  # -1 (no run id) -> 0; int32: a run code past int16 stays whole
-    if not keep.all():
-        run = np.where(keep, run, bins - 1)
-    # one count over (run, rl, step) in four slots per run: one pass, where a count per mask would
-    # first copy the codes at that mask
-    run *= 4
-    run += rl
-    run += step
-    run += step
-    slots = np.bincount(run, minlength=4 * bins).reshape(bins, 4)[:-1]
-    spans, rl_spans, step_spans = slots.sum(axis=1), slots[:, 1] + slots[:, 3], slots[:, 2] + slots[:, 3]
+    spans, rl_spans, step_spans = _counts_per_run(arrays.run, len(arrays.runs), keep, rl, step)
     present = np.flatnonzero(spans)
     names = np.array([None, *arrays.runs], dtype=object)
     return {"run": names[present], "spans": spans[present].astype(np.int64),
             "rl_spans": rl_spans[present].astype(np.int64), "step_spans": step_spans[present].astype(np.int64)}
+
+
+_FEW_RUNS = 8  # up to this many run codes, a comparison per code costs less than one count of every row
+
+
+def _counts_per_run(run: np.ndarray, runs: int, keep: np.ndarray, *masks: np.ndarray) -> list[np.ndarray]:
+    """Per run code (slot 0: no run id, then the runs), how many ``keep`` rows it has, and how
+    many of them each mask of ``masks`` holds. A few runs: a comparison and a count per run, on
+    the codes as they are; many: one count of (run, masks) slots, which first widens every code."""
+    everything = bool(keep.all())
+    if runs + 1 <= _FEW_RUNS:
+        out = [np.zeros(runs + 1, np.int64) for _ in range(len(masks) + 1)]
+        for code in range(-1, runs):
+            rows = run == code
+            if not everything:
+                rows &= keep
+            out[0][code + 1] = np.count_nonzero(rows)
+            for counts, mask in zip(out[1:], masks):
+                counts[code + 1] = np.count_nonzero(rows & mask) if out[0][code + 1] else 0
+        return out
+    bins = runs + 2  # the last: rows not kept
+    slot = run.astype(np.int64) + 1
+    if not everything:
+        slot = np.where(keep, slot, bins - 1)
+    width = 1 << len(masks)
+    slot *= width
+    for bit, mask in enumerate(masks):
+        slot += mask.astype(np.int64) << bit
+    slots = np.bincount(slot, minlength=width * bins).reshape(bins, width)[:-1]
+    held = np.arange(width)
+    return [slots.sum(axis=1), *(slots[:, (held >> bit) & 1 == 1].sum(axis=1) for bit in range(len(masks)))]
 
 
 def merge_census(parts: Iterable[Columns]) -> SpanCensus:
