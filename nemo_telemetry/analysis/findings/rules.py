@@ -147,6 +147,11 @@ def rows_in_traces(arrays: SpanArrays, traces: np.ndarray, lows: np.ndarray | No
     for chunk in column.chunks:
         keys, into = chunk.to_numpy().astype(np.uint64, copy=False), out[at:at + len(chunk)]
         low = None if low_column is None else filled(low_column.slice(at, len(chunk)), 0).astype(np.uint64, copy=False)
+        if len(keys) and keys[0] == keys.min() == keys.max() and (low is None or low[0] == low.min() == low.max()):
+            # one trace in the chunk (a process's spans of a run, which is one trace): decided once
+            into[:] = any(keys[0] == t and (low is None or low[0] == w) for t, w in zip(traces, lows))
+            at += len(chunk)
+            continue
         for trace, want in zip(traces, lows):
             hit = keys == trace
             if low is not None:

@@ -246,3 +246,28 @@ def test_rows_in_anchored_traces_match_the_whole_trace_id(others):
     lows = np.array([1, 2, 9] + [0] * others, np.uint64)
     assert rows_in_traces(Rows(table), traces, lows).tolist() == [True, True, False, True, False, False, True]
     assert rows_in_traces(Rows(table), traces).tolist() == [True, True, True, True, True, False, True]
+
+
+def test_a_chunk_of_one_trace_is_decided_by_its_whole_trace_id():
+    """A chunk that holds one trace (a process's spans file of a one-trace run) is in an anchored
+    trace only where its key and its low half both are one anchored trace's."""
+    import numpy as np
+    import pyarrow as pa
+
+    from nemo_telemetry.analysis.findings.rules import rows_in_traces
+
+    key = np.array([7, 7, 8, 8, 7, 7, 7, 7], np.uint64)
+    low = np.array([1, 1, 9, 9, 3, 3, 1, 3], np.uint64)  # the last chunk holds two traces of key 7
+    table = pa.table({"trace_key": pa.chunked_array([key[0:2], key[2:4], key[4:6], key[6:]]),
+                      "trace_low": pa.chunked_array([low])})
+
+    class Rows:  # what rows_in_traces reads of a SpanArrays
+        def __init__(self, t):
+            self.table = t
+
+        def __len__(self):
+            return self.table.num_rows
+
+    traces, lows = np.array([7, 8], np.uint64), np.array([1, 9], np.uint64)
+    assert rows_in_traces(Rows(table), traces, lows).tolist() == [True, True, True, True, False, False, True, False]
+    assert rows_in_traces(Rows(table), np.array([8], np.uint64), np.array([1], np.uint64)).tolist() == [False] * 8
