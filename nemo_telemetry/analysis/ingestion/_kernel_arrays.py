@@ -8,11 +8,13 @@ importing the tables it feeds.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["scratch_matrix", "grown_records", "string_array", "string_offsets", "special_rows", "value_types"]
+__all__ = ["scratch_matrix", "grown_records", "string_array", "string_offsets", "special_rows", "value_types",
+           "TypeTags"]
 
 _SCRATCH = threading.local()
 
@@ -81,7 +83,33 @@ def special_rows(kind: np.ndarray, rows: np.ndarray, strings: list) -> tuple[lis
     return [text.encode() for text in strings], special
 
 
-def value_types(kind: np.ndarray, by_kind: dict[int, str], rows: np.ndarray, row_tags: list) -> pa.DictionaryArray:
+@dataclass(frozen=True)
+class TypeTags:
+    """Each flat attribute's type tag as ``dictionary[codes[i]]``; code -1: no tag (a string,
+    or no value). The compiled promote passes read the codes; :meth:`array` is the same tags as
+    the Arrow column :func:`type_map` reads."""
+
+    codes: np.ndarray  # int32, one per attribute
+    dictionary: tuple[str, ...]
+
+    @classmethod
+    def of(cls, tags: TypeTags | pa.Array | pa.ChunkedArray) -> TypeTags:
+        """The codes of a string (or dictionary) array of tags, null for none."""
+        if isinstance(tags, TypeTags):
+            return tags
+        if isinstance(tags, pa.ChunkedArray):
+            tags = tags.combine_chunks()
+        if not pa.types.is_dictionary(tags.type):
+            tags = tags.cast(pa.string()).dictionary_encode()
+        codes = tags.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        return cls(codes, tuple(tags.dictionary.cast(pa.string()).to_pylist()))
+
+    def array(self) -> pa.DictionaryArray:
+        codes = self.codes.astype(np.int32, copy=False)
+        return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(self.dictionary, pa.string()))
+
+
+def value_types(kind: np.ndarray, by_kind: dict[int, str], rows: np.ndarray, row_tags: list) -> TypeTags:
     """Each attribute's type tag (null for strings and absent values) from the kinds a compiled
     pass gave it: the tag ``by_kind[kind]`` (ints, bools, and whatever else the kind tells),
     and for ``rows`` (values a parser read: arrays, lists, or any kind the pass did not tell)
@@ -96,4 +124,4 @@ def value_types(kind: np.ndarray, by_kind: dict[int, str], rows: np.ndarray, row
         dictionary += extra
         index = {tag: i for i, tag in enumerate(dictionary)}
         codes[rows] = [index[tag] if tag is not None else -1 for tag in row_tags]
-    return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(dictionary, pa.string()))
+    return TypeTags(codes, tuple(dictionary))

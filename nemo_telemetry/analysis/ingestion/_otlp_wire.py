@@ -162,7 +162,6 @@ def _assemble(k, s, data: np.ndarray, spans, attrs, resources, scopes, events, l
         attr_counts=spans[k.ATTR_COUNT],
         attr_records=records,
         attr_types=types,
-        type_keys=lambda rows: _strings(k, s, data, attrs[k.KEY_S][rows], attrs[k.KEY_N][rows]),
         flags=pa.array(spans[k.FLAGS].astype(np.uint32)),
         dropped_attributes_count=pa.array(spans[k.DROPPED_ATTRIBUTES].astype(np.uint32)),
         dropped_events_count=pa.array(spans[k.DROPPED_EVENTS].astype(np.uint32)),
@@ -273,10 +272,15 @@ def _resources(data: np.ndarray, records: np.ndarray) -> list[tuple[dict, tuple]
 
 
 def _scopes(data: np.ndarray, records: np.ndarray) -> list[tuple]:
-    out = []
+    """Each scope's fields (``proto_scope_fields``); equal bytes are parsed once, as resources."""
+    out, parsed = [], {}
     for start, length, _, url_start, url_length in records.tolist():
-        scope = InstrumentationScope.FromString(data[start : start + length].tobytes())
-        out.append(proto_scope_fields(scope, data[url_start : url_start + url_length].tobytes().decode()))
+        raw = data[start : start + length].tobytes()
+        url = data[url_start : url_start + url_length].tobytes()
+        fields = parsed.get((raw, url))
+        if fields is None:
+            fields = parsed[(raw, url)] = proto_scope_fields(InstrumentationScope.FromString(raw), url.decode())
+        out.append(fields)
     return out
 
 

@@ -16,13 +16,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.ingestion._kernel_arrays import string_array, string_offsets
+from nemo_telemetry.analysis.ingestion._kernel_arrays import TypeTags, string_array, string_offsets
 from nemo_telemetry.analysis.model.schema import ITERATION, PROMOTED_RESOURCE_ATTRIBUTES, promote_resource
 
-__all__ = ["AttributeRecords", "promote", "promote_records", "promote_arrow", "per_owner_dict", "per_owner_map",
-           "resource_columns", "string_buffers", "to_int", "type_map", "promoted_types"]
+__all__ = ["AttributeRecords", "TypeTags", "promote", "promote_records", "promote_with_types",
+           "promote_records_with_types", "promote_arrow", "per_owner_dict", "per_owner_map", "resource_columns", "distinct_owners",
+           "string_buffers", "to_int", "type_map", "promoted_types"]
 
 _INT_COLUMNS = {ITERATION, "rank"}
+_MOST_PROMOTED = 64  # the kernels keep a bit per promoted key of an owner (``_flatten_kernel._owner_types``)
 
 
 @dataclass(frozen=True)
@@ -68,15 +70,37 @@ def promote(
     OpenTelemetry SDK does when a span sets an attribute twice). An integer column's value
     that is not a decimal integer stays in the map.
     """
+    return promote_with_types(counts, keys, values, owners, promoted, None)[:2]
+
+
+def promote_with_types(
+    counts: np.ndarray, keys: pa.Array, values: pa.Array, owners: int, promoted: tuple[str, ...],
+    tags: TypeTags | None,
+) -> tuple[pa.Array, dict, pa.MapArray | None]:
+    """:func:`promote`, and the ``attribute_types`` map of the attributes' ``tags`` (as
+    :func:`type_map` builds it) written in the same pass; None for it when ``tags`` is None."""
     from nemo_telemetry.analysis.kernels import compiled as _compiled
 
-    reference = lambda: promote_arrow(counts, keys, values, owners, promoted)  # noqa: E731
-    compiled = lambda fk: _promote_compiled(fk, counts, keys, values, owners, promoted) or reference()  # noqa: E731
+    def reference():
+        attributes, columns = promote_arrow(counts, keys, values, owners, promoted)
+        return attributes, columns, _types_reference(counts, owners, tags, keys, promoted, columns)
+
+    compiled = lambda fk: _promote_compiled(fk, counts, keys, values, owners, promoted, tags) or reference()  # noqa: E731
     return _compiled.run(("_flatten_kernel",), len(keys), compiled, reference, unit="rows", passes=(ValueError,))
 
 
-def _promote_compiled(_flatten_kernel, counts, keys, values, owners, promoted):
-    """:func:`promote` by the compiled kernel; None when it cannot (a full dictionary)."""
+def _types_reference(counts, owners: int, tags: TypeTags | None, keys: pa.Array, promoted, columns: dict):
+    """:func:`type_map` of ``tags``, the reference of the kernels' type maps."""
+    if tags is None:
+        return None
+    int_columns = {key: columns[key] for key in promoted if key in _INT_COLUMNS}
+    return type_map(counts, owners, tags.array(), lambda rows: keys.take(pa.array(rows)), int_columns)
+
+
+def _promote_compiled(_flatten_kernel, counts, keys, values, owners, promoted, tags):
+    """:func:`promote_with_types` by the compiled kernel; None when it cannot (a full dictionary)."""
+    if len(promoted) > _MOST_PROMOTED:
+        return None
     counts = np.ascontiguousarray(counts, dtype=np.int64)
     names, name_offsets, is_int = _promoted_names(promoted)
     key_offsets, key_data, _ = string_buffers(keys)
@@ -88,34 +112,92 @@ def _promote_compiled(_flatten_kernel, counts, keys, values, owners, promoted):
     kept_values = (string_offsets(len(keys), value_data.size), np.empty(value_data.size, dtype=np.uint8))
     kept_valid = np.empty(len(keys), dtype=np.bool_)
     kept_counts = np.empty(owners, dtype=np.int64)
+    room = _TypeRoom(tags, len(keys), int(key_data.size), owners, promoted, is_int)
     kept = _flatten_kernel.promote(
         counts, key_offsets, key_data, value_offsets, value_data, value_valid, name_offsets,
         names, is_int, codes, numbers, number_valid, slots, entries,
-        *kept_keys, *kept_values, kept_valid, kept_counts,
+        *kept_keys, *kept_values, kept_valid, kept_counts, *room.arguments(),
     )
     if kept < 0:  # thousands of distinct values in a promoted string column: rare, not compiled
         return None
     dictionaries = [values.take(pa.array(entries[p, : entries[p, -1]])).cast(pa.string()) for p in range(len(promoted))]
     columns = _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries)
-    return _kept_map(kept, kept_counts, kept_keys, kept_values, kept_valid), columns
+    return _kept_map(kept, kept_counts, kept_keys, kept_values, kept_valid), columns, room.types()
+
+
+class _TypeRoom:
+    """The type-map arguments of a promote kernel (tag codes and strings, and room for the map
+    it writes), and the map from what it wrote. Entries: the tagged attributes, and at most one
+    ``string`` per owner and integer column (see ``_flatten_kernel._owner_types``)."""
+
+    def __init__(self, tags: TypeTags | None, attributes: int, key_bytes: int, owners: int,
+                 promoted: tuple[str, ...], is_int: np.ndarray):
+        self.wanted = tags is not None
+        if tags is None:
+            tags = TypeTags(np.full(attributes, -1, dtype=np.int32), ())
+        dictionary = list(tags.dictionary)
+        if "string" not in dictionary:
+            dictionary.append("string")
+        self.int_tag = dictionary.index("int") if "int" in dictionary else -2
+        self.string_tag = dictionary.index("string")
+        encoded = [tag.encode() for tag in dictionary]
+        sizes = np.array([len(tag) for tag in encoded] + [0], dtype=np.int64)  # code -1 reads the last: 0
+        self.tag_offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum(sizes[:-1], out=self.tag_offsets[1:])
+        self.tag_data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        self.codes = np.ascontiguousarray(tags.codes, dtype=np.int32)
+        int_names = [key for key, integer in zip(promoted, is_int.tolist()) if integer]
+        entries = self.codes.size + owners * len(int_names)  # room never written costs nothing
+        key_room = key_bytes + owners * sum(len(key.encode()) for key in int_names)
+        longest = int(sizes.max())
+        tagged = self.codes.size * longest if longest <= 16 else int(sizes[self.codes].sum())  # "{...}" tags: long
+        value_room = tagged + owners * len(int_names) * len(b"string")
+        self.keys = (string_offsets(entries, key_room), np.empty(key_room, dtype=np.uint8))
+        self.values = (string_offsets(entries, value_room), np.empty(value_room, dtype=np.uint8))
+        self.counts = np.empty(owners, dtype=np.int64)
+
+    def arguments(self) -> tuple:
+        return (self.codes, self.tag_offsets, self.tag_data, self.int_tag, self.string_tag,
+                *self.keys, *self.values, self.counts)
+
+    def types(self) -> pa.MapArray | None:
+        """The type map the kernel wrote (its keys were cut from checked strings or are ASCII)."""
+        if not self.wanted:
+            return None
+        offsets = np.zeros(self.counts.size + 1, dtype=np.int32)
+        np.cumsum(self.counts, out=offsets[1:])
+        used = int(offsets[-1])
+        (key_offsets, key_data), (value_offsets, value_data) = self.keys, self.values
+        keys = string_array(key_offsets[: used + 1], key_data[: key_offsets[used]], utf8_checked=True)
+        values = string_array(value_offsets[: used + 1], value_data[: value_offsets[used]], utf8_checked=True)
+        return pa.MapArray.from_arrays(pa.array(offsets), keys.cast(pa.string()), values.cast(pa.string()))
 
 
 def promote_records(counts: np.ndarray, records: AttributeRecords, owners: int, promoted: tuple[str, ...]):
     """:func:`promote` reading the attributes where the decoder found them (see
     :class:`AttributeRecords`); the same result, without the arrays of every key and value."""
+    return promote_records_with_types(counts, records, owners, promoted, None)[:2]
+
+
+def promote_records_with_types(counts: np.ndarray, records: AttributeRecords, owners: int,
+                               promoted: tuple[str, ...], tags: TypeTags | None):
+    """:func:`promote_with_types` reading the attributes where the decoder found them (see
+    :class:`AttributeRecords`)."""
     from nemo_telemetry.analysis.kernels import compiled as _compiled
 
     def reference():
         keys, values = records.strings()  # non-ASCII text, a full dictionary or no numba: rare
-        return promote(counts, keys, values, owners, promoted)
+        return promote_with_types(counts, keys, values, owners, promoted, tags)
 
-    compiled = lambda fk: _promote_records_compiled(fk, counts, records, owners, promoted) or reference()  # noqa: E731
+    compiled = lambda fk: _promote_records_compiled(fk, counts, records, owners, promoted, tags) or reference()  # noqa: E731
     return _compiled.run(("_flatten_kernel",), int(records.kind.size), compiled, reference, unit="rows",
                          passes=(ValueError,))  # bad UTF-8: the decoder's own signal
 
 
-def _promote_records_compiled(fk, counts, records: AttributeRecords, owners: int, promoted: tuple[str, ...]):
-    """:func:`promote_records` by the compiled kernel; None when it cannot."""
+def _promote_records_compiled(fk, counts, records: AttributeRecords, owners: int, promoted: tuple[str, ...], tags):
+    """:func:`promote_records_with_types` by the compiled kernel; None when it cannot."""
+    if len(promoted) > _MOST_PROMOTED:
+        return None
     r = records
     counts = np.ascontiguousarray(counts, dtype=np.int64)
     names, name_offsets, is_int = _promoted_names(promoted)
@@ -130,11 +212,13 @@ def _promote_records_compiled(fk, counts, records: AttributeRecords, owners: int
     kept_values = (string_offsets(r.kind.size, value_bytes), np.empty(value_bytes, dtype=np.uint8))
     kept_valid = np.empty(r.kind.size, dtype=np.bool_)
     kept_counts = np.empty(owners, dtype=np.int64)
+    typed = _TypeRoom(tags, int(r.kind.size), key_bytes, owners, promoted, is_int)
     kept = fk.promote_records(
         r.data, r.key_start, r.key_length, r.kind, r.value, r.length, r.special_offsets, r.special_data, r.kinds,
         counts, name_offsets, names, is_int, codes, numbers, number_valid, slots, dict_offsets, dict_data,
         dict_count, *kept_keys, *kept_values, kept_valid, kept_counts, np.empty(len(promoted), dtype=np.int64),
         np.empty(len(promoted), dtype=np.bool_), np.empty(int(counts.max(initial=0)), dtype=np.int64),
+        *typed.arguments(),
     )
     if kept >= 0:
         room = fk.DICTIONARY_BYTES
@@ -143,7 +227,7 @@ def _promote_records_compiled(fk, counts, records: AttributeRecords, owners: int
             for p, used in enumerate(dict_count.tolist())
         ]
         columns = _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries)
-        return _kept_map(kept, kept_counts, kept_keys, kept_values, kept_valid), columns
+        return _kept_map(kept, kept_counts, kept_keys, kept_values, kept_valid), columns, typed.types()
     return None
 
 
@@ -299,20 +383,38 @@ def per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
     return _compiled.run(("_flatten_kernel",), int(offsets[-1]), copied, taken, unit="rows", passes=(ValueError,))
 
 
+def distinct_owners(identities: list, index) -> tuple[list[int], np.ndarray]:
+    """The position of the first of each distinct owner (``identities``: the ``id`` of each
+    owner's parsed objects; the decoders give the requests that repeat an owner's bytes one
+    parsed object), and each span's ``index`` into the owners turned into an index into those.
+    A batch of one process's requests repeats one resource and scope per request: each owner's
+    columns are then built once, and the per-owner copies run over spans of one owner."""
+    seen: dict = {}
+    first: list[int] = []
+    remap = np.empty(len(identities), dtype=np.int64)
+    for i, key in enumerate(identities):
+        j = seen.setdefault(key, len(first))
+        if j == len(first):
+            first.append(i)
+        remap[i] = j
+    return first, remap[_indices(index)]
+
+
 def resource_columns(resources: list[dict], index: pa.Array, extras: list) -> dict[str, pa.Array]:
     """Promoted resource columns and the remaining resource attribute map, per span; from
     ``extras`` (per resource: its attributes' type tags, dropped attribute count and schema URL)
     the ``resource_attribute_types``, ``resource_dropped_attributes_count`` and
     ``resource_schema_url`` columns."""
+    first, index = distinct_owners([(id(r), id(e)) for r, e in zip(resources, extras)], index)
     promoted: dict[str, list] = {column: [] for column in PROMOTED_RESOURCE_ATTRIBUTES.values()}
     rest, types = [], []
-    for r, attributes in enumerate(resources):
-        columns, remaining = promote_resource(attributes)
+    for r in first:
+        columns, remaining = promote_resource(resources[r])
         for column, value in columns.items():
             promoted[column].append(value)
         rest.append(list(remaining.items()))
         types.append(list(promoted_types(extras[r][0], columns, PROMOTED_RESOURCE_ATTRIBUTES).items()))
-    index = _indices(index)
+    extras = [extras[r] for r in first]
     out = {column: per_owner_dict(values, index) for column, values in promoted.items() if column != "rank"}
     out["rank"] = pa.array(promoted["rank"], pa.int64()).take(pa.array(index))
     out["resource_attributes"] = per_owner_map(rest, index)
