@@ -67,7 +67,8 @@ def _scan(k, w, buffer: bytes | memoryview, starts: np.ndarray, ends: np.ndarray
         *(np.zeros((64, k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)),
     ]
     line = 0
-    while (line := k.scan(data, starts, ends, line, status, counts, *arrays, arena)) < starts.size:
+    room = (np.zeros(1, dtype=np.int64), np.zeros(k.ARENAS, dtype=np.int64))  # the scan's flags and cursors
+    while (line := k.scan(data, starts, ends, line, status, counts, *arrays, arena, *room)) < starts.size:
         arrays = [grown_records(a, int(c), 1 if i < 2 else 0) for i, (a, c) in enumerate(zip(arrays, counts))]
     n = int(counts[0])
     if n == 0:
