@@ -25,6 +25,7 @@ from nemo_telemetry.analysis.model.schema import (
     STATUS_CODES,
 )
 from nemo_telemetry.analysis.ingestion._kernel_arrays import (
+    zeros_array,
     grown_records,
     scratch_matrix,
     special_rows,
@@ -37,6 +38,7 @@ from nemo_telemetry.analysis.ingestion._promote import (
     distinct_owners,
     per_owner_dict,
     per_owner_map,
+    per_owner_uint32,
     promote_records_with_types,
     promote_with_types,
     resource_columns,
@@ -282,9 +284,9 @@ def _spans_table(a: SpanArrays, scopes: list, resources: list, resource_extras: 
 def _otlp_columns(a: SpanArrays, n: int, scopes: list, index: np.ndarray, types: pa.MapArray | None
                   ) -> dict[str, pa.Array]:
     """The columns only the way back to OTLP reads: flags, dropped counts, type tags, scope fields."""
-    zeros = pa.array(np.zeros(n, dtype=np.uint32))
+    zeros = zeros_array(n, pa.uint32())
     if types is None:
-        types = pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()),
+        types = pa.MapArray.from_arrays(zeros_array(n + 1, pa.int32()), pa.array([], pa.string()),
                                         pa.array([], pa.string()))
     return {
         "flags": a.flags if a.flags is not None else zeros,
@@ -294,7 +296,7 @@ def _otlp_columns(a: SpanArrays, n: int, scopes: list, index: np.ndarray, types:
         "attribute_types": types,
         "scope_attributes": per_owner_map([list(sc[2].items()) for sc in scopes], index),
         "scope_attribute_types": per_owner_map([list(sc[3].items()) for sc in scopes], index),
-        "scope_dropped_attributes_count": pa.array([sc[4] for sc in scopes], pa.uint32()).take(pa.array(index)),
+        "scope_dropped_attributes_count": per_owner_uint32([sc[4] for sc in scopes], index),
         "scope_schema_url": per_owner_dict([sc[5] or None for sc in scopes], index),
     }
 

@@ -14,9 +14,41 @@ import numpy as np
 import pyarrow as pa
 
 __all__ = ["scratch_matrix", "grown_records", "string_array", "string_offsets", "special_rows", "value_types",
-           "TypeTags"]
+           "TypeTags", "zeros_array", "uint32_column"]
 
 _SCRATCH = threading.local()
+_ZEROS = np.zeros(0, dtype=np.uint8)
+_ZEROS_LOCK = threading.Lock()
+
+
+def _zero_buffer(nbytes: int) -> pa.Buffer:
+    """``nbytes`` zero bytes, read-only, shared by every array that needs zeros: the OTLP fields
+    a request leaves at their default (flags, dropped counts, empty scope maps, no schema URL)
+    are all zeros in most batches, and a column of them then costs no page of its own."""
+    global _ZEROS
+    zeros = _ZEROS
+    if zeros.size < nbytes:
+        with _ZEROS_LOCK:
+            if _ZEROS.size < nbytes:
+                grown = np.zeros(max(nbytes, 2 * _ZEROS.size), dtype=np.uint8)  # never written
+                grown.flags.writeable = False
+                _ZEROS = grown
+            zeros = _ZEROS
+    return pa.py_buffer(zeros[:nbytes])
+
+
+def zeros_array(n: int, kind: pa.DataType, null: bool = False) -> pa.Array:
+    """``n`` zeros of a fixed-width ``kind`` (all null when ``null``) over the shared zero buffer."""
+    width = kind.bit_width // 8
+    validity = _zero_buffer((n + 7) // 8) if null else None
+    return pa.Array.from_buffers(kind, n, [validity, _zero_buffer(n * width)], null_count=n if null else 0)
+
+
+def uint32_column(values: np.ndarray) -> pa.Array:
+    """A uint32 column of ``values`` (already checked to fit), shared zeros when all are 0."""
+    if not values.any():
+        return zeros_array(values.size, pa.uint32())
+    return pa.array(values.astype(np.uint32))
 
 
 def scratch_matrix(name: str, rows: int, columns: int) -> np.ndarray:

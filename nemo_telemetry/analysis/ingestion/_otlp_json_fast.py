@@ -22,7 +22,7 @@ from nemo_telemetry.analysis.kernels import compiled as _compiled
 from nemo_telemetry.analysis.model.tree import trace_key_of
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, text_id_hex, grown_records, scratch_matrix, special_rows, string_array
 from nemo_telemetry.analysis.ingestion._columns import AttributeRecords
-from nemo_telemetry.analysis.ingestion._kernel_arrays import TypeTags, value_types
+from nemo_telemetry.analysis.ingestion._kernel_arrays import TypeTags, uint32_column, value_types
 from nemo_telemetry.analysis.ingestion._otlp_json import event_problem, extend_json_attributes, link_problem, resource_fields, scope_fields, uint32
 from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string, json_value_type
 
@@ -140,7 +140,7 @@ def _assemble(k, w, buffer, arena, spans, attrs, resources, scopes, events, link
 
 def _uint32(column: np.ndarray) -> pa.Array:
     """A span matrix row the scan checked to be 0..2^32-1, as uint32 (a copy: the matrix is reused)."""
-    return pa.array(column.astype(np.uint32))
+    return uint32_column(column)
 
 
 def _strings(w, arena: np.ndarray, start, length, escaped: np.ndarray) -> pa.Array:

@@ -16,11 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.ingestion._kernel_arrays import TypeTags, string_array, string_offsets
+from nemo_telemetry.analysis.ingestion._kernel_arrays import TypeTags, string_array, string_offsets, zeros_array
 from nemo_telemetry.analysis.model.schema import ITERATION, PROMOTED_RESOURCE_ATTRIBUTES, promote_resource
 
 __all__ = ["AttributeRecords", "TypeTags", "promote", "promote_records", "promote_with_types",
-           "promote_records_with_types", "promote_arrow", "per_owner_dict", "per_owner_map", "resource_columns", "distinct_owners",
+           "promote_records_with_types", "promote_arrow", "per_owner_dict", "per_owner_map", "per_owner_uint32", "resource_columns", "distinct_owners",
            "string_buffers", "to_int", "type_map", "promoted_types"]
 
 _INT_COLUMNS = {ITERATION, "rank"}
@@ -111,18 +111,18 @@ def _promote_compiled(_flatten_kernel, counts, keys, values, owners, promoted, t
     kept_keys = (string_offsets(len(keys), key_data.size), np.empty(key_data.size, dtype=np.uint8))
     kept_values = (string_offsets(len(keys), value_data.size), np.empty(value_data.size, dtype=np.uint8))
     kept_valid = np.empty(len(keys), dtype=np.bool_)
-    kept_counts = np.empty(owners, dtype=np.int64)
+    kept_offsets = np.empty(owners + 1, dtype=np.int32)
     room = _TypeRoom(tags, len(keys), int(key_data.size), owners, promoted, is_int)
     kept = _flatten_kernel.promote(
         counts, key_offsets, key_data, value_offsets, value_data, value_valid, name_offsets,
         names, is_int, codes, numbers, number_valid, slots, entries,
-        *kept_keys, *kept_values, kept_valid, kept_counts, *room.arguments(),
+        *kept_keys, *kept_values, kept_valid, kept_offsets, *room.arguments(),
     )
     if kept < 0:  # thousands of distinct values in a promoted string column: rare, not compiled
         return None
     dictionaries = [values.take(pa.array(entries[p, : entries[p, -1]])).cast(pa.string()) for p in range(len(promoted))]
     columns = _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries)
-    return _kept_map(kept, kept_counts, kept_keys, kept_values, kept_valid), columns, room.types()
+    return _kept_map(kept, kept_offsets, kept_keys, kept_values, kept_valid), columns, room.types()
 
 
 class _TypeRoom:
@@ -154,18 +154,17 @@ class _TypeRoom:
         value_room = tagged + owners * len(int_names) * len(b"string")
         self.keys = (string_offsets(entries, key_room), np.empty(key_room, dtype=np.uint8))
         self.values = (string_offsets(entries, value_room), np.empty(value_room, dtype=np.uint8))
-        self.counts = np.empty(owners, dtype=np.int64)
+        self.offsets = np.empty(owners + 1, dtype=np.int32)  # the map's, one per owner and one
 
     def arguments(self) -> tuple:
         return (self.codes, self.tag_offsets, self.tag_data, self.int_tag, self.string_tag,
-                *self.keys, *self.values, self.counts)
+                *self.keys, *self.values, self.offsets)
 
     def types(self) -> pa.MapArray | None:
         """The type map the kernel wrote (its keys were cut from checked strings or are ASCII)."""
         if not self.wanted:
             return None
-        offsets = np.zeros(self.counts.size + 1, dtype=np.int32)
-        np.cumsum(self.counts, out=offsets[1:])
+        offsets = self.offsets
         used = int(offsets[-1])
         (key_offsets, key_data), (value_offsets, value_data) = self.keys, self.values
         keys = string_array(key_offsets[: used + 1], key_data[: key_offsets[used]], utf8_checked=True)
@@ -211,12 +210,12 @@ def _promote_records_compiled(fk, counts, records: AttributeRecords, owners: int
     kept_keys = (string_offsets(r.kind.size, key_bytes), np.empty(key_bytes, dtype=np.uint8))
     kept_values = (string_offsets(r.kind.size, value_bytes), np.empty(value_bytes, dtype=np.uint8))
     kept_valid = np.empty(r.kind.size, dtype=np.bool_)
-    kept_counts = np.empty(owners, dtype=np.int64)
+    kept_offsets = np.empty(owners + 1, dtype=np.int32)
     typed = _TypeRoom(tags, int(r.kind.size), key_bytes, owners, promoted, is_int)
     kept = fk.promote_records(
         r.data, r.key_start, r.key_length, r.kind, r.value, r.length, r.special_offsets, r.special_data, r.kinds,
         counts, name_offsets, names, is_int, codes, numbers, number_valid, slots, dict_offsets, dict_data,
-        dict_count, *kept_keys, *kept_values, kept_valid, kept_counts, np.empty(len(promoted), dtype=np.int64),
+        dict_count, *kept_keys, *kept_values, kept_valid, kept_offsets, np.empty(len(promoted), dtype=np.int64),
         np.empty(len(promoted), dtype=np.bool_), np.empty(int(counts.max(initial=0)), dtype=np.int64),
         *typed.arguments(),
     )
@@ -227,7 +226,7 @@ def _promote_records_compiled(fk, counts, records: AttributeRecords, owners: int
             for p, used in enumerate(dict_count.tolist())
         ]
         columns = _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries)
-        return _kept_map(kept, kept_counts, kept_keys, kept_values, kept_valid), columns, typed.types()
+        return _kept_map(kept, kept_offsets, kept_keys, kept_values, kept_valid), columns, typed.types()
     return None
 
 
@@ -256,10 +255,9 @@ def _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionari
     return columns
 
 
-def _kept_map(kept: int, kept_counts, kept_keys, kept_values, kept_valid) -> pa.MapArray:
-    """The attribute map column of the attributes a promote kernel kept (already UTF-8 checked)."""
-    offsets = np.zeros(kept_counts.size + 1, dtype=np.int32)
-    np.cumsum(kept_counts, out=offsets[1:])
+def _kept_map(kept: int, offsets, kept_keys, kept_values, kept_valid) -> pa.MapArray:
+    """The attribute map column of the attributes a promote kernel kept (already UTF-8 checked),
+    ``offsets`` the map's (int32) as the kernel wrote them."""
     map_keys = string_array(kept_keys[0][: kept + 1], kept_keys[1][: kept_keys[0][kept]], utf8_checked=True)
     map_values = string_array(
         kept_values[0][: kept + 1], kept_values[1][: kept_values[0][kept]], kept_valid[:kept], utf8_checked=True
@@ -330,12 +328,15 @@ def _indices(index) -> np.ndarray:
 def per_owner_dict(values: list, index) -> pa.DictionaryArray:
     """A dictionary column of each span's owner value (resource or scope; few owners, many
     spans): the owners' values are encoded once and only the int32 indices are per span."""
+    index = _indices(index)
+    if all(value is None for value in values):  # no owner has one (schema URLs, mostly): shared zeros
+        return pa.DictionaryArray.from_arrays(zeros_array(index.size, pa.int32(), null=True), pa.array([], pa.string()))
     encoded = pa.array(values, pa.string()).dictionary_encode()
     owner_codes = encoded.indices.to_numpy(zero_copy_only=False)
     if encoded.null_count:
         owner_codes = np.where(encoded.is_valid().to_numpy(zero_copy_only=False), owner_codes, -1)
-    codes = owner_codes.astype(np.int32, copy=False)[_indices(index)]
-    return pa.DictionaryArray.from_arrays(_nullable(codes), encoded.dictionary)
+    codes = owner_codes.astype(np.int32, copy=False)[index]
+    return pa.DictionaryArray.from_arrays(_nullable(codes), encoded.dictionary, safe=False)  # codes of it
 
 
 def _nullable(codes: np.ndarray) -> pa.Array:
@@ -344,13 +345,21 @@ def _nullable(codes: np.ndarray) -> pa.Array:
     return pa.array(codes, mask=missing) if missing.any() else pa.array(codes)
 
 
+def per_owner_uint32(values: list[int], index: np.ndarray) -> pa.Array:
+    """A uint32 column of each span's owner value (a dropped attribute count), shared zeros
+    when every owner's is 0."""
+    if not any(values):
+        return zeros_array(len(index), pa.uint32())
+    return pa.array(np.asarray(values, dtype=np.uint32)[index])
+
+
 def per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
     """The owners' attribute maps repeated for each span. An owner's keys (and values) are
     contiguous, so each span's part is one byte copy (compiled) rather than a take per entry."""
     sizes = np.fromiter((len(e) for e in entries), dtype=np.int64, count=len(entries))
     if not sizes.any():  # no owner has an entry (scope attributes, most type maps): no strings to copy
         empty = pa.array([], pa.string())
-        return pa.MapArray.from_arrays(pa.array(np.zeros(len(index) + 1, dtype=np.int32)), empty, empty)
+        return pa.MapArray.from_arrays(zeros_array(len(index) + 1, pa.int32()), empty, empty)
     first = np.zeros(len(entries) + 1, dtype=np.int64)
     np.cumsum(sizes, out=first[1:])
     keys = pa.array([k for e in entries for k, _ in e], pa.large_string())
@@ -419,7 +428,7 @@ def resource_columns(resources: list[dict], index: pa.Array, extras: list) -> di
     out["rank"] = pa.array(promoted["rank"], pa.int64()).take(pa.array(index))
     out["resource_attributes"] = per_owner_map(rest, index)
     out["resource_attribute_types"] = per_owner_map(types, index)
-    out["resource_dropped_attributes_count"] = pa.array([e[1] for e in extras], pa.uint32()).take(pa.array(index))
+    out["resource_dropped_attributes_count"] = per_owner_uint32([e[1] for e in extras], index)
     out["resource_schema_url"] = per_owner_dict([e[2] or None for e in extras], index)
     return out
 

@@ -87,14 +87,14 @@ def _code(value_offsets, value_data, j, slots, entries, p):
 @njit(cache=True, nogil=True)
 def promote(counts, key_offsets, key_data, value_offsets, value_data, value_valid, name_offsets, names, is_int,
             codes, numbers, number_valid, slots, entries, kept_key_offsets, kept_key_data, kept_value_offsets,
-            kept_value_data, kept_value_valid, kept_counts, tags, tag_offsets, tag_data, int_tag, string_tag,
-            type_key_offsets, type_key_data, type_value_offsets, type_value_data, type_counts):
+            kept_value_data, kept_value_valid, kept_offsets, tags, tag_offsets, tag_data, int_tag, string_tag,
+            type_key_offsets, type_key_data, type_value_offsets, type_value_data, type_offsets):
     """One pass over the flat key/value arrays of ``counts.size`` owners. Fills, per owner and
     promoted key ``p``: ``codes[p]`` (dictionary code of a string column, -1 null),
     ``numbers[p]``/``number_valid[p]`` (integer columns); the dictionary (``entries``, see
     :func:`_code`); the attributes that stay, copied into the ``kept_*`` buffers with
-    ``kept_counts`` per owner; and the owner's type map (see :func:`_owner_types`) into the
-    ``type_*`` buffers. Returns how many stayed, or -1 when a column's dictionary is
+    the map offsets ``kept_offsets`` (int32, one more than the owners); and the owner's type map
+    (see :func:`_owner_types`) into the ``type_*`` buffers, its map offsets ``type_offsets``. Returns how many stayed, or -1 when a column's dictionary is
     full (the caller then promotes without the kernel)."""
     promoted = name_offsets.size - 1
     typed = 0
@@ -107,6 +107,8 @@ def promote(counts, key_offsets, key_data, value_offsets, value_data, value_vali
     kept = 0
     kept_key_offsets[0] = 0
     kept_value_offsets[0] = 0
+    kept_offsets[0] = 0
+    type_offsets[0] = 0
     for owner in range(counts.size):
         first, stop = row, row + counts[owner]
         row = stop
@@ -137,7 +139,6 @@ def promote(counts, key_offsets, key_data, value_offsets, value_data, value_vali
                 codes[p, owner] = code
             else:
                 codes[p, owner] = -1
-        owner_kept = 0
         for j in range(first, stop):
             match = which[j - first]
             if match >= 0 and remove[match]:
@@ -146,13 +147,11 @@ def promote(counts, key_offsets, key_data, value_offsets, value_data, value_vali
             _append(kept_value_offsets, kept_value_data, kept, value_data, value_offsets[j], value_offsets[j + 1])
             kept_value_valid[kept] = value_valid[j]
             kept += 1
-            owner_kept += 1
-        kept_counts[owner] = owner_kept
-        count = _owner_types(owner, first, stop, which, key_data, key_offsets, key_offsets, True, names, name_offsets,
-                             is_int, number_valid, tags, tag_offsets, tag_data, int_tag, string_tag,
-                             type_key_offsets, type_key_data, type_value_offsets, type_value_data, typed)
-        type_counts[owner] = count
-        typed += count
+        kept_offsets[owner + 1] = kept
+        typed += _owner_types(owner, first, stop, which, key_data, key_offsets, key_offsets, True, names, name_offsets,
+                              is_int, number_valid, tags, tag_offsets, tag_data, int_tag, string_tag,
+                              type_key_offsets, type_key_data, type_value_offsets, type_value_data, typed)
+        type_offsets[owner + 1] = typed
     return kept
 
 
@@ -415,8 +414,8 @@ def _record_code(source, v0, v1, slots, dict_offsets, dict_data, dict_count, p):
 def promote_records(data, key_start, key_length, kind, value, length, special_offsets, special_data, kinds, counts,
                     name_offsets, names, is_int, codes, numbers, number_valid, slots, dict_offsets, dict_data,
                     dict_count, kept_key_offsets, kept_key_data, kept_value_offsets, kept_value_data,
-                    kept_value_valid, kept_counts, last, remove, which, tags, tag_offsets, tag_data, int_tag,
-                    string_tag, type_key_offsets, type_key_data, type_value_offsets, type_value_data, type_counts):
+                    kept_value_valid, kept_offsets, last, remove, which, tags, tag_offsets, tag_data, int_tag,
+                    string_tag, type_key_offsets, type_key_data, type_value_offsets, type_value_data, type_offsets):
     """:func:`promote` over the walk's attribute records (``_promote.AttributeRecords``): keys
     are ``data[key_start:key_start + key_length]``, values as :func:`_value_size` reads them.
     The same columns and kept attributes come out, but each string column's dictionary is
@@ -439,6 +438,8 @@ def promote_records(data, key_start, key_length, kind, value, length, special_of
     kept_value_offsets[0] = 0
     type_key_offsets[0] = 0
     type_value_offsets[0] = 0
+    kept_offsets[0] = 0
+    type_offsets[0] = 0
     for owner in range(counts.size):
         first, stop = row, row + counts[owner]
         row = stop
@@ -482,7 +483,6 @@ def promote_records(data, key_start, key_length, kind, value, length, special_of
                 if code < 0:
                     return -1
                 codes[p, owner] = code
-        owner_kept = 0
         for j in range(first, stop):
             match = which[j - first]
             k, v, n = kind[j], value[j], length[j]
@@ -499,13 +499,11 @@ def promote_records(data, key_start, key_length, kind, value, length, special_of
             kept_value_offsets[kept + 1] = end
             kept_value_valid[kept] = _present(k, kinds)
             kept += 1
-            owner_kept += 1
-        kept_counts[owner] = owner_kept
-        count = _owner_types(owner, first, stop, which, data, key_start, key_length, False, names, name_offsets,
-                             is_int, number_valid, tags, tag_offsets, tag_data, int_tag, string_tag,
-                             type_key_offsets, type_key_data, type_value_offsets, type_value_data, typed)
-        type_counts[owner] = count
-        typed += count
+        kept_offsets[owner + 1] = kept
+        typed += _owner_types(owner, first, stop, which, data, key_start, key_length, False, names, name_offsets,
+                              is_int, number_valid, tags, tag_offsets, tag_data, int_tag, string_tag,
+                              type_key_offsets, type_key_data, type_value_offsets, type_value_data, typed)
+        type_offsets[owner + 1] = typed
         if seen & _HIGH_BITS:  # as soon as seen: the caller redoes the batch another way
             return -2
     return kept
