@@ -25,6 +25,7 @@ from nemo_telemetry.analysis.model.schema import (
     STATUS_CODES,
 )
 from nemo_telemetry.analysis.ingestion._kernel_arrays import (
+    empty_strings,
     zeros_array,
     grown_records,
     scratch_matrix,
@@ -394,6 +395,8 @@ def _empty_to_null(arr: pa.Array) -> pa.Array:
         return pc.if_else(pc.equal(pc.utf8_length(arr), 0), pa.scalar(None, arr.type), arr)
     buffers = arr.buffers()
     offsets = np.frombuffer(buffers[1], dtype=string_types[arr.type])[arr.offset : arr.offset + len(arr) + 1]
+    if offsets[-1] == offsets[0]:  # all empty: all null
+        return empty_strings(len(arr), null=True, kind=arr.type)
     present = offsets[1:] != offsets[:-1]
     if present.all():
         return arr

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 __all__ = ["scratch_matrix", "grown_records", "string_array", "string_offsets", "special_rows", "value_types",
-           "TypeTags", "zeros_array", "uint32_column"]
+           "TypeTags", "zeros_array", "uint32_column", "empty_strings"]
 
 _SCRATCH = threading.local()
 _ZEROS = np.zeros(0, dtype=np.uint8)
@@ -42,6 +42,16 @@ def zeros_array(n: int, kind: pa.DataType, null: bool = False) -> pa.Array:
     width = kind.bit_width // 8
     validity = _zero_buffer((n + 7) // 8) if null else None
     return pa.Array.from_buffers(kind, n, [validity, _zero_buffer(n * width)], null_count=n if null else 0)
+
+
+def empty_strings(n: int, null: bool = False, kind: pa.DataType = pa.string()) -> pa.Array:
+    """``n`` empty strings (all null when ``null``) of ``kind`` (string or large_string) over the
+    shared zero buffer: a string field no span of a batch sets (trace state, status message)
+    costs no offsets of its own."""
+    validity = _zero_buffer((n + 7) // 8) if null else None
+    width = 8 if pa.types.is_large_string(kind) else 4
+    return pa.Array.from_buffers(kind, n, [validity, _zero_buffer(width * (n + 1)), _zero_buffer(0)],
+                                 null_count=n if null else 0)
 
 
 def uint32_column(values: np.ndarray) -> pa.Array:

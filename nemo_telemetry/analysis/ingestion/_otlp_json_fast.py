@@ -22,7 +22,7 @@ from nemo_telemetry.analysis.kernels import compiled as _compiled
 from nemo_telemetry.analysis.model.tree import trace_key_of
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, text_id_hex, grown_records, scratch_matrix, special_rows, string_array
 from nemo_telemetry.analysis.ingestion._columns import AttributeRecords
-from nemo_telemetry.analysis.ingestion._kernel_arrays import TypeTags, uint32_column, value_types
+from nemo_telemetry.analysis.ingestion._kernel_arrays import TypeTags, empty_strings, uint32_column, value_types
 from nemo_telemetry.analysis.ingestion._otlp_json import event_problem, extend_json_attributes, link_problem, resource_fields, scope_fields, uint32
 from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string, json_value_type
 
@@ -146,6 +146,8 @@ def _uint32(column: np.ndarray) -> pa.Array:
 def _strings(w, arena: np.ndarray, start, length, escaped: np.ndarray) -> pa.Array:
     """JSON string contents (in ``arena``) as strings, UTF-8 checked; the few with escapes are
     decoded by orjson."""
+    if not escaped.any() and not length.any():  # every one empty (trace states, status messages, mostly)
+        return empty_strings(start.size)
     offsets, chars = w.gather(arena, np.ascontiguousarray(start), np.ascontiguousarray(length))
     strings = pa.Array.from_buffers(pa.large_string(), start.size, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
     strings.validate(full=True)  # UTF-8

@@ -28,7 +28,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from nemo_telemetry.analysis.kernels import compiled as _compiled
 from nemo_telemetry.analysis.model.tree import trace_key_of
 from nemo_telemetry.analysis.ingestion._columns import AttributeRecords, OtlpTables, SpanArrays, SpanColumns, build_tables, grown_records, scratch_matrix, string_array, string_offsets
-from nemo_telemetry.analysis.ingestion._kernel_arrays import uint32_column, value_types
+from nemo_telemetry.analysis.ingestion._kernel_arrays import empty_strings, uint32_column, value_types
 from nemo_telemetry.analysis.ingestion._otlp_proto import decode_proto_request, event_problem, extend_proto_attributes, link_problem, proto_resource_fields, proto_scope_fields
 from nemo_telemetry.analysis.ingestion.anyvalue import proto_value_string, proto_value_type
 
@@ -177,6 +177,8 @@ def _strings(k, s, data: np.ndarray, start: np.ndarray, length: np.ndarray) -> p
     """``buffer[start:start + length]`` of each element as a string array (UTF-8 checked), of
     the table's type (int32 offsets) unless its bytes need int64 offsets."""
     total = int(length.sum())
+    if total == 0:  # every one empty (trace states, status messages, mostly)
+        return empty_strings(length.size)
     offsets, chars = string_offsets(length.size, total), np.empty(total, dtype=np.uint8)
     s.gather_into(data, start, length, offsets, chars)  # rows of C matrices: contiguous already
     return _checked(k, offsets, chars, "a string field")
