@@ -331,6 +331,8 @@ def per_owner_dict(values: list, index) -> pa.DictionaryArray:
     index = _indices(index)
     if all(value is None for value in values):  # no owner has one (schema URLs, mostly): shared zeros
         return pa.DictionaryArray.from_arrays(zeros_array(index.size, pa.int32(), null=True), pa.array([], pa.string()))
+    if all(value is not None and value == values[0] for value in values):  # one value (a batch of one process's)
+        return pa.DictionaryArray.from_arrays(zeros_array(index.size, pa.int32()), pa.array(values[:1], pa.string()))
     encoded = pa.array(values, pa.string()).dictionary_encode()
     owner_codes = encoded.indices.to_numpy(zero_copy_only=False)
     if encoded.null_count:
@@ -425,7 +427,11 @@ def resource_columns(resources: list[dict], index: pa.Array, extras: list) -> di
         types.append(list(promoted_types(extras[r][0], columns, PROMOTED_RESOURCE_ATTRIBUTES).items()))
     extras = [extras[r] for r in first]
     out = {column: per_owner_dict(values, index) for column, values in promoted.items() if column != "rank"}
-    out["rank"] = pa.array(promoted["rank"], pa.int64()).take(pa.array(index))
+    ranks = promoted["rank"]
+    if all(rank is None for rank in ranks) or all(rank == 0 for rank in ranks):  # shared zeros
+        out["rank"] = zeros_array(index.size, pa.int64(), null=ranks[0] is None if ranks else True)
+    else:
+        out["rank"] = pa.array(ranks, pa.int64()).take(pa.array(index))
     out["resource_attributes"] = per_owner_map(rest, index)
     out["resource_attribute_types"] = per_owner_map(types, index)
     out["resource_dropped_attributes_count"] = per_owner_uint32([e[1] for e in extras], index)
