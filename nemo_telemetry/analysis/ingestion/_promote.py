@@ -460,7 +460,11 @@ def type_map(counts: np.ndarray, owners: int, tags: pa.Array, keys_of, promoted:
     whose ``tags`` entry (aligned with the flat attributes, ``counts`` per owner) is not null.
     ``keys_of(rows)``: the keys of those flat attribute rows. ``promoted``: the promoted integer
     columns (attribute key -> that column, one value per owner), whose int values need no tag and
-    whose values from strings of digits are tagged ``string`` (as :func:`promoted_types`)."""
+    whose values from strings of digits are tagged ``string`` (as :func:`promoted_types`).
+
+    Arrow only: the reference path of the map the compiled promote passes write
+    (:func:`promote_with_types`), taken where they are not (numba off, a full dictionary, text
+    that is not ASCII); ``tests/analysis/ingestion/test_ingest_type_map.py`` holds them equal."""
     if isinstance(tags, pa.ChunkedArray):
         tags = tags.combine_chunks()
     valid = tags.is_valid().to_numpy(zero_copy_only=False) if len(tags) else np.zeros(0, dtype=np.bool_)
