@@ -19,13 +19,14 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.model.schema import (
     EVENTS_SCHEMA,
-    ITERATION,
     LINKS_SCHEMA,
     PROMOTED_SPAN_ATTRIBUTES,
     SPAN_KINDS,
     STATUS_CODES,
 )
 from nemo_telemetry.analysis.ingestion._kernel_arrays import (
+    empty_strings,
+    zeros_array,
     grown_records,
     scratch_matrix,
     special_rows,
@@ -34,13 +35,15 @@ from nemo_telemetry.analysis.ingestion._kernel_arrays import (
 )
 from nemo_telemetry.analysis.ingestion._promote import (
     AttributeRecords,
+    TypeTags,
+    distinct_owners,
     per_owner_dict,
     per_owner_map,
-    promote,
-    promote_records,
+    per_owner_uint32,
+    promote_records_with_types,
+    promote_with_types,
     resource_columns,
     to_int,
-    type_map,
 )
 from nemo_telemetry.analysis.model.tables import SPANS_TABLE_SCHEMA, OtlpTables
 from nemo_telemetry.analysis.model.tree import hex_to_uint64, trace_keys
@@ -203,8 +206,7 @@ class SpanArrays:
 
     Ids are lowercase hex ("" for none); enums are OTLP ints; attributes are flat keys and
     value strings with ``attr_counts`` per span, and ``attr_types`` each value's type tag (null
-    for strings; ``type_keys(rows)`` gives the keys of those rows where ``attr_keys`` is not
-    built). The OTLP counts and flags default to 0 where a decoder gives none.
+    for strings). The OTLP counts and flags default to 0 where a decoder gives none.
     """
 
     trace_id: pa.Array
@@ -226,8 +228,7 @@ class SpanArrays:
     attr_records: AttributeRecords | None = None
     id_keys: tuple | None = None  # (trace_key, span_key, parent_key, trace_low) when the decoder has them
     span_words: np.ndarray | None = None  # (n, 3) uint64, see OtlpTables.span_words
-    attr_types: pa.Array | None = None
-    type_keys: Any = None
+    attr_types: pa.Array | TypeTags | None = None
     flags: pa.Array | None = None
     dropped_attributes_count: pa.Array | None = None
     dropped_events_count: pa.Array | None = None
@@ -248,10 +249,15 @@ def build_tables(arrays: SpanArrays, extras: SpanColumns) -> OtlpTables:
 def _spans_table(a: SpanArrays, scopes: list, resources: list, resource_extras: list) -> pa.Table:
     n = len(a.span_id)
     parent = _empty_to_null(a.parent_span_id)
+    tags = TypeTags.of(a.attr_types) if a.attr_types is not None else None
     if a.attr_records is not None:
-        attributes, promoted = promote_records(a.attr_counts, a.attr_records, n, PROMOTED_SPAN_ATTRIBUTES)
+        attributes, promoted, types = promote_records_with_types(a.attr_counts, a.attr_records, n,
+                                                                 PROMOTED_SPAN_ATTRIBUTES, tags)
     else:
-        attributes, promoted = promote(a.attr_counts, a.attr_keys, a.attr_values, n, PROMOTED_SPAN_ATTRIBUTES)
+        attributes, promoted, types = promote_with_types(a.attr_counts, a.attr_keys, a.attr_values, n,
+                                                         PROMOTED_SPAN_ATTRIBUTES, tags)
+    first, scope_index = distinct_owners([id(sc) for sc in scopes], a.scope_index)
+    scopes = [scopes[i] for i in first]
     columns = {
         "trace_id": a.trace_id,
         "span_id": a.span_id,
@@ -266,26 +272,23 @@ def _spans_table(a: SpanArrays, scopes: list, resources: list, resource_extras: 
         **resource_columns(resources, a.resource_index, resource_extras),
         **promoted,
         "trace_state": _empty_to_null(a.trace_state),
-        "scope_name": per_owner_dict([sc[0] for sc in scopes], a.scope_index),
-        "scope_version": per_owner_dict([sc[1] for sc in scopes], a.scope_index),
+        "scope_name": per_owner_dict([sc[0] for sc in scopes], scope_index),
+        "scope_version": per_owner_dict([sc[1] for sc in scopes], scope_index),
         "attributes": attributes,
         **_id_keys(a, parent),
-        **_otlp_columns(a, n, scopes, promoted),
+        **_otlp_columns(a, n, scopes, scope_index, types),
     }
     arrays = [columns[f.name].cast(f.type) for f in SPANS_TABLE_SCHEMA]
     return pa.Table.from_arrays(arrays, schema=SPANS_TABLE_SCHEMA)
 
 
-def _otlp_columns(a: SpanArrays, n: int, scopes: list, promoted: dict) -> dict[str, pa.Array]:
+def _otlp_columns(a: SpanArrays, n: int, scopes: list, index: np.ndarray, types: pa.MapArray | None
+                  ) -> dict[str, pa.Array]:
     """The columns only the way back to OTLP reads: flags, dropped counts, type tags, scope fields."""
-    zeros = pa.array(np.zeros(n, dtype=np.uint32))
-    if a.attr_types is None:
-        types = pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()),
+    zeros = zeros_array(n, pa.uint32())
+    if types is None:
+        types = pa.MapArray.from_arrays(zeros_array(n + 1, pa.int32()), pa.array([], pa.string()),
                                         pa.array([], pa.string()))
-    else:
-        keys_of = a.type_keys or (lambda rows: a.attr_keys.take(pa.array(rows)))
-        types = type_map(a.attr_counts, n, a.attr_types, keys_of, {ITERATION: promoted[ITERATION]})
-    index = _scope_index(a.scope_index)
     return {
         "flags": a.flags if a.flags is not None else zeros,
         "dropped_attributes_count": a.dropped_attributes_count if a.dropped_attributes_count is not None else zeros,
@@ -294,15 +297,9 @@ def _otlp_columns(a: SpanArrays, n: int, scopes: list, promoted: dict) -> dict[s
         "attribute_types": types,
         "scope_attributes": per_owner_map([list(sc[2].items()) for sc in scopes], index),
         "scope_attribute_types": per_owner_map([list(sc[3].items()) for sc in scopes], index),
-        "scope_dropped_attributes_count": pa.array([sc[4] for sc in scopes], pa.uint32()).take(pa.array(index)),
+        "scope_dropped_attributes_count": per_owner_uint32([sc[4] for sc in scopes], index),
         "scope_schema_url": per_owner_dict([sc[5] or None for sc in scopes], index),
     }
-
-
-def _scope_index(index) -> np.ndarray:
-    if isinstance(index, pa.Array):
-        index = index.to_numpy(zero_copy_only=False)
-    return np.asarray(index, dtype=np.int64)
 
 
 def _id_keys(a: SpanArrays, parent: pa.Array) -> dict[str, pa.Array]:
@@ -398,6 +395,8 @@ def _empty_to_null(arr: pa.Array) -> pa.Array:
         return pc.if_else(pc.equal(pc.utf8_length(arr), 0), pa.scalar(None, arr.type), arr)
     buffers = arr.buffers()
     offsets = np.frombuffer(buffers[1], dtype=string_types[arr.type])[arr.offset : arr.offset + len(arr) + 1]
+    if offsets[-1] == offsets[0]:  # all empty: all null
+        return empty_strings(len(arr), null=True, kind=arr.type)
     present = offsets[1:] != offsets[:-1]
     if present.all():
         return arr
@@ -409,6 +408,6 @@ def _promote_lists(attrs: _Attrs, owners: int) -> tuple[pa.Array, pa.Array]:
     """An events or links table's attribute map and its types map."""
     counts = np.asarray(attrs.counts, dtype=np.int64)
     keys = pa.array(attrs.keys, pa.string())
-    attributes, _ = promote(counts, keys, pa.array(attrs.values, pa.string()), owners, ())
-    types = type_map(counts, owners, pa.array(attrs.types, pa.string()), lambda rows: keys.take(pa.array(rows)))
+    tags = TypeTags.of(pa.array(attrs.types, pa.string()))
+    attributes, _, types = promote_with_types(counts, keys, pa.array(attrs.values, pa.string()), owners, (), tags)
     return attributes, types

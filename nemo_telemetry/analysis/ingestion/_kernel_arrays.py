@@ -8,13 +8,57 @@ importing the tables it feeds.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["scratch_matrix", "grown_records", "string_array", "string_offsets", "special_rows", "value_types"]
+__all__ = ["scratch_matrix", "grown_records", "string_array", "string_offsets", "special_rows", "value_types",
+           "TypeTags", "zeros_array", "uint32_column", "empty_strings"]
 
 _SCRATCH = threading.local()
+_ZEROS = np.zeros(0, dtype=np.uint8)
+_ZEROS_LOCK = threading.Lock()
+
+
+def _zero_buffer(nbytes: int) -> pa.Buffer:
+    """``nbytes`` zero bytes, read-only, shared by every array that needs zeros: the OTLP fields
+    a request leaves at their default (flags, dropped counts, empty scope maps, no schema URL)
+    are all zeros in most batches, and a column of them then costs no page of its own."""
+    global _ZEROS
+    zeros = _ZEROS
+    if zeros.size < nbytes:
+        with _ZEROS_LOCK:
+            if _ZEROS.size < nbytes:
+                grown = np.zeros(max(nbytes, 2 * _ZEROS.size), dtype=np.uint8)  # never written
+                grown.flags.writeable = False
+                _ZEROS = grown
+            zeros = _ZEROS
+    return pa.py_buffer(zeros[:nbytes])
+
+
+def zeros_array(n: int, kind: pa.DataType, null: bool = False) -> pa.Array:
+    """``n`` zeros of a fixed-width ``kind`` (all null when ``null``) over the shared zero buffer."""
+    width = kind.bit_width // 8
+    validity = _zero_buffer((n + 7) // 8) if null else None
+    return pa.Array.from_buffers(kind, n, [validity, _zero_buffer(n * width)], null_count=n if null else 0)
+
+
+def empty_strings(n: int, null: bool = False, kind: pa.DataType = pa.string()) -> pa.Array:
+    """``n`` empty strings (all null when ``null``) of ``kind`` (string or large_string) over the
+    shared zero buffer: a string field no span of a batch sets (trace state, status message)
+    costs no offsets of its own."""
+    validity = _zero_buffer((n + 7) // 8) if null else None
+    width = 8 if pa.types.is_large_string(kind) else 4
+    return pa.Array.from_buffers(kind, n, [validity, _zero_buffer(width * (n + 1)), _zero_buffer(0)],
+                                 null_count=n if null else 0)
+
+
+def uint32_column(values: np.ndarray) -> pa.Array:
+    """A uint32 column of ``values`` (already checked to fit), shared zeros when all are 0."""
+    if not values.any():
+        return zeros_array(values.size, pa.uint32())
+    return pa.array(values.astype(np.uint32))
 
 
 def scratch_matrix(name: str, rows: int, columns: int) -> np.ndarray:
@@ -81,7 +125,33 @@ def special_rows(kind: np.ndarray, rows: np.ndarray, strings: list) -> tuple[lis
     return [text.encode() for text in strings], special
 
 
-def value_types(kind: np.ndarray, by_kind: dict[int, str], rows: np.ndarray, row_tags: list) -> pa.DictionaryArray:
+@dataclass(frozen=True)
+class TypeTags:
+    """Each flat attribute's type tag as ``dictionary[codes[i]]``; code -1: no tag (a string,
+    or no value). The compiled promote passes read the codes; :meth:`array` is the same tags as
+    the Arrow column :func:`type_map` reads."""
+
+    codes: np.ndarray  # int32, one per attribute
+    dictionary: tuple[str, ...]
+
+    @classmethod
+    def of(cls, tags: TypeTags | pa.Array | pa.ChunkedArray) -> TypeTags:
+        """The codes of a string (or dictionary) array of tags, null for none."""
+        if isinstance(tags, TypeTags):
+            return tags
+        if isinstance(tags, pa.ChunkedArray):
+            tags = tags.combine_chunks()
+        if not pa.types.is_dictionary(tags.type):
+            tags = tags.cast(pa.string()).dictionary_encode()
+        codes = tags.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        return cls(codes, tuple(tags.dictionary.cast(pa.string()).to_pylist()))
+
+    def array(self) -> pa.DictionaryArray:
+        codes = self.codes.astype(np.int32, copy=False)
+        return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(self.dictionary, pa.string()))
+
+
+def value_types(kind: np.ndarray, by_kind: dict[int, str], rows: np.ndarray, row_tags: list) -> TypeTags:
     """Each attribute's type tag (null for strings and absent values) from the kinds a compiled
     pass gave it: the tag ``by_kind[kind]`` (ints, bools, and whatever else the kind tells),
     and for ``rows`` (values a parser read: arrays, lists, or any kind the pass did not tell)
@@ -96,4 +166,4 @@ def value_types(kind: np.ndarray, by_kind: dict[int, str], rows: np.ndarray, row
         dictionary += extra
         index = {tag: i for i, tag in enumerate(dictionary)}
         codes[rows] = [index[tag] if tag is not None else -1 for tag in row_tags]
-    return pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(dictionary, pa.string()))
+    return TypeTags(codes, tuple(dictionary))

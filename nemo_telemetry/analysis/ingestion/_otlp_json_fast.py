@@ -2,7 +2,9 @@
 
 The scan copies the strings it needs into a per-thread arena (one region per column kind) and
 says where each lies; here the columns are built from the arena in bulk (``_strings_kernel``:
-``gather``, ``text_ids`` for lowercase ids and their keys, ``value_strings``), and the rare parts
+``gather``, ``text_ids`` for lowercase ids and their keys), attributes are promoted where they lie
+in the arena (``_promote.promote_records``, as the protobuf walk's; ``value_strings`` builds the
+key and value arrays only where that cannot: keys with escapes, text that is not ASCII), and the rare parts
 (resources, scopes, events, links, values that are not strings, ints or bools, strings with
 escapes) are parsed by orjson one by one, from the block or the arena. Lines the scan leaves
 alone come back to the caller with their status, for the orjson path.
@@ -19,7 +21,8 @@ import pyarrow as pa
 from nemo_telemetry.analysis.kernels import compiled as _compiled
 from nemo_telemetry.analysis.model.tree import trace_key_of
 from nemo_telemetry.analysis.ingestion._columns import OtlpTables, SpanArrays, SpanColumns, build_tables, text_id_hex, grown_records, scratch_matrix, special_rows, string_array
-from nemo_telemetry.analysis.ingestion._kernel_arrays import value_types
+from nemo_telemetry.analysis.ingestion._columns import AttributeRecords
+from nemo_telemetry.analysis.ingestion._kernel_arrays import TypeTags, empty_strings, uint32_column, value_types
 from nemo_telemetry.analysis.ingestion._otlp_json import event_problem, extend_json_attributes, link_problem, resource_fields, scope_fields, uint32
 from nemo_telemetry.analysis.ingestion.anyvalue import json_value_string, json_value_type
 
@@ -64,7 +67,8 @@ def _scan(k, w, buffer: bytes | memoryview, starts: np.ndarray, ends: np.ndarray
         *(np.zeros((64, k.SIDE_COLUMNS), dtype=np.int64) for _ in range(2)),
     ]
     line = 0
-    while (line := k.scan(data, starts, ends, line, status, counts, *arrays, arena)) < starts.size:
+    room = (np.zeros(1, dtype=np.int64), np.zeros(k.ARENAS, dtype=np.int64))  # the scan's flags and cursors
+    while (line := k.scan(data, starts, ends, line, status, counts, *arrays, arena, *room)) < starts.size:
         arrays = [grown_records(a, int(c), 1 if i < 2 else 0) for i, (a, c) in enumerate(zip(arrays, counts))]
     n = int(counts[0])
     if n == 0:
@@ -85,12 +89,10 @@ def _assemble(k, w, buffer, arena, spans, attrs, resources, scopes, events, link
     """The tables; string starts in ``spans`` and ``attrs`` are positions in ``arena``, raw
     slices (resources, scopes, events, links, rare values) positions in ``buffer``."""
     extras = SpanColumns()
-    for start, length, _, url_start, url_length in resources.tolist():
-        attributes, fields = _resource(buffer, start, length, url_start, url_length)
+    for attributes, fields in _parsed_once(buffer, resources, _resource):
         extras.resources.append(attributes)
         extras.resource_extras.append(fields)
-    extras.scopes.extend(_scope(buffer, start, length, url_start, url_length)
-                         for start, length, _, url_start, url_length in scopes.tolist())
+    extras.scopes.extend(_parsed_once(buffer, scopes, _scope))
     _events_and_links(buffer, events, links, extras)
     escaped = spans[k.ESCAPED]
 
@@ -102,8 +104,11 @@ def _assemble(k, w, buffer, arena, spans, attrs, resources, scopes, events, link
     parent_id, parent_key, _ = _ids(w, arena, spans[k.PARENT_S], spans[k.PARENT_N], 8)
     hex_ids = all(key is not None for key in (trace_key, span_key, parent_key))
     keys = (trace_key_of(trace_key, trace_low), span_key, parent_key, trace_low) if hex_ids else None
-    attr_keys = _strings(w, arena, attrs[k.KEY_S], attrs[k.KEY_N], attrs[k.ATTR_ESCAPED] & 2 == 2)
-    attr_values, attr_types = _values(k, w, buffer, arena, attrs)
+    records, attr_types = _attribute_records(k, w, buffer, arena, attrs)
+    attr_keys = attr_values = None
+    if (attrs[k.ATTR_ESCAPED] & 2).any():  # a key with escapes: decoded by orjson, promoted from arrays
+        attr_keys, attr_values = records.strings()
+        records = None
     arrays = SpanArrays(
         trace_id=trace_id,
         span_id=span_id,
@@ -120,6 +125,7 @@ def _assemble(k, w, buffer, arena, spans, attrs, resources, scopes, events, link
         attr_counts=spans[k.ATTR_COUNT],
         attr_keys=attr_keys,
         attr_values=attr_values,
+        attr_records=records,
         attr_types=attr_types,
         flags=_uint32(spans[k.FLAGS]),
         dropped_attributes_count=_uint32(spans[k.DROPPED_ATTRIBUTES]),
@@ -134,12 +140,14 @@ def _assemble(k, w, buffer, arena, spans, attrs, resources, scopes, events, link
 
 def _uint32(column: np.ndarray) -> pa.Array:
     """A span matrix row the scan checked to be 0..2^32-1, as uint32 (a copy: the matrix is reused)."""
-    return pa.array(column.astype(np.uint32))
+    return uint32_column(column)
 
 
 def _strings(w, arena: np.ndarray, start, length, escaped: np.ndarray) -> pa.Array:
     """JSON string contents (in ``arena``) as strings, UTF-8 checked; the few with escapes are
     decoded by orjson."""
+    if not escaped.any() and not length.any():  # every one empty (trace states, status messages, mostly)
+        return empty_strings(start.size)
     offsets, chars = w.gather(arena, np.ascontiguousarray(start), np.ascontiguousarray(length))
     strings = pa.Array.from_buffers(pa.large_string(), start.size, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
     strings.validate(full=True)  # UTF-8
@@ -169,13 +177,46 @@ def _ids(w, data: np.ndarray, start, length, width: int) -> tuple[pa.Array, np.n
     return pa.array(hexed, pa.string()), None, None
 
 
-def _values(k, w, buffer: bytes, arena: np.ndarray, attrs: np.ndarray) -> tuple[pa.Array, pa.Array]:
-    """The schema's string for each AnyValue in one compiled pass, and its type tag; rare kinds
-    and strings with escapes are decoded by orjson first and copied in."""
+_SPECIAL = 16  # and beyond: a value decoded by orjson (see _attribute_records); past every V_* kind
+
+
+def _attribute_records(k, w, buffer: bytes, arena: np.ndarray, attrs: np.ndarray) -> tuple[AttributeRecords, TypeTags]:
+    """Where the scan put each attribute's key and value in the arena, for promotion to read in
+    place, and each value's type tag. Rare kinds and strings with escapes are decoded by orjson
+    first: their rows' kind becomes ``_SPECIAL`` + their number among those strings (-1 for
+    none). ``strings()`` builds the key and value arrays instead (keys with escapes decoded)."""
     kind = attrs[k.VTYPE].copy()
     escaped = (kind == k.V_STRING) & (attrs[k.ATTR_ESCAPED] & 1 == 1)
-    rare = np.flatnonzero(kind == k.V_RARE)
     rows = np.flatnonzero((kind == k.V_RARE) | escaped)
+    special_strings, tags = _special_values(k, buffer, arena, attrs, kind, rows)
+    special_strings, special = special_rows(kind, rows, special_strings)
+    special_offsets = np.zeros(len(special_strings) + 1, dtype=np.int64)
+    np.cumsum([len(t) for t in special_strings], out=special_offsets[1:])
+    special_data = np.frombuffer(b"".join(special_strings), dtype=np.uint8)
+    value = np.where(kind == k.V_STRING, attrs[k.VAL_S], attrs[k.VAL_INT])  # a string's start, or the number
+    record_kind = np.where(special >= 0, _SPECIAL + special, kind)
+
+    def strings() -> tuple[pa.Array, pa.Array]:
+        keys = _strings(w, arena, attrs[k.KEY_S], attrs[k.KEY_N], attrs[k.ATTR_ESCAPED] & 2 == 2)
+        offsets, chars, valid = w.value_strings(
+            arena, kind, np.ascontiguousarray(attrs[k.VAL_S]), np.ascontiguousarray(attrs[k.VAL_N]),
+            np.ascontiguousarray(attrs[k.VAL_INT]), special, special_offsets, special_data, k.V_STRING, k.V_BOOL,
+            k.V_INT,
+        )
+        return keys, string_array(offsets, chars, valid)
+
+    records = AttributeRecords(
+        arena, np.ascontiguousarray(attrs[k.KEY_S]), np.ascontiguousarray(attrs[k.KEY_N]), record_kind, value,
+        np.ascontiguousarray(attrs[k.VAL_N]), special_offsets, special_data, (k.V_STRING, k.V_BOOL, k.V_INT, _SPECIAL),
+        strings,
+    )
+    return records, tags
+
+
+def _special_values(k, buffer: bytes, arena: np.ndarray, attrs: np.ndarray, kind: np.ndarray, rows: np.ndarray):
+    """The schema's strings of the ``rows`` orjson decodes (rare kinds, strings with escapes),
+    and every attribute's type tag."""
+    rare = np.flatnonzero(kind == k.V_RARE)
     special_strings, rare_tags = [], []
     for row in rows.tolist():
         if kind[row] == k.V_RARE:
@@ -187,16 +228,7 @@ def _values(k, w, buffer: bytes, arena: np.ndarray, attrs: np.ndarray) -> tuple[
             s, n = int(attrs[k.VAL_S, row]), int(attrs[k.VAL_N, row])
             text = orjson.loads(b'"' + arena[s : s + n].tobytes() + b'"')
         special_strings.append(text)
-    types = value_types(kind, {k.V_BOOL: "bool", k.V_INT: "int"}, rare, rare_tags)
-    special_strings, special = special_rows(kind, rows, special_strings)
-    special_offsets = np.zeros(len(special_strings) + 1, dtype=np.int64)
-    np.cumsum([len(t) for t in special_strings], out=special_offsets[1:])
-    offsets, chars, valid = w.value_strings(
-        arena, kind, np.ascontiguousarray(attrs[k.VAL_S]), np.ascontiguousarray(attrs[k.VAL_N]),
-        np.ascontiguousarray(attrs[k.VAL_INT]), special, special_offsets,
-        np.frombuffer(b"".join(special_strings), dtype=np.uint8), k.V_STRING, k.V_BOOL, k.V_INT,
-    )
-    return string_array(offsets, chars, valid), types
+    return special_strings, value_types(kind, {k.V_BOOL: "bool", k.V_INT: "int"}, rare, rare_tags)
 
 
 _SCRATCH = threading.local()
@@ -212,18 +244,32 @@ def _scratch_arena(size: int) -> np.ndarray:
     return arena
 
 
-def _resource(buffer: bytes, start: int, length: int, url_start: int, url_length: int) -> tuple[dict, tuple]:
-    resource = orjson.loads(buffer[start : start + length]) if length else {}
-    return resource_fields(resource or {}, _url(buffer, url_start, url_length))
+def _parsed_once(buffer, records: np.ndarray, parse) -> list:
+    """``parse(object text, schema URL text)`` of each record (start, length, _, URL start, URL
+    length); requests from one process repeat the same resource and scope, so equal text is
+    parsed once (its result is shared: read-only)."""
+    out, parsed = [], {}
+    for start, length, _, url_start, url_length in records.tolist():
+        key = (bytes(buffer[start : start + length]), bytes(buffer[url_start : url_start + url_length]))
+        fields = parsed.get(key)
+        if fields is None:
+            fields = parsed[key] = parse(*key)
+        out.append(fields)
+    return out
 
 
-def _scope(buffer: bytes, start: int, length: int, url_start: int, url_length: int) -> tuple:
-    scope = orjson.loads(buffer[start : start + length]) if length else {}
-    return scope_fields(scope or {}, _url(buffer, url_start, url_length))
+def _resource(text: bytes, url: bytes) -> tuple[dict, tuple]:
+    resource = orjson.loads(text) if text else {}
+    return resource_fields(resource or {}, _url(url))
 
 
-def _url(buffer: bytes, start: int, length: int):
-    return orjson.loads(buffer[start : start + length]) if length else None
+def _scope(text: bytes, url: bytes) -> tuple:
+    scope = orjson.loads(text) if text else {}
+    return scope_fields(scope or {}, _url(url))
+
+
+def _url(text: bytes):
+    return orjson.loads(text) if text else None
 
 
 def _events_and_links(buffer: bytes, events: np.ndarray, links: np.ndarray, extras: SpanColumns) -> None:

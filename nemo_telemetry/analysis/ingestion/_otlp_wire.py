@@ -28,7 +28,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from nemo_telemetry.analysis.kernels import compiled as _compiled
 from nemo_telemetry.analysis.model.tree import trace_key_of
 from nemo_telemetry.analysis.ingestion._columns import AttributeRecords, OtlpTables, SpanArrays, SpanColumns, build_tables, grown_records, scratch_matrix, string_array, string_offsets
-from nemo_telemetry.analysis.ingestion._kernel_arrays import value_types
+from nemo_telemetry.analysis.ingestion._kernel_arrays import empty_strings, uint32_column, value_types
 from nemo_telemetry.analysis.ingestion._otlp_proto import decode_proto_request, event_problem, extend_proto_attributes, link_problem, proto_resource_fields, proto_scope_fields
 from nemo_telemetry.analysis.ingestion.anyvalue import proto_value_string, proto_value_type
 
@@ -162,11 +162,10 @@ def _assemble(k, s, data: np.ndarray, spans, attrs, resources, scopes, events, l
         attr_counts=spans[k.ATTR_COUNT],
         attr_records=records,
         attr_types=types,
-        type_keys=lambda rows: _strings(k, s, data, attrs[k.KEY_S][rows], attrs[k.KEY_N][rows]),
-        flags=pa.array(spans[k.FLAGS].astype(np.uint32)),
-        dropped_attributes_count=pa.array(spans[k.DROPPED_ATTRIBUTES].astype(np.uint32)),
-        dropped_events_count=pa.array(spans[k.DROPPED_EVENTS].astype(np.uint32)),
-        dropped_links_count=pa.array(spans[k.DROPPED_LINKS].astype(np.uint32)),
+        flags=uint32_column(spans[k.FLAGS]),
+        dropped_attributes_count=uint32_column(spans[k.DROPPED_ATTRIBUTES]),
+        dropped_events_count=uint32_column(spans[k.DROPPED_EVENTS]),
+        dropped_links_count=uint32_column(spans[k.DROPPED_LINKS]),
         id_keys=(trace_key_of(trace_high, trace_low), span_key, parent_key, trace_low),
         # the deduplicator's words: copied (the matrix is reused), no hex parsed back
         span_words=np.stack((spans[k.TRACE_HI], spans[k.TRACE_LO], spans[k.SPAN_K]), axis=1).view(np.uint64),
@@ -178,6 +177,8 @@ def _strings(k, s, data: np.ndarray, start: np.ndarray, length: np.ndarray) -> p
     """``buffer[start:start + length]`` of each element as a string array (UTF-8 checked), of
     the table's type (int32 offsets) unless its bytes need int64 offsets."""
     total = int(length.sum())
+    if total == 0:  # every one empty (trace states, status messages, mostly)
+        return empty_strings(length.size)
     offsets, chars = string_offsets(length.size, total), np.empty(total, dtype=np.uint8)
     s.gather_into(data, start, length, offsets, chars)  # rows of C matrices: contiguous already
     return _checked(k, offsets, chars, "a string field")
@@ -273,10 +274,15 @@ def _resources(data: np.ndarray, records: np.ndarray) -> list[tuple[dict, tuple]
 
 
 def _scopes(data: np.ndarray, records: np.ndarray) -> list[tuple]:
-    out = []
+    """Each scope's fields (``proto_scope_fields``); equal bytes are parsed once, as resources."""
+    out, parsed = [], {}
     for start, length, _, url_start, url_length in records.tolist():
-        scope = InstrumentationScope.FromString(data[start : start + length].tobytes())
-        out.append(proto_scope_fields(scope, data[url_start : url_start + url_length].tobytes().decode()))
+        raw = data[start : start + length].tobytes()
+        url = data[url_start : url_start + url_length].tobytes()
+        fields = parsed.get((raw, url))
+        if fields is None:
+            fields = parsed[(raw, url)] = proto_scope_fields(InstrumentationScope.FromString(raw), url.decode())
+        out.append(fields)
     return out
 
 

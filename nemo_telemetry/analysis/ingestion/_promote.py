@@ -16,13 +16,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.ingestion._kernel_arrays import string_array, string_offsets
+from nemo_telemetry.analysis.ingestion._kernel_arrays import TypeTags, string_array, string_offsets, zeros_array
 from nemo_telemetry.analysis.model.schema import ITERATION, PROMOTED_RESOURCE_ATTRIBUTES, promote_resource
 
-__all__ = ["AttributeRecords", "promote", "promote_records", "promote_arrow", "per_owner_dict", "per_owner_map",
-           "resource_columns", "string_buffers", "to_int", "type_map", "promoted_types"]
+__all__ = ["AttributeRecords", "TypeTags", "promote", "promote_records", "promote_with_types",
+           "promote_records_with_types", "promote_arrow", "per_owner_dict", "per_owner_map", "per_owner_uint32", "resource_columns", "distinct_owners",
+           "string_buffers", "to_int", "type_map", "promoted_types"]
 
 _INT_COLUMNS = {ITERATION, "rank"}
+_MOST_PROMOTED = 64  # the kernels keep a bit per promoted key of an owner (``_flatten_kernel._owner_types``)
 
 
 @dataclass(frozen=True)
@@ -68,15 +70,37 @@ def promote(
     OpenTelemetry SDK does when a span sets an attribute twice). An integer column's value
     that is not a decimal integer stays in the map.
     """
+    return promote_with_types(counts, keys, values, owners, promoted, None)[:2]
+
+
+def promote_with_types(
+    counts: np.ndarray, keys: pa.Array, values: pa.Array, owners: int, promoted: tuple[str, ...],
+    tags: TypeTags | None,
+) -> tuple[pa.Array, dict, pa.MapArray | None]:
+    """:func:`promote`, and the ``attribute_types`` map of the attributes' ``tags`` (as
+    :func:`type_map` builds it) written in the same pass; None for it when ``tags`` is None."""
     from nemo_telemetry.analysis.kernels import compiled as _compiled
 
-    reference = lambda: promote_arrow(counts, keys, values, owners, promoted)  # noqa: E731
-    compiled = lambda fk: _promote_compiled(fk, counts, keys, values, owners, promoted) or reference()  # noqa: E731
+    def reference():
+        attributes, columns = promote_arrow(counts, keys, values, owners, promoted)
+        return attributes, columns, _types_reference(counts, owners, tags, keys, promoted, columns)
+
+    compiled = lambda fk: _promote_compiled(fk, counts, keys, values, owners, promoted, tags) or reference()  # noqa: E731
     return _compiled.run(("_flatten_kernel",), len(keys), compiled, reference, unit="rows", passes=(ValueError,))
 
 
-def _promote_compiled(_flatten_kernel, counts, keys, values, owners, promoted):
-    """:func:`promote` by the compiled kernel; None when it cannot (a full dictionary)."""
+def _types_reference(counts, owners: int, tags: TypeTags | None, keys: pa.Array, promoted, columns: dict):
+    """:func:`type_map` of ``tags``, the reference of the kernels' type maps."""
+    if tags is None:
+        return None
+    int_columns = {key: columns[key] for key in promoted if key in _INT_COLUMNS}
+    return type_map(counts, owners, tags.array(), lambda rows: keys.take(pa.array(rows)), int_columns)
+
+
+def _promote_compiled(_flatten_kernel, counts, keys, values, owners, promoted, tags):
+    """:func:`promote_with_types` by the compiled kernel; None when it cannot (a full dictionary)."""
+    if len(promoted) > _MOST_PROMOTED:
+        return None
     counts = np.ascontiguousarray(counts, dtype=np.int64)
     names, name_offsets, is_int = _promoted_names(promoted)
     key_offsets, key_data, _ = string_buffers(keys)
@@ -87,35 +111,92 @@ def _promote_compiled(_flatten_kernel, counts, keys, values, owners, promoted):
     kept_keys = (string_offsets(len(keys), key_data.size), np.empty(key_data.size, dtype=np.uint8))
     kept_values = (string_offsets(len(keys), value_data.size), np.empty(value_data.size, dtype=np.uint8))
     kept_valid = np.empty(len(keys), dtype=np.bool_)
-    kept_counts = np.empty(owners, dtype=np.int64)
+    kept_offsets = np.empty(owners + 1, dtype=np.int32)
+    room = _TypeRoom(tags, len(keys), int(key_data.size), owners, promoted, is_int)
     kept = _flatten_kernel.promote(
         counts, key_offsets, key_data, value_offsets, value_data, value_valid, name_offsets,
         names, is_int, codes, numbers, number_valid, slots, entries,
-        *kept_keys, *kept_values, kept_valid, kept_counts,
+        *kept_keys, *kept_values, kept_valid, kept_offsets, *room.arguments(),
     )
     if kept < 0:  # thousands of distinct values in a promoted string column: rare, not compiled
         return None
     dictionaries = [values.take(pa.array(entries[p, : entries[p, -1]])).cast(pa.string()) for p in range(len(promoted))]
     columns = _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries)
-    return _kept_map(kept, kept_counts, kept_keys, kept_values, kept_valid), columns
+    return _kept_map(kept, kept_offsets, kept_keys, kept_values, kept_valid), columns, room.types()
+
+
+class _TypeRoom:
+    """The type-map arguments of a promote kernel (tag codes and strings, and room for the map
+    it writes), and the map from what it wrote. Entries: the tagged attributes, and at most one
+    ``string`` per owner and integer column (see ``_flatten_kernel._owner_types``)."""
+
+    def __init__(self, tags: TypeTags | None, attributes: int, key_bytes: int, owners: int,
+                 promoted: tuple[str, ...], is_int: np.ndarray):
+        self.wanted = tags is not None
+        if tags is None:
+            tags = TypeTags(np.full(attributes, -1, dtype=np.int32), ())
+        dictionary = list(tags.dictionary)
+        if "string" not in dictionary:
+            dictionary.append("string")
+        self.int_tag = dictionary.index("int") if "int" in dictionary else -2
+        self.string_tag = dictionary.index("string")
+        encoded = [tag.encode() for tag in dictionary]
+        sizes = np.array([len(tag) for tag in encoded] + [0], dtype=np.int64)  # code -1 reads the last: 0
+        self.tag_offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum(sizes[:-1], out=self.tag_offsets[1:])
+        self.tag_data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        self.codes = np.ascontiguousarray(tags.codes, dtype=np.int32)
+        int_names = [key for key, integer in zip(promoted, is_int.tolist()) if integer]
+        entries = self.codes.size + owners * len(int_names)  # room never written costs nothing
+        key_room = key_bytes + owners * sum(len(key.encode()) for key in int_names)
+        longest = int(sizes.max())
+        tagged = self.codes.size * longest if longest <= 16 else int(sizes[self.codes].sum())  # "{...}" tags: long
+        value_room = tagged + owners * len(int_names) * len(b"string")
+        self.keys = (string_offsets(entries, key_room), np.empty(key_room, dtype=np.uint8))
+        self.values = (string_offsets(entries, value_room), np.empty(value_room, dtype=np.uint8))
+        self.offsets = np.empty(owners + 1, dtype=np.int32)  # the map's, one per owner and one
+
+    def arguments(self) -> tuple:
+        return (self.codes, self.tag_offsets, self.tag_data, self.int_tag, self.string_tag,
+                *self.keys, *self.values, self.offsets)
+
+    def types(self) -> pa.MapArray | None:
+        """The type map the kernel wrote (its keys were cut from checked strings or are ASCII)."""
+        if not self.wanted:
+            return None
+        offsets = self.offsets
+        used = int(offsets[-1])
+        (key_offsets, key_data), (value_offsets, value_data) = self.keys, self.values
+        keys = string_array(key_offsets[: used + 1], key_data[: key_offsets[used]], utf8_checked=True)
+        values = string_array(value_offsets[: used + 1], value_data[: value_offsets[used]], utf8_checked=True)
+        return pa.MapArray.from_arrays(pa.array(offsets), keys.cast(pa.string()), values.cast(pa.string()))
 
 
 def promote_records(counts: np.ndarray, records: AttributeRecords, owners: int, promoted: tuple[str, ...]):
     """:func:`promote` reading the attributes where the decoder found them (see
     :class:`AttributeRecords`); the same result, without the arrays of every key and value."""
+    return promote_records_with_types(counts, records, owners, promoted, None)[:2]
+
+
+def promote_records_with_types(counts: np.ndarray, records: AttributeRecords, owners: int,
+                               promoted: tuple[str, ...], tags: TypeTags | None):
+    """:func:`promote_with_types` reading the attributes where the decoder found them (see
+    :class:`AttributeRecords`)."""
     from nemo_telemetry.analysis.kernels import compiled as _compiled
 
     def reference():
         keys, values = records.strings()  # non-ASCII text, a full dictionary or no numba: rare
-        return promote(counts, keys, values, owners, promoted)
+        return promote_with_types(counts, keys, values, owners, promoted, tags)
 
-    compiled = lambda fk: _promote_records_compiled(fk, counts, records, owners, promoted) or reference()  # noqa: E731
+    compiled = lambda fk: _promote_records_compiled(fk, counts, records, owners, promoted, tags) or reference()  # noqa: E731
     return _compiled.run(("_flatten_kernel",), int(records.kind.size), compiled, reference, unit="rows",
                          passes=(ValueError,))  # bad UTF-8: the decoder's own signal
 
 
-def _promote_records_compiled(fk, counts, records: AttributeRecords, owners: int, promoted: tuple[str, ...]):
-    """:func:`promote_records` by the compiled kernel; None when it cannot."""
+def _promote_records_compiled(fk, counts, records: AttributeRecords, owners: int, promoted: tuple[str, ...], tags):
+    """:func:`promote_records_with_types` by the compiled kernel; None when it cannot."""
+    if len(promoted) > _MOST_PROMOTED:
+        return None
     r = records
     counts = np.ascontiguousarray(counts, dtype=np.int64)
     names, name_offsets, is_int = _promoted_names(promoted)
@@ -129,12 +210,14 @@ def _promote_records_compiled(fk, counts, records: AttributeRecords, owners: int
     kept_keys = (string_offsets(r.kind.size, key_bytes), np.empty(key_bytes, dtype=np.uint8))
     kept_values = (string_offsets(r.kind.size, value_bytes), np.empty(value_bytes, dtype=np.uint8))
     kept_valid = np.empty(r.kind.size, dtype=np.bool_)
-    kept_counts = np.empty(owners, dtype=np.int64)
+    kept_offsets = np.empty(owners + 1, dtype=np.int32)
+    typed = _TypeRoom(tags, int(r.kind.size), key_bytes, owners, promoted, is_int)
     kept = fk.promote_records(
         r.data, r.key_start, r.key_length, r.kind, r.value, r.length, r.special_offsets, r.special_data, r.kinds,
         counts, name_offsets, names, is_int, codes, numbers, number_valid, slots, dict_offsets, dict_data,
-        dict_count, *kept_keys, *kept_values, kept_valid, kept_counts, np.empty(len(promoted), dtype=np.int64),
+        dict_count, *kept_keys, *kept_values, kept_valid, kept_offsets, np.empty(len(promoted), dtype=np.int64),
         np.empty(len(promoted), dtype=np.bool_), np.empty(int(counts.max(initial=0)), dtype=np.int64),
+        *typed.arguments(),
     )
     if kept >= 0:
         room = fk.DICTIONARY_BYTES
@@ -143,7 +226,7 @@ def _promote_records_compiled(fk, counts, records: AttributeRecords, owners: int
             for p, used in enumerate(dict_count.tolist())
         ]
         columns = _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionaries)
-        return _kept_map(kept, kept_counts, kept_keys, kept_values, kept_valid), columns
+        return _kept_map(kept, kept_offsets, kept_keys, kept_values, kept_valid), columns, typed.types()
     return None
 
 
@@ -172,10 +255,9 @@ def _promoted_columns(promoted, is_int, codes, numbers, number_valid, dictionari
     return columns
 
 
-def _kept_map(kept: int, kept_counts, kept_keys, kept_values, kept_valid) -> pa.MapArray:
-    """The attribute map column of the attributes a promote kernel kept (already UTF-8 checked)."""
-    offsets = np.zeros(kept_counts.size + 1, dtype=np.int32)
-    np.cumsum(kept_counts, out=offsets[1:])
+def _kept_map(kept: int, offsets, kept_keys, kept_values, kept_valid) -> pa.MapArray:
+    """The attribute map column of the attributes a promote kernel kept (already UTF-8 checked),
+    ``offsets`` the map's (int32) as the kernel wrote them."""
     map_keys = string_array(kept_keys[0][: kept + 1], kept_keys[1][: kept_keys[0][kept]], utf8_checked=True)
     map_values = string_array(
         kept_values[0][: kept + 1], kept_values[1][: kept_values[0][kept]], kept_valid[:kept], utf8_checked=True
@@ -246,12 +328,17 @@ def _indices(index) -> np.ndarray:
 def per_owner_dict(values: list, index) -> pa.DictionaryArray:
     """A dictionary column of each span's owner value (resource or scope; few owners, many
     spans): the owners' values are encoded once and only the int32 indices are per span."""
+    index = _indices(index)
+    if all(value is None for value in values):  # no owner has one (schema URLs, mostly): shared zeros
+        return pa.DictionaryArray.from_arrays(zeros_array(index.size, pa.int32(), null=True), pa.array([], pa.string()))
+    if all(value is not None and value == values[0] for value in values):  # one value (a batch of one process's)
+        return pa.DictionaryArray.from_arrays(zeros_array(index.size, pa.int32()), pa.array(values[:1], pa.string()))
     encoded = pa.array(values, pa.string()).dictionary_encode()
     owner_codes = encoded.indices.to_numpy(zero_copy_only=False)
     if encoded.null_count:
         owner_codes = np.where(encoded.is_valid().to_numpy(zero_copy_only=False), owner_codes, -1)
-    codes = owner_codes.astype(np.int32, copy=False)[_indices(index)]
-    return pa.DictionaryArray.from_arrays(_nullable(codes), encoded.dictionary)
+    codes = owner_codes.astype(np.int32, copy=False)[index]
+    return pa.DictionaryArray.from_arrays(_nullable(codes), encoded.dictionary, safe=False)  # codes of it
 
 
 def _nullable(codes: np.ndarray) -> pa.Array:
@@ -260,13 +347,21 @@ def _nullable(codes: np.ndarray) -> pa.Array:
     return pa.array(codes, mask=missing) if missing.any() else pa.array(codes)
 
 
+def per_owner_uint32(values: list[int], index: np.ndarray) -> pa.Array:
+    """A uint32 column of each span's owner value (a dropped attribute count), shared zeros
+    when every owner's is 0."""
+    if not any(values):
+        return zeros_array(len(index), pa.uint32())
+    return pa.array(np.asarray(values, dtype=np.uint32)[index])
+
+
 def per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
     """The owners' attribute maps repeated for each span. An owner's keys (and values) are
     contiguous, so each span's part is one byte copy (compiled) rather than a take per entry."""
     sizes = np.fromiter((len(e) for e in entries), dtype=np.int64, count=len(entries))
     if not sizes.any():  # no owner has an entry (scope attributes, most type maps): no strings to copy
         empty = pa.array([], pa.string())
-        return pa.MapArray.from_arrays(pa.array(np.zeros(len(index) + 1, dtype=np.int32)), empty, empty)
+        return pa.MapArray.from_arrays(zeros_array(len(index) + 1, pa.int32()), empty, empty)
     first = np.zeros(len(entries) + 1, dtype=np.int64)
     np.cumsum(sizes, out=first[1:])
     keys = pa.array([k for e in entries for k, _ in e], pa.large_string())
@@ -299,25 +394,47 @@ def per_owner_map(entries: list[list], index: np.ndarray) -> pa.MapArray:
     return _compiled.run(("_flatten_kernel",), int(offsets[-1]), copied, taken, unit="rows", passes=(ValueError,))
 
 
+def distinct_owners(identities: list, index) -> tuple[list[int], np.ndarray]:
+    """The position of the first of each distinct owner (``identities``: the ``id`` of each
+    owner's parsed objects; the decoders give the requests that repeat an owner's bytes one
+    parsed object), and each span's ``index`` into the owners turned into an index into those.
+    A batch of one process's requests repeats one resource and scope per request: each owner's
+    columns are then built once, and the per-owner copies run over spans of one owner."""
+    seen: dict = {}
+    first: list[int] = []
+    remap = np.empty(len(identities), dtype=np.int64)
+    for i, key in enumerate(identities):
+        j = seen.setdefault(key, len(first))
+        if j == len(first):
+            first.append(i)
+        remap[i] = j
+    return first, remap[_indices(index)]
+
+
 def resource_columns(resources: list[dict], index: pa.Array, extras: list) -> dict[str, pa.Array]:
     """Promoted resource columns and the remaining resource attribute map, per span; from
     ``extras`` (per resource: its attributes' type tags, dropped attribute count and schema URL)
     the ``resource_attribute_types``, ``resource_dropped_attributes_count`` and
     ``resource_schema_url`` columns."""
+    first, index = distinct_owners([(id(r), id(e)) for r, e in zip(resources, extras)], index)
     promoted: dict[str, list] = {column: [] for column in PROMOTED_RESOURCE_ATTRIBUTES.values()}
     rest, types = [], []
-    for r, attributes in enumerate(resources):
-        columns, remaining = promote_resource(attributes)
+    for r in first:
+        columns, remaining = promote_resource(resources[r])
         for column, value in columns.items():
             promoted[column].append(value)
         rest.append(list(remaining.items()))
         types.append(list(promoted_types(extras[r][0], columns, PROMOTED_RESOURCE_ATTRIBUTES).items()))
-    index = _indices(index)
+    extras = [extras[r] for r in first]
     out = {column: per_owner_dict(values, index) for column, values in promoted.items() if column != "rank"}
-    out["rank"] = pa.array(promoted["rank"], pa.int64()).take(pa.array(index))
+    ranks = promoted["rank"]
+    if all(rank is None for rank in ranks) or all(rank == 0 for rank in ranks):  # shared zeros
+        out["rank"] = zeros_array(index.size, pa.int64(), null=ranks[0] is None if ranks else True)
+    else:
+        out["rank"] = pa.array(ranks, pa.int64()).take(pa.array(index))
     out["resource_attributes"] = per_owner_map(rest, index)
     out["resource_attribute_types"] = per_owner_map(types, index)
-    out["resource_dropped_attributes_count"] = pa.array([e[1] for e in extras], pa.uint32()).take(pa.array(index))
+    out["resource_dropped_attributes_count"] = per_owner_uint32([e[1] for e in extras], index)
     out["resource_schema_url"] = per_owner_dict([e[2] or None for e in extras], index)
     return out
 
@@ -343,7 +460,11 @@ def type_map(counts: np.ndarray, owners: int, tags: pa.Array, keys_of, promoted:
     whose ``tags`` entry (aligned with the flat attributes, ``counts`` per owner) is not null.
     ``keys_of(rows)``: the keys of those flat attribute rows. ``promoted``: the promoted integer
     columns (attribute key -> that column, one value per owner), whose int values need no tag and
-    whose values from strings of digits are tagged ``string`` (as :func:`promoted_types`)."""
+    whose values from strings of digits are tagged ``string`` (as :func:`promoted_types`).
+
+    Arrow only: the reference path of the map the compiled promote passes write
+    (:func:`promote_with_types`), taken where they are not (numba off, a full dictionary, text
+    that is not ASCII); ``tests/analysis/ingestion/test_ingest_type_map.py`` holds them equal."""
     if isinstance(tags, pa.ChunkedArray):
         tags = tags.combine_chunks()
     valid = tags.is_valid().to_numpy(zero_copy_only=False) if len(tags) else np.zeros(0, dtype=np.bool_)

@@ -281,9 +281,9 @@ class _Decoded:
         spans = self.tables.spans
         words = self.tables.span_words
         self.keys = span_keys(spans) if words is None else words
-        self.traces = _distinct_strings(spans.column("trace_id"))
-        runs = pc.unique(spans.column("run_id").combine_chunks().cast(pa.string())).to_pylist()
-        self.runs = [run for run in runs if run]
+        self.traces = _distinct_strings(spans.column("trace_id"), words)
+        runs = pc.unique(spans.column("run_id").combine_chunks())  # a dictionary column: its codes
+        self.runs = [run for run in runs.cast(pa.string()).to_pylist() if run]
 
 
 @dataclass
@@ -384,10 +384,16 @@ def _has_length(column: pa.ChunkedArray, length: int) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts or [np.zeros(0, dtype=bool)])
 
 
-def _distinct_strings(column: pa.ChunkedArray) -> list:
+def _distinct_strings(column: pa.ChunkedArray, words: np.ndarray | None = None) -> list:
     """The distinct values of a string column. Spans come in runs of one trace (one request),
-    so repeats of the value before are dropped first, cheaply, and few values are hashed."""
+    so repeats of the value before are dropped first, cheaply, and few values are hashed.
+    ``words``: the id words of each row (``OtlpTables.span_words``, the trace id's bytes in the
+    first two), where the decoder gave them: the repeats are found there, without a string compare."""
     values = column.combine_chunks()
+    if words is not None and len(values) > 1 and words.shape[0] == len(values):
+        changed = np.ones(len(values), dtype=np.bool_)
+        changed[1:] = (words[1:, 0] != words[:-1, 0]) | (words[1:, 1] != words[:-1, 1])
+        return pc.unique(values.take(pa.array(np.flatnonzero(changed)))).to_pylist()
     if len(values) > 1:
         changed = pc.fill_null(pc.not_equal(values.slice(1), values.slice(0, len(values) - 1)), True)
         values = pc.filter(values, pa.concat_arrays([pa.array([True]), changed]))

@@ -1,5 +1,5 @@
-"""Attribute promotion and per-owner maps in compiled passes (``_promote.promote``,
-``_promote.per_owner_map``).
+"""Attribute promotion, the type maps beside it, and per-owner maps in compiled passes
+(``_promote.promote``, ``_promote.per_owner_map``).
 
 Per owner (span), each promoted key's last value becomes its column; integer columns keep
 a value in the map when it is not a decimal integer (nothing is lost). One pass matches each
@@ -87,14 +87,19 @@ def _code(value_offsets, value_data, j, slots, entries, p):
 @njit(cache=True, nogil=True)
 def promote(counts, key_offsets, key_data, value_offsets, value_data, value_valid, name_offsets, names, is_int,
             codes, numbers, number_valid, slots, entries, kept_key_offsets, kept_key_data, kept_value_offsets,
-            kept_value_data, kept_value_valid, kept_counts):
+            kept_value_data, kept_value_valid, kept_offsets, tags, tag_offsets, tag_data, int_tag, string_tag,
+            type_key_offsets, type_key_data, type_value_offsets, type_value_data, type_offsets):
     """One pass over the flat key/value arrays of ``counts.size`` owners. Fills, per owner and
     promoted key ``p``: ``codes[p]`` (dictionary code of a string column, -1 null),
     ``numbers[p]``/``number_valid[p]`` (integer columns); the dictionary (``entries``, see
-    :func:`_code`); and the attributes that stay, copied into the ``kept_*`` buffers with
-    ``kept_counts`` per owner. Returns how many stayed, or -1 when a column's dictionary is
+    :func:`_code`); the attributes that stay, copied into the ``kept_*`` buffers with
+    the map offsets ``kept_offsets`` (int32, one more than the owners); and the owner's type map
+    (see :func:`_owner_types`) into the ``type_*`` buffers, its map offsets ``type_offsets``. Returns how many stayed, or -1 when a column's dictionary is
     full (the caller then promotes without the kernel)."""
     promoted = name_offsets.size - 1
+    typed = 0
+    type_key_offsets[0] = 0
+    type_value_offsets[0] = 0
     last = np.empty(promoted, dtype=np.int64)
     remove = np.empty(promoted, dtype=np.bool_)
     which = np.empty(64, dtype=np.int64)  # the promoted key of each of an owner's attributes
@@ -102,6 +107,8 @@ def promote(counts, key_offsets, key_data, value_offsets, value_data, value_vali
     kept = 0
     kept_key_offsets[0] = 0
     kept_value_offsets[0] = 0
+    kept_offsets[0] = 0
+    type_offsets[0] = 0
     for owner in range(counts.size):
         first, stop = row, row + counts[owner]
         row = stop
@@ -132,7 +139,6 @@ def promote(counts, key_offsets, key_data, value_offsets, value_data, value_vali
                 codes[p, owner] = code
             else:
                 codes[p, owner] = -1
-        owner_kept = 0
         for j in range(first, stop):
             match = which[j - first]
             if match >= 0 and remove[match]:
@@ -141,9 +147,60 @@ def promote(counts, key_offsets, key_data, value_offsets, value_data, value_vali
             _append(kept_value_offsets, kept_value_data, kept, value_data, value_offsets[j], value_offsets[j + 1])
             kept_value_valid[kept] = value_valid[j]
             kept += 1
-            owner_kept += 1
-        kept_counts[owner] = owner_kept
+        kept_offsets[owner + 1] = kept
+        typed += _owner_types(owner, first, stop, which, key_data, key_offsets, key_offsets, True, names, name_offsets,
+                              is_int, number_valid, tags, tag_offsets, tag_data, int_tag, string_tag,
+                              type_key_offsets, type_key_data, type_value_offsets, type_value_data, typed)
+        type_offsets[owner + 1] = typed
     return kept
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _put(offsets, data, i, source, start, size):
+    """Element ``i`` of an (offsets, data) string buffer := ``source[start:start + size]``."""
+    at = offsets[i]
+    _copy_words(data, at, source, start, size)
+    offsets[i + 1] = at + size
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _owner_types(owner, first, stop, which, key_source, key_start, key_second, offsets_mode, names, name_offsets,
+                 is_int, number_valid, tags, tag_offsets, tag_data, int_tag, string_tag, type_key_offsets,
+                 type_key_data, type_value_offsets, type_value_data, typed):
+    """(Inlined, as :func:`_code`.) The type map of one owner's attributes ``first:stop``, as
+    entries ``typed`` on of the ``type_*`` buffers; returns how many. ``tags[j]`` is attribute
+    ``j``'s type tag, a string of (``tag_offsets``, ``tag_data``), or -1 for none (a string).
+    Key ``j`` is ``key_source[key_start[j]:key_second[j + 1]]`` when ``offsets_mode``, else
+    ``key_source[key_start[j]:key_start[j] + key_second[j]]``. As ``_promote.type_map``: every
+    tagged attribute in order, except an int (``int_tag``) in its filled integer column (the
+    column's type is its type); then, per filled integer column that no such int fed, its key
+    tagged ``string_tag`` (the column's value came from a string of digits)."""
+    count = 0
+    from_int = np.uint64(0)  # bit p: an int on integer column p's key (at most 64 promoted keys)
+    for j in range(first, stop):
+        code = tags[j]
+        if code < 0:
+            continue
+        match = which[j - first]
+        if match >= 0 and code == int_tag and is_int[match]:
+            from_int |= np.uint64(1) << np.uint64(match)
+            if number_valid[match, owner]:
+                continue
+        k0 = key_start[j]
+        size = key_second[j + 1] - k0 if offsets_mode else key_second[j]
+        _put(type_key_offsets, type_key_data, typed + count, key_source, k0, size)
+        t0 = tag_offsets[code]
+        _put(type_value_offsets, type_value_data, typed + count, tag_data, t0, tag_offsets[code + 1] - t0)
+        count += 1
+    for p in range(name_offsets.size - 1):
+        if not is_int[p] or not number_valid[p, owner] or from_int & (np.uint64(1) << np.uint64(p)):
+            continue
+        n0 = name_offsets[p]
+        _put(type_key_offsets, type_key_data, typed + count, names, n0, name_offsets[p + 1] - n0)
+        t0 = tag_offsets[string_tag]
+        _put(type_value_offsets, type_value_data, typed + count, tag_data, t0, tag_offsets[string_tag + 1] - t0)
+        count += 1
+    return count
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -357,7 +414,8 @@ def _record_code(source, v0, v1, slots, dict_offsets, dict_data, dict_count, p):
 def promote_records(data, key_start, key_length, kind, value, length, special_offsets, special_data, kinds, counts,
                     name_offsets, names, is_int, codes, numbers, number_valid, slots, dict_offsets, dict_data,
                     dict_count, kept_key_offsets, kept_key_data, kept_value_offsets, kept_value_data,
-                    kept_value_valid, kept_counts, last, remove, which):
+                    kept_value_valid, kept_offsets, last, remove, which, tags, tag_offsets, tag_data, int_tag,
+                    string_tag, type_key_offsets, type_key_data, type_value_offsets, type_value_data, type_offsets):
     """:func:`promote` over the walk's attribute records (``_promote.AttributeRecords``): keys
     are ``data[key_start:key_start + key_length]``, values as :func:`_value_size` reads them.
     The same columns and kept attributes come out, but each string column's dictionary is
@@ -369,14 +427,19 @@ def promote_records(data, key_start, key_length, kind, value, length, special_of
     Compiled without reference counting, as the walk is (every array is the caller's for the
     whole call; counting the arrays passed to inlined helpers would dominate the walk), so the
     caller gives the room: ``last`` and ``remove`` one per promoted key, ``which`` one per
-    attribute of the owner with the most."""
+    attribute of the owner with the most. The type map comes out as :func:`promote` writes it."""
     string_kind, special_kind = kinds[0], kinds[3]
     promoted = name_offsets.size - 1
     seen = np.uint64(0)
     row = 0
     kept = 0
+    typed = 0
     kept_key_offsets[0] = 0
     kept_value_offsets[0] = 0
+    type_key_offsets[0] = 0
+    type_value_offsets[0] = 0
+    kept_offsets[0] = 0
+    type_offsets[0] = 0
     for owner in range(counts.size):
         first, stop = row, row + counts[owner]
         row = stop
@@ -420,7 +483,6 @@ def promote_records(data, key_start, key_length, kind, value, length, special_of
                 if code < 0:
                     return -1
                 codes[p, owner] = code
-        owner_kept = 0
         for j in range(first, stop):
             match = which[j - first]
             k, v, n = kind[j], value[j], length[j]
@@ -437,8 +499,11 @@ def promote_records(data, key_start, key_length, kind, value, length, special_of
             kept_value_offsets[kept + 1] = end
             kept_value_valid[kept] = _present(k, kinds)
             kept += 1
-            owner_kept += 1
-        kept_counts[owner] = owner_kept
+        kept_offsets[owner + 1] = kept
+        typed += _owner_types(owner, first, stop, which, data, key_start, key_length, False, names, name_offsets,
+                              is_int, number_valid, tags, tag_offsets, tag_data, int_tag, string_tag,
+                              type_key_offsets, type_key_data, type_value_offsets, type_value_data, typed)
+        type_offsets[owner + 1] = typed
         if seen & _HIGH_BITS:  # as soon as seen: the caller redoes the batch another way
             return -2
     return kept

@@ -16,7 +16,10 @@ first), an attribute written as writers write it (``{"key":"...","value":{"strin
 is read in one go by word compares, and runs of eight digits are converted in one step.
 
 Bytes are read as ``buf[np.uint64(pos)]``: an unsigned index spares numba's negative-index
-wraparound test on every byte (about a fifth of the scan).
+wraparound test on every byte (about a fifth of the scan). The scan and its helpers are compiled
+without reference counting (``_nrt=False``, as the protobuf walk is): every array is the
+caller's for the whole call, and counting each array passed to a helper (a span passes a dozen,
+an attribute several) cost most of the scan.
 
 A line the scan does not understand (not JSON, another layout, snake_case names, ...) is
 marked and left to the orjson path, which handles and reports it exactly; so is a line with a
@@ -72,7 +75,7 @@ __all__ = [
 ]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _raw_items(buf, pos, end, side, at, owner, fill, flags):
     """Record each item of the array at ``pos`` as a raw slice: (count, position after)."""
     pos = _open(buf, pos, end, 91)
@@ -98,7 +101,7 @@ def _raw_items(buf, pos, end, side, at, owner, fill, flags):
         count += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _text_field(buf, pos, end, spans, column, i, fill, arena, cursors, region):
     vs, vn, escaped, pos = _string_copy(buf, _ws(buf, pos, end), end, arena, cursors, region)
     if fill:
@@ -109,7 +112,7 @@ def _text_field(buf, pos, end, spans, column, i, fill, arena, cursors, region):
     return pos
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _status(buf, pos, end, spans, i, fill, arena, cursors):
     pos = _open(buf, pos, end, 123)
     first = True
@@ -133,7 +136,7 @@ def _status(buf, pos, end, spans, i, fill, arena, cursors):
     return FAIL
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _span(buf, pos, end, spans, i, attrs, a, events, e, links, ln, fill, flags, arena, cursors):
     """The span object at ``pos``: (attributes, events, links, position after or FAIL)."""
     pos = _open(buf, pos, end, 123)
@@ -205,7 +208,7 @@ def _span(buf, pos, end, spans, i, attrs, a, events, e, links, ln, fill, flags, 
     return na, ne, nl, pos
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def _span_fields_usual(spans, i):
     """Whether span ``i`` has what a span needs, as the scan can tell: start and end above 0
     (absent is 0; the scan reads no number past int64), ids of a hex or base64 length (a trace
@@ -216,7 +219,7 @@ def _span_fields_usual(spans, i):
             and (span == 16 or span == 12) and (parent == 0 or parent == 16 or parent == 12))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _object_slice(buf, pos, end, side, row, owner, fill):
     start = _ws(buf, pos, end)
     pos = _skip(buf, start, end)
@@ -227,7 +230,7 @@ def _object_slice(buf, pos, end, side, row, owner, fill):
     return pos
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _url_slice(buf, pos, end, side, row, fill):
     """A resource's or scope's schemaUrl value as a raw slice in ``side[row, 3:5]``."""
     start = _ws(buf, pos, end)
@@ -238,7 +241,7 @@ def _url_slice(buf, pos, end, side, row, fill):
     return pos
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links, fill, flags, arena, cursors):
     """One request line; ``counts`` (spans, attrs, resources, scopes, events, links) advance
     only when it succeeds. Returns a LINE_* code."""
@@ -382,8 +385,9 @@ def _line(buf, pos, end, counts, spans, attrs, resources, scopes, events, links,
     return LINE_OK
 
 
-@njit(cache=True, nogil=True)
-def scan(buf, starts, ends, first, status, counts, spans, attrs, resources, scopes, events, links, arena):
+@njit(cache=True, nogil=True, _nrt=False)
+def scan(buf, starts, ends, first, status, counts, spans, attrs, resources, scopes, events, links, arena, flags,
+         cursors):
     """Record the lines from ``first`` on; each line's LINE_* code goes to ``status`` (blank
     lines are LINE_BLANK and skipped).
 
@@ -391,9 +395,12 @@ def scan(buf, starts, ends, first, status, counts, spans, attrs, resources, scop
     cursors of the ``ARENAS`` regions of ``arena``, absolute, each region ``buf.size + 16``
     long) advance with every line read; the strings' starts recorded are arena positions. Returns the index of a line that did not fit (the caller grows
     the arrays and calls again from there), or the number of lines when all are done.
+
+    Compiled without reference counting, as the protobuf walk is (``_wire_kernel``): every
+    array is the caller's for the whole call, so the caller gives the room, ``flags`` (one
+    int64, 0) and ``cursors`` (``ARENAS`` int64s).
     """
-    flags = np.zeros(1, dtype=np.int64)
-    cursors = np.zeros(ARENAS, dtype=np.int64)
+    flags[0] = 0
     for line in range(first, starts.size):
         if _ws(buf, starts[line], ends[line]) == ends[line]:
             status[line] = LINE_BLANK

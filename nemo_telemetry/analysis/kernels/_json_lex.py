@@ -28,7 +28,7 @@ _BACKSLASHES = np.uint64(0x5C5C5C5C5C5C5C5C)
 _SPACES = np.uint64(0x2020202020202020)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def specials(word):
     """A bit set at the top of the lowest byte of ``word`` that is a quote, a backslash or a
     control character (bits above it may be false alarms); 0 when there is none."""
@@ -37,7 +37,7 @@ def specials(word):
     return (((quote - _ONES) & ~quote) | ((backslash - _ONES) & ~backslash) | ((word - _SPACES) & ~word)) & _HIGH
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def skip_space(buf, pos, end):
     while pos < end:
         c = buf[np.uint64(pos)]
@@ -47,7 +47,7 @@ def skip_space(buf, pos, end):
     return pos
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def equals(buf, start, length, key):
     if length != key.size:
         return False
@@ -57,7 +57,7 @@ def equals(buf, start, length, key):
     return True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def skippable(buf, start, length, pos, end):
     """Position after the value of a known, unneeded field; FAIL for an unknown field."""
     for key in range(KEY_FIRST_SKIPPABLE, len(KEY_NAMES)):
@@ -66,7 +66,7 @@ def skippable(buf, start, length, pos, end):
     return FAIL
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def read_string(buf, pos, end):
     """At an opening quote: (content start, content length, escaped, position after) or FAIL.
 
@@ -104,7 +104,7 @@ def read_string(buf, pos, end):
     return 0, 0, False, FAIL
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def copy_string_inline(buf, pos, end, arena, cursors, region):
     """Like :func:`read_string`, copying the content to ``arena`` at ``cursors[region]`` (which
     advances past it) as it goes: (arena start, length, escaped, position after) or FAIL.
@@ -158,13 +158,13 @@ def copy_string_inline(buf, pos, end, arena, cursors, region):
     return 0, 0, False, FAIL
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def copy_string(buf, pos, end, arena, cursors, region):
     """:func:`copy_string_inline` as a call, for the rarer places (one copy of its code to compile)."""
     return copy_string_inline(buf, pos, end, arena, cursors, region)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def skip_value(buf, pos, end):
     """Position after the JSON value at ``pos`` (any kind), or FAIL."""
     pos = skip_space(buf, pos, end)
@@ -203,7 +203,7 @@ _ZEROS = np.uint64(0x3030303030303030)
 _SIXES = np.uint64(0x0606060606060606)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def eight_digits(word):
     """The value of the eight ASCII digits of ``word`` (the first, lowest byte most significant)."""
     word = word - _ZEROS
@@ -212,7 +212,7 @@ def eight_digits(word):
     return (word * np.uint64(10000) + (word >> np.uint64(32))) & np.uint64(0xFFFFFFFF)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def read_integer(buf, pos, end):
     """An int64 written as a number or a string of digits: (value, position after) or FAIL."""
     pos = skip_space(buf, pos, end)
@@ -246,7 +246,7 @@ def read_integer(buf, pos, end):
     return (-np.int64(value) if negative else np.int64(value)), pos
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def read_enum(buf, pos, end, names):
     """An enum as a number or as one of ``names``: (value, position after) or FAIL."""
     pos = skip_space(buf, pos, end)

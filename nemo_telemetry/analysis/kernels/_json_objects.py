@@ -25,7 +25,7 @@ from nemo_telemetry.analysis.kernels._words import load8 as _load8
 __all__ = ["next_key", "known_key", "seen_again", "next_item", "open_at", "any_value", "read_attributes"]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def next_key(buf, pos, end, first):
     """In an object, after '{' or a value: (key start, key length, position of its value).
 
@@ -49,7 +49,7 @@ def next_key(buf, pos, end, first):
     return start, length, pos + 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def known_key(buf, pos, end, first, lo, hi, hint):
     """Like :func:`next_key`, naming the key: (id, key start, key length, position of its
     value). The id is one of ``lo..hi`` or a skippable key's, KEY_UNKNOWN for another key.
@@ -91,7 +91,7 @@ def known_key(buf, pos, end, first, lo, hi, hint):
     return KEY_UNKNOWN, start, length, pos + 1
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def seen_again(seen, key):
     """(whether key id ``key`` is in the bit set ``seen``, the set with it). A key given twice
     in one object is read by orjson as its last value: the scan leaves such a line to it."""
@@ -101,7 +101,7 @@ def seen_again(seen, key):
     return (seen & bit) != 0, seen | bit
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def next_item(buf, pos, end, first):
     """In an array, after '[' or an item: (position of the next item, or -2 when it closed)."""
     pos = skip_space(buf, pos, end)
@@ -116,7 +116,7 @@ def next_item(buf, pos, end, first):
     return skip_space(buf, pos, end)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def open_at(buf, pos, end, char):
     pos = skip_space(buf, pos, end)
     if pos >= end or buf[np.uint64(pos)] != char:
@@ -124,7 +124,7 @@ def open_at(buf, pos, end, char):
     return pos + 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def any_value(buf, pos, end, attrs, a, fill, arena, cursors):
     """The AnyValue object at ``pos``; returns the position after it or FAIL."""
     start = skip_space(buf, pos, end)
@@ -187,7 +187,7 @@ W_BOOL_1, W_BOOL_2 = _word(b',"value":{"boolValue":', 8), _word(b',"value":{"boo
 M_INT_2, M_BOOL_2 = np.uint64(0xFF_FFFF_FFFF), np.uint64(0xFFFF_FFFF_FFFF)  # 5 and 6 bytes
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def _closes_twice(buf, pos, end):
     """Position after ``}}`` at ``pos``, or FAIL."""
     if pos + 2 <= end and buf[np.uint64(pos)] == 125 and buf[np.uint64(pos + 1)] == 125:
@@ -195,7 +195,7 @@ def _closes_twice(buf, pos, end):
     return FAIL
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _compact_attribute(buf, pos, end, attrs, row, arena, cursors):
     """The attribute object at ``pos`` when it is written exactly as writers write it (no
     spaces, ``key`` first, a string, int or bool value): its row filled and the position after
@@ -242,7 +242,7 @@ def _compact_attribute(buf, pos, end, attrs, row, arena, cursors):
     return after
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def read_attributes(buf, pos, end, attrs, a, fill, flags, arena, cursors):
     """The attribute array at ``pos``: (count, position after) or (0, FAIL)."""
     pos = open_at(buf, pos, end, 91)
