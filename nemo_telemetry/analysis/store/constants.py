@@ -107,28 +107,29 @@ def constant_array(field: pa.Field, value: Any, rows: int) -> pa.Array:
 
 
 class ConstantArrays:
-    """The arrays of one read's repeated values, each made once and shared by every batch that
-    holds it (arrays are immutable): batches of a file's size cost no new memory, and the dictionary
-    columns of one batch size share one buffer of zero indices."""
+    """The arrays of one read's repeated values, each made once (as long as the longest batch
+    asked so far) and shared, sliced, by every batch that holds it (arrays are immutable):
+    batches cost no new memory, and the dictionary columns share one buffer of zero indices."""
 
     def __init__(self) -> None:
         self._made: dict[tuple, pa.Array] = {}
-        self._zeros: dict[tuple, pa.Array] = {}
+        self._zeros: dict[str, pa.Array] = {}
 
     def get(self, field: pa.Field, value: Any, rows: int) -> pa.Array:
-        key = (field.name, str(field.type), value, rows)
+        key = (field.name, str(field.type), value)
         made = self._made.get(key)
-        if made is None:
+        if made is None or len(made) < rows:
             made = self._made[key] = self._make(field.type, value, rows)
-        return made
+        return made if len(made) == rows else made.slice(0, rows)
 
     def _make(self, type_: pa.DataType, value: Any, rows: int) -> pa.Array:
         if value is None:
             return pa.nulls(rows, type_)
         if pa.types.is_dictionary(type_):
-            zeros = self._zeros.get((str(type_.index_type), rows))
-            if zeros is None:
-                zeros = self._zeros[(str(type_.index_type), rows)] = pa.array(
-                    np.zeros(rows, dtype=type_.index_type.to_pandas_dtype()), type_.index_type)
-            return pa.DictionaryArray.from_arrays(zeros, pa.array([value], type_.value_type))
+            index = str(type_.index_type)
+            zeros = self._zeros.get(index)
+            if zeros is None or len(zeros) < rows:
+                zeros = self._zeros[index] = pa.array(np.zeros(rows, dtype=type_.index_type.to_pandas_dtype()),
+                                                      type_.index_type)
+            return pa.DictionaryArray.from_arrays(zeros.slice(0, rows), pa.array([value], type_.value_type))
         return pa.array(np.full(rows, value, dtype=type_.to_pandas_dtype()), type_)
