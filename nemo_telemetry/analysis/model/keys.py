@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.model.columns import LOOKUP_ROWS, filled
 from nemo_telemetry.analysis.model.tree import SPAN_SPREAD, trace_mix
 
-__all__ = ["BLOCK_ROWS", "SortedSet", "isin_sorted", "key_index", "sort_index", "build_index", "index_parents",
+__all__ = ["BLOCK_ROWS", "SortedSet", "LowBitsFilter", "isin_sorted", "key_index", "sort_index", "build_index", "index_parents",
            "index_orphans", "distinct_parents", "orphan_mask", "in_threads", "parent_rows", "NO_PARENT",
            "PARENT_ELSEWHERE", "local_parent_rows"]
 
@@ -43,6 +43,29 @@ def isin_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     for lo in range(0, len(values), LOOKUP_ROWS):  # a block at a time: no temporary as large as ``values``
         members.contains(values[lo:lo + LOOKUP_ROWS], out=out[lo:lo + LOOKUP_ROWS])
     return out
+
+
+class LowBitsFilter:
+    """A first, cheap membership test of uint64 keys against a few members, by their low bits: a
+    table of flags, one per value of the low bits, set where a member has them. Every member
+    passes, and about ``members / 2**bits`` of the other keys; the caller tests the few that pass
+    exactly (:class:`SortedSet`). One mask and one lookup in a table that stays in cache per key,
+    where the exact test costs several passes over every key.
+
+    Keys that share their low bits (hand-built ids 1, 2, 3... do not) only make more of them pass:
+    the answer is the exact test's either way.
+    """
+
+    def __init__(self, members: np.ndarray) -> None:
+        bits = max(16, min(22, (64 * max(len(members), 1)).bit_length()))  # about 1 in 64 others passes
+        self.mask = np.uint64((1 << bits) - 1)
+        self.flags = np.zeros(1 << bits, dtype=bool)
+        self.flags[(np.asarray(members, dtype=np.uint64) & self.mask).view(np.int64)] = True
+
+    def passing(self, block: np.ndarray, *, low: np.ndarray, flags: np.ndarray) -> np.ndarray:
+        """The positions in ``block`` of the keys that pass (``low``, ``flags``: scratch as long as it)."""
+        np.bitwise_and(block, self.mask, out=low)
+        return np.flatnonzero(np.take(self.flags, low.view(np.int64), out=flags))
 
 
 class SortedSet:

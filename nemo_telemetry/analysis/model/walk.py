@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.model.columns import column_rows, filled
 from nemo_telemetry.analysis.model.grouping import Columns, concat, first_rows, take
-from nemo_telemetry.analysis.model.keys import BLOCK_ROWS, SortedSet
+from nemo_telemetry.analysis.model.keys import BLOCK_ROWS, LowBitsFilter, SortedSet
 from nemo_telemetry.analysis.model.schema import ITERATION
 from nemo_telemetry.analysis.model.tree import (
     SPAN_SPREAD, TRACE_LOW, key_column, mixed_key, parent_indices, with_id_keys,
@@ -324,8 +324,7 @@ class KeyScan:
         ``trace`` and ``low``: its trace), the lowest row that holds it and the next one (-1:
         none), for :meth:`pick`. A caller passes a run of equal references (siblings stored
         together) once."""
-        with np.errstate(over="ignore"):
-            held, keys, traces, lows = self._rows_with(np.unique(parent * SPAN_SPREAD))
+        held, keys, traces, lows = self._rows_with(parent)
         order = np.argsort(keys, kind="stable")  # by mixed key, then row
         keys, held, traces, lows = keys[order], held[order], traces[order], lows[order]
         pos = np.searchsorted(keys, wanted)
@@ -357,23 +356,31 @@ class KeyScan:
         parent[itself] = second[run[itself]]
         return parent, held
 
-    def _rows_with(self, spread: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(rows, their mixed keys, trace keys and trace_low) of the spans whose spread span id is
-        one of ``spread`` (sorted).
+    def _rows_with(self, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, their mixed keys, trace keys and trace_low) of the spans whose span id is one of
+        ``parent`` (the references' parent keys).
 
         A block of rows at a time small enough that its temporaries are reused from one block to
-        the next instead of faulted in afresh."""
-        members = SortedSet(spread)
-        spread_block, hit_block = np.empty(BLOCK_ROWS, np.uint64), np.empty(BLOCK_ROWS, bool)
+        the next instead of faulted in afresh. Each block's span ids first pass a filter on their
+        low bits (:class:`LowBitsFilter`: a few in a hundred do), and only those are spread and
+        tested exactly (:class:`SortedSet`)."""
+        with np.errstate(over="ignore"):
+            members = SortedSet(np.unique(np.asarray(parent, dtype=np.uint64) * SPAN_SPREAD))
+        first = LowBitsFilter(parent)
+        low_block, flag_block = np.empty(BLOCK_ROWS, np.uint64), np.empty(BLOCK_ROWS, bool)
         rows, keys, traces, lows = [], [], [], []
         at = 0
         columns = ["span_key", "trace_key", *([TRACE_LOW] if self.has_low else [])]
         for batch in self.table.select(columns).to_batches(max_chunksize=BLOCK_ROWS):
             n = batch.num_rows
             span = filled(batch.column(0), 0).astype(np.uint64, copy=False)
-            with np.errstate(over="ignore"):
-                np.multiply(span, SPAN_SPREAD, out=spread_block[:n])
-            hit = np.flatnonzero(members.contains(spread_block[:n], out=hit_block[:n]))
+            passing = first.passing(span, low=low_block[:n], flags=flag_block[:n])
+            if passing.size:
+                with np.errstate(over="ignore"):
+                    spread = span[passing] * SPAN_SPREAD
+                hit = passing[members.contains(spread, out=np.empty(passing.size, bool))]
+            else:
+                hit = passing
             if hit.size:
                 trace = filled(batch.column(1), 0).astype(np.uint64, copy=False)[hit]
                 rows.append(hit + at)

@@ -193,3 +193,31 @@ def test_a_walk_takes_its_iteration_from_its_own_traces_parent_not_from_a_collid
     assert found.tolist() == [True] and iteration.tolist() == [2]
     assert span_arrays(table).walk_up(np.array([3]))[0].tolist() == [2]
     assert reference_arrays(table).walk_up(np.array([3]))[0].tolist() == [2]
+
+
+@pytest.mark.parametrize("shared_low_bits", [False, True])
+def test_the_key_scan_finds_every_parent_whatever_low_bits_the_span_ids_share(shared_low_bits):
+    """The scan's first test looks at the span ids' low bits only: ids that all share them (every
+    one passes it) are found exactly as ids that differ there."""
+    from nemo_telemetry.analysis.model.keys import LowBitsFilter
+
+    rng = np.random.default_rng(3)
+    ids = rng.choice(np.arange(1, 1 << 20, dtype=np.int64), 5_000, replace=False)
+    if shared_low_bits:
+        ids = (ids << 40) | 0x5A5A5  # the low 40 bits alike
+    records = [{"trace_id": "ab" * 16, "span_id": f"{int(s):016x}", "name": f"s{i}", "start_ns": i, "end_ns": i + 1,
+                "parent_span_id": f"{int(ids[i - 1 - i % 7]):016x}" if i >= 7 else None}
+               for i, s in enumerate(ids)]
+    records.append({"trace_id": "ab" * 16, "span_id": f"{(1 << 62) | 0x5A5A5:016x}", "name": "lost",
+                    "start_ns": 0, "end_ns": 1, "parent_span_id": f"{(3 << 61) | 0x5A5A5:016x}"})  # no such span
+    table = with_id_keys(spans_table(records))
+    expected, _ = _by_hand(records)
+    assert KeyScan(table).parent_of(np.arange(table.num_rows)).tolist() == expected
+    members = np.unique(ids.astype(np.uint64))
+    first = LowBitsFilter(members)
+    others = rng.integers(1, 2**63, 100_000, dtype=np.int64).astype(np.uint64)
+    block = np.concatenate([members, others])
+    passing = first.passing(block, low=np.empty(len(block), np.uint64), flags=np.empty(len(block), bool))
+    assert set(range(len(members))) <= set(passing.tolist())  # every member passes
+    if not shared_low_bits:
+        assert len(passing) - len(members) < 0.05 * len(others)  # and few of the others
