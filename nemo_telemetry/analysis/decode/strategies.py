@@ -40,7 +40,7 @@ from nemo_telemetry.analysis.model.status import error_rows
 from nemo_telemetry.analysis.model.tree import TRACE_LOW, mixed_key, with_id_keys
 from nemo_telemetry.analysis.model.walk import KeyScan
 from nemo_telemetry.analysis.settings.machine import ReadSettings
-from nemo_telemetry.analysis.store.read import READ_COLUMNS, scan_file_batches, span_projection
+from nemo_telemetry.analysis.store.read import READ_COLUMNS, projected_rows, scan_file_batches, span_projection
 from nemo_telemetry.errors import DamagedDatasetError, IngestError
 
 __all__ = ["span_arrays", "SpanReader", "rows_arrays", "FileParents", "index_parents"]
@@ -151,7 +151,7 @@ class SpanReader:
         at_failures = [c for c in _AT_FAILURES if c in columns]  # read afterwards, where spans failed
         dataset, read = span_projection(files, tuple(dict.fromkeys(
             (*(c for c in columns if c not in at_failures), PARENT_ROW, TRACE_LOW))))
-        n = dataset.count_rows()
+        n = projected_rows(dataset)
         decoder = _SpanDecoder(n, gather_pairs=True)
         parents = FileParents(n)
         # the span groups column stays, beside the pairs gathered from it: missing-group-spans names

@@ -26,7 +26,7 @@ from nemo_telemetry.errors import DamagedDatasetError, IngestError
 
 __all__ = ["READ_COLUMNS", "GOODPUT_COLUMNS", "STEP_GOODPUT_COLUMNS", "read_dataset_spans", "span_source_files",
            "reading_errors", "read_span_files", "scan_span_files", "scan_batches", "span_projection",
-           "reusing_pool", "scan_file_batches", "held_constant", "HeldConstant"]
+           "reusing_pool", "scan_file_batches", "held_constant", "HeldConstant", "projected_rows"]
 
 # What check reads from a dataset: span and parent ids come from the uint64 keys (hex strings
 # cost more to read than everything else together); trace ids are read as dictionaries, as ingest
@@ -159,6 +159,12 @@ def held_constant(dataset: ds.Dataset, columns: list[str]) -> HeldConstant:
         if not common:
             return HeldConstant(frozenset(), {})
     return HeldConstant(frozenset(common or ()), values)
+
+
+def projected_rows(dataset: ds.Dataset) -> int:
+    """The rows of ``dataset``'s files, from the footers :func:`span_projection` read already
+    (a count through the scanner reads them again)."""
+    return sum(fragment.metadata.num_rows for fragment in dataset.get_fragments())
 
 
 def span_projection(files: list[str], columns: tuple[str, ...]) -> tuple[ds.Dataset, list[str]]:
