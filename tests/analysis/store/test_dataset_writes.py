@@ -89,7 +89,8 @@ def test_a_failed_background_write_fails_the_ingest(many_batches, tmp_path, monk
 
 def test_trace_ids_are_written_as_a_dictionary_and_span_ids_plain(many_batches, tmp_path):
     """A run's trace ids repeat on every span: the spans files hold them as a dictionary, which
-    reads back as the same ids at a fraction of the cost; span ids, all distinct, stay plain."""
+    reads back as the same ids at a fraction of the cost; span ids, all distinct, stay plain; times
+    and parent rows are deltas. Every span reads back as it was."""
     ingest_module.ingest([many_batches], out=tmp_path / "ds")
     files = sorted((tmp_path / "ds" / "spans").rglob("*.parquet"))
     for path in files:
@@ -97,5 +98,7 @@ def test_trace_ids_are_written_as_a_dictionary_and_span_ids_plain(many_batches, 
         encodings = {group.column(i).path_in_schema: group.column(i).encodings for i in range(group.num_columns)}
         assert "RLE_DICTIONARY" in encodings["trace_id"], path
         assert "RLE_DICTIONARY" not in encodings["span_id"], path
+        for deltas in ("start_ns", "end_ns", "parent_row"):  # stored as they end: small steps, bit-packed
+            assert "DELTA_BINARY_PACKED" in encodings[deltas], (path, deltas)
     written = sorted(_key(span) for span in read_spans(tmp_path / "ds").to_pylist())
     assert written == sorted(_key(span) for span in load_traces(many_batches).spans.to_pylist())
