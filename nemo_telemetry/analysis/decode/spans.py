@@ -210,8 +210,18 @@ class SpanArrays:
     # -- names, runs, resources ----------------------------------------------------------------
 
     def rows_of_names(self, regex: str) -> np.ndarray:
-        """Boolean mask of the rows whose name matches ``regex``."""
-        return code_mask(self.name, codes_matching(self.names, regex), len(self.names))
+        """Boolean mask (read-only) of the rows whose name matches ``regex``: made once per regex,
+        as the step spans are asked for by the census, the numbering and the rules alike."""
+        mask = self._name_masks.get(regex)
+        if mask is None:
+            mask = code_mask(self.name, codes_matching(self.names, regex), len(self.names))
+            mask.setflags(write=False)
+            self._name_masks[regex] = mask
+        return mask
+
+    @cached_property
+    def _name_masks(self) -> dict[str, np.ndarray]:
+        return {}
 
     def run_names(self, keep: np.ndarray) -> list[tuple[int, int]]:
         """The distinct (run code, name code) pairs of the ``keep`` rows (whole runs), sorted."""
