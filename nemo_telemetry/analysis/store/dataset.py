@@ -90,12 +90,12 @@ _SPAN_DICTIONARY = [
     if pa.types.is_dictionary(f.type) or f.name in ("rank", ITERATION, "status_message", "trace_state", "trace_id")
     or pa.types.is_uint32(f.type)  # flags and dropped counts: one or two values in a file
 ] + [f"{f.name}.key_value.{part}" for f in SPANS_TABLE_SCHEMA if pa.types.is_map(f.type) for part in ("key", "value")]
-# Page checksums (CRC32 of each page, written and verified by Parquet itself): a page overwritten
-# in place, the file's size and footer unchanged, fails its read instead of decoding to other numbers.
 # Times and parent rows as deltas: a process's spans are stored as they end, so each time is close to
 # the one before it and each parent row close to its own row; the small differences bit-pack into
 # pages that are smaller than plain ones and decode with less work than decompressing them.
 _SPAN_DELTAS = {"start_ns": "DELTA_BINARY_PACKED", "end_ns": "DELTA_BINARY_PACKED", PARENT_ROW: "DELTA_BINARY_PACKED"}
+# Page checksums (CRC32 of each page, written and verified by Parquet itself): a page overwritten
+# in place, the file's size and footer unchanged, fails its read instead of decoding to other numbers.
 SPANS_PARQUET_OPTIONS = {"write_statistics": _SPAN_STATISTICS, "use_dictionary": _SPAN_DICTIONARY,
                          "column_encoding": _SPAN_DELTAS, "write_page_checksum": True}
 """How a spans file is written (``pq.write_table`` options): what a benchmark writes to measure reads as ingest's."""
