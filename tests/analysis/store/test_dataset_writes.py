@@ -6,6 +6,7 @@ did not write)."""
 from __future__ import annotations
 
 import importlib
+import json
 
 import pyarrow.parquet as pq
 import pytest
@@ -15,6 +16,7 @@ from nemo_telemetry.analysis import load_traces, read_spans
 from nemo_telemetry.analysis.ingestion import _detect
 
 from nemo_telemetry.analysis.store import dataset
+from nemo_telemetry.analysis.store.constants import CONSTANTS_KEY
 from nemo_telemetry.analysis.model.tables import OtlpTables
 from nemo_telemetry.analysis.model.schema import EVENTS_SCHEMA, LINKS_SCHEMA
 from nemo_telemetry.analysis.synthetic import synthetic_requests, to_protobuf, write_length_prefixed
@@ -100,5 +102,7 @@ def test_trace_ids_are_written_as_a_dictionary_and_span_ids_plain(many_batches, 
         assert "RLE_DICTIONARY" not in encodings["span_id"], path
         for deltas in ("start_ns", "end_ns", "parent_row"):  # stored as they end: small steps, bit-packed
             assert "DELTA_BINARY_PACKED" in encodings[deltas], (path, deltas)
+        declared = json.loads(pq.read_schema(path).metadata[CONSTANTS_KEY])  # one process's file
+        assert {"service_name", "run_id", "rank"} <= declared.keys(), (path, declared)
     written = sorted(_key(span) for span in read_spans(tmp_path / "ds").to_pylist())
     assert written == sorted(_key(span) for span in load_traces(many_batches).spans.to_pylist())
