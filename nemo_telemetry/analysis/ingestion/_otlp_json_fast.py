@@ -127,20 +127,15 @@ def _assemble(k, w, buffer, arena, spans, attrs, resources, scopes, events, link
         attr_values=attr_values,
         attr_records=records,
         attr_types=attr_types,
-        flags=_uint32(spans[k.FLAGS]),
-        dropped_attributes_count=_uint32(spans[k.DROPPED_ATTRIBUTES]),
-        dropped_events_count=_uint32(spans[k.DROPPED_EVENTS]),
-        dropped_links_count=_uint32(spans[k.DROPPED_LINKS]),
+        flags=uint32_column(spans[k.FLAGS]),
+        dropped_attributes_count=uint32_column(spans[k.DROPPED_ATTRIBUTES]),
+        dropped_events_count=uint32_column(spans[k.DROPPED_EVENTS]),
+        dropped_links_count=uint32_column(spans[k.DROPPED_LINKS]),
         id_keys=keys,
         # the deduplicator's words, from the digits already read (no hex parsed back)
         span_words=np.stack((trace_key, trace_low, span_key), axis=1) if hex_ids else None,
     )
     return build_tables(arrays, extras)
-
-
-def _uint32(column: np.ndarray) -> pa.Array:
-    """A span matrix row the scan checked to be 0..2^32-1, as uint32 (a copy: the matrix is reused)."""
-    return uint32_column(column)
 
 
 def _strings(w, arena: np.ndarray, start, length, escaped: np.ndarray) -> pa.Array:
