@@ -358,27 +358,34 @@ def _metrics_corpus() -> dict:
     ]}]}
 
 
+def _owned(request: dict, signal: str, items: str):
+    """Each item of an OTLP ``request`` (``signal``: Logs or Metrics; ``items``: their list's key)
+    with its resource group, resource, scope group and scope."""
+    for group in request.get(f"resource{signal}") or ():
+        resource = group.get("resource") or {}
+        for scoped in group.get(f"scope{signal}") or ():
+            scope = scoped.get("scope") or {}
+            for item in scoped.get(items) or ():
+                yield group, resource, scoped, scope, item
+
+
 def _log_form(request: dict) -> list:
     out = []
-    for rl in request.get("resourceLogs") or ():
-        resource = rl.get("resource") or {}
-        for sl in rl.get("scopeLogs") or ():
-            scope = sl.get("scope") or {}
-            for r in sl.get("logRecords") or ():
-                severity = r.get("severityNumber") or 0
-                if isinstance(severity, str):  # SEVERITY_NUMBER_WARN2 -> 14
-                    base = {"TRACE": 1, "DEBUG": 5, "INFO": 9, "WARN": 13, "ERROR": 17, "FATAL": 21}
-                    name = severity.removeprefix("SEVERITY_NUMBER_")
-                    letters = name.rstrip("0123456789")
-                    severity = base[letters] + int(name[len(letters):] or 1) - 1
-                out.append((
-                    _attributes(resource.get("attributes")), int(resource.get("droppedAttributesCount") or 0),
-                    rl.get("schemaUrl") or None, scope.get("name") or None, scope.get("version") or None,
-                    _attributes(scope.get("attributes")), int(scope.get("droppedAttributesCount") or 0),
-                    sl.get("schemaUrl") or None, int(r.get("timeUnixNano") or 0), int(r.get("observedTimeUnixNano") or 0),
-                    severity, r.get("severityText") or None, _value(r.get("body")) if "body" in r else None,
-                    _attributes(r.get("attributes")), int(r.get("droppedAttributesCount") or 0), int(r.get("flags") or 0),
-                    _id(r.get("traceId"), 16), _id(r.get("spanId"), 8), r.get("eventName") or None))
+    for rl, resource, sl, scope, r in _owned(request, "Logs", "logRecords"):
+        severity = r.get("severityNumber") or 0
+        if isinstance(severity, str):  # SEVERITY_NUMBER_WARN2 -> 14
+            base = {"TRACE": 1, "DEBUG": 5, "INFO": 9, "WARN": 13, "ERROR": 17, "FATAL": 21}
+            name = severity.removeprefix("SEVERITY_NUMBER_")
+            letters = name.rstrip("0123456789")
+            severity = base[letters] + int(name[len(letters):] or 1) - 1
+        out.append((
+            _attributes(resource.get("attributes")), int(resource.get("droppedAttributesCount") or 0),
+            rl.get("schemaUrl") or None, scope.get("name") or None, scope.get("version") or None,
+            _attributes(scope.get("attributes")), int(scope.get("droppedAttributesCount") or 0),
+            sl.get("schemaUrl") or None, int(r.get("timeUnixNano") or 0), int(r.get("observedTimeUnixNano") or 0),
+            severity, r.get("severityText") or None, _value(r.get("body")) if "body" in r else None,
+            _attributes(r.get("attributes")), int(r.get("droppedAttributesCount") or 0), int(r.get("flags") or 0),
+            _id(r.get("traceId"), 16), _id(r.get("spanId"), 8), r.get("eventName") or None))
     return sorted(out, key=repr)
 
 
@@ -407,20 +414,16 @@ _TEMPORALITY = ["AGGREGATION_TEMPORALITY_UNSPECIFIED", "AGGREGATION_TEMPORALITY_
 
 def _metric_form(request: dict) -> list:
     out = []
-    for rm in request.get("resourceMetrics") or ():
-        resource = rm.get("resource") or {}
-        for sm in rm.get("scopeMetrics") or ():
-            scope = sm.get("scope") or {}
-            for m in sm.get("metrics") or ():
-                kind = next(k for k in ("gauge", "sum", "histogram", "exponentialHistogram", "summary") if k in m)
-                data = m[kind]
-                out.append((
-                    _attributes(resource.get("attributes")), int(resource.get("droppedAttributesCount") or 0),
-                    rm.get("schemaUrl") or None, scope.get("name") or None, scope.get("version") or None,
-                    _attributes(scope.get("attributes")), sm.get("schemaUrl") or None, m["name"],
-                    m.get("description") or None, m.get("unit") or None, kind,
-                    _enum(data.get("aggregationTemporality"), _TEMPORALITY), bool(data.get("isMonotonic")),
-                    tuple(_metric_point(p) for p in data["dataPoints"])))
+    for rm, resource, sm, scope, m in _owned(request, "Metrics", "metrics"):
+        kind = next(k for k in ("gauge", "sum", "histogram", "exponentialHistogram", "summary") if k in m)
+        data = m[kind]
+        out.append((
+            _attributes(resource.get("attributes")), int(resource.get("droppedAttributesCount") or 0),
+            rm.get("schemaUrl") or None, scope.get("name") or None, scope.get("version") or None,
+            _attributes(scope.get("attributes")), sm.get("schemaUrl") or None, m["name"],
+            m.get("description") or None, m.get("unit") or None, kind,
+            _enum(data.get("aggregationTemporality"), _TEMPORALITY), bool(data.get("isMonotonic")),
+            tuple(_metric_point(p) for p in data["dataPoints"])))
     return sorted(out, key=repr)
 
 
