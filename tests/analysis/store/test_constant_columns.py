@@ -137,3 +137,18 @@ def test_a_trace_key_above_int64s_range_is_repeated_exactly(spans, tmp_path):
     assert {"trace_key", "trace_low"} <= held
     assert set(scan.column("trace_key").to_pylist()) == {2**64 - 3}
     assert scan.column("trace_low").to_pylist() == decoded.column("trace_low").to_pylist()
+
+
+@pytest.mark.parametrize("declaration", [b"{not json", b"[1, 2]", b'{"service_name": ["a"]}', b'{"rank": "0"}'])
+def test_a_malformed_declaration_costs_only_itself(spans, tmp_path, declaration):
+    """A declaration that is not a JSON object of plain values, or whose value's type is not the
+    column's, repeats nothing: the file is decoded, its neighbours still repeat theirs."""
+    files = _per_rank(spans, tmp_path)
+    table = pq.read_table(files[0])
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, CONSTANTS_KEY: declaration}), files[0],
+                   **SPANS_PARQUET_OPTIONS)
+    scan, decoded, held = _scanned(files, READ_COLUMNS)
+    assert "service_name" not in held and "rank" not in held
+    assert scan.equals(decoded)
+    _, _, others = _scanned(files[1:], READ_COLUMNS)
+    assert {"service_name", "rank"} <= others
