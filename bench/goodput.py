@@ -269,6 +269,12 @@ def measure(root: Path, command: str) -> dict:
         out["goodput"] = {r.run_id: r.total["goodput"] for r in result}
     else:
         out["findings"] = {k: v for k, v in result.counts["by_code"].items() if v}
+    try:  # as the console script ends its process
+        from nemo_telemetry.cli.startup import freeze_for_exit
+    except ImportError:
+        pass
+    else:
+        freeze_for_exit()
     return out
 
 

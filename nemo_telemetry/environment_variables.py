@@ -100,7 +100,8 @@ memory limit; where neither can be told, a quarter of the physical memory (macOS
 NEMO_TELEMETRY_PROCESS_TUNING: Final = "NEMO_TELEMETRY_PROCESS_TUNING"
 """Console script only: ``0`` turns off the settings the ``nemo-telemetry`` command applies to its
 own process (:data:`OPENBLAS_NUM_THREADS` and :data:`NPY_ENABLE_CPU_FEATURES` while numpy is
-imported, and pyarrow's pandas probe answered without pandas in ``goodput`` and ``check``).
+imported, pyarrow's pandas probe answered without pandas in ``goodput`` and ``check``, and
+the collector's objects frozen once the command is done).
 None of them reaches the library's callers or a child process."""
 
 OPENBLAS_NUM_THREADS: Final = "OPENBLAS_NUM_THREADS"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from nemo_telemetry.cli.startup import console_script_process
+from nemo_telemetry.cli.startup import console_script_process, freeze_for_exit
 
 app = typer.Typer(
     name="nemo-telemetry",
@@ -36,7 +36,10 @@ def main() -> None:
     """Console-script entry point: this process runs the one command, with its own settings
     (:mod:`nemo_telemetry.cli.startup`), which the Typer app run inside another program does not get."""
     console_script_process()
-    app()
+    try:
+        app()
+    finally:
+        freeze_for_exit()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ Imports nothing heavy: ``--help`` loads this module too.
 
 from __future__ import annotations
 
-import importlib.abc
+import gc
 import importlib.util
 import os
 import re
@@ -23,7 +23,7 @@ from pathlib import Path
 from nemo_telemetry.environment_variables import NEMO_TELEMETRY_PROCESS_TUNING
 
 __all__ = ["console_script_process", "prepare_numpy", "numpy_import_settings", "prefer_small_pages",
-           "prefer_avx2_sort", "no_blas_threads", "skip_pyarrow_pandas_probe", "ZEN4_DISABLED_NUMPY_FEATURES",
+           "prefer_avx2_sort", "no_blas_threads", "skip_pyarrow_pandas_probe", "freeze_for_exit", "ZEN4_DISABLED_NUMPY_FEATURES",
            "ZEN4_ENABLED_NUMPY_FEATURES"]
 
 ZEN4_DISABLED_NUMPY_FEATURES = "X86_V4 AVX512_ICL AVX512_SPR"
@@ -117,8 +117,9 @@ def prefer_avx2_sort(*, cpuinfo: str | None = None, numpy_version: tuple[int, in
     return {}
 
 
-class _ScopedEnvironmentLoader(importlib.abc.Loader):
-    """numpy's own loader, run with ``settings`` in ``os.environ`` and the environment as it was
+class _ScopedEnvironmentLoader:
+    """numpy's own loader (a loader by its methods alone: ``importlib.abc`` would import
+    ``importlib.resources``, ``tempfile`` and more at every start of the command), run with ``settings`` in ``os.environ`` and the environment as it was
     right after; ``done`` is called once numpy's import has run."""
 
     def __init__(self, loader, settings: dict[str, str], done) -> None:
@@ -146,7 +147,7 @@ class _ScopedEnvironmentLoader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
-class _NumpyImport(importlib.abc.MetaPathFinder):
+class _NumpyImport:
     """Finds numpy as the other finders do, with :class:`_ScopedEnvironmentLoader` as its loader,
     until numpy is imported (a mere ``find_spec("numpy")`` of some library imports nothing)."""
 
@@ -240,3 +241,13 @@ def skip_pyarrow_pandas_probe() -> None:
         pa.array([0])
     finally:
         sys.meta_path.remove(finder)
+
+
+def freeze_for_exit() -> None:
+    """In the console script's process (:func:`console_script_process`), once the command is done:
+    move every object to the collector's permanent generation (``gc.freeze``), so that the
+    collections the interpreter runs while it shuts down skip the many objects the imports made
+    (numpy, pyarrow and pandas modules, their functions and types), none of which can be garbage
+    then; elsewhere, nothing. Shutdown still runs every ``atexit`` handler and finalizer."""
+    if _own_process:
+        gc.freeze()

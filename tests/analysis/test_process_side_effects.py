@@ -27,6 +27,7 @@ def process_state(conversions=False):
         "signals": {s.name: repr(signal.getsignal(s)) for s in signal.valid_signals() if isinstance(s, signal.Signals)},
         "meta_path": [type(f).__qualname__ for f in sys.meta_path],
         "pandas_loaded": "pandas" in sys.modules,
+        "gc_frozen": __import__("gc").get_freeze_count(),
     }
     if "pyarrow" in sys.modules:
         import pyarrow as pa

@@ -218,9 +218,10 @@ def _dumps(root, *, metrics: bool):
     return root
 
 
-def _fresh_command(args: list[str]) -> tuple[dict, str]:
-    """``nemo-telemetry ARGS`` through the console script's ``main`` in a fresh interpreter: its exit
-    code and whether pandas was loaded when it ended, and its stdout."""
+def _fresh_command(args: list[str], env: dict | None = None) -> tuple[dict, str]:
+    """``nemo-telemetry ARGS`` through the console script's ``main`` in a fresh interpreter (``env``:
+    its environment): its exit code, whether pandas was loaded when it ended and how many objects
+    the collector holds frozen then, and its stdout."""
     code = ("import json, sys\n"
             "from nemo_telemetry.cli.app import main\n"
             f"sys.argv = ['nemo-telemetry', *{args!r}]\n"
@@ -229,8 +230,10 @@ def _fresh_command(args: list[str]) -> tuple[dict, str]:
             "    code = 0\n"
             "except SystemExit as exc:\n"
             "    code = exc.code or 0\n"
-            "print(json.dumps({'exit': code, 'pandas': 'pandas' in sys.modules}), file=sys.stderr)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+            "import gc\n"
+            "print(json.dumps({'exit': code, 'pandas': 'pandas' in sys.modules, 'frozen': gc.get_freeze_count()}),\n"
+            "      file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     return json.loads(out.stderr.strip().splitlines()[-1]), out.stdout
 
 
@@ -247,7 +250,7 @@ def ingested(tmp_path_factory):
                                   ["check"], ["check", "--format", "json"]], ids=" ".join)
 def test_goodput_and_check_over_a_dataset_load_no_pandas(ingested, args):
     ended, stdout = _fresh_command([*args, str(ingested)])
-    assert ended == {"exit": 0, "pandas": False}, stdout
+    assert {k: ended[k] for k in ("exit", "pandas")} == {"exit": 0, "pandas": False}, stdout
     if args == ["goodput", "--format", "json"]:
         (run,) = json.loads(stdout)["runs"]
         assert [s["iteration"] for s in run["steps"]] == list(STEPS)
@@ -255,10 +258,22 @@ def test_goodput_and_check_over_a_dataset_load_no_pandas(ingested, args):
         assert json.loads(stdout)["counts"]["error"] == 0
 
 
+def test_the_console_script_freezes_the_collector_once_its_command_is_done(ingested):
+    """Shutting down, the interpreter runs full collections over every object the imports made;
+    frozen, they are skipped. Only the console script's own process, after its command (exit code
+    kept), and not with NEMO_TELEMETRY_PROCESS_TUNING=0."""
+    ended, stdout = _fresh_command(["check", str(ingested)])
+    assert ended["exit"] == 0 and ended["frozen"] > 10_000, (ended, stdout)
+    ended, _ = _fresh_command(["check", str(ingested), "--run", "no-such-run"])
+    assert ended["exit"] == 2 and ended["frozen"] > 10_000, ended
+    ended, _ = _fresh_command(["check", str(ingested)], env={**os.environ, "NEMO_TELEMETRY_PROCESS_TUNING": "0"})
+    assert ended == {"exit": 0, "pandas": True, "frozen": 0}, ended
+
+
 def test_goodput_still_loads_pandas_where_the_metrics_need_it(tmp_path):
     """pyarrow is told pandas is absent until something needs it: the efficiency metrics (pandas)
     beside each step come out as in a process where pandas was loaded first."""
     ended, stdout = _fresh_command(["goodput", str(_dumps(tmp_path / "dumps", metrics=True)), "--format", "json"])
-    assert ended == {"exit": 0, "pandas": True}, stdout
+    assert {k: ended[k] for k in ("exit", "pandas")} == {"exit": 0, "pandas": True}, stdout
     (run,) = json.loads(stdout)["runs"]
     assert {s["iteration"]: s["efficiency/idle/buffer_starvation_s"] for s in run["steps"]} == STEPS
