@@ -82,12 +82,15 @@ _SPAN_STATISTICS = [
 # build a dictionary, overflow it and fall back to plain pages: work on every write, for nothing.
 # Trace ids repeat on every span of a trace, and a run is one trace or a few (a carrier joins its
 # processes): as a dictionary, trace ids read as a few values and an index, and the file is
-# smaller and written faster. A file of very many traces overflows the dictionary page
-# and falls back to plain pages, as span ids would.
+# smaller and written faster. The same holds for their uint64 keys (``trace_key``, ``trace_low``),
+# which decode from a dictionary page and runs of one index with less work than from plain pages
+# to decompress. A file of very many traces overflows the dictionary page and falls back to plain
+# pages, as span ids would.
 _SPAN_DICTIONARY = [
     f.name
     for f in SPANS_TABLE_SCHEMA
-    if pa.types.is_dictionary(f.type) or f.name in ("rank", ITERATION, "status_message", "trace_state", "trace_id")
+    if pa.types.is_dictionary(f.type)
+    or f.name in ("rank", ITERATION, "status_message", "trace_state", "trace_id", "trace_key", "trace_low")
     or pa.types.is_uint32(f.type)  # flags and dropped counts: one or two values in a file
 ] + [f"{f.name}.key_value.{part}" for f in SPANS_TABLE_SCHEMA if pa.types.is_map(f.type) for part in ("key", "value")]
 # Times and parent rows as deltas: a process's spans are stored as they end, so each time is close to

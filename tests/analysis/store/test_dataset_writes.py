@@ -90,16 +90,19 @@ def test_a_failed_background_write_fails_the_ingest(many_batches, tmp_path, monk
 
 
 def test_trace_ids_are_written_as_a_dictionary_and_span_ids_plain(many_batches, tmp_path):
-    """A run's trace ids repeat on every span: the spans files hold them as a dictionary, which
-    reads back as the same ids at a fraction of the cost; span ids, all distinct, stay plain; times
+    """A run's trace ids repeat on every span: the spans files hold them (and their keys) as a
+    dictionary, which reads back as the same ids at a fraction of the cost; span ids, all distinct,
+    stay plain; times
     and parent rows are deltas. Every span reads back as it was."""
     ingest_module.ingest([many_batches], out=tmp_path / "ds")
     files = sorted((tmp_path / "ds" / "spans").rglob("*.parquet"))
     for path in files:
         group = pq.read_metadata(path).row_group(0)
         encodings = {group.column(i).path_in_schema: group.column(i).encodings for i in range(group.num_columns)}
-        assert "RLE_DICTIONARY" in encodings["trace_id"], path
-        assert "RLE_DICTIONARY" not in encodings["span_id"], path
+        for trace in ("trace_id", "trace_key", "trace_low"):
+            assert "RLE_DICTIONARY" in encodings[trace], (path, trace)
+        for distinct in ("span_id", "span_key"):
+            assert "RLE_DICTIONARY" not in encodings[distinct], (path, distinct)
         for deltas in ("start_ns", "end_ns", "parent_row"):  # stored as they end: small steps, bit-packed
             assert "DELTA_BINARY_PACKED" in encodings[deltas], (path, deltas)
         declared = json.loads(pq.read_schema(path).metadata[CONSTANTS_KEY])  # one process's file
