@@ -44,16 +44,23 @@ def codes_into(chunk: pa.Array, values: dict, into: np.ndarray) -> None:
     """One chunk of a string or dictionary column as codes into ``values`` (shared by the chunks, which
     it extends), -1 for null. The chunk's (small) dictionary is mapped onto the shared values once,
     then its indices go through that map; a chunk whose dictionary lists the shared values in their
-    order (every chunk of a file after the first, usually) is copied as it is."""
+    order (every chunk of a file after the first, usually) is copied as it is. Read from the
+    indices' buffers, nulls by their validity bits (a null's slot may hold anything)."""
     if not pa.types.is_dictionary(chunk.type):
         chunk = pc.dictionary_encode(chunk)
     local = np.array([values.setdefault(v, len(values)) if v is not None else -1
                       for v in chunk.dictionary.to_pylist()] + [-1], dtype=into.dtype)
-    indices = filled(chunk.indices, -1)
+    indices = chunk.indices
+    if indices.null_count == len(indices):  # no index to read (an all-null chunk may have no buffer)
+        into[:] = -1
+        return
+    raw = _values_of(indices)
     if np.array_equal(local[:-1], np.arange(len(local) - 1)):
-        into[:] = indices
+        into[:] = raw
     else:
-        np.take(local, indices, out=into, mode="wrap")  # wrap: a null's -1 lands on the last slot, -1
+        np.take(local, raw, out=into, mode="wrap")  # wrap: whatever a null's slot holds stays in range
+    if indices.null_count:
+        np.copyto(into, -1, where=~_validity(indices))
 
 
 def code_values(spans: pa.Table, column: str) -> tuple:
@@ -144,18 +151,28 @@ def ints_into(chunk: pa.Array, values: np.ndarray, valid: np.ndarray | None) -> 
         if valid is not None:
             valid[:] = False
         return
-    raw = np.frombuffer(chunk.buffers()[1], dtype=chunk.type.to_pandas_dtype(),
-                        count=chunk.offset + len(chunk))[chunk.offset:]
+    raw = _values_of(chunk)
     if chunk.null_count == 0:
         values[:] = raw
         if valid is not None:
             valid[:] = True
         return
-    bits = np.unpackbits(np.frombuffer(chunk.buffers()[0], dtype=np.uint8), count=chunk.offset + len(chunk),
-                         bitorder="little")[chunk.offset:].view(bool)
+    bits = _validity(chunk)
     np.multiply(raw, bits, out=values, casting="unsafe")
     if valid is not None:
         valid[:] = bits
+
+
+def _values_of(chunk: pa.Array) -> np.ndarray:
+    """A fixed-width chunk's values as numpy, straight from its buffer (a null's slot as stored)."""
+    return np.frombuffer(chunk.buffers()[1], dtype=chunk.type.to_pandas_dtype(),
+                         count=chunk.offset + len(chunk))[chunk.offset:]
+
+
+def _validity(chunk: pa.Array) -> np.ndarray:
+    """A chunk with nulls: its validity bits as booleans."""
+    return np.unpackbits(np.frombuffer(chunk.buffers()[0], dtype=np.uint8), count=chunk.offset + len(chunk),
+                         bitorder="little")[chunk.offset:].view(bool)
 
 
 def code_mask(codes: np.ndarray, chosen, size: int) -> np.ndarray:

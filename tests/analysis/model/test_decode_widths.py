@@ -82,3 +82,34 @@ def test_spans_files_widen_as_the_batch_that_needs_it_is_read(tmp_path, order):
     with SpanReader() as read:
         arrays = read.files(files, batch_rows=4_096)
     assert decoded(arrays) == expected(batches)
+
+
+def _with_garbage_at_nulls(values: list, valid: list[bool], dictionary: list, dtype=pa.int32()) -> pa.Array:
+    """A dictionary array whose null slots hold an out-of-range index, as a writer may leave them."""
+    raw = np.array([v if ok else 99 for v, ok in zip(values, valid)], dtype=dtype.to_pandas_dtype())
+    bits = np.packbits(np.array(valid, dtype=bool), bitorder="little")
+    indices = pa.Array.from_buffers(dtype, len(raw), [pa.py_buffer(bits), pa.py_buffer(raw)], null_count=valid.count(False))
+    return pa.DictionaryArray.from_arrays(indices, pa.array(dictionary))
+
+
+@pytest.mark.parametrize("offset", [0, 3, 11])
+def test_string_codes_read_nulls_from_their_validity_whatever_a_null_slot_holds(offset):
+    """Codes come from the indices' buffers; a null is -1 whatever its slot holds, at any offset into
+    the buffers, and each chunk's dictionary maps onto the values the earlier chunks numbered."""
+    from nemo_telemetry.analysis.model.columns import codes_into
+
+    rng = np.random.default_rng(offset)
+    valid = (rng.random(64) < 0.3).tolist()
+    first = _with_garbage_at_nulls(rng.integers(0, 3, 64).tolist(), valid, ["idle", "overhead", "productive"])
+    second = _with_garbage_at_nulls(rng.integers(0, 2, 64).tolist(), valid[::-1], ["productive", "lost"],
+                                    pa.int8())
+    values: dict = {}
+    got = []
+    for chunk in (first.slice(offset), second.slice(offset), pa.nulls(5, first.type)):
+        into = np.full(len(chunk), 7, dtype=np.int16)
+        codes_into(chunk, values, into)
+        got.extend(into.tolist())
+    expected = [list(values).index(v) if v is not None else -1
+                for chunk in (first.slice(offset), second.slice(offset)) for v in chunk.to_pylist()] + [-1] * 5
+    assert list(values) == ["idle", "overhead", "productive", "lost"]
+    assert got == expected and -1 in got and max(got) == 3
