@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.model.columns import code_mask, code_values, filled
+from nemo_telemetry.analysis.model.columns import code_mask, code_values, filled, valid_rows
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.settings.machine import ReadSettings
 from nemo_telemetry.analysis.store.read import scan_span_files
@@ -40,7 +40,7 @@ def kept_rows(spans: pa.Table, names: str) -> np.ndarray:
     """The rows with an ``rl.bucket`` or a name matching the regex ``names``, ascending."""
     mask = np.zeros(spans.num_rows, dtype=bool)
     if BUCKET in spans.column_names:
-        mask |= pc.is_valid(spans.column(BUCKET)).to_numpy(zero_copy_only=False)
+        mask |= valid_rows(spans.column(BUCKET))
     if "name" in spans.column_names:
         at = 0
         for chunk in spans.column("name").chunks:

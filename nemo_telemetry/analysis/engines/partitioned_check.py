@@ -33,7 +33,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.engines.check_rows import (
     FIRST_ANCHOR, SPAN_FLAGS, STEP_FACTS, Codes, in_dataset_order, merged_partials, step_heads,
@@ -47,6 +46,7 @@ from nemo_telemetry.analysis.goodput.census import census_partial, merge_census
 from nemo_telemetry.analysis.goodput.rules import step_windows
 from nemo_telemetry.analysis.goodput import partials as streaming
 from nemo_telemetry.analysis.decode import NO_BUCKET, SpanArrays, span_arrays
+from nemo_telemetry.analysis.model.columns import valid_rows
 from nemo_telemetry.analysis.store.read import READ_COLUMNS, read_span_files, reading_errors
 from nemo_telemetry.analysis.store.partitions import span_files
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION, NO_RUN
@@ -176,7 +176,7 @@ def _lookup(paths: list[str], targets: KeyIndex, numbers: StepNumbers | None = N
     for path in paths:
         table = _read(path, _LOOKUP_COLUMNS, numbers)
         trace, span, low = key_column(table, "trace_key"), key_column(table, "span_key"), low_column(table)
-        bucketed = (pc.is_valid(table.column(BUCKET)).to_numpy(zero_copy_only=False) if BUCKET in table.column_names
+        bucketed = (valid_rows(table.column(BUCKET)) if BUCKET in table.column_names
                     else np.zeros(len(span), bool))
         rows = np.flatnonzero(targets.find(trace, span, low) >= 0)
         met = climb_batch(table, rows, bucketed=bucketed)

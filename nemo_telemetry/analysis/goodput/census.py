@@ -16,10 +16,10 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.decode import NO_BUCKET, SpanArrays, span_arrays
 from nemo_telemetry.analysis.goodput.rules import STEP_SPAN_REGEX
+from nemo_telemetry.analysis.model.columns import valid_rows
 from nemo_telemetry.analysis.model.grouping import Columns, concat
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION, NO_RUN, SPAN_GROUP
 from nemo_telemetry.analysis.settings.machine import ReadSettings
@@ -121,7 +121,7 @@ def census_partial(arrays: SpanArrays, keep: np.ndarray) -> Columns:
     step = arrays.rows_of_names(STEP_SPAN_REGEX)
     rl = (arrays.bucket != NO_BUCKET) | arrays.has_iteration | (arrays.category >= 0) | step
     if SPAN_GROUP in arrays.table.column_names:
-        rl |= pc.is_valid(arrays.table.column(SPAN_GROUP)).to_numpy(zero_copy_only=False)
+        rl |= valid_rows(arrays.table.column(SPAN_GROUP))
     spans, rl_spans, step_spans = _counts_per_run(arrays.run, len(arrays.runs), keep, rl, step)
     present = np.flatnonzero(spans)
     names = np.array([None, *arrays.runs], dtype=object)

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from nemo_telemetry.analysis.goodput.rules import STEP_SPAN_REGEX
-from nemo_telemetry.analysis.model.columns import column_rows
+from nemo_telemetry.analysis.model.columns import column_rows, valid_rows
 from nemo_telemetry.analysis.model.grouping import group_by, string_codes
 from nemo_telemetry.analysis.model.schema import ITERATION
 from nemo_telemetry.analysis.model.tree import (
@@ -86,7 +86,7 @@ def unstamped_step_count(batch: pa.Table) -> pa.Table:
     if batch.num_rows and "name" in batch.column_names:
         is_step = _step_mask(batch.column("name"))
         if ITERATION in batch.column_names:
-            is_step &= ~pc.is_valid(batch.column(ITERATION)).to_numpy(zero_copy_only=False)
+            is_step &= ~valid_rows(batch.column(ITERATION))
         count = int(is_step.sum())
     return pa.table({"unstamped": pa.array([count], pa.int64())})
 

@@ -44,6 +44,7 @@ from nemo_telemetry.analysis.goodput.rules import (
     FLEET_BY, PARTIAL_SCHEMA, STEP, UNION, GoodputAccumulator, MergedSteps, RunGoodput, bucketed_rows, goodput_partial,
     merged_steps, partial_columns, partial_rows,
 )
+from nemo_telemetry.analysis.model.columns import valid_rows
 from nemo_telemetry.analysis.model.grouping import Columns, find_keys, first_rows, group_by, string_codes, take
 from nemo_telemetry.analysis.decode import span_arrays
 from nemo_telemetry.analysis.store.partitions import span_files, span_partitions
@@ -185,7 +186,7 @@ def resolve_attribution(scan: Scan, files: Sequence[Path], *, run_id: str | None
 def _iterations(table: pa.Table) -> Columns:
     """``stamped`` and ``iteration`` (0 where not stamped) of a table's ``rl.iteration`` column."""
     column = table.column(ITERATION)
-    return {"stamped": np.asarray(pc.is_valid(column).to_numpy(zero_copy_only=False), bool),
+    return {"stamped": np.asarray(valid_rows(column), bool),
             "iteration": np.asarray(pc.fill_null(column, 0).to_numpy(), np.int64)}
 
 

@@ -48,6 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.decode import BUCKETS, SpanArrays, span_arrays
+from nemo_telemetry.analysis.model.columns import valid_rows
 from nemo_telemetry.analysis.model.grouping import Columns, find_keys, group_by, string_codes, take
 from nemo_telemetry.analysis.model.intervals import clipped_union_length, merge_intervals, union_length
 from nemo_telemetry.analysis.model.status import error_rows
@@ -395,7 +396,7 @@ def partial_columns(table: pa.Table, run_order: Sequence[str | None] | None = No
     run, runs = string_codes(table.column("run"), run_order)
     iteration = table.column("iteration")
     columns = {"kind": ints("kind", np.int8), "run": run,
-               "stamped": np.asarray(pc.is_valid(iteration).to_numpy(zero_copy_only=False), bool),
+               "stamped": np.asarray(valid_rows(iteration), bool),
                "iteration": np.asarray(pc.fill_null(iteration, 0).to_numpy(), np.int64),
                "bucket": ints("bucket"), "a": ints("a"), "b": ints("b"), "count": ints("count")}
     return columns, runs

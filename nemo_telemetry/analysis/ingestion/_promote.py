@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.ingestion._kernel_arrays import TypeTags, string_array, string_offsets, zeros_array
+from nemo_telemetry.analysis.model.columns import valid_rows
 from nemo_telemetry.analysis.model.schema import ITERATION, PROMOTED_RESOURCE_ATTRIBUTES, promote_resource
 
 __all__ = ["AttributeRecords", "TypeTags", "promote", "promote_records", "promote_with_types",
@@ -309,7 +310,7 @@ def _scatter(owners: int, rows: np.ndarray, values: pa.Array) -> pa.Array:
 
 def _as_int(column: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """int64 of decimal strings; also which rows converted (null rows count as converted)."""
-    valid = pc.is_valid(column).to_numpy(zero_copy_only=False)
+    valid = valid_rows(column)
     numeric = pc.match_substring_regex(column, r"^-?[0-9]{1,18}$")
     numeric = pc.fill_null(numeric, False).to_numpy(zero_copy_only=False)
     clean = pc.if_else(pa.array(numeric), column, pa.scalar(None, pa.string()))

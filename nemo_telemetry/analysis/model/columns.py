@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["LOOKUP_ROWS", "column_codes", "codes_into", "code_values", "row_value", "column_rows", "filled",
+__all__ = ["LOOKUP_ROWS", "column_codes", "codes_into", "code_values", "row_value", "column_rows", "filled", "valid_rows",
            "int_column", "ints_into", "code_mask", "pairs_present", "codes_matching", "distinct_codes"]
 
 LOOKUP_ROWS = 1 << 20  # lookups over every span go a block at a time, so their temporaries stay small
@@ -120,6 +120,25 @@ def filled(column: pa.Array | pa.ChunkedArray, fill: int) -> np.ndarray:
     return column.to_numpy() if isinstance(column, pa.ChunkedArray) else column.to_numpy(zero_copy_only=False)
 
 
+def valid_rows(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Which rows of ``column`` are not null, as numpy booleans: from each chunk's validity bits
+    (a dictionary's, its indices'), without a boolean array through Arrow and its conversion."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    out = np.empty(len(column), dtype=bool)
+    at = 0
+    for chunk in chunks:
+        here, at = out[at:at + len(chunk)], at + len(chunk)
+        if pa.types.is_dictionary(chunk.type):
+            chunk = chunk.indices
+        if chunk.null_count == 0:
+            here[:] = True
+        elif chunk.null_count == len(chunk):  # a null-typed or all-null chunk may have no bits
+            here[:] = False
+        else:
+            here[:] = _validity(chunk)
+    return out
+
+
 def int_column(spans: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
     """(int64 values with nulls as 0, validity) of an integer column (absent: all null).
 
@@ -192,7 +211,8 @@ def code_mask(codes: np.ndarray, chosen, size: int) -> np.ndarray:
         unsigned = np.dtype(f"u{codes.dtype.itemsize}")
         out = None
         for lo, hi in zip(chosen[starts], np.append(chosen[starts[1:] - 1], chosen[-1])):
-            hit = np.subtract(codes, codes.dtype.type(lo)).view(unsigned) <= unsigned.type(hi - lo)
+            shifted = codes if lo == 0 else np.subtract(codes, codes.dtype.type(lo))  # from 0: as they are
+            hit = shifted.view(unsigned) <= unsigned.type(hi - lo)
             out = hit if out is None else np.logical_or(out, hit, out=out)
         return out
     table = np.zeros(size + 1, dtype=bool)  # the extra last slot is where code -1 lands: never chosen

@@ -18,9 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.model.columns import LOOKUP_ROWS, filled
+from nemo_telemetry.analysis.model.columns import LOOKUP_ROWS, filled, valid_rows
 from nemo_telemetry.analysis.model.tree import SPAN_SPREAD, trace_mix
 
 __all__ = ["BLOCK_ROWS", "SortedSet", "LowBitsFilter", "isin_sorted", "key_index", "sort_index", "build_index", "index_parents",
@@ -334,7 +333,7 @@ def key_index(table: pa.Table, *, sort: bool = True) -> dict:
     keys = table.select(names)
     blocks = ([filled(column, 0).astype(np.uint64, copy=False) for column in batch.columns]
               for batch in keys.to_batches(max_chunksize=BLOCK_ROWS))
-    has_parent = (pc.is_valid(table.column("parent_span_id")).to_numpy(zero_copy_only=False)
+    has_parent = (valid_rows(table.column("parent_span_id"))
                   if "parent_span_id" in table.column_names else None)
     index = build_index(blocks, table.num_rows, has_parent)
     return sort_index(index) if sort else index

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nemo_telemetry.analysis.model.columns import valid_rows
 from nemo_telemetry.analysis.model.schema import ID_KEY_FIELDS
 
 __all__ = ["hex_to_uint64", "trace_halves", "trace_key_of", "trace_keys", "with_id_keys", "key_column",
@@ -163,7 +164,7 @@ def parent_indices(spans: pa.Table) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     spans = with_id_keys(spans)
     if "parent_span_id" in spans.column_names:
-        has_parent = pc.is_valid(spans.column("parent_span_id")).to_numpy(zero_copy_only=False)
+        has_parent = valid_rows(spans.column("parent_span_id"))
     else:
         has_parent = _uint64(spans, "parent_key") != 0
     return _join_parents(_uint64(spans, "span_key"), _uint64(spans, "trace_key"), _uint64(spans, "parent_key"),

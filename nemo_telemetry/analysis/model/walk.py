@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from nemo_telemetry.analysis.model.columns import column_rows, filled
+from nemo_telemetry.analysis.model.columns import column_rows, filled, valid_rows
 from nemo_telemetry.analysis.model.grouping import Columns, concat, first_rows, take
 from nemo_telemetry.analysis.model.keys import BLOCK_ROWS, LowBitsFilter, SortedSet
 from nemo_telemetry.analysis.model.schema import ITERATION
@@ -154,7 +154,7 @@ def climb_batch(batch: pa.Table, rows: np.ndarray, *, bucketed: np.ndarray | Non
     low = key_column(batch, TRACE_LOW) if TRACE_LOW in batch.column_names else None
     parent = np.where(parent == span, np.uint64(0), parent)
     if ITERATION in batch.column_names:
-        has = pc.is_valid(batch.column(ITERATION)).to_numpy(zero_copy_only=False)
+        has = valid_rows(batch.column(ITERATION))
         values = pc.fill_null(batch.column(ITERATION), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     else:
         has, values = np.zeros(len(span), bool), np.zeros(len(span), np.int64)
@@ -171,7 +171,7 @@ def attributed_iterations(spans: pa.Table, parents: np.ndarray | None = None) ->
     if parents is None:
         parents = parent_indices(spans)
     own = spans.column(ITERATION).combine_chunks() if spans.num_rows else pa.array([], pa.int64())
-    valid = pc.is_valid(own).to_numpy(zero_copy_only=False)
+    valid = valid_rows(own)
     values = pc.fill_null(own, 0).to_numpy(zero_copy_only=False).astype(np.int64)
     walked = climb(np.arange(len(parents)), parents.__getitem__, valid, values)
     return pa.array(walked.iteration, pa.int64(), mask=~walked.stamped)
@@ -265,7 +265,7 @@ def walk_rows(table: pa.Table, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray
     table = with_id_keys(table)
     rows = np.asarray(rows, dtype=np.int64)
     if ITERATION in table.column_names:
-        has_iteration = pc.is_valid(table.column(ITERATION)).to_numpy(zero_copy_only=False)
+        has_iteration = valid_rows(table.column(ITERATION))
         iteration = _RowsOf(table.column(ITERATION))
     else:
         has_iteration, iteration = np.zeros(table.num_rows, dtype=bool), np.zeros(table.num_rows, dtype=np.int64)
@@ -298,7 +298,7 @@ class KeyScan:
     def __init__(self, table: pa.Table) -> None:
         self.table = table
         self.by_id = "parent_span_id" in table.column_names  # as _has_parent: the id when read, else the key
-        self.named = pc.is_valid(table.column("parent_span_id")).to_numpy(zero_copy_only=False) if self.by_id else None
+        self.named = valid_rows(table.column("parent_span_id")) if self.by_id else None
         self.has_low = TRACE_LOW in table.column_names
 
     def parent_of(self, rows: np.ndarray) -> np.ndarray:

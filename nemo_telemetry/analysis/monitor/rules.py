@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from nemo_telemetry.analysis.findings.rules import failed_partial, failed_spans
 from nemo_telemetry.analysis.goodput import partials, rules
 from nemo_telemetry.analysis.goodput.steps import goodput_document
+from nemo_telemetry.analysis.model.columns import valid_rows
 from nemo_telemetry.analysis.model.grouping import Columns
 from nemo_telemetry.analysis.model.schema import BUCKET, ITERATION
 from nemo_telemetry.analysis.model.status import error_rows
@@ -65,7 +66,7 @@ class Walks:
         low = table.column(TRACE_LOW).to_numpy().astype(np.uint64)
         parent = table.column("parent_key").to_numpy().astype(np.uint64)
         at = table.column("at").to_numpy().astype(np.uint64)
-        stamped = pc.is_valid(table.column(ITERATION)).to_numpy(zero_copy_only=False)
+        stamped = valid_rows(table.column(ITERATION))
         iteration = pc.fill_null(table.column(ITERATION), 0).to_numpy().astype(np.int64)
         self.trace, self.parent, self.iteration = trace[stamped], parent[stamped], iteration[stamped]
         self.low = low[stamped]

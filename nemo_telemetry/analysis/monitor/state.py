@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.goodput.steps import BUCKETS
+from nemo_telemetry.analysis.model.columns import valid_rows
 from nemo_telemetry.analysis.model.schema import BUCKET
 from nemo_telemetry.analysis.monitor import rules
 from nemo_telemetry.errors import MonitorError
@@ -294,4 +295,4 @@ def _merged_columns(frame: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray
     """(kind, run names, stamped, iteration: -1 where not stamped) of merged partial rows."""
     iteration = frame["iteration"]
     return (frame["kind"].to_numpy(), np.array(frame["run"].to_pylist(), dtype=object),
-            pc.is_valid(iteration).to_numpy(zero_copy_only=False), pc.fill_null(iteration, -1).to_numpy())
+            valid_rows(iteration), pc.fill_null(iteration, -1).to_numpy())

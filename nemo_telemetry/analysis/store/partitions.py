@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nemo_telemetry.analysis.model.columns import valid_rows
 from nemo_telemetry.analysis.store.commits import dataset_state
 
 __all__ = ["NO_VALUE", "Partition", "partition_folder", "split_by_partition", "span_partitions", "span_files"]
@@ -61,7 +62,7 @@ def split_by_partition(spans: pa.Table) -> Iterator[tuple[str, pa.Table]]:
     encoded = pc.dictionary_encode(run)
     run_codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
     runs = encoded.dictionary.to_pylist()
-    rank_valid = pc.is_valid(spans.column("rank")).to_numpy(zero_copy_only=False)
+    rank_valid = valid_rows(spans.column("rank"))
     rank = pc.fill_null(spans.column("rank"), 0).to_numpy().astype(np.int64)
     rank = np.where(rank_valid, rank, np.iinfo(np.int64).min)  # null rank: its own partition
     starts = np.concatenate(([0], np.flatnonzero((run_codes[1:] != run_codes[:-1]) | (rank[1:] != rank[:-1])) + 1))

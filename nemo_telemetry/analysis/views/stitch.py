@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nemo_telemetry.analysis.model.columns import valid_rows
 from nemo_telemetry.analysis.model.schema import ID_KEY_FIELDS
 from nemo_telemetry.analysis.model.tree import trace_keys, with_id_keys
 
@@ -127,7 +128,7 @@ def _reparent(spans: pa.Table, rows: np.ndarray, generate_rows: np.ndarray, ambi
     # every span of a stitched request's original trace moves to the generate span's trace
     moved_keys, first = np.unique(trace_key[rows], return_index=True)
     found = pc.index_in(pa.array(trace_key), value_set=pa.array(moved_keys))  # hash join on the keys
-    moves = np.flatnonzero(pc.is_valid(found).to_numpy(zero_copy_only=False))
+    moves = np.flatnonzero(valid_rows(found))
     position = np.zeros(n, dtype=np.int64)
     position[moves] = found.take(pa.array(moves)).to_numpy()
     owner = rows[first[position[moves]]]  # the stitched request whose original trace each moving row is in

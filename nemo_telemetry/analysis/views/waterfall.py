@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from nemo_telemetry.analysis.model.columns import valid_rows
 from nemo_telemetry.analysis.settings.choices import DEFAULT_COLLAPSE_THRESHOLD
 from nemo_telemetry.analysis.model.remote import parent_is_remote
 from nemo_telemetry.analysis.model.schema import BUCKET, EFFICIENCY_CATEGORY, ITERATION
@@ -597,7 +598,7 @@ def _decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def _valid(column) -> np.ndarray:
-    return np.asarray(pc.is_valid(column).to_numpy(zero_copy_only=False), dtype=bool)
+    return np.asarray(valid_rows(column), dtype=bool)
 
 
 def _int_values(column) -> np.ndarray:
