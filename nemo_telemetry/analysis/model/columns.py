@@ -55,7 +55,14 @@ def codes_into(chunk: pa.Array, values: dict, into: np.ndarray) -> None:
         into[:] = -1
         return
     raw = _values_of(indices)
-    if np.array_equal(local[:-1], np.arange(len(local) - 1)):
+    if indices.null_count > len(indices) // 2:  # mostly null (a bucket, a category): only the others
+        present = np.flatnonzero(_validity(indices))
+        into[:] = -1
+        into[present] = local[raw[present]]
+        return
+    if len(local) == 2 and indices.null_count == 0:  # one value (a column held constant): no index read
+        into[:] = local[0]
+    elif np.array_equal(local[:-1], np.arange(len(local) - 1)):
         into[:] = raw
     else:
         np.take(local, raw, out=into, mode="wrap")  # wrap: whatever a null's slot holds stays in range
@@ -177,7 +184,12 @@ def ints_into(chunk: pa.Array, values: np.ndarray, valid: np.ndarray | None) -> 
             valid[:] = True
         return
     bits = _validity(chunk)
-    np.multiply(raw, bits, out=values, casting="unsafe")
+    if chunk.null_count > len(chunk) // 2:  # mostly null (rl.iteration off the step spans): only the others
+        present = np.flatnonzero(bits)
+        values[:] = 0
+        values[present] = raw[present]
+    else:
+        np.multiply(raw, bits, out=values, casting="unsafe")
     if valid is not None:
         valid[:] = bits
 

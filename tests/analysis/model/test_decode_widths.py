@@ -93,23 +93,45 @@ def _with_garbage_at_nulls(values: list, valid: list[bool], dictionary: list, dt
 
 
 @pytest.mark.parametrize("offset", [0, 3, 11])
-def test_string_codes_read_nulls_from_their_validity_whatever_a_null_slot_holds(offset):
+@pytest.mark.parametrize("share", [0.1, 0.3, 0.8, 1.0])
+def test_string_codes_read_nulls_from_their_validity_whatever_a_null_slot_holds(offset, share):
     """Codes come from the indices' buffers; a null is -1 whatever its slot holds, at any offset into
-    the buffers, and each chunk's dictionary maps onto the values the earlier chunks numbered."""
+    the buffers, mostly null or mostly not, and each chunk's dictionary maps onto the values the
+    earlier chunks numbered; a chunk of one value (a column held constant) is that value's code."""
     from nemo_telemetry.analysis.model.columns import codes_into
 
     rng = np.random.default_rng(offset)
-    valid = (rng.random(64) < 0.3).tolist()
+    valid = (rng.random(64) < share).tolist()
     first = _with_garbage_at_nulls(rng.integers(0, 3, 64).tolist(), valid, ["idle", "overhead", "productive"])
     second = _with_garbage_at_nulls(rng.integers(0, 2, 64).tolist(), valid[::-1], ["productive", "lost"],
                                     pa.int8())
     values: dict = {}
     got = []
-    for chunk in (first.slice(offset), second.slice(offset), pa.nulls(5, first.type)):
+    held = pa.DictionaryArray.from_arrays(pa.array(np.zeros(9, np.int32)), pa.array(["overhead"]))
+    chunks = (first.slice(offset), second.slice(offset), pa.nulls(5, first.type), held)
+    for chunk in chunks:
         into = np.full(len(chunk), 7, dtype=np.int16)
         codes_into(chunk, values, into)
         got.extend(into.tolist())
-    expected = [list(values).index(v) if v is not None else -1
-                for chunk in (first.slice(offset), second.slice(offset)) for v in chunk.to_pylist()] + [-1] * 5
-    assert list(values) == ["idle", "overhead", "productive", "lost"]
-    assert got == expected and -1 in got and max(got) == 3
+    expected = [list(values).index(v) if v is not None else -1 for chunk in chunks for v in chunk.to_pylist()]
+    assert list(values)[:3] == ["idle", "overhead", "productive"] and got[-9:] == [1] * 9
+    assert got == expected and 7 not in got
+
+
+@pytest.mark.parametrize("offset", [0, 5])
+@pytest.mark.parametrize("share", [0.1, 0.5, 0.9])
+def test_integers_read_nulls_from_their_validity_whatever_a_null_slot_holds(offset, share):
+    """An integer column (rl.iteration) comes back exact where set and 0, not set, at its nulls,
+    whatever a null's slot holds, mostly null or mostly not, narrowed where the caller asks."""
+    from nemo_telemetry.analysis.model.columns import ints_into
+
+    rng = np.random.default_rng(offset)
+    valid = rng.random(80) < share
+    stored = np.where(valid, rng.integers(-5, 1000, 80), 123_456)
+    bits = np.packbits(valid, bitorder="little")
+    column = pa.Array.from_buffers(pa.int64(), 80, [pa.py_buffer(bits), pa.py_buffer(stored)],
+                                   null_count=int((~valid).sum())).slice(offset)
+    values, got_valid = np.full(len(column), 7, np.int32), np.zeros(len(column), bool)
+    ints_into(column, values, got_valid)
+    assert got_valid.tolist() == valid[offset:].tolist()
+    assert values.tolist() == [v if v is not None else 0 for v in column.to_pylist()]
