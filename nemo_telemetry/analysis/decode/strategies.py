@@ -378,15 +378,18 @@ class FileParents:
                                     for k in zip(*self.file_keys))  # a file of one batch: no copy
         self.file_keys = []
         rows = self.rows[self.file_start:self.at]
+        # positions as numpy indexes them (intp), in range (the highest was checked above, the
+        # lowest is 0), gathered with mode="clip": numpy takes int32 positions, or into ``out``
+        # with the default mode="raise", through a converted or buffered copy of every one
         local, got, wrong, other = (self._buffer(name, len(rows), dtype) for name, dtype in (
-            ("local", rows.dtype), ("got", np.uint64), ("wrong", bool), ("other", bool)))
+            ("local", np.intp), ("got", np.uint64), ("wrong", bool), ("other", bool)))
         np.subtract(rows, self.file_start, out=local)
         np.maximum(local, 0, out=local)  # where no parent is in the file (< 0): row 0, its mismatch ignored below
-        np.not_equal(np.take(span, local, out=got), parent, out=wrong)
+        np.not_equal(np.take(span, local, out=got, mode="clip"), parent, out=wrong)
         for keys in (trace, low):
             if keys[0] == keys.min() == keys.max():  # one trace in the file (a run is one): equal at every row
                 continue
-            wrong |= np.not_equal(np.take(keys, local, out=got), keys, out=other)
+            wrong |= np.not_equal(np.take(keys, local, out=got, mode="clip"), keys, out=other)
         wrong &= np.greater_equal(rows, 0, out=other)
         if wrong.any():
             at = int(np.argmax(wrong))

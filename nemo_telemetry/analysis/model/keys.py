@@ -63,8 +63,8 @@ class LowBitsFilter:
 
     def passing(self, block: np.ndarray, *, low: np.ndarray, flags: np.ndarray) -> np.ndarray:
         """The positions in ``block`` of the keys that pass (``low``, ``flags``: scratch as long as it)."""
-        np.bitwise_and(block, self.mask, out=low)
-        return np.flatnonzero(np.take(self.flags, low.view(np.int64), out=flags))
+        np.bitwise_and(block, self.mask, out=low)  # in the table's range: mode="clip" checks nothing
+        return np.flatnonzero(np.take(self.flags, low.view(np.int64), out=flags, mode="clip"))
 
 
 class SortedSet:
