@@ -184,7 +184,7 @@ class SpanReader:
                 kept.append(batch.select(kept_columns))
                 first = placed[-1][1] + placed[-1][2] if placed and placed[-1][0] == path else 0
                 placed.append((path, first, batch.num_rows))
-                lane.run(parents.add, path, batch)
+                lane.run(parents.add, path, batch.select([c for c in FileParents.READ if c in batch.schema.names]))
             lane.run(parents.finish)  # the last file's check, here: its error is the read's, not a rule's
             lane.drain()
         table = pa.Table.from_batches(kept, schema=pa.schema([dataset.schema.field(c) for c in kept_columns]))
@@ -226,11 +226,11 @@ def _at_failures(table: pa.Table, placed: list[tuple[str, int, int]], column: st
 
 class _Lane:
     """Calls run one after another, in the order given, on one worker thread of their own (or in
-    the calling thread, where ``threaded`` is false); at most a few wait, so the batches they hold
-    stay few. :meth:`drain` waits for every call and raises the first one's error, as running them
+    the calling thread, where ``threaded`` is false); at most :attr:`_WAITING` wait (enough that the
+    caller seldom waits for the lane; the batches they hold are of the few columns the calls read). :meth:`drain` waits for every call and raises the first one's error, as running them
     in turn would have; an error ends the lane (later calls are skipped)."""
 
-    _WAITING = 4
+    _WAITING = 16
 
     def __init__(self, threaded: bool) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nemo-lane") if threaded else None
@@ -314,6 +314,9 @@ class FileParents:
     compared with each span's trace and parent keys, so a reordered file is an error naming it,
     never wrong parents.
     """
+
+    READ = (PARENT_ROW, "span_key", "trace_key", "parent_key", TRACE_LOW)
+    """The columns :meth:`add` reads of a batch."""
 
     def __init__(self, n: int) -> None:
         self.rows = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
