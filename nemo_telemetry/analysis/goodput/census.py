@@ -119,10 +119,15 @@ def census_partial(arrays: SpanArrays, keep: np.ndarray) -> Columns:
     """The batch's counts per run over its ``keep`` rows: ``run`` (names, None for no run id),
     ``spans``, ``rl_spans``, ``step_spans``."""
     step = arrays.rows_of_names(STEP_SPAN_REGEX)
-    rl = (arrays.bucket != NO_BUCKET) | arrays.has_iteration | (arrays.category >= 0) | step
-    if SPAN_GROUP in arrays.table.column_names:
-        rl |= valid_rows(arrays.table.column(SPAN_GROUP))
-    spans, rl_spans, step_spans = _counts_per_run(arrays.run, len(arrays.runs), keep, rl, step)
+    grouped = arrays.table.column(SPAN_GROUP) if SPAN_GROUP in arrays.table.column_names else None
+    if grouped is not None and grouped.null_count == 0:  # every span opened in a span group: each is one
+        spans, step_spans = _counts_per_run(arrays.run, len(arrays.runs), keep, step)
+        rl_spans = spans
+    else:
+        rl = (arrays.bucket != NO_BUCKET) | arrays.has_iteration | (arrays.category >= 0) | step
+        if grouped is not None:
+            rl |= valid_rows(grouped)
+        spans, rl_spans, step_spans = _counts_per_run(arrays.run, len(arrays.runs), keep, rl, step)
     present = np.flatnonzero(spans)
     names = np.array([None, *arrays.runs], dtype=object)
     return {"run": names[present], "spans": spans[present].astype(np.int64),

@@ -13,7 +13,7 @@ from nemo_telemetry.analysis.goodput.census import census_of_arrays
 from nemo_telemetry.analysis.model.records import spans_table
 
 
-def _records(runs: int, spans: int, seed: int) -> list[dict]:
+def _records(runs: int, spans: int, seed: int, every_grouped: bool = False) -> list[dict]:
     rng = random.Random(seed)
     out = []
     for i in range(spans):
@@ -26,7 +26,7 @@ def _records(runs: int, spans: int, seed: int) -> list[dict]:
             record["bucket"] = "productive"
         elif kind in ("stamped", "step"):
             record["iteration"] = rng.randrange(1, 9)
-        elif kind == "grouped":
+        if kind == "grouped" or every_grouped:
             record["span_group"] = "generation"
         out.append(record)
     return out
@@ -47,9 +47,11 @@ def _expected(records: list[dict], run_id=None) -> dict:
 
 @pytest.mark.parametrize("runs", [1, 3, 40])  # few runs are counted one comparison each, many in one count
 @pytest.mark.parametrize("one_run", [False, True])
-def test_the_census_counts_each_runs_spans_whatever_the_number_of_runs(runs, one_run):
-    records = _records(runs, 2_000, seed=runs)
+@pytest.mark.parametrize("every_grouped", [False, True], ids=["some-grouped", "every-span-grouped"])
+def test_the_census_counts_each_runs_spans_whatever_the_number_of_runs(runs, one_run, every_grouped):
+    records = _records(runs, 2_000, seed=runs, every_grouped=every_grouped)
     arrays = span_arrays(spans_table(records))
+    assert (arrays.table.column("rl.span_group").null_count == 0) == every_grouped
     run_id = "run-0" if one_run else None
     keep = arrays.run == arrays.runs.index(run_id) if one_run else np.ones(len(arrays), dtype=bool)
     census = census_of_arrays(arrays, keep)
