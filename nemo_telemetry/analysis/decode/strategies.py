@@ -446,6 +446,7 @@ class _SpanDecoder:
         self._ints: dict[str, tuple[np.ndarray, np.ndarray | None]] = {
             c: (np.empty(n, np.int32 if c == ITERATION else np.int64), np.empty(n, bool) if c == ITERATION else None)
             for c in self.INTS}
+        self._valid_interval = np.empty(n, bool)  # each batch's, while its times are in cache
         # (run, name) pairs and (run, value) pairs of resource attributes, gathered batch by batch
         self._names: set[tuple[int, int]] = set()
         self._resources: dict[str, set[tuple[int, str]]] = {key: set() for key in RUN_RESOURCES}
@@ -483,6 +484,7 @@ class _SpanDecoder:
                 out[rows] = 0
                 if valid is not None:
                     valid[rows] = False
+        np.greater_equal(self._ints["end_ns"][0][rows], self._ints["start_ns"][0][rows], out=self._valid_interval[rows])
         if self._gather:
             self._gather_pairs(batch, rows)
         self.at = rows.stop
@@ -532,7 +534,7 @@ class _SpanDecoder:
         same = index[-1] == NO_BUCKET and np.array_equal(index[:-1], np.arange(len(index) - 1))
         return SpanArrays(
             table=table, name=name, names=names, run=run, runs=runs, start=start, end=end,
-            valid_interval=end >= start, bucket=bucket_raw.astype(np.int8) if same else index[bucket_raw],
+            valid_interval=self._valid_interval, bucket=bucket_raw.astype(np.int8) if same else index[bucket_raw],
             bucket_raw=bucket_raw,
             bucket_values=bucket_values, category=category, categories=categories, iteration=iteration,
             has_iteration=has_iteration, links=links, orphans=orphans, pairs=pairs)
