@@ -169,6 +169,7 @@ class SpanReader:
         # each process that enabled a group (findings.groups.group_presence reads it per row)
         let_go = {*_DECODED, PARENT_ROW, "parent_key", "resource_attributes"}
         kept_columns = [c for c in read if c not in let_go]
+        lane_columns = [c for c in FileParents.READ if c in read]
         kept: list[pa.RecordBatch] = []
         placed: list[tuple[str, int, int]] = []  # each kept batch's file, its first row there, its rows
         # the parent rows (and each file's check of them) on a lane of their own beside this
@@ -184,7 +185,7 @@ class SpanReader:
                 kept.append(batch.select(kept_columns))
                 first = placed[-1][1] + placed[-1][2] if placed and placed[-1][0] == path else 0
                 placed.append((path, first, batch.num_rows))
-                lane.run(parents.add, path, batch.select([c for c in FileParents.READ if c in batch.schema.names]))
+                lane.run(parents.add, path, batch.select(lane_columns))
             lane.run(parents.finish)  # the last file's check, here: its error is the read's, not a rule's
             lane.drain()
         table = pa.Table.from_batches(kept, schema=pa.schema([dataset.schema.field(c) for c in kept_columns]))
@@ -226,9 +227,10 @@ def _at_failures(table: pa.Table, placed: list[tuple[str, int, int]], column: st
 
 class _Lane:
     """Calls run one after another, in the order given, on one worker thread of their own (or in
-    the calling thread, where ``threaded`` is false); at most :attr:`_WAITING` wait (enough that the
-    caller seldom waits for the lane; the batches they hold are of the few columns the calls read). :meth:`drain` waits for every call and raises the first one's error, as running them
-    in turn would have; an error ends the lane (later calls are skipped)."""
+    the calling thread, where ``threaded`` is false); at most :attr:`_WAITING` wait, enough that the
+    caller seldom waits for the lane (the batches they hold are of the few columns the calls read).
+    :meth:`drain` waits for every call and raises the first one's error, as running them in turn
+    would have; an error ends the lane (later calls are skipped)."""
 
     _WAITING = 16
 
@@ -353,17 +355,17 @@ class FileParents:
         if elsewhere.size:
             trace, parent, low = (filled(batch.column(c), 0).astype(np.uint64, copy=False)[elsewhere]
                                   for c in ("trace_key", "parent_key", TRACE_LOW))
-            wanted = mixed_key(trace, parent)
-            fresh = np.empty(len(wanted), dtype=bool)  # a run: one reference (mixed key and trace)
-            fresh[0] = self.last is None or (wanted[0], trace[0], low[0]) != self.last
-            np.not_equal(wanted[1:], wanted[:-1], out=fresh[1:])
+            fresh = np.empty(len(parent), dtype=bool)  # a run: one reference (parent id and trace)
+            fresh[0] = self.last is None or (parent[0], trace[0], low[0]) != self.last
+            np.not_equal(parent[1:], parent[:-1], out=fresh[1:])
             fresh[1:] |= (trace[1:] != trace[:-1]) | (low[1:] != low[:-1])
-            self.last = (wanted[-1], trace[-1], low[-1])
+            self.last = (parent[-1], trace[-1], low[-1])
             self.elsewhere.append(elsewhere + self.at)
             self.fresh.append(fresh)
-            self.wanted.append(wanted[fresh])
-            self.parent.append(parent[fresh])
-            self.trace.append((trace[fresh], low[fresh]))
+            trace, parent, low = trace[fresh], parent[fresh], low[fresh]
+            self.wanted.append(mixed_key(trace, parent))  # each run's, once
+            self.parent.append(parent)
+            self.trace.append((trace, low))
         self.at = at.stop
 
     def finish(self) -> None:
@@ -484,7 +486,8 @@ class _SpanDecoder:
                 out[rows] = 0
                 if valid is not None:
                     valid[rows] = False
-        np.greater_equal(self._ints["end_ns"][0][rows], self._ints["start_ns"][0][rows], out=self._valid_interval[rows])
+        (start, _), (end, _) = self._ints["start_ns"], self._ints["end_ns"]
+        np.greater_equal(end[rows], start[rows], out=self._valid_interval[rows])
         if self._gather:
             self._gather_pairs(batch, rows)
         self.at = rows.stop

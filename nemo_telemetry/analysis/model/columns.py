@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["LOOKUP_ROWS", "column_codes", "codes_into", "code_values", "row_value", "column_rows", "filled", "valid_rows",
-           "int_column", "ints_into", "code_mask", "pairs_present", "codes_matching", "distinct_codes"]
+__all__ = ["LOOKUP_ROWS", "column_codes", "codes_into", "code_values", "row_value", "column_rows", "filled",
+           "valid_rows", "int_column", "ints_into", "code_mask", "pairs_present", "codes_matching", "distinct_codes"]
 
 LOOKUP_ROWS = 1 << 20  # lookups over every span go a block at a time, so their temporaries stay small
 _RANGE_TESTS = 4  # runs of consecutive chosen codes up to which code_mask compares instead of gathering
