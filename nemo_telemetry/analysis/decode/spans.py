@@ -133,6 +133,14 @@ class SpanArrays:
     def __len__(self) -> int:
         return len(self.name)
 
+    @cached_property
+    def has_bucket(self) -> np.ndarray:
+        """Read-only mask of the rows with an ``rl.bucket`` (known or not): the walks, the
+        attribution and the findings each start from it."""
+        mask = self.bucket != NO_BUCKET
+        mask.setflags(write=False)
+        return mask
+
     # -- read on first use from ``table``: goodput by step never reads them ---------------------
 
     @cached_property
@@ -199,7 +207,7 @@ class SpanArrays:
         if need.size == 0:
             return self.iteration[rows].copy(), own.copy(), np.full(len(rows), -1, dtype=np.int64)
         walked = climb(self.parent_of(rows[need]), self.parent_of, self.has_iteration, self.iteration,
-                       bucketed=(self.bucket != NO_BUCKET) if ancestors else None, stamped=own[need])
+                       bucketed=self.has_bucket if ancestors else None, stamped=own[need])
         iteration, found = self.iteration[rows].copy(), own.copy()
         take = walked.stamped & ~own[need]
         iteration[need[take]], found[need[take]] = walked.iteration[take], True

@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 
 from nemo_telemetry.analysis.goodput.rules import failing_rows
 from nemo_telemetry.analysis.goodput.steps import JOB_SPAN_REGEX, STEP_SPAN_REGEX
-from nemo_telemetry.analysis.decode import NO_BUCKET, UNKNOWN_BUCKET, SpanArrays
+from nemo_telemetry.analysis.decode import UNKNOWN_BUCKET, SpanArrays
 from nemo_telemetry.analysis.model.columns import code_mask, codes_matching, column_rows, filled
 from nemo_telemetry.analysis.model.grouping import Columns, concat, find_keys, group_by, string_codes, take
 from nemo_telemetry.analysis.model.intervals import merge_intervals
@@ -210,7 +210,7 @@ def batch_offenders(a: SpanArrays, keep: np.ndarray) -> dict[str, np.ndarray]:
     umbrella_only, unbucketed = catalogue_name_sets(a.names)
     unbucketed_categories = np.array([i for i, c in enumerate(a.categories) if c in UNBUCKETED_SPAN_CATEGORIES],
                                      dtype=np.int32)
-    bucketed = np.flatnonzero((a.bucket != NO_BUCKET) & keep)
+    bucketed = np.flatnonzero(a.has_bucket & keep)
     names = a.name[bucketed]
     flagged = (code_mask(names, np.concatenate([umbrella_only, unbucketed]), len(a.names))
                | code_mask(a.bucketed_category(bucketed), unbucketed_categories, len(a.categories)))

@@ -32,7 +32,7 @@ from nemo_telemetry.analysis.goodput.fleets import (
     attach_fleets, fleet_document, fleet_partial, merge_fleets, metric_partial,
 )
 from nemo_telemetry.analysis.decode import (
-    NO_BUCKET, KeptRows, Later, SpanArrays, file_rows, span_arrays, table_rows,
+    KeptRows, Later, SpanArrays, file_rows, span_arrays, table_rows,
 )
 from nemo_telemetry.analysis.model.walk import walk_rows
 from nemo_telemetry.analysis.settings.machine import ReadSettings
@@ -101,7 +101,7 @@ def _one_batch(arrays: SpanArrays, keep: np.ndarray, run_order: tuple, *, ancest
     gives the whole table (its id keys and rl.iteration at least) and each row's position in it, for
     walks that leave those rows."""
     steps = step_windows(arrays, keep)
-    walked = np.flatnonzero((arrays.bucket != NO_BUCKET) & keep)  # few rows: the rest is decided on them
+    walked = np.flatnonzero(arrays.has_bucket & keep)  # few rows: the rest is decided on them
     if whole is None:
         iteration, stamped, ancestor = arrays.walk_up(walked, ancestors=ancestors)
     else:
