@@ -19,7 +19,7 @@ for the tests.
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, TypeVar, cast
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -44,8 +44,6 @@ from nemo_telemetry.analysis.store.read import READ_COLUMNS, projected_rows, sca
 from nemo_telemetry.errors import DamagedDatasetError, IngestError
 
 __all__ = ["span_arrays", "SpanReader", "rows_arrays", "FileParents", "index_parents"]
-
-T = TypeVar("T")
 
 # What the decoded arrays replace: columns a reader lets go of once a batch is decoded.
 _DECODED = ("name", "run_id", BUCKET, EFFICIENCY_CATEGORY, "start_ns", "end_ns", ITERATION)
@@ -120,15 +118,6 @@ class SpanReader:
         future = self._pool.submit(work, *args, **kwargs)
         self._pending.append(future)
         return future
-
-    def beside(self, call: Callable[..., T], *args) -> Later[T]:
-        """``call(*args)`` on a worker while this thread goes on, where the settings allow a second
-        thread; else here, now. For what reads decoded arrays and nothing the workers still
-        compute (a rule that needs no parents, beside the walks that wait for them): its error is
-        raised where its value is asked for."""
-        if self.settings.threads < 2:
-            return Later.known(call(*args))
-        return Later(self._submit(call, *args).result)
 
     def _links_of_index(self, index: Future) -> tuple[Later[Parents], Later[np.ndarray]]:
         """The parents and orphans of an unsorted key index (a future): a worker sorts it, then

@@ -85,7 +85,7 @@ from nemo_telemetry.analysis.goodput.numbering import (
 )
 from nemo_telemetry.analysis.goodput.steps import Analysis, analyse, run_filter
 from nemo_telemetry.analysis.goodput.steps import step_outliers
-from nemo_telemetry.analysis.decode import BUCKETS, NO_BUCKET, Later, SpanArrays, SpanReader, span_arrays
+from nemo_telemetry.analysis.decode import BUCKETS, NO_BUCKET, SpanArrays, SpanReader, span_arrays
 from nemo_telemetry.analysis.model.columns import code_mask
 from nemo_telemetry.analysis.model.grouping import Columns, find_keys, group_by, take
 from nemo_telemetry.analysis.model.intervals import merge_intervals
@@ -570,8 +570,7 @@ def check_run(
     with SpanReader(settings) as read:
         return check_arrays(read.table(table), run_id=run_id, numbers=numbers,
                              unattributed_threshold=unattributed_threshold, overlap_tolerance_s=overlap_tolerance_s,
-                             max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code,
-                             beside=read.beside)
+                             max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
 
 
 def check_span_files(files: list[str], *, run_id: str | None = None, unattributed_threshold: float = 0.2,
@@ -587,37 +586,25 @@ def check_span_files(files: list[str], *, run_id: str | None = None, unattribute
         numbers = read_step_numbers(files, arrays_unstamped_steps(arrays))
         return check_arrays(number_arrays(arrays, numbers), run_id=run_id, numbers=numbers,
                              unattributed_threshold=unattributed_threshold, overlap_tolerance_s=overlap_tolerance_s,
-                             max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code,
-                             beside=read.beside)
+                             max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
 
 
 def check_arrays(arrays: SpanArrays, *, run_id: str | None, unattributed_threshold: float,
                   overlap_tolerance_s: float, max_span_ids: int, max_findings_per_code: int,
-                  numbers: StepNumbers | None = None, beside: Beside | None = None) -> CheckReport:
+                  numbers: StepNumbers | None = None) -> CheckReport:
     """The findings over decoded ``arrays``. What reads neither the walks nor the orphan test (the
     census, the span groups the processes enabled, the anchors and the rows outside their traces)
-    comes first, while the seam's workers may still be finding the parents; the census and the
-    groups through ``beside`` (:meth:`~nemo_telemetry.analysis.decode.SpanReader.beside`: on a
-    worker, beside the walks), else in turn."""
+    comes first, while the seam's workers may still be finding the parents."""
     tolerance_ns = overlap_tolerance_ns(overlap_tolerance_s)
     keep = run_filter(arrays, run_id)
-    run = beside if beside is not None else _in_turn
-    census, presence = run(census_of_arrays, arrays, keep), run(group_presence, arrays, keep)
+    census = census_of_arrays(arrays, keep)
+    presence = group_presence(arrays, keep)
     anchors = anchored(arrays, keep)
     analysis = analyse(arrays.table, run_id=run_id, ancestors=True, arrays=arrays)
-    merged = replace(merge_in_memory(analysis, tolerance_ns, presence.get(), anchors=anchors, numbers=numbers),
-                     census=census.get())
+    merged = replace(merge_in_memory(analysis, tolerance_ns, presence, anchors=anchors, numbers=numbers),
+                     census=census)
     return finish(merged, unattributed_threshold=unattributed_threshold, tolerance_ns=tolerance_ns,
                   max_span_ids=max_span_ids, max_findings_per_code=max_findings_per_code)
-
-
-Beside = Callable[..., Later]
-"""How :func:`check_arrays` runs a rule that needs no parents: ``beside(call, *args)``, its value a
-:class:`~nemo_telemetry.analysis.decode.spans.Later`."""
-
-
-def _in_turn(call: Callable[..., Any], *args) -> Later:
-    return Later.known(call(*args))
 
 
 def check_batch(spans: pa.Table, *, max_span_ids: int = 10, max_findings_per_code: int = 100) -> CheckReport:

@@ -285,29 +285,3 @@ def test_a_reader_uses_the_threads_its_settings_give_and_joins_them(dataset, thr
     assert not [t for t in threading.enumerate() if t.name.startswith("nemo-decode")]
     assert_same(got, want)
     assert_same(files_got, want)
-
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-def test_a_call_run_beside_answers_on_a_worker_where_there_are_two_threads(threads):
-    """``SpanReader.beside``: on one thread the call runs at once, here; on two, on a worker while
-    this thread goes on; either way its value, or its error, comes when asked for."""
-    import threading
-
-    def where(x):
-        return x, threading.current_thread().name
-
-    def fails():
-        raise ValueError("a rule's own error")
-
-    with SpanReader(ReadSettings(threads=threads, memory_budget=0)) as read:
-        value, thread = read.beside(where, 7).get()
-        failed = read.beside(fails) if threads > 1 else None
-        if threads == 1:
-            with pytest.raises(ValueError, match="a rule's own error"):
-                read.beside(fails)
-    assert value == 7
-    assert thread.startswith("nemo-decode") if threads > 1 else thread == threading.current_thread().name
-    if failed is not None:
-        with pytest.raises(ValueError, match="a rule's own error"):
-            failed.get()
