@@ -7,7 +7,8 @@ each process's spans in the order it exports them, as they end, in files of inge
 the uint64 id key columns, the ``span_groups`` column and each file's ``parent_row`` included, and
 a commit record naming them, their sizes and the dataset format) unless DIR already holds one, then
 measures each command in a fresh child process of its own, as a user running ``nemo-telemetry
-goodput`` and then ``nemo-telemetry check`` gets them (nothing read or allocated by one helps
+goodput`` and then ``nemo-telemetry check`` gets them (the console script's settings at the start
+and its frozen collector at the end, ``cli/startup.py``; nothing read or allocated by one helps
 the other; the measured package byte-compiled first, as an installed one is: ``bench/_bytecode.py``):
 
 - goodput:  ``goodput_with_engine`` (every run, by step), what the command runs on its local engine,

@@ -1,6 +1,7 @@
 """Settings the ``nemo-telemetry`` command applies to its own process, and to nothing else.
 
-The console script's :func:`~nemo_telemetry.cli.app.main` calls :func:`console_script_process`;
+The console script's :func:`~nemo_telemetry.cli.app.main` calls :func:`console_script_process`
+and, once its command is done, :func:`freeze_for_exit`;
 a library caller, or an application that runs the Typer app in its own process, gets none of them.
 Each one detects the condition it fixes, cannot make numpy or pyarrow fail on another build, and
 stays inside the process: numpy's variables are in ``os.environ`` only while numpy imports, so no
@@ -23,8 +24,8 @@ from pathlib import Path
 from nemo_telemetry.environment_variables import NEMO_TELEMETRY_PROCESS_TUNING
 
 __all__ = ["console_script_process", "prepare_numpy", "numpy_import_settings", "prefer_small_pages",
-           "prefer_avx2_sort", "no_blas_threads", "skip_pyarrow_pandas_probe", "freeze_for_exit", "ZEN4_DISABLED_NUMPY_FEATURES",
-           "ZEN4_ENABLED_NUMPY_FEATURES"]
+           "prefer_avx2_sort", "no_blas_threads", "skip_pyarrow_pandas_probe", "freeze_for_exit",
+           "ZEN4_DISABLED_NUMPY_FEATURES", "ZEN4_ENABLED_NUMPY_FEATURES"]
 
 ZEN4_DISABLED_NUMPY_FEATURES = "X86_V4 AVX512_ICL AVX512_SPR"
 """numpy's AVX-512 dispatch targets (their names since numpy 2.4), left off on AMD Zen 4 by
@@ -118,9 +119,9 @@ def prefer_avx2_sort(*, cpuinfo: str | None = None, numpy_version: tuple[int, in
 
 
 class _ScopedEnvironmentLoader:
-    """numpy's own loader (a loader by its methods alone: ``importlib.abc`` would import
-    ``importlib.resources``, ``tempfile`` and more at every start of the command), run with ``settings`` in ``os.environ`` and the environment as it was
-    right after; ``done`` is called once numpy's import has run."""
+    """numpy's own loader, run with ``settings`` in ``os.environ`` and the environment as it was
+    right after; ``done`` is called once numpy's import has run. A loader by its methods alone:
+    ``importlib.abc`` would import ``importlib.resources``, ``tempfile`` and more at every start."""
 
     def __init__(self, loader, settings: dict[str, str], done) -> None:
         self._loader, self._settings, self._done = loader, settings, done
