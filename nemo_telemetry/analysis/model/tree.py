@@ -208,9 +208,11 @@ def _join_parents(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.nd
     key and the trace (key and low half), which with the mixed key is the span id too.
     ``np.sort`` of plain uint64 is several times faster than ``argsort``, so every key carries
     its row number (and whether it is a span or a reference) in its low bits and both sides
-    are sorted together as plain numbers. A reference's candidate is then the span sorted just
-    before it; the identity confirms it, and on a mismatch the span before that is tried while
-    the high bits still agree (equal high bits, duplicated ids, another identity of one mixed key).
+    are sorted together as plain numbers, a reference before the spans of its high bits. A
+    reference's candidate is then the span sorted just after it; the identity confirms it, and on
+    a mismatch the span after that is tried while the high bits still agree (equal high bits,
+    duplicated ids, another identity of one mixed key): among copies of a span id, rows ascend, so
+    the parent found is the lowest other row that holds it, as every decode strategy finds it.
     """
     n = len(span_key)
     bits = max(1, (n - 1).bit_length())
@@ -219,29 +221,29 @@ def _join_parents(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.nd
     high = ~(rows_mask | ref_bit)
     mixed_trace = trace_mix(trace_key)
     # Spread the span ids too: hand-built traces number spans 1, 2, 3..., which would leave
-    # every key of a trace with the same high bits and the walk-back below linear per reference.
+    # every key of a trace with the same high bits and the walk below linear per reference.
     with np.errstate(over="ignore"):
         own = (span_key * SPAN_SPREAD) ^ mixed_trace
         wanted = (parent_key * SPAN_SPREAD) ^ mixed_trace
     del mixed_trace
     children = np.flatnonzero(has_parent).astype(np.uint64)
-    merged = np.concatenate([(own & high) | np.arange(n, dtype=np.uint64),
-                             (wanted[children] & high) | ref_bit | children])
+    merged = np.concatenate([(own & high) | ref_bit | np.arange(n, dtype=np.uint64),
+                             (wanted[children] & high) | children])
     del children
     merged.sort()
-    is_ref = (merged & ref_bit) != 0
+    is_ref = (merged & ref_bit) == 0
     refs = np.flatnonzero(is_ref)
     ref_values = merged[refs]
     spans_sorted = merged[~is_ref]
     del merged, is_ref
     child = (ref_values & rows_mask).astype(np.int64)
-    candidate = refs - np.arange(len(refs)) - 1  # spans sorted before each reference, minus one
+    candidate = refs - np.arange(len(refs))  # spans sorted before each reference: the next one's position
     del refs
     out = np.full(n, -1, dtype=np.int64)
     pending = np.arange(len(child))
     while pending.size:
         at = candidate[pending]
-        valid = at >= 0
+        valid = at < len(spans_sorted)
         pending, at = pending[valid], at[valid]
         found = spans_sorted[at]
         same_high = (found & high) == (ref_values[pending] & high)
@@ -252,7 +254,7 @@ def _join_parents(span_key: np.ndarray, trace_key: np.ndarray, parent_key: np.nd
             (trace_low[row] == trace_low[kid])
         out[kid[hit]] = row[hit]
         pending = pending[~hit]
-        candidate[pending] -= 1
+        candidate[pending] += 1
     return out
 
 
