@@ -45,6 +45,7 @@ from nemo_telemetry.analysis.ingestion._promote import (
     resource_columns,
     to_int,
 )
+from nemo_telemetry.analysis.model.columns import valid_rows
 from nemo_telemetry.analysis.model.tables import SPANS_TABLE_SCHEMA, OtlpTables
 from nemo_telemetry.analysis.model.tree import hex_to_uint64, trace_keys
 
@@ -375,7 +376,7 @@ def _enum(codes: pa.Array, names: tuple[str, ...]) -> pa.Array:
     """Enum ints to their lowercase names; unknown ints (and nulls) to null."""
     values = codes.to_numpy(zero_copy_only=False)
     if codes.null_count:
-        values = np.where(codes.is_valid().to_numpy(zero_copy_only=False), values, -1)
+        values = np.where(valid_rows(codes), values, -1)
     values = values.astype(np.int64, copy=False)
     known = (values >= 0) & (values < len(names))
     indices = values.astype(np.int32)

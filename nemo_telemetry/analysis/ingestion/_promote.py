@@ -273,7 +273,7 @@ def string_buffers(strings: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarra
     offsets = np.frombuffer(strings.buffers()[1], dtype=np.int64)[strings.offset : strings.offset + n + 1]
     data = strings.buffers()[2]
     data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
-    valid = strings.is_valid().to_numpy(zero_copy_only=False) if strings.null_count else np.ones(n, dtype=np.bool_)
+    valid = valid_rows(strings)
     return offsets, data, valid
 
 
@@ -337,7 +337,7 @@ def per_owner_dict(values: list, index) -> pa.DictionaryArray:
     encoded = pa.array(values, pa.string()).dictionary_encode()
     owner_codes = encoded.indices.to_numpy(zero_copy_only=False)
     if encoded.null_count:
-        owner_codes = np.where(encoded.is_valid().to_numpy(zero_copy_only=False), owner_codes, -1)
+        owner_codes = np.where(valid_rows(encoded), owner_codes, -1)
     codes = owner_codes.astype(np.int32, copy=False)[index]
     return pa.DictionaryArray.from_arrays(_nullable(codes), encoded.dictionary, safe=False)  # codes of it
 
@@ -468,7 +468,7 @@ def type_map(counts: np.ndarray, owners: int, tags: pa.Array, keys_of, promoted:
     that is not ASCII); ``tests/analysis/ingestion/test_ingest_type_map.py`` holds them equal."""
     if isinstance(tags, pa.ChunkedArray):
         tags = tags.combine_chunks()
-    valid = tags.is_valid().to_numpy(zero_copy_only=False) if len(tags) else np.zeros(0, dtype=np.bool_)
+    valid = valid_rows(tags)
     rows = np.flatnonzero(valid)
     row_owner = np.repeat(np.arange(owners, dtype=np.int32), counts)[rows]
     keys = keys_of(rows) if rows.size else pa.array([], pa.string())
@@ -476,7 +476,7 @@ def type_map(counts: np.ndarray, owners: int, tags: pa.Array, keys_of, promoted:
     keep = np.ones(rows.size, dtype=np.bool_)
     extra_owner, extra_key = [], []
     for key, column in (promoted or {}).items():
-        filled = column.is_valid().to_numpy(zero_copy_only=False)
+        filled = valid_rows(column)
         hit = pc.equal(keys, key).to_numpy(zero_copy_only=False) if rows.size else keep[:0]
         from_int = hit & pc.equal(values, "int").to_numpy(zero_copy_only=False) if rows.size else keep[:0]
         from_int &= filled[row_owner]  # in the column: its type is the column's

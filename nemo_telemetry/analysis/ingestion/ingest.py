@@ -35,6 +35,7 @@ from nemo_telemetry.analysis.ingestion._detect import (
 from nemo_telemetry.analysis.ingestion._otlp_json_fast import LINE_FALLBACK, LINE_OTHER_SIGNAL, decode_json_block
 from nemo_telemetry.analysis.ingestion._otlp_json import decode_json_request
 from nemo_telemetry.analysis.ingestion._otlp_wire import decode_batch, decode_frames_each
+from nemo_telemetry.analysis.model.columns import valid_rows
 from nemo_telemetry.analysis.ingestion.metrics import dataset_metric_points
 from nemo_telemetry.analysis.ingestion.logs import DatasetLogFiles, dataset_log_files
 from nemo_telemetry.analysis.settings.machine import available_cpus
@@ -379,7 +380,7 @@ def _has_length(column: pa.ChunkedArray, length: int) -> np.ndarray:
         offsets = np.frombuffer(chunk.buffers()[1], dtype=width)[chunk.offset : chunk.offset + len(chunk) + 1]
         ok = (offsets[1:] - offsets[:-1]) == length
         if chunk.null_count:
-            ok &= chunk.is_valid().to_numpy(zero_copy_only=False)
+            ok &= valid_rows(chunk)
         parts.append(ok)
     return parts[0] if len(parts) == 1 else np.concatenate(parts or [np.zeros(0, dtype=bool)])
 

@@ -79,7 +79,7 @@ class Walks:
         trace = pc.fill_null(spans.column("trace_key"), 0).to_numpy().astype(np.uint64)
         parent = pc.fill_null(spans.column("parent_key"), 0).to_numpy().astype(np.uint64)
         low = pc.fill_null(spans.column(TRACE_LOW), 0).to_numpy().astype(np.uint64)
-        unstamped = pc.is_null(spans.column(ITERATION)).to_numpy(zero_copy_only=False)
+        unstamped = ~valid_rows(spans.column(ITERATION))
         return unstamped & (self._waiting.find(trace, parent, low) >= 0)
 
 
