@@ -306,7 +306,9 @@ class FileParents:
     never wrong parents.
     """
 
-    READ = (PARENT_ROW, "span_key", "trace_key", "parent_key", TRACE_LOW)
+    KEYS = ("span_key", "trace_key", "parent_key", TRACE_LOW)
+    """The id keys each file's check of its ``parent_row`` compares."""
+    READ = (PARENT_ROW, *KEYS)
     """The columns :meth:`add` reads of a batch."""
 
     def __init__(self, n: int) -> None:
@@ -331,7 +333,7 @@ class FileParents:
         local = filled(batch.column(PARENT_ROW), PARENT_ELSEWHERE)  # a null (never written): looked up
         if len(local) == 0:
             return
-        self.file_keys.append(tuple(batch.column(c) for c in ("span_key", "trace_key", "parent_key", TRACE_LOW)))
+        self.file_keys.append(tuple(batch.column(c) for c in self.KEYS))
         if local.min() < PARENT_ELSEWHERE:
             self._damaged(int(local.min()))
         self.highest = max(self.highest, int(local.max()))
